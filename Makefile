@@ -1,0 +1,36 @@
+# `make help` lists the targets. The venv is created on first use by every target that needs it.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+WORKERS ?= 4
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+
+$(BIN)/clasp: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(BIN)/clasp
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+install: $(BIN)/clasp ## create .venv and install clasp with its dev extra
+
+test: $(BIN)/clasp ## run the whole test suite (real planner and worker processes)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: $(BIN)/clasp ## ruff
+	$(BIN)/ruff check .
+
+cluster: $(BIN)/clasp ## start a local cluster in the foreground (WORKERS=N, default 4); Ctrl-C stops it
+	$(BIN)/clasp cluster --workers $(WORKERS)
+
+run: $(BIN)/clasp ## the main job: Word Count on a local cluster under a gradual input profile
+	$(BIN)/clasp run wc --workers $(WORKERS) --profile gradual --plot out/run.png --json out/run.json
+
+bench: $(BIN)/clasp ## the runtime benchmarks (JSON on stdout)
+	$(BIN)/python -m bench.runtime
+
+.PHONY: help install test lint cluster run bench
