@@ -1,0 +1,15 @@
+"""clasp: an elastic stream-processing runtime implementing CLASP's capacity-aware placement."""
+
+from clasp.dag import Dag, DagError, Operator
+
+__all__ = ["Dag", "DagError", "Operator", "connect", "ClaspError"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # The client pulls in pyzmq; keep `import clasp` light for the pure core and for workers.
+    if name in ("connect", "ClaspError", "Client", "Job"):
+        from clasp import client
+
+        return getattr(client, name)
+    raise AttributeError(name)
