@@ -1,1 +1,22 @@
-"""clasp apps."""
+"""The paper's seven benchmark applications (Fig. 1), each a module with the same small API.
+
+Every app module has `NAME`, `build_dag() -> clasp.Dag`, `generate(n, seed) -> list` (seeded input),
+`expected(records)` (the exact answer, computed without any runtime) and `result(job)` (the same answer
+read from a finished job's `state()` / `collected()`), so that `result(job) == expected(records)`.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from apps import sd, wc
+
+APPS: dict[str, ModuleType] = {m.NAME: m for m in (wc, sd)}
+
+
+def get_app(name: str) -> ModuleType:
+    """The app module called `name`; ValueError naming the accepted ones otherwise."""
+    try:
+        return APPS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown app {name!r}; accepted: {', '.join(APPS)}") from None

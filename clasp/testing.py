@@ -1,0 +1,151 @@
+"""An in-process reference executor for testing DAGs: `run_local(dag, records)` (like bytewax.testing).
+
+It runs a `clasp.Dag` single-threaded and deterministically with the runtime's semantics, so a user can
+unit-test operator logic and the expected answer without starting a cluster. It is not the runtime: no
+workers, no placement, no concurrency. Order: each input record enters every source; then operators
+run in topological order, each draining its FIFO queue, before the next record is pushed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from clasp.dag import Dag, DagError
+
+_KEY_TYPES = (str, int, bytes)
+
+
+def outputs_of(result: Any) -> list:
+    """An operator's return value as a list of outputs, by the rule the runtime applies.
+
+    None is no output; str, bytes, dict and non-iterable scalars are one output; any other iterable
+    (list, tuple, generator, ...) yields its items.
+    """
+    if result is None:
+        return []
+    if isinstance(result, (str, bytes, bytearray, dict)):
+        return [result]
+    try:
+        it = iter(result)
+    except TypeError:
+        return [result]
+    return list(it)
+
+
+def _roundtrip(value: Any, what: str) -> Any:
+    # Between processes values travel as msgpack; doing the same here turns tuples into lists and
+    # surfaces an unserializable value in the test rather than on a worker.
+    try:
+        return msgpack.unpackb(msgpack.packb(value, use_bin_type=True), raw=False, strict_map_key=False)
+    except Exception as e:  # msgpack raises TypeError, OverflowError, ValueError...
+        raise DagError(f"{what}: value {value!r:.200} is not msgpack-serializable ({e})") from e
+
+
+@dataclass
+class LocalJob:
+    """The outcome of `run_local`: states, collected outputs, request counts and execution times."""
+
+    name: str
+    processed: dict[str, int]
+    _states: dict[str, dict]
+    _collected: dict[str, list]
+    _busy_ns: dict[str, int] = field(repr=False)
+
+    def state(self, name: str) -> dict:
+        """Key -> state of a stateful operator (a copy, as it would come back from the workers)."""
+        if name not in self._states:
+            raise KeyError(f"operator {name!r} of dag {self.name!r} is not stateful (or does not exist)")
+        return _roundtrip(self._states[name], f"state of {name!r}")
+
+    def collected(self, name: str) -> list:
+        """Outputs of a `collect=True` operator, in the order the local run produced them."""
+        if name not in self._collected:
+            raise KeyError(f"operator {name!r} of dag {self.name!r} was not declared with collect=True")
+        return list(self._collected[name])
+
+    @property
+    def tau_us(self) -> dict[str, float]:
+        """Mean execution time per request of each operator in µs (0.0 for one that never ran)."""
+        return {n: (self._busy_ns[n] / c / 1000.0 if c else 0.0) for n, c in self.processed.items()}
+
+
+def run_local(dag: Dag, records: Iterable, *, roundtrip: bool = True) -> LocalJob:
+    """Run `dag` over `records` in this process and return a LocalJob.
+
+    `roundtrip=True` passes every request's value through msgpack first, as the runtime does, so a
+    tuple arrives as a list and a non-serializable value fails here. Turn it off only for speed.
+    """
+    spec = dag.to_spec()
+    ops = spec.operators
+    order = spec.topological()
+    queues: list[deque] = [deque() for _ in ops]
+    states: dict[str, dict] = {o.name: {} for o in ops if o.stateful}
+    collected: dict[str, list] = {o.name: [] for o in ops if o.collect}
+    processed = {o.name: 0 for o in ops}
+    busy = {o.name: 0 for o in ops}
+    loop: asyncio.AbstractEventLoop | None = None
+    perf = time.perf_counter_ns
+
+    def call(fn, *args):
+        nonlocal loop
+        r = fn(*args)
+        if inspect.isawaitable(r):
+            if loop is None:
+                loop = asyncio.new_event_loop()
+            r = loop.run_until_complete(r)
+        return r
+
+    try:
+        for rec in records:
+            for s in spec.sources:
+                queues[s].append(rec)
+            for i in order:
+                q = queues[i]
+                if not q:
+                    continue
+                op = ops[i]
+                succ = [queues[s] for s in op.successors]
+                sink = collected.get(op.name)
+                st = states.get(op.name)
+                while q:
+                    value = q.popleft()
+                    if roundtrip:
+                        value = _roundtrip(value, f"input of {op.name!r}")
+                    if op.stateful:
+                        key = op.key(value)
+                        if not isinstance(key, _KEY_TYPES) or isinstance(key, bool):
+                            raise DagError(f"operator {op.name!r}: key {key!r} must be str, int or bytes")
+                        t0 = perf()
+                        res = call(op.fn, st.get(key), value)
+                        busy[op.name] += perf() - t0
+                        try:
+                            new_state, out = res
+                        except (TypeError, ValueError) as e:
+                            raise DagError(f"stateful operator {op.name!r} must return (new_state, outputs), "
+                                           f"got {res!r:.200}") from e
+                        if new_state is None:
+                            st.pop(key, None)
+                        else:
+                            st[key] = new_state
+                    else:
+                        t0 = perf()
+                        out = call(op.fn, value)
+                        busy[op.name] += perf() - t0
+                    processed[op.name] += 1
+                    outs = outputs_of(out)
+                    if sink is not None:
+                        sink.extend(outs)
+                    for sq in succ:
+                        sq.extend(outs)
+    finally:
+        if loop is not None:
+            loop.close()
+    return LocalJob(dag.name, processed, states, collected, busy)
