@@ -1,0 +1,363 @@
+"""Load derivation, Eq. (5)–(7), and CLASP's reverse-topological next-fit placement, Eq. (8)–(9).
+
+Input is plain data: operator names, edges as (src, dst) pairs, per-operator rates and execution times,
+per-edge chained-request rates. Workers are numbered 0, 1, ... in the order next-fit opens them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from clasp.model import CapacityModel, Edge
+
+# A share this small is rounding noise; placing it would only add a fan-out connection.
+MIN_FRACTION = 1e-9
+# A hard stop for pathological inputs (e.g. γ·g close to W̄): beyond this, next-fit is not converging.
+WORKER_HARD_LIMIT = 100_000
+
+
+class PlacementError(ValueError):
+    """No placement exists for this input under the capacity model."""
+
+
+class InfeasiblePlacement(PlacementError):
+    """An operator cannot be placed even on a fresh worker (its fan-out cost γ·g alone reaches W̄)."""
+
+
+class WorkerLimitExceeded(PlacementError):
+    """The placement needs more workers than allowed."""
+
+
+class LoadError(ValueError):
+    """The observed statistics give nothing to project from (zero throughput)."""
+
+
+def scale_factor(input_rate: float, throughput: float) -> float:
+    """Eq. (5): s = λ_p / Λ. Raises LoadError when Λ is zero: there is nothing to scale from."""
+    if not throughput > 0 or not math.isfinite(throughput):
+        raise LoadError(f"throughput is {throughput}: nothing to scale from")
+    return input_rate / throughput
+
+
+@dataclass(frozen=True)
+class Load:
+    """Projected load: scale s (Eq. 5), rates Ñ_o and Ẽ (Eq. 6), demand D̃_o = Ñ_o·τ̄_o (Eq. 7)."""
+
+    scale: float
+    rates: dict[str, float]
+    tau_us: dict[str, float]
+    edge_rates: dict[Edge, float]
+
+    @property
+    def demand(self) -> dict[str, float]:
+        """Eq. (7): D̃_o = Ñ_o · τ̄_o."""
+        return {o: n * self.tau_us.get(o, 0.0) for o, n in self.rates.items()}
+
+    def scaled(self, factor: float) -> Load:
+        """The same load projected by a further factor (τ̄_o stays unscaled)."""
+        return Load(self.scale * factor, {o: n * factor for o, n in self.rates.items()}, dict(self.tau_us),
+                    {e: r * factor for e, r in self.edge_rates.items()})
+
+
+def derive_load(rates: Mapping[str, float], tau_us: Mapping[str, float], edge_rates: Mapping[Edge, float],
+                throughput: float, input_rate: float) -> Load:
+    """Eq. (5)–(7): project observed N_o and E[o→o_s] from throughput Λ to the target input rate λ_p."""
+    s = scale_factor(input_rate, throughput)
+    return Load(s, {o: s * float(n) for o, n in rates.items()}, {o: float(tau_us.get(o, 0.0)) for o in rates},
+                {e: s * float(r) for e, r in edge_rates.items()})
+
+
+def _adjacency(operators: Sequence[str], edges: Sequence[Edge], edge_rates: Mapping[Edge, float]):
+    index = {o: i for i, o in enumerate(operators)}
+    if len(index) != len(operators):
+        raise PlacementError("operator names are not unique")
+    succ: dict[str, list[tuple[str, float]]] = {o: [] for o in operators}
+    pred: dict[str, list[tuple[str, float]]] = {o: [] for o in operators}
+    for s, d in edges:
+        if s not in index or d not in index:
+            raise PlacementError(f"edge {s} -> {d} names an unknown operator")
+        rate = float(edge_rates.get((s, d), 0.0))
+        succ[s].append((d, rate))
+        pred[d].append((s, rate))
+    # Heaviest edge first; declaration order breaks ties so the order is deterministic.
+    for table in (succ, pred):
+        for o in table:
+            table[o].sort(key=lambda x: (-x[1], index[x[0]]))
+    return index, succ, pred
+
+
+def topological_order(operators: Sequence[str], edges: Sequence[Edge]) -> list[str]:
+    """Kahn's order (declaration order among ready operators); raises PlacementError naming a cycle."""
+    index = {o: i for i, o in enumerate(operators)}
+    indegree = dict.fromkeys(operators, 0)
+    out: dict[str, list[str]] = {o: [] for o in operators}
+    for s, d in edges:
+        if s not in index or d not in index:
+            raise PlacementError(f"edge {s} -> {d} names an unknown operator")
+        out[s].append(d)
+        indegree[d] += 1
+    ready = sorted((o for o in operators if indegree[o] == 0), key=index.__getitem__)
+    order = []
+    while ready:
+        o = ready.pop(0)
+        order.append(o)
+        for d in out[o]:
+            indegree[d] -= 1
+            if indegree[d] == 0:
+                ready.append(d)
+        ready.sort(key=index.__getitem__)
+    if len(order) != len(operators):
+        rest = sorted((o for o in operators if indegree[o] > 0), key=index.__getitem__)
+        raise PlacementError("the edges close a cycle through " + ", ".join(rest))
+    return order
+
+
+def placement_order(operators: Sequence[str], edges: Sequence[Edge],
+                    edge_rates: Mapping[Edge, float] | None = None) -> list[str]:
+    """Reverse-topological depth-first order from the sinks, heaviest edge first, postponing an operator
+    until all its successors are placed (SPEC.md, Fig. 6: E, C, B, D, A)."""
+    topo = topological_order(operators, edges)
+    _, succ, pred = _adjacency(operators, edges, edge_rates or {})
+    placed: set[str] = set()
+    active: set[str] = set()
+    order: list[str] = []
+
+    def visit(o: str) -> None:
+        if o in placed or o in active:
+            return
+        active.add(o)
+        for s, _ in succ[o]:
+            if s not in placed:
+                visit(s)
+        # A successor still unplaced is on the current path; it revisits o once it is placed.
+        if all(s in placed for s, _ in succ[o]):
+            placed.add(o)
+            order.append(o)
+            for p, _ in pred[o]:
+                visit(p)
+        active.discard(o)
+
+    for o in operators:
+        if not succ[o]:
+            visit(o)
+    for o in reversed(topo):  # defensive: anything the traversal left behind, in a valid order
+        visit(o)
+    return order
+
+
+@dataclass
+class Placement:
+    """A placement Φ: σ_o(w) per operator and worker, with the demand it was made for."""
+
+    order: list[str]
+    workers: int
+    fractions: dict[str, dict[int, float]]
+    demand: dict[str, float]
+    edge_rates: dict[Edge, float]
+    remaining: list[float] = field(default_factory=list)
+
+    @property
+    def shares(self) -> dict[str, dict[int, float]]:
+        """φ[o,w] = σ_o(w) · D̃_o."""
+        return {o: {w: f * self.demand.get(o, 0.0) for w, f in pw.items()}
+                for o, pw in self.fractions.items()}
+
+    def load(self, model: CapacityModel) -> list[float]:
+        """Eq. (8) for every worker 0..workers-1."""
+        per = model.placement_load(self.fractions, self.demand, self.edge_rates)
+        return [per.get(w, 0.0) for w in range(self.workers)]
+
+
+def next_fit(order: Sequence[str], successors: Mapping[str, Sequence[tuple[str, float]]],
+             demand: Mapping[str, float], model: CapacityModel,
+             max_workers: int | None = None) -> tuple[dict[str, dict[int, float]], list[float]]:
+    """Next-fit over `order`: Eq. (9) φ_max = (w_rem − γ·g_w)/m_w, opening a worker when the current is full.
+
+    Works in fractions of D̃_o: per unit of fraction the cost is D̃_o·m_w, which also covers an operator
+    with D̃_o = 0 whose chained requests still cost α/β. Returns (σ per operator, w_rem per worker).
+    """
+    alpha, beta, gamma, capacity = model.alpha, model.beta, model.gamma, model.capacity
+    limit = WORKER_HARD_LIMIT if max_workers is None else min(max_workers, WORKER_HARD_LIMIT)
+    fractions: dict[str, dict[int, float]] = {}
+    remaining: list[float] = []
+    connected: list[set[int]] = []
+
+    def open_worker() -> int:
+        if len(remaining) >= limit:
+            if max_workers is not None and limit == max_workers:
+                raise WorkerLimitExceeded(f"placement needs more than {max_workers} workers")
+            raise InfeasiblePlacement(f"placement does not converge within {WORKER_HARD_LIMIT} workers")
+        remaining.append(capacity)
+        connected.append(set())
+        return len(remaining) - 1
+
+    current = open_worker()
+    for o in order:
+        d = float(demand.get(o, 0.0))
+        outs = [(fractions[s], rate) for s, rate in successors.get(o, ()) if rate > 0]
+        hosts: set[int] = set()
+        for fs, _ in outs:
+            hosts.update(w for w, f in fs.items() if f > 0)
+        mine: dict[int, float] = {}
+        left = 1.0
+        fresh = False
+        while True:
+            w = current
+            new = [h for h in hosts if h != w and h not in connected[w]]
+            cost = d
+            for fs, rate in outs:
+                local = fs.get(w, 0.0)
+                cost += rate * (alpha * local + beta * (1.0 - local))
+            room = remaining[w] - gamma * len(new)
+            if room > 0 and cost > 0:
+                f = min(left, room / cost)
+            elif room >= 0 and cost <= 0:
+                f = left
+            else:
+                f = 0.0
+            if f >= left * (1.0 - 1e-12):
+                f = left  # the last sliver rides along; its overload is rounding noise
+            placed = f == left or f > MIN_FRACTION
+            if placed:
+                mine[w] = mine.get(w, 0.0) + f
+                remaining[w] -= gamma * len(new) + cost * f
+                connected[w].update(new)
+                left -= f
+            if left <= 0:
+                break
+            if fresh and not placed:
+                raise InfeasiblePlacement(
+                    f"operator {o!r} does not fit on an empty worker: fan-out cost {gamma * len(new):.0f} "
+                    f"and per-share cost {cost:.0f} against capacity {capacity:.0f}")
+            current = open_worker()
+            fresh = True
+        fractions[o] = mine
+    return fractions, remaining
+
+
+def place(operators: Sequence[str], edges: Sequence[Edge], load: Load, model: CapacityModel,
+          max_workers: int | None = None, order: Sequence[str] | None = None) -> Placement:
+    """Place every operator of the projected `load` with next-fit in reverse-topological order."""
+    edges = [tuple(e) for e in edges]
+    if order is None:
+        order = placement_order(operators, edges, load.edge_rates)
+    _, succ, _ = _adjacency(operators, edges, load.edge_rates)
+    demand = load.demand
+    fractions, remaining = next_fit(order, succ, demand, model, max_workers)
+    return Placement(list(order), len(remaining), fractions, demand,
+                     {e: load.edge_rates.get(e, 0.0) for e in edges}, remaining)
+
+
+def single_worker_rate(load: Load, throughput: float, model: CapacityModel) -> float:
+    """The input rate one worker sustains with every operator on it: W̄ / (Σ D + α·Σ E) per unit of s."""
+    per_unit = (sum(load.demand.values()) + model.alpha * sum(load.edge_rates.values())) / load.scale
+    if per_unit <= 0:
+        return math.inf
+    return model.capacity / per_unit * throughput
+
+
+@dataclass
+class LimitSearch:
+    """Worker-limit search result: highest rate found to fit, lowest found not to, and the placement."""
+
+    rate: float
+    upper: float
+    placement: Placement
+    steps: int
+
+
+def highest_rate_placement(operators: Sequence[str], edges: Sequence[Edge], observed: Load, throughput: float,
+                           model: CapacityModel, max_workers: int, tolerance: float = 50.0,
+                           upper: float | None = None) -> LimitSearch:
+    """Binary-search the highest input rate whose placement fits on `max_workers` workers (SPEC.md).
+
+    `observed` is the load at the observed throughput (s = 1). The first upper bound is one worker's
+    maximum rate × `max_workers`; the search stops when the interval is under `tolerance` req/s (or 1% of
+    the bound, when the bound itself is that small).
+    """
+    if max_workers < 1:
+        raise PlacementError(f"max_workers must be at least 1, not {max_workers}")
+    if not throughput > 0:
+        raise LoadError(f"throughput is {throughput}: nothing to scale from")
+    if not observed.scale > 0:
+        raise LoadError("the observed load must be projected with a positive scale (use s = 1)")
+    base = observed if observed.scale == 1 else observed.scaled(1.0 / observed.scale)
+    edges = [tuple(e) for e in edges]
+    order = placement_order(operators, edges, base.edge_rates)
+
+    def attempt(rate: float) -> Placement | None:
+        try:
+            return place(operators, edges, base.scaled(rate / throughput), model, max_workers, order)
+        except PlacementError:
+            return None
+
+    hi = upper if upper is not None else single_worker_rate(base, throughput, model) * max_workers
+    if not math.isfinite(hi):
+        hi = throughput * 1e6  # nothing costs anything: any rate fits, report a large finite one
+    top = attempt(hi)
+    if top is not None:
+        return LimitSearch(hi, hi, top, 1)
+    lo = 0.0
+    best = attempt(lo)
+    if best is None:
+        raise InfeasiblePlacement("nothing fits, not even an idle placement")
+    tol = min(tolerance, 0.01 * hi)
+    steps = 2
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        p = attempt(mid)
+        steps += 1
+        if p is None:
+            hi = mid
+        else:
+            lo, best = mid, p
+    return LimitSearch(lo, hi, best, steps)
+
+
+def _profile_key(base: Load, throughput: float) -> tuple:
+    """Per-request profile: demand and chained requests per unit of input rate, all that placement uses."""
+    unit = 1.0 / (throughput * base.scale) if throughput > 0 and base.scale > 0 else 0.0
+    return ({o: v * unit for o, v in base.demand.items()}, {e: r * unit for e, r in base.edge_rates.items()})
+
+
+def _close(a: Mapping, b: Mapping, rel: float) -> bool:
+    if a.keys() != b.keys():
+        return False
+    scale = max([abs(v) for v in a.values()] + [abs(v) for v in b.values()] + [1e-12])
+    return all(abs(a[k] - b[k]) <= rel * max(abs(a[k]), abs(b[k]), 1e-3 * scale) for k in a)
+
+
+@dataclass
+class WorkerLimitCache:
+    """Caches the worker-limit placement (paper: computed once, reused whenever the limit is hit again).
+
+    An entry is reused while the DAG, the limit, the capacity model and the per-request profile stay
+    within `tolerance` (relative) of what it was computed for; otherwise it is recomputed.
+    """
+
+    tolerance: float = 0.05
+    entries: dict[tuple, tuple] = field(default_factory=dict)
+    hits: int = 0
+    misses: int = 0
+
+    def get_or_search(self, operators: Sequence[str], edges: Sequence[Edge], observed: Load,
+                      throughput: float,
+                      model: CapacityModel, max_workers: int, search_tolerance: float = 50.0) -> LimitSearch:
+        """The cached search result for this limit, or a fresh search (then cached)."""
+        key = (tuple(operators), tuple(tuple(e) for e in edges), int(max_workers))
+        demand, edge_rates = _profile_key(observed, throughput)
+        coeffs = {"alpha": model.alpha, "beta": model.beta, "gamma": model.gamma, "capacity": model.capacity}
+        entry = self.entries.get(key)
+        if entry is not None:
+            c_demand, c_edges, c_coeffs, result = entry
+            if (_close(coeffs, c_coeffs, self.tolerance) and _close(demand, c_demand, self.tolerance)
+                    and _close(edge_rates, c_edges, self.tolerance)):
+                self.hits += 1
+                return result
+        self.misses += 1
+        result = highest_rate_placement(operators, edges, observed, throughput, model, max_workers,
+                                        search_tolerance)
+        self.entries[key] = (demand, edge_rates, coeffs, result)
+        return result
