@@ -1,0 +1,5 @@
+import sys
+
+from clasp.cli import main
+
+sys.exit(main())

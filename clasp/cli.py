@@ -1,0 +1,122 @@
+"""The `clasp` command: planner, worker, cluster, place, run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def _planner(args) -> int:
+    from clasp.net import run, setup_logging
+    from planner.server import Planner
+
+    setup_logging("planner", args.log_level)
+    p = Planner(host=args.host, port=args.port, metrics_port=args.metrics_port, advertise=args.advertise,
+                heartbeat=args.heartbeat, dead_after=args.dead_after, max_inflight=args.max_inflight,
+                p_max=args.p_max)
+    return run(p.serve)
+
+
+def _worker(args) -> int:
+    from clasp.net import run, setup_logging
+    from workers.server import Worker
+
+    setup_logging(f"worker {args.id or ''}".strip(), args.log_level)
+    w = Worker(args.planner, host=args.host, data_port=args.data_port, state_port=args.state_port,
+               metrics_port=args.metrics_port, advertise=args.advertise, worker_id=args.id, p_max=args.p_max,
+               flush_delay=args.flush_delay_ms / 1000.0)
+    return run(w.serve)
+
+
+def _cluster(args) -> int:
+    from clasp.cluster import ClusterError, LocalCluster
+
+    cluster = LocalCluster(workers=args.workers, host=args.host, port=args.port, p_max=args.p_max,
+                           log_dir=args.log_dir)
+    try:
+        cluster.start()
+    except (ClusterError, OSError) as e:
+        print(f"clasp cluster: {e}", file=sys.stderr)
+        return 1
+    if args.info:
+        cluster.write_info(args.info)
+    print(f"clasp cluster up: planner {cluster.planner}, {args.workers} workers; metrics {cluster.metrics['planner']}"
+          " — Ctrl-C stops every process", flush=True)
+    try:
+        while cluster.alive():
+            time.sleep(0.5)
+        print("clasp cluster: a process exited; stopping the rest", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        cluster.stop()
+
+
+def _place(args, rest) -> int:
+    from clasp.place_cli import main as place_main
+
+    return place_main(rest)
+
+
+def _positive(kind):
+    def parse(text):
+        v = kind(text)
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, not {text}")
+        return v
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="clasp", description="Elastic stream processing with CLASP placement")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("planner", help="run the planner")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for all)")
+    p.add_argument("--port", type=int, default=5555, help="ZeroMQ port (0: a free one)")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus HTTP port (0: a free one)")
+    p.add_argument("--advertise", help="address others dial, when --host is a wildcard")
+    p.add_argument("--heartbeat", type=_positive(float), default=1.0, help="metrics interval, seconds")
+    p.add_argument("--dead-after", type=_positive(float), default=5.0, help="heartbeat silence that marks a worker dead")
+    p.add_argument("--max-inflight", type=_positive(int), default=20000, help="records in flight per job")
+    p.add_argument("--p-max", type=_positive(int), default=10, help="executor slots per worker (P_max)")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(fn=_planner)
+
+    w = sub.add_parser("worker", help="run a worker")
+    w.add_argument("--planner", required=True, help="the planner's endpoint, tcp://HOST:PORT")
+    w.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for all)")
+    w.add_argument("--data-port", type=int, default=0)
+    w.add_argument("--state-port", type=int, default=0)
+    w.add_argument("--metrics-port", type=int, default=0)
+    w.add_argument("--advertise", help="address others dial, when --host is a wildcard")
+    w.add_argument("--id", help="worker id (default: random)")
+    w.add_argument("--p-max", type=_positive(int), default=10, help="executor slots (P_max)")
+    w.add_argument("--flush-delay-ms", type=_positive(float), default=1.0,
+                   help="longest a remote chained request waits for its batch")
+    w.add_argument("--log-level", default="INFO")
+    w.set_defaults(fn=_worker)
+
+    c = sub.add_parser("cluster", help="run a planner and N workers here, in the foreground")
+    c.add_argument("--workers", type=_positive(int), default=4)
+    c.add_argument("--host", default="127.0.0.1")
+    c.add_argument("--port", type=int, default=5555, help="the planner's ZeroMQ port (0: a free one)")
+    c.add_argument("--p-max", type=_positive(int), default=10)
+    c.add_argument("--info", help="write the cluster's endpoints as JSON to this file once it is up")
+    c.add_argument("--log-dir", help="write each process's log here instead of the terminal")
+    c.set_defaults(fn=_cluster)
+
+    pl = sub.add_parser("place", help="print CLASP's placement for a profile of observed statistics",
+                        add_help=False)
+    pl.set_defaults(fn=None)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["place"]:
+        return _place(None, argv[1:])
+    args = build_parser().parse_args(argv)
+    return args.fn(args) or 0

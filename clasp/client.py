@@ -1,0 +1,190 @@
+"""The user's handle on a cluster: `clasp.connect(addr)` → Client → `submit(dag)` → Job.
+
+Synchronous on purpose (scripts, notebooks, tests): one DEALER socket to the planner, requests tagged
+with ids, pushes pipelined with a bounded window of unacknowledged chunks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import msgpack
+import zmq
+
+from clasp import protocol
+from clasp.dag import Dag, DagError
+from clasp.protocol import ProtocolError
+
+
+class ClaspError(RuntimeError):
+    """A request the cluster refused or could not answer."""
+
+
+class ClaspTimeout(ClaspError, TimeoutError):
+    """The cluster did not answer, or did not finish, in time."""
+
+
+class Client:
+    """A connection to a planner. Use as a context manager, or call close()."""
+
+    def __init__(self, address: str, timeout: float = 10.0):
+        self.address = address
+        self.timeout = timeout
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(address)
+        self._ids = itertools.count(1)
+        self._replies: dict[int, dict] = {}
+        try:
+            self._call("jobs", {}, timeout)
+        except ClaspTimeout:
+            self.close()
+            raise ClaspTimeout(f"no clasp planner answers at {address} within {timeout} s") from None
+
+    # ----------------------------------------------------------------- plumbing
+    def _send(self, mtype: str, body: dict) -> int:
+        req = next(self._ids)
+        self._sock.send(protocol.encode(mtype, {**body, "req": req}))
+        return req
+
+    def _wait(self, req: int, timeout: float, what: str) -> Any:
+        deadline = time.monotonic() + timeout
+        while req not in self._replies:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._sock.poll(int(left * 1000) + 1):
+                if req in self._replies:
+                    break
+                raise ClaspTimeout(f"{what}: no answer from {self.address} within {timeout} s")
+            self._take()
+        reply = self._replies.pop(req)
+        if not reply["ok"]:
+            err = reply.get("error") or "unknown error"
+            if err.startswith("timeout"):
+                raise ClaspTimeout(err)
+            raise ClaspError(err)
+        return reply.get("result")
+
+    def _take(self) -> None:
+        while True:
+            try:
+                frame = self._sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                mtype, body = protocol.decode(frame)
+            except ProtocolError as e:
+                raise ClaspError(f"the planner sent a bad message: {e}") from None
+            if mtype == "reply":
+                self._replies[body["req"]] = body
+            elif mtype == "error":
+                raise ClaspError(f"the planner rejected a message: {body['reason']}: {body['detail']}")
+
+    def _call(self, mtype: str, body: dict, timeout: float | None = None) -> Any:
+        return self._wait(self._send(mtype, body), timeout or self.timeout, mtype)
+
+    # ----------------------------------------------------------------- API
+    def submit(self, dag: Dag, placement: dict[str, dict[int, float]] | None = None, **options) -> Job:
+        """Deploy `dag` on the cluster. `placement` (operator -> {worker index -> share}) overrides the
+        planner's placement; worker indices count the live workers in registration order."""
+        if not isinstance(dag, Dag):
+            raise DagError(f"submit expects a clasp.Dag, not {type(dag).__name__}")
+        spec = dag.to_spec()
+        body: dict = {"dag": spec.pack(), "options": options}
+        if placement is not None:
+            body["placement"] = {name: {int(i): float(s) for i, s in shares.items()}
+                                 for name, shares in placement.items()}
+        result = self._call("submit", body, max(self.timeout, 30.0))
+        return Job(self, result["job"], dag.name, result)
+
+    def workers(self) -> list[dict]:
+        return self._call("workers", {})
+
+    def jobs(self) -> list[dict]:
+        return self._call("jobs", {})
+
+    def close(self) -> None:
+        self._sock.close(0)
+        self._ctx.term()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Job:
+    """A running job: push records, wait for it to go idle, read its state and statistics."""
+
+    def __init__(self, client: Client, job_id: int, name: str, info: dict):
+        self.client = client
+        self.id = job_id
+        self.name = name
+        self.info = info
+
+    def push(self, records: Iterable, chunk: int = 5000, window: int = 8) -> int:
+        """Send records to the planner's incoming queue; returns when all are accepted."""
+        c = self.client
+        outstanding: list[int] = []
+        batch: list = []
+        n = 0
+        for r in records:
+            batch.append(r)
+            if len(batch) >= chunk:
+                outstanding.append(self._send_chunk(batch))
+                n += len(batch)
+                batch = []
+                while len(outstanding) >= window:
+                    c._wait(outstanding.pop(0), max(c.timeout, 60.0), "push")
+        if batch:
+            outstanding.append(self._send_chunk(batch))
+            n += len(batch)
+        for req in outstanding:
+            c._wait(req, max(c.timeout, 60.0), "push")
+        return n
+
+    def _send_chunk(self, batch: list) -> int:
+        try:
+            return self.client._send("push", {"job": self.id, "records": batch})
+        except (TypeError, ValueError, OverflowError) as e:
+            bad = next((r for r in batch if not _packable(r)), None)
+            raise ClaspError(f"record {bad!r:.100} of type {type(bad).__name__} is not msgpack-serializable: "
+                             f"{e}") from None
+
+    def wait_idle(self, timeout: float = 60.0) -> dict:
+        """Block until every pushed record and all its chained requests are done."""
+        c = self.client
+        return c._wait(c._send("wait_idle", {"job": self.id, "timeout": float(timeout)}), timeout + 10.0,
+                       "wait_idle")
+
+    def state(self, operator: str) -> dict:
+        """The keyed state of a stateful operator, gathered from every worker."""
+        return self.client._call("state", {"job": self.id, "op": operator}, max(self.client.timeout, 60.0))
+
+    def collected(self, operator: str) -> list:
+        """The outputs of an operator declared with collect=True, from every worker (order unspecified)."""
+        return self.client._call("collected", {"job": self.id, "op": operator}, max(self.client.timeout, 60.0))
+
+    def stats(self) -> dict:
+        """Throughput, input rate, latency p50/p95/p99, errors, and per-worker metrics."""
+        return self.client._call("stats", {"job": self.id})
+
+    def cancel(self) -> None:
+        self.client._call("cancel", {"job": self.id})
+
+
+def _packable(obj) -> bool:
+    try:
+        msgpack.packb(obj, use_bin_type=True)
+        return True
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def connect(address: str, timeout: float = 10.0) -> Client:
+    """Connect to the planner at `address` (tcp://HOST:PORT); fails within `timeout` if none answers."""
+    return Client(address, timeout)

@@ -1,0 +1,58 @@
+"""Small socket helpers shared by the planner, the workers and the client."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+
+import zmq
+
+
+def bind(sock: zmq.Socket, host: str, port: int) -> int:
+    """Bind `sock` to tcp://host:port (port 0: a free one) and return the port bound."""
+    if port == 0:
+        return sock.bind_to_random_port(f"tcp://{host}")
+    sock.bind(f"tcp://{host}:{port}")
+    return port
+
+
+def advertised(host: str, advertise: str | None) -> str:
+    """The address peers should dial: --advertise, or the bind host unless it is a wildcard."""
+    if advertise:
+        return advertise
+    if host in ("0.0.0.0", "*", "::", ""):
+        return socket.gethostbyname(socket.gethostname())
+    return host
+
+
+def start_metrics_server(registry, host: str, port: int, advertise: str) -> str:
+    """Serve `registry` at http://host:port/metrics in a thread; returns the URL to scrape."""
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return f"http://{advertise}:{server.server_port}/metrics"
+
+
+def run(main_coro_factory) -> int:
+    """Run an async main under uvloop, stopping it cleanly on SIGINT/SIGTERM."""
+    import uvloop
+
+    async def _main():
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            return await main_coro_factory()
+        except asyncio.CancelledError:
+            return 0
+
+    return uvloop.run(_main()) or 0
+
+
+def setup_logging(name: str, level: str = "INFO") -> logging.Logger:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format=f"%(asctime)s {name} %(levelname)s %(message)s")
+    return logging.getLogger(name)

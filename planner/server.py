@@ -1,0 +1,579 @@
+"""The planner process: worker registry, jobs, the incoming request queue and its scheduling engine.
+
+One ROUTER socket serves workers (register, heartbeat, done, replies) and clients (submit, push, ...);
+a PUSH per worker carries input records to the workers holding the DAG's source operators. The planner
+never executes an operator and never relays chained requests between workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from clasp import protocol
+from clasp.dag import DagError, DagSpec
+from clasp.net import advertised, bind, start_metrics_server
+from clasp.protocol import ROOT_WEIGHT, ProtocolError
+from clasp.routing import (
+    NUM_KEY_GROUPS,
+    ROUTE_KEYED,
+    ROUTE_LOCAL,
+    Placement,
+    PlacementError,
+    build_placement,
+    key_group,
+    route_to,
+    spread_placement,
+)
+from clasp.tracking import CHUNK_BITS, LatencyHistogram, Tracker
+
+log = logging.getLogger("clasp.planner")
+
+PlacementFn = Callable[[DagSpec, list[str], int], Placement]
+
+
+class RequestError(Exception):
+    """A client request that cannot be served; the message goes back to the client."""
+
+
+@dataclass
+class WorkerInfo:
+    id: str
+    host: str
+    data: str
+    state: str
+    metrics: str
+    p_max: int
+    pid: int
+    registered: float
+    last_seen: float
+    alive: bool = True
+    sample: dict = field(default_factory=dict)
+
+
+@dataclass
+class PlannerJob:
+    """A submitted job as the planner holds it."""
+
+    id: int
+    spec: DagSpec
+    placement: Placement
+    tracker: Tracker
+    workers: list[str]
+    queue: deque = field(default_factory=deque)  # [base_rid, records, offset] not yet dispatched (Q_p)
+    queued: int = 0
+    counters: dict = field(default_factory=lambda: {"pushed": 0, "dispatched": 0, "source_errors": 0})
+    series: deque = field(default_factory=lambda: deque(maxlen=3600))
+    last: dict = field(default_factory=dict)
+    waiters: list = field(default_factory=list)  # [ident, req, deadline]
+    deferred_acks: deque = field(default_factory=deque)
+    cancelled: bool = False
+    routes: list = field(default_factory=list)
+    weight: int = ROOT_WEIGHT
+    created: float = field(default_factory=time.time)
+    errors: deque = field(default_factory=lambda: deque(maxlen=50))
+
+    @property
+    def inflight(self) -> int:
+        return self.counters["dispatched"] - self.tracker.completed - self.tracker.lost
+
+
+class Planner:
+    """The planner. `await Planner(...).serve()` runs until cancelled."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, metrics_port: int = 0, advertise: str | None = None,
+                 heartbeat: float = 1.0, dead_after: float = 5.0, max_inflight: int = 20000,
+                 max_queue: int = 2_000_000, dispatch_batch: int = 2000, p_max: int = 10,
+                 placement_fn: PlacementFn = spread_placement, rpc_timeout: float = 10.0):
+        self.host, self.port, self.metrics_port = host, port, metrics_port
+        self.advertise = advertised(host, advertise)
+        self.heartbeat = heartbeat
+        self.dead_after = dead_after
+        self.max_inflight = max_inflight
+        self.max_queue = max_queue
+        self.dispatch_batch = dispatch_batch
+        self.p_max = p_max
+        self.placement_fn = placement_fn
+        self.rpc_timeout = rpc_timeout
+        self.id = f"p-{uuid.uuid4().hex[:8]}"
+        self.ctx = zmq.asyncio.Context()
+        self.workers: dict[str, WorkerInfo] = {}
+        self.pushers: dict[str, zmq.asyncio.Socket] = {}
+        self.jobs: dict[int, PlannerJob] = {}
+        self._job_ids = itertools.count(1)
+        self._req_ids = itertools.count(1)
+        self.pending_rpcs: dict[int, asyncio.Future] = {}
+        self.bad_messages: dict[str, int] = {}
+        self.latency = LatencyHistogram()
+        self.last_rates = {"input_rate": 0.0, "throughput": 0.0}
+        self.dispatch_wake = asyncio.Event()
+
+    # ----------------------------------------------------------------- lifecycle
+    async def serve(self) -> None:
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.router.setsockopt(zmq.SNDHWM, 0)
+        self.router.setsockopt(zmq.RCVHWM, 0)
+        self.port = bind(self.router, self.host, self.port)
+        self.endpoint = f"tcp://{self.advertise}:{self.port}"
+        registry = CollectorRegistry()
+        registry.register(_PlannerCollector(self))
+        self.metrics_url = start_metrics_server(registry, self.host, self.metrics_port, self.advertise)
+        print(f"clasp planner {self.id} endpoint={self.endpoint} metrics={self.metrics_url}", flush=True)
+        tasks = [asyncio.create_task(c) for c in (self._recv_loop(), self._dispatch_loop(), self._tick_loop())]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.ctx.destroy(linger=200)
+
+    def live_workers(self) -> list[str]:
+        """Alive workers in registration order: index i of a placement is the i-th of these."""
+        return [w.id for w in sorted(self.workers.values(), key=lambda w: w.registered) if w.alive]
+
+    # ----------------------------------------------------------------- receiving
+    def _bad(self, reason: str) -> None:
+        self.bad_messages[reason] = self.bad_messages.get(reason, 0) + 1
+
+    async def _send(self, ident: bytes, frame: bytes) -> None:
+        try:
+            await self.router.send_multipart([ident, frame], copy=False)
+        except zmq.ZMQError as e:  # EHOSTUNREACH: the peer is gone
+            log.debug("could not send to %r: %s", ident, e)
+
+    async def _recv_loop(self) -> None:
+        handlers = {
+            "register": self._on_register, "heartbeat": self._on_heartbeat, "done": self._on_done,
+            "reply": self._on_reply, "error": self._on_error_msg, "submit": self._on_submit, "push": self._on_push,
+            "wait_idle": self._on_wait_idle, "state": self._on_state, "collected": self._on_collected,
+            "stats": self._on_stats, "cancel": self._on_cancel, "jobs": self._on_jobs, "workers": self._on_workers,
+        }
+        while True:
+            frames = await self.router.recv_multipart()
+            ident = frames[0]
+            try:
+                if len(frames) != 2:
+                    raise ProtocolError("bad_envelope", f"{len(frames) - 1} payload frames")
+                mtype, body = protocol.decode(frames[1])
+                handler = handlers.get(mtype)
+                if handler is None:
+                    raise ProtocolError("unexpected_type", f"{mtype} is not for the planner")
+            except ProtocolError as e:
+                self._bad(e.reason)
+                log.warning("dropped a bad message from %r: %s", ident[:16], e)
+                await self._send(ident, protocol.error(e.reason, e.detail))
+                continue
+            try:
+                result = handler(ident, body)
+                if asyncio.iscoroutine(result):
+                    # Slow handlers (they wait on workers) run on their own so the loop keeps receiving.
+                    asyncio.create_task(self._finish(ident, body, result))
+            except (RequestError, DagError, PlacementError, KeyError, TypeError, ValueError) as e:
+                self._reply_error(ident, body, e)
+
+    async def _finish(self, ident, body, coro) -> None:
+        try:
+            await coro
+        except (RequestError, DagError, PlacementError, KeyError, TypeError, ValueError, TimeoutError) as e:
+            self._reply_error(ident, body, e)
+        except Exception as e:
+            log.exception("handler failed")
+            self._reply_error(ident, body, e)
+
+    def _reply_error(self, ident, body, e: BaseException) -> None:
+        req = body.get("req", 0) if isinstance(body, dict) else 0
+        text = str(e) if isinstance(e, RequestError) else f"{type(e).__name__}: {e}"
+        asyncio.ensure_future(self._send(ident, protocol.reply_error(req, text)))
+
+    def _reply(self, ident, req: int, result) -> None:
+        asyncio.ensure_future(self._send(ident, protocol.reply(req, result)))
+
+    # ----------------------------------------------------------------- workers
+    def _on_register(self, ident: bytes, body: dict) -> None:
+        wid = body["id"]
+        if ident != wid.encode():
+            raise RequestError("a worker registers from a socket whose identity is its id")
+        now = time.monotonic()
+        prev = self.workers.get(wid)
+        info = WorkerInfo(wid, body["host"], body["data"], body["state"], body["metrics"], body["p_max"],
+                          body["pid"], prev.registered if prev else now, now)
+        self.workers[wid] = info
+        if wid not in self.pushers:
+            sock = self.ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.connect(info.data)
+            self.pushers[wid] = sock
+        log.info("worker %s registered (data %s, metrics %s)", wid, info.data, info.metrics)
+        asyncio.ensure_future(self._send(ident, protocol.encode("welcome", {"planner": self.id,
+                                                                             "heartbeat": self.heartbeat})))
+
+    def _on_heartbeat(self, ident: bytes, body: dict) -> None:
+        w = self.workers.get(body["id"])
+        if w is None or ident != w.id.encode():
+            asyncio.ensure_future(self._send(ident, protocol.error("unknown_worker", "register first")))
+            return
+        if not w.alive:
+            log.info("worker %s is back", w.id)
+        w.last_seen = time.monotonic()
+        w.alive = True
+        w.sample = body["sample"]
+        for job_id, js in w.sample.get("jobs", {}).items():
+            job = self.jobs.get(int(job_id))
+            if job is not None:
+                for err in js.get("new_errors", []):
+                    job.errors.append({"worker": w.id, **err})
+
+    def _on_done(self, ident: bytes, body: list) -> None:
+        protocol.check_returns(body)
+        job = self.jobs.get(body[0])
+        if job is None:
+            return
+        now = time.monotonic()
+        for rid, amount, token in body[2]:
+            job.tracker.extend(rid, amount)
+            asyncio.ensure_future(self._send(ident, protocol.encode("extend_ack", [job.id, token])))
+        if job.tracker.returned(body[1], now):
+            self.dispatch_wake.set()
+            if job.tracker.outstanding == 0 and job.queued == 0:
+                self._wake_waiters(job)
+
+    def _on_reply(self, ident: bytes, body: dict) -> None:
+        fut = self.pending_rpcs.pop(body["req"], None)
+        if fut is not None and not fut.done():
+            fut.set_result(body)
+
+    def _on_error_msg(self, ident: bytes, body: dict) -> None:
+        log.warning("%r reports a bad message from us: %s %s", ident[:16], body["reason"], body["detail"])
+
+    async def rpc(self, wid: str, mtype: str, body: dict, timeout: float | None = None) -> object:
+        """Ask worker `wid` and wait for its reply's result; raises RequestError on failure or timeout."""
+        req = next(self._req_ids)
+        fut = asyncio.get_running_loop().create_future()
+        self.pending_rpcs[req] = fut
+        await self._send(wid.encode(), protocol.encode(mtype, {**body, "req": req}))
+        try:
+            reply = await asyncio.wait_for(fut, timeout or self.rpc_timeout)
+        except TimeoutError:
+            raise RequestError(f"worker {wid} did not answer {mtype} within {timeout or self.rpc_timeout} s") from None
+        finally:
+            self.pending_rpcs.pop(req, None)
+        if not reply["ok"]:
+            raise RequestError(f"worker {wid}: {reply.get('error')}")
+        return reply.get("result")
+
+    # ----------------------------------------------------------------- jobs
+    def _job(self, body: dict) -> PlannerJob:
+        job = self.jobs.get(body["job"])
+        if job is None:
+            raise RequestError(f"no job {body['job']}")
+        return job
+
+    async def _on_submit(self, ident: bytes, body: dict) -> None:
+        spec = DagSpec.unpack(body["dag"])
+        workers = self.live_workers()
+        if not workers:
+            raise RequestError("no live workers: start some with `clasp worker --planner ADDR`")
+        explicit = body.get("placement")
+        if explicit:
+            placement = build_placement(spec, workers, explicit, self.p_max)
+        else:
+            placement = self.placement_fn(spec, workers, self.p_max)
+        placement.check(spec)
+        job_id = next(self._job_ids)
+        job = PlannerJob(job_id, spec, placement, Tracker(), workers)
+        self._set_routes(job)
+        peers = {w: self.workers[w].data for w in workers}
+        packed = body["dag"]
+        await asyncio.gather(*(self.rpc(w, "deploy", {"job": job_id, "dag": packed, "placement": placement.to_wire(),
+                                                      "peers": peers}) for w in workers))
+        self.jobs[job_id] = job
+        log.info("job %d (%s) placed on %d workers: %s", job_id, spec.name, len(placement.active_workers()),
+                 {n: p.shares for n, p in placement.operators.items()})
+        self._reply(ident, body["req"], {"job": job_id, "workers": workers, "placement": placement.to_wire()})
+
+    def _set_routes(self, job: PlannerJob) -> None:
+        n = len(job.spec.sources)
+        job.weight = (ROOT_WEIGHT // n) * n
+        job.tracker.root = job.weight
+        job.routes = [route_to(job.spec, job.placement, s, None) for s in job.spec.sources]
+
+    def _on_push(self, ident: bytes, body: dict) -> None:
+        job = self._job(body)
+        if job.cancelled:
+            raise RequestError(f"job {job.id} is cancelled")
+        records = body["records"]
+        now = time.monotonic()
+        for i in range(0, len(records), 1 << CHUNK_BITS):
+            part = records[i:i + (1 << CHUNK_BITS)]
+            base = job.tracker.admit(len(part), now)
+            job.queue.append([base, part, 0])
+            job.queued += len(part)
+        job.counters["pushed"] += len(records)
+        self.dispatch_wake.set()
+        ack = protocol.reply(body["req"], {"accepted": len(records)})
+        if job.queued > self.max_queue:
+            job.deferred_acks.append((ident, ack))  # backpressure: the client waits for this ack
+        else:
+            asyncio.ensure_future(self._send(ident, ack))
+
+    def _on_wait_idle(self, ident: bytes, body: dict) -> None:
+        job = self._job(body)
+        if job.tracker.outstanding == 0 and job.queued == 0:
+            self._reply(ident, body["req"], self._idle_summary(job))
+        else:
+            job.waiters.append([ident, body["req"], time.monotonic() + float(body["timeout"])])
+
+    def _idle_summary(self, job: PlannerJob) -> dict:
+        return {"pushed": job.counters["pushed"], "completed": job.tracker.completed, "lost": job.tracker.lost}
+
+    def _wake_waiters(self, job: PlannerJob) -> None:
+        for ident, req, _ in job.waiters:
+            self._reply(ident, req, self._idle_summary(job))
+        job.waiters.clear()
+
+    def _job_workers(self, job: PlannerJob) -> list[str]:
+        return [w for w in job.workers if self.workers.get(w) and self.workers[w].alive]
+
+    async def _on_state(self, ident: bytes, body: dict) -> None:
+        job = self._job(body)
+        op = job.spec.by_name(body["op"]) if body["op"] in {o.name for o in job.spec.operators} else None
+        if op is None:
+            raise RequestError(f"job {job.id} has no operator {body['op']!r}")
+        if not op.stateful:
+            raise RequestError(f"operator {op.name!r} is stateless: it has no state")
+        owners = sorted(set(job.placement.operators[op.name].key_groups))
+        parts = await asyncio.gather(*(self.rpc(w, "state_dump", {"job": job.id, "op": op.name}) for w in owners))
+        merged: dict = {}
+        for p in parts:
+            merged.update(p)
+        self._reply(ident, body["req"], merged)
+
+    async def _on_collected(self, ident: bytes, body: dict) -> None:
+        job = self._job(body)
+        if body["op"] not in {o.name for o in job.spec.operators}:
+            raise RequestError(f"job {job.id} has no operator {body['op']!r}")
+        parts = await asyncio.gather(*(self.rpc(w, "collected_dump", {"job": job.id, "op": body["op"]})
+                                       for w in self._job_workers(job)))
+        self._reply(ident, body["req"], [x for p in parts for x in p])
+
+    def _on_stats(self, ident: bytes, body: dict) -> None:
+        self._reply(ident, body["req"], self.job_stats(self._job(body)))
+
+    async def _on_cancel(self, ident: bytes, body: dict) -> None:
+        job = self._job(body)
+        job.cancelled = True
+        job.queue.clear()
+        job.queued = 0
+        await asyncio.gather(*(self.rpc(w, "stop_job", {"job": job.id}) for w in self._job_workers(job)),
+                             return_exceptions=True)
+        self.jobs.pop(job.id, None)
+        self._reply(ident, body["req"], True)
+
+    def _on_jobs(self, ident: bytes, body: dict) -> None:
+        self._reply(ident, body["req"], [{"job": j.id, "name": j.spec.name, "pushed": j.counters["pushed"],
+                                          "completed": j.tracker.completed} for j in self.jobs.values()])
+
+    def _on_workers(self, ident: bytes, body: dict) -> None:
+        self._reply(ident, body["req"], [{"id": w.id, "alive": w.alive, "data": w.data, "state": w.state,
+                                          "metrics": w.metrics, "pid": w.pid, "host": w.host}
+                                         for w in self.workers.values()])
+
+    # ----------------------------------------------------------------- the scheduling engine
+    async def _dispatch_loop(self) -> None:
+        while True:
+            sent = 0
+            for job in list(self.jobs.values()):
+                sent += self._dispatch(job)
+            if sent:
+                await asyncio.sleep(0)
+                continue
+            self.dispatch_wake.clear()
+            await self.dispatch_wake.wait()
+
+    def _dispatch(self, job: PlannerJob) -> int:
+        """Send queued records to the source operators' workers while the in-flight window has room."""
+        room = min(self.max_inflight - job.inflight, self.dispatch_batch)
+        if room <= 0 or not job.queue:
+            return 0
+        head = job.queue[0]
+        base, records, offset = head
+        n = min(room, len(records) - offset)
+        part = records[offset:offset + n]
+        head[2] = offset + n
+        if head[2] >= len(records):
+            job.queue.popleft()
+        job.queued -= n
+        job.counters["dispatched"] += n
+        first = base + offset
+        w = job.weight // len(job.routes)
+        out: dict[str, list] = {}
+        failed = []
+        for route in job.routes:
+            s = route.succ
+            if route.kind == ROUTE_KEYED:
+                key_fn = job.spec.operators[s].key
+                owners = route.owners
+                for i, v in enumerate(part):
+                    try:
+                        key = key_fn(v)
+                        g = key_group(key, NUM_KEY_GROUPS)
+                    except Exception as e:
+                        failed.append(first + i)
+                        job.errors.append({"worker": "planner", "operator": job.spec.operators[s].name,
+                                           "error": f"key function failed: {e!r}"[:300], "value": repr(v)[:200]})
+                        continue
+                    out.setdefault(owners[g], []).append((s, v, key, first + i, w))
+            elif route.kind == ROUTE_LOCAL:  # cannot happen from the planner: it holds no operator
+                raise PlacementError("a source routed to the planner")
+            else:
+                table = route.table
+                tn = len(table)
+                # Consecutive blocks per table slot keep the per-record work to building one row.
+                block = max(1, n // tn) if n >= tn else 1
+                for start in range(0, n, block):
+                    dest = table[(first + start) // block % tn]
+                    rows = out.setdefault(dest, [])
+                    rows.extend([(s, v, None, first + start + i, w)
+                                 for i, v in enumerate(part[start:start + block])])
+        for dest, rows in out.items():
+            self.pushers[dest].send(protocol.encode("data", [job.id, job.placement.epoch, rows]), copy=False)
+        if failed:
+            job.counters["source_errors"] += len(failed)
+            job.tracker.complete_now(failed, time.monotonic())
+        while job.deferred_acks and job.queued <= self.max_queue:
+            ident, ack = job.deferred_acks.popleft()
+            asyncio.ensure_future(self._send(ident, ack))
+        return n
+
+    # ----------------------------------------------------------------- once a second
+    async def _tick_loop(self) -> None:
+        last = time.monotonic()
+        prev: dict[int, tuple[int, int]] = {}
+        while True:
+            await asyncio.sleep(self.heartbeat)
+            now = time.monotonic()
+            dt = max(now - last, 1e-6)
+            last = now
+            for w in self.workers.values():
+                if w.alive and now - w.last_seen > self.dead_after:
+                    w.alive = False
+                    log.warning("worker %s missed heartbeats for %.1f s: marked dead", w.id, now - w.last_seen)
+            total_in = total_out = 0.0
+            for job in list(self.jobs.values()):
+                p_in, p_out = prev.get(job.id, (0, 0))
+                rate_in = (job.counters["pushed"] - p_in) / dt
+                rate_out = (job.tracker.completed - p_out) / dt
+                prev[job.id] = (job.counters["pushed"], job.tracker.completed)
+                interval = job.tracker.interval
+                self.latency.merge(interval)
+                lat = job.tracker.take_interval()
+                job.last = {"t": round(time.time() - job.created, 3), "input_rate": rate_in, "throughput": rate_out,
+                            "queue": job.queued, "inflight": job.inflight, "p50": lat["p50"], "p95": lat["p95"],
+                            "p99": lat["p99"], "workers": len(job.placement.active_workers())}
+                job.series.append(job.last)
+                total_in += rate_in
+                total_out += rate_out
+                for waiter in [x for x in job.waiters if x[2] <= now]:
+                    job.waiters.remove(waiter)
+                    self._reply_error(waiter[0], {"req": waiter[1]}, RequestError(
+                        f"timeout: job {job.id} still has {job.tracker.outstanding} records in flight "
+                        f"({job.queued} queued at the planner)"))
+            self.last_rates = {"input_rate": total_in, "throughput": total_out}
+
+    def job_stats(self, job: PlannerJob) -> dict:
+        """Throughput, input rate, latency, and the Table 2 metrics of every worker, for one job."""
+        per_worker = {}
+        operators: dict[str, dict] = {o.name: {"rate": 0.0, "tau_us": 0.0, "processed": 0, "errors": 0,
+                                               "queue": 0} for o in job.spec.operators}
+        edges: dict[tuple[str, str], float] = {}
+        failed = 0
+        for wid in job.workers:
+            w = self.workers.get(wid)
+            js = (w.sample.get("jobs", {}).get(job.id) if w else None) or {}
+            per_worker[wid] = {"alive": bool(w and w.alive), "queue": js.get("queue", 0),
+                               "r_local": js.get("r_local", 0.0), "r_remote": js.get("r_remote", 0.0),
+                               "delta": w.sample.get("delta", 0) if w else 0, "exec_us": js.get("exec_us", 0.0),
+                               "queue_delay": js.get("queue_delay", 0.0), "operators": js.get("operators", {}),
+                               "metrics": w.metrics if w else None}
+            failed += js.get("failed", 0)
+            for name, o in js.get("operators", {}).items():
+                agg = operators[name]
+                busy = agg["rate"] * agg["tau_us"] + o["rate"] * o["tau_us"]
+                agg["rate"] += o["rate"]
+                agg["tau_us"] = busy / agg["rate"] if agg["rate"] else 0.0
+                agg["processed"] += o["processed"]
+                agg["errors"] += o["errors"]
+                agg["queue"] += o["queue"]
+            for e in js.get("edges", []):
+                edges[(e["src"], e["dst"])] = edges.get((e["src"], e["dst"]), 0.0) + e["rate"]
+        t = job.tracker
+        return {
+            "job": job.id, "name": job.spec.name,
+            "input_rate": job.last.get("input_rate", 0.0), "throughput": job.last.get("throughput", 0.0),
+            "latency": {"last": {k: job.last.get(k) for k in ("p50", "p95", "p99")}, **t.cumulative.summary()},
+            "pushed": job.counters["pushed"], "completed": t.completed, "outstanding": t.outstanding,
+            "queued": job.queued, "lost": t.lost, "failed": failed + job.counters["source_errors"],
+            "errors": list(job.errors), "workers": per_worker, "operators": operators,
+            "edges": [{"src": s, "dst": d, "rate": r} for (s, d), r in edges.items()],
+            "placement": job.placement.to_wire(), "workers_active": len(job.placement.active_workers()),
+            "workers_alive": len(self.live_workers()), "series": list(job.series)[-120:],
+        }
+
+
+class _PlannerCollector:
+    """Prometheus view of the planner, read at scrape time."""
+
+    def __init__(self, planner: Planner):
+        self.p = planner
+
+    def collect(self):
+        p = self.p
+        g = GaugeMetricFamily("clasp_planner_queue_length", "Records waiting in the planner's queue (Q_p)")
+        g.add_metric([], sum(j.queued for j in list(p.jobs.values())))
+        yield g
+        for name, key, doc in (("clasp_input_rate", "input_rate", "Records entering per second (lambda_p)"),
+                               ("clasp_throughput", "throughput", "Records completed end to end per second (Lambda)")):
+            m = GaugeMetricFamily(name, doc)
+            m.add_metric([], p.last_rates[key])
+            yield m
+        a = GaugeMetricFamily("clasp_workers_alive", "Registered workers sending heartbeats")
+        a.add_metric([], len(p.live_workers()))
+        yield a
+        h = HistogramMetricFamily("clasp_end_to_end_latency_seconds",
+                                  "From entering the planner until the record and all its chained requests are done")
+        counts = p.latency.counts
+        cum = 0
+        buckets = []
+        # Coarse Prometheus buckets from the fine internal histogram.
+        edges = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+        import numpy as np
+
+        idx = np.searchsorted(p.latency.bounds, edges, side="right")
+        cumsum = np.cumsum(counts)
+        for e, i in zip(edges, idx, strict=True):
+            cum = int(cumsum[i - 1]) if i > 0 else 0
+            buckets.append((repr(e), cum))
+        buckets.append(("+Inf", int(p.latency.total)))
+        h.add_metric([], buckets, p.latency.sum)
+        yield h
+        b = CounterMetricFamily("clasp_bad_messages", "Malformed, truncated or unknown messages dropped",
+                                labels=["reason"])
+        for reason, n in list(p.bad_messages.items()):
+            b.add_metric([reason], n)
+        if not p.bad_messages:
+            b.add_metric(["none"], 0)
+        yield b

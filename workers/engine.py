@@ -1,0 +1,482 @@
+"""A worker's local scheduling engine and executor pool for one job: the hot path.
+
+Requests are 5-tuples `(op, value, key, rid, weight)`. Each operator has a FIFO queue; executors run
+micro-batches of it in a tight loop and hand every output to the successor's route: a local chained
+request is appended to the successor's queue in memory (no serialization, no socket); a remote one is
+appended to the per-destination batch that the worker flushes within the flush delay.
+
+Termination detection is weight throwing: every input record carries ROOT_WEIGHT; a request splits its
+weight among its children and a request with no children returns its weight to the planner, which
+declares the record complete when all of it is back. No per-request message, no global counter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+from collections import deque
+from time import perf_counter
+
+import msgpack
+
+from clasp.dag import DagSpec
+from clasp.protocol import ROOT_WEIGHT
+from clasp.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE, Placement, key_group, route_to
+
+# Outputs that are one value even though Python could iterate them.
+_ONE = frozenset({str, bytes, bytearray, dict, int, float, bool, memoryview})
+SLOT_BATCH = 32  # requests per executor slot per round: a slot's share of one scheduling round
+KEY_CACHE_MAX = 1 << 20
+# Upper bounds (seconds) of the execution-time histogram buckets.
+EXEC_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 0.1, 1.0)
+
+
+def as_outputs(out) -> tuple | list:
+    """An operator's return value as a sequence of outputs (None: none; str/bytes/dict/scalar: one)."""
+    if out is None:
+        return ()
+    cls = out.__class__
+    if cls is list or cls is tuple:
+        return out
+    if cls in _ONE:
+        return (out,)
+    try:
+        return list(out)
+    except TypeError:
+        return (out,)
+
+
+class OperatorError(Exception):
+    """An operator's function raised or returned something unusable."""
+
+
+class OpRuntime:
+    """One operator on this worker: its queue, state, routes and counters."""
+
+    __slots__ = ("index", "name", "fn", "key_fn", "stateful", "is_async", "collect", "queue", "state",
+                 "instances", "routes", "successors", "processed", "exec_time", "errors", "edge_counts",
+                 "dts", "hist", "collected", "key_cache", "busy", "exec_total")
+
+    def __init__(self, spec_op):
+        self.index = spec_op.index
+        self.name = spec_op.name
+        self.fn = spec_op.fn
+        self.key_fn = spec_op.key
+        self.stateful = spec_op.stateful
+        self.is_async = spec_op.is_async
+        self.collect = spec_op.collect
+        self.successors = list(spec_op.successors)
+        self.queue: deque = deque()
+        self.state: dict = {}
+        self.instances = 0
+        self.routes: list[tuple] = []
+        self.processed = 0  # cumulative, for Prometheus and exactly-once checks
+        self.exec_time = 0.0  # cumulative seconds inside fn
+        self.exec_total = 0.0
+        self.errors = 0
+        self.edge_counts = [0] * len(self.successors)
+        self.dts: list[float] = []
+        self.hist = [0] * (len(EXEC_BUCKETS) + 1)
+        self.collected: list = []
+        self.key_cache: dict = {}
+        self.busy = False
+
+
+class JobEngine:
+    """The state of one job on one worker; `run_round()` executes, the worker process does the I/O."""
+
+    def __init__(self, job: int, spec: DagSpec, me: str, placement: Placement, p_max: int = 10,
+                 max_errors_kept: int = 20):
+        self.job = job
+        self.spec = spec
+        self.me = me
+        self.p_max = p_max
+        self.ops = [OpRuntime(o) for o in spec.operators]
+        self.order = [self.ops[i] for i in spec.topological()]
+        self.pending: dict[str, list] = {}  # destination worker -> rows of remote chained requests
+        self.pending_since: float | None = None
+        self.returns: dict[int, int] = {}  # rid -> weight finished here, not yet reported
+        self.extends: list[list[int]] = []  # [rid, amount, token] asked of the planner
+        self.parked: dict[int, tuple] = {}  # token -> (op, outputs, rid) waiting for extend_ack
+        self._token = 0
+        self.local_requests = 0  # chained requests handed over in memory (R^l), cumulative
+        self.remote_requests = 0  # chained requests batched for another worker (R^r), cumulative
+        self.failed = 0
+        self.error_samples: deque = deque(maxlen=max_errors_kept)
+        self.async_tasks: set[asyncio.Task] = set()
+        self.on_work = lambda: None  # the worker's wake-up, called when async executions produce work
+        self.placement = placement
+        self.epoch = placement.epoch
+        self.apply_placement(placement)
+
+    # ----------------------------------------------------------------- placement and routing
+    def apply_placement(self, placement: Placement) -> None:
+        """Rebuild every route and instance count for a new placement."""
+        self.placement = placement
+        self.epoch = placement.epoch
+        for op in self.ops:
+            op.instances = placement.operators[op.name].instances.get(self.me, 0)
+            routes = []
+            for s in op.successors:
+                r = route_to(self.spec, placement, s, self.me)
+                target = self.ops[s]
+                if r.kind == ROUTE_LOCAL:
+                    routes.append((ROUTE_LOCAL, s, target.queue.append, None, None, None))
+                elif r.kind == ROUTE_TABLE:
+                    routes.append((ROUTE_TABLE, s, target.queue.append, r.table, [0], None))
+                else:
+                    routes.append((ROUTE_KEYED, s, target.queue.append, r.owners, target.key_cache, target))
+            op.routes = routes
+
+    def queue_length(self) -> int:
+        return sum(len(op.queue) for op in self.ops)
+
+    def idle(self) -> bool:
+        return not self.async_tasks and all(not op.queue for op in self.ops)
+
+    # ----------------------------------------------------------------- input
+    def enqueue_rows(self, rows: list) -> None:
+        """Append validated rows [op, value, key, rid, weight] to their operators' queues."""
+        ops = self.ops
+        for r in rows:
+            ops[r[0]].queue.append(r)
+
+    # ----------------------------------------------------------------- execution
+    def run_round(self) -> int:
+        """One scheduling round: each operator with work runs up to instances × SLOT_BATCH requests."""
+        done = 0
+        for op in self.order:
+            if op.queue and not op.busy:
+                budget = max(1, op.instances) * SLOT_BATCH
+                if op.is_async:
+                    done += self._start_async(op, budget)
+                elif op.stateful:
+                    done += self._run_stateful(op, budget)
+                else:
+                    done += self._run_stateless(op, budget)
+        return done
+
+    def _leaf(self, rid: int, w: int) -> None:
+        r = self.returns
+        r[rid] = r.get(rid, 0) + w
+
+    def _fail(self, op: OpRuntime, exc: BaseException, value, rid: int, w: int) -> None:
+        op.errors += 1
+        self.failed += 1
+        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        self.error_samples.append({"operator": op.name, "error": text[:300], "value": repr(value)[:200]})
+        self._leaf(rid, w)
+
+    def _run_stateless(self, op: OpRuntime, budget: int) -> int:
+        q = op.queue
+        n = min(budget, len(q))
+        popleft = q.popleft
+        fn = op.fn
+        pc = perf_counter
+        dts = op.dts
+        dts_append = dts.append
+        returns = self.returns
+        routes = op.routes
+        one = _ONE
+        fast = routes[0][2] if len(routes) == 1 and routes[0][0] == ROUTE_LOCAL else None
+        succ0 = routes[0][1] if routes else -1
+        collect = op.collected.extend if op.collect else None
+        t_exec = 0.0
+        emitted = 0  # children handed over by the fast path; the general path counts in _send
+        for _ in range(n):
+            _, value, _k, rid, w = popleft()
+            t0 = pc()
+            try:
+                out = fn(value)
+            except Exception as e:
+                t_exec += pc() - t0
+                self._fail(op, e, value, rid, w)
+                continue
+            dt = pc() - t0
+            t_exec += dt
+            dts_append(dt)
+            if out is None:
+                returns[rid] = returns.get(rid, 0) + w
+                continue
+            cls = out.__class__
+            if cls is list or cls is tuple:
+                outs = out
+            elif cls in one:
+                outs = (out,)
+            else:
+                try:
+                    outs = list(out)
+                except Exception as e:
+                    self._fail(op, e, value, rid, w)
+                    continue
+            if collect is not None:
+                collect(outs)
+            if fast is not None:
+                k = len(outs)
+                if k == 1:
+                    fast((succ0, outs[0], None, rid, w))
+                    emitted += 1
+                    continue
+                if k == 0:
+                    returns[rid] = returns.get(rid, 0) + w
+                    continue
+                wc, r = divmod(w, k)
+                if wc:
+                    if r:
+                        returns[rid] = returns.get(rid, 0) + r
+                    for o in outs:
+                        fast((succ0, o, None, rid, wc))
+                    emitted += k
+                    continue
+            self._emit(op, outs, rid, w)
+        op.processed += n
+        op.exec_time += t_exec
+        if emitted:
+            self.local_requests += emitted
+            op.edge_counts[0] += emitted
+        if len(dts) > 100_000:
+            self._fold_histogram(op)
+        return n
+
+    def _run_stateful(self, op: OpRuntime, budget: int) -> int:
+        q = op.queue
+        n = min(budget, len(q))
+        popleft = q.popleft
+        fn = op.fn
+        pc = perf_counter
+        dts_append = op.dts.append
+        returns = self.returns
+        state = op.state
+        get = state.get
+        routes = op.routes
+        collect = op.collected.extend if op.collect else None
+        t_exec = 0.0
+        for _ in range(n):
+            _, value, key, rid, w = popleft()
+            t0 = pc()
+            try:
+                new, out = fn(get(key), value)
+            except Exception as e:
+                t_exec += pc() - t0
+                self._fail(op, e, value, rid, w)
+                continue
+            dt = pc() - t0
+            t_exec += dt
+            dts_append(dt)
+            if new is None:
+                state.pop(key, None)
+            else:
+                state[key] = new
+            if out is None or not routes and collect is None:
+                returns[rid] = returns.get(rid, 0) + w
+                continue
+            outs = as_outputs(out)
+            if collect is not None:
+                collect(outs)
+            if not routes or not outs:
+                returns[rid] = returns.get(rid, 0) + w
+                continue
+            self._emit(op, outs, rid, w)
+        op.processed += n
+        op.exec_time += t_exec
+        if len(op.dts) > 100_000:
+            self._fold_histogram(op)
+        return n
+
+    def _emit(self, op: OpRuntime, outs, rid: int, w: int) -> int:
+        """Send every output to every successor with its share of weight `w`; returns the count sent."""
+        routes = op.routes
+        k = len(outs) * len(routes)
+        if k == 0:
+            self._leaf(rid, w)
+            return 0
+        wc, r = divmod(w, k)
+        if wc == 0:
+            # The record's weight is exhausted by deep fan-out: ask the planner for more, and hold the
+            # children until it has added it, so the planner can never see the record complete early.
+            self._token += 1
+            self.extends.append([rid, ROOT_WEIGHT, self._token])
+            self.parked[self._token] = (op, list(outs), rid)
+            self._leaf(rid, w)
+            return 0
+        if r:
+            self._leaf(rid, r)
+        return self._send(op, outs, rid, wc)
+
+    def _send(self, op: OpRuntime, outs, rid: int, wc: int) -> int:
+        local = remote = 0
+        pending = self.pending
+        for j, (kind, succ, append, table, aux, target) in enumerate(op.routes):
+            if kind == ROUTE_LOCAL:
+                for o in outs:
+                    append((succ, o, None, rid, wc))
+                local += len(outs)
+            elif kind == ROUTE_TABLE:
+                n = len(table)
+                for o in outs:
+                    i = aux[0]
+                    aux[0] = i + 1
+                    d = table[i % n]
+                    if d is None:
+                        append((succ, o, None, rid, wc))
+                        local += 1
+                    else:
+                        rows = pending.get(d)
+                        if rows is None:
+                            rows = pending[d] = []
+                        rows.append((succ, o, None, rid, wc))
+                        remote += 1
+            else:
+                key_fn = target.key_fn
+                for o in outs:
+                    try:
+                        key = key_fn(o)
+                        g = aux.get(key)
+                        if g is None:
+                            g = key_group(key, NUM_KEY_GROUPS)
+                            if len(aux) < KEY_CACHE_MAX:
+                                aux[key] = g
+                    except Exception as e:
+                        self._fail(target, OperatorError(f"key function of {target.name!r} failed: {e!r}"),
+                                   o, rid, wc)
+                        continue
+                    d = table[g]
+                    if d is None:
+                        append((succ, o, key, rid, wc))
+                        local += 1
+                    else:
+                        rows = pending.get(d)
+                        if rows is None:
+                            rows = pending[d] = []
+                        rows.append((succ, o, key, rid, wc))
+                        remote += 1
+            op.edge_counts[j] += len(outs)
+        if remote and self.pending_since is None:
+            self.pending_since = perf_counter()
+        self.local_requests += local
+        self.remote_requests += remote
+        return local + remote
+
+    def release(self, token: int) -> None:
+        """The planner acknowledged an extension: send the parked children with fresh weight."""
+        parked = self.parked.pop(token, None)
+        if parked is None:
+            return
+        op, outs, rid = parked
+        k = len(outs) * len(op.routes)
+        wc, r = divmod(ROOT_WEIGHT, k)
+        if r:
+            self._leaf(rid, r)
+        self._send(op, outs, rid, wc)
+
+    # ----------------------------------------------------------------- async operators
+    def _start_async(self, op: OpRuntime, budget: int) -> int:
+        """Run up to `instances` requests of an async operator concurrently, one per distinct key."""
+        batch = []
+        keys = set()
+        q = op.queue
+        limit = min(budget, max(1, op.instances))
+        while q and len(batch) < limit:
+            key = q[0][2]
+            if op.stateful and key in keys:
+                break  # a second request for a key waits, so per-key order holds
+            keys.add(key)
+            batch.append(q.popleft())
+        op.busy = True
+        task = asyncio.ensure_future(self._run_async(op, batch))
+        self.async_tasks.add(task)
+        task.add_done_callback(self.async_tasks.discard)
+        return len(batch)
+
+    async def _run_async(self, op: OpRuntime, batch: list) -> None:
+        async def one(row):
+            _, value, key, rid, w = row
+            t0 = perf_counter()
+            try:
+                if op.stateful:
+                    new, out = await op.fn(op.state.get(key), value)
+                    if new is None:
+                        op.state.pop(key, None)
+                    else:
+                        op.state[key] = new
+                else:
+                    out = await op.fn(value)
+                outs = as_outputs(out)
+            except Exception as e:
+                op.exec_time += perf_counter() - t0
+                self._fail(op, e, value, rid, w)
+                return
+            dt = perf_counter() - t0
+            op.exec_time += dt
+            op.dts.append(dt)
+            if op.collect:
+                op.collected.extend(outs)
+            self._emit(op, outs, rid, w)
+
+        try:
+            await asyncio.gather(*(one(r) for r in batch))
+        finally:
+            op.processed += len(batch)
+            op.busy = False
+            self.on_work()
+
+    # ----------------------------------------------------------------- flushing and metrics
+    def take_pending(self) -> dict[str, list]:
+        """The remote batches to send now, per destination; resets the flush timer."""
+        p = self.pending
+        self.pending = {}
+        self.pending_since = None
+        return p
+
+    def take_returns(self) -> tuple[dict[int, int], list[list[int]]]:
+        r, e = self.returns, self.extends
+        self.returns, self.extends = {}, []
+        return r, e
+
+    def _fold_histogram(self, op: OpRuntime) -> None:
+        import numpy as np
+
+        if op.dts:
+            idx = np.searchsorted(np.asarray(EXEC_BUCKETS), np.asarray(op.dts), side="left")
+            counts = np.bincount(idx, minlength=len(EXEC_BUCKETS) + 1)
+            for i, c in enumerate(counts.tolist()):
+                op.hist[i] += c
+            op.exec_total += float(np.sum(op.dts))
+            op.dts.clear()
+
+    def fold_histograms(self) -> None:
+        for op in self.ops:
+            self._fold_histogram(op)
+
+    # ----------------------------------------------------------------- state server
+    def state_dump(self, name: str) -> dict:
+        """The keyed state of operator `name` held here, checked to be msgpack-serializable."""
+        op = self.op(name)
+        if not op.stateful:
+            raise OperatorError(f"operator {name!r} is stateless: it has no state")
+        check_serializable(op)
+        return dict(op.state)
+
+    def op(self, name: str) -> OpRuntime:
+        for op in self.ops:
+            if op.name == name:
+                return op
+        raise OperatorError(f"job {self.job} has no operator {name!r}")
+
+
+def check_serializable(op: OpRuntime) -> None:
+    """Raise OperatorError naming the first key whose state (or key) msgpack cannot carry."""
+    try:
+        msgpack.packb(op.state, use_bin_type=True)
+        return
+    except (TypeError, ValueError, OverflowError):
+        pass
+    for key, value in op.state.items():
+        for what, obj in (("key", key), ("state", value)):
+            try:
+                msgpack.packb(obj, use_bin_type=True)
+            except (TypeError, ValueError, OverflowError) as e:
+                raise OperatorError(
+                    f"operator {op.name!r}: the {what} of key {key!r} is a {type(obj).__name__}, which is not "
+                    f"msgpack-serializable ({e}); state must be None, bool, int, float, str, bytes, list or dict"
+                ) from None

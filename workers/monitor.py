@@ -1,0 +1,128 @@
+"""A worker's metrics monitor: the paper's Table 2 per interval, and Prometheus read at scrape time."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from workers.engine import EXEC_BUCKETS, JobEngine
+
+
+@dataclass
+class _Cursor:
+    """Cumulative counters at the previous sample, to turn them into per-interval rates."""
+
+    processed: dict = field(default_factory=dict)
+    exec_time: dict = field(default_factory=dict)
+    edges: dict = field(default_factory=dict)
+    local: int = 0
+    remote: int = 0
+    errors_seen: int = 0
+
+
+class Monitor:
+    """Samples every job's engine once per interval; `sample()` is what the heartbeat carries."""
+
+    def __init__(self, worker_id: str):
+        self.worker_id = worker_id
+        self.jobs: dict[int, JobEngine] = {}
+        self._cursors: dict[int, _Cursor] = {}
+        self.bad_messages: Counter = Counter()
+        self.destinations_interval: set[str] = set()  # distinct remote workers reached this interval
+        self.last_delta = 0
+        self.pauses: list[float] = []
+
+    def sample(self, interval: float) -> dict:
+        """Table 2 for the last `interval` seconds: Q_w, R^l, R^r, delta, N, tau, E, per job."""
+        interval = max(interval, 1e-6)
+        self.last_delta = len(self.destinations_interval)
+        out = {"worker": self.worker_id, "interval": interval, "delta": self.last_delta,
+               "bad_messages": dict(self.bad_messages), "jobs": {}}
+        self.destinations_interval = set()
+        total_q = 0
+        for job, eng in list(self.jobs.items()):
+            cur = self._cursors.setdefault(job, _Cursor())
+            eng.fold_histograms()
+            ops = {}
+            for op in eng.ops:
+                done = op.processed - cur.processed.get(op.name, 0)
+                t = op.exec_time - cur.exec_time.get(op.name, 0.0)
+                cur.processed[op.name], cur.exec_time[op.name] = op.processed, op.exec_time
+                ops[op.name] = {"rate": done / interval, "tau_us": (t / done * 1e6) if done else 0.0,
+                                "processed": op.processed, "queue": len(op.queue), "errors": op.errors,
+                                "instances": op.instances, "keys": len(op.state)}
+            edges = []
+            for op in eng.ops:
+                for j, s in enumerate(op.successors):
+                    name = (op.name, eng.ops[s].name)
+                    c = op.edge_counts[j]
+                    edges.append({"src": name[0], "dst": name[1], "rate": (c - cur.edges.get(name, 0)) / interval,
+                                  "total": c})
+                    cur.edges[name] = c
+            rl = (eng.local_requests - cur.local) / interval
+            rr = (eng.remote_requests - cur.remote) / interval
+            cur.local, cur.remote = eng.local_requests, eng.remote_requests
+            q = eng.queue_length()
+            total_q += q
+            service = sum(o["rate"] for o in ops.values())
+            errors = list(eng.error_samples)[cur.errors_seen:] if cur.errors_seen < len(eng.error_samples) else []
+            cur.errors_seen = len(eng.error_samples)
+            out["jobs"][job] = {
+                "queue": q, "r_local": rl, "r_remote": rr, "operators": ops, "edges": edges,
+                # Little's law: the time a request arriving now waits behind the queue.
+                "queue_delay": q / service if service > 0 else (float(q > 0) * interval),
+                "exec_us": sum(o["rate"] * o["tau_us"] for o in ops.values()),
+                "failed": eng.failed, "new_errors": errors}
+        out["queue"] = total_q
+        return out
+
+
+class WorkerCollector:
+    """Prometheus collector over the monitor's engines: no Prometheus call on the request path."""
+
+    def __init__(self, monitor: Monitor):
+        self.m = monitor
+
+    def collect(self):
+        jobs = list(self.m.jobs.values())
+        q = GaugeMetricFamily("clasp_worker_queue_length", "Requests queued on this worker (Q_w)")
+        q.add_metric([], sum(e.queue_length() for e in jobs))
+        yield q
+        c = CounterMetricFamily("clasp_chained_requests", "Chained requests generated (R^l, R^r)", labels=["kind"])
+        c.add_metric(["local"], sum(e.local_requests for e in jobs))
+        c.add_metric(["remote"], sum(e.remote_requests for e in jobs))
+        yield c
+        d = GaugeMetricFamily("clasp_remote_destinations", "Distinct remote workers reached last interval (delta_w)")
+        d.add_metric([], self.m.last_delta)
+        yield d
+        p = CounterMetricFamily("clasp_requests_processed", "Requests executed per operator", labels=["job", "operator"])
+        err = CounterMetricFamily("clasp_operator_errors", "Requests whose operator raised", labels=["job", "operator"])
+        h = HistogramMetricFamily("clasp_execution_seconds", "Execution time per request",
+                                  labels=["job", "operator"], unit="seconds")
+        e = CounterMetricFamily("clasp_edge_requests", "Chained requests per DAG edge", labels=["job", "src", "dst"])
+        for eng in jobs:
+            j = str(eng.job)
+            for op in eng.ops:
+                p.add_metric([j, op.name], op.processed)
+                err.add_metric([j, op.name], op.errors)
+                cum, buckets = 0, []
+                for bound, n in zip(EXEC_BUCKETS, op.hist, strict=False):
+                    cum += n
+                    buckets.append((repr(bound), cum))
+                buckets.append(("+Inf", cum + op.hist[-1]))
+                h.add_metric([j, op.name], buckets, op.exec_total)
+                for k, s in enumerate(op.successors):
+                    e.add_metric([j, op.name, eng.ops[s].name], op.edge_counts[k])
+        yield p
+        yield err
+        yield h
+        yield e
+        b = CounterMetricFamily("clasp_bad_messages", "Malformed, truncated or unknown messages dropped",
+                                labels=["reason"])
+        for reason, n in list(self.m.bad_messages.items()):
+            b.add_metric([reason], n)
+        if not self.m.bad_messages:
+            b.add_metric(["none"], 0)
+        yield b

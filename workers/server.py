@@ -1,0 +1,303 @@
+"""The worker process: sockets, registration and heartbeats around the engines of its jobs.
+
+Sockets: a DEALER to the planner (control, heartbeats, returned weight); a PULL bound for data from the
+planner and from peers; a PUSH per peer it sends to; a ROUTER bound as its state server, which any
+process may ask for a key's state or a whole operator's. Metrics are served over HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from time import perf_counter
+
+import zmq
+import zmq.asyncio
+from prometheus_client import CollectorRegistry
+
+from clasp import protocol
+from clasp.dag import DagError, DagSpec
+from clasp.net import advertised, bind, start_metrics_server
+from clasp.protocol import ProtocolError
+from clasp.routing import Placement, PlacementError
+from workers.engine import JobEngine, OperatorError
+from workers.monitor import Monitor, WorkerCollector
+
+log = logging.getLogger("clasp.worker")
+
+
+class Worker:
+    """One worker process. `await Worker(...).serve()` runs until cancelled."""
+
+    def __init__(self, planner: str, host: str = "127.0.0.1", data_port: int = 0, state_port: int = 0,
+                 metrics_port: int = 0, advertise: str | None = None, worker_id: str | None = None,
+                 p_max: int = 10, heartbeat: float = 1.0, flush_delay: float = 0.001, max_batch: int = 2000):
+        self.planner_addr = planner
+        self.host = host
+        self.advertise = advertised(host, advertise)
+        self.id = worker_id or f"w-{uuid.uuid4().hex[:8]}"
+        self.p_max = p_max
+        self.heartbeat = heartbeat
+        self.flush_delay = flush_delay
+        self.max_batch = max_batch
+        self.ctx = zmq.asyncio.Context()
+        self.monitor = Monitor(self.id)
+        self.jobs = self.monitor.jobs
+        self.peers: dict[str, zmq.asyncio.Socket] = {}
+        self.peer_addrs: dict[str, str] = {}
+        self.wake = asyncio.Event()
+        self.welcomed = asyncio.Event()
+        self.stopping = False
+        self._ports = (data_port, state_port, metrics_port)
+        self._returns_since: float | None = None
+
+    # ----------------------------------------------------------------- lifecycle
+    async def serve(self) -> None:
+        data_port, state_port, metrics_port = self._ports
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.setsockopt(zmq.RCVHWM, 0)
+        self.data_endpoint = f"tcp://{self.advertise}:{bind(self.pull, self.host, data_port)}"
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.state_endpoint = f"tcp://{self.advertise}:{bind(self.router, self.host, state_port)}"
+        self.dealer = self.ctx.socket(zmq.DEALER)
+        self.dealer.setsockopt(zmq.IDENTITY, self.id.encode())
+        self.dealer.setsockopt(zmq.SNDHWM, 0)
+        self.dealer.setsockopt(zmq.LINGER, 1000)
+        self.dealer.connect(self.planner_addr)
+        registry = CollectorRegistry()
+        registry.register(WorkerCollector(self.monitor))
+        self.metrics_url = start_metrics_server(registry, self.host, metrics_port, self.advertise)
+        print(f"clasp worker {self.id} data={self.data_endpoint} state={self.state_endpoint} "
+              f"metrics={self.metrics_url} planner={self.planner_addr}", flush=True)
+        tasks = [asyncio.create_task(c) for c in (self._control_loop(), self._data_loop(), self._state_loop(),
+                                                  self._executor_loop(), self._heartbeat_loop(),
+                                                  self._register_loop())]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            self.stopping = True
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.ctx.destroy(linger=200)
+
+    async def _register_loop(self) -> None:
+        while True:
+            if not self.welcomed.is_set():
+                await self.dealer.send(protocol.encode("register", {
+                    "id": self.id, "host": self.advertise, "data": self.data_endpoint, "state": self.state_endpoint,
+                    "metrics": self.metrics_url, "p_max": self.p_max, "pid": os.getpid()}))
+            try:
+                await asyncio.wait_for(self._wait_unwelcomed(), timeout=2.0)
+            except TimeoutError:
+                pass
+
+    async def _wait_unwelcomed(self) -> None:
+        await self.welcomed.wait()
+        while self.welcomed.is_set():
+            await asyncio.sleep(0.5)
+
+    def _bad(self, e: ProtocolError, where: str) -> None:
+        self.monitor.bad_messages[e.reason] += 1
+        log.warning("dropped a bad message on %s: %s", where, e)
+
+    # ----------------------------------------------------------------- control channel (planner)
+    async def _control_loop(self) -> None:
+        handlers = {"welcome": self._on_welcome, "deploy": self._on_deploy, "extend_ack": self._on_extend_ack,
+                    "state_dump": self._on_state_dump, "collected_dump": self._on_collected_dump,
+                    "stop_job": self._on_stop_job, "error": self._on_error, "state_get": self._on_state_get,
+                    "state_put": self._on_state_put}
+        while True:
+            frames = await self.dealer.recv_multipart()
+            try:
+                mtype, body = protocol.decode(frames[-1])
+                handler = handlers.get(mtype)
+                if handler is None:
+                    raise ProtocolError("unexpected_type", f"{mtype} is not for a worker's control channel")
+            except ProtocolError as e:
+                self._bad(e, "control")
+                await self.dealer.send(protocol.error(e.reason, e.detail))
+                continue
+            try:
+                answer = handler(body)
+                if asyncio.iscoroutine(answer):
+                    answer = await answer
+            except (OperatorError, DagError, PlacementError, KeyError, TypeError, ValueError) as e:
+                if isinstance(body, dict) and "req" in body:
+                    await self.dealer.send(protocol.reply_error(body["req"], f"{type(e).__name__}: {e}"))
+                continue
+            if answer is not None:
+                await self.dealer.send(answer)
+
+    def _on_welcome(self, body) -> None:
+        self.heartbeat = float(body["heartbeat"]) or self.heartbeat
+        self.welcomed.set()
+        log.info("registered with planner %s", body["planner"])
+
+    def _on_error(self, body) -> None:
+        if body["reason"] == "unknown_worker":
+            self.welcomed.clear()  # the planner restarted or declared us dead: register again
+        log.warning("planner reports %s: %s", body["reason"], body["detail"])
+
+    def _on_deploy(self, body) -> bytes:
+        spec = DagSpec.unpack(body["dag"])
+        placement = Placement.from_wire(body["placement"], spec)
+        for wid, addr in body["peers"].items():
+            self.peer_addrs[str(wid)] = str(addr)
+        job = body["job"]
+        if job in self.jobs:
+            raise ValueError(f"job {job} is already deployed here")
+        eng = JobEngine(job, spec, self.id, placement, self.p_max)
+        eng.on_work = self.wake.set
+        self.jobs[job] = eng
+        log.info("deployed job %d (%s), %d operators, epoch %d", job, spec.name, len(spec.operators), placement.epoch)
+        return protocol.reply(body["req"], {"worker": self.id})
+
+    def _on_extend_ack(self, body) -> None:
+        eng = self.jobs.get(body[0])
+        if eng is not None:
+            eng.release(body[1])
+            self.wake.set()
+
+    def _engine(self, body) -> JobEngine:
+        eng = self.jobs.get(body["job"])
+        if eng is None:
+            raise OperatorError(f"no job {body['job']} on worker {self.id}")
+        return eng
+
+    def _on_state_dump(self, body) -> bytes:
+        return protocol.reply(body["req"], self._engine(body).state_dump(body["op"]))
+
+    def _on_collected_dump(self, body) -> bytes:
+        return protocol.reply(body["req"], list(self._engine(body).op(body["op"]).collected))
+
+    def _on_state_get(self, body) -> bytes:
+        op = self._engine(body).op(body["op"])
+        return protocol.reply(body["req"], op.state.get(body["key"]))
+
+    def _on_state_put(self, body) -> bytes:
+        op = self._engine(body).op(body["op"])
+        if body["value"] is None:
+            op.state.pop(body["key"], None)
+        else:
+            op.state[body["key"]] = body["value"]
+        return protocol.reply(body["req"], True)
+
+    def _on_stop_job(self, body) -> bytes:
+        self.jobs.pop(body["job"], None)
+        return protocol.reply(body["req"], True)
+
+    # ----------------------------------------------------------------- state server (any process)
+    async def _state_loop(self) -> None:
+        handlers = {"state_get": self._on_state_get, "state_put": self._on_state_put,
+                    "state_dump": self._on_state_dump, "collected_dump": self._on_collected_dump}
+        while True:
+            frames = await self.router.recv_multipart()
+            ident = frames[0]
+            try:
+                if len(frames) < 2:
+                    raise ProtocolError("bad_envelope", "no payload frame")
+                mtype, body = protocol.decode(frames[-1])
+                handler = handlers.get(mtype)
+                if handler is None:
+                    raise ProtocolError("unexpected_type", f"{mtype} is not served by a state server")
+                out = handler(body)
+            except ProtocolError as e:
+                self._bad(e, "state")
+                out = protocol.error(e.reason, e.detail)
+            except (OperatorError, KeyError, TypeError, ValueError) as e:
+                out = protocol.reply_error(body.get("req", 0) if isinstance(body, dict) else 0, str(e))
+            try:
+                await self.router.send_multipart([ident, out])
+            except zmq.ZMQError:
+                pass  # the asker is gone
+
+    # ----------------------------------------------------------------- data path
+    async def _data_loop(self) -> None:
+        recv = self.pull.recv
+        while True:
+            frame = await recv(copy=False)
+            try:
+                mtype, body = protocol.decode(frame.bytes)
+                if mtype != "data":
+                    raise ProtocolError("unexpected_type", f"{mtype} on the data socket")
+                job, _epoch, rows = body
+                eng = self.jobs.get(job)
+                if eng is None:
+                    raise ProtocolError("unknown_job", f"data for job {job}")
+                protocol.check_rows(rows, len(eng.ops))
+            except ProtocolError as e:
+                self._bad(e, "data")
+                continue
+            eng.enqueue_rows(rows)
+            self.wake.set()
+
+    def _peer(self, wid: str) -> zmq.asyncio.Socket:
+        sock = self.peers.get(wid)
+        if sock is None:
+            sock = self.ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.LINGER, 2000)
+            sock.connect(self.peer_addrs[wid])
+            self.peers[wid] = sock
+        return sock
+
+    def _flush_data(self, eng: JobEngine) -> None:
+        encode = protocol.encode
+        dests = self.monitor.destinations_interval
+        for wid, rows in eng.take_pending().items():
+            self._peer(wid).send(encode("data", [eng.job, eng.epoch, rows]), copy=False)
+            dests.add(wid)
+
+    def _flush_returns(self, eng: JobEngine) -> None:
+        if eng.returns or eng.extends:
+            returns, extends = eng.take_returns()
+            self.dealer.send(protocol.encode("done", [eng.job, returns, extends]), copy=False)
+
+    async def _executor_loop(self) -> None:
+        flush_delay, max_batch = self.flush_delay, self.max_batch
+        sleep = asyncio.sleep
+        while True:
+            done = 0
+            now = perf_counter()
+            for eng in list(self.jobs.values()):
+                done += eng.run_round()
+                if eng.pending:
+                    now = perf_counter()
+                    if now - eng.pending_since >= flush_delay or any(len(r) >= max_batch for r in eng.pending.values()):
+                        self._flush_data(eng)
+            if done:
+                if self._returns_since is None:
+                    self._returns_since = now
+                elif now - self._returns_since >= flush_delay:
+                    for eng in self.jobs.values():
+                        self._flush_returns(eng)
+                    self._returns_since = None
+                await sleep(0)
+                continue
+            # Nothing runnable: send whatever is batched now, then wait for work.
+            for eng in list(self.jobs.values()):
+                if eng.pending:
+                    self._flush_data(eng)
+                self._flush_returns(eng)
+            self._returns_since = None
+            self.wake.clear()
+            if any(e.queue_length() and not any(o.busy for o in e.ops) for e in self.jobs.values()):
+                continue
+            await self.wake.wait()
+
+    # ----------------------------------------------------------------- heartbeats
+    async def _heartbeat_loop(self) -> None:
+        await self.welcomed.wait()
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(self.heartbeat)
+            now = time.monotonic()
+            sample = self.monitor.sample(now - last)
+            last = now
+            if self.welcomed.is_set():
+                await self.dealer.send(protocol.encode("heartbeat", {"id": self.id, "sample": sample}))
