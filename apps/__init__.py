@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from apps import aa, nwm, pl, sd, syn, wc
+from apps import aa, etl, nwm, pl, sd, syn, wc
 
-APPS: dict[str, ModuleType] = {m.NAME: m for m in (wc, sd, aa, pl, nwm, syn)}
+APPS: dict[str, ModuleType] = {m.NAME: m for m in (wc, sd, aa, pl, nwm, etl, syn)}
 
 
 def get_app(name: str) -> ModuleType:
