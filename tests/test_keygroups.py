@@ -1,0 +1,84 @@
+"""Key-group ownership from shares, and minimal moves on reassignment."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clasp.keygroups import DEFAULT_KEY_GROUPS, assign_key_groups, diff_key_groups, group_counts
+
+
+def counts(owners):
+    out = {}
+    for w in owners:
+        out[w] = out.get(w, 0) + 1
+    return out
+
+
+def test_default_is_128_groups():
+    assert DEFAULT_KEY_GROUPS == 128
+
+
+def test_proportional_fresh_assignment_is_contiguous():
+    owners = assign_key_groups({0: 3.0, 1: 1.0}, 128)
+    assert owners == [0] * 96 + [1] * 32
+
+
+def test_largest_remainder_and_minimum_one():
+    assert group_counts({0: 1.0, 1: 1.0, 2: 1.0}, 128) == {0: 43, 1: 43, 2: 42}
+    # a tiny share still owns one group
+    assert group_counts({0: 1.0, 1: 1e-6}, 128) == {0: 127, 1: 1}
+    # zero share owns nothing
+    assert group_counts({0: 1.0, 5: 0.0}, 8) == {0: 8}
+
+
+def test_scale_out_moves_only_what_the_new_worker_needs():
+    old = assign_key_groups({0: 1.0, 1: 1.0}, 128)
+    new = assign_key_groups({0: 1.0, 1: 1.0, 2: 1.0}, 128, previous=old)
+    moves = diff_key_groups(old, new)
+    moved = sum(len(g) for g in moves.values())
+    assert moved == 42  # the new worker's share, and nothing shuffled between 0 and 1
+    assert set(moves) == {(0, 2), (1, 2)}
+    assert counts(new) == {0: 43, 1: 43, 2: 42}
+
+
+def test_removed_worker_hands_its_groups_over():
+    old = assign_key_groups({0: 1.0, 1: 1.0, 2: 1.0}, 128)
+    new = assign_key_groups({0: 1.0, 1: 1.0}, 128, previous=old)
+    assert 2 not in new
+    assert all(src == 2 for src, _ in diff_key_groups(old, new))
+
+
+def test_errors():
+    with pytest.raises(ValueError):
+        assign_key_groups({0: 0.0}, 128)
+    with pytest.raises(ValueError):
+        assign_key_groups({0: -1.0, 1: 2.0}, 128)
+    with pytest.raises(ValueError):
+        assign_key_groups({0: 1.0}, 0)
+    with pytest.raises(ValueError):
+        diff_key_groups([0, 1], [0])
+
+
+shares_st = st.dictionaries(st.integers(0, 12), st.floats(0.01, 10.0), min_size=1, max_size=8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(shares_st, shares_st, st.sampled_from([8, 32, 128]))
+def test_reassignment_moves_the_minimum(before, after, num_groups):
+    old = assign_key_groups(before, num_groups)
+    new = assign_key_groups(after, num_groups, previous=old)
+    assert len(new) == num_groups
+    target = group_counts(after, num_groups)
+    assert counts(new) == target
+    prev = counts(old)
+    # Every group whose owner keeps a slot stays; only the deficit moves — the lower bound for any
+    # ownership with these counts.
+    lower_bound = sum(max(0, target[w] - prev.get(w, 0)) for w in target)
+    moved = sum(len(g) for g in diff_key_groups(old, new).values())
+    assert moved == lower_bound
+    # proportionality: within one group of the exact quota, when no one-group minimum distorts it
+    total = sum(after[w] for w in target)
+    quotas = {w: num_groups * after[w] / total for w in target}
+    if all(q >= 1 for q in quotas.values()):
+        for w, c in target.items():
+            assert abs(c - quotas[w]) < 1 + 1e-9
