@@ -1,0 +1,169 @@
+"""Saturation detection, recovery of α, β, γ, W from synthetic saturated workers, degenerate input."""
+
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clasp.estimator import Estimator, EstimatorConfig, WorkerSample
+
+ALPHA, BETA, GAMMA, W = 30.0, 350.0, 40000.0, 700000.0
+
+
+def synthetic(rng, queue, noise=0.05, beta=BETA):
+    """A saturated worker: E = W − αR^l − βR^r − γδ, measured with ±5% noise."""
+    r_local, r_remote, delta = rng.uniform(500, 3000), rng.uniform(100, 800), rng.randint(0, 4)
+    e = (W - ALPHA * r_local - beta * r_remote - GAMMA * delta) * (1 + rng.uniform(-noise, noise))
+    return WorkerSample(queue, 0.0, e, r_local, r_remote, delta)
+
+
+def feed(est, intervals, seed=0, workers=10, beta_after=None):
+    rng = random.Random(seed)
+    queues = dict.fromkeys(range(workers), 0)
+    update = None
+    for t in range(intervals):
+        beta = beta_after if beta_after is not None and t >= intervals // 2 else BETA
+        samples = {}
+        for w in range(workers):
+            queues[w] += rng.randint(1, 50)  # growing queues: saturated
+            samples[w] = synthetic(rng, queues[w], beta=beta)
+        update = est.update(samples)
+    return update
+
+
+def test_defaults():
+    c = EstimatorConfig()
+    assert (c.alpha, c.beta, c.gamma, c.capacity) == (38.5, 275.0, 51500.0, 850000.0)
+    assert 0 < c.rho < 1 and 0 < c.eta < 1 and c.growth_intervals == 3
+    with pytest.raises(ValueError):
+        EstimatorConfig(rho=0.0)
+    with pytest.raises(ValueError):
+        EstimatorConfig(alpha=-1.0)
+
+
+def test_saturation_needs_three_growing_intervals():
+    est = Estimator()
+    updates = [est.update({"w": WorkerSample(q, 0.0, 500000, 1000, 100, 1)}) for q in (1, 2, 3, 4)]
+    assert [u.saturated for u in updates] == [(), (), (), ("w",)]
+    assert "no saturated worker" in updates[0].reason
+    # a queue that stops growing is not saturated
+    assert est.update({"w": WorkerSample(4, 0.0, 500000, 1000, 100, 1)}).saturated == ()
+
+
+def test_saturation_by_queueing_delay():
+    est = Estimator(EstimatorConfig(delay_threshold=0.2))
+    assert est.update({1: WorkerSample(0, 0.5, 500000)}).saturated == (1,)
+    assert est.update({1: WorkerSample(0, 0.1, 500000)}).saturated == ()
+
+
+def test_growth_intervals_is_configurable():
+    est = Estimator(EstimatorConfig(growth_intervals=1))
+    est.update({0: WorkerSample(1)})
+    assert est.update({0: WorkerSample(2)}).saturated == (0,)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_recovers_alpha_beta_gamma_and_capacity_within_5_percent(seed):
+    est = Estimator(EstimatorConfig(rho=0.999))
+    u = feed(est, 400, seed=seed)
+    assert u.alpha == pytest.approx(ALPHA, rel=0.05)
+    assert u.beta == pytest.approx(BETA, rel=0.05)
+    assert u.gamma == pytest.approx(GAMMA, rel=0.05)
+    assert u.capacity == pytest.approx(W, rel=0.05)
+    assert u.observations == 10 and u.coefficients_changed and u.capacity_changed
+
+
+def test_follows_a_step_change_of_beta_with_forgetting():
+    forgetting = feed(Estimator(EstimatorConfig(rho=0.99)), 400, beta_after=500.0)
+    assert forgetting.beta == pytest.approx(500.0, rel=0.05)
+    # without forgetting the old regime still weighs half the estimate
+    remembering = feed(Estimator(EstimatorConfig(rho=1.0)), 400, beta_after=500.0)
+    assert abs(remembering.beta - 500.0) > 3 * abs(forgetting.beta - 500.0)
+    assert remembering.beta < 450.0
+
+
+def saturated_stream(est, samples):
+    """Feed samples for one worker after three intervals of growth; return the last update."""
+    for q in range(3):
+        est.update({0: WorkerSample(q, 0.0, 400000, 1000, 100, 1)})
+    u = None
+    for i, s in enumerate(samples):
+        u = est.update({0: WorkerSample(10 + i, 0.0, *s)})
+    return u
+
+
+def test_no_saturated_samples_leave_everything_unchanged():
+    est = Estimator()
+    u = est.update({0: WorkerSample(5, 0.0, 300000, 100, 10, 1), 1: WorkerSample(5, 0.0, 0, 0, 0, 0)})
+    assert not u.changed
+    assert (u.alpha, u.beta, u.gamma, u.capacity) == (38.5, 275.0, 51500.0, 850000.0)
+    assert "no saturated worker" in u.reason
+
+
+def test_collinear_samples_leave_coefficients_unchanged():
+    # R^r = R^l / 4 and δ fixed: only α + β/4 is identified, so nothing is published.
+    est = Estimator()
+    rows = [(W - (ALPHA + BETA / 4) * r, r, r / 4, 2) for r in (1000, 1500, 2000, 1200, 1800, 900, 2500)]
+    u = saturated_stream(est, rows)
+    assert (u.alpha, u.beta, u.gamma) == (38.5, 275.0, 51500.0)
+    assert not u.coefficients_changed
+    assert "collinear" in u.reason
+
+
+def test_zeros_leave_coefficients_unchanged():
+    est = Estimator()
+    u = saturated_stream(est, [(0.0, 0.0, 0.0, 0.0)] * 5)
+    assert (u.alpha, u.beta, u.gamma) == (38.5, 275.0, 51500.0)
+    assert "unchanged" in u.reason
+
+
+def test_invalid_samples_are_ignored_and_reported():
+    est = Estimator()
+    u = est.update({0: WorkerSample(math.nan, 1.0, 1.0), 1: WorkerSample(1, 1.0, -5.0)})
+    assert u.saturated == () and "ignored" in u.reason
+    assert (u.alpha, u.beta, u.gamma, u.capacity) == (38.5, 275.0, 51500.0, 850000.0)
+
+
+def test_adversarial_data_never_gives_negative_coefficients():
+    # E rising with R^r implies a negative β; the estimate clamps at 0 instead.
+    rng = random.Random(3)
+    rows = []
+    for _ in range(60):
+        rl, rr, d = rng.uniform(0, 3000), rng.uniform(0, 800), rng.randint(0, 4)
+        rows.append((100000 + 500 * rr + 10 * rl + 1000 * d, rl, rr, d))
+    u = saturated_stream(Estimator(), rows)
+    assert min(u.alpha, u.beta, u.gamma) >= 0 and u.beta == 0.0
+    assert u.capacity > 0 and all(math.isfinite(v) for v in (u.alpha, u.beta, u.gamma, u.capacity))
+
+
+def test_missing_worker_restarts_its_history():
+    est = Estimator()
+    for q in range(4):
+        est.update({0: WorkerSample(q)})
+    assert est.is_saturated(0)
+    est.update({1: WorkerSample(0)})
+    assert not est.is_saturated(0)
+
+
+def test_deterministic():
+    a = feed(Estimator(), 50, seed=7)
+    b = feed(Estimator(), 50, seed=7)
+    assert a == b
+
+
+sample_st = st.builds(WorkerSample, st.floats(0, 1e4), st.floats(0, 2.0), st.floats(0, 2e6),
+                      st.floats(0, 1e5), st.floats(0, 1e5), st.integers(0, 50).map(float))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.dictionaries(st.integers(0, 3), sample_st, max_size=4), min_size=1, max_size=25))
+def test_estimates_stay_finite_and_non_negative(stream):
+    est = Estimator()
+    for samples in stream:
+        u = est.update(samples)
+        assert u.reason
+        for v in (u.alpha, u.beta, u.gamma):
+            assert math.isfinite(v) and v >= 0
+        assert math.isfinite(u.capacity) and u.capacity > 0
