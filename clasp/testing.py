@@ -94,14 +94,12 @@ def run_local(dag: Dag, records: Iterable, *, roundtrip: bool = True) -> LocalJo
     loop: asyncio.AbstractEventLoop | None = None
     perf = time.perf_counter_ns
 
-    def call(fn, *args):
+    def wait(r):
+        # Only async operators get here; one loop serves the whole run.
         nonlocal loop
-        r = fn(*args)
-        if inspect.isawaitable(r):
-            if loop is None:
-                loop = asyncio.new_event_loop()
-            r = loop.run_until_complete(r)
-        return r
+        if loop is None:
+            loop = asyncio.new_event_loop()
+        return loop.run_until_complete(r)
 
     try:
         for rec in records:
@@ -124,8 +122,12 @@ def run_local(dag: Dag, records: Iterable, *, roundtrip: bool = True) -> LocalJo
                         if not isinstance(key, _KEY_TYPES) or isinstance(key, bool):
                             raise DagError(f"operator {op.name!r}: key {key!r} must be str, int or bytes")
                         t0 = perf()
-                        res = call(op.fn, st.get(key), value)
-                        busy[op.name] += perf() - t0
+                        res = op.fn(st.get(key), value)
+                        t1 = perf()
+                        if op.is_async or inspect.isawaitable(res):
+                            res = wait(res)
+                            t1 = perf()
+                        busy[op.name] += t1 - t0
                         try:
                             new_state, out = res
                         except (TypeError, ValueError) as e:
@@ -137,8 +139,12 @@ def run_local(dag: Dag, records: Iterable, *, roundtrip: bool = True) -> LocalJo
                             st[key] = new_state
                     else:
                         t0 = perf()
-                        out = call(op.fn, value)
-                        busy[op.name] += perf() - t0
+                        out = op.fn(value)
+                        t1 = perf()
+                        if op.is_async or inspect.isawaitable(out):
+                            out = wait(out)
+                            t1 = perf()
+                        busy[op.name] += t1 - t0
                     processed[op.name] += 1
                     outs = outputs_of(out)
                     if sink is not None:
