@@ -119,29 +119,40 @@ class EstimatorUpdate:
         return CapacityModel(self.alpha, self.beta, self.gamma, self.capacity)
 
 
+def _det3(m: list[list[float]]) -> float:
+    return (m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1])
+            - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
+            + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]))
+
+
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """Gaussian elimination with partial pivoting for the tiny (≤ 3×3) systems here; None if singular."""
+    """Cramer's rule for the 1×1 to 3×3 SPD systems here (cheaper than elimination); None if singular."""
     n = len(b)
-    m = [row[:] + [b[i]] for i, row in enumerate(a)]
-    for c in range(n):
-        p = max(range(c, n), key=lambda r: abs(m[r][c]))
-        if abs(m[p][c]) < 1e-300:
+    if n == 1:
+        return [b[0] / a[0][0]] if a[0][0] > 0 else None
+    if n == 2:
+        det = a[0][0] * a[1][1] - a[0][1] * a[1][0]
+        if not abs(det) > 1e-300:
             return None
-        m[c], m[p] = m[p], m[c]
-        for r in range(c + 1, n):
-            f = m[r][c] / m[c][c]
-            for k in range(c, n + 1):
-                m[r][k] -= f * m[c][k]
-    x = [0.0] * n
-    for r in range(n - 1, -1, -1):
-        x[r] = (m[r][n] - sum(m[r][k] * x[k] for k in range(r + 1, n))) / m[r][r]
-    return x
+        return [(b[0] * a[1][1] - a[0][1] * b[1]) / det, (a[0][0] * b[1] - b[0] * a[1][0]) / det]
+    (a00, a01, a02), (a10, a11, a12), (a20, a21, a22) = a
+    c00, c01, c02 = a11 * a22 - a12 * a21, a12 * a20 - a10 * a22, a10 * a21 - a11 * a20
+    det = a00 * c00 + a01 * c01 + a02 * c02
+    if not abs(det) > 1e-300:
+        return None
+    b0, b1, b2 = b
+    return [(b0 * c00 + b1 * (a02 * a21 - a01 * a22) + b2 * (a01 * a12 - a02 * a11)) / det,
+            (b0 * c01 + b1 * (a00 * a22 - a02 * a20) + b2 * (a02 * a10 - a00 * a12)) / det,
+            (b0 * c02 + b1 * (a01 * a20 - a00 * a21) + b2 * (a00 * a11 - a01 * a10)) / det]
 
 
 def _nonnegative_least_squares(a: list[list[float]], b: list[float]) -> list[float] | None:
     """argmin θᵀAθ − 2bᵀθ subject to θ ≥ 0, for SPD A of size 3: the subset of free variables meeting KKT."""
     n = len(b)
-    for size in range(n, -1, -1):
+    full = _solve(a, b)
+    if full is not None and all(v >= 0 for v in full):
+        return full  # the common case: the unconstrained optimum is feasible
+    for size in range(n - 1, -1, -1):
         for free in combinations(range(n), size):
             theta = [0.0] * n
             if free:
@@ -217,10 +228,7 @@ class Estimator:
         trace = a[0][0] + a[1][1] + a[2][2]
         if not trace > 0:
             return False
-        det = (a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1])
-               - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
-               + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]))
-        return det / (trace / 3.0) ** 3 >= self.config.identifiability
+        return _det3(a) / (trace / 3.0) ** 3 >= self.config.identifiability
 
     def _solve_coefficients(self) -> tuple[float, float, float] | None:
         c = self.config
