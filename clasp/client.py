@@ -169,9 +169,11 @@ class Job:
         """The outputs of an operator declared with collect=True, from every worker (order unspecified)."""
         return self.client._call("collected", {"job": self.id, "op": operator}, max(self.client.timeout, 60.0))
 
-    def stats(self) -> dict:
-        """Throughput, input rate, latency p50/p95/p99, errors, and per-worker metrics."""
-        return self.client._call("stats", {"job": self.id})
+    def stats(self, fresh: bool = False) -> dict:
+        """Throughput, input rate, latency p50/p95/p99, errors, and per-worker metrics.
+
+        `fresh=True` asks every worker for its exact counters now, instead of the last heartbeat's."""
+        return self.client._call("stats", {"job": self.id, "fresh": bool(fresh)})
 
     def cancel(self) -> None:
         self.client._call("cancel", {"job": self.id})

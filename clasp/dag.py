@@ -174,9 +174,11 @@ class DagSpec:
     def from_dag(cls, dag: Dag) -> DagSpec:
         index = {o.name: o.index for o in dag.operators}
         topo = {n: i for i, n in enumerate(nx.topological_sort(dag.graph()))}
-        ops = [OperatorSpec(o.index, o.name, o.stateful, o.is_async,
-                            sorted((index[d] for d in dag.successors(o.name)), key=lambda i: topo[dag.operators[i].name]),
-                            o.fn, o.key, o.collect) for o in dag.operators]
+        def succ(o):
+            return sorted((index[d] for d in dag.successors(o.name)), key=lambda i: topo[dag.operators[i].name])
+
+        ops = [OperatorSpec(o.index, o.name, o.stateful, o.is_async, succ(o), o.fn, o.key, o.collect)
+               for o in dag.operators]
         return cls(dag.name, ops, [index[s] for s in dag.sources()])
 
     def topological(self) -> list[int]:

@@ -17,7 +17,7 @@ Message types and who sends them (C client, P planner, W worker):
 | done | W → P | [job, {rid: weight}, extends] — weight returned by finished requests (termination detection) |
 | extend_ack | P → W | [job, token] — the planner has added weight, parked children may go |
 | submit, push, wait_idle, state, collected, stats, cancel, jobs, workers | C → P | req plus the call's fields |
-| state_get, state_put, state_dump, collected_dump, stop_job | P/any → W | req plus fields |
+| state_get, state_put, state_dump, collected_dump, counters, stop_job | P/any → W | req plus fields |
 | reply | any → requester | req, ok, result or error |
 | error | any → sender of a bad message | reason, detail |
 """
@@ -68,11 +68,13 @@ SCHEMAS: dict[str, dict[str, tuple | None]] = {
     "state_dump": {"req": _INT, "job": _INT, "op": _STR},
     "collected_dump": {"req": _INT, "job": _INT, "op": _STR},
     "stop_job": {"req": _INT, "job": _INT},
+    "counters": {"req": _INT, "job": _INT},
     "reply": {"req": _INT, "ok": _BOOL},
     "error": {"reason": _STR, "detail": _STR},
 }
 _OPTIONAL: dict[str, dict[str, tuple | None]] = {
     "submit": {"placement": _DICT, "options": _DICT},
+    "stats": {"fresh": _BOOL},
     "reply": {"result": _ANY, "error": _STR},
 }
 # List-bodied messages on the hot path: [job, epoch, batch], [job, returns, extends], [job, token].

@@ -370,8 +370,18 @@ class Planner:
                                        for w in self._job_workers(job)))
         self._reply(ident, body["req"], [x for p in parts for x in p])
 
-    def _on_stats(self, ident: bytes, body: dict) -> None:
-        self._reply(ident, body["req"], self.job_stats(self._job(body)))
+    def _on_stats(self, ident: bytes, body: dict):
+        job = self._job(body)
+        if body.get("fresh"):
+            return self._fresh_stats(ident, body, job)
+        self._reply(ident, body["req"], self.job_stats(job))
+        return None
+
+    async def _fresh_stats(self, ident: bytes, body: dict, job: PlannerJob) -> None:
+        """Stats with exact cumulative counters asked of every worker now."""
+        workers = self._job_workers(job)
+        counters = await asyncio.gather(*(self.rpc(w, "counters", {"job": job.id}) for w in workers))
+        self._reply(ident, body["req"], self.job_stats(job, dict(zip(workers, counters, strict=True))))
 
     async def _on_cancel(self, ident: bytes, body: dict) -> None:
         job = self._job(body)
@@ -494,8 +504,11 @@ class Planner:
                         f"({job.queued} queued at the planner)"))
             self.last_rates = {"input_rate": total_in, "throughput": total_out}
 
-    def job_stats(self, job: PlannerJob) -> dict:
-        """Throughput, input rate, latency, and the Table 2 metrics of every worker, for one job."""
+    def job_stats(self, job: PlannerJob, counters: dict | None = None) -> dict:
+        """Throughput, input rate, latency, and the Table 2 metrics of every worker, for one job.
+
+        With `counters` (worker -> its exact cumulative counters), processed counts, errors and mean
+        execution times come from those instead of the last heartbeats."""
         per_worker = {}
         operators: dict[str, dict] = {o.name: {"rate": 0.0, "tau_us": 0.0, "processed": 0, "errors": 0,
                                                "queue": 0} for o in job.spec.operators}
@@ -520,6 +533,24 @@ class Planner:
                 agg["queue"] += o["queue"]
             for e in js.get("edges", []):
                 edges[(e["src"], e["dst"])] = edges.get((e["src"], e["dst"]), 0.0) + e["rate"]
+        if counters is not None:
+            failed = 0
+            for o in operators.values():
+                o["processed"], o["errors"], o["queue"], o["exec_s"] = 0, 0, 0, 0.0
+            totals = {"local": 0, "remote": 0}
+            for wid, c in counters.items():
+                failed += c["failed"]
+                totals["local"] += c["local"]
+                totals["remote"] += c["remote"]
+                per_worker[wid]["counters"] = c
+                for name, o in c["operators"].items():
+                    agg = operators[name]
+                    agg["processed"] += o["processed"]
+                    agg["errors"] += o["errors"]
+                    agg["queue"] += o["queue"]
+                    agg["exec_s"] += o["exec_s"]
+            for o in operators.values():
+                o["tau_us_mean"] = o["exec_s"] / o["processed"] * 1e6 if o["processed"] else 0.0
         t = job.tracker
         return {
             "job": job.id, "name": job.spec.name,

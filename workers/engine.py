@@ -448,6 +448,16 @@ class JobEngine:
         for op in self.ops:
             self._fold_histogram(op)
 
+    def counters(self) -> dict:
+        """Cumulative counts, exact at the moment of asking (heartbeat samples are up to 1 s old)."""
+        return {"operators": {op.name: {"processed": op.processed, "exec_s": op.exec_time, "errors": op.errors,
+                                        "queue": len(op.queue), "keys": len(op.state),
+                                        "edges": dict(zip((self.ops[s].name for s in op.successors),
+                                                          op.edge_counts, strict=True))}
+                              for op in self.ops},
+                "local": self.local_requests, "remote": self.remote_requests, "failed": self.failed,
+                "queue": self.queue_length(), "idle": self.idle()}
+
     # ----------------------------------------------------------------- state server
     def state_dump(self, name: str) -> dict:
         """The keyed state of operator `name` held here, checked to be msgpack-serializable."""

@@ -97,7 +97,8 @@ class WorkerCollector:
         d = GaugeMetricFamily("clasp_remote_destinations", "Distinct remote workers reached last interval (delta_w)")
         d.add_metric([], self.m.last_delta)
         yield d
-        p = CounterMetricFamily("clasp_requests_processed", "Requests executed per operator", labels=["job", "operator"])
+        p = CounterMetricFamily("clasp_requests_processed", "Requests executed per operator",
+                                labels=["job", "operator"])
         err = CounterMetricFamily("clasp_operator_errors", "Requests whose operator raised", labels=["job", "operator"])
         h = HistogramMetricFamily("clasp_execution_seconds", "Execution time per request",
                                   labels=["job", "operator"], unit="seconds")

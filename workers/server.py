@@ -110,7 +110,7 @@ class Worker:
         handlers = {"welcome": self._on_welcome, "deploy": self._on_deploy, "extend_ack": self._on_extend_ack,
                     "state_dump": self._on_state_dump, "collected_dump": self._on_collected_dump,
                     "stop_job": self._on_stop_job, "error": self._on_error, "state_get": self._on_state_get,
-                    "state_put": self._on_state_put}
+                    "state_put": self._on_state_put, "counters": self._on_counters}
         while True:
             frames = await self.dealer.recv_multipart()
             try:
@@ -175,6 +175,9 @@ class Worker:
     def _on_collected_dump(self, body) -> bytes:
         return protocol.reply(body["req"], list(self._engine(body).op(body["op"]).collected))
 
+    def _on_counters(self, body) -> bytes:
+        return protocol.reply(body["req"], self._engine(body).counters())
+
     def _on_state_get(self, body) -> bytes:
         op = self._engine(body).op(body["op"])
         return protocol.reply(body["req"], op.state.get(body["key"]))
@@ -194,7 +197,8 @@ class Worker:
     # ----------------------------------------------------------------- state server (any process)
     async def _state_loop(self) -> None:
         handlers = {"state_get": self._on_state_get, "state_put": self._on_state_put,
-                    "state_dump": self._on_state_dump, "collected_dump": self._on_collected_dump}
+                    "state_dump": self._on_state_dump, "collected_dump": self._on_collected_dump,
+                    "counters": self._on_counters}
         while True:
             frames = await self.router.recv_multipart()
             ident = frames[0]

@@ -1,0 +1,109 @@
+"""The pure pieces of the runtime: protocol validation, weight-throwing completion, routing tables."""
+
+from __future__ import annotations
+
+import collections
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clasp import protocol
+from clasp.protocol import ROOT_WEIGHT, ProtocolError
+from clasp.routing import NUM_KEY_GROUPS, key_group, key_groups_for_shares, largest_remainder, weighted_table
+from clasp.tracking import Tracker
+
+
+def test_encode_decode_roundtrip_and_schema_errors():
+    frame = protocol.encode("push", {"req": 3, "job": 1, "records": ["a", 1]})
+    assert protocol.decode(frame) == ("push", {"req": 3, "job": 1, "records": ["a", 1]})
+    cases = {
+        b"\xc1": "undecodable",
+        msgpack.packb([1, "push"]): "bad_envelope",
+        msgpack.packb([2, "push", {}]): "bad_version",
+        msgpack.packb([1, "nope", {}]): "unknown_type",
+        msgpack.packb([1, "push", {"req": 1, "job": 1}]): "missing_field",
+        msgpack.packb([1, "push", {"req": "1", "job": 1, "records": []}]): "bad_field",
+        msgpack.packb([1, "data", {"job": 1}]): "bad_body",
+    }
+    for frame, reason in cases.items():
+        with pytest.raises(ProtocolError) as e:
+            protocol.decode(frame)
+        assert e.value.reason == reason
+
+
+@given(st.binary(max_size=200))
+@settings(max_examples=300, deadline=None)
+def test_decode_never_raises_anything_but_protocol_error(data):
+    try:
+        protocol.decode(data)
+    except ProtocolError:
+        pass
+
+
+def test_check_rows():
+    protocol.check_rows([[0, "v", None, 1, 5], [1, "v", "k", 2, 0]], 2)
+    for rows, why in (([[2, "v", None, 1, 5]], "out of range"), ([[0, "v", None, "r", 5]], "integers"),
+                      ([[0, "v", None, 1]], "each row"), ([[0, "v", None, 1, -1]], "negative"), ("x", "not a list")):
+        with pytest.raises(ProtocolError, match=why):
+            protocol.check_rows(rows, 2)
+
+
+def split_weight(w: int, k: int) -> list[int]:
+    q, r = divmod(w, k)
+    return [q + r] + [q] * (k - 1)
+
+
+@given(st.lists(st.integers(1, 12), min_size=1, max_size=3), st.randoms(use_true_random=False))
+@settings(max_examples=200, deadline=None)
+def test_tracker_completes_exactly_when_all_weight_returns(fanouts, rnd):
+    t = Tracker()
+    base = t.admit(2, now=0.0)
+    # Record `base` fans out level by level; its leaves return in random order, in random batches.
+    leaves = [ROOT_WEIGHT]
+    for k in fanouts:
+        leaves = [c for w in leaves for c in split_weight(w, k)]
+    rnd.shuffle(leaves)
+    for i, w in enumerate(leaves):
+        assert t.completed == 0
+        t.returned({base: w}, now=1.0 + i)
+    assert t.completed == 1 and t.outstanding == 1
+    assert t.cumulative.total == 1
+    t.returned({base + 1: ROOT_WEIGHT}, now=2.0)
+    assert t.completed == 2 and t.outstanding == 0 and t.overreturned == 0
+
+
+def test_tracker_extension_and_latency():
+    t = Tracker()
+    rid = t.admit(1, now=10.0)
+    t.extend(rid, ROOT_WEIGHT)
+    t.returned({rid: ROOT_WEIGHT}, now=10.5)
+    assert t.completed == 0
+    t.returned({rid: ROOT_WEIGHT}, now=11.0)
+    assert t.completed == 1
+    s = t.cumulative.summary()
+    assert s["count"] == 1 and 1.0 <= s["p50"] <= 1.06
+
+
+def test_key_group_is_stable_across_processes_and_types():
+    # Defined by crc32, not hash(): the same in every process, whatever PYTHONHASHSEED is.
+    import zlib
+
+    assert key_group("hello") == zlib.crc32(b"hello") % NUM_KEY_GROUPS
+    assert key_group(1000) == 1000 % NUM_KEY_GROUPS
+    assert key_group(b"x") == zlib.crc32(b"x") % NUM_KEY_GROUPS
+    assert 0 <= key_group(["a", 1]) < NUM_KEY_GROUPS
+
+
+@given(st.dictionaries(st.sampled_from("abcdefgh"), st.floats(0.01, 10), min_size=1))
+@settings(max_examples=100, deadline=None)
+def test_weighted_table_and_key_groups_follow_shares(shares):
+    table = weighted_table(shares, size=120)
+    counts = collections.Counter(table)
+    expected = largest_remainder([shares[w] for w in sorted(shares)], 120)
+    assert [counts.get(w, 0) for w in sorted(shares)] == expected
+    owners = key_groups_for_shares(shares)
+    assert len(owners) == NUM_KEY_GROUPS
+    assert sorted(collections.Counter(owners).values()) == sorted(
+        c for c in largest_remainder([shares[w] for w in sorted(shares)], NUM_KEY_GROUPS) if c)
