@@ -70,6 +70,8 @@ def _positive(kind):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from clasp.run_cli import add_parser as add_run_parser
+
     ap = argparse.ArgumentParser(prog="clasp", description="Elastic stream processing with CLASP placement")
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -108,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--info", help="write the cluster's endpoints as JSON to this file once it is up")
     c.add_argument("--log-dir", help="write each process's log here instead of the terminal")
     c.set_defaults(fn=_cluster)
+    add_run_parser(sub)
 
     pl = sub.add_parser("place", help="print CLASP's placement for a profile of observed statistics",
                         add_help=False)
