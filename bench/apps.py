@@ -57,13 +57,15 @@ def main(argv=None) -> int:
     names = [a.strip() for a in args.apps.split(",") if a.strip()]
     for n in names:
         get_app(n)
-    out: dict = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}, "workers": 1, "apps": {}}
+    machine = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
+    out: dict = {"machine": machine, "workers": 1, "apps": {}}
     logs = tempfile.mkdtemp(prefix="clasp-bench-apps-")
     with LocalCluster(workers=1, log_dir=logs) as cl, clasp.connect(cl.planner) as c:
         for name in names:
             print(f"running {name} ...", file=sys.stderr, flush=True)
             out["apps"][name] = r = bench_app(c, name, args.seconds, args.seed)
-            print(f"  {name}: {r['lines_per_s']:.0f} lines/s, correct={r['correct']}", file=sys.stderr, flush=True)
+            print(f"  {name}: {r['lines_per_s']:.0f} lines/s, correct={r['correct']}", file=sys.stderr,
+                  flush=True)
     text = json.dumps(out, indent=2)
     print(text)
     if args.json:

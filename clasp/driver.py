@@ -89,14 +89,16 @@ class Series:
             row = {"t": round(t, 3), "target_rate": target, "input_rate": float(e.get("input_rate", 0.0)),
                    "throughput": float(e.get("throughput", 0.0)), "queue": int(e.get("queue", 0)),
                    "inflight": int(e.get("inflight", 0)), "p50_ms": _ms(e.get("p50")),
-                   "p95_ms": _ms(e.get("p95")), "p99_ms": _ms(e.get("p99")), "workers": int(e.get("workers", 0))}
+                   "p95_ms": _ms(e.get("p95")), "p99_ms": _ms(e.get("p99")),
+                   "workers": int(e.get("workers", 0))}
             self.rows.append(row)
             new.append(row)
         return new
 
 
-def summarize(rows: Sequence[dict], *, records: int, completed: int | None = None, elapsed: float | None = None,
-              latency: dict | None = None, correct: bool | None = None, **extra: Any) -> dict:
+def summarize(rows: Sequence[dict], *, records: int, completed: int | None = None,
+              elapsed: float | None = None, latency: dict | None = None, correct: bool | None = None,
+              **extra: Any) -> dict:
     """The run's summary from its per-second rows.
 
     Mean and max throughput are over the seconds from the first to the last one that completed
@@ -113,8 +115,10 @@ def summarize(rows: Sequence[dict], *, records: int, completed: int | None = Non
     else:
         lat = {k: max((r[f"{k}_ms"] for r in rows if r[f"{k}_ms"] is not None), default=None)
                for k in ("p50", "p95", "p99")}
+    if elapsed is None:
+        elapsed = rows[-1]["t"] - rows[0]["t"] + 1.0 if rows else 0.0
     out = {
-        "duration_s": round(elapsed, 3) if elapsed is not None else (rows[-1]["t"] - rows[0]["t"] + 1 if rows else 0.0),
+        "duration_s": round(elapsed, 3),
         "records": records,
         "completed": completed,
         "records_per_s": (completed / elapsed) if completed and elapsed else None,
@@ -209,7 +213,8 @@ class Driver:
         deadline = time.monotonic() + self.drain_timeout
         while True:
             st = self.job.stats()
-            if st["outstanding"] == 0 and st["queued"] == 0 and st["completed"] + st.get("lost", 0) >= self.sent:
+            done = st["completed"] + st.get("lost", 0) >= self.sent
+            if st["outstanding"] == 0 and st["queued"] == 0 and done:
                 break
             if time.monotonic() > deadline:
                 self.error = (f"job not idle {self.drain_timeout:.0f} s after the last push: "

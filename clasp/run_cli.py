@@ -48,8 +48,8 @@ class UsageError(ValueError):
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    r = subparsers.add_parser("run", help="run an app on a local cluster at a rate profile and check its answer",
-                              description=__doc__.split("\n\n")[0])
+    r = subparsers.add_parser("run", description=__doc__.split("\n\n")[0],
+                              help="run an app on a local cluster at a rate profile and check its answer")
     # Numbers are taken as text and checked here, so every bad value gets the same one-line error.
     r.add_argument("app", help="wc, sd, aa, pl, nwm, etl or syn")
     r.add_argument("--workers", default="1", help="workers of the local cluster (default 1)")
@@ -60,7 +60,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--max-rate", help="reference max rate, records/s, for burst and gradual")
     r.add_argument("--json", help="write the summary and the per-second series here")
     r.add_argument("--plot", help="draw input rate, throughput, workers and latency to this PNG")
-    r.add_argument("--planner", help="use the cluster whose planner is at tcp://HOST:PORT instead of starting one")
+    r.add_argument("--planner", help="use the cluster at tcp://HOST:PORT instead of starting one")
     r.add_argument("--log-dir", help="the local cluster's process logs (default: a temporary directory)")
     r.set_defaults(fn=main)
     return r
@@ -75,7 +75,8 @@ def _number(text: str | None, flag: str, kind=float, minimum: float = 0.0, stric
         v = kind(text)
     except ValueError:
         v = None
-    if v is None or (isinstance(v, float) and not math.isfinite(v)) or v < minimum or (strict and v == minimum):
+    bad = v is None or (isinstance(v, float) and not math.isfinite(v))
+    if bad or v < minimum or (strict and v == minimum):
         bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
         raise UsageError(f"{flag} must be {what} {bound}, got {text!r}")
     return v
@@ -100,7 +101,7 @@ def plan(args) -> dict:
         if not args.plot.lower().endswith(".png"):
             raise UsageError(f"--plot writes a PNG: give a FILE.png, got {args.plot!r}")
         if importlib.util.find_spec("matplotlib") is None:
-            raise UsageError("--plot needs matplotlib, which is not installed: pip install 'clasp[plot]'")
+            raise UsageError(NO_MATPLOTLIB)
     reference = max_rate
     if reference is None:
         cores = max(1, (os.cpu_count() or 2) // 2)
@@ -123,7 +124,8 @@ def plan(args) -> dict:
         elif kind == "unthrottled":
             secs = duration if duration is not None else UNTHROTTLED_SECONDS
             # With a --duration the pushing stops at the deadline; 1.5x leaves room to keep it busy.
-            records = math.ceil(REFERENCE_RATE[app.NAME] * min(workers, 4) * secs * (1.5 if duration else 1.0))
+            slack = 1.5 if duration else 1.0
+            records = math.ceil(REFERENCE_RATE[app.NAME] * min(workers, 4) * secs * slack)
         else:
             raise UsageError(f"profile {text!r} has no end: give --duration or --records")
     return {"app": app, "workers": workers, "seed": seed, "profile": profile, "profile_text": text,
@@ -139,8 +141,12 @@ def _fmt(v, unit: str = "", digits: int = 0) -> str:
 
 def progress_text(row: dict, elapsed: float, sent: int, total: int) -> str:
     return (f"t={elapsed:5.1f}s  in {_fmt(row['input_rate'])}/s  out {_fmt(row['throughput'])}/s  "
-            f"workers {row['workers']}  p50 {_fmt(row['p50_ms'], ' ms', 1)}  p95 {_fmt(row['p95_ms'], ' ms', 1)}"
-            f"  sent {sent:,}/{total:,}")
+            f"workers {row['workers']}  p50 {_fmt(row['p50_ms'], ' ms', 1)}  "
+            f"p95 {_fmt(row['p95_ms'], ' ms', 1)}  sent {sent:,}/{total:,}")
+
+
+_CORRECT = {True: "[green]true[/]", False: "[red]false[/]", None: "not checked"}
+NO_MATPLOTLIB = "--plot needs matplotlib, which is not installed: pip install 'clasp[plot]'"
 
 
 def summary_table(summary: dict, title: str):
@@ -154,10 +160,11 @@ def summary_table(summary: dict, title: str):
             ("records sent / generated", f"{summary['sent']:,} / {summary['records']:,}"),
             ("records completed", _fmt(summary["completed"])),
             ("records/s (sent ÷ duration)", _fmt(summary["records_per_s"])),
-            ("throughput mean / max (/s)", f"{_fmt(summary['throughput_mean'])} / {_fmt(summary['throughput_max'])}"),
+            ("throughput mean / max (/s)",
+             f"{_fmt(summary['throughput_mean'])} / {_fmt(summary['throughput_max'])}"),
             ("latency p50 / p95 / p99", " / ".join(_fmt(lat[k], " ms", 1) for k in ("p50", "p95", "p99"))),
             ("workers min / max", f"{summary['workers_min']} / {summary['workers_max']}"),
-            ("correct", {True: "[green]true[/]", False: "[red]false[/]", None: "not checked"}[summary["correct"]])]
+            ("correct", _CORRECT[summary["correct"]])]
     if summary.get("interrupted"):
         rows.append(("interrupted", "[yellow]yes (partial)[/]"))
     if summary.get("error"):
@@ -172,7 +179,7 @@ def plot(path: str, rows: list[dict], title: str) -> None:
     try:
         import matplotlib
     except ImportError:
-        raise UsageError("--plot needs matplotlib, which is not installed: pip install 'clasp[plot]'") from None
+        raise UsageError(NO_MATPLOTLIB) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -220,19 +227,20 @@ def main(args) -> int:
     title = (f"clasp run {app.NAME} · {cfg['profile_text']}"
              + (f" (max {cfg['max_rate']:,.0f}/s)" if cfg["max_rate"] else "")
              + f" · {cfg['workers'] if not args.planner else 'existing'} worker(s)")
-    driver = None
+    # _drive puts its Driver here first thing, so an interrupt at any point still finds the series.
+    box: dict = {}
     summary: dict | None = None
     code = 1
     try:
         console.print(f"{title}: generating {cfg['records']:,} records (seed {cfg['seed']}) ...")
         records = app.generate(cfg["records"], cfg["seed"])
         with _cluster(args, cfg, console) as planner:
-            driver, summary, code = _drive(planner, app, records, profile, console)
+            summary, code = _drive(planner, app, records, profile, console, box)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping the processes this run started[/]")
         code = 130
-        if driver is not None:
-            summary = driver.summary(interrupted=True)
+        if "driver" in box:
+            summary = box["driver"].summary(interrupted=True)
     except Exception as e:  # the cluster failed to start or died: one line, not a traceback
         from clasp.client import ClaspError
         from clasp.cluster import ClusterError
@@ -241,12 +249,12 @@ def main(args) -> int:
             raise
         console.print(f"[red]clasp run: {e}[/]")
         code = 1
-        if driver is not None:
-            summary = driver.summary()
+        if "driver" in box:
+            summary = box["driver"].summary()
             summary["error"] = str(e)
     if summary is None:
         return code
-    _report(args, cfg, summary, driver, title, console)
+    _report(args, cfg, summary, box.get("driver"), title, console)
     return code
 
 
@@ -264,7 +272,8 @@ class _cluster:
         from clasp.cluster import LocalCluster
 
         logs = self.args.log_dir or tempfile.mkdtemp(prefix="clasp-run-")
-        self.console.print(f"starting a local cluster: 1 planner, {self.cfg['workers']} worker(s); logs in {logs}")
+        n = self.cfg["workers"]
+        self.console.print(f"starting a local cluster: 1 planner, {n} worker(s); logs in {logs}")
         self.cl = LocalCluster(workers=self.cfg["workers"], port=0, log_dir=logs)
         self.cl.start()
         return self.cl.planner
@@ -274,7 +283,7 @@ class _cluster:
             self.cl.stop()
 
 
-def _drive(planner: str, app, records: list, profile: Profile, console):
+def _drive(planner: str, app, records: list, profile: Profile, console, box: dict) -> tuple[dict, int]:
     from rich.live import Live
     from rich.text import Text
 
@@ -296,14 +305,15 @@ def _drive(planner: str, app, records: list, profile: Profile, console):
                 last_print[0] = time.monotonic()
                 console.print(line, highlight=False)
 
-        driver = Driver(job, app, records, profile, submitted_at=submitted, on_sample=on_sample)
+        driver = box["driver"] = Driver(job, app, records, profile, submitted_at=submitted,
+                                        on_sample=on_sample)
         try:
             with Live(live_line, console=console, refresh_per_second=4, transient=False,
                       auto_refresh=console.is_terminal) if console.is_terminal else _Null():
                 summary = driver.run()
         except DriveError:
-            return driver, driver.summary(), 1
-        return driver, summary, 0 if summary["correct"] else 1
+            return driver.summary(), 1
+        return summary, 0 if summary["correct"] else 1
 
 
 class _Null:
@@ -322,7 +332,8 @@ def _report(args, cfg, summary: dict, driver, title: str, console) -> None:
     if args.json:
         doc = {"app": cfg["app"].NAME, "profile": cfg["profile_text"], "workers": cfg["workers"],
                "seed": cfg["seed"], "max_rate": cfg["max_rate"],
-               "stages": [[r, d if math.isfinite(d) else None] for r, d in cfg["profile"].stages], "summary": summary, "series": rows}
+               "stages": [[r, d if math.isfinite(d) else None] for r, d in cfg["profile"].stages],
+               "summary": summary, "series": rows}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(doc, indent=2))
         console.print(f"wrote {args.json}")

@@ -1,0 +1,109 @@
+"""`clasp run`: bad arguments are one-line errors with exit code 2; a short real run; Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from clasp import cli, cluster
+
+BAD = [
+    (["nosuchapp"], "unknown app 'nosuchapp'; accepted: wc, sd, aa, pl, nwm, etl, syn"),
+    (["wc", "--profile", "zigzag"], "unknown profile 'zigzag'; accepted profiles: unthrottled, constant:"),
+    (["wc", "--profile", "constant:fast"], "malformed profile 'constant:fast'"),
+    (["wc", "--profile", "steps:100@2,300"], "step '300' is not RATE@SECONDS"),
+    (["wc", "--profile", "constant:0"], "rate must be > 0"),
+    (["wc", "--profile", "constant:-5"], "rate must be > 0"),
+    (["wc", "--max-rate", "0"], "--max-rate must be a rate in records/s > 0, got '0'"),
+    (["wc", "--workers", "0"], "--workers must be a whole number >= 1, got '0'"),
+    (["wc", "--workers", "two"], "--workers must be a whole number >= 1, got 'two'"),
+    (["wc", "--records", "-3"], "--records must be a whole number >= 1"),
+    (["wc", "--duration", "0"], "--duration must be a number of seconds > 0"),
+    (["wc", "--planner", "localhost"], "--planner must be tcp://HOST:PORT"),
+    (["wc", "--plot", "out.svg"], "--plot writes a PNG"),
+]
+
+
+def _clasp(*args, timeout=60, **kw):
+    return subprocess.run([sys.executable, "-m", "clasp", "run", *args], capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def test_bad_arguments_exit_2_with_one_line_naming_the_problem():
+    # One interpreter per case is the real CLI path but costs ~0.5 s each; three cover the kinds.
+    for argv, message in (BAD[0], BAD[1], BAD[7]):
+        r = _clasp(*argv)
+        assert r.returncode == 2, (argv, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1, r.stderr
+        assert lines[0].startswith("clasp run: ") and message in lines[0]
+        assert r.stdout == ""
+
+
+@pytest.mark.parametrize("argv,message", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_arguments_start_no_process(monkeypatch, capsys, argv, message):
+    started = []
+    monkeypatch.setattr(cluster.LocalCluster, "start", lambda self: started.append(self))
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(a))
+    args = cli.build_parser().parse_args(["run", *argv])
+    assert args.fn(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert started == []
+
+
+def test_short_word_count_run_writes_a_correct_json(tmp_path):
+    out = tmp_path / "run.json"
+    r = _clasp("wc", "--records", "2000", "--profile", "constant:2000", "--workers", "1", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    s = doc["summary"]
+    assert s["correct"] is True and s["sent"] == s["completed"] == 2000
+    assert doc["app"] == "wc" and doc["profile"] == "constant:2000" and doc["workers"] == 1
+    assert doc["series"] and all({"t", "input_rate", "throughput", "p95_ms", "workers"} <= set(x)
+                                 for x in doc["series"])
+    assert "correct" in r.stdout  # the summary table
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(x) for x in f.read().split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_ctrl_c_stops_the_cluster_and_prints_the_partial_summary(tmp_path):
+    out = tmp_path / "partial.json"
+    p = subprocess.Popen([sys.executable, "-m", "clasp", "run", "wc", "--profile", "constant:500",
+                          "--duration", "60", "--workers", "1", "--json", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # The first progress line means the cluster is up and records are flowing.
+        deadline = time.monotonic() + 40
+        while "t=" not in (line := p.stderr.readline()):
+            assert line and time.monotonic() < deadline, "clasp run printed no progress line"
+        kids = _children(p.pid)
+        assert len(kids) == 2  # the planner and the worker
+        p.send_signal(signal.SIGINT)
+        stdout, _ = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130
+    assert not [k for k in kids if _alive(k)]
+    assert "interrupted" in stdout
+    s = json.loads(out.read_text())["summary"]
+    assert s["interrupted"] is True and s["correct"] is None and 0 < s["sent"] < 30_000
