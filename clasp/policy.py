@@ -384,3 +384,7 @@ class ClaspPolicy(Policy):
 
 POLICIES: dict[str, type[Policy]] = {"clasp": ClaspPolicy}
 
+
+# The baselines (FaaSFlow, Zhang24, their -SP variants) register themselves in POLICIES on import. A plain
+# module import, at the end, so either module may be imported first.
+import clasp.baselines  # noqa: E402,F401
