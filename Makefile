@@ -28,6 +28,7 @@ cluster: $(BIN)/clasp ## start a local cluster in the foreground (WORKERS=N, def
 	$(BIN)/clasp cluster --workers $(WORKERS)
 
 run: $(BIN)/clasp ## the main job: Word Count on a local cluster under a gradual input profile
+	@mkdir -p out
 	$(BIN)/clasp run wc --workers $(WORKERS) --profile gradual --plot out/run.png --json out/run.json
 
 bench: $(BIN)/clasp ## the runtime benchmarks (JSON on stdout)

@@ -41,8 +41,10 @@ def due(profile: Profile, elapsed: float, sent: int, total: int) -> int:
         if elapsed >= profile.duration:
             return sent
         return min(total, sent + UNTHROTTLED_BATCH)
-    at = min(max(elapsed, 0.0), profile.duration)
-    return max(sent, min(total, math.floor(profile.sent_by(at) + 1e-9)))
+    if elapsed >= profile.duration:
+        # The profile's volume is its integral rounded: the last push sends the fraction floor() kept back.
+        return max(sent, min(total, round(profile.sent_by(profile.duration))))
+    return max(sent, min(total, math.floor(profile.sent_by(max(elapsed, 0.0)) + 1e-9)))
 
 
 def finished(profile: Profile, elapsed: float, sent: int, total: int) -> bool:

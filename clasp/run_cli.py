@@ -6,11 +6,13 @@ job never went idle), 130 interrupted (Ctrl-C or SIGTERM: every process this com
 stopped and the partial summary still printed).
 
 Defaults, chosen so that `clasp run wc --profile gradual` takes about 75 s on a 2-core machine:
-- `--max-rate` (the reference maximum that burst and gradual levels are fractions of) is 80% of the
-  app's unthrottled one-worker rate measured by `python -m bench.apps` on that machine (REFERENCE_RATE)
-  times min(workers, CPU cores // 2). Above one worker per two cores the workers only share the same
-  CPUs, so a larger reference would just build a queue. A measured table rather than a calibration run
-  keeps runs repeatable for a seed; pass `--max-rate` on other hardware.
+- `--max-rate` (the reference maximum that burst and gradual levels are fractions of) is 80% of what
+  the workers sustain, estimated as the app's unthrottled one-worker rate (REFERENCE_RATE, measured by
+  `python -m bench.apps` on this machine) times `capacity_factor(workers)`: linear up to one worker per
+  two CPU cores (the planner and the driver need the rest), then falling, because extra workers only
+  share the same cores and add remote chained requests. Measured here (2 cores, unthrottled WC): 2
+  workers 0.88x and 4 workers 0.59x of one; the factor gives 0.80x and 0.57x. A table rather than a
+  calibration run keeps a seed's run repeatable; pass `--max-rate` on other hardware.
 - `--duration`: burst and gradual are squeezed to 60 s (their natural length, 19+ stages of 5-10 s, is
   about 140 s; stage lengths shrink in proportion, rates and shape do not change); a constant profile
   lasts 30 s; steps and unthrottled keep their own length. Unthrottled without `--records` pushes about
@@ -41,6 +43,14 @@ SHAPED_SECONDS = 60.0
 CONSTANT_SECONDS = 30.0
 UNTHROTTLED_SECONDS = 10.0
 _ADDRESS = re.compile(r"^tcp://[^:/\s]+:\d+$")
+
+
+def capacity_factor(workers: int, cpus: int | None = None) -> float:
+    """Roughly how many one-worker capacities `workers` workers give on `cpus` cores (see the docstring)."""
+    room = max(1, (cpus or os.cpu_count() or 2) // 2)
+    if workers <= room:
+        return float(workers)
+    return room / (1 + 0.25 * (workers - room) / room)
 
 
 class UsageError(ValueError):
@@ -104,8 +114,7 @@ def plan(args) -> dict:
             raise UsageError(NO_MATPLOTLIB)
     reference = max_rate
     if reference is None:
-        cores = max(1, (os.cpu_count() or 2) // 2)
-        reference = REFERENCE_SHARE * REFERENCE_RATE[app.NAME] * min(workers, cores)
+        reference = REFERENCE_SHARE * REFERENCE_RATE[app.NAME] * capacity_factor(workers)
     text = args.profile
     try:
         profile = parse_profile(text, max_rate=reference, seed=seed, duration=None)
