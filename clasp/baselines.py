@@ -47,7 +47,8 @@ def invocation_parallelism(rates: Mapping[str, float], total: int) -> dict[str, 
     return dict(zip(names, counts, strict=True))
 
 
-def critical_path(operators: Sequence[str], edges: Sequence[Edge], weight: Mapping[Edge, float]) -> list[Edge]:
+def critical_path(operators: Sequence[str], edges: Sequence[Edge],
+                  weight: Mapping[Edge, float]) -> list[Edge]:
     """The edges of the heaviest source-to-sink path under `weight` (ties: earliest in topological order).
 
     Weights are non-negative, so the longest path can always be extended back to a source; starting every
@@ -87,10 +88,10 @@ def critical_path_grouping(operators: Sequence[str], edges: Sequence[Edge], edge
     """FaaSFlow's critical-path greedy grouping with slots as the group capacity.
 
     Every operator starts alone. Repeatedly: find the critical path (the path carrying the most chained
-    traffic Ẽ across group boundaries); over its edges, heaviest first, merge the first pair of groups whose
-    instances fit in one worker's P_max slots. When none on the path can merge, those edges are settled (groups
-    only grow, so they never become mergeable) and the next critical path is taken. Stops when no path
-    carries unsettled cross-group traffic.
+    traffic Ẽ across group boundaries); over its edges, heaviest first, merge the first pair of groups
+    whose instances fit in one worker's P_max slots. When none on the path can merge, those edges are
+    settled (groups only grow, so they never become mergeable) and the next critical path is taken. Stops
+    when no path carries unsettled cross-group traffic.
     """
     topo = topological_order(operators, edges)
     group_of = {o: i for i, o in enumerate(topo)}
@@ -167,8 +168,8 @@ def baseline_result(stats: Stats, fractions: dict[str, dict[int, float]],
     peak = max(loads, default=0.0)
     if peak > stats.capacity * (1 + 1e-9):
         reason += f"; Eq. (8) peak load {peak / stats.capacity:.2f}× W̄"
-    return PlacementResult(order, workers, shares, fractions, parallelism, loads, stats.capacity, rate, policy,
-                           reason)
+    return PlacementResult(order, workers, shares, fractions, parallelism, loads, stats.capacity, rate,
+                           policy, reason)
 
 
 def _prepared(operators: Sequence[str], edges: Sequence[Edge], stats: Stats) -> tuple[list[Edge], Stats]:
@@ -328,21 +329,24 @@ def greedy_assignment(order: Sequence[str], parallelism: Mapping[str, int],
                       neighbours: Mapping[str, Sequence[tuple[str, float]]], workers: int, p_max: int,
                       affinity_weight: float = 0.5) -> Assignment:
     """Assign instances one at a time, operators in `order`, each to the worker with free slots of highest
-    score = w · affinity + (1 − w) · load balance (ties: the lowest worker index)."""
+    score = w · affinity + (1 − w) · load balance. Ties go to the least-loaded worker, then the lowest index:
+    a full affinity on a loaded worker exactly offsets a full balance on an empty one, and a scheduler that
+    scores for balance breaks that tie towards balance."""
     placed: dict[str, dict[int, int]] = {o: {} for o in order}
     used = [0] * workers
     totals = {o: int(parallelism[o]) for o in order}
     steps: list[tuple[str, int]] = []
     for o in order:
         for _ in range(totals[o]):
-            best, best_score = None, -math.inf
+            best, best_key = None, None
             for w in range(workers):
                 if used[w] >= p_max:
                     continue
                 score = (affinity_weight * affinity(o, w, neighbours, placed, totals)
                          + (1 - affinity_weight) * load_balance(used, w))
-                if score > best_score:
-                    best, best_score = w, score
+                key = (score, -used[w])
+                if best_key is None or key > best_key:
+                    best, best_key = w, key
             if best is None:
                 raise PlacementError(f"{sum(totals.values())} instances do not fit {workers} worker(s) of "
                                      f"{p_max} slots")
@@ -365,14 +369,16 @@ def neighbour_traffic(operators: Sequence[str], edges: Sequence[Edge],
 
 @dataclass
 class Zhang24Policy(Policy):
-    """Zhang24 (HPCC'24): model-predicted parallelism, greedy affinity/load-balance assignment over all workers."""
+    """Zhang24 (HPCC'24): model-predicted parallelism, greedy affinity and load-balance assignment."""
 
     config: Zhang24Config = field(default_factory=Zhang24Config)
     name: str = "zhang24"
 
     def parallelism(self, operators: Sequence[str], stats: Stats, rate: float, cap: int) -> dict[str, int]:
         """P_o per operator from the performance model at `rate`."""
-        overhead = stats.alpha if self.config.scheduling_overhead_us is None else self.config.scheduling_overhead_us
+        overhead = self.config.scheduling_overhead_us
+        if overhead is None:
+            overhead = stats.alpha
         scale = rate / stats.throughput
         return {o: model_parallelism(scale * stats.operators[o].rate, stats.operators[o].tau_us, overhead,
                                      self.config.contention, self.config.utilization, cap)
@@ -390,7 +396,9 @@ class Zhang24Policy(Policy):
              max_workers: int | None, exact: bool = False) -> PlacementResult:
         """Predict parallelism, fit it to the pool's slots, assign greedily; `exact`: report `max_workers`."""
         limit = max_workers if max_workers is not None else self.config.max_workers
-        cap = self.config.max_instances if limit is None else min(self.config.max_instances, limit * stats.p_max)
+        cap = self.config.max_instances
+        if limit is not None:
+            cap = min(cap, limit * stats.p_max)
         per_op = self.parallelism(operators, stats, rate, cap)
         pool = self.pool(per_op, stats, max_workers)
         slots = pool * stats.p_max
@@ -408,7 +416,7 @@ class Zhang24Policy(Policy):
         assignment = greedy_assignment(order, per_op, neighbour_traffic(operators, edges, edge_rates), pool,
                                        stats.p_max, self.config.affinity_weight)
         used = sorted({w for pw in assignment.parallelism.values() for w in pw})
-        # Ties go to the lowest index and an empty worker scores highest, so the used workers are 0..k-1.
+        # Empty workers score alike and ties go to the lowest index, so the used workers are 0..k-1.
         workers = pool if exact else len(used)
         return baseline_result(stats, instance_fractions(assignment.parallelism), assignment.parallelism,
                                order, workers, rate, self.name,

@@ -1,4 +1,7 @@
-"""`clasp place PROFILE.json [--rate R] [--max-workers N] [--policy clasp]`: print a placement as JSON."""
+"""`clasp place PROFILE.json [--rate R] [--max-workers N] [--policy P]`: print a placement as JSON.
+
+P is any name in clasp.policy.POLICIES: clasp, faasflow, zhang24, faasflow-sp, zhang24-sp.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, default=None, help="target input rate (req/s); overrides input_rate")
     p.add_argument("--max-workers", type=int, default=None, help="worker limit (default: unlimited)")
     p.add_argument("--policy", default="clasp", choices=sorted(POLICIES),
-                   help="scaling policy (default: clasp)")
+                   help="scaling policy (default: clasp; baselines: docs/BASELINES.md)")
     return p
 
 

@@ -1,4 +1,4 @@
-"""Baselines: FaaSFlow (slots, extrapolation, critical-path grouping), Zhang24 (model, score), -SP variants."""
+"""Baselines: FaaSFlow (slots, extrapolation, critical-path grouping), Zhang24 (model, score), -SP."""
 
 import copy
 import json
@@ -161,7 +161,8 @@ def profiles(draw, max_ops=7):
     n = draw(st.integers(1, max_ops))
     ops = [f"o{i}" for i in range(n)]
     perm = draw(st.permutations(ops))
-    edges = [(ops[i], ops[j]) for i in range(n) for j in range(i + 1, n) if j - i <= 3 and draw(st.booleans())]
+    edges = [(ops[i], ops[j]) for i in range(n) for j in range(i + 1, n)
+             if j - i <= 3 and draw(st.booleans())]
     throughput = draw(st.floats(50.0, 2000.0))
     d = {"operators": {o: {"rate": draw(st.floats(0.0, 20000.0)), "tau_us": draw(st.floats(0.1, 800.0))}
                        for o in perm},
@@ -174,7 +175,7 @@ def profiles(draw, max_ops=7):
 
 
 def placed_on(policy, d, workers):
-    """The profile's Stats, its edges, and `policy` placed on `workers` (at least enough for one slot each)."""
+    """The profile's Stats, its edges, and `policy` placed on `workers` (at least one slot per operator)."""
     s = Stats.from_json_dict(d)
     edges = [(e.src, e.dst) for e in s.edges]
     n = max(workers, math.ceil(len(s.operators) / s.p_max))
@@ -253,7 +254,7 @@ def independent_greedy(order, per_op, edge_rates, workers, p_max, weight):
                     balance = 1.0 if spread == 0 else (max(used) - used[w]) / spread
                     scores[w] = weight * aff + (1 - weight) * balance
             best = max(scores.values())
-            w = min(v for v, sc in scores.items() if sc == best)
+            w = min((v for v, sc in scores.items() if sc == best), key=lambda v: (used[v], v))
             placed[o][w] = placed[o].get(w, 0) + 1
             used[w] += 1
     return placed
