@@ -11,10 +11,13 @@ def _planner(args) -> int:
     from clasp.net import run, setup_logging
     from planner.server import Planner
 
+    from clasp.control import ControlConfig
+
     setup_logging("planner", args.log_level)
     p = Planner(host=args.host, port=args.port, metrics_port=args.metrics_port, advertise=args.advertise,
                 heartbeat=args.heartbeat, dead_after=args.dead_after, max_inflight=args.max_inflight,
-                p_max=args.p_max)
+                p_max=args.p_max, autoscale=args.autoscale, policy=args.policy,
+                migration_timeout=args.migration_timeout, control=ControlConfig(warmup_requests=args.warmup))
     return run(p.serve)
 
 
@@ -33,7 +36,7 @@ def _cluster(args) -> int:
     from clasp.cluster import ClusterError, LocalCluster
 
     cluster = LocalCluster(workers=args.workers, host=args.host, port=args.port, p_max=args.p_max,
-                           log_dir=args.log_dir)
+                           log_dir=args.log_dir, planner_args=planner_options(args))
     try:
         cluster.start()
     except (ClusterError, OSError) as e:
@@ -52,6 +55,24 @@ def _cluster(args) -> int:
         return 0
     finally:
         cluster.stop()
+
+
+def planner_options(args) -> list[str]:
+    """The planner flags that `clasp cluster` (and `clasp run`) pass through."""
+    out = ["--policy", args.policy, "--warmup", str(args.warmup)]
+    if not args.autoscale:
+        out.append("--no-autoscale")
+    return out
+
+
+def add_control_options(p: argparse.ArgumentParser) -> None:
+    """Scaling options shared by `clasp planner`, `clasp cluster` and `clasp run`."""
+    from clasp.policy import POLICIES
+
+    p.add_argument("--policy", default="clasp", choices=sorted(POLICIES), help="scaling policy")
+    p.add_argument("--autoscale", action=argparse.BooleanOptionalAction, default=True,
+                   help="let the control loop re-place jobs as their load changes")
+    p.add_argument("--warmup", type=int, default=10_000, help="requests completed before the first re-plan")
 
 
 def _place(args, rest) -> int:
@@ -85,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="heartbeat silence that marks a worker dead")
     p.add_argument("--max-inflight", type=_positive(int), default=20000, help="records in flight per job")
     p.add_argument("--p-max", type=_positive(int), default=10, help="executor slots per worker (P_max)")
+    p.add_argument("--migration-timeout", type=_positive(float), default=5.0,
+                   help="seconds a migration waits for its workers before it is reported failed")
+    add_control_options(p)
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(fn=_planner)
 
@@ -109,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--p-max", type=_positive(int), default=10)
     c.add_argument("--info", help="write the cluster's endpoints as JSON to this file once it is up")
     c.add_argument("--log-dir", help="write each process's log here instead of the terminal")
+    add_control_options(c)
     c.set_defaults(fn=_cluster)
     add_run_parser(sub)
 

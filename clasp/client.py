@@ -39,6 +39,7 @@ class Client:
         self._sock.connect(address)
         self._ids = itertools.count(1)
         self._replies: dict[int, dict] = {}
+        self.last_job: Job | None = None
         try:
             self._call("jobs", {}, timeout)
         except ClaspTimeout:
@@ -87,18 +88,39 @@ class Client:
         return self._wait(self._send(mtype, body), timeout or self.timeout, mtype)
 
     # ----------------------------------------------------------------- API
-    def submit(self, dag: Dag, placement: dict[str, dict[int, float]] | None = None, **options) -> Job:
-        """Deploy `dag` on the cluster. `placement` (operator -> {worker index -> share}) overrides the
-        planner's placement; worker indices count the live workers in registration order."""
+    def submit(self, dag: Dag, placement: dict[str, dict[int, float]] | None = None, *,
+               autoscale: bool | None = None, policy: str | None = None) -> Job:
+        """Deploy `dag` on the cluster.
+
+        `placement` (operator -> {worker index -> share}) fixes the placement; worker indices count the
+        live workers in registration order. `autoscale` (default: the planner's setting, off with an
+        explicit placement) lets the control loop re-place the job as its load changes; `policy` picks
+        the scaling policy (default: the planner's, `clasp`)."""
+        options = {"autoscale": autoscale, "policy": policy}
         if not isinstance(dag, Dag):
             raise DagError(f"submit expects a clasp.Dag, not {type(dag).__name__}")
         spec = dag.to_spec()
-        body: dict = {"dag": spec.pack(), "options": options}
+        body: dict = {"dag": spec.pack(), "options": {k: v for k, v in options.items() if v is not None}}
         if placement is not None:
             body["placement"] = {name: {int(i): float(s) for i, s in shares.items()}
                                  for name, shares in placement.items()}
         result = self._call("submit", body, max(self.timeout, 30.0))
-        return Job(self, result["job"], dag.name, result)
+        self.last_job = Job(self, result["job"], dag.name, result)
+        return self.last_job
+
+    def scale(self, workers: int, job: Job | None = None) -> dict:
+        """Place the running job (default: the last submitted) onto exactly `workers` workers and migrate;
+        returns when the migration is done. A call while one runs waits its turn."""
+        return (job or self._last()).scale(workers)
+
+    def autoscale(self, enabled: bool, job: Job | None = None) -> bool:
+        """Turn the control loop on or off for the job (default: the last submitted)."""
+        return (job or self._last()).autoscale(enabled)
+
+    def _last(self) -> Job:
+        if self.last_job is None:
+            raise ClaspError("no job submitted from this client")
+        return self.last_job
 
     def workers(self) -> list[dict]:
         return self._call("workers", {})
@@ -174,6 +196,13 @@ class Job:
 
         `fresh=True` asks every worker for its exact counters now, instead of the last heartbeat's."""
         return self.client._call("stats", {"job": self.id, "fresh": bool(fresh)})
+
+    def scale(self, workers: int) -> dict:
+        """Re-place onto exactly `workers` workers and migrate; returns the migration's record."""
+        return self.client._call("scale", {"job": self.id, "workers": int(workers)}, max(self.client.timeout, 120.0))
+
+    def autoscale(self, enabled: bool) -> bool:
+        return self.client._call("autoscale", {"job": self.id, "enabled": bool(enabled)})
 
     def cancel(self) -> None:
         self.client._call("cancel", {"job": self.id})

@@ -16,6 +16,10 @@ Message types and who sends them (C client, P planner, W worker):
 | data | P/W → W | [job, epoch, rows]: requests, each row [op, value, key, rid, weight] |
 | done | W → P | [job, {rid: weight}, extends] — weight returned by finished requests (termination detection) |
 | extend_ack | P → W | [job, token] — the planner has added weight, parked children may go |
+| migrate_plan | P → W | req, job, plan (MigrationPlan.to_wire()), placement — the reply comes when the worker is done |
+| marker | P/W → W | [job, epoch, sender]: the sender's last message under the previous epoch |
+| migrate | W → W | [job, epoch, sender, {op: [[key, state], ...]}, rows] — state and requests changing owner |
+| scale, autoscale | C → P | req, job, workers / enabled |
 | submit, push, wait_idle, state, collected, stats, cancel, jobs, workers | C → P | req plus the call's fields |
 | state_get, state_put, state_dump, collected_dump, counters, stop_job | P/any → W | req plus fields |
 | reply | any → requester | req, ok, result or error |
@@ -69,6 +73,9 @@ SCHEMAS: dict[str, dict[str, tuple | None]] = {
     "collected_dump": {"req": _INT, "job": _INT, "op": _STR},
     "stop_job": {"req": _INT, "job": _INT},
     "counters": {"req": _INT, "job": _INT},
+    "migrate_plan": {"req": _INT, "job": _INT, "plan": _DICT, "placement": _DICT},
+    "scale": {"req": _INT, "job": _INT, "workers": _INT},
+    "autoscale": {"req": _INT, "job": _INT, "enabled": _BOOL},
     "reply": {"req": _INT, "ok": _BOOL},
     "error": {"reason": _STR, "detail": _STR},
 }
@@ -77,8 +84,8 @@ _OPTIONAL: dict[str, dict[str, tuple | None]] = {
     "stats": {"fresh": _BOOL},
     "reply": {"result": _ANY, "error": _STR},
 }
-# List-bodied messages on the hot path: [job, epoch, batch], [job, returns, extends], [job, token].
-_LIST_BODIES = {"data": 3, "done": 3, "extend_ack": 2}
+# List-bodied messages on the data path; the first element is always the job id.
+_LIST_BODIES = {"data": 3, "done": 3, "extend_ack": 2, "marker": 3, "migrate": 5}
 TYPES = frozenset(SCHEMAS) | frozenset(_LIST_BODIES)
 
 _packer = msgpack.Packer(use_bin_type=True)
@@ -139,6 +146,20 @@ def check_rows(rows: Any, n_ops: int) -> None:
 
 
 _first, _rid, _weight = itemgetter(0), itemgetter(3), itemgetter(4)
+
+
+def check_migrate(body: list, n_ops: int) -> None:
+    """Validate [job, epoch, sender, {op: [[key, state], ...]}, rows] (or a marker's first three)."""
+    if type(body[1]) is not int or type(body[2]) is not str:
+        raise ProtocolError("bad_body", "expected [job, epoch, sender, ...]")
+    if len(body) == 5:
+        states = body[3]
+        if not isinstance(states, dict) or not all(type(o) is int and 0 <= o < n_ops for o in states):
+            raise ProtocolError("bad_body", "migrate: states must map operator indices to items")
+        for items in states.values():
+            if type(items) is not list or not all(type(i) is list and len(i) == 2 for i in items):
+                raise ProtocolError("bad_body", "migrate: state items must be [key, state]")
+        check_rows(body[4], n_ops)
 
 
 def check_returns(body: list) -> None:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import msgpack
 
 from clasp.dag import DagSpec
+from clasp.keygroups import assign_key_groups
+from clasp.parallelism import largest_remainder
 
 NUM_KEY_GROUPS = 128  # as Flink's default max parallelism: the unit of state ownership and migration
 
@@ -32,19 +34,6 @@ def key_group(key, num_groups: int = NUM_KEY_GROUPS) -> int:
     if t is bytes:
         return zlib.crc32(key) % num_groups
     return zlib.crc32(msgpack.packb(key, use_bin_type=True)) % num_groups
-
-
-def largest_remainder(weights: Sequence[float], total: int) -> list[int]:
-    """Integers proportional to `weights` summing to `total` (Hamilton's method; ties to the lower index)."""
-    s = float(sum(weights))
-    if total <= 0 or s <= 0:
-        return [0] * len(weights)
-    quotas = [w * total / s for w in weights]
-    out = [int(q) for q in quotas]
-    order = sorted(range(len(weights)), key=lambda i: (-(quotas[i] - out[i]), i))
-    for i in order[: total - sum(out)]:
-        out[i] += 1
-    return out
 
 
 def weighted_table(shares: Mapping[str, float], size: int = 120) -> list[str]:
@@ -70,14 +59,17 @@ def weighted_table(shares: Mapping[str, float], size: int = 120) -> list[str]:
     return table
 
 
-def key_groups_for_shares(shares: Mapping[str, float], num_groups: int = NUM_KEY_GROUPS) -> list[str]:
-    """Contiguous key-group ranges proportional to shares, workers in id order."""
+def key_groups_for_shares(shares: Mapping[str, float], num_groups: int = NUM_KEY_GROUPS,
+                          previous: Sequence[str] | None = None) -> list[str]:
+    """Key-group owners proportional to shares, moving as few groups as possible from `previous`."""
     ids = sorted(w for w, s in shares.items() if s > 0)
-    counts = largest_remainder([shares[w] for w in ids], num_groups)
-    owners: list[str] = []
-    for w, c in zip(ids, counts, strict=True):
-        owners.extend([w] * c)
-    return owners
+    index = {w: i for i, w in enumerate(ids)}
+    prev = None
+    if previous is not None:
+        # Owners that are no longer placed get an index outside `ids`, so their groups move.
+        prev = [index.get(w, len(ids)) for w in previous]
+    owners = assign_key_groups({i: shares[w] for i, w in enumerate(ids)}, num_groups, prev)
+    return [ids[i] for i in owners]
 
 
 @dataclass

@@ -118,6 +118,14 @@ class Tracker:
         """Records finished without any worker (e.g. the source's key function failed at the planner)."""
         return self.returned({rid: self.partial.get(rid, self.root) for rid in rids}, now)
 
+    def lose_outstanding(self) -> int:
+        """Give up on every record still open (its weight died with a worker); returns how many."""
+        n = self.outstanding
+        self.lost += n
+        self.partial.clear()
+        self.chunks.clear()
+        return n
+
     def take_interval(self) -> dict:
         """Latency summary of completions since the last call."""
         s = self.interval.summary()

@@ -22,17 +22,22 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from clasp import protocol
+from clasp.control import ControlConfig, Controller, observation, pool_order, to_runtime_placement
 from clasp.dag import DagError, DagSpec
+from clasp.migration import PLANNER, plan_migration
+from clasp.policy import POLICIES
 from clasp.net import advertised, bind, start_metrics_server
 from clasp.protocol import ROOT_WEIGHT, ProtocolError
 from clasp.routing import (
     NUM_KEY_GROUPS,
     ROUTE_KEYED,
     ROUTE_LOCAL,
+    OperatorPlacement,
     Placement,
     PlacementError,
     build_placement,
     key_group,
+    key_groups_for_shares,
     route_to,
     spread_placement,
 )
@@ -83,6 +88,15 @@ class PlannerJob:
     weight: int = ROOT_WEIGHT
     created: float = field(default_factory=time.time)
     errors: deque = field(default_factory=lambda: deque(maxlen=50))
+    autoscale: bool = False
+    controller: Controller | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    migrating: bool = False
+    migrations: list = field(default_factory=list)
+    decisions: deque = field(default_factory=lambda: deque(maxlen=200))
+    estimate: dict = field(default_factory=dict)
+    lost_workers: set = field(default_factory=set)
+    sweep: tuple | None = None  # (completed, idle ticks) while looking for records lost with a worker
 
     @property
     def inflight(self) -> int:
@@ -95,7 +109,9 @@ class Planner:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, metrics_port: int = 0, advertise: str | None = None,
                  heartbeat: float = 1.0, dead_after: float = 5.0, max_inflight: int = 20000,
                  max_queue: int = 2_000_000, dispatch_batch: int = 2000, p_max: int = 10,
-                 placement_fn: PlacementFn = spread_placement, rpc_timeout: float = 10.0):
+                 placement_fn: PlacementFn = spread_placement, rpc_timeout: float = 10.0,
+                 autoscale: bool = True, policy: str = "clasp", migration_timeout: float = 5.0,
+                 control: ControlConfig | None = None):
         self.host, self.port, self.metrics_port = host, port, metrics_port
         self.advertise = advertised(host, advertise)
         self.heartbeat = heartbeat
@@ -106,6 +122,12 @@ class Planner:
         self.p_max = p_max
         self.placement_fn = placement_fn
         self.rpc_timeout = rpc_timeout
+        self.autoscale = autoscale
+        self.policy = policy
+        self.migration_timeout = migration_timeout
+        self.control = control or ControlConfig()
+        self.rescales = 0
+        self.migration_hist = {"planner": LatencyHistogram(), "worker": LatencyHistogram()}
         self.id = f"p-{uuid.uuid4().hex[:8]}"
         self.ctx = zmq.asyncio.Context()
         self.workers: dict[str, WorkerInfo] = {}
@@ -160,6 +182,7 @@ class Planner:
             "reply": self._on_reply, "error": self._on_error_msg, "submit": self._on_submit, "push": self._on_push,
             "wait_idle": self._on_wait_idle, "state": self._on_state, "collected": self._on_collected,
             "stats": self._on_stats, "cancel": self._on_cancel, "jobs": self._on_jobs, "workers": self._on_workers,
+            "scale": self._on_scale, "autoscale": self._on_autoscale,
         }
         while True:
             frames = await self.router.recv_multipart()
@@ -287,14 +310,26 @@ class Planner:
         workers = self.live_workers()
         if not workers:
             raise RequestError("no live workers: start some with `clasp worker --planner ADDR`")
+        options = body.get("options") or {}
+        policy = options.get("policy") or self.policy
+        if policy not in POLICIES:
+            raise RequestError(f"unknown policy {policy!r}; accepted: {', '.join(sorted(POLICIES))}")
         explicit = body.get("placement")
+        autoscale = options.get("autoscale")
+        autoscale = (self.autoscale and not explicit) if autoscale is None else bool(autoscale)
         if explicit:
             placement = build_placement(spec, workers, explicit, self.p_max)
+        elif autoscale:
+            # Eq. (12)'s starting point: everything on one worker until statistics say otherwise.
+            placement = build_placement(spec, workers, {o.name: {0: 1.0} for o in spec.operators}, self.p_max)
         else:
             placement = self.placement_fn(spec, workers, self.p_max)
         placement.check(spec)
         job_id = next(self._job_ids)
-        job = PlannerJob(job_id, spec, placement, Tracker(), workers)
+        job = PlannerJob(job_id, spec, placement, Tracker(), workers, autoscale=autoscale)
+        edges = spec.edges()
+        job.controller = Controller([o.name for o in spec.operators], edges, POLICIES[policy](), self.p_max,
+                                    len(workers), self.control)
         self._set_routes(job)
         peers = {w: self.workers[w].data for w in workers}
         packed = body["dag"]
@@ -303,7 +338,8 @@ class Planner:
         self.jobs[job_id] = job
         log.info("job %d (%s) placed on %d workers: %s", job_id, spec.name, len(placement.active_workers()),
                  {n: p.shares for n, p in placement.operators.items()})
-        self._reply(ident, body["req"], {"job": job_id, "workers": workers, "placement": placement.to_wire()})
+        self._reply(ident, body["req"], {"job": job_id, "workers": workers, "placement": placement.to_wire(),
+                                         "autoscale": autoscale, "policy": policy})
 
     def _set_routes(self, job: PlannerJob) -> None:
         n = len(job.spec.sources)
@@ -402,6 +438,151 @@ class Planner:
                                           "metrics": w.metrics, "pid": w.pid, "host": w.host}
                                          for w in self.workers.values()])
 
+    # ----------------------------------------------------------------- scaling and migration
+    async def _on_scale(self, ident: bytes, body: dict) -> None:
+        job = self._job(body)
+        n = body["workers"]
+        pool = [w for w in job.workers if self.workers[w].alive]
+        if not 1 <= n <= len(pool):
+            raise RequestError(f"scale to {n} workers: the job's pool has {len(pool)} live workers")
+        async with job.lock:
+            result = job.controller.place_on(n)
+            record = await self._migrate(job, result, f"manual scale to {n} workers")
+        self._reply(ident, body["req"], record)
+
+    def _on_autoscale(self, ident: bytes, body: dict) -> None:
+        job = self._job(body)
+        job.autoscale = body["enabled"]
+        log.info("job %d: autoscaling %s", job.id, "on" if job.autoscale else "off")
+        self._reply(ident, body["req"], job.autoscale)
+
+    async def _apply_decision(self, job: PlannerJob, result, reason: str) -> None:
+        async with job.lock:
+            await self._migrate(job, result, reason)
+
+    async def _migrate(self, job: PlannerJob, result, reason: str) -> dict:
+        """Carry out a policy's placement with the decentralized protocol; returns the migration record."""
+        alive = [w for w in job.workers if self.workers[w].alive]
+        pool = pool_order(job.placement, alive)
+        new = to_runtime_placement(job.spec, result, pool, job.placement, job.placement.epoch + 1)
+        record = await self.migrate(job, new, reason)
+        job.controller.placed(result)
+        return record
+
+    async def migrate(self, job: PlannerJob, new: Placement, reason: str) -> dict:
+        """Steps 1, 2 and 7 of the protocol: plan, broadcast, wait for every participant's completion."""
+        dead = sorted(w for w in job.workers if not self.workers[w].alive)
+        old = job.placement
+        plan = plan_migration(job.spec, old, new, job.workers, dead)
+        t0 = time.monotonic()
+        job.migrating = True
+        marker = protocol.encode("marker", [job.id, new.epoch, PLANNER])
+        for w in plan.markers_to_send(PLANNER):
+            self.pushers[w].send(marker)
+        job.placement = new
+        self._set_routes(job)  # records dispatched from now on follow the new epoch
+        body = {"job": job.id, "plan": plan.to_wire(), "placement": new.to_wire()}
+        replies = await asyncio.gather(*(self.rpc(w, "migrate_plan", body, self.migration_timeout)
+                                         for w in plan.participants), return_exceptions=True)
+        duration = time.monotonic() - t0
+        job.migrating = False
+        self.dispatch_wake.set()
+        ok = [r for r in replies if isinstance(r, dict)]
+        failed = {w: str(r) for w, r in zip(plan.participants, replies, strict=True) if not isinstance(r, dict)}
+        record = {"epoch": new.epoch, "reason": reason, "t": round(time.time() - job.created, 3),
+                  "from_workers": len(old.active_workers()), "to_workers": len(new.active_workers()),
+                  "active": new.active_workers(), "duration_s": duration,
+                  "max_pause_s": max((r["pause"] for r in ok), default=0.0),
+                  "pauses": {r["worker"]: r["pause"] for r in ok},
+                  "bytes": sum(r["bytes"] for r in ok), "objects": sum(r["objects"] for r in ok),
+                  "rows": sum(r["rows"] for r in ok), "key_groups_moved": plan.moved_groups(),
+                  "dead": dead, "failed": failed}
+        job.migrations.append(record)
+        self.rescales += 1
+        self.migration_hist["planner"].add(duration)
+        for r in ok:
+            self.migration_hist["worker"].add(r["pause"])
+        if failed:
+            log.error("job %d migration to epoch %d failed on %s after %.3f s: %s", job.id, new.epoch,
+                      sorted(failed), duration, failed)
+        log.info("job %d migrated to epoch %d: %d -> %d workers in %.1f ms (max worker pause %.1f ms, "
+                 "%d bytes, %d state objects, %d requests): %s", job.id, new.epoch, record["from_workers"],
+                 record["to_workers"], duration * 1e3, record["max_pause_s"] * 1e3, record["bytes"],
+                 record["objects"], record["rows"], reason)
+        return record
+
+    async def _recover(self, job: PlannerJob, wid: str) -> None:
+        """A worker of the job died: re-place its share on the workers that remain (its state is lost)."""
+        async with job.lock:
+            old = job.placement
+            if wid not in old.active_workers():
+                return
+            alive = [w for w in job.workers if self.workers[w].alive]
+            if not alive:
+                log.error("job %d lost its last worker %s", job.id, wid)
+                return
+            ops = {}
+            for o in job.spec.operators:
+                p = old.operators[o.name]
+                shares = {w: s for w, s in p.shares.items() if w != wid and self.workers[w].alive}
+                if not shares:
+                    shares = {pool_order(old, alive)[0]: 1.0}
+                total = sum(shares.values())
+                shares = {w: v / total for w, v in shares.items()}
+                kg = key_groups_for_shares(shares, NUM_KEY_GROUPS, p.key_groups) if o.stateful else None
+                ops[o.name] = OperatorPlacement(shares, {w: p.instances.get(w, 1) for w in shares}, kg)
+            job.lost_workers.add(wid)
+            lost_groups = sum(1 for o in job.spec.operators if o.stateful
+                              for g in old.operators[o.name].key_groups if g == wid)
+            reason = f"worker {wid} died: its {lost_groups} key groups restart empty (their state is lost)"
+            job.decisions.append({"t": round(time.time() - job.created, 3), "trigger": f"worker {wid} died",
+                                  "reason": reason, "change": True})
+            await self.migrate(job, Placement(ops, old.epoch + 1, old.workers), reason)
+
+    def _sweep_lost(self, job: PlannerJob, idle: bool) -> None:
+        """After a worker died, records whose weight died with it never complete: once the survivors are
+        idle and nothing completes for two ticks, count what is still outstanding as lost."""
+        if not job.lost_workers or job.migrating or job.queued or not job.tracker.outstanding:
+            job.sweep = None
+            return
+        completed = job.tracker.completed
+        if not idle or job.sweep is None or job.sweep[0] != completed:
+            job.sweep = (completed, 0)
+            return
+        job.sweep = (completed, job.sweep[1] + 1)
+        if job.sweep[1] >= 2:
+            n = job.tracker.lose_outstanding()
+            log.error("job %d: %d records lost with worker(s) %s", job.id, n, sorted(job.lost_workers))
+            job.errors.append({"worker": ",".join(sorted(job.lost_workers)), "operator": "",
+                               "error": f"{n} records lost with a dead worker", "value": ""})
+            self._wake_waiters(job)
+
+    async def _check_idle(self, job: PlannerJob) -> None:
+        workers = self._job_workers(job)
+        try:
+            counters = await asyncio.gather(*(self.rpc(w, "counters", {"job": job.id}, 2.0) for w in workers))
+        except RequestError:
+            return
+        self._sweep_lost(job, all(c["idle"] for c in counters))
+
+    def _control(self, job: PlannerJob, rate_in: float, rate_out: float) -> None:
+        """One control-loop tick for one job: feed the estimator, and re-plan when a trigger fires."""
+        obs = observation(job.spec, {w: self.workers[w].sample for w in job.workers if w in self.workers},
+                          job.id, rate_in, rate_out, job.tracker.completed, job.queued, job.placement)
+        step = job.controller.observe(obs, decide=job.autoscale and not job.migrating)
+        e = step.estimate
+        job.estimate = {"alpha": e.alpha, "beta": e.beta, "gamma": e.gamma, "capacity": e.capacity,
+                        "saturated": list(e.saturated), "reason": e.reason}
+        if step.trigger is None:
+            return
+        d = step.decision
+        entry = {"t": round(time.time() - job.created, 3), "trigger": step.trigger, "reason": d.reason,
+                 "change": d.change, "workers": d.workers}
+        job.decisions.append(entry)
+        log.info("job %d: %s -> %s", job.id, step.trigger, d.reason if d.change else f"no change: {d.reason}")
+        if d.change:
+            asyncio.ensure_future(self._apply_decision(job, d.placement, f"{step.trigger}: {d.reason}"))
+
     # ----------------------------------------------------------------- the scheduling engine
     async def _dispatch_loop(self) -> None:
         while True:
@@ -482,6 +663,9 @@ class Planner:
                 if w.alive and now - w.last_seen > self.dead_after:
                     w.alive = False
                     log.warning("worker %s missed heartbeats for %.1f s: marked dead", w.id, now - w.last_seen)
+                    for job in list(self.jobs.values()):
+                        if w.id in job.placement.active_workers():
+                            asyncio.ensure_future(self._recover(job, w.id))
             total_in = total_out = 0.0
             for job in list(self.jobs.values()):
                 p_in, p_out = prev.get(job.id, (0, 0))
@@ -495,6 +679,9 @@ class Planner:
                             "queue": job.queued, "inflight": job.inflight, "p50": lat["p50"], "p95": lat["p95"],
                             "p99": lat["p99"], "workers": len(job.placement.active_workers())}
                 job.series.append(job.last)
+                self._control(job, rate_in, rate_out)
+                if job.lost_workers and job.tracker.outstanding and not job.migrating:
+                    asyncio.ensure_future(self._check_idle(job))
                 total_in += rate_in
                 total_out += rate_out
                 for waiter in [x for x in job.waiters if x[2] <= now]:
@@ -561,6 +748,9 @@ class Planner:
             "errors": list(job.errors), "workers": per_worker, "operators": operators,
             "edges": [{"src": s, "dst": d, "rate": r} for (s, d), r in edges.items()],
             "placement": job.placement.to_wire(), "workers_active": len(job.placement.active_workers()),
+            "active_workers": job.placement.active_workers(), "epoch": job.placement.epoch,
+            "autoscale": job.autoscale, "model": dict(job.estimate), "decisions": list(job.decisions),
+            "migrations": list(job.migrations), "lost_workers": sorted(job.lost_workers),
             "workers_alive": len(self.live_workers()), "series": list(job.series)[-120:],
         }
 
@@ -584,22 +774,32 @@ class _PlannerCollector:
         a = GaugeMetricFamily("clasp_workers_alive", "Registered workers sending heartbeats")
         a.add_metric([], len(p.live_workers()))
         yield a
+        jobs = list(p.jobs.values())
+        act = GaugeMetricFamily("clasp_workers_active", "Workers holding operators of the job", labels=["job"])
+        for j in jobs:
+            act.add_metric([str(j.id)], len(j.placement.active_workers()))
+        yield act
+        for key, doc in (("alpha", "µs per local chained request (α)"), ("beta", "µs per remote chained request (β)"),
+                         ("gamma", "µs/s per remote destination (γ)"), ("capacity", "Worker capacity W̄, µs/s")):
+            m = GaugeMetricFamily(f"clasp_model_{key}", f"Current estimate: {doc}", labels=["job"])
+            for j in jobs:
+                if key in j.estimate:
+                    m.add_metric([str(j.id)], j.estimate[key])
+            yield m
+        r = CounterMetricFamily("clasp_rescales", "Migrations carried out")
+        r.add_metric([], p.rescales)
+        yield r
+        mh = HistogramMetricFamily("clasp_migration_duration_seconds",
+                                   "Planner: plan issued to last completion; worker: plan received to resumed",
+                                   labels=["role"])
+        for role, hist in p.migration_hist.items():
+            mh.add_metric([role], _buckets(hist, (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0,
+                                                  2.5, 5.0, 10.0)), hist.sum)
+        yield mh
         h = HistogramMetricFamily("clasp_end_to_end_latency_seconds",
                                   "From entering the planner until the record and all its chained requests are done")
-        counts = p.latency.counts
-        cum = 0
-        buckets = []
-        # Coarse Prometheus buckets from the fine internal histogram.
-        edges = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-        import numpy as np
-
-        idx = np.searchsorted(p.latency.bounds, edges, side="right")
-        cumsum = np.cumsum(counts)
-        for e, i in zip(edges, idx, strict=True):
-            cum = int(cumsum[i - 1]) if i > 0 else 0
-            buckets.append((repr(e), cum))
-        buckets.append(("+Inf", int(p.latency.total)))
-        h.add_metric([], buckets, p.latency.sum)
+        h.add_metric([], _buckets(p.latency, (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                              1.0, 2.5, 5.0, 10.0, 30.0)), p.latency.sum)
         yield h
         b = CounterMetricFamily("clasp_bad_messages", "Malformed, truncated or unknown messages dropped",
                                 labels=["reason"])
@@ -608,3 +808,14 @@ class _PlannerCollector:
         if not p.bad_messages:
             b.add_metric(["none"], 0)
         yield b
+
+
+def _buckets(hist: LatencyHistogram, edges: tuple[float, ...]) -> list[tuple[str, int]]:
+    """Cumulative Prometheus buckets at `edges` from the fine internal histogram."""
+    import numpy as np
+
+    idx = np.searchsorted(hist.bounds, edges, side="right")
+    cumsum = np.cumsum(hist.counts)
+    out = [(repr(e), int(cumsum[i - 1]) if i > 0 else 0) for e, i in zip(edges, idx, strict=True)]
+    out.append(("+Inf", int(hist.total)))
+    return out

@@ -42,7 +42,7 @@ def test_wordcount_100k_lines_exact(n_workers, request):
     client = request.getfixturevalue(f"client{n_workers}")
     lines = make_lines(100_000, seed=7)
     expected = collections.Counter(w for line in lines for w in line.split())
-    job = client.submit(wordcount_dag())
+    job = client.submit(wordcount_dag(), autoscale=False)
     assert job.push(lines) == 100_000
     idle = job.wait_idle(timeout=120)
     assert idle["completed"] == 100_000

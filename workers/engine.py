@@ -105,6 +105,16 @@ class JobEngine:
         self.error_samples: deque = deque(maxlen=max_errors_kept)
         self.async_tasks: set[asyncio.Task] = set()
         self.on_work = lambda: None  # the worker's wake-up, called when async executions produce work
+        self.paused = False  # during a migration this worker loses or gains something in
+        self.hold: list = []  # rows that arrived while paused, in arrival order
+        self.future: list[tuple[int, list]] = []  # rows of an epoch whose plan has not arrived yet
+        # The migration in progress (clasp.migration.WorkerMigration) and what the worker keeps for it.
+        self.migration = None
+        self.migration_req = 0
+        self.migration_t0 = 0.0
+        self.migration_stats: dict = {}
+        self.migration_inbox: list = []
+        self.early: list = []  # markers and migrate messages that overtook their plan
         self.placement = placement
         self.epoch = placement.epoch
         self.apply_placement(placement)
@@ -129,10 +139,11 @@ class JobEngine:
             op.routes = routes
 
     def queue_length(self) -> int:
-        return sum(len(op.queue) for op in self.ops)
+        return sum(len(op.queue) for op in self.ops) + len(self.hold)
 
     def idle(self) -> bool:
-        return not self.async_tasks and all(not op.queue for op in self.ops)
+        return (not self.async_tasks and not self.hold and not self.future and not self.pending
+                and all(not op.queue for op in self.ops))
 
     # ----------------------------------------------------------------- input
     def enqueue_rows(self, rows: list) -> None:
@@ -141,9 +152,116 @@ class JobEngine:
         for r in rows:
             ops[r[0]].queue.append(r)
 
+    def receive(self, epoch: int, rows: list) -> None:
+        """Rows from the network, sent under `epoch`: queued, held, kept for later, or forwarded."""
+        if epoch > self.epoch:
+            self.future.append((epoch, rows))  # the sender switched before our plan arrived
+        elif self.paused:
+            self.hold.extend(rows)
+        elif epoch < self.epoch:
+            self._reroute(rows)
+        else:
+            self.enqueue_rows(rows)
+
+    def _owner(self, op: OpRuntime, row, placement: Placement) -> str | None:
+        """The worker that should run `row` under `placement`; None when it is this one."""
+        p = placement.operators[op.name]
+        if op.stateful:
+            w = p.key_groups[self._group(op, row[2])]
+        elif p.shares.get(self.me, 0.0) > 0:
+            return None
+        else:
+            w = min(p.workers(), key=lambda x: (-p.shares[x], x))
+        return None if w == self.me else w
+
+    def _group(self, op: OpRuntime, key) -> int:
+        g = op.key_cache.get(key)
+        if g is None:
+            g = key_group(key, NUM_KEY_GROUPS)
+            if len(op.key_cache) < KEY_CACHE_MAX:
+                op.key_cache[key] = g
+        return g
+
+    def _reroute(self, rows: list) -> None:
+        """Old-epoch rows at a worker that has moved on: keep what it still owns, forward the rest."""
+        forwarded = False
+        for r in rows:
+            op = self.ops[r[0]]
+            d = self._owner(op, r, self.placement)
+            if d is None:
+                op.queue.append(r)
+            else:
+                self.pending.setdefault(d, []).append(r)
+                forwarded = True
+        if forwarded and self.pending_since is None:
+            self.pending_since = perf_counter()
+
+    # ----------------------------------------------------------------- migration
+    def begin_migration(self, placement: Placement, pause: bool) -> None:
+        """Switch to the new epoch's routing; a participant pauses and holds what arrives."""
+        self.apply_placement(placement)
+        self.paused = pause
+        future, self.future = self.future, []
+        for epoch, rows in future:
+            self.receive(epoch, rows)
+
+    def extract(self) -> dict[str, tuple[dict[int, list], list]]:
+        """Take out every state object and queued or held request this worker no longer owns.
+
+        Returns destination -> ({op index: [[key, state], ...]}, rows), rows in arrival order."""
+        out: dict[str, tuple[dict[int, list], list]] = {}
+        placement = self.placement
+        for op in self.ops:
+            p = placement.operators[op.name]
+            if op.stateful:
+                owners = p.key_groups
+                me = self.me
+                moving = [k for k in op.state if owners[self._group(op, k)] != me]
+                for k in moving:
+                    d = owners[self._group(op, k)]
+                    out.setdefault(d, ({}, []))[0].setdefault(op.index, []).append([k, op.state.pop(k)])
+            if op.queue:
+                keep = deque()
+                for r in op.queue:
+                    d = self._owner(op, r, placement)
+                    if d is None:
+                        keep.append(r)
+                    else:
+                        out.setdefault(d, ({}, []))[1].append(r)
+                op.queue.clear()
+                op.queue.extend(keep)
+        kept = []
+        for r in self.hold:
+            d = self._owner(self.ops[r[0]], r, placement)
+            if d is None:
+                kept.append(r)
+            else:
+                out.setdefault(d, ({}, []))[1].append(r)
+        self.hold = kept
+        return out
+
+    def install(self, states: dict[int, list], rows: list) -> int:
+        """Take over state objects and queued requests from a peer; they go ahead of anything held."""
+        n = 0
+        for op_index, items in states.items():
+            state = self.ops[op_index].state
+            for k, v in items:
+                state[k] = v
+            n += len(items)
+        self.enqueue_rows(rows)
+        return n
+
+    def resume(self) -> None:
+        """End the pause: held rows join their queues after everything installed."""
+        self.paused = False
+        hold, self.hold = self.hold, []
+        self._reroute(hold)
+
     # ----------------------------------------------------------------- execution
     def run_round(self) -> int:
         """One scheduling round: each operator with work runs up to instances × SLOT_BATCH requests."""
+        if self.paused:
+            return 0
         done = 0
         for op in self.order:
             if op.queue and not op.busy:

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from clasp import protocol
 from clasp.dag import DagError, DagSpec
+from clasp.migration import PLANNER, MigrationPlan, WorkerMigration
 from clasp.net import advertised, bind, start_metrics_server
 from clasp.protocol import ProtocolError
 from clasp.routing import Placement, PlacementError
@@ -110,7 +111,8 @@ class Worker:
         handlers = {"welcome": self._on_welcome, "deploy": self._on_deploy, "extend_ack": self._on_extend_ack,
                     "state_dump": self._on_state_dump, "collected_dump": self._on_collected_dump,
                     "stop_job": self._on_stop_job, "error": self._on_error, "state_get": self._on_state_get,
-                    "state_put": self._on_state_put, "counters": self._on_counters}
+                    "state_put": self._on_state_put, "counters": self._on_counters,
+                    "migrate_plan": self._on_migrate_plan}
         while True:
             frames = await self.dealer.recv_multipart()
             try:
@@ -190,6 +192,91 @@ class Worker:
             op.state[body["key"]] = body["value"]
         return protocol.reply(body["req"], True)
 
+    # ----------------------------------------------------------------- migration (paper §4.4)
+    def _on_migrate_plan(self, body) -> None:
+        """Steps 3-7 for one plan; the reply to the planner is sent when this worker is done."""
+        eng = self._engine(body)
+        plan = MigrationPlan.from_wire(body["plan"])
+        placement = Placement.from_wire(body["placement"], eng.spec)
+        if placement.epoch <= eng.epoch:
+            raise ValueError(f"plan for epoch {placement.epoch}, job {eng.job} is at {eng.epoch}")
+        if eng.migration is not None:
+            # A newer plan overrides one still waiting (a peer died): finish the old one with what came.
+            self._finish_migration(eng, aborted=True)
+        for wid in plan.participants:
+            if wid in body.get("peers", {}):
+                self.peer_addrs[wid] = body["peers"][wid]
+        eng.migration = WorkerMigration(plan, self.id)
+        eng.migration_req = body["req"]
+        eng.migration_t0 = perf_counter()
+        eng.migration_stats = {"bytes": 0, "objects": 0, "rows": 0, "received_objects": 0}
+        eng.migration_inbox = []
+        # Step 3: what was batched under the old epoch leaves first, then the markers that close it.
+        self._flush_data(eng)
+        marker = protocol.encode("marker", [eng.job, placement.epoch, self.id])
+        for wid in plan.markers_to_send(self.id):
+            self._peer(wid).send(marker)
+        eng.begin_migration(placement, plan.pauses(self.id))
+        early, eng.early = eng.early, []
+        for mtype, m in early:
+            self._on_migration_message(eng, mtype, m, 0)
+        asyncio.ensure_future(self._progress(eng))
+
+    def _on_migration_message(self, eng: JobEngine, mtype: str, body: list, size: int) -> None:
+        mig = eng.migration
+        epoch, sender = body[1], body[2]
+        if epoch > eng.epoch:
+            eng.early.append((mtype, body))  # it overtook our plan
+            return
+        if mig is None or epoch < mig.plan.epoch:
+            if mtype == "migrate":  # from an aborted plan: its state and requests are still ours to run
+                eng.install(body[3], body[4])
+                self.wake.set()
+            return
+        if mtype == "marker":
+            mig.marker(sender)
+        else:
+            eng.migration_inbox.append(body)
+            mig.received(sender)
+        asyncio.ensure_future(self._progress(eng))
+
+    async def _progress(self, eng: JobEngine) -> None:
+        mig = eng.migration
+        if mig is None:
+            return
+        if mig.ready_to_send:
+            mig.sent = True
+            if eng.async_tasks:  # drain: let running executions finish before their state moves
+                await asyncio.gather(*list(eng.async_tasks), return_exceptions=True)
+            outgoing = eng.extract()
+            for wid, (states, rows) in outgoing.items():
+                if wid in mig.plan.dead:
+                    continue
+                frame = protocol.encode("migrate", [eng.job, mig.plan.epoch, self.id, states, rows])
+                self._peer(wid).send(frame, copy=False)
+                eng.migration_stats["bytes"] += len(frame)
+                eng.migration_stats["objects"] += sum(len(v) for v in states.values())
+                eng.migration_stats["rows"] += len(rows)
+            # Every named receiver waits for a message from us, even when nothing of it moved here.
+            empty = protocol.encode("migrate", [eng.job, mig.plan.epoch, self.id, {}, []])
+            for wid in mig.plan.sends_to.get(self.id, []):
+                if wid not in outgoing:
+                    self._peer(wid).send(empty)
+        if mig.done and eng.migration is mig:
+            self._finish_migration(eng)
+
+    def _finish_migration(self, eng: JobEngine, aborted: bool = False) -> None:
+        for body in eng.migration_inbox:
+            eng.migration_stats["received_objects"] += eng.install(body[3], body[4])
+        eng.migration_inbox = []
+        eng.resume()
+        pause = perf_counter() - eng.migration_t0
+        self.monitor.pauses.append(pause)
+        reply = {"worker": self.id, "epoch": eng.epoch, "pause": pause, "aborted": aborted, **eng.migration_stats}
+        self.dealer.send(protocol.reply(eng.migration_req, reply))
+        eng.migration = None
+        self.wake.set()
+
     def _on_stop_job(self, body) -> bytes:
         self.jobs.pop(body["job"], None)
         return protocol.reply(body["req"], True)
@@ -227,18 +314,23 @@ class Worker:
             frame = await recv(copy=False)
             try:
                 mtype, body = protocol.decode(frame.bytes)
-                if mtype != "data":
+                if mtype not in ("data", "marker", "migrate"):
                     raise ProtocolError("unexpected_type", f"{mtype} on the data socket")
-                job, _epoch, rows = body
-                eng = self.jobs.get(job)
+                eng = self.jobs.get(body[0])
                 if eng is None:
-                    raise ProtocolError("unknown_job", f"data for job {job}")
-                protocol.check_rows(rows, len(eng.ops))
+                    raise ProtocolError("unknown_job", f"{mtype} for job {body[0]}")
+                if mtype == "data":
+                    protocol.check_rows(body[2], len(eng.ops))
+                else:
+                    protocol.check_migrate(body, len(eng.ops))
             except ProtocolError as e:
                 self._bad(e, "data")
                 continue
-            eng.enqueue_rows(rows)
-            self.wake.set()
+            if mtype == "data":
+                eng.receive(body[1], body[2])
+                self.wake.set()
+            else:
+                self._on_migration_message(eng, mtype, body, len(frame))
 
     def _peer(self, wid: str) -> zmq.asyncio.Socket:
         sock = self.peers.get(wid)
@@ -290,7 +382,7 @@ class Worker:
                 self._flush_returns(eng)
             self._returns_since = None
             self.wake.clear()
-            if any(e.queue_length() and not any(o.busy for o in e.ops) for e in self.jobs.values()):
+            if any(not e.paused and e.queue_length() and not any(o.busy for o in e.ops) for e in self.jobs.values()):
                 continue
             await self.wake.wait()
 
