@@ -23,7 +23,7 @@ from clasp.cluster import LocalCluster
 from clasp.driver import Driver
 from clasp.profiles import parse_profile
 
-WARMUP = 5_000
+WARMUP = 10_000
 
 
 def _drive(client, app, records) -> tuple[dict, dict]:

@@ -13,8 +13,9 @@ Defaults, chosen so that `clasp run wc --profile gradual` takes about 75 s on a 
   share the same cores and add remote chained requests. Measured here (2 cores, unthrottled WC): 2
   workers 0.88x and 4 workers 0.59x of one; the factor gives 0.80x and 0.57x. A table rather than a
   calibration run keeps a seed's run repeatable; pass `--max-rate` on other hardware.
-- `--duration`: burst and gradual are squeezed to 60 s (their natural length, 19+ stages of 5-10 s, is
-  about 140 s; stage lengths shrink in proportion, rates and shape do not change); a constant profile
+- `--duration`: gradual is squeezed to 60 s (its natural length, 19 stages of 5-10 s, is about 140 s;
+  stage lengths shrink in proportion, rates and shape do not change) and burst by the same factor, so
+  that the two still have equal volumes (burst then lasts about 60 s too); a constant profile
   lasts 30 s; steps and unthrottled keep their own length. Unthrottled without `--records` pushes about
   10 s of input at the app's reference rate.
 - `--records`: as many as the profile sends (its volume); a smaller number ends the run early.
@@ -121,7 +122,9 @@ def plan(args) -> dict:
         profile = parse_profile(text, max_rate=reference, seed=seed, duration=None)
         kind = profile.kind
         if duration is None and kind in ("burst", "gradual"):
-            duration = SHAPED_SECONDS
+            # Burst is squeezed by gradual's factor, not to 60 s of its own, so the two keep equal volumes.
+            gradual = parse_profile("gradual", max_rate=reference, seed=seed)
+            duration = profile.duration * SHAPED_SECONDS / gradual.duration
         elif duration is None and kind == "constant" and records is None:
             duration = CONSTANT_SECONDS
         if duration is not None:

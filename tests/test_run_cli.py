@@ -107,3 +107,43 @@ def test_ctrl_c_stops_the_cluster_and_prints_the_partial_summary(tmp_path):
     assert "interrupted" in stdout
     s = json.loads(out.read_text())["summary"]
     assert s["interrupted"] is True and s["correct"] is None and 0 < s["sent"] < 30_000
+
+
+def _plan(*argv):
+    from clasp.run_cli import plan
+
+    return plan(cli.build_parser().parse_args(["run", *argv]))
+
+
+def test_defaults_squeeze_gradual_to_a_minute_at_what_the_workers_sustain():
+    from clasp.run_cli import REFERENCE_RATE, REFERENCE_SHARE, capacity_factor
+
+    cfg = _plan("wc", "--workers", "2")
+    p = cfg["profile"]
+    assert p.kind == "gradual" and p.duration == pytest.approx(60.0)
+    assert cfg["max_rate"] == pytest.approx(REFERENCE_SHARE * REFERENCE_RATE["wc"] * capacity_factor(2))
+    assert max(r for r, _ in p.stages) == pytest.approx(cfg["max_rate"])
+    assert cfg["records"] == p.volume
+    # Same seed, same run; burst has gradual's volume.
+    assert _plan("wc", "--workers", "2")["profile"] == p
+    assert _plan("wc", "--workers", "2", "--profile", "burst")["records"] == pytest.approx(p.volume, abs=1)
+    peak = _plan("wc", "--max-rate", "1000", "--duration", "20")["profile"].stages[9]
+    assert peak[0] == pytest.approx(1000)
+
+
+def test_defaults_for_constant_steps_and_unthrottled():
+    c = _plan("sd", "--profile", "constant:100")
+    assert c["records"] == 3000 and c["profile"].duration == 30.0 and c["max_rate"] is None
+    assert _plan("sd", "--profile", "constant:100", "--records", "50")["records"] == 50
+    assert _plan("sd", "--profile", "steps:10@1,20@2")["records"] == 50
+    u = _plan("syn", "--profile", "unthrottled", "--records", "7")
+    assert u["records"] == 7 and u["profile"].unthrottled
+
+
+def test_capacity_factor_is_linear_up_to_one_worker_per_two_cores_then_falls():
+    from clasp.run_cli import capacity_factor
+
+    assert [capacity_factor(w, cpus=8) for w in (1, 2, 4)] == [1.0, 2.0, 4.0]
+    assert capacity_factor(8, cpus=8) < 4.0
+    two = [capacity_factor(w, cpus=2) for w in (1, 2, 4, 10)]
+    assert two[0] == 1.0 and two == sorted(two, reverse=True)
