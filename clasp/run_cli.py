@@ -343,8 +343,9 @@ def _report(args, cfg, summary: dict, driver, title: str, console) -> None:
     Console().print(summary_table(summary, title))
     rows = driver.series.rows if driver is not None else []
     if args.json:
-        doc = {"app": cfg["app"].NAME, "profile": cfg["profile_text"], "workers": cfg["workers"],
-               "seed": cfg["seed"], "max_rate": cfg["max_rate"],
+        doc = {"app": cfg["app"].NAME, "profile": cfg["profile_text"],
+               "workers": None if args.planner else cfg["workers"],
+               "planner": args.planner, "seed": cfg["seed"], "max_rate": cfg["max_rate"],
                "stages": [[r, d if math.isfinite(d) else None] for r, d in cfg["profile"].stages],
                "summary": summary, "series": rows}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
