@@ -195,6 +195,7 @@ def plot(path: str, rows: list[dict], title: str) -> None:
         raise UsageError(NO_MATPLOTLIB) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     t = [r["t"] for r in rows]
     fig, (ax1, ax2, ax3) = plt.subplots(3, 1, sharex=True, figsize=(9, 7.5))
@@ -206,7 +207,8 @@ def plot(path: str, rows: list[dict], title: str) -> None:
     ax1.legend(loc="upper right")
     ax1.set_title(title)
     ax2.step(t, [r["workers"] for r in rows], where="pre", color="C2")
-    ax2.set_ylabel("workers")
+    ax2.set_ylabel("workers in use")
+    ax2.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax2.set_ylim(bottom=0, top=max([r["workers"] for r in rows] + [1]) + 1)
     for k, c in (("p50_ms", "C0"), ("p95_ms", "C1"), ("p99_ms", "C3")):
         ax3.plot(t, [r[k] if r[k] is not None else float("nan") for r in rows], color=c, label=k[:3])
