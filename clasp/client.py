@@ -108,6 +108,13 @@ class Client:
         self.last_job = Job(self, result["job"], dag.name, result)
         return self.last_job
 
+    def job(self, job_id: int) -> Job:
+        """A handle on a job submitted by any client (e.g. to scale it while another client pushes)."""
+        for j in self.jobs():
+            if j["job"] == job_id:
+                return Job(self, job_id, j["name"], j)
+        raise ClaspError(f"no job {job_id}")
+
     def scale(self, workers: int, job: Job | None = None) -> dict:
         """Place the running job (default: the last submitted) onto exactly `workers` workers and migrate;
         returns when the migration is done. A call while one runs waits its turn."""

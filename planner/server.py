@@ -25,8 +25,8 @@ from clasp import protocol
 from clasp.control import ControlConfig, Controller, observation, pool_order, to_runtime_placement
 from clasp.dag import DagError, DagSpec
 from clasp.migration import PLANNER, plan_migration
-from clasp.policy import POLICIES
 from clasp.net import advertised, bind, start_metrics_server
+from clasp.policy import POLICIES
 from clasp.protocol import ROOT_WEIGHT, ProtocolError
 from clasp.routing import (
     NUM_KEY_GROUPS,
@@ -97,6 +97,7 @@ class PlannerJob:
     estimate: dict = field(default_factory=dict)
     lost_workers: set = field(default_factory=set)
     sweep: tuple | None = None  # (completed, idle ticks) while looking for records lost with a worker
+    settled: Placement | None = None  # the placement of the last migration every worker completed
 
     @property
     def inflight(self) -> int:
@@ -206,6 +207,13 @@ class Planner:
                     asyncio.create_task(self._finish(ident, body, result))
             except (RequestError, DagError, PlacementError, KeyError, TypeError, ValueError) as e:
                 self._reply_error(ident, body, e)
+
+    def _background(self, coro, what: str) -> None:
+        """Run a coroutine on its own; a failure is logged, never lost silently."""
+        def done(task: asyncio.Task) -> None:
+            if not task.cancelled() and task.exception() is not None:
+                log.error("%s failed", what, exc_info=task.exception())
+        asyncio.ensure_future(coro).add_done_callback(done)
 
     async def _finish(self, ident, body, coro) -> None:
         try:
@@ -326,7 +334,7 @@ class Planner:
             placement = self.placement_fn(spec, workers, self.p_max)
         placement.check(spec)
         job_id = next(self._job_ids)
-        job = PlannerJob(job_id, spec, placement, Tracker(), workers, autoscale=autoscale)
+        job = PlannerJob(job_id, spec, placement, Tracker(), workers, autoscale=autoscale, settled=placement)
         edges = spec.edges()
         job.controller = Controller([o.name for o in spec.operators], edges, POLICIES[policy](), self.p_max,
                                     len(workers), self.control)
@@ -498,6 +506,8 @@ class Planner:
                   "rows": sum(r["rows"] for r in ok), "key_groups_moved": plan.moved_groups(),
                   "dead": dead, "failed": failed}
         job.migrations.append(record)
+        if not failed:
+            job.settled = new
         self.rescales += 1
         self.migration_hist["planner"].add(duration)
         for r in ok:
@@ -515,8 +525,9 @@ class Planner:
         """A worker of the job died: re-place its share on the workers that remain (its state is lost)."""
         async with job.lock:
             old = job.placement
-            if wid not in old.active_workers():
+            if wid not in job.workers:
                 return
+            # Even when it held nothing any more, a plan naming it dead releases peers waiting for it.
             alive = [w for w in job.workers if self.workers[w].alive]
             if not alive:
                 log.error("job %d lost its last worker %s", job.id, wid)
@@ -532,8 +543,9 @@ class Planner:
                 kg = key_groups_for_shares(shares, NUM_KEY_GROUPS, p.key_groups) if o.stateful else None
                 ops[o.name] = OperatorPlacement(shares, {w: p.instances.get(w, 1) for w in shares}, kg)
             job.lost_workers.add(wid)
+            settled = job.settled or old
             lost_groups = sum(1 for o in job.spec.operators if o.stateful
-                              for g in old.operators[o.name].key_groups if g == wid)
+                              for g in settled.operators[o.name].key_groups if g == wid)
             reason = f"worker {wid} died: its {lost_groups} key groups restart empty (their state is lost)"
             job.decisions.append({"t": round(time.time() - job.created, 3), "trigger": f"worker {wid} died",
                                   "reason": reason, "change": True})
@@ -581,7 +593,8 @@ class Planner:
         job.decisions.append(entry)
         log.info("job %d: %s -> %s", job.id, step.trigger, d.reason if d.change else f"no change: {d.reason}")
         if d.change:
-            asyncio.ensure_future(self._apply_decision(job, d.placement, f"{step.trigger}: {d.reason}"))
+            self._background(self._apply_decision(job, d.placement, f"{step.trigger}: {d.reason}"),
+                             f"re-placement of job {job.id}")
 
     # ----------------------------------------------------------------- the scheduling engine
     async def _dispatch_loop(self) -> None:
@@ -664,8 +677,8 @@ class Planner:
                     w.alive = False
                     log.warning("worker %s missed heartbeats for %.1f s: marked dead", w.id, now - w.last_seen)
                     for job in list(self.jobs.values()):
-                        if w.id in job.placement.active_workers():
-                            asyncio.ensure_future(self._recover(job, w.id))
+                        if w.id in job.workers:
+                            self._background(self._recover(job, w.id), f"recovery of job {job.id}")
             total_in = total_out = 0.0
             for job in list(self.jobs.values()):
                 p_in, p_out = prev.get(job.id, (0, 0))
@@ -681,7 +694,7 @@ class Planner:
                 job.series.append(job.last)
                 self._control(job, rate_in, rate_out)
                 if job.lost_workers and job.tracker.outstanding and not job.migrating:
-                    asyncio.ensure_future(self._check_idle(job))
+                    self._background(self._check_idle(job), f"idle check of job {job.id}")
                 total_in += rate_in
                 total_out += rate_out
                 for waiter in [x for x in job.waiters if x[2] <= now]:

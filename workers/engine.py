@@ -115,6 +115,7 @@ class JobEngine:
         self.migration_stats: dict = {}
         self.migration_inbox: list = []
         self.early: list = []  # markers and migrate messages that overtook their plan
+        self.queued_plans: list = []  # plans that arrived while one was still running
         self.placement = placement
         self.epoch = placement.epoch
         self.apply_placement(placement)

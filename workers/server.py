@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from clasp import protocol
 from clasp.dag import DagError, DagSpec
-from clasp.migration import PLANNER, MigrationPlan, WorkerMigration
+from clasp.migration import MigrationPlan, WorkerMigration
 from clasp.net import advertised, bind, start_metrics_server
 from clasp.protocol import ProtocolError
 from clasp.routing import Placement, PlacementError
@@ -201,8 +201,12 @@ class Worker:
         if placement.epoch <= eng.epoch:
             raise ValueError(f"plan for epoch {placement.epoch}, job {eng.job} is at {eng.epoch}")
         if eng.migration is not None:
-            # A newer plan overrides one still waiting (a peer died): finish the old one with what came.
-            self._finish_migration(eng, aborted=True)
+            # The planner sends a newer plan while this one waits when a peer died: stop waiting for the
+            # dead, finish this one, then run the next.
+            eng.migration.forget(plan.dead)
+            eng.queued_plans.append(body)
+            asyncio.ensure_future(self._progress(eng))
+            return
         for wid in plan.participants:
             if wid in body.get("peers", {}):
                 self.peer_addrs[wid] = body["peers"][wid]
@@ -229,9 +233,7 @@ class Worker:
             eng.early.append((mtype, body))  # it overtook our plan
             return
         if mig is None or epoch < mig.plan.epoch:
-            if mtype == "migrate":  # from an aborted plan: its state and requests are still ours to run
-                eng.install(body[3], body[4])
-                self.wake.set()
+            self._bad(ProtocolError("stale_migration", f"{mtype} for epoch {epoch} at epoch {eng.epoch}"), "data")
             return
         if mtype == "marker":
             mig.marker(sender)
@@ -265,17 +267,19 @@ class Worker:
         if mig.done and eng.migration is mig:
             self._finish_migration(eng)
 
-    def _finish_migration(self, eng: JobEngine, aborted: bool = False) -> None:
+    def _finish_migration(self, eng: JobEngine) -> None:
         for body in eng.migration_inbox:
             eng.migration_stats["received_objects"] += eng.install(body[3], body[4])
         eng.migration_inbox = []
         eng.resume()
         pause = perf_counter() - eng.migration_t0
         self.monitor.pauses.append(pause)
-        reply = {"worker": self.id, "epoch": eng.epoch, "pause": pause, "aborted": aborted, **eng.migration_stats}
+        reply = {"worker": self.id, "epoch": eng.epoch, "pause": pause, **eng.migration_stats}
         self.dealer.send(protocol.reply(eng.migration_req, reply))
         eng.migration = None
         self.wake.set()
+        if eng.queued_plans:
+            self._on_migrate_plan(eng.queued_plans.pop(0))
 
     def _on_stop_job(self, body) -> bytes:
         self.jobs.pop(body["job"], None)

@@ -1,0 +1,89 @@
+"""Migration durations, the paper's Fig. 8 on this machine: planner duration and max worker pause per
+transition after filling Word Count state, and how they grow with state size.
+
+`python -m bench.migration [--keys 40000] [--sizes 4000,40000,400000] [--json FILE]` prints JSON.
+Workers share the 2 cores here, so 10 workers are 10 processes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+
+import clasp
+from clasp.cluster import LocalCluster
+
+TRANSITIONS = [(1, 5), (5, 1), (5, 10), (10, 5), (1, 10), (10, 1)]
+
+
+def count(state, word):
+    return (state or 0) + 1, None
+
+
+def dag() -> clasp.Dag:
+    d = clasp.Dag("wc-state")
+    s = d.operator("split", str.split)
+    c = d.operator("count", count, stateful=True, key=lambda w: w)
+    s >> c
+    return d
+
+
+def fill(job, keys: int) -> None:
+    words = [f"key{i:07d}" for i in range(keys)]
+    lines = [" ".join(words[i:i + 20]) for i in range(0, keys, 20)]
+    job.push(lines)
+    job.wait_idle(300)
+
+
+def transitions(keys: int, workers: int = 10) -> list[dict]:
+    out = []
+    logs = tempfile.mkdtemp(prefix="clasp-bench-mig-")
+    with LocalCluster(workers=workers, planner_args=["--no-autoscale", "--migration-timeout", "60"],
+                      log_dir=logs) as cl, clasp.connect(cl.planner) as c:
+        job = c.submit(dag(), autoscale=False)
+        for a, b in TRANSITIONS:
+            job.scale(a)
+            fill(job, keys)  # state of `keys` words on the `a` workers; the same keys each round
+            time.sleep(0.2)
+            r = job.scale(b)
+            out.append({"from": a, "to": b, "keys": keys, "planner_ms": r["duration_s"] * 1e3,
+                        "max_worker_pause_ms": r["max_pause_s"] * 1e3, "state_bytes": r["bytes"],
+                        "objects": r["objects"], "requests_moved": r["rows"], "key_groups": r["key_groups_moved"],
+                        "failed": r["failed"]})
+            print(json.dumps(out[-1]), file=sys.stderr, flush=True)
+        assert len(job.state("count")) == keys
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--keys", type=int, default=40_000)
+    ap.add_argument("--sizes", default="4000,40000,400000", help="state sizes for the growth curve (1→5)")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    result = {"fig8": transitions(args.keys), "growth": []}
+    for n in [int(x) for x in args.sizes.split(",") if x]:
+        logs = tempfile.mkdtemp(prefix="clasp-bench-mig-")
+        with LocalCluster(workers=5, planner_args=["--no-autoscale", "--migration-timeout", "120"],
+                          log_dir=logs) as cl, clasp.connect(cl.planner) as c:
+            job = c.submit(dag(), autoscale=False)
+            job.scale(1)
+            fill(job, n)
+            r = job.scale(5)
+            result["growth"].append({"keys": n, "transition": "1->5", "planner_ms": r["duration_s"] * 1e3,
+                                     "max_worker_pause_ms": r["max_pause_s"] * 1e3, "state_bytes": r["bytes"]})
+            print(json.dumps(result["growth"][-1]), file=sys.stderr, flush=True)
+    result["targets"] = {"planner_ms": 20, "max_worker_pause_ms": 10, "at_keys": 40_000}
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
