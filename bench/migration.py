@@ -19,6 +19,11 @@ from clasp.cluster import LocalCluster
 TRANSITIONS = [(1, 5), (5, 1), (5, 10), (10, 5), (1, 10), (10, 1)]
 
 
+def spread(job, n: int) -> dict:
+    """Both operators and all key groups evenly over n workers, as in the paper's Fig. 8 runs."""
+    return job.place({op: {i: 1.0 for i in range(n)} for op in ("split", "count")})
+
+
 def count(state, word):
     return (state or 0) + 1, None
 
@@ -45,10 +50,10 @@ def transitions(keys: int, workers: int = 10) -> list[dict]:
                       log_dir=logs) as cl, clasp.connect(cl.planner) as c:
         job = c.submit(dag(), autoscale=False)
         for a, b in TRANSITIONS:
-            job.scale(a)
+            spread(job, a)
             fill(job, keys)  # state of `keys` words on the `a` workers; the same keys each round
             time.sleep(0.2)
-            r = job.scale(b)
+            r = spread(job, b)
             out.append({"from": a, "to": b, "keys": keys, "planner_ms": r["duration_s"] * 1e3,
                         "max_worker_pause_ms": r["max_pause_s"] * 1e3, "state_bytes": r["bytes"],
                         "objects": r["objects"], "requests_moved": r["rows"], "key_groups": r["key_groups_moved"],
@@ -70,9 +75,9 @@ def main(argv=None) -> int:
         with LocalCluster(workers=5, planner_args=["--no-autoscale", "--migration-timeout", "120"],
                           log_dir=logs) as cl, clasp.connect(cl.planner) as c:
             job = c.submit(dag(), autoscale=False)
-            job.scale(1)
+            spread(job, 1)
             fill(job, n)
-            r = job.scale(5)
+            r = spread(job, 5)
             result["growth"].append({"keys": n, "transition": "1->5", "planner_ms": r["duration_s"] * 1e3,
                                      "max_worker_pause_ms": r["max_pause_s"] * 1e3, "state_bytes": r["bytes"]})
             print(json.dumps(result["growth"][-1]), file=sys.stderr, flush=True)

@@ -208,6 +208,12 @@ class Job:
         """Re-place onto exactly `workers` workers and migrate; returns the migration's record."""
         return self.client._call("scale", {"job": self.id, "workers": int(workers)}, max(self.client.timeout, 120.0))
 
+    def place(self, placement: dict[str, dict[int, float]]) -> dict:
+        """Migrate to an explicit placement, operator -> {worker index -> share}; worker indices count the
+        job's live workers, those active now first. Returns the migration's record."""
+        body = {name: {int(i): float(s) for i, s in shares.items()} for name, shares in placement.items()}
+        return self.client._call("place", {"job": self.id, "placement": body}, max(self.client.timeout, 120.0))
+
     def autoscale(self, enabled: bool) -> bool:
         return self.client._call("autoscale", {"job": self.id, "enabled": bool(enabled)})
 

@@ -18,8 +18,8 @@ Message types and who sends them (C client, P planner, W worker):
 | extend_ack | P → W | [job, token] — the planner has added weight, parked children may go |
 | migrate_plan | P → W | req, job, plan (MigrationPlan.to_wire()), placement — the reply comes when the worker is done |
 | marker | P/W → W | [job, epoch, sender]: the sender's last message under the previous epoch |
-| migrate | W → W | [job, epoch, sender, {op: [[key, state], ...]}, rows] — state and requests changing owner |
-| scale, autoscale | C → P | req, job, workers / enabled |
+| migrate | W → W | [job, epoch, sender, {op: {key group: {key: state}}}, rows] — state and requests changing owner |
+| scale, place, autoscale | C → P | req, job, workers / placement {op: {worker index: share}} / enabled |
 | submit, push, wait_idle, state, collected, stats, cancel, jobs, workers | C → P | req plus the call's fields |
 | state_get, state_put, state_dump, collected_dump, counters, stop_job | P/any → W | req plus fields |
 | reply | any → requester | req, ok, result or error |
@@ -75,6 +75,7 @@ SCHEMAS: dict[str, dict[str, tuple | None]] = {
     "counters": {"req": _INT, "job": _INT},
     "migrate_plan": {"req": _INT, "job": _INT, "plan": _DICT, "placement": _DICT},
     "scale": {"req": _INT, "job": _INT, "workers": _INT},
+    "place": {"req": _INT, "job": _INT, "placement": _DICT},
     "autoscale": {"req": _INT, "job": _INT, "enabled": _BOOL},
     "reply": {"req": _INT, "ok": _BOOL},
     "error": {"reason": _STR, "detail": _STR},
@@ -148,17 +149,18 @@ def check_rows(rows: Any, n_ops: int) -> None:
 _first, _rid, _weight = itemgetter(0), itemgetter(3), itemgetter(4)
 
 
-def check_migrate(body: list, n_ops: int) -> None:
-    """Validate [job, epoch, sender, {op: [[key, state], ...]}, rows] (or a marker's first three)."""
+def check_migrate(body: list, n_ops: int, n_groups: int = 128) -> None:
+    """Validate [job, epoch, sender, {op: {group: {key: state}}}, rows] (or a marker's first three)."""
     if type(body[1]) is not int or type(body[2]) is not str:
         raise ProtocolError("bad_body", "expected [job, epoch, sender, ...]")
     if len(body) == 5:
         states = body[3]
         if not isinstance(states, dict) or not all(type(o) is int and 0 <= o < n_ops for o in states):
-            raise ProtocolError("bad_body", "migrate: states must map operator indices to items")
-        for items in states.values():
-            if type(items) is not list or not all(type(i) is list and len(i) == 2 for i in items):
-                raise ProtocolError("bad_body", "migrate: state items must be [key, state]")
+            raise ProtocolError("bad_body", "migrate: states must map operator indices to key groups")
+        for groups in states.values():
+            if type(groups) is not dict or not all(type(g) is int and 0 <= g < n_groups and type(items) is dict
+                                                   for g, items in groups.items()):
+                raise ProtocolError("bad_body", "migrate: states must be {op: {key group: {key: state}}}")
         check_rows(body[4], n_ops)
 
 

@@ -148,8 +148,9 @@ def _instances(spec: DagSpec, on: dict[str, list[str]], p_max: int) -> dict[str,
 
 
 def build_placement(spec: DagSpec, workers: Sequence[str], shares_by_index: Mapping[str, Mapping[int, float]],
-                    p_max: int, epoch: int = 0) -> Placement:
-    """A placement from operator -> {worker index -> share} (the policies' and `submit(placement=)` form)."""
+                    p_max: int, epoch: int = 0, previous: Placement | None = None) -> Placement:
+    """A placement from operator -> {worker index -> share} (the policies' and `submit(placement=)` form);
+    key groups move as little as possible from `previous`."""
     names = {o.name for o in spec.operators}
     unknown = set(shares_by_index) - names
     if unknown:
@@ -175,7 +176,9 @@ def build_placement(spec: DagSpec, workers: Sequence[str], shares_by_index: Mapp
             raise PlacementError(f"operator {o.name!r} is placed on no worker")
         shares = {w: s / total for w, s in shares.items()}
         on[o.name] = sorted(shares)
-        ops[o.name] = OperatorPlacement(shares, {}, key_groups_for_shares(shares) if o.stateful else None)
+        prev = previous.operators[o.name].key_groups if previous is not None else None
+        ops[o.name] = OperatorPlacement(shares, {}, key_groups_for_shares(shares, NUM_KEY_GROUPS, prev)
+                                        if o.stateful else None)
     for name, inst in _instances(spec, on, p_max).items():
         ops[name].instances = inst
     return Placement(ops, epoch, list(workers))

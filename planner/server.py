@@ -183,7 +183,7 @@ class Planner:
             "reply": self._on_reply, "error": self._on_error_msg, "submit": self._on_submit, "push": self._on_push,
             "wait_idle": self._on_wait_idle, "state": self._on_state, "collected": self._on_collected,
             "stats": self._on_stats, "cancel": self._on_cancel, "jobs": self._on_jobs, "workers": self._on_workers,
-            "scale": self._on_scale, "autoscale": self._on_autoscale,
+            "scale": self._on_scale, "place": self._on_place, "autoscale": self._on_autoscale,
         }
         while True:
             frames = await self.router.recv_multipart()
@@ -458,6 +458,16 @@ class Planner:
             record = await self._migrate(job, result, f"manual scale to {n} workers")
         self._reply(ident, body["req"], record)
 
+    async def _on_place(self, ident: bytes, body: dict) -> None:
+        """Migrate to an explicit placement, operator -> {pool index -> share} (pool: active workers first)."""
+        job = self._job(body)
+        async with job.lock:
+            pool = pool_order(job.placement, [w for w in job.workers if self.workers[w].alive])
+            new = build_placement(job.spec, pool, body["placement"], self.p_max, job.placement.epoch + 1,
+                                  previous=job.placement)
+            record = await self.migrate(job, new, "manual placement")
+        self._reply(ident, body["req"], record)
+
     def _on_autoscale(self, ident: bytes, body: dict) -> None:
         job = self._job(body)
         job.autoscale = body["enabled"]
@@ -502,6 +512,7 @@ class Planner:
                   "active": new.active_workers(), "duration_s": duration,
                   "max_pause_s": max((r["pause"] for r in ok), default=0.0),
                   "pauses": {r["worker"]: r["pause"] for r in ok},
+                  "phases_ms": {r["worker"]: {k: round(v, 2) for k, v in r.items() if k.endswith("_ms")} for r in ok},
                   "bytes": sum(r["bytes"] for r in ok), "objects": sum(r["objects"] for r in ok),
                   "rows": sum(r["rows"] for r in ok), "key_groups_moved": plan.moved_groups(),
                   "dead": dead, "failed": failed}

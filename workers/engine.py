@@ -55,7 +55,7 @@ class OpRuntime:
 
     __slots__ = ("index", "name", "fn", "key_fn", "stateful", "is_async", "collect", "queue", "state",
                  "instances", "routes", "successors", "processed", "exec_time", "errors", "edge_counts",
-                 "dts", "hist", "collected", "key_cache", "busy", "exec_total")
+                 "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_keys")
 
     def __init__(self, spec_op):
         self.index = spec_op.index
@@ -79,7 +79,29 @@ class OpRuntime:
         self.hist = [0] * (len(EXEC_BUCKETS) + 1)
         self.collected: list = []
         self.key_cache: dict = {}
+        # The keys of `state` by key group, kept as keys appear and vanish (once per key, not per
+        # request), so a migration moves whole groups without hashing every key.
+        self.group_keys: list[set] = [set() for _ in range(NUM_KEY_GROUPS)] if spec_op.stateful else []
         self.busy = False
+
+    def group_of(self, key) -> int:
+        g = self.key_cache.get(key)
+        if g is None:
+            g = key_group(key, NUM_KEY_GROUPS)
+            if len(self.key_cache) < KEY_CACHE_MAX:
+                self.key_cache[key] = g
+        return g
+
+    def set_state(self, key, new, old) -> None:
+        """Store `new` for `key` (None deletes), keeping the group index; `old` is the previous state."""
+        if new is None:
+            if old is not None:
+                del self.state[key]
+                self.group_keys[self.group_of(key)].discard(key)
+        else:
+            self.state[key] = new
+            if old is None:
+                self.group_keys[self.group_of(key)].add(key)
 
 
 class JobEngine:
@@ -168,20 +190,12 @@ class JobEngine:
         """The worker that should run `row` under `placement`; None when it is this one."""
         p = placement.operators[op.name]
         if op.stateful:
-            w = p.key_groups[self._group(op, row[2])]
+            w = p.key_groups[op.group_of(row[2])]
         elif p.shares.get(self.me, 0.0) > 0:
             return None
         else:
             w = min(p.workers(), key=lambda x: (-p.shares[x], x))
         return None if w == self.me else w
-
-    def _group(self, op: OpRuntime, key) -> int:
-        g = op.key_cache.get(key)
-        if g is None:
-            g = key_group(key, NUM_KEY_GROUPS)
-            if len(op.key_cache) < KEY_CACHE_MAX:
-                op.key_cache[key] = g
-        return g
 
     def _reroute(self, rows: list) -> None:
         """Old-epoch rows at a worker that has moved on: keep what it still owns, forward the rest."""
@@ -209,18 +223,18 @@ class JobEngine:
     def extract(self) -> dict[str, tuple[dict[int, list], list]]:
         """Take out every state object and queued or held request this worker no longer owns.
 
-        Returns destination -> ({op index: [[key, state], ...]}, rows), rows in arrival order."""
-        out: dict[str, tuple[dict[int, list], list]] = {}
+        Returns destination -> ({op index: {key group: {key: state}}}, rows), rows in arrival order."""
+        out: dict[str, tuple[dict[int, dict], list]] = {}
         placement = self.placement
         for op in self.ops:
             p = placement.operators[op.name]
             if op.stateful:
-                owners = p.key_groups
-                me = self.me
-                moving = [k for k in op.state if owners[self._group(op, k)] != me]
-                for k in moving:
-                    d = owners[self._group(op, k)]
-                    out.setdefault(d, ({}, []))[0].setdefault(op.index, []).append([k, op.state.pop(k)])
+                state, me = op.state, self.me
+                for g, d in enumerate(p.key_groups):
+                    keys = op.group_keys[g]
+                    if d != me and keys:
+                        op.group_keys[g] = set()
+                        out.setdefault(d, ({}, []))[0].setdefault(op.index, {})[g] = {k: state.pop(k) for k in keys}
             if op.queue:
                 keep = deque()
                 for r in op.queue:
@@ -241,14 +255,15 @@ class JobEngine:
         self.hold = kept
         return out
 
-    def install(self, states: dict[int, list], rows: list) -> int:
+    def install(self, states: dict[int, dict], rows: list) -> int:
         """Take over state objects and queued requests from a peer; they go ahead of anything held."""
         n = 0
-        for op_index, items in states.items():
-            state = self.ops[op_index].state
-            for k, v in items:
-                state[k] = v
-            n += len(items)
+        for op_index, groups in states.items():
+            op = self.ops[op_index]
+            for g, items in groups.items():
+                op.state.update(items)
+                op.group_keys[g].update(items)
+                n += len(items)
         self.enqueue_rows(rows)
         return n
 
@@ -367,14 +382,17 @@ class JobEngine:
         returns = self.returns
         state = op.state
         get = state.get
+        set_state = op.set_state
         routes = op.routes
         collect = op.collected.extend if op.collect else None
         t_exec = 0.0
+        last_rid, acc = -1, 0
         for _ in range(n):
             _, value, key, rid, w = popleft()
+            old = get(key)
             t0 = pc()
             try:
-                new, out = fn(get(key), value)
+                new, out = fn(old, value)
             except Exception as e:
                 t_exec += pc() - t0
                 self._fail(op, e, value, rid, w)
@@ -382,12 +400,17 @@ class JobEngine:
             dt = pc() - t0
             t_exec += dt
             dts_append(dt)
-            if new is None:
-                state.pop(key, None)
-            else:
+            if new is not None and old is not None:
                 state[key] = new
+            else:
+                set_state(key, new, old)
             if out is None or not routes and collect is None:
-                returns[rid] = returns.get(rid, 0) + w
+                if rid == last_rid:
+                    acc += w  # a line's words arrive together: one dict update per run, not per word
+                else:
+                    if acc:
+                        returns[last_rid] = returns.get(last_rid, 0) + acc
+                    last_rid, acc = rid, w
                 continue
             outs = as_outputs(out)
             if collect is not None:
@@ -396,6 +419,8 @@ class JobEngine:
                 returns[rid] = returns.get(rid, 0) + w
                 continue
             self._emit(op, outs, rid, w)
+        if acc:
+            returns[last_rid] = returns.get(last_rid, 0) + acc
         op.processed += n
         op.exec_time += t_exec
         if len(op.dts) > 100_000:
@@ -514,10 +539,7 @@ class JobEngine:
             try:
                 if op.stateful:
                     new, out = await op.fn(op.state.get(key), value)
-                    if new is None:
-                        op.state.pop(key, None)
-                    else:
-                        op.state[key] = new
+                    op.set_state(key, new, op.state.get(key))
                 else:
                     out = await op.fn(value)
                 outs = as_outputs(out)

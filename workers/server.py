@@ -186,10 +186,7 @@ class Worker:
 
     def _on_state_put(self, body) -> bytes:
         op = self._engine(body).op(body["op"])
-        if body["value"] is None:
-            op.state.pop(body["key"], None)
-        else:
-            op.state[body["key"]] = body["value"]
+        op.set_state(body["key"], body["value"], op.state.get(body["key"]))
         return protocol.reply(body["req"], True)
 
     # ----------------------------------------------------------------- migration (paper §4.4)
@@ -248,26 +245,31 @@ class Worker:
             return
         if mig.ready_to_send:
             mig.sent = True
+            stats = eng.migration_stats
+            stats["markers_ms"] = (perf_counter() - eng.migration_t0) * 1e3
             if eng.async_tasks:  # drain: let running executions finish before their state moves
                 await asyncio.gather(*list(eng.async_tasks), return_exceptions=True)
             outgoing = eng.extract()
+            stats["extract_ms"] = (perf_counter() - eng.migration_t0) * 1e3
             for wid, (states, rows) in outgoing.items():
                 if wid in mig.plan.dead:
                     continue
                 frame = protocol.encode("migrate", [eng.job, mig.plan.epoch, self.id, states, rows])
                 self._peer(wid).send(frame, copy=False)
                 eng.migration_stats["bytes"] += len(frame)
-                eng.migration_stats["objects"] += sum(len(v) for v in states.values())
+                eng.migration_stats["objects"] += sum(len(i) for gs in states.values() for i in gs.values())
                 eng.migration_stats["rows"] += len(rows)
             # Every named receiver waits for a message from us, even when nothing of it moved here.
             empty = protocol.encode("migrate", [eng.job, mig.plan.epoch, self.id, {}, []])
             for wid in mig.plan.sends_to.get(self.id, []):
                 if wid not in outgoing:
                     self._peer(wid).send(empty)
+            stats["sent_ms"] = (perf_counter() - eng.migration_t0) * 1e3
         if mig.done and eng.migration is mig:
             self._finish_migration(eng)
 
     def _finish_migration(self, eng: JobEngine) -> None:
+        eng.migration_stats["received_ms"] = (perf_counter() - eng.migration_t0) * 1e3
         for body in eng.migration_inbox:
             eng.migration_stats["received_objects"] += eng.install(body[3], body[4])
         eng.migration_inbox = []
