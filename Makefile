@@ -3,6 +3,8 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 WORKERS ?= 4
+# The gradual profile peaks here (lines/s): above what one worker sustains, so the control loop scales out.
+RUN_MAX_RATE ?= 24000
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
@@ -29,7 +31,7 @@ cluster: $(BIN)/clasp ## start a local cluster in the foreground (WORKERS=N, def
 
 run: $(BIN)/clasp ## the main job: Word Count on a local cluster under a gradual input profile
 	@mkdir -p out
-	$(BIN)/clasp run wc --workers $(WORKERS) --profile gradual --plot out/run.png --json out/run.json
+	$(BIN)/clasp run wc --workers $(WORKERS) --profile gradual --max-rate $(RUN_MAX_RATE) --plot out/run.png --json out/run.json
 
 bench: $(BIN)/clasp ## the runtime benchmarks (JSON on stdout)
 	$(BIN)/python -m bench.runtime

@@ -8,10 +8,9 @@ import time
 
 
 def _planner(args) -> int:
+    from clasp.control import ControlConfig
     from clasp.net import run, setup_logging
     from planner.server import Planner
-
-    from clasp.control import ControlConfig
 
     setup_logging("planner", args.log_level)
     p = Planner(host=args.host, port=args.port, metrics_port=args.metrics_port, advertise=args.advertise,
@@ -35,11 +34,14 @@ def _worker(args) -> int:
 def _cluster(args) -> int:
     from clasp.cluster import ClusterError, LocalCluster
 
+    from clasp.cpulimit import CpuLimitError
+
     cluster = LocalCluster(workers=args.workers, host=args.host, port=args.port, p_max=args.p_max,
-                           log_dir=args.log_dir, planner_args=planner_options(args))
+                           log_dir=args.log_dir, planner_args=planner_options(args),
+                           cpu_per_worker=args.cpu_per_worker)
     try:
         cluster.start()
-    except (ClusterError, OSError) as e:
+    except (ClusterError, CpuLimitError, OSError) as e:
         print(f"clasp cluster: {e}", file=sys.stderr)
         return 1
     if args.info:
@@ -104,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat", type=_positive(float), default=1.0, help="metrics interval, seconds")
     p.add_argument("--dead-after", type=_positive(float), default=5.0,
                    help="heartbeat silence that marks a worker dead")
-    p.add_argument("--max-inflight", type=_positive(int), default=20000, help="records in flight per job")
+    p.add_argument("--max-inflight", type=_positive(int), default=5000, help="records in flight per job")
     p.add_argument("--p-max", type=_positive(int), default=10, help="executor slots per worker (P_max)")
     p.add_argument("--migration-timeout", type=_positive(float), default=5.0,
                    help="seconds a migration waits for its workers before it is reported failed")
@@ -133,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--p-max", type=_positive(int), default=10)
     c.add_argument("--info", help="write the cluster's endpoints as JSON to this file once it is up")
     c.add_argument("--log-dir", help="write each process's log here instead of the terminal")
+    c.add_argument("--cpu-per-worker", type=_positive(float),
+                   help="limit each worker to F CPUs with a cgroup quota, like a separate host (root)")
     add_control_options(c)
     c.set_defaults(fn=_cluster)
     add_run_parser(sub)

@@ -23,7 +23,8 @@ class LocalCluster:
 
     def __init__(self, workers: int = 4, host: str = "127.0.0.1", port: int = 0, p_max: int = 10,
                  log_dir: str | os.PathLike | None = None, planner_args: list[str] | None = None,
-                 worker_args: list[str] | None = None, start_timeout: float = 30.0):
+                 worker_args: list[str] | None = None, start_timeout: float = 30.0,
+                 cpu_per_worker: float | None = None):
         if workers < 1:
             raise ValueError(f"a cluster needs at least one worker, not {workers}")
         self.n_workers = workers
@@ -34,6 +35,8 @@ class LocalCluster:
         self.planner_args = planner_args or []
         self.worker_args = worker_args or []
         self.start_timeout = start_timeout
+        self.cpu_per_worker = cpu_per_worker
+        self.cpu_limits = None
         self.procs: list[subprocess.Popen] = []
         self.planner: str | None = None
         self.metrics: dict = {"planner": None, "workers": []}
@@ -68,11 +71,17 @@ class LocalCluster:
             self.planner = info["endpoint"]
             self.metrics["planner"] = info["metrics"]
             self.worker_ids = [f"w{i}" for i in range(self.n_workers)]
+            if self.cpu_per_worker is not None:
+                from clasp.cpulimit import CpuLimits
+
+                self.cpu_limits = CpuLimits(self.cpu_per_worker)  # refuses, rather than run unlimited
             # Workers start in parallel: each spends most of its start-up importing.
             procs = [self._spawn(f"worker-{i}", ["worker", "--planner", self.planner, "--host", self.host,
                                                  "--p-max", str(self.p_max), "--id", wid, *self.worker_args])
                      for i, wid in enumerate(self.worker_ids)]
             for i, p in enumerate(procs):
+                if self.cpu_limits is not None:
+                    self.cpu_limits.limit(p.pid, f"w{i}")
                 self.metrics["workers"].append(self._announced(f"worker-{i}", p)["metrics"])
             self._wait_registered()
         except BaseException:
@@ -118,6 +127,8 @@ class LocalCluster:
             if p.stdout:
                 p.stdout.close()
         self.procs.clear()
+        if self.cpu_limits is not None:
+            self.cpu_limits.release()
 
     def alive(self) -> bool:
         return bool(self.procs) and all(p.poll() is None for p in self.procs)

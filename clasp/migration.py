@@ -63,8 +63,8 @@ class MigrationPlan:
     @classmethod
     def from_wire(cls, d: dict) -> MigrationPlan:
         try:
-            return cls(int(d["epoch"]),
-                       {str(o): {(str(a), str(b)): [int(x) for x in g] for a, b, g in m} for o, m in d["moves"].items()},
+            moves = {str(o): {(str(a), str(b)): [int(x) for x in g] for a, b, g in m} for o, m in d["moves"].items()}
+            return cls(int(d["epoch"]), moves,
                        {str(o): {str(a): str(b) for a, b in h.items()} for o, h in d["handoffs"].items()},
                        {str(w): [str(s) for s in v] for w, v in d["markers"].items()},
                        {str(w): [str(s) for s in v] for w, v in d["sends_to"].items()},

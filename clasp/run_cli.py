@@ -74,6 +74,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--plot", help="draw input rate, throughput, workers and latency to this PNG")
     r.add_argument("--planner", help="use the cluster at tcp://HOST:PORT instead of starting one")
     r.add_argument("--log-dir", help="the local cluster's process logs (default: a temporary directory)")
+    r.add_argument("--cpu-per-worker", help="limit each worker to F CPUs with a cgroup quota, like a separate "
+                                            "host (needs root)")
     r.set_defaults(fn=main)
     return r
 
@@ -107,6 +109,13 @@ def plan(args) -> dict:
     duration = _number(args.duration, "--duration", what="a number of seconds")
     records = _number(args.records, "--records", int, 1, strict=False, what="a whole number")
     max_rate = _number(args.max_rate, "--max-rate", what="a rate in records/s")
+    cpu = _number(args.cpu_per_worker, "--cpu-per-worker", what="a number of CPUs")
+    if cpu is not None:
+        from clasp.cpulimit import available
+
+        why = available()
+        if why is not None:
+            raise UsageError(why)
     if args.planner is not None and not _ADDRESS.match(args.planner):
         raise UsageError(f"--planner must be tcp://HOST:PORT, got {args.planner!r}")
     if args.plot is not None:
@@ -142,6 +151,7 @@ def plan(args) -> dict:
         else:
             raise UsageError(f"profile {text!r} has no end: give --duration or --records")
     return {"app": app, "workers": workers, "seed": seed, "profile": profile, "profile_text": text,
+            "cpu_per_worker": cpu,
             "records": records, "max_rate": reference if kind in ("burst", "gradual") else None}
 
 
@@ -289,7 +299,8 @@ class _cluster:
         logs = self.args.log_dir or tempfile.mkdtemp(prefix="clasp-run-")
         n = self.cfg["workers"]
         self.console.print(f"starting a local cluster: 1 planner, {n} worker(s); logs in {logs}")
-        self.cl = LocalCluster(workers=self.cfg["workers"], port=0, log_dir=logs)
+        self.cl = LocalCluster(workers=self.cfg["workers"], port=0, log_dir=logs,
+                               cpu_per_worker=self.cfg["cpu_per_worker"])
         self.cl.start()
         return self.cl.planner
 

@@ -108,7 +108,7 @@ class Planner:
     """The planner. `await Planner(...).serve()` runs until cancelled."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, metrics_port: int = 0, advertise: str | None = None,
-                 heartbeat: float = 1.0, dead_after: float = 5.0, max_inflight: int = 20000,
+                 heartbeat: float = 1.0, dead_after: float = 5.0, max_inflight: int = 5000,
                  max_queue: int = 2_000_000, dispatch_batch: int = 2000, p_max: int = 10,
                  placement_fn: PlacementFn = spread_placement, rpc_timeout: float = 10.0,
                  autoscale: bool = True, policy: str = "clasp", migration_timeout: float = 5.0,
