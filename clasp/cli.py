@@ -33,7 +33,6 @@ def _worker(args) -> int:
 
 def _cluster(args) -> int:
     from clasp.cluster import ClusterError, LocalCluster
-
     from clasp.cpulimit import CpuLimitError
 
     cluster = LocalCluster(workers=args.workers, host=args.host, port=args.port, p_max=args.p_max,

@@ -24,8 +24,9 @@ def cluster4(tmp_path_factory):
     c.stop()
 
 
-def push_while_rescaling(cluster, app, records, seed: int, chunk: int = 4000) -> tuple[clasp.client.Job, list]:
-    """Push `records` from one client while another rescales the job at random moments."""
+def push_while_rescaling(cluster, app, records, seed: int, chunk: int = 4000, pause: float = 0.0):
+    """Push `records` from one client (`pause` s between chunks) while another rescales the job at random
+    moments; returns the job, the migration records, fresh stats and the app's answer."""
     rng = random.Random(seed)
     with clasp.connect(cluster.planner) as pusher, clasp.connect(cluster.planner) as scaler:
         job = pusher.submit(app.build_dag())
@@ -37,6 +38,7 @@ def push_while_rescaling(cluster, app, records, seed: int, chunk: int = 4000) ->
             try:
                 for i in range(0, len(records), chunk):
                     job.push(records[i:i + chunk])
+                    time.sleep(pause)
             except Exception as e:  # surfaced by the assertion below
                 errors.append(e)
             finally:
@@ -73,7 +75,8 @@ def test_wordcount_300k_lines_survive_ten_rescales(cluster4):
 
 def test_spike_detection_keeps_per_key_order_across_rescales(cluster4):
     readings = sd.generate(60_000, seed=4)
-    job, migrations, stats, answer = push_while_rescaling(cluster4, sd, readings, seed=2, chunk=1500)
+    # Paced so that readings keep arriving through all the rescales.
+    job, migrations, stats, answer = push_while_rescaling(cluster4, sd, readings, seed=2, chunk=1000, pause=0.05)
     assert answer == sd.expected(readings)
     assert stats["operators"]["moving_average"]["processed"] == len(readings)
     assert stats["operators"]["spike_detect"]["processed"] == len(readings)
