@@ -25,7 +25,16 @@ from clasp.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE,
 
 # Outputs that are one value even though Python could iterate them.
 _ONE = frozenset({str, bytes, bytearray, dict, int, float, bool, memoryview})
-SLOT_BATCH = 32  # requests per executor slot per round: a slot's share of one scheduling round
+# A scheduling round gives each executor slot about SLOT_TIME_US of work, sized from the operator's mean
+# execution time plus the runtime's own per-request cost: cheap operators then run long enough between
+# event-loop turns, and a round (≈ P_max × SLOT_TIME_US) stays within the 1 ms flush delay.
+SLOT_TIME_US = 100.0
+REQUEST_OVERHEAD_US = 1.5
+MIN_BATCH = 16
+# Two clock reads cost ~10% of a cheap request here, so one request in TIMING_SAMPLE (the first of each
+# micro-batch among them) is timed; τ̄ is the sample's mean and histogram counts are scaled by it.
+TIMING_SAMPLE = 8
+TIMING_MASK = TIMING_SAMPLE - 1
 KEY_CACHE_MAX = 1 << 20
 # Upper bounds (seconds) of the execution-time histogram buckets.
 EXEC_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 0.1, 1.0)
@@ -275,13 +284,14 @@ class JobEngine:
 
     # ----------------------------------------------------------------- execution
     def run_round(self) -> int:
-        """One scheduling round: each operator with work runs up to instances × SLOT_BATCH requests."""
+        """One scheduling round: each operator with work runs about instances × SLOT_TIME_US of requests."""
         if self.paused:
             return 0
         done = 0
         for op in self.order:
             if op.queue and not op.busy:
-                budget = max(1, op.instances) * SLOT_BATCH
+                cost = (op.exec_time / op.processed * 1e6 if op.processed else 10.0) + REQUEST_OVERHEAD_US
+                budget = max(MIN_BATCH, int(max(1, op.instances) * SLOT_TIME_US / cost))
                 if op.is_async:
                     done += self._start_async(op, budget)
                 elif op.stateful:
@@ -317,18 +327,24 @@ class JobEngine:
         collect = op.collected.extend if op.collect else None
         t_exec = 0.0
         emitted = 0  # children handed over by the fast path; the general path counts in _send
-        for _ in range(n):
+        for i in range(n):
             _, value, _k, rid, w = popleft()
-            t0 = pc()
-            try:
-                out = fn(value)
-            except Exception as e:
-                t_exec += pc() - t0
-                self._fail(op, e, value, rid, w)
-                continue
-            dt = pc() - t0
-            t_exec += dt
-            dts_append(dt)
+            if i & TIMING_MASK:
+                try:
+                    out = fn(value)
+                except Exception as e:
+                    self._fail(op, e, value, rid, w)
+                    continue
+            else:  # one request in TIMING_SAMPLE is timed: τ̄ and the histogram come from the sample
+                t0 = pc()
+                try:
+                    out = fn(value)
+                except Exception as e:
+                    self._fail(op, e, value, rid, w)
+                    continue
+                dt = pc() - t0
+                t_exec += dt
+                dts_append(dt)
             if out is None:
                 returns[rid] = returns.get(rid, 0) + w
                 continue
@@ -364,11 +380,11 @@ class JobEngine:
                     continue
             self._emit(op, outs, rid, w)
         op.processed += n
-        op.exec_time += t_exec
+        op.exec_time += t_exec * (n / ((n + TIMING_MASK) // TIMING_SAMPLE)) if n else 0.0
         if emitted:
             self.local_requests += emitted
             op.edge_counts[0] += emitted
-        if len(dts) > 100_000:
+        if len(dts) > 20_000:
             self._fold_histogram(op)
         return n
 
@@ -387,19 +403,25 @@ class JobEngine:
         collect = op.collected.extend if op.collect else None
         t_exec = 0.0
         last_rid, acc = -1, 0
-        for _ in range(n):
+        for i in range(n):
             _, value, key, rid, w = popleft()
             old = get(key)
-            t0 = pc()
-            try:
-                new, out = fn(old, value)
-            except Exception as e:
-                t_exec += pc() - t0
-                self._fail(op, e, value, rid, w)
-                continue
-            dt = pc() - t0
-            t_exec += dt
-            dts_append(dt)
+            if i & TIMING_MASK:
+                try:
+                    new, out = fn(old, value)
+                except Exception as e:
+                    self._fail(op, e, value, rid, w)
+                    continue
+            else:
+                t0 = pc()
+                try:
+                    new, out = fn(old, value)
+                except Exception as e:
+                    self._fail(op, e, value, rid, w)
+                    continue
+                dt = pc() - t0
+                t_exec += dt
+                dts_append(dt)
             if new is not None and old is not None:
                 state[key] = new
             else:
@@ -422,8 +444,8 @@ class JobEngine:
         if acc:
             returns[last_rid] = returns.get(last_rid, 0) + acc
         op.processed += n
-        op.exec_time += t_exec
-        if len(op.dts) > 100_000:
+        op.exec_time += t_exec * (n / ((n + TIMING_MASK) // TIMING_SAMPLE)) if n else 0.0
+        if len(op.dts) > 20_000:
             self._fold_histogram(op)
         return n
 
@@ -579,10 +601,10 @@ class JobEngine:
 
         if op.dts:
             idx = np.searchsorted(np.asarray(EXEC_BUCKETS), np.asarray(op.dts), side="left")
-            counts = np.bincount(idx, minlength=len(EXEC_BUCKETS) + 1)
+            counts = np.bincount(idx, minlength=len(EXEC_BUCKETS) + 1) * TIMING_SAMPLE
             for i, c in enumerate(counts.tolist()):
                 op.hist[i] += c
-            op.exec_total += float(np.sum(op.dts))
+            op.exec_total += float(np.sum(op.dts)) * TIMING_SAMPLE
             op.dts.clear()
 
     def fold_histograms(self) -> None:
