@@ -147,6 +147,9 @@ class JobEngine:
         self.migration_inbox: list = []
         self.early: list = []  # markers and migrate messages that overtook their plan
         self.queued_plans: list = []  # plans that arrived while one was still running
+        # The remote-state baseline (paper Fig. 4): an object with `async get_many(job, op, keys) -> dict`
+        # and `async put_many(job, op, {key: state or None})`; None keeps state in this worker.
+        self.remote_state = None
         self.placement = placement
         self.epoch = placement.epoch
         self.apply_placement(placement)
@@ -294,6 +297,8 @@ class JobEngine:
                 budget = max(MIN_BATCH, int(max(1, op.instances) * SLOT_TIME_US / cost))
                 if op.is_async:
                     done += self._start_async(op, budget)
+                elif op.stateful and self.remote_state is not None:
+                    done += self._start_remote(op, budget)
                 elif op.stateful:
                     done += self._run_stateful(op, budget)
                 else:
@@ -578,6 +583,52 @@ class JobEngine:
 
         try:
             await asyncio.gather(*(one(r) for r in batch))
+        finally:
+            op.processed += len(batch)
+            op.busy = False
+            self.on_work()
+
+    # ----------------------------------------------------------------- remote state (baseline)
+    def _start_remote(self, op: OpRuntime, budget: int) -> int:
+        """Run a micro-batch of a stateful operator against the remote state server: one read of its
+        keys, the requests in order, one write back. One batch per operator at a time, so per-key order
+        holds (a key group still has one owner worker, which alone touches its keys)."""
+        q = op.queue
+        batch = [q.popleft() for _ in range(min(budget, len(q)))]
+        op.busy = True
+        task = asyncio.ensure_future(self._run_remote(op, batch))
+        self.async_tasks.add(task)
+        task.add_done_callback(self.async_tasks.discard)
+        return len(batch)
+
+    async def _run_remote(self, op: OpRuntime, batch: list) -> None:
+        try:
+            keys = list(dict.fromkeys(r[2] for r in batch))
+            try:
+                states = await self.remote_state.get_many(self.job, op.name, keys)
+            except Exception as e:  # nothing ran yet: every request of the batch fails, the worker goes on
+                for _, value, _key, rid, w in batch:
+                    self._fail(op, e, value, rid, w)
+                return
+            t0 = perf_counter()
+            for _, value, key, rid, w in batch:
+                try:
+                    new, out = op.fn(states.get(key), value)
+                    outs = as_outputs(out)
+                except Exception as e:
+                    self._fail(op, e, value, rid, w)
+                    continue
+                states[key] = new
+                if op.collect:
+                    op.collected.extend(outs)
+                self._emit(op, outs, rid, w)
+            op.exec_time += perf_counter() - t0
+            try:
+                await self.remote_state.put_many(self.job, op.name, {k: states.get(k) for k in keys})
+            except Exception as e:  # the outputs are out already; the lost write is an error to report
+                op.errors += 1
+                self.error_samples.append({"operator": op.name, "error": f"remote state write failed: {e!r}"[:300],
+                                           "value": f"{len(keys)} keys"})
         finally:
             op.processed += len(batch)
             op.busy = False
