@@ -89,14 +89,16 @@ class Client:
 
     # ----------------------------------------------------------------- API
     def submit(self, dag: Dag, placement: dict[str, dict[int, float]] | None = None, *,
-               autoscale: bool | None = None, policy: str | None = None) -> Job:
+               autoscale: bool | None = None, policy: str | None = None, state: str | None = None) -> Job:
         """Deploy `dag` on the cluster.
 
         `placement` (operator -> {worker index -> share}) fixes the placement; worker indices count the
         live workers in registration order. `autoscale` (default: the planner's setting, off with an
         explicit placement) lets the control loop re-place the job as its load changes; `policy` picks
-        the scaling policy (default: the planner's, `clasp`)."""
-        options = {"autoscale": autoscale, "policy": policy}
+        the scaling policy (default: the planner's, `clasp`); `state` is where stateful operators keep
+        their state: "local" (on the worker owning the key, the default) or "remote" (the planner's state
+        server, one round trip per micro-batch: the paper's Fig. 4 baseline)."""
+        options = {"autoscale": autoscale, "policy": policy, "state": state}
         if not isinstance(dag, Dag):
             raise DagError(f"submit expects a clasp.Dag, not {type(dag).__name__}")
         spec = dag.to_spec()

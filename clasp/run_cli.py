@@ -74,6 +74,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--plot", help="draw input rate, throughput, workers and latency to this PNG")
     r.add_argument("--planner", help="use the cluster at tcp://HOST:PORT instead of starting one")
     r.add_argument("--log-dir", help="the local cluster's process logs (default: a temporary directory)")
+    r.add_argument("--policy", help="scaling policy: clasp, faasflow, faasflow-sp, zhang24 or zhang24-sp "
+                                    "(default: the planner's, clasp)")
+    r.add_argument("--state", help="where stateful operators keep state: local (default) or remote (the "
+                                   "planner's state server, the Fig. 4 baseline)")
     r.add_argument("--cpu-per-worker", help="limit each worker to F CPUs with a cgroup quota, like a separate "
                                             "host (needs root)")
     r.set_defaults(fn=main)
@@ -116,6 +120,12 @@ def plan(args) -> dict:
         why = available()
         if why is not None:
             raise UsageError(why)
+    from clasp.policy import POLICIES
+
+    if args.policy is not None and args.policy not in POLICIES:
+        raise UsageError(f"--policy must be one of {', '.join(sorted(POLICIES))}, got {args.policy!r}")
+    if args.state is not None and args.state not in ("local", "remote"):
+        raise UsageError(f"--state must be local or remote, got {args.state!r}")
     if args.planner is not None and not _ADDRESS.match(args.planner):
         raise UsageError(f"--planner must be tcp://HOST:PORT, got {args.planner!r}")
     if args.plot is not None:
@@ -151,7 +161,7 @@ def plan(args) -> dict:
         else:
             raise UsageError(f"profile {text!r} has no end: give --duration or --records")
     return {"app": app, "workers": workers, "seed": seed, "profile": profile, "profile_text": text,
-            "cpu_per_worker": cpu,
+            "cpu_per_worker": cpu, "submit": {"policy": args.policy, "state": args.state},
             "records": records, "max_rate": reference if kind in ("burst", "gradual") else None}
 
 
@@ -260,7 +270,7 @@ def main(args) -> int:
         console.print(f"{title}: generating {cfg['records']:,} records (seed {cfg['seed']}) ...")
         records = app.generate(cfg["records"], cfg["seed"])
         with _cluster(args, cfg, console) as planner:
-            summary, code = _drive(planner, app, records, profile, console, box)
+            summary, code = _drive(planner, app, records, profile, console, box, cfg["submit"])
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping the processes this run started[/]")
         code = 130
@@ -299,8 +309,10 @@ class _cluster:
         logs = self.args.log_dir or tempfile.mkdtemp(prefix="clasp-run-")
         n = self.cfg["workers"]
         self.console.print(f"starting a local cluster: 1 planner, {n} worker(s); logs in {logs}")
+        sub = self.cfg["submit"]
         self.cl = LocalCluster(workers=self.cfg["workers"], port=0, log_dir=logs,
-                               cpu_per_worker=self.cfg["cpu_per_worker"])
+                               cpu_per_worker=self.cfg["cpu_per_worker"],
+                               planner_args=[a for k, v in sub.items() if v is not None for a in (f"--{k}", v)])
         self.cl.start()
         return self.cl.planner
 
@@ -309,7 +321,8 @@ class _cluster:
             self.cl.stop()
 
 
-def _drive(planner: str, app, records: list, profile: Profile, console, box: dict) -> tuple[dict, int]:
+def _drive(planner: str, app, records: list, profile: Profile, console, box: dict,
+           options: dict | None = None) -> tuple[dict, int]:
     from rich.live import Live
     from rich.text import Text
 
@@ -321,7 +334,7 @@ def _drive(planner: str, app, records: list, profile: Profile, console, box: dic
 
     with clasp.connect(planner) as client:
         submitted = time.monotonic()
-        job = client.submit(app.build_dag())
+        job = client.submit(app.build_dag(), **{k: v for k, v in (options or {}).items() if v is not None})
 
         def on_sample(row, d):
             line = progress_text(row, d.elapsed(), d.sent, len(records))
