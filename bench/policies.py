@@ -5,14 +5,19 @@ saturated worker is placed by every policy (what `clasp place PROFILE.json --pol
 prints) at 10%..100% of a reference rate: the rate CLASP's placement sustains on 10 workers. Each cell gives
 the worker count and the Eq. (8) peak load in units of W̄ (above 1: the policy overloads a worker).
 
-Pure computation, no cluster: `place_sweeps()` is the `clasp place` part; a live part adds its own section
-to `benchmark()`.
+`place_sweeps()` is the `clasp place` part (pure computation, no cluster). `live()` runs a 3-worker
+LocalCluster: per policy, WC and SYN with autoscaling on and that policy, all input pushed at once
+(throughput = records / seconds from the first push to idle; workers = the most the job used); and WC
+with local and with remote state (the paper's Fig. 4 baseline, every operator spread over the 3
+workers, no autoscaling). `python -m bench.policies [--table] [--no-live] [--records-wc N] [--records-syn N]`.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import tempfile
+import time
 
 from clasp.placement import single_worker_rate
 from clasp.policy import POLICIES, ClaspPolicy, Stats
@@ -124,15 +129,86 @@ def table(sweeps: dict) -> str:
     return "\n".join(lines)
 
 
-def benchmark() -> dict:
+LIVE_WORKERS = 3
+LIVE_RECORDS = {"wc": 200_000, "syn": 600_000}  # about 10 s per run: the control loop acts in each
+
+
+def live_run(client, app, records: list, **submit) -> dict:
+    """One job on the live cluster: push everything, wait for idle; throughput, workers used, answer."""
+    job = client.submit(app.build_dag(), **submit)
+    t0 = time.perf_counter()
+    job.push(records)
+    job.wait_idle(600)
+    wall = time.perf_counter() - t0
+    stats = job.stats(fresh=True)
+    workers = max([r["workers"] for r in stats["series"]] + [stats["workers_active"]])
+    out = {"records": len(records), "seconds": round(wall, 2), "throughput": round(len(records) / wall, 1),
+           "workers_max": workers, "workers_end": stats["workers_active"], "migrations": len(stats["migrations"]),
+           "decisions": len(stats["decisions"]), "correct": app.result(job) == app.expected(records),
+           "failed": stats["failed"]}
+    job.cancel()
+    return out
+
+
+def live(records: dict[str, int] | None = None, seed: int = 3) -> dict:
+    """Live 3-worker runs: every policy on WC and SYN, and WC with local vs remote state (Fig. 4)."""
+    import clasp
+    from apps import get_app
+    from clasp.cluster import LocalCluster
+
+    records = {**LIVE_RECORDS, **(records or {})}
+    inputs = {name: get_app(name).generate(n, seed) for name, n in records.items()}
+    out: dict = {"workers": LIVE_WORKERS, "policies": {}, "state": {}}
+    logs = tempfile.mkdtemp(prefix="clasp-bench-policies-")
+    # A warm-up of 5,000 requests: the control loop acts within the first seconds of a run.
+    with LocalCluster(workers=LIVE_WORKERS, port=0, log_dir=logs, planner_args=["--warmup", "5000"]) as cl, \
+            clasp.connect(cl.planner, timeout=30) as c:
+        for name, recs in inputs.items():
+            app = get_app(name)
+            live_run(c, app, recs[:5000], autoscale=False)  # warm the processes up outside the measurement
+            out["policies"][name] = {p: live_run(c, app, recs, autoscale=True, policy=p) for p in POLICY_NAMES}
+        wc_app = get_app("wc")
+        for state in ("local", "remote"):
+            out["state"][state] = live_run(c, wc_app, inputs["wc"], autoscale=False, state=state)
+    local, remote = out["state"]["local"]["throughput"], out["state"]["remote"]["throughput"]
+    out["state"]["local_over_remote"] = round(local / remote, 2) if remote else None
+    return out
+
+
+def live_table(result: dict) -> str:
+    """Markdown: throughput and workers per policy, and the local / remote state ratio."""
+    lines = [f"\nLive, {result['workers']} workers, autoscaling on, all input pushed at once:\n",
+             "| app | " + " | ".join(POLICY_NAMES) + " |", "| --- " * (len(POLICY_NAMES) + 1) + "|"]
+    for app, cells in result["policies"].items():
+        row = [f"{cells[p]['throughput']:,.0f}/s, {cells[p]['workers_max']} w" + ("" if cells[p]["correct"] else " ✗")
+               for p in POLICY_NAMES]
+        lines.append(f"| {app} ({cells['clasp']['records']:,}) | " + " | ".join(row) + " |")
+    st = result["state"]
+    lines.append(f"\nWC on {result['workers']} workers, spread, no autoscaling: local state "
+                 f"{st['local']['throughput']:,.0f}/s, remote state {st['remote']['throughput']:,.0f}/s, "
+                 f"ratio {st['local_over_remote']}x")
+    return "\n".join(lines)
+
+
+def benchmark(live_section: bool = True, records: dict[str, int] | None = None) -> dict:
     """Every section of the benchmark."""
-    return {"place": place_sweeps()}
+    out = {"place": place_sweeps()}
+    if live_section:
+        out["live"] = live(records)
+    return out
 
 
 def main(argv: list[str]) -> int:
-    result = benchmark()
+    records = {}
+    for app in ("wc", "syn"):
+        flag = f"--records-{app}"
+        if flag in argv:
+            records[app] = int(argv[argv.index(flag) + 1])
+    result = benchmark("--no-live" not in argv, records)
     if "--table" in argv:
         print(table(result["place"]))
+        if "live" in result:
+            print(live_table(result["live"]))
     else:
         print(json.dumps(result, indent=1))
     return 0
