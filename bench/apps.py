@@ -11,7 +11,6 @@ then a measured job sized to last about `--seconds`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -19,6 +18,7 @@ import time
 
 import clasp
 from apps import APPS, get_app
+from bench import emit
 from clasp.cluster import LocalCluster
 from clasp.driver import Driver
 from clasp.profiles import parse_profile
@@ -66,12 +66,7 @@ def main(argv=None) -> int:
             out["apps"][name] = r = bench_app(c, name, args.seconds, args.seed)
             print(f"  {name}: {r['lines_per_s']:.0f} lines/s, correct={r['correct']}", file=sys.stderr,
                   flush=True)
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text)
-    return 0
+    return emit(out, args.json)
 
 
 if __name__ == "__main__":

@@ -7,13 +7,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 import time
 
 import clasp
+from bench import emit
 from clasp.cluster import LocalCluster
 
 CHAIN = 10
@@ -103,12 +103,7 @@ def main(argv=None) -> int:
         out[name] = fn(n)
     out["targets"] = {"local_executions_per_s": 300_000, "remote_executions_per_s": 150_000,
                       "ingest_records_per_s": 300_000}
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text)
-    return 0
+    return emit(out, args.json)
 
 
 if __name__ == "__main__":

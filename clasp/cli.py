@@ -16,7 +16,8 @@ def _planner(args) -> int:
     p = Planner(host=args.host, port=args.port, metrics_port=args.metrics_port, advertise=args.advertise,
                 heartbeat=args.heartbeat, dead_after=args.dead_after, max_inflight=args.max_inflight,
                 p_max=args.p_max, autoscale=args.autoscale, policy=args.policy,
-                migration_timeout=args.migration_timeout, control=ControlConfig(warmup_requests=args.warmup))
+                migration_timeout=args.migration_timeout, control=ControlConfig(warmup_requests=args.warmup),
+                state=args.state, state_port=args.state_port)
     return run(p.serve)
 
 
@@ -60,7 +61,7 @@ def _cluster(args) -> int:
 
 def planner_options(args) -> list[str]:
     """The planner flags that `clasp cluster` (and `clasp run`) pass through."""
-    out = ["--policy", args.policy, "--warmup", str(args.warmup)]
+    out = ["--policy", args.policy, "--warmup", str(args.warmup), "--state", args.state]
     if not args.autoscale:
         out.append("--no-autoscale")
     return out
@@ -74,6 +75,8 @@ def add_control_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--autoscale", action=argparse.BooleanOptionalAction, default=True,
                    help="let the control loop re-place jobs as their load changes")
     p.add_argument("--warmup", type=int, default=10_000, help="requests completed before the first re-plan")
+    p.add_argument("--state", default="local", choices=["local", "remote"],
+                   help="jobs' default state: on the workers, or remote on the planner's state server (Fig. 4)")
 
 
 def _place(args, rest) -> int:
@@ -101,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for all)")
     p.add_argument("--port", type=int, default=5555, help="ZeroMQ port (0: a free one)")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus HTTP port (0: a free one)")
+    p.add_argument("--state-port", type=int, default=0, help="remote-state server's ZeroMQ port (0: a free one)")
     p.add_argument("--advertise", help="address others dial, when --host is a wildcard")
     p.add_argument("--heartbeat", type=_positive(float), default=1.0, help="metrics interval, seconds")
     p.add_argument("--dead-after", type=_positive(float), default=5.0,

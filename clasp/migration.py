@@ -7,12 +7,14 @@ Protocol, for a change of a job's placement from epoch e to e+1:
    sends to, the peers it receives from, and the senders whose epoch-e *markers* it must see first.
 2. It broadcasts the plan, sends its own markers, and routes new input by epoch e+1.
 3. Each worker, on the plan: flushes the requests it had batched under epoch e, sends a marker to every
-   peer that waits for one from it, switches its routing to e+1; a worker that loses or gains anything
-   pauses (drain: nothing runs; arriving requests are held in arrival order).
+   peer that waits for one from it, switches its routing to e+1, and holds (in arrival order) the
+   requests for the key groups whose state is coming to it; everything else keeps running.
 4. A losing worker, once it has every marker it waits for (so no epoch-e request for what it loses is
-   still on the way), sends each new owner the state and queued requests that are now theirs, directly.
-5. A gaining worker waits only for the peers the plan says will send to it,
-6. installs what they sent ahead of the requests it held, and resumes;
+   still on the way), drains its running executions and, in one step of its event loop, takes out the
+   state and queued requests that are no longer its own and sends them directly to each new owner.
+5. A gaining worker waits only for the peers the plan says will send to it;
+6. as each key group arrives it installs the state, queues the requests that came with it, then the
+   ones it held for it (the group resumes);
 7. every worker reports completion to the planner. No global barrier; the planner moves no data.
 
 Per-key order holds: a sender's epoch-e requests for a moved key reach the old owner before its marker,
@@ -42,10 +44,6 @@ class MigrationPlan:
     receives_from: dict[str, list[str]]
     participants: list[str]  # every worker of the job: all get the plan
     dead: list[str] = field(default_factory=list)  # workers excluded: nothing is expected from them
-
-    def pauses(self, worker: str) -> bool:
-        """Does `worker` stop executing during the migration (it loses or gains something)?"""
-        return bool(self.sends_to.get(worker) or self.receives_from.get(worker))
 
     def markers_to_send(self, sender: str) -> list[str]:
         """The workers that wait for `sender`'s marker."""

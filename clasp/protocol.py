@@ -16,14 +16,19 @@ Message types and who sends them (C client, P planner, W worker):
 | data | P/W → W | [job, epoch, rows]: requests, each row [op, value, key, rid, weight] |
 | done | W → P | [job, {rid: weight}, extends] — weight returned by finished requests (termination detection) |
 | extend_ack | P → W | [job, token] — the planner has added weight, parked children may go |
-| migrate_plan | P → W | req, job, plan (MigrationPlan.to_wire()), placement — the reply comes when the worker is done |
+| migrate_plan | P → W | req, job, plan, placement; the reply comes when the worker is done |
 | marker | P/W → W | [job, epoch, sender]: the sender's last message under the previous epoch |
-| migrate | W → W | [job, epoch, sender, {op: {key group: {key: state}}}, rows] — state and requests changing owner |
+| migrate | W → W | [job, epoch, sender, units, rows, more]: key groups and requests changing owner |
 | scale, place, autoscale | C → P | req, job, workers / placement {op: {worker index: share}} / enabled |
 | submit, push, wait_idle, state, collected, stats, cancel, jobs, workers | C → P | req plus the call's fields |
 | state_get, state_put, state_dump, collected_dump, counters, stop_job | P/any → W | req plus fields |
+| rstate_get_many | W → P state server | req, job, op, keys — reply {key: state} for the keys that have one |
+| rstate_put_many | W → P state server | req, job, op, states {key: state, None deletes} — reply true |
 | reply | any → requester | req, ok, result or error |
 | error | any → sender of a bad message | reason, detail |
+
+`deploy` has two optional fields: `state` is "local" or "remote" (then `state_server` is the planner's remote-state
+endpoint, which serves `rstate_get_many` and `rstate_put_many`: `planner/state_server.py`).
 """
 
 from __future__ import annotations
@@ -79,14 +84,17 @@ SCHEMAS: dict[str, dict[str, tuple | None]] = {
     "autoscale": {"req": _INT, "job": _INT, "enabled": _BOOL},
     "reply": {"req": _INT, "ok": _BOOL},
     "error": {"reason": _STR, "detail": _STR},
+    "rstate_get_many": {"req": _INT, "job": _INT, "op": _STR, "keys": _LIST},
+    "rstate_put_many": {"req": _INT, "job": _INT, "op": _STR, "states": _DICT},
 }
 _OPTIONAL: dict[str, dict[str, tuple | None]] = {
     "submit": {"placement": _DICT, "options": _DICT},
     "stats": {"fresh": _BOOL},
     "reply": {"result": _ANY, "error": _STR},
+    "deploy": {"state": _STR, "state_server": _STR},
 }
 # List-bodied messages on the data path; the first element is always the job id.
-_LIST_BODIES = {"data": 3, "done": 3, "extend_ack": 2, "marker": 3, "migrate": 5}
+_LIST_BODIES = {"data": 3, "done": 3, "extend_ack": 2, "marker": 3, "migrate": 6}
 TYPES = frozenset(SCHEMAS) | frozenset(_LIST_BODIES)
 
 _packer = msgpack.Packer(use_bin_type=True)
@@ -150,18 +158,20 @@ _first, _rid, _weight = itemgetter(0), itemgetter(3), itemgetter(4)
 
 
 def check_migrate(body: list, n_ops: int, n_groups: int = 128) -> None:
-    """Validate [job, epoch, sender, {op: {group: {key: state}}}, rows] (or a marker's first three)."""
+    """Validate [job, epoch, sender, units, rows, more] (or a marker's first three); a unit is
+    [op, key group, {key: state}, rows of that group]."""
     if type(body[1]) is not int or type(body[2]) is not str:
         raise ProtocolError("bad_body", "expected [job, epoch, sender, ...]")
-    if len(body) == 5:
-        states = body[3]
-        if not isinstance(states, dict) or not all(type(o) is int and 0 <= o < n_ops for o in states):
-            raise ProtocolError("bad_body", "migrate: states must map operator indices to key groups")
-        for groups in states.values():
-            if type(groups) is not dict or not all(type(g) is int and 0 <= g < n_groups and type(items) is dict
-                                                   for g, items in groups.items()):
-                raise ProtocolError("bad_body", "migrate: states must be {op: {key group: {key: state}}}")
-        check_rows(body[4], n_ops)
+    if len(body) == 6:
+        units, rows, more = body[3], body[4], body[5]
+        if type(units) is not list or type(more) is not bool:
+            raise ProtocolError("bad_body", "migrate: expected [job, epoch, sender, units, rows, more]")
+        for u in units:
+            if (type(u) is not list or len(u) != 4 or type(u[0]) is not int or not 0 <= u[0] < n_ops
+                    or type(u[1]) is not int or not 0 <= u[1] < n_groups or type(u[2]) is not dict):
+                raise ProtocolError("bad_body", "migrate: a unit must be [op, key group, {key: state}, rows]")
+            check_rows(u[3], n_ops)
+        check_rows(rows, n_ops)
 
 
 def check_returns(body: list) -> None:

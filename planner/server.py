@@ -42,10 +42,12 @@ from clasp.routing import (
     spread_placement,
 )
 from clasp.tracking import CHUNK_BITS, LatencyHistogram, Tracker
+from planner.state_server import StateServer
 
 log = logging.getLogger("clasp.planner")
 
 PlacementFn = Callable[[DagSpec, list[str], int], Placement]
+STATE_MODES = ("local", "remote")  # where stateful operators keep their state (remote: the paper's Fig. 4 baseline)
 
 
 class RequestError(Exception):
@@ -98,6 +100,7 @@ class PlannerJob:
     lost_workers: set = field(default_factory=set)
     sweep: tuple | None = None  # (completed, idle ticks) while looking for records lost with a worker
     settled: Placement | None = None  # the placement of the last migration every worker completed
+    state: str = "local"  # "remote": stateful operators keep their state in the planner's state server
 
     @property
     def inflight(self) -> int:
@@ -112,7 +115,7 @@ class Planner:
                  max_queue: int = 2_000_000, dispatch_batch: int = 2000, p_max: int = 10,
                  placement_fn: PlacementFn = spread_placement, rpc_timeout: float = 10.0,
                  autoscale: bool = True, policy: str = "clasp", migration_timeout: float = 5.0,
-                 control: ControlConfig | None = None):
+                 control: ControlConfig | None = None, state: str = "local", state_port: int = 0):
         self.host, self.port, self.metrics_port = host, port, metrics_port
         self.advertise = advertised(host, advertise)
         self.heartbeat = heartbeat
@@ -127,6 +130,9 @@ class Planner:
         self.policy = policy
         self.migration_timeout = migration_timeout
         self.control = control or ControlConfig()
+        if state not in STATE_MODES:
+            raise ValueError(f"state must be one of {', '.join(STATE_MODES)}, not {state!r}")
+        self.state, self.state_port = state, state_port
         self.rescales = 0
         self.migration_hist = {"planner": LatencyHistogram(), "worker": LatencyHistogram()}
         self.id = f"p-{uuid.uuid4().hex[:8]}"
@@ -153,8 +159,12 @@ class Planner:
         registry = CollectorRegistry()
         registry.register(_PlannerCollector(self))
         self.metrics_url = start_metrics_server(registry, self.host, self.metrics_port, self.advertise)
-        print(f"clasp planner {self.id} endpoint={self.endpoint} metrics={self.metrics_url}", flush=True)
-        tasks = [asyncio.create_task(c) for c in (self._recv_loop(), self._dispatch_loop(), self._tick_loop())]
+        self.state_server = StateServer(self.ctx, self._remote_state_check, self._bad)
+        self.state_server.bind(self.host, self.state_port, self.advertise)
+        print(f"clasp planner {self.id} endpoint={self.endpoint} metrics={self.metrics_url} "
+              f"state={self.state_server.endpoint}", flush=True)
+        tasks = [asyncio.create_task(c) for c in (self._recv_loop(), self._dispatch_loop(), self._tick_loop(),
+                                                  self.state_server.serve())]
         try:
             await asyncio.gather(*tasks)
         finally:
@@ -162,6 +172,14 @@ class Planner:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self.ctx.destroy(linger=200)
+
+    def _remote_state_check(self, job_id: int, op: str) -> str | None:
+        job = self.jobs.get(job_id)
+        if job is None or job.state != "remote":
+            return f"no job {job_id} with remote state"
+        if not any(o.name == op and o.stateful for o in job.spec.operators):
+            return f"job {job_id} has no stateful operator {op!r}"
+        return None
 
     def live_workers(self) -> list[str]:
         """Alive workers in registration order: index i of a placement is the i-th of these."""
@@ -322,6 +340,9 @@ class Planner:
         policy = options.get("policy") or self.policy
         if policy not in POLICIES:
             raise RequestError(f"unknown policy {policy!r}; accepted: {', '.join(sorted(POLICIES))}")
+        state = options.get("state") or self.state
+        if state not in STATE_MODES:
+            raise RequestError(f"unknown state mode {state!r}; accepted: {', '.join(STATE_MODES)}")
         explicit = body.get("placement")
         autoscale = options.get("autoscale")
         autoscale = (self.autoscale and not explicit) if autoscale is None else bool(autoscale)
@@ -334,20 +355,23 @@ class Planner:
             placement = self.placement_fn(spec, workers, self.p_max)
         placement.check(spec)
         job_id = next(self._job_ids)
-        job = PlannerJob(job_id, spec, placement, Tracker(), workers, autoscale=autoscale, settled=placement)
+        job = PlannerJob(job_id, spec, placement, Tracker(), workers, autoscale=autoscale, settled=placement,
+                         state=state)
         edges = spec.edges()
         job.controller = Controller([o.name for o in spec.operators], edges, POLICIES[policy](), self.p_max,
                                     len(workers), self.control)
         self._set_routes(job)
         peers = {w: self.workers[w].data for w in workers}
         packed = body["dag"]
-        await asyncio.gather(*(self.rpc(w, "deploy", {"job": job_id, "dag": packed, "placement": placement.to_wire(),
-                                                      "peers": peers}) for w in workers))
+        deploy = {"job": job_id, "dag": packed, "placement": placement.to_wire(), "peers": peers, "state": state,
+                  "state_server": self.state_server.endpoint}
+        await asyncio.gather(*(self.rpc(w, "deploy", deploy) for w in workers))
         self.jobs[job_id] = job
         log.info("job %d (%s) placed on %d workers: %s", job_id, spec.name, len(placement.active_workers()),
                  {n: p.shares for n, p in placement.operators.items()})
         self._reply(ident, body["req"], {"job": job_id, "workers": workers, "placement": placement.to_wire(),
-                                         "autoscale": autoscale, "policy": policy})
+                                         "autoscale": autoscale, "policy": policy, "state": state,
+                                         "state_server": self.state_server.endpoint})
 
     def _set_routes(self, job: PlannerJob) -> None:
         n = len(job.spec.sources)
@@ -399,6 +423,9 @@ class Planner:
             raise RequestError(f"job {job.id} has no operator {body['op']!r}")
         if not op.stateful:
             raise RequestError(f"operator {op.name!r} is stateless: it has no state")
+        if job.state == "remote":
+            self._reply(ident, body["req"], self.state_server.dump(job.id, op.name))
+            return
         owners = sorted(set(job.placement.operators[op.name].key_groups))
         parts = await asyncio.gather(*(self.rpc(w, "state_dump", {"job": job.id, "op": op.name}) for w in owners))
         merged: dict = {}
@@ -435,6 +462,7 @@ class Planner:
         await asyncio.gather(*(self.rpc(w, "stop_job", {"job": job.id}) for w in self._job_workers(job)),
                              return_exceptions=True)
         self.jobs.pop(job.id, None)
+        self.state_server.drop(job.id)
         self._reply(ident, body["req"], True)
 
     def _on_jobs(self, ident: bytes, body: dict) -> None:
@@ -511,6 +539,7 @@ class Planner:
                   "from_workers": len(old.active_workers()), "to_workers": len(new.active_workers()),
                   "active": new.active_workers(), "duration_s": duration,
                   "max_pause_s": max((r["pause"] for r in ok), default=0.0),
+                  "max_hold_s": max((r["hold"] for r in ok), default=0.0),
                   "pauses": {r["worker"]: r["pause"] for r in ok},
                   "phases_ms": {r["worker"]: {k: round(v, 2) for k, v in r.items() if k.endswith("_ms")} for r in ok},
                   "bytes": sum(r["bytes"] for r in ok), "objects": sum(r["objects"] for r in ok),

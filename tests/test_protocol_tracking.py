@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clasp import protocol
-from clasp.protocol import ROOT_WEIGHT, ProtocolError
 from clasp.keygroups import group_counts
 from clasp.parallelism import largest_remainder
+from clasp.protocol import ROOT_WEIGHT, ProtocolError
 from clasp.routing import NUM_KEY_GROUPS, key_group, key_groups_for_shares, weighted_table
 from clasp.tracking import Tracker
 

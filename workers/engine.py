@@ -25,6 +25,7 @@ from clasp.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE,
 
 # Outputs that are one value even though Python could iterate them.
 _ONE = frozenset({str, bytes, bytearray, dict, int, float, bool, memoryview})
+HOLD = "\x00hold"  # the route of a key group whose state is on its way here: its requests wait
 # A scheduling round gives each executor slot about SLOT_TIME_US of work, sized from the operator's mean
 # execution time plus the runtime's own per-request cost: cheap operators then run long enough between
 # event-loop turns, and a round (≈ P_max × SLOT_TIME_US) stays within the 1 ms flush delay.
@@ -136,8 +137,8 @@ class JobEngine:
         self.error_samples: deque = deque(maxlen=max_errors_kept)
         self.async_tasks: set[asyncio.Task] = set()
         self.on_work = lambda: None  # the worker's wake-up, called when async executions produce work
-        self.paused = False  # during a migration this worker loses or gains something in
-        self.hold: list = []  # rows that arrived while paused, in arrival order
+        # During a migration: op index -> key group -> requests held until the group's state arrives.
+        self.held: dict[int, dict[int, list]] = {}
         self.future: list[tuple[int, list]] = []  # rows of an epoch whose plan has not arrived yet
         # The migration in progress (clasp.migration.WorkerMigration) and what the worker keeps for it.
         self.migration = None
@@ -156,7 +157,8 @@ class JobEngine:
 
     # ----------------------------------------------------------------- placement and routing
     def apply_placement(self, placement: Placement) -> None:
-        """Rebuild every route and instance count for a new placement."""
+        """Rebuild every route and instance count for a new placement; key groups still on their way
+        here (`self.held`) route to the HOLD destination, which `take_pending` keeps back."""
         self.placement = placement
         self.epoch = placement.epoch
         for op in self.ops:
@@ -170,14 +172,17 @@ class JobEngine:
                 elif r.kind == ROUTE_TABLE:
                     routes.append((ROUTE_TABLE, s, target.queue.append, r.table, [0], None))
                 else:
-                    routes.append((ROUTE_KEYED, s, target.queue.append, r.owners, target.key_cache, target))
+                    owners = list(r.owners)
+                    for g in self.held.get(s, ()):
+                        owners[g] = HOLD
+                    routes.append((ROUTE_KEYED, s, target.queue.append, owners, target.key_cache, target))
             op.routes = routes
 
     def queue_length(self) -> int:
-        return sum(len(op.queue) for op in self.ops) + len(self.hold)
+        return sum(len(op.queue) for op in self.ops) + sum(len(r) for h in self.held.values() for r in h.values())
 
     def idle(self) -> bool:
-        return (not self.async_tasks and not self.hold and not self.future and not self.pending
+        return (not self.async_tasks and not self.held and not self.future and not self.pending
                 and all(not op.queue for op in self.ops))
 
     # ----------------------------------------------------------------- input
@@ -188,15 +193,33 @@ class JobEngine:
             ops[r[0]].queue.append(r)
 
     def receive(self, epoch: int, rows: list) -> None:
-        """Rows from the network, sent under `epoch`: queued, held, kept for later, or forwarded."""
+        """Rows from the network, sent under `epoch`: queued, held for a key group on its way here, kept
+        until our plan for `epoch` arrives, or forwarded to the owner of a newer epoch."""
         if epoch > self.epoch:
             self.future.append((epoch, rows))  # the sender switched before our plan arrived
-        elif self.paused:
-            self.hold.extend(rows)
-        elif epoch < self.epoch:
-            self._reroute(rows)
+        elif self.held or epoch < self.epoch:
+            self._place(rows, forward=epoch < self.epoch)
         else:
             self.enqueue_rows(rows)
+
+    def _place(self, rows, forward: bool) -> None:
+        """Row by row (only during or just after a migration): hold, forward or queue."""
+        held, ops = self.held, self.ops
+        for r in rows:
+            op = ops[r[0]]
+            h = held.get(op.index)
+            if h is not None:
+                waiting = h.get(op.group_of(r[2]))
+                if waiting is not None:
+                    waiting.append(r)
+                    continue
+            d = self._owner(op, r, self.placement) if forward else None
+            if d is None:
+                op.queue.append(r)
+            else:
+                self.pending.setdefault(d, []).append(r)
+                if self.pending_since is None:
+                    self.pending_since = perf_counter()
 
     def _owner(self, op: OpRuntime, row, placement: Placement) -> str | None:
         """The worker that should run `row` under `placement`; None when it is this one."""
@@ -209,87 +232,90 @@ class JobEngine:
             w = min(p.workers(), key=lambda x: (-p.shares[x], x))
         return None if w == self.me else w
 
-    def _reroute(self, rows: list) -> None:
-        """Old-epoch rows at a worker that has moved on: keep what it still owns, forward the rest."""
-        forwarded = False
-        for r in rows:
-            op = self.ops[r[0]]
-            d = self._owner(op, r, self.placement)
-            if d is None:
-                op.queue.append(r)
-            else:
-                self.pending.setdefault(d, []).append(r)
-                forwarded = True
-        if forwarded and self.pending_since is None:
-            self.pending_since = perf_counter()
-
     # ----------------------------------------------------------------- migration
-    def begin_migration(self, placement: Placement, pause: bool) -> None:
-        """Switch to the new epoch's routing; a participant pauses and holds what arrives."""
+    def begin_migration(self, placement: Placement, incoming: dict[int, set[int]]) -> None:
+        """Switch to the new epoch's routing. Requests for the key groups in `incoming` (op index -> groups
+        whose state is on its way here) are held, in arrival order, until `release_groups`; the rest run on."""
+        self.held = {op: {g: [] for g in groups} for op, groups in incoming.items() if groups}
         self.apply_placement(placement)
-        self.paused = pause
         future, self.future = self.future, []
         for epoch, rows in future:
             self.receive(epoch, rows)
 
-    def extract(self) -> dict[str, tuple[dict[int, list], list]]:
-        """Take out every state object and queued or held request this worker no longer owns.
+    def release_groups(self, groups: dict[int, list[int]]) -> None:
+        """The state of these key groups is installed: their held requests join the queues after what
+        came with the state. When nothing is held any more, routing stops holding."""
+        self._hold_local()
+        for op_index, gs in groups.items():
+            h = self.held.get(op_index)
+            if h is None:
+                continue
+            queue = self.ops[op_index].queue
+            for g in gs:
+                queue.extend(h.pop(g, ()))
+            if not h:
+                del self.held[op_index]
+        if not self.held:
+            self.apply_placement(self.placement)
 
-        Returns destination -> ({op index: {key group: {key: state}}}, rows), rows in arrival order."""
-        out: dict[str, tuple[dict[int, dict], list]] = {}
-        placement = self.placement
+    def _hold_local(self) -> None:
+        """Requests this worker routed to a held group itself join that group's held rows."""
+        rows = self.pending.pop(HOLD, None)
+        if rows:
+            self._place(rows, forward=False)
+
+    def extract(self):
+        """Take out every state object and queued request this worker no longer owns, group by group.
+
+        Yields (destination, unit, None) with unit = [op index, key group, {key: state}, rows of that
+        group], then (destination, None, rows) for the requests of stateless operators handed over. Queues are scanned
+        first, so the caller may yield to the event loop between units: no request of a group being taken
+        out can be run here any more (they are out of the queues, and markers guarantee no more come)."""
+        placement, me = self.placement, self.me
+        loose: dict[str, list] = {}
+        pending_units = []
         for op in self.ops:
             p = placement.operators[op.name]
-            if op.stateful:
-                state, me = op.state, self.me
-                for g, d in enumerate(p.key_groups):
-                    keys = op.group_keys[g]
-                    if d != me and keys:
-                        op.group_keys[g] = set()
-                        out.setdefault(d, ({}, []))[0].setdefault(op.index, {})[g] = {k: state.pop(k) for k in keys}
+            rows_of: dict[int, list] = {}
             if op.queue:
                 keep = deque()
                 for r in op.queue:
                     d = self._owner(op, r, placement)
                     if d is None:
                         keep.append(r)
+                    elif op.stateful:
+                        rows_of.setdefault(op.group_of(r[2]), []).append(r)
                     else:
-                        out.setdefault(d, ({}, []))[1].append(r)
+                        loose.setdefault(d, []).append(r)
                 op.queue.clear()
                 op.queue.extend(keep)
-        kept = []
-        for r in self.hold:
-            d = self._owner(self.ops[r[0]], r, placement)
-            if d is None:
-                kept.append(r)
-            else:
-                out.setdefault(d, ({}, []))[1].append(r)
-        self.hold = kept
-        return out
+            if op.stateful:
+                for g, d in enumerate(p.key_groups):
+                    if d != me and (op.group_keys[g] or g in rows_of):
+                        pending_units.append((d, op, g, rows_of.get(g, [])))
+        for d, op, g, rows in pending_units:
+            keys, op.group_keys[g] = op.group_keys[g], set()
+            state = op.state
+            yield d, [op.index, g, {k: state.pop(k) for k in keys}, rows], None
+        for d, rows in loose.items():
+            yield d, None, rows
 
-    def install(self, states: dict[int, dict], rows: list) -> int:
-        """Take over state objects and queued requests from a peer; they go ahead of anything held."""
+    def install(self, units: list, rows: list) -> int:
+        """Take over key groups (state, then their queued requests) and handed-over requests from a peer;
+        returns the number of state objects installed."""
         n = 0
-        for op_index, groups in states.items():
+        for op_index, g, items, group_rows in units:
             op = self.ops[op_index]
-            for g, items in groups.items():
-                op.state.update(items)
-                op.group_keys[g].update(items)
-                n += len(items)
+            op.state.update(items)
+            op.group_keys[g].update(items)
+            op.queue.extend(group_rows)
+            n += len(items)
         self.enqueue_rows(rows)
         return n
-
-    def resume(self) -> None:
-        """End the pause: held rows join their queues after everything installed."""
-        self.paused = False
-        hold, self.hold = self.hold, []
-        self._reroute(hold)
 
     # ----------------------------------------------------------------- execution
     def run_round(self) -> int:
         """One scheduling round: each operator with work runs about instances × SLOT_TIME_US of requests."""
-        if self.paused:
-            return 0
         done = 0
         for op in self.order:
             if op.queue and not op.busy:
@@ -492,10 +518,7 @@ class JobEngine:
                         append((succ, o, None, rid, wc))
                         local += 1
                     else:
-                        rows = pending.get(d)
-                        if rows is None:
-                            rows = pending[d] = []
-                        rows.append((succ, o, None, rid, wc))
+                        pending.setdefault(d, []).append((succ, o, None, rid, wc))
                         remote += 1
             else:
                 key_fn = target.key_fn
@@ -516,10 +539,7 @@ class JobEngine:
                         append((succ, o, key, rid, wc))
                         local += 1
                     else:
-                        rows = pending.get(d)
-                        if rows is None:
-                            rows = pending[d] = []
-                        rows.append((succ, o, key, rid, wc))
+                        pending.setdefault(d, []).append((succ, o, key, rid, wc))
                         remote += 1
             op.edge_counts[j] += len(outs)
         if remote and self.pending_since is None:
@@ -611,6 +631,7 @@ class JobEngine:
                     self._fail(op, e, value, rid, w)
                 return
             t0 = perf_counter()
+            emits = []
             for _, value, key, rid, w in batch:
                 try:
                     new, out = op.fn(states.get(key), value)
@@ -621,14 +642,18 @@ class JobEngine:
                 states[key] = new
                 if op.collect:
                     op.collected.extend(outs)
-                self._emit(op, outs, rid, w)
+                emits.append((outs, rid, w))
             op.exec_time += perf_counter() - t0
             try:
                 await self.remote_state.put_many(self.job, op.name, {k: states.get(k) for k in keys})
-            except Exception as e:  # the outputs are out already; the lost write is an error to report
+            except Exception as e:  # the outputs still go out; the lost write is an error to report
                 op.errors += 1
                 self.error_samples.append({"operator": op.name, "error": f"remote state write failed: {e!r}"[:300],
                                            "value": f"{len(keys)} keys"})
+            # Outputs and returned weight only after the write: a record is never complete before the
+            # state server holds what its requests wrote.
+            for outs, rid, w in emits:
+                self._emit(op, outs, rid, w)
         finally:
             op.processed += len(batch)
             op.busy = False
@@ -637,6 +662,7 @@ class JobEngine:
     # ----------------------------------------------------------------- flushing and metrics
     def take_pending(self) -> dict[str, list]:
         """The remote batches to send now, per destination; resets the flush timer."""
+        self._hold_local()
         p = self.pending
         self.pending = {}
         self.pending_since = None

@@ -26,8 +26,10 @@ from clasp.protocol import ProtocolError
 from clasp.routing import Placement, PlacementError
 from workers.engine import JobEngine, OperatorError
 from workers.monitor import Monitor, WorkerCollector
+from workers.remote_state import RemoteState
 
 log = logging.getLogger("clasp.worker")
+MIGRATE_CHUNK = 2000  # state objects and requests taken out between two turns of the event loop
 
 
 class Worker:
@@ -54,6 +56,7 @@ class Worker:
         self.stopping = False
         self._ports = (data_port, state_port, metrics_port)
         self._returns_since: float | None = None
+        self.remote_states: dict[str, RemoteState] = {}  # state-server endpoint -> its client (remote state)
 
     # ----------------------------------------------------------------- lifecycle
     async def serve(self) -> None:
@@ -155,9 +158,19 @@ class Worker:
             raise ValueError(f"job {job} is already deployed here")
         eng = JobEngine(job, spec, self.id, placement, self.p_max)
         eng.on_work = self.wake.set
+        if body.get("state") == "remote":
+            eng.remote_state = self._remote_state(body["state_server"])
         self.jobs[job] = eng
         log.info("deployed job %d (%s), %d operators, epoch %d", job, spec.name, len(spec.operators), placement.epoch)
         return protocol.reply(body["req"], {"worker": self.id})
+
+    def _remote_state(self, endpoint: str) -> RemoteState:
+        """The client of the planner's remote-state server at `endpoint`, one per endpoint."""
+        rs = self.remote_states.get(endpoint)
+        if rs is None:
+            rs = RemoteState(self.ctx, endpoint, self.id, on_bad=lambda e: self._bad(e, "remote state"))
+            self.remote_states[endpoint] = rs
+        return rs
 
     def _on_extend_ack(self, body) -> None:
         eng = self.jobs.get(body[0])
@@ -199,31 +212,52 @@ class Worker:
             raise ValueError(f"plan for epoch {placement.epoch}, job {eng.job} is at {eng.epoch}")
         if eng.migration is not None:
             # The planner sends a newer plan while this one waits when a peer died: stop waiting for the
-            # dead, finish this one, then run the next.
-            eng.migration.forget(plan.dead)
+            # dead (their key groups restart empty), finish this one, then run the next.
+            self._forget(eng, plan.dead)
             eng.queued_plans.append(body)
             asyncio.ensure_future(self._progress(eng))
             return
-        for wid in plan.participants:
-            if wid in body.get("peers", {}):
-                self.peer_addrs[wid] = body["peers"][wid]
         eng.migration = WorkerMigration(plan, self.id)
         eng.migration_req = body["req"]
         eng.migration_t0 = perf_counter()
-        eng.migration_stats = {"bytes": 0, "objects": 0, "rows": 0, "received_objects": 0}
-        eng.migration_inbox = []
+        eng.migration_stats = {"bytes": 0, "objects": 0, "rows": 0, "received_objects": 0, "busy_ms": 0.0,
+                               "pause_ms": 0.0}
         # Step 3: what was batched under the old epoch leaves first, then the markers that close it.
         self._flush_data(eng)
         marker = protocol.encode("marker", [eng.job, placement.epoch, self.id])
         for wid in plan.markers_to_send(self.id):
             self._peer(wid).send(marker)
-        eng.begin_migration(placement, plan.pauses(self.id))
+        index = {o.name: o.index for o in eng.spec.operators}
+        incoming: dict[int, set[int]] = {}
+        for op, moves in plan.moves.items():
+            for (src, dst), groups in moves.items():
+                if dst == self.id and src not in plan.dead:  # a dead worker's groups restart empty at once
+                    incoming.setdefault(index[op], set()).update(groups)
+        eng.begin_migration(placement, incoming)
         early, eng.early = eng.early, []
         for mtype, m in early:
-            self._on_migration_message(eng, mtype, m, 0)
+            self._on_migration_message(eng, mtype, m)
         asyncio.ensure_future(self._progress(eng))
 
-    def _on_migration_message(self, eng: JobEngine, mtype: str, body: list, size: int) -> None:
+    def _groups_from(self, eng: JobEngine, sender: str) -> dict[int, list[int]]:
+        """The key groups the current plan moves from `sender` to this worker, by operator index."""
+        index = {o.name: o.index for o in eng.spec.operators}
+        out: dict[int, list[int]] = {}
+        for op, moves in eng.migration.plan.moves.items():
+            groups = moves.get((sender, self.id))
+            if groups:
+                out[index[op]] = groups
+        return out
+
+    def _forget(self, eng: JobEngine, dead) -> None:
+        mig = eng.migration
+        for w in dead:
+            if w in mig.awaiting_state:
+                eng.release_groups(self._groups_from(eng, w))
+        mig.forget(dead)
+
+    def _on_migration_message(self, eng: JobEngine, mtype: str, body: list, decode_s: float = 0.0) -> None:
+        """A marker or a migrate message (`decode_s`: the time its decoding took, part of the work)."""
         mig = eng.migration
         epoch, sender = body[1], body[2]
         if epoch > eng.epoch:
@@ -235,8 +269,19 @@ class Worker:
         if mtype == "marker":
             mig.marker(sender)
         else:
-            eng.migration_inbox.append(body)
-            mig.received(sender)
+            # Steps 5-6, group by group: install the state and requests that came, release what was held.
+            t = perf_counter()
+            _, _, _, units, rows, more = body
+            eng.migration_stats["received_objects"] += eng.install(units, rows)
+            released: dict[int, list[int]] = {}
+            for op_index, g, _items, _rows in units:
+                released.setdefault(op_index, []).append(g)
+            if not more:  # the last message from this sender: groups it had nothing of are ours now too
+                released = self._groups_from(eng, sender)
+                mig.received(sender)
+            eng.release_groups(released)
+            self._slice(eng.migration_stats, t - decode_s)
+            self.wake.set()
         asyncio.ensure_future(self._progress(eng))
 
     async def _progress(self, eng: JobEngine) -> None:
@@ -249,34 +294,57 @@ class Worker:
             stats["markers_ms"] = (perf_counter() - eng.migration_t0) * 1e3
             if eng.async_tasks:  # drain: let running executions finish before their state moves
                 await asyncio.gather(*list(eng.async_tasks), return_exceptions=True)
-            outgoing = eng.extract()
-            stats["extract_ms"] = (perf_counter() - eng.migration_t0) * 1e3
-            for wid, (states, rows) in outgoing.items():
+            # Whole key groups in chunks of about MIGRATE_CHUNK objects, yielding to the event loop in
+            # between: the worker keeps running everything else, and no single step holds it long.
+            epoch = mig.plan.epoch
+            chunks: dict[str, list] = {}
+            loose: dict[str, list] = {}
+            size = 0
+            t = perf_counter()
+            for wid, unit, rows in eng.extract():
                 if wid in mig.plan.dead:
                     continue
-                frame = protocol.encode("migrate", [eng.job, mig.plan.epoch, self.id, states, rows])
-                self._peer(wid).send(frame, copy=False)
-                eng.migration_stats["bytes"] += len(frame)
-                eng.migration_stats["objects"] += sum(len(i) for gs in states.values() for i in gs.values())
-                eng.migration_stats["rows"] += len(rows)
-            # Every named receiver waits for a message from us, even when nothing of it moved here.
-            empty = protocol.encode("migrate", [eng.job, mig.plan.epoch, self.id, {}, []])
-            for wid in mig.plan.sends_to.get(self.id, []):
-                if wid not in outgoing:
-                    self._peer(wid).send(empty)
+                if unit is None:
+                    loose[wid] = rows
+                    stats["rows"] += len(rows)
+                    continue
+                chunks.setdefault(wid, []).append(unit)
+                size += len(unit[2]) + len(unit[3])
+                stats["objects"] += len(unit[2])
+                stats["rows"] += len(unit[3])
+                if size >= MIGRATE_CHUNK:
+                    for peer, units in chunks.items():
+                        self._send_migrate(eng, peer, epoch, units, [], True)
+                    chunks, size = {}, 0
+                    self._slice(stats, t)
+                    await asyncio.sleep(0)
+                    t = perf_counter()
+            for wid in set(mig.plan.sends_to.get(self.id, [])) - set(mig.plan.dead):
+                self._send_migrate(eng, wid, epoch, chunks.pop(wid, []), loose.pop(wid, []), False)
+            self._slice(stats, t)
             stats["sent_ms"] = (perf_counter() - eng.migration_t0) * 1e3
         if mig.done and eng.migration is mig:
             self._finish_migration(eng)
 
+    def _send_migrate(self, eng: JobEngine, wid: str, epoch: int, units: list, rows: list, more: bool) -> None:
+        """Step 4's message to one peer; the last one carries `more=False`."""
+        frame = protocol.encode("migrate", [eng.job, epoch, self.id, units, rows, more])
+        self._peer(wid).send(frame, copy=False)
+        eng.migration_stats["bytes"] += len(frame)
+
+    @staticmethod
+    def _slice(stats: dict, t0: float) -> None:
+        """Account one uninterrupted stretch of migration work: its total, and the longest (the pause)."""
+        ms = (perf_counter() - t0) * 1e3
+        stats["busy_ms"] += ms
+        stats["pause_ms"] = max(stats.get("pause_ms", 0.0), ms)
+
     def _finish_migration(self, eng: JobEngine) -> None:
-        eng.migration_stats["received_ms"] = (perf_counter() - eng.migration_t0) * 1e3
-        for body in eng.migration_inbox:
-            eng.migration_stats["received_objects"] += eng.install(body[3], body[4])
-        eng.migration_inbox = []
-        eng.resume()
-        pause = perf_counter() - eng.migration_t0
+        hold = perf_counter() - eng.migration_t0
+        stats = eng.migration_stats
+        pause = stats.get("pause_ms", 0.0) / 1e3
         self.monitor.pauses.append(pause)
-        reply = {"worker": self.id, "epoch": eng.epoch, "pause": pause, **eng.migration_stats}
+        reply = {"worker": self.id, "epoch": eng.epoch, "pause": pause, "hold": hold, **stats}
         self.dealer.send(protocol.reply(eng.migration_req, reply))
         eng.migration = None
         self.wake.set()
@@ -318,6 +386,7 @@ class Worker:
         recv = self.pull.recv
         while True:
             frame = await recv(copy=False)
+            t0 = perf_counter()
             try:
                 mtype, body = protocol.decode(frame.bytes)
                 if mtype not in ("data", "marker", "migrate"):
@@ -336,7 +405,7 @@ class Worker:
                 eng.receive(body[1], body[2])
                 self.wake.set()
             else:
-                self._on_migration_message(eng, mtype, body, len(frame))
+                self._on_migration_message(eng, mtype, body, perf_counter() - t0)
 
     def _peer(self, wid: str) -> zmq.asyncio.Socket:
         sock = self.peers.get(wid)
@@ -388,7 +457,7 @@ class Worker:
                 self._flush_returns(eng)
             self._returns_since = None
             self.wake.clear()
-            if any(not e.paused and e.queue_length() and not any(o.busy for o in e.ops) for e in self.jobs.values()):
+            if any(any(o.queue for o in e.ops) and not any(o.busy for o in e.ops) for e in self.jobs.values()):
                 continue
             await self.wake.wait()
 
