@@ -548,7 +548,7 @@ class JobEngine:
         self.remote_requests += remote
         return local + remote
 
-    def release(self, token: int) -> None:
+    def release_parked(self, token: int) -> None:
         """The planner acknowledged an extension: send the parked children with fresh weight."""
         parked = self.parked.pop(token, None)
         if parked is None:

@@ -32,7 +32,6 @@ class Monitor:
         self.bad_messages: Counter = Counter()
         self.destinations_interval: set[str] = set()  # distinct remote workers reached this interval
         self.last_delta = 0
-        self.pauses: list[float] = []
 
     def sample(self, interval: float) -> dict:
         """Table 2 for the last `interval` seconds: Q_w, R^l, R^r, delta, N, tau, E, per job."""

@@ -175,7 +175,7 @@ class Worker:
     def _on_extend_ack(self, body) -> None:
         eng = self.jobs.get(body[0])
         if eng is not None:
-            eng.release(body[1])
+            eng.release_parked(body[1])
             self.wake.set()
 
     def _engine(self, body) -> JobEngine:
@@ -343,7 +343,6 @@ class Worker:
         hold = perf_counter() - eng.migration_t0
         stats = eng.migration_stats
         pause = stats.get("pause_ms", 0.0) / 1e3
-        self.monitor.pauses.append(pause)
         reply = {"worker": self.id, "epoch": eng.epoch, "pause": pause, "hold": hold, **stats}
         self.dealer.send(protocol.reply(eng.migration_req, reply))
         eng.migration = None
