@@ -26,6 +26,7 @@ from clasp.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE,
 # Outputs that are one value even though Python could iterate them.
 _ONE = frozenset({str, bytes, bytearray, dict, int, float, bool, memoryview})
 HOLD = "\x00hold"  # the route of a key group whose state is on its way here: its requests wait
+KEYED_HERE = 3  # a keyed route whose key groups are all owned by this worker
 # A scheduling round gives each executor slot about SLOT_TIME_US of work, sized from the operator's mean
 # execution time plus the runtime's own per-request cost: cheap operators then run long enough between
 # event-loop turns, and a round (≈ P_max × SLOT_TIME_US) stays within the 1 ms flush delay.
@@ -175,7 +176,9 @@ class JobEngine:
                     owners = list(r.owners)
                     for g in self.held.get(s, ()):
                         owners[g] = HOLD
-                    routes.append((ROUTE_KEYED, s, target.queue.append, owners, target.key_cache, target))
+                    # Every key group here: the key is all a request needs (no group lookup per request).
+                    kind = KEYED_HERE if all(w is None for w in owners) else ROUTE_KEYED
+                    routes.append((kind, s, target.queue.append, owners, target.key_cache, target))
             op.routes = routes
 
     def queue_length(self) -> int:
@@ -520,6 +523,17 @@ class JobEngine:
                     else:
                         pending.setdefault(d, []).append((succ, o, None, rid, wc))
                         remote += 1
+            elif kind == KEYED_HERE:
+                key_fn = target.key_fn
+                for o in outs:
+                    try:
+                        key = key_fn(o)
+                    except Exception as e:
+                        self._fail(target, OperatorError(f"key function of {target.name!r} failed: {e!r}"),
+                                   o, rid, wc)
+                        continue
+                    append((succ, o, key, rid, wc))
+                    local += 1
             else:
                 key_fn = target.key_fn
                 for o in outs:
