@@ -118,8 +118,8 @@ class Client:
         raise ClaspError(f"no job {job_id}")
 
     def scale(self, workers: int, job: Job | None = None) -> dict:
-        """Place the running job (default: the last submitted) onto exactly `workers` workers and migrate;
-        returns when the migration is done. A call while one runs waits its turn."""
+        """Re-place the running job (default: the last submitted) with the policy's placement for `workers`
+        workers and migrate; returns when the migration is done. A call while one runs waits its turn."""
         return (job or self._last()).scale(workers)
 
     def autoscale(self, enabled: bool, job: Job | None = None) -> bool:
@@ -207,7 +207,7 @@ class Job:
         return self.client._call("stats", {"job": self.id, "fresh": bool(fresh)})
 
     def scale(self, workers: int) -> dict:
-        """Re-place onto exactly `workers` workers and migrate; returns the migration's record."""
+        """Re-place with the policy's placement for `workers` workers and migrate; returns the migration record."""
         return self.client._call("scale", {"job": self.id, "workers": int(workers)}, max(self.client.timeout, 120.0))
 
     def place(self, placement: dict[str, dict[int, float]]) -> dict:

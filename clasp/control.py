@@ -155,7 +155,7 @@ class Controller:
                      max(obs.instances, 1), max(obs.active, 1))
 
     def place_on(self, workers: int) -> PlacementResult:
-        """The policy's placement onto exactly `workers` workers, from the latest observation."""
+        """The policy's placement for `workers` workers (`Policy.place_on`), from the latest observation."""
         obs = self.last
         if obs is None:
             obs = Observation(0.0, 0.0, 0, 0, {o: OperatorStats(0.0, 0.0) for o in self.operators}, {}, {}, 1, 0)
