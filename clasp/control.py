@@ -37,8 +37,9 @@ class ControlConfig:
     """Trigger settings (paper §5.1.1): `rate_change` is the relative change of the input rate that
     counts; it must hold `rate_seconds` ticks in one direction. Throughput below (1 − `lag_tolerance`)
     of the input rate, or a planner queue that does not shrink, for `lag_seconds` ticks is a lag.
-    `cooldown_seconds` after a migration let the metrics settle; a backlog is planned to drain within
-    `drain_seconds`."""
+    `cooldown_seconds` after a migration let the metrics settle. `drain_seconds` (off by default) adds
+    the rate that drains the planner's backlog in that time to the rate planned for; on workers that
+    share cores it over-provisions, since more workers then do not mean more capacity."""
 
     warmup_requests: int = 10_000
     rate_change: float = 0.15
@@ -46,7 +47,7 @@ class ControlConfig:
     lag_seconds: int = 3
     lag_tolerance: float = 0.05
     cooldown_seconds: int = 2
-    drain_seconds: float = 10.0
+    drain_seconds: float | None = None
 
 
 @dataclass
@@ -145,9 +146,9 @@ class Controller:
 
     def stats(self, obs: Observation) -> Stats:
         """The policy's view: observed rates, the estimate, and the rate to plan for (λ_p, plus what
-        drains the planner's backlog in `drain_seconds` when it is growing)."""
+        drains the planner's backlog in `drain_seconds`, when that is configured)."""
         target = obs.input_rate
-        if obs.queued > 0 and obs.throughput > 0:
+        if self.config.drain_seconds and obs.queued > 0 and obs.throughput > 0:
             target = max(target, obs.throughput) + obs.queued / self.config.drain_seconds
         e = self.estimator
         return Stats(dict(obs.operators), [EdgeStats(s, d, r) for (s, d), r in obs.edges.items()],
