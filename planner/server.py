@@ -223,7 +223,9 @@ class Planner:
                 if asyncio.iscoroutine(result):
                     # Slow handlers (they wait on workers) run on their own so the loop keeps receiving.
                     asyncio.create_task(self._finish(ident, body, result))
-            except (RequestError, DagError, PlacementError, KeyError, TypeError, ValueError) as e:
+            except Exception as e:  # a failing handler answers its request; it never stops the planner
+                if not isinstance(e, (RequestError, DagError, PlacementError, KeyError, TypeError, ValueError)):
+                    log.exception("handling %s failed", mtype)
                 self._reply_error(ident, body, e)
 
     def _background(self, coro, what: str) -> None:

@@ -131,7 +131,9 @@ class Worker:
                 answer = handler(body)
                 if asyncio.iscoroutine(answer):
                     answer = await answer
-            except (OperatorError, DagError, PlacementError, KeyError, TypeError, ValueError) as e:
+            except Exception as e:  # a failing handler answers its request; it never stops the worker
+                if not isinstance(e, (OperatorError, DagError, PlacementError, KeyError, TypeError, ValueError)):
+                    log.exception("handling %s failed", mtype)
                 if isinstance(body, dict) and "req" in body:
                     await self.dealer.send(protocol.reply_error(body["req"], f"{type(e).__name__}: {e}"))
                 continue
@@ -373,7 +375,9 @@ class Worker:
             except ProtocolError as e:
                 self._bad(e, "state")
                 out = protocol.error(e.reason, e.detail)
-            except (OperatorError, KeyError, TypeError, ValueError) as e:
+            except Exception as e:  # answered, never fatal to the state server
+                if not isinstance(e, (OperatorError, KeyError, TypeError, ValueError)):
+                    log.exception("state server: %s failed", mtype)
                 out = protocol.reply_error(body.get("req", 0) if isinstance(body, dict) else 0, str(e))
             try:
                 await self.router.send_multipart([ident, out])
