@@ -587,11 +587,15 @@ class JobEngine:
                 break  # a second request for a key waits, so per-key order holds
             keys.add(key)
             batch.append(q.popleft())
+        return self._launch(op, self._run_async(op, batch), len(batch))
+
+    def _launch(self, op: OpRuntime, coro, n: int) -> int:
+        """Run one batch of `op` as a task; the operator is busy (no second batch) until it ends."""
         op.busy = True
-        task = asyncio.ensure_future(self._run_async(op, batch))
+        task = asyncio.ensure_future(coro)
         self.async_tasks.add(task)
         task.add_done_callback(self.async_tasks.discard)
-        return len(batch)
+        return n
 
     async def _run_async(self, op: OpRuntime, batch: list) -> None:
         async def one(row):
@@ -629,11 +633,7 @@ class JobEngine:
         holds (a key group still has one owner worker, which alone touches its keys)."""
         q = op.queue
         batch = [q.popleft() for _ in range(min(budget, len(q)))]
-        op.busy = True
-        task = asyncio.ensure_future(self._run_remote(op, batch))
-        self.async_tasks.add(task)
-        task.add_done_callback(self.async_tasks.discard)
-        return len(batch)
+        return self._launch(op, self._run_remote(op, batch), len(batch))
 
     async def _run_remote(self, op: OpRuntime, batch: list) -> None:
         try:
