@@ -14,6 +14,7 @@ Message types and who sends them (C client, P planner, W worker):
 | heartbeat | W → P | id, sample (the worker's Table 2 metrics of the last interval) |
 | deploy | P → W | req, job, dag (DagSpec.pack()), placement (Placement.to_wire()), peers {id: data endpoint} |
 | data | P/W → W | [job, epoch, rows]: requests, each row [op, value, key, rid, weight] |
+| runs | P → W | [job, epoch, runs]: records for stateless sources, each run [op, first rid, weight, values] |
 | done | W → P | [job, {rid: weight}, extends] — weight returned by finished requests (termination detection) |
 | extend_ack | P → W | [job, token] — the planner has added weight, parked children may go |
 | migrate_plan | P → W | req, job, plan, placement; the reply comes when the worker is done |
@@ -94,7 +95,7 @@ _OPTIONAL: dict[str, dict[str, tuple | None]] = {
     "deploy": {"state": _STR, "state_server": _STR},
 }
 # List-bodied messages on the data path; the first element is always the job id.
-_LIST_BODIES = {"data": 3, "done": 3, "extend_ack": 2, "marker": 3, "migrate": 6}
+_LIST_BODIES = {"data": 3, "runs": 3, "done": 3, "extend_ack": 2, "marker": 3, "migrate": 6}
 TYPES = frozenset(SCHEMAS) | frozenset(_LIST_BODIES)
 
 _packer = msgpack.Packer(use_bin_type=True)
@@ -155,6 +156,21 @@ def check_rows(rows: Any, n_ops: int) -> None:
 
 
 _first, _rid, _weight = itemgetter(0), itemgetter(3), itemgetter(4)
+
+
+def check_runs(runs: Any, n_ops: int) -> None:
+    """Validate the runs [op, first rid, weight, values] of a runs message before any is enqueued."""
+    if type(runs) is not list:
+        raise ProtocolError("bad_batch", "runs is not a list")
+    for r in runs:
+        if (type(r) is not list or len(r) != 4 or type(r[0]) is not int or not 0 <= r[0] < n_ops
+                or type(r[1]) is not int or r[1] < 0 or type(r[2]) is not int or r[2] < 0 or type(r[3]) is not list):
+            raise ProtocolError("bad_batch", "each run must be [op, first rid, weight, values]")
+
+
+def expand_runs(runs: list) -> list:
+    """The rows [op, value, key, rid, weight] of validated runs."""
+    return [(op, v, None, first + i, w) for op, first, w, values in runs for i, v in enumerate(values)]
 
 
 def check_migrate(body: list, n_ops: int, n_groups: int = 128) -> None:

@@ -667,6 +667,7 @@ class Planner:
         first = base + offset
         w = job.weight // len(job.routes)
         out: dict[str, list] = {}
+        runs: dict[str, list] = {}
         failed = []
         for route in job.routes:
             s = route.succ
@@ -688,15 +689,17 @@ class Planner:
             else:
                 table = route.table
                 tn = len(table)
-                # Consecutive blocks per table slot keep the per-record work to building one row.
+                # Consecutive blocks per table slot travel as runs (first rid, one weight, the values), so
+                # the planner builds and packs no row per record.
                 block = max(1, n // tn) if n >= tn else 1
                 for start in range(0, n, block):
                     dest = table[(first + start) // block % tn]
-                    rows = out.setdefault(dest, [])
-                    rows.extend([(s, v, None, first + start + i, w)
-                                 for i, v in enumerate(part[start:start + block])])
+                    runs.setdefault(dest, []).append([s, first + start, w, part[start:start + block]])
+        epoch = job.placement.epoch
         for dest, rows in out.items():
-            self.pushers[dest].send(protocol.encode("data", [job.id, job.placement.epoch, rows]), copy=False)
+            self.pushers[dest].send(protocol.encode("data", [job.id, epoch, rows]), copy=False)
+        for dest, rs in runs.items():
+            self.pushers[dest].send(protocol.encode("runs", [job.id, epoch, rs]), copy=False)
         if failed:
             job.counters["source_errors"] += len(failed)
             job.tracker.complete_now(failed, time.monotonic())

@@ -33,6 +33,7 @@ def garbage(rng: random.Random) -> list[bytes]:
                msgpack.packb([protocol.VERSION, "push", {"req": 1}]), msgpack.packb({"not": "a list"}),
                msgpack.packb([protocol.VERSION, "data", [1, 0, [[0, "x", None, "rid", -5]]]]),
                msgpack.packb([protocol.VERSION, "data", [1, 0, [[99, "x", None, 1, 1]]]]),
+               msgpack.packb([protocol.VERSION, "runs", [1, 0, [[0, -3, 1, ["x"]]]]]),
                msgpack.packb([protocol.VERSION, "done", [1, {"a": "b"}, []]]),
                msgpack.packb([protocol.VERSION, "heartbeat", {"id": "w0", "sample": {}}]),
                msgpack.packb([protocol.VERSION, "submit", {"req": 5, "dag": {"functions": b"\x80garbage"}}])])

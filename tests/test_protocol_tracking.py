@@ -52,6 +52,15 @@ def test_check_rows():
             protocol.check_rows(rows, 2)
 
 
+def test_check_and_expand_runs():
+    runs = [[0, 100, 7, ["a", "b"]], [1, 5, 3, []]]
+    protocol.check_runs(runs, 2)
+    assert protocol.expand_runs(runs) == [(0, "a", None, 100, 7), (0, "b", None, 101, 7)]
+    for bad in ([[2, 0, 1, []]], [[0, -1, 1, []]], [[0, 0, -1, []]], [[0, 0, 1, "ab"]], [[0, 0, 1]], "x"):
+        with pytest.raises(ProtocolError, match="run"):
+            protocol.check_runs(bad, 2)
+
+
 def split_weight(w: int, k: int) -> list[int]:
     q, r = divmod(w, k)
     return [q + r] + [q] * (k - 1)

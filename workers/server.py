@@ -392,13 +392,15 @@ class Worker:
             t0 = perf_counter()
             try:
                 mtype, body = protocol.decode(frame.bytes)
-                if mtype not in ("data", "marker", "migrate"):
+                if mtype not in ("data", "runs", "marker", "migrate"):
                     raise ProtocolError("unexpected_type", f"{mtype} on the data socket")
                 eng = self.jobs.get(body[0])
                 if eng is None:
                     raise ProtocolError("unknown_job", f"{mtype} for job {body[0]}")
                 if mtype == "data":
                     protocol.check_rows(body[2], len(eng.ops))
+                elif mtype == "runs":
+                    protocol.check_runs(body[2], len(eng.ops))
                 else:
                     protocol.check_migrate(body, len(eng.ops))
             except ProtocolError as e:
@@ -406,6 +408,9 @@ class Worker:
                 continue
             if mtype == "data":
                 eng.receive(body[1], body[2])
+                self.wake.set()
+            elif mtype == "runs":
+                eng.receive(body[1], protocol.expand_runs(body[2]))
                 self.wake.set()
             else:
                 self._on_migration_message(eng, mtype, body, perf_counter() - t0)
