@@ -1,0 +1,464 @@
+"""A time-stepped fluid simulator of a CLASP cluster of any size, driving the real policy code.
+
+Pure: no sockets, no wall clock; numpy only; the same inputs and seed give the same result.
+
+Model (docs/SIMULATOR.md): each worker is one server with a capacity of W µs of work per second. A
+request of operator o on worker w costs `τ_o + Σ_s f[o→s]·(α·σ_s(w) + β·(1 − σ_s(w)))` µs, i.e. its
+execution plus α per chained request to a local successor and β per remote one (in expectation over the
+routing σ). Each distinct remote destination costs γ µs per second, charged as a capacity reduction.
+Time advances in steps of `dt`; per step every worker serves queued work up to its budget, draining all
+its operator queues by the same fraction (the fluid limit of one FIFO queue), and the outputs arrive in
+the successors' queues, split by σ, at the next step. A planner admits records while fewer than `window`
+records are in flight, like the runtime's in-flight window. Every simulated second yields the Table 2
+metrics as a `clasp.control.Observation`; with a `Controller` the simulator feeds it and applies the
+policy's placements (optionally pausing all workers for a configured migration time).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from clasp.control import Controller, Observation, runtime_estimator_config
+from clasp.estimator import Estimator, WorkerSample
+from clasp.model import Edge, remote_destinations
+from clasp.placement import topological_order
+from clasp.policy import POLICIES, OperatorStats, PlacementResult, uniform_placement
+
+Rate = float | Callable[[float], float] | None
+
+
+class CostError(ValueError):
+    """A malformed cost-coefficient file."""
+
+
+@dataclass(frozen=True)
+class Costs:
+    """The cost coefficients: α, β (µs per local / remote chained request), γ (µs/s per remote
+    destination), W (µs of work per second per worker), and τ_o (µs) per app and operator."""
+
+    alpha: float
+    beta: float
+    gamma: float
+    capacity: float
+    tau_us: dict[str, dict[str, float]]
+
+    @classmethod
+    def from_json_dict(cls, d: Any) -> Costs:
+        if not isinstance(d, Mapping):
+            raise CostError("costs must be a JSON object")
+        values = {}
+        for key in ("alpha", "beta", "gamma", "capacity"):
+            v = d.get(key)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                raise CostError(f"costs field {key!r} must be a finite number ≥ 0, not {v!r}")
+            values[key] = float(v)
+        if values["capacity"] <= 0:
+            raise CostError("costs field 'capacity' must be > 0")
+        tau = d.get("tau_us")
+        if not isinstance(tau, Mapping):
+            raise CostError("costs field 'tau_us' must be an object of app → {operator: µs}")
+        table: dict[str, dict[str, float]] = {}
+        for app, ops in tau.items():
+            if not isinstance(ops, Mapping):
+                raise CostError(f"costs field 'tau_us.{app}' must be an object of operator → µs")
+            for op, v in ops.items():
+                if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                    raise CostError(f"costs field 'tau_us.{app}.{op}' must be a finite number ≥ 0, not {v!r}")
+            table[str(app)] = {str(op): float(v) for op, v in ops.items()}
+        return cls(values["alpha"], values["beta"], values["gamma"], values["capacity"], table)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Costs:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise CostError(f"cannot read costs file {path}: {exc.strerror or exc}") from None
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CostError(f"costs file {path} is not JSON: {exc}") from None
+        return cls.from_json_dict(d)
+
+    def with_coefficients(self, alpha: float, beta: float, gamma: float) -> Costs:
+        return Costs(alpha, beta, gamma, self.capacity, self.tau_us)
+
+
+COSTS_FILE = Path(__file__).resolve().parent.parent / "bench" / "sim_costs.json"
+PAPER_COSTS_FILE = Path(__file__).resolve().parent.parent / "bench" / "sim_costs_paper.json"
+
+
+@dataclass(frozen=True)
+class SimDag:
+    """What the simulator needs of a DAG: operators, edges, per-edge fan-out (chained requests per request
+    of the source operator) and τ_o in µs."""
+
+    name: str
+    operators: list[str]
+    edges: list[Edge]
+    fanout: dict[Edge, float]
+    tau_us: dict[str, float]
+
+    def multiplicity(self) -> dict[str, float]:
+        """Requests per input record of each operator (1 for a source)."""
+        preds: dict[str, list[Edge]] = {o: [] for o in self.operators}
+        for e in self.edges:
+            preds[e[1]].append(e)
+        m: dict[str, float] = {}
+        for o in topological_order(self.operators, self.edges):
+            m[o] = 1.0 if not preds[o] else sum(m[s] * self.fanout.get((s, o), 0.0) for s, _ in preds[o])
+        return m
+
+
+def measure_fanout(app: ModuleType, records: int = 2000, seed: int = 0) -> dict[Edge, float]:
+    """Per-edge fan-out of an app, counted on a local run: outputs of src per request of src."""
+    from clasp.testing import outputs_of, run_local
+
+    dag = app.build_dag()
+    emitted = {o.name: 0 for o in dag.operators}
+
+    def counting(name: str, fn: Callable, stateful: bool) -> Callable:
+        # Outputs go to every successor, so counting a request's outputs once gives each edge's count.
+        if stateful:
+            def wrapped(state, value):
+                new_state, out = fn(state, value)
+                out = outputs_of(out)
+                emitted[name] += len(out)
+                return new_state, out
+        else:
+            def wrapped(value):
+                out = outputs_of(fn(value))
+                emitted[name] += len(out)
+                return out
+        return wrapped
+
+    for o in dag.operators:
+        o.fn = counting(o.name, o.fn, o.stateful)
+    job = run_local(dag, app.generate(records, seed), roundtrip=False)
+    return {(s, d): (emitted[s] / job.processed[s] if job.processed[s] else 0.0) for s, d in dag.edges}
+
+
+def app_dag(name: str, costs: Costs, records: int = 2000, seed: int = 0) -> SimDag:
+    """The SimDag of a benchmark app: its topology, measured fan-outs and τ_o from `costs`."""
+    from apps import get_app
+
+    app = get_app(name)
+    dag = app.build_dag()
+    ops = [o.name for o in dag.operators]
+    tau = costs.tau_us.get(name)
+    if tau is None:
+        raise CostError(f"costs have no tau_us for app {name!r}")
+    missing = [o for o in ops if o not in tau]
+    if missing:
+        raise CostError(f"costs tau_us.{name} lacks operator(s) {', '.join(missing)}")
+    return SimDag(name, ops, list(dag.edges), measure_fanout(app, records, seed), {o: tau[o] for o in ops})
+
+
+@dataclass
+class SimConfig:
+    """`dt`: step (s); `window`: records in flight the planner allows; `max_queue`: the planner queue an
+    unthrottled driver keeps full; `warmup`: seconds excluded from the summary; `latency_samples`: sampled
+    record paths per step; `migration_pause`: seconds every worker stops when a placement is applied;
+    `p_max`: executor slots per worker reported to the policy. `window` None is a quarter second of the pool's
+    nominal throughput (at least 4 steps per hop of the DAG's depth): the runtime's fixed 5,000 would be
+    many seconds of queued work with ~400 µs operators, and too few to fill a 10-op chain of 5 ms hops at
+    this runtime's speed."""
+
+    duration: float = 60.0
+    dt: float = 0.005
+    window: int | None = None
+    max_queue: int = 2_000_000
+    warmup: float = 2.0
+    latency_samples: int = 4
+    migration_pause: float = 0.0
+    p_max: int = 10
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.duration > 0:
+            raise ValueError(f"duration must be > 0, not {self.duration}")
+        if not 0 < self.dt <= 0.1:
+            raise ValueError(f"dt must be in (0, 0.1] s, not {self.dt}")
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"window must be at least 1, not {self.window}")
+        if self.migration_pause < 0:
+            raise ValueError(f"migration_pause must be ≥ 0, not {self.migration_pause}")
+
+
+@dataclass
+class SecondMetrics:
+    """One simulated second: rates, active workers, per-worker utilization and the Observation."""
+
+    t: int
+    input_rate: float
+    throughput: float
+    workers: int
+    utilization: list[float]
+    observation: Observation
+
+
+@dataclass
+class SimResult:
+    """Summary over the seconds after the warm-up, the per-second series and the policy's decisions."""
+
+    throughput: float
+    latency: dict[str, float]
+    workers: int
+    utilization: list[float]
+    seconds: list[SecondMetrics]
+    decisions: list[dict] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        return {"throughput": self.throughput, "latency": dict(self.latency), "workers": self.workers,
+                "utilization": list(self.utilization),
+                "series": [{"t": s.t, "input_rate": s.input_rate, "throughput": s.throughput,
+                            "workers": s.workers} for s in self.seconds],
+                "decisions": list(self.decisions)}
+
+
+def _weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs: Sequence[float]) -> list[float]:
+    if values.size == 0 or not weights.sum() > 0:
+        return [0.0 for _ in qs]
+    order = np.argsort(values)
+    v, cw = values[order], np.cumsum(weights[order])
+    return [float(v[min(np.searchsorted(cw, q * cw[-1]), v.size - 1)]) for q in qs]
+
+
+class Simulator:
+    """One job on a pool of `pool` identical workers, starting on `placement` (default: every operator
+    spread evenly over the pool), fed at `rate` (records/s, a function of simulated time, or None for
+    unthrottled), optionally under a `controller` whose decisions it applies."""
+
+    def __init__(self, dag: SimDag, costs: Costs, pool: int, *, rate: Rate = None,
+                 placement: PlacementResult | None = None, controller: Controller | None = None,
+                 config: SimConfig | None = None):
+        if pool < 1:
+            raise ValueError(f"pool must be at least 1 worker, not {pool}")
+        if placement is not None and placement.workers > pool:
+            raise ValueError(f"placement uses {placement.workers} workers, the pool has {pool}")
+        self.dag, self.costs, self.pool, self.rate = dag, costs, pool, rate
+        self.config = config or SimConfig()
+        self.controller = controller
+        self.ops = list(dag.operators)
+        index = {o: i for i, o in enumerate(self.ops)}
+        n = len(self.ops)
+        self.fan = np.zeros((n, n))
+        for (s, d), f in dag.fanout.items():
+            self.fan[index[s], index[d]] = f
+        self.tau = np.array([dag.tau_us[o] for o in self.ops], dtype=float)
+        self.preds = [[index[s] for s, d in dag.edges if d == o] for o in self.ops]
+        self.topo = [index[o] for o in topological_order(self.ops, dag.edges)]
+        self.sources = np.array([1.0 if not p else 0.0 for p in self.preds])
+        mult = dag.multiplicity()
+        has_succ = self.fan.sum(axis=1) > 0
+        self.sinks = [i for i, o in enumerate(self.ops) if not has_succ[i] and mult[o] > 0]
+        self.sink_mult = sum(mult[self.ops[i]] for i in self.sinks)
+        if self.config.window is not None:
+            self.window = float(self.config.window)
+        else:
+            # One worker's cost of a record with every chained request local: the pool's nominal rate.
+            per_record = sum(mult[o] * (dag.tau_us[o] + costs.alpha * self.fan[i].sum())
+                             for i, o in enumerate(self.ops))
+            nominal = pool * costs.capacity / per_record if per_record > 0 else math.inf
+            # Each hop takes at least one step, so the window must cover the DAG's depth in steps or it,
+            # not the workers, would bound the throughput.
+            depth = max(len(self.preds_path()), 1)
+            self.window = float(max(50.0, nominal * max(0.25, 4 * depth * self.config.dt)))
+        if placement is None:
+            placement = uniform_placement(self.ops, dag.edges, pool, self.config.p_max, costs.capacity,
+                                          "operators spread evenly over the pool", "uniform")
+        self._apply(placement)
+
+    def preds_path(self) -> list[int]:
+        """Operators on the longest source-to-sink path."""
+        best: dict[int, list[int]] = {}
+        for o in self.topo:
+            before = max((best[p] for p in self.preds[o]), key=len, default=[])
+            best[o] = before + [o]
+        return max(best.values(), key=len, default=[])
+
+    def _apply(self, placement: PlacementResult) -> None:
+        """Routing, per-request costs and capacities under `placement`."""
+        n = len(self.ops)
+        sigma = np.zeros((self.pool, n))
+        for j, o in enumerate(self.ops):
+            shares = {w: f for w, f in placement.fractions.get(o, {}).items() if f > 0 and w < self.pool}
+            if not shares:
+                shares = {0: 1.0}  # an operator the policy saw no demand for still runs somewhere, as at runtime
+            total = sum(shares.values())
+            for w, f in shares.items():
+                sigma[w, j] = f / total
+        self.placement = placement
+        self.sigma = sigma
+        self.cum = np.cumsum(sigma, axis=0)
+        c = self.costs
+        local = sigma @ self.fan.T  # [w, o]: chained requests per request of o on w that stay on w
+        self.local_per_req = local
+        self.remote_per_req = self.fan.sum(axis=1)[None, :] - local
+        self.cost = self.tau[None, :] + c.alpha * local + c.beta * self.remote_per_req
+        fractions = {o: {w: float(sigma[w, j]) for w in range(self.pool) if sigma[w, j] > 0}
+                     for j, o in enumerate(self.ops)}
+        reach = remote_destinations(fractions, {e: f for e, f in self.dag.fanout.items()})
+        self.delta = np.array([len(reach.get(w, ())) for w in range(self.pool)], dtype=float)
+        self.active = sigma.sum(axis=1) > 0
+        self.effective = np.where(self.active, np.maximum(c.capacity - c.gamma * self.delta, 0.0), 0.0)
+
+    def run(self) -> SimResult:
+        cfg = self.config
+        rng = np.random.default_rng(cfg.seed)
+        n_ops = len(self.ops)
+        steps_per_second = max(1, round(1.0 / cfg.dt))
+        dt = 1.0 / steps_per_second
+        seconds = math.ceil(cfg.duration)
+        queue = np.zeros((self.pool, n_ops))
+        planner = 0.0
+        admitted_total = completed_total = 0.0
+        pause_until = -1.0
+        lat_values: list[np.ndarray] = []
+        lat_weights: list[np.ndarray] = []
+        series: list[SecondMetrics] = []
+        decisions: list[dict] = []
+        arange = np.arange(n_ops)
+        k = cfg.latency_samples
+        for sec in range(seconds):
+            pushed_s = completed_s = 0.0
+            served = np.zeros((self.pool, n_ops))
+            busy = np.zeros(self.pool)
+            delay_sum = np.zeros(self.pool)
+            for step in range(steps_per_second):
+                t = sec + step * dt
+                if self.rate is None:
+                    push = max(0.0, cfg.max_queue - planner)
+                else:
+                    r = self.rate(t) if callable(self.rate) else self.rate
+                    push = max(0.0, float(r)) * dt
+                planner += push
+                pushed_s += push
+                admit = min(planner, max(0.0, self.window - (admitted_total - completed_total)))
+                planner -= admit
+                admitted_total += admit
+                queue += self.sigma * (self.sources * admit)[None, :]
+                work = (queue * self.cost).sum(axis=1)
+                budget = self.effective * dt if t >= pause_until else np.zeros(self.pool)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    frac = np.where(work > budget, budget / work, 1.0)
+                    delay = np.where(self.effective > 0, work / self.effective, 0.0)
+                done = queue * frac[:, None]
+                queue -= done
+                served += done
+                busy += np.minimum(work, budget)
+                delay_sum += delay
+                produced = done.sum(axis=0)
+                arrivals = produced @ self.fan
+                queue += self.sigma * arrivals[None, :]
+                if self.sink_mult > 0:
+                    finished = sum(produced[i] for i in self.sinks) / self.sink_mult
+                    completed_s += finished
+                    completed_total += finished
+                if k and t >= cfg.warmup and admit > 0:
+                    lat_values.append(self._sample_latency(rng, delay, k, arange, planner, admit / dt))
+                    lat_weights.append(np.full(k, admit / k))
+            util = (busy + self.costs.gamma * self.delta * self.active) / self.costs.capacity
+            obs = self._observation(pushed_s, completed_s, completed_total, planner, queue, served,
+                                    delay_sum / steps_per_second)
+            series.append(SecondMetrics(sec, pushed_s, completed_s, int(self.active.sum()), util.tolist(), obs))
+            if self.controller is not None:
+                decision = self._control(obs, sec + 1)
+                if decision is not None:
+                    decisions.append(decision)
+                    if decision["change"]:
+                        pause_until = sec + 1 + cfg.migration_pause
+                        queue = self._move_queues(queue)
+        after = [s for s in series if s.t >= cfg.warmup] or series
+        values = np.concatenate(lat_values) if lat_values else np.zeros(0)
+        weights = np.concatenate(lat_weights) if lat_weights else np.zeros(0)
+        p50, p95, p99 = _weighted_percentiles(values, weights, (0.5, 0.95, 0.99))
+        util_mean = np.mean([s.utilization for s in after], axis=0)
+        return SimResult(float(np.mean([s.throughput for s in after])), {"p50": p50, "p95": p95, "p99": p99},
+                         int(self.active.sum()), [float(u) for u in util_mean], series, decisions)
+
+    def _sample_latency(self, rng: np.random.Generator, delay: np.ndarray, k: int, arange: np.ndarray,
+                        planner: float, admit_rate: float) -> np.ndarray:
+        """End-to-end latency (s) of `k` records admitted now: a worker per operator drawn from σ, each hop
+        its worker's FIFO wait (queued work / capacity) plus its service time, the longest path to a sink,
+        plus the wait in the planner queue."""
+        u = rng.random((k, len(self.ops)))
+        who = np.minimum((u[:, None, :] > self.cum[None, :, :]).sum(axis=1), self.pool - 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            service = np.where(self.effective[:, None] > 0, self.cost / self.effective[:, None], 0.0)
+        hop = delay[who] + service[who, arange[None, :]]
+        finish = np.zeros_like(hop)
+        for o in self.topo:
+            before = np.max([finish[:, p] for p in self.preds[o]], axis=0) if self.preds[o] else 0.0
+            finish[:, o] = before + hop[:, o]
+        sinks = self.sinks or list(range(len(self.ops)))
+        # Unthrottled, the driver keeps the planner queue full, so its wait says nothing: measure from admission.
+        wait = planner / admit_rate if admit_rate > 0 and self.rate is not None else 0.0
+        return finish[:, sinks].max(axis=1) + wait
+
+    def _observation(self, pushed: float, completed: float, completed_total: float, planner: float,
+                     queue: np.ndarray, served: np.ndarray, delay: np.ndarray) -> Observation:
+        rates = served.sum(axis=0)
+        operators = {o: OperatorStats(float(rates[j]), float(self.tau[j])) for j, o in enumerate(self.ops)}
+        edges = {e: float(rates[self.ops.index(e[0])] * f) for e, f in self.dag.fanout.items()}
+        workers = {}
+        for w in np.flatnonzero(self.active):
+            workers[int(w)] = WorkerSample(float(queue[w].sum()), float(delay[w]),
+                                           float(served[w] @ self.tau),
+                                           float(served[w] @ self.local_per_req[w]),
+                                           float(served[w] @ self.remote_per_req[w]), float(self.delta[w]))
+        instances = self.placement.instances() or len(self.ops)
+        return Observation(pushed, completed, int(completed_total), int(planner), operators, edges, workers,
+                           int(self.active.sum()), instances)
+
+    def _control(self, obs: Observation, t: int) -> dict | None:
+        step = self.controller.observe(obs)
+        if step.trigger is None:
+            return None
+        d = step.decision
+        entry = {"t": t, "trigger": step.trigger, "reason": d.reason, "change": d.change, "workers": d.workers}
+        if d.change:
+            self._apply(d.placement)
+            self.controller.placed(d.placement)
+        return entry
+
+    def _move_queues(self, queue: np.ndarray) -> np.ndarray:
+        """Requests queued for an operator on a worker that lost it go to its new holders, by σ."""
+        lost = np.where(self.sigma > 0, 0.0, queue)
+        return queue - lost + self.sigma * lost.sum(axis=0)[None, :]
+
+
+def make_controller(dag: SimDag, costs: Costs, policy: str, pool: int, p_max: int = 10) -> Controller:
+    """A Controller running POLICIES[policy] with an estimator that starts from `costs`' coefficients."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; accepted: {', '.join(POLICIES)}")
+    estimator = Estimator(runtime_estimator_config(alpha=costs.alpha, beta=costs.beta, gamma=costs.gamma,
+                                                   capacity=costs.capacity))
+    return Controller(list(dag.operators), list(dag.edges), POLICIES[policy](), p_max, pool,
+                      estimator=estimator)
+
+
+def simulate(app: str | SimDag, workers: int, *, costs: Costs | None = None, policy: str | None = None,
+             rate: Rate = None, config: SimConfig | None = None, start_workers: int = 1) -> SimResult:
+    """Simulate `app` on `workers` workers: spread evenly over all of them, or, with `policy`, starting
+    on `start_workers` (spread evenly) under the control loop with that policy and the pool as its limit."""
+    costs = costs or Costs.load(COSTS_FILE)
+    dag = app if isinstance(app, SimDag) else app_dag(app, costs)
+    config = config or SimConfig()
+    controller = None
+    placement = None
+    if policy is not None:
+        controller = make_controller(dag, costs, policy, workers, config.p_max)
+        n = min(start_workers, workers)
+        placement = uniform_placement(dag.operators, dag.edges, n, config.p_max, costs.capacity,
+                                      f"start spread evenly over {n} worker(s)", policy)
+        controller.current = placement
+    return Simulator(dag, costs, workers, rate=rate, placement=placement, controller=controller,
+                     config=config).run()

@@ -1,0 +1,112 @@
+"""The simulator: linear scaling without chaining costs, the paper's Fig. 2 shape, rate tracking, the
+control loop adding workers through the real policy, and the CLI's argument checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clasp.sim_cli import main
+from clasp.simulator import COSTS_FILE, PAPER_COSTS_FILE, Costs, SimConfig, app_dag, simulate
+
+
+@pytest.fixture(scope="module")
+def runtime_costs() -> Costs:
+    return Costs.load(COSTS_FILE)
+
+
+@pytest.fixture(scope="module")
+def paper_costs() -> Costs:
+    return Costs.load(PAPER_COSTS_FILE)
+
+
+def _throughputs(app: str, costs: Costs, workers=(1, 5, 10), duration: float = 8.0) -> list[float]:
+    dag = app_dag(app, costs)
+    return [simulate(dag, n, costs=costs, config=SimConfig(duration=duration, warmup=2.0)).throughput
+            for n in workers]
+
+
+@pytest.mark.parametrize("app", ["syn", "wc"])
+def test_no_chaining_cost_scales_linearly(runtime_costs, app):
+    free = runtime_costs.with_coefficients(0.0, 0.0, 0.0)
+    one, five, ten = _throughputs(app, free)
+    assert five / one == pytest.approx(5.0, rel=0.03)
+    assert ten / one == pytest.approx(10.0, rel=0.03)
+
+
+def test_paper_coefficients_give_fig2_shape(paper_costs):
+    one, five, ten = _throughputs("syn", paper_costs)
+    # One worker: 10 × 400 µs + 9 local chained requests × 38.5 µs per record, at 850,000 µs/s.
+    assert one == pytest.approx(850000 / (10 * 400 + 9 * 38.5), rel=0.02)
+    assert one < five < ten
+    assert five / one < 0.75 * 5
+    assert ten / one < 0.6 * 10
+
+
+def test_rate_below_capacity_is_sustained(runtime_costs):
+    dag = app_dag("wc", runtime_costs)
+    r = simulate(dag, 2, costs=runtime_costs, rate=15000.0, config=SimConfig(duration=6.0, warmup=1.0))
+    assert r.throughput == pytest.approx(15000.0, rel=0.01)
+    assert max(r.utilization) < 0.9
+    assert r.latency["p50"] < 0.05
+
+
+def test_rate_above_capacity_saturates(runtime_costs):
+    dag = app_dag("wc", runtime_costs)
+    r = simulate(dag, 1, costs=runtime_costs, rate=60000.0, config=SimConfig(duration=6.0, warmup=2.0))
+    assert r.throughput < 30000.0
+    assert r.utilization[0] == pytest.approx(1.0, rel=0.01)
+    assert r.seconds[-1].observation.queued > r.seconds[2].observation.queued > 0
+
+
+def test_deterministic_for_a_seed(runtime_costs):
+    dag = app_dag("nwm", runtime_costs)
+    a = simulate(dag, 3, costs=runtime_costs, rate=8000.0, config=SimConfig(duration=4.0, warmup=1.0, seed=3))
+    b = simulate(dag, 3, costs=runtime_costs, rate=8000.0, config=SimConfig(duration=4.0, warmup=1.0, seed=3))
+    assert a.summary() == b.summary()
+
+
+def test_control_loop_adds_workers_under_rising_rate(runtime_costs):
+    dag = app_dag("wc", runtime_costs)
+
+    def rising(t: float) -> float:
+        return 5000.0 + 2000.0 * t  # 5,000 → 65,000 records/s over 30 s; one worker sustains ~23,000
+
+    r = simulate(dag, 10, costs=runtime_costs, policy="clasp", rate=rising,
+                 config=SimConfig(duration=30.0, warmup=1.0))
+    assert r.seconds[0].workers == 1
+    changes = [d for d in r.decisions if d["change"]]
+    assert changes, r.decisions
+    assert r.seconds[-1].workers >= 3
+    assert r.seconds[-1].throughput > 40000.0
+
+
+@pytest.mark.parametrize("argv", [
+    [],
+    ["wc"],
+    ["nosuchapp", "--workers", "2"],
+    ["wc", "--workers", "0"],
+    ["wc", "--workers", "two"],
+    ["wc", "--workers", "2", "--policy", "nosuch"],
+    ["wc", "--workers", "2", "--rate", "-5"],
+    ["wc", "--workers", "2", "--rate", "100", "--unthrottled"],
+    ["wc", "--workers", "2", "--duration", "0"],
+    ["wc", "--workers", "2", "--costs", "/nonexistent/costs.json"],
+])
+def test_cli_bad_arguments_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("clasp simulate: ") and "\n" not in err
+
+
+def test_cli_prints_summary(tmp_path, capsys):
+    out = tmp_path / "sim.json"
+    assert main(["syn", "--workers", "2", "--rate", "20000", "--duration", "3", "--json", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["throughput"] == pytest.approx(20000.0, rel=0.02)
+    assert summary["workers"] == 2 and len(summary["utilization"]) == 2
+    assert set(summary["latency"]) == {"p50", "p95", "p99"}
+    assert len(json.loads(out.read_text())["series"]) == 3
