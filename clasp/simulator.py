@@ -269,14 +269,14 @@ class Simulator:
             nominal = pool * costs.capacity / per_record if per_record > 0 else math.inf
             # Each hop takes at least one step, so the window must cover the DAG's depth in steps or it,
             # not the workers, would bound the throughput.
-            depth = max(len(self.preds_path()), 1)
+            depth = max(len(self.longest_path()), 1)
             self.window = float(max(50.0, nominal * max(0.25, 4 * depth * self.config.dt)))
         if placement is None:
             placement = uniform_placement(self.ops, dag.edges, pool, self.config.p_max, costs.capacity,
                                           "operators spread evenly over the pool", "uniform")
         self._apply(placement)
 
-    def preds_path(self) -> list[int]:
+    def longest_path(self) -> list[int]:
         """Operators on the longest source-to-sink path."""
         best: dict[int, list[int]] = {}
         for o in self.topo:
