@@ -147,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("place", help="print CLASP's placement for a profile of observed statistics",
                         add_help=False)
     pl.set_defaults(fn=None)
+    sim = sub.add_parser("simulate", help="simulate an app on a cluster of any size, with the real policies",
+                         add_help=False)
+    sim.set_defaults(fn=None)
     return ap
 
 
@@ -154,5 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["place"]:
         return _place(None, argv[1:])
+    if argv[:1] == ["simulate"]:
+        from clasp.sim_cli import main as simulate_main
+
+        return simulate_main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.fn(args) or 0

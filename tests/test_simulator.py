@@ -110,3 +110,14 @@ def test_cli_prints_summary(tmp_path, capsys):
     assert summary["workers"] == 2 and len(summary["utilization"]) == 2
     assert set(summary["latency"]) == {"p50", "p95", "p99"}
     assert len(json.loads(out.read_text())["series"]) == 3
+
+
+def test_the_clasp_command_runs_simulate(capsys):
+    from clasp.cli import main as clasp_main
+
+    with pytest.raises(SystemExit) as exit_:
+        clasp_main(["simulate", "nope", "--workers", "1"])
+    assert exit_.value.code == 2
+    assert "unknown app 'nope'" in capsys.readouterr().err
+    assert clasp_main(["simulate", "syn", "--workers", "2", "--duration", "3"]) == 0
+    assert json.loads(capsys.readouterr().out)["throughput"] > 0
