@@ -37,11 +37,13 @@ class ControlConfig:
     """Trigger settings (paper §5.1.1): `rate_change` is the relative change of the input rate that
     counts; it must hold `rate_seconds` ticks in one direction. Throughput below (1 − `lag_tolerance`)
     of the input rate, or a planner queue that does not shrink, for `lag_seconds` ticks is a lag.
-    `cooldown_seconds` after a migration let the metrics settle. `drain_seconds` (off by default) adds
+    `cooldown_seconds` after a migration let the metrics settle. A job with no input, no throughput and
+    no queue for `idle_seconds` (0: never) gives back all but one worker. `drain_seconds` (off by default) adds
     the rate that drains the planner's backlog in that time to the rate planned for; on workers that
     share cores it over-provisions, since more workers then do not mean more capacity."""
 
     warmup_requests: int = 10_000
+    idle_seconds: int = 10
     rate_change: float = 0.15
     rate_seconds: int = 2
     lag_seconds: int = 3
@@ -94,6 +96,7 @@ class Controller:
     _lag: int = 0
     _cooldown: int = 0
     _last_queue: int = 0
+    _idle: int = 0
 
     def observe(self, obs: Observation, decide: bool = True) -> ControlStep:
         """Feed the estimator; with `decide`, check the triggers and ask the policy when one fires."""
@@ -104,11 +107,22 @@ class Controller:
             return step
         trigger = self._trigger(obs)
         if trigger is None:
-            return step
+            return self._consolidate(obs, step)
         step.trigger = trigger
         step.decision = self.policy.decide(self.operators, self.edges, self.current, self.stats(obs),
                                            max_workers=self.pool)
         self._reset(obs)
+        return step
+
+    def _consolidate(self, obs: Observation, step: ControlStep) -> ControlStep:
+        """An idle job has no rates to plan from; after `idle_seconds` it goes back to one worker."""
+        idle = obs.input_rate == 0 and obs.throughput == 0 and obs.queued == 0 and obs.active > 1
+        self._idle = self._idle + 1 if idle and obs.completed >= self.config.warmup_requests else 0
+        if not self.config.idle_seconds or self._idle < self.config.idle_seconds:
+            return step
+        self._idle = 0
+        step.trigger = f"no input for {self.config.idle_seconds} s on {obs.active} workers"
+        step.decision = Decision(self.place_on(1), "an idle job keeps one worker")
         return step
 
     def _reset(self, obs: Observation) -> None:

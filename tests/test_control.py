@@ -1,0 +1,76 @@
+"""The control loop as pure code: observations in, triggers and decisions out (no cluster, no clock)."""
+
+from __future__ import annotations
+
+from clasp.control import ControlConfig, Controller, Observation, pool_order, to_runtime_placement
+from clasp.estimator import WorkerSample
+from clasp.policy import ClaspPolicy, OperatorStats
+from clasp.routing import build_placement
+from tests.test_runtime import wordcount_dag
+
+OPS = ["split", "count"]
+EDGES = [("split", "count")]
+
+
+def controller(**config) -> Controller:
+    return Controller(OPS, EDGES, ClaspPolicy(), p_max=10, pool=4,
+                      config=ControlConfig(warmup_requests=1000, **config))
+
+
+def obs(rate: float, throughput: float | None = None, completed: int = 5000, queued: int = 0,
+        active: int = 1) -> Observation:
+    """A Word Count second at `rate` lines/s: 15 words per line, split 7 µs and count 0.5 µs."""
+    t = rate if throughput is None else throughput
+    return Observation(rate, t, completed, queued,
+                       {"split": OperatorStats(t, 7.0), "count": OperatorStats(15 * t, 0.5)},
+                       {("split", "count"): 15 * t},
+                       {"w0": WorkerSample(0, 0.0, t * 7 + 15 * t * 0.5, 15 * t, 0, 0)}, active, 10)
+
+
+def test_no_trigger_during_warmup_and_a_steady_rate():
+    c = controller()
+    for _ in range(5):
+        assert c.observe(obs(30000, completed=10)).trigger is None  # still warming up
+    for _ in range(5):
+        assert c.observe(obs(10000)).trigger is None
+
+
+def test_a_rate_change_must_hold_for_two_seconds_then_the_policy_scales_out():
+    c = controller()
+    c.observe(obs(10000))
+    assert c.observe(obs(40000)).trigger is None  # one second is not consistent yet
+    step = c.observe(obs(40000))
+    assert "input rate changed from 10000 to 40000" in step.trigger
+    assert step.decision.change and step.decision.workers >= 2
+    c.placed(step.decision.placement)
+    assert c.observe(obs(40000)).trigger is None and c.observe(obs(40000)).trigger is None  # cooldown
+
+
+def test_throughput_trailing_for_three_seconds_triggers():
+    c = controller()
+    c.observe(obs(20000))
+    triggers = [c.observe(obs(20000, throughput=12000, queued=q)).trigger for q in (1000, 2000, 3000)]
+    assert triggers[:2] == [None, None] and "trailed the input" in triggers[2]
+
+
+def test_an_idle_job_goes_back_to_one_worker():
+    c = controller(idle_seconds=3)
+    c.observe(obs(20000, active=3))
+    steps = [c.observe(obs(0, active=3)) for _ in range(4)]
+    idle = [s for s in steps if s.trigger and s.trigger.startswith("no input")]
+    assert len(idle) == 1 and idle[0].decision.workers == 1
+
+
+def test_runtime_placement_keeps_active_workers_first_and_moves_few_key_groups():
+    spec = wordcount_dag().to_spec()
+    old = build_placement(spec, ["w0", "w1", "w2"], {"split": {1: 1.0}, "count": {1: 1.0, 2: 1.0}}, 10)
+    pool = pool_order(old, ["w0", "w1", "w2", "w3"])
+    assert pool[:2] == ["w1", "w2"]
+    result = ClaspPolicy().place_on(OPS, EDGES, controller().stats(obs(20000)), 3)
+    new = to_runtime_placement(spec, result, pool, old, epoch=1)
+    assert new.epoch == 1 and set(new.active_workers()) <= set(pool[:3])
+    kept = sum(a == b for a, b in zip(old.operators["count"].key_groups, new.operators["count"].key_groups,
+                                      strict=True))
+    shares = new.operators["count"].shares
+    # Every group that can stay with its owner under the new shares does.
+    assert kept >= min(64, round(128 * shares.get("w1", 0))) + min(64, round(128 * shares.get("w2", 0))) - 2
