@@ -14,6 +14,7 @@ workers, no autoscaling). `python -m bench.policies [--table] [--no-live] [--rec
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import tempfile
@@ -199,13 +200,15 @@ def benchmark(live_section: bool = True, records: dict[str, int] | None = None) 
 
 
 def main(argv: list[str]) -> int:
-    records = {}
-    for app in ("wc", "syn"):
-        flag = f"--records-{app}"
-        if flag in argv:
-            records[app] = int(argv[argv.index(flag) + 1])
-    result = benchmark("--no-live" not in argv, records)
-    if "--table" in argv:
+    ap = argparse.ArgumentParser(description="Worker counts per policy (clasp place) and live runs per policy.")
+    ap.add_argument("--no-live", action="store_true", help="only the clasp place sweeps (under 1 s)")
+    ap.add_argument("--table", action="store_true", help="print tables instead of JSON")
+    ap.add_argument("--records-wc", type=int, help="WC lines per live run")
+    ap.add_argument("--records-syn", type=int, help="SYN records per live run")
+    args = ap.parse_args(argv)
+    records = {app: n for app, n in (("wc", args.records_wc), ("syn", args.records_syn)) if n}
+    result = benchmark(not args.no_live, records)
+    if args.table:
         print(table(result["place"]))
         if "live" in result:
             print(live_table(result["live"]))
