@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from clasp.dag import DagSpec
 from clasp.estimator import Estimator, EstimatorConfig, EstimatorUpdate, WorkerSample
+from clasp.placement import topological_order
 from clasp.policy import Decision, EdgeStats, OperatorStats, PlacementResult, Policy, Stats
 from clasp.routing import NUM_KEY_GROUPS, OperatorPlacement, Placement, key_groups_for_shares
 
@@ -165,7 +166,8 @@ class Controller:
         if self.config.drain_seconds and obs.queued > 0 and obs.throughput > 0:
             target = max(target, obs.throughput) + obs.queued / self.config.drain_seconds
         e = self.estimator
-        return Stats(dict(obs.operators), [EdgeStats(s, d, r) for (s, d), r in obs.edges.items()],
+        operators, edges = steady_rates(self.operators, self.edges, obs.operators, obs.edges, obs.throughput)
+        return Stats(operators, [EdgeStats(s, d, r) for (s, d), r in edges.items()],
                      e.alpha, e.beta, e.gamma, e.capacity, obs.throughput, target, self.p_max,
                      max(obs.instances, 1), max(obs.active, 1))
 
@@ -180,6 +182,39 @@ class Controller:
         """A placement was carried out: it is the current one; let the metrics settle."""
         self.current = result
         self._cooldown = self.config.cooldown_seconds
+
+
+def steady_rates(operators: Sequence[str], edges: Sequence[tuple[str, str]], observed: Mapping[str, OperatorStats],
+                 edge_rates: Mapping[tuple[str, str], float], throughput: float,
+                 ) -> tuple[dict[str, OperatorStats], dict[tuple[str, str], float]]:
+    """The N_o and E[o→o_s] of a steady state at throughput Λ, for Eq. (5)-(7): every record enters each
+    source once, and each operator's requests per record follow from the observed fan-outs E[o→o_s]/N_o.
+    In a steady state these are the observed rates. While queues fill or drain (after a start, a rate
+    change or a re-placement) downstream operators lag their sources and Λ, the completions, lags them all:
+    the raw rates over Λ overstate the demand per record (×1.5 for Word Count filling its window), and a
+    policy planning from them over-provisions. Unobserved fan-outs leave the observation unchanged."""
+    preds: dict[str, list[str]] = {o: [] for o in operators}
+    for s, d in edges:
+        preds[d].append(s)
+    per_record: dict[str, float] = {}
+    for o in topological_order(operators, edges):
+        if not preds[o]:
+            per_record[o] = 1.0
+            continue
+        total = 0.0
+        for p in preds[o]:
+            n = observed.get(p, OperatorStats(0.0, 0.0)).rate
+            if not n > 0:
+                return dict(observed), dict(edge_rates)
+            total += per_record[p] * edge_rates.get((p, o), 0.0) / n
+        per_record[o] = total
+    if not throughput > 0:
+        return dict(observed), dict(edge_rates)
+    ops = {o: OperatorStats(per_record[o] * throughput, observed[o].tau_us if o in observed else 0.0)
+           for o in operators}
+    out = {(s, d): ops[s].rate * edge_rates.get((s, d), 0.0) / observed[s].rate for s, d in edges
+           if (s, d) in edge_rates}
+    return ops, out
 
 
 def pool_order(previous: Placement | None, alive: Sequence[str]) -> list[str]:

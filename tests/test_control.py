@@ -74,3 +74,23 @@ def test_runtime_placement_keeps_active_workers_first_and_moves_few_key_groups()
     shares = new.operators["count"].shares
     # Every group that can stay with its owner under the new shares does.
     assert kept >= min(64, round(128 * shares.get("w1", 0))) + min(64, round(128 * shares.get("w2", 0))) - 2
+
+
+def test_stats_plan_from_steady_per_record_rates_while_queues_fill():
+    """Word Count filling its in-flight window on one saturated worker (figures from the simulator): the
+    splitter runs ahead of the counter and of the completions. Per record, the policy must still see one
+    split and 15.14 counts, the fan-out the splitter emits, or it plans ×1.5 the demand."""
+    c = controller()
+    fill = Observation(37943, 16395, 50000, 900, {"split": OperatorStats(24448, 10.0),
+                                                  "count": OperatorStats(248169, 0.3)},
+                       {("split", "count"): 370055}, {}, 1, 10)
+    s = c.stats(fill)
+    fanout = 370055 / 24448
+    assert s.throughput == 16395
+    assert s.operators["split"].rate == 16395 and s.operators["split"].tau_us == 10.0
+    assert abs(s.operators["count"].rate - 16395 * fanout) < 1e-6
+    assert abs(s.edges[0].rate - 16395 * fanout) < 1e-6
+    steady = c.stats(obs(10000))  # a steady second is left as observed
+    assert steady.operators["count"].rate == 150000 and steady.edges[0].rate == 150000
+    no_split = Observation(0, 0, 0, 0, {"split": OperatorStats(0, 0), "count": OperatorStats(0, 0)}, {}, {}, 1, 0)
+    assert c.stats(no_split).operators["count"].rate == 0  # nothing observed: nothing invented
