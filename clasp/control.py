@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from clasp.dag import DagSpec
 from clasp.estimator import Estimator, EstimatorConfig, EstimatorUpdate, WorkerSample
-from clasp.placement import topological_order
-from clasp.policy import Decision, EdgeStats, OperatorStats, PlacementResult, Policy, Stats
+from clasp.placement import PlacementError, topological_order
+from clasp.policy import Decision, EdgeStats, OperatorStats, PlacementResult, Policy, Stats, uniform_placement
 from clasp.routing import NUM_KEY_GROUPS, OperatorPlacement, Placement, key_groups_for_shares
 
 # This runtime's own cost coefficients, measured by `python -m bench.runtime` on the 2-core machine
@@ -176,7 +176,12 @@ class Controller:
         obs = self.last
         if obs is None:
             obs = Observation(0.0, 0.0, 0, 0, {o: OperatorStats(0.0, 0.0) for o in self.operators}, {}, {}, 1, 0)
-        return self.policy.place_on(self.operators, self.edges, self.stats(obs), workers)
+        try:
+            return self.policy.place_on(self.operators, self.edges, self.stats(obs), workers)
+        except PlacementError as exc:
+            # The baselines cannot place without a throughput to scale from (an idle job has none).
+            return uniform_placement(self.operators, self.edges, workers, self.p_max, self.estimator.capacity,
+                                     f"{exc}: operators spread evenly", self.policy.name)
 
     def placed(self, result: PlacementResult) -> None:
         """A placement was carried out: it is the current one; let the metrics settle."""

@@ -94,3 +94,14 @@ def test_stats_plan_from_steady_per_record_rates_while_queues_fill():
     assert steady.operators["count"].rate == 150000 and steady.edges[0].rate == 150000
     no_split = Observation(0, 0, 0, 0, {"split": OperatorStats(0, 0), "count": OperatorStats(0, 0)}, {}, {}, 1, 0)
     assert c.stats(no_split).operators["count"].rate == 0  # nothing observed: nothing invented
+
+
+def test_an_idle_job_under_a_baseline_goes_back_to_one_worker_too():
+    """FaaSFlow cannot place without a throughput; the idle consolidation must not raise for it."""
+    from clasp.policy import POLICIES
+
+    c = Controller(OPS, EDGES, POLICIES["faasflow"](), p_max=10, pool=4,
+                   config=ControlConfig(warmup_requests=1000, idle_seconds=2))
+    idle = Observation(0, 0, 5000, 0, {"split": OperatorStats(0, 7.0), "count": OperatorStats(0, 0.5)}, {}, {}, 3, 10)
+    steps = [c.observe(idle) for _ in range(2)]
+    assert steps[-1].decision.change and steps[-1].decision.workers == 1
