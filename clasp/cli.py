@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("simulate", help="simulate an app on a cluster of any size, with the real policies",
                          add_help=False)
     sim.set_defaults(fn=None)
+    bench = sub.add_parser("bench", help="reproduce one of the paper's figures: PNG + JSON (docs/results.md)",
+                           add_help=False)
+    bench.set_defaults(fn=None)
     return ap
 
 
@@ -161,5 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         from clasp.sim_cli import main as simulate_main
 
         return simulate_main(argv[1:])
+    if argv[:1] == ["bench"]:
+        from clasp.bench_cli import main as bench_main
+
+        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.fn(args) or 0
