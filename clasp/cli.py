@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 
@@ -32,18 +33,27 @@ def _worker(args) -> int:
     return run(w.serve)
 
 
+def _on_term(signum, frame):
+    raise KeyboardInterrupt
+
+
 def _cluster(args) -> int:
     from clasp.cluster import ClusterError, LocalCluster
     from clasp.cpulimit import CpuLimitError
+    from clasp.netns import NetnsError
 
+    # SIGTERM takes the Ctrl-C path, so a killed `clasp cluster` still removes its cgroups and namespaces.
+    signal.signal(signal.SIGTERM, _on_term)
     cluster = LocalCluster(workers=args.workers, host=args.host, port=args.port, p_max=args.p_max,
                            log_dir=args.log_dir, planner_args=planner_options(args),
-                           cpu_per_worker=args.cpu_per_worker)
+                           cpu_per_worker=args.cpu_per_worker, hosts=args.hosts)
     try:
         cluster.start()
-    except (ClusterError, CpuLimitError, OSError) as e:
+    except (ClusterError, CpuLimitError, NetnsError, OSError) as e:
         print(f"clasp cluster: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # start() has stopped what it started
+        return 130
     if args.info:
         cluster.write_info(args.info)
     print(f"clasp cluster up: planner {cluster.planner}, {args.workers} workers; metrics {cluster.metrics['planner']}"
@@ -56,7 +66,10 @@ def _cluster(args) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        cluster.stop()
+        try:
+            cluster.stop()
+        except KeyboardInterrupt:  # pressed again while stopping: stop() held it until everything was removed
+            pass
 
 
 def planner_options(args) -> list[str]:
@@ -140,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--log-dir", help="write each process's log here instead of the terminal")
     c.add_argument("--cpu-per-worker", type=_positive(float),
                    help="limit each worker to F CPUs with a cgroup quota, like a separate host (root)")
+    c.add_argument("--hosts", action="store_true",
+                   help="the planner and each worker in its own network namespace and address, joined by a "
+                        "bridge, like separate hosts (root, iproute2); --host is then unused")
     add_control_options(c)
     c.set_defaults(fn=_cluster)
     add_run_parser(sub)

@@ -80,6 +80,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                    "planner's state server, the Fig. 4 baseline)")
     r.add_argument("--cpu-per-worker", help="limit each worker to F CPUs with a cgroup quota, like a separate "
                                             "host (needs root)")
+    r.add_argument("--hosts", action="store_true", help="the planner and each worker in its own network "
+                   "namespace and address, like separate hosts (needs root and iproute2)")
     r.set_defaults(fn=main)
     return r
 
@@ -118,6 +120,14 @@ def plan(args) -> dict:
         from clasp.cpulimit import available
 
         why = available()
+        if why is not None:
+            raise UsageError(why)
+    if args.hosts:
+        if args.planner is not None:
+            raise UsageError("--hosts starts a local cluster; it cannot apply to the one at --planner")
+        from clasp.netns import available as netns_available
+
+        why = netns_available()
         if why is not None:
             raise UsageError(why)
     from clasp.policy import POLICIES
@@ -161,7 +171,7 @@ def plan(args) -> dict:
         else:
             raise UsageError(f"profile {text!r} has no end: give --duration or --records")
     return {"app": app, "workers": workers, "seed": seed, "profile": profile, "profile_text": text,
-            "cpu_per_worker": cpu, "submit": {"policy": args.policy, "state": args.state},
+            "cpu_per_worker": cpu, "hosts": args.hosts, "submit": {"policy": args.policy, "state": args.state},
             "records": records, "max_rate": reference if kind in ("burst", "gradual") else None}
 
 
@@ -279,8 +289,9 @@ def main(args) -> int:
     except Exception as e:  # the cluster failed to start or died: one line, not a traceback
         from clasp.client import ClaspError
         from clasp.cluster import ClusterError
+        from clasp.netns import NetnsError
 
-        if not isinstance(e, (ClaspError, ClusterError, OSError)):
+        if not isinstance(e, (ClaspError, ClusterError, NetnsError, OSError)):
             raise
         console.print(f"[red]clasp run: {e}[/]")
         code = 1
@@ -311,7 +322,7 @@ class _cluster:
         self.console.print(f"starting a local cluster: 1 planner, {n} worker(s); logs in {logs}")
         sub = self.cfg["submit"]
         self.cl = LocalCluster(workers=self.cfg["workers"], port=0, log_dir=logs,
-                               cpu_per_worker=self.cfg["cpu_per_worker"],
+                               cpu_per_worker=self.cfg["cpu_per_worker"], hosts=self.cfg["hosts"],
                                planner_args=[a for k, v in sub.items() if v is not None for a in (f"--{k}", v)])
         self.cl.start()
         return self.cl.planner
