@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clasp.profiles import parse_profile
+from clasp.profiles import Profile, parse_profile
 
 APPS = ["wc", "sd", "aa", "pl", "nwm", "etl", "syn"]
 QUICK_APPS = ["wc", "syn"]
@@ -161,8 +161,9 @@ def fig8_summary(ctx: Context, rows: list[dict]) -> dict:
 # ---------------------------------------------------------------- Fig. 9: converged α, β, γ
 
 def fig9_points(ctx: Context) -> list[dict]:
-    sizes = [1, 2, 4] if ctx.quick else list(range(1, CLUSTER + 1))
-    return [{"app": a, "workers": n} for a in ctx.apps for n in sizes]
+    from bench.engines import FIG9_SIZES
+
+    return [{"app": a, "workers": n} for a in ctx.apps for n in FIG9_SIZES["quick" if ctx.quick else "full"]]
 
 
 def fig9_measure(ctx: Context, p: dict) -> dict:
@@ -175,9 +176,6 @@ def fig9_summary(ctx: Context, rows: list[dict]) -> dict:
         vals = [r[key] for r in rows if r.get(key) is not None]
         out[key] = {"mean": round(statistics.fmean(vals), 2) if vals else None,
                     "min": round(min(vals), 2) if vals else None, "max": round(max(vals), 2) if vals else None}
-    truth = getattr(ctx.engine, "costs", None)
-    if truth is not None and ctx.engine.name == "sim":
-        out["truth"] = {"alpha": truth.alpha, "beta": truth.beta, "gamma": truth.gamma}
     return out
 
 
@@ -224,8 +222,8 @@ def prediction_measure(ctx: Context, p: dict) -> dict:
     ref = ctx.reference(p["app"])
     before, after = TRANSITION_SECONDS["quick" if ctx.quick else "full"]
     src, dst = p["source"] * ref, p["target"] * ref
-    r = ctx.engine.autoscaled(p["app"], p["policy"], lambda t: src if t < before else dst, before + after,
-                              CLUSTER, min(src, dst))
+    r = ctx.engine.autoscaled(p["app"], p["policy"], Profile("steps", ((src, before), (dst, after))), CLUSTER,
+                              min(src, dst))
     series = r["series"]
     at_switch = next((s["workers"] for s in series if s["t"] >= before - 1), series[-1]["workers"])
     # The prediction: what the first re-plan after the rate change chose (no change keeps the count).
@@ -297,8 +295,7 @@ def fig14_points(ctx: Context) -> list[dict]:
 def fig14_measure(ctx: Context, p: dict) -> dict:
     ref = ctx.reference(p["app"])
     profile = parse_profile(p["profile"], ref, seed=ctx.seed)
-    r = ctx.engine.autoscaled(p["app"], p["policy"], profile.rate_at, profile.duration * 1.5 + 10, CLUSTER,
-                              0.1 * ref)
+    r = ctx.engine.autoscaled(p["app"], p["policy"], profile, CLUSTER, 0.1 * ref)
     span = r["drained_at"] or len(r["series"])
     return {"records": round(r["pushed"]), "throughput": r["completed"] / span, "seconds": span,
             "drained": r["drained_at"] is not None, "p50": r["latency"]["p50"], "p95": r["latency"]["p95"],
@@ -409,9 +406,6 @@ def fig9_plot(result: dict, path: Path) -> None:
     for ax, key in zip(axes, ("alpha", "beta", "gamma"), strict=True):
         ax.boxplot([[r[key] for r in rows if r["app"] == a and r.get(key) is not None] or [0] for a in apps],
                    tick_labels=[a.upper() for a in apps])
-        truth = result["summary"].get("truth", {}).get(key)
-        if truth is not None:
-            ax.axhline(truth, color="grey", ls="--", lw=0.8)
         ax.set_title(f"{key} (µs{'/s' if key == 'gamma' else ''})", fontsize=10)
     fig.suptitle(f"Fig. 9: converged coefficients over worker counts ({result['engine']})", fontsize=10)
     fig.tight_layout()
@@ -508,7 +502,7 @@ FIGURES: dict[str, Figure] = {f.name: f for f in [
            fig4_plot, {"local_over_remote": {"wc": 3.5, "pl": 1.5}}),
     Figure("fig8", "migration durations", ("cluster",), fig8_points, fig8_measure, fig8_summary, fig8_plot,
            {"planner_ms": "10-20 typical, up to ~70 (WC, ~40k keys)", "worker_pause_ms": "within ~10"}),
-    Figure("fig9", "converged alpha, beta, gamma per app over worker counts", ("sim", "cluster"), fig9_points,
+    Figure("fig9", "converged alpha, beta, gamma per app over worker counts", ("cluster",), fig9_points,
            fig9_measure, fig9_summary, fig9_plot, {"alpha": 38.5, "beta": 275, "gamma": 51500, "tau_us": 400}),
     Figure("fig10", "unthrottled throughput on 10 workers per placement", ("sim", "cluster"), fig10_points,
            fig10_measure, fig10_summary, fig10_plot, {"claim": "CLASP above FaaSFlow and Zhang24 on every app"}),

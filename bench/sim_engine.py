@@ -12,12 +12,11 @@ engines measure one placement per point.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from clasp.control import ControlConfig, Controller, runtime_estimator_config
-from clasp.estimator import Estimator
+from clasp.control import ControlConfig, Controller
 from clasp.policy import POLICIES, PlacementResult, uniform_placement
+from clasp.profiles import Profile
 from clasp.simulator import Costs, SimConfig, SimDag, Simulator, app_dag, make_controller
 
 # Simulated seconds per point. Steps are 5 ms; 10 workers x 10 s take about 0.1 s of wall time.
@@ -78,11 +77,11 @@ class SimEngine:
                       config=self._config()).run()
         return {"throughput": r.throughput, "latency": r.latency, "workers": r.workers}
 
-    def autoscaled(self, app: str, policy: str, rate: Callable[[float], float], duration: float, pool: int,
-                   low_rate: float) -> dict:
-        """The job starts on one worker under `policy`'s control loop, input at `rate(t)` for `duration` s.
-        Returns the per-second series, the decisions, the summary, and `drained_at`: when the last record
-        pushed completed (None if it did not within the run)."""
+    def autoscaled(self, app: str, policy: str, profile: Profile, pool: int, low_rate: float) -> dict:
+        """The job starts on one worker under `policy`'s control loop, input following `profile`, and the run
+        lasts until it has drained (at most half the profile again, plus 10 s). Returns the per-second
+        series, the decisions, the latency summary, and `drained_at`: when the last record pushed completed
+        (None if it did not within the run)."""
         dag = self.dag(app)
         ctl = make_controller(dag, self.costs, policy, pool)
         ctl.config = ControlConfig(warmup_requests=warmup_requests(low_rate))
@@ -90,8 +89,8 @@ class SimEngine:
         start = uniform_placement(list(dag.operators), list(dag.edges), 1, ctl.p_max, self.costs.capacity,
                                   "start on one worker", policy)
         ctl.current = start
-        sim = Simulator(dag, self.costs, pool, rate=rate, placement=start, controller=ctl,
-                        config=SimConfig(duration=duration, warmup=0.0))
+        sim = Simulator(dag, self.costs, pool, rate=profile.rate_at, placement=start, controller=ctl,
+                        config=SimConfig(duration=profile.duration * 1.5 + 10, warmup=0.0))
         r = sim.run()
         pushed = 0.0
         done = 0.0
@@ -106,18 +105,6 @@ class SimEngine:
                             "workers": s.workers} for s in r.seconds],
                 "decisions": r.decisions, "latency": r.latency, "pushed": pushed, "completed": done,
                 "drained_at": drained_at}
-
-    def coefficients(self, app: str, workers: int) -> dict:
-        """α, β, γ, W to which the estimator converges on `app` unthrottled, spread over `workers`."""
-        c = self.costs
-        # Started at 3x the truth, so that convergence is shown rather than assumed.
-        est = Estimator(runtime_estimator_config(alpha=3 * c.alpha, beta=3 * c.beta, gamma=3 * c.gamma,
-                                                 capacity=c.capacity))
-        r = Simulator(self.dag(app), c, workers, config=self._config()).run()
-        for s in r.seconds:
-            est.update(s.observation.workers)
-        return {"alpha": est.alpha, "beta": est.beta, "gamma": est.gamma, "capacity": est.capacity,
-                "samples": len(r.seconds)}
 
     def estimate_seconds(self, seconds: float, workers: int) -> float:
         """Rough wall time of a point of `seconds` simulated seconds on `workers` workers."""
