@@ -33,7 +33,10 @@ run: $(BIN)/clasp ## the main job: Word Count on a local cluster under a gradual
 	@mkdir -p out
 	$(BIN)/clasp run wc --workers $(WORKERS) --profile gradual --max-rate $(RUN_MAX_RATE) --plot out/run.png --json out/run.json
 
-bench: $(BIN)/clasp ## the runtime benchmarks (JSON on stdout)
+bench: $(BIN)/clasp ## every paper figure in quick mode: out/bench/FIG.png and FIG.json (docs/results.md)
+	$(BIN)/clasp bench all --quick --out out/bench
+
+bench-runtime: $(BIN)/clasp ## the runtime's own benchmarks: chains, ingest, alpha and beta (JSON on stdout)
 	$(BIN)/python -m bench.runtime
 
-.PHONY: help install test lint cluster run bench
+.PHONY: help install test lint cluster run bench bench-runtime
