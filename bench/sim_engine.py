@@ -77,9 +77,10 @@ class SimEngine:
                       config=self._config()).run()
         return {"throughput": r.throughput, "latency": r.latency, "workers": r.workers}
 
-    def autoscaled(self, app: str, policy: str, profile: Profile, pool: int, low_rate: float) -> dict:
-        """The job starts on one worker under `policy`'s control loop, input following `profile`, and the run
-        lasts until it has drained (at most half the profile again, plus 10 s). Returns the per-second
+    def autoscaled(self, app: str, policy: str, profile: Profile, pool: int, low_rate: float,
+                   drain: bool = True) -> dict:
+        """The job starts on one worker under `policy`'s control loop, input following `profile`; with
+        `drain` the run goes on until it has drained (at most half the profile again, plus 10 s). Returns the per-second
         series, the decisions, the latency summary, and `drained_at`: when the last record pushed completed
         (None if it did not within the run)."""
         dag = self.dag(app)
@@ -90,7 +91,8 @@ class SimEngine:
                                   "start on one worker", policy)
         ctl.current = start
         sim = Simulator(dag, self.costs, pool, rate=profile.rate_at, placement=start, controller=ctl,
-                        config=SimConfig(duration=profile.duration * 1.5 + 10, warmup=0.0))
+                        config=SimConfig(duration=profile.duration * 1.5 + 10 if drain else profile.duration,
+                                        warmup=0.0))
         r = sim.run()
         pushed = 0.0
         done = 0.0
