@@ -77,14 +77,14 @@ class LocalCluster:
     def start(self) -> LocalCluster:
         try:
             self.worker_ids = [f"w{i}" for i in range(self.n_workers)]
-            hosts = {name: self.host for name in ["planner", *self.worker_ids]}
+            addresses = {name: self.host for name in ["planner", *self.worker_ids]}
             if self.hosts:
                 from clasp.netns import Hosts
 
                 # Before the CPU limits: its sweep kills a dead owner's processes, which empties their cgroups.
                 self.netns = Hosts()
-                hosts = {name: self.netns.add(name) for name in hosts}
-            proc = self._spawn("planner", ["planner", "--host", hosts["planner"], "--port", str(self.port),
+                addresses = {name: self.netns.add(name) for name in addresses}
+            proc = self._spawn("planner", ["planner", "--host", addresses["planner"], "--port", str(self.port),
                                            "--p-max", str(self.p_max), *self.planner_args],
                                "planner" if self.hosts else None)
             info = self._announced("planner", proc)
@@ -95,7 +95,7 @@ class LocalCluster:
 
                 self.cpu_limits = CpuLimits(self.cpu_per_worker)  # refuses, rather than run unlimited
             # Workers start in parallel: each spends most of its start-up importing.
-            procs = [self._spawn(f"worker-{i}", ["worker", "--planner", self.planner, "--host", hosts[wid],
+            procs = [self._spawn(f"worker-{i}", ["worker", "--planner", self.planner, "--host", addresses[wid],
                                                  "--p-max", str(self.p_max), "--id", wid, *self.worker_args],
                                  wid if self.hosts else None)
                      for i, wid in enumerate(self.worker_ids)]
