@@ -277,8 +277,8 @@ def _measure(app_name: str, workers: int, rate: float | None, *, placement, cpu_
     warm_rate = _warm(entry, app, seed, state, fractions)
     warmup_s = min(2.0, 0.25 * seconds)
     if rate is None:
-        # Enough for the whole run at twice the warm-up's rate (the warm-up includes its own ramp).
-        n = records or int(min(MAX_RECORDS, max(4 * MIN_AHEAD, 2.0 * warm_rate * (seconds + 2))))
+        # Enough for the whole run at 4x the warm-up's rate: a 2,000-record warm-up is mostly ramp and drain.
+        n = records or int(min(MAX_RECORDS, max(4 * MIN_AHEAD, 4.0 * warm_rate * (seconds + 2))))
         profile = parse_profile("unthrottled", duration=seconds)
     else:
         if not rate > 0:

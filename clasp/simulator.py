@@ -6,6 +6,9 @@ Model (docs/SIMULATOR.md): each worker is one server with a capacity of W µs of
 request of operator o on worker w costs `τ_o + Σ_s f[o→s]·(α·σ_s(w) + β·(1 − σ_s(w)))` µs, i.e. its
 execution plus α per chained request to a local successor and β per remote one (in expectation over the
 routing σ). Each distinct remote destination costs γ µs per second, charged as a capacity reduction.
+Optionally (docs/SIMULATOR.md, "Validation"): a share of β is paid by the receiving worker
+(`Costs.receive_share`), and stateful operators are routed by measured key-group weights
+(`SimConfig.key_skew`), so a hot key group loads its owner as at runtime.
 Time advances in steps of `dt`; per step every worker serves queued work up to its budget, draining all
 its operator queues by the same fraction (the fluid limit of one FIFO queue), and the outputs arrive in
 the successors' queues, split by σ, at the next step. A planner admits records while fewer than `window`
@@ -28,6 +31,7 @@ import numpy as np
 
 from clasp.control import Controller, Observation, runtime_estimator_config
 from clasp.estimator import Estimator, WorkerSample
+from clasp.keygroups import assign_key_groups
 from clasp.model import Edge, remote_destinations
 from clasp.placement import topological_order
 from clasp.policy import POLICIES, OperatorStats, PlacementResult, uniform_placement
@@ -49,6 +53,9 @@ class Costs:
     gamma: float
     capacity: float
     tau_us: dict[str, dict[str, float]]
+    # The part of β the receiving worker pays (unpacking, queueing); the sender pays the rest. 0 (the
+    # default, and what a file without the key means) charges all of β to the sender.
+    receive_share: float = 0.0
 
     @classmethod
     def from_json_dict(cls, d: Any) -> Costs:
@@ -73,7 +80,10 @@ class Costs:
                 if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
                     raise CostError(f"costs field 'tau_us.{app}.{op}' must be a finite number ≥ 0, not {v!r}")
             table[str(app)] = {str(op): float(v) for op, v in ops.items()}
-        return cls(values["alpha"], values["beta"], values["gamma"], values["capacity"], table)
+        share = d.get("receive_share", 0.0)
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
+            raise CostError(f"costs field 'receive_share' must be a number in [0, 1], not {share!r}")
+        return cls(values["alpha"], values["beta"], values["gamma"], values["capacity"], table, float(share))
 
     @classmethod
     def load(cls, path: str | Path) -> Costs:
@@ -88,7 +98,7 @@ class Costs:
         return cls.from_json_dict(d)
 
     def with_coefficients(self, alpha: float, beta: float, gamma: float) -> Costs:
-        return Costs(alpha, beta, gamma, self.capacity, self.tau_us)
+        return Costs(alpha, beta, gamma, self.capacity, self.tau_us, self.receive_share)
 
 
 COSTS_FILE = Path(__file__).resolve().parent.parent / "bench" / "sim_costs.json"
@@ -98,13 +108,17 @@ PAPER_COSTS_FILE = Path(__file__).resolve().parent.parent / "bench" / "sim_costs
 @dataclass(frozen=True)
 class SimDag:
     """What the simulator needs of a DAG: operators, edges, per-edge fan-out (chained requests per request
-    of the source operator) and τ_o in µs."""
+    of the source operator), τ_o in µs and, optionally, stateful operators' key-group weights."""
 
     name: str
     operators: list[str]
     edges: list[Edge]
     fanout: dict[Edge, float]
     tau_us: dict[str, float]
+    # Per stateful operator, the share of its requests in each key group (summing to 1), measured on the
+    # app's input: routing then follows key-group ownership as at runtime, so key skew is modelled. An
+    # operator without weights is routed by σ alone (its key space taken as uniform).
+    key_weights: dict[str, list[float]] = field(default_factory=dict)
 
     def multiplicity(self) -> dict[str, float]:
         """Requests per input record of each operator (1 for a source)."""
@@ -117,17 +131,25 @@ class SimDag:
         return m
 
 
-def measure_fanout(app: ModuleType, records: int = 2000, seed: int = 0) -> dict[Edge, float]:
-    """Per-edge fan-out of an app, counted on a local run: outputs of src per request of src."""
+def measure_app(app: ModuleType, records: int = 2000, seed: int = 0
+                ) -> tuple[dict[Edge, float], dict[str, list[float]]]:
+    """Per-edge fan-out (outputs of src per request of src) and, per stateful operator, the share of its
+    requests in each of the runtime's key groups (`clasp.routing.key_group`), counted on a local run."""
+    from clasp.routing import NUM_KEY_GROUPS, key_group
     from clasp.testing import outputs_of, run_local
 
     dag = app.build_dag()
     emitted = {o.name: 0 for o in dag.operators}
+    groups = {o.name: [0] * NUM_KEY_GROUPS for o in dag.operators if o.stateful and o.key is not None}
 
-    def counting(name: str, fn: Callable, stateful: bool) -> Callable:
+    def counting(name: str, fn: Callable, stateful: bool, key: Callable | None) -> Callable:
         # Outputs go to every successor, so counting a request's outputs once gives each edge's count.
         if stateful:
+            hist = groups.get(name)
+
             def wrapped(state, value):
+                if hist is not None:
+                    hist[key_group(key(value))] += 1
                 new_state, out = fn(state, value)
                 out = outputs_of(out)
                 emitted[name] += len(out)
@@ -140,9 +162,16 @@ def measure_fanout(app: ModuleType, records: int = 2000, seed: int = 0) -> dict[
         return wrapped
 
     for o in dag.operators:
-        o.fn = counting(o.name, o.fn, o.stateful)
+        o.fn = counting(o.name, o.fn, o.stateful, o.key)
     job = run_local(dag, app.generate(records, seed), roundtrip=False)
-    return {(s, d): (emitted[s] / job.processed[s] if job.processed[s] else 0.0) for s, d in dag.edges}
+    fanout = {(s, d): (emitted[s] / job.processed[s] if job.processed[s] else 0.0) for s, d in dag.edges}
+    weights = {name: [c / sum(h) for c in h] for name, h in groups.items() if sum(h) > 0}
+    return fanout, weights
+
+
+def measure_fanout(app: ModuleType, records: int = 2000, seed: int = 0) -> dict[Edge, float]:
+    """Per-edge fan-out of an app, counted on a local run: outputs of src per request of src."""
+    return measure_app(app, records, seed)[0]
 
 
 def app_dag(name: str, costs: Costs, records: int = 2000, seed: int = 0) -> SimDag:
@@ -158,7 +187,8 @@ def app_dag(name: str, costs: Costs, records: int = 2000, seed: int = 0) -> SimD
     missing = [o for o in ops if o not in tau]
     if missing:
         raise CostError(f"costs tau_us.{name} lacks operator(s) {', '.join(missing)}")
-    return SimDag(name, ops, list(dag.edges), measure_fanout(app, records, seed), {o: tau[o] for o in ops})
+    fanout, weights = measure_app(app, records, seed)
+    return SimDag(name, ops, list(dag.edges), fanout, {o: tau[o] for o in ops}, weights)
 
 
 @dataclass
@@ -166,7 +196,9 @@ class SimConfig:
     """`dt`: step (s); `window`: records in flight the planner allows; `max_queue`: the planner queue an
     unthrottled driver keeps full; `warmup`: seconds excluded from the summary; `latency_samples`: sampled
     record paths per step; `migration_pause`: seconds every worker stops when a placement is applied;
-    `p_max`: executor slots per worker reported to the policy. `window` None is a quarter second of the pool's
+    `p_max`: executor slots per worker reported to the policy; `key_skew`: route a stateful operator by
+    key-group ownership weighted by the DAG's measured `key_weights` (as the runtime does, so a hot key
+    group loads its owner) instead of by σ over a uniform key space. `window` None is a quarter second of the pool's
     nominal throughput (at least 4 steps per hop of the DAG's depth): the runtime's fixed 5,000 would be
     many seconds of queued work with ~400 µs operators, and too few to fill a 10-op chain of 5 ms hops at
     this runtime's speed."""
@@ -180,6 +212,7 @@ class SimConfig:
     migration_pause: float = 0.0
     p_max: int = 10
     seed: int = 0
+    key_skew: bool = False
 
     def __post_init__(self) -> None:
         if not self.duration > 0:
@@ -257,6 +290,7 @@ class Simulator:
         self.topo = [index[o] for o in topological_order(self.ops, dag.edges)]
         self.sources = np.array([1.0 if not p else 0.0 for p in self.preds])
         mult = dag.multiplicity()
+        self.mult = np.array([mult[o] for o in self.ops], dtype=float)
         has_succ = self.fan.sum(axis=1) > 0
         self.sinks = [i for i, o in enumerate(self.ops) if not has_succ[i] and mult[o] > 0]
         self.sink_mult = sum(mult[self.ops[i]] for i in self.sinks)
@@ -288,11 +322,23 @@ class Simulator:
         """Routing, per-request costs and capacities under `placement`."""
         n = len(self.ops)
         sigma = np.zeros((self.pool, n))
+        owners_by_op = getattr(self, "owners", {})
+        self.owners: dict[str, list[int]] = {}
         for j, o in enumerate(self.ops):
             shares = {w: f for w, f in placement.fractions.get(o, {}).items() if f > 0 and w < self.pool}
             if not shares:
                 shares = {0: 1.0}  # an operator the policy saw no demand for still runs somewhere, as at runtime
             total = sum(shares.values())
+            weights = self.dag.key_weights.get(o) if self.config.key_skew else None
+            if weights:
+                # A keyed operator's requests go to the owners of their key groups (the runtime's contiguous,
+                # minimal-move ownership by σ), so a worker's share of requests is its groups' measured weight.
+                owners = assign_key_groups({w: f / total for w, f in shares.items()}, len(weights),
+                                           owners_by_op.get(o))
+                self.owners[o] = owners
+                for g, w in enumerate(owners):
+                    sigma[w, j] += weights[g]
+                continue
             for w, f in shares.items():
                 sigma[w, j] = f / total
         self.placement = placement
@@ -302,7 +348,18 @@ class Simulator:
         local = sigma @ self.fan.T  # [w, o]: chained requests per request of o on w that stay on w
         self.local_per_req = local
         self.remote_per_req = self.fan.sum(axis=1)[None, :] - local
-        self.cost = self.tau[None, :] + c.alpha * local + c.beta * self.remote_per_req
+        # β is split between the two ends of a remote request: the sender pays (1 − r)·β per remote chained
+        # request it emits, the receiver r·β per request that arrived from another worker. A request of o on
+        # w arrived from predecessor p's workers in proportion to σ_p, so 1 − σ_p(w) of them are remote.
+        r = c.receive_share
+        self.cost = self.tau[None, :] + c.alpha * local + (1 - r) * c.beta * self.remote_per_req
+        if r > 0:
+            inflow = self.mult[:, None] * self.fan  # [p, o]: requests p → o per record
+            into = inflow.sum(axis=0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                share = np.where(into[None, :] > 0, inflow / into[None, :], 0.0)
+            arrived_remote = (1.0 - sigma) @ share  # [w, o]: remote arrivals per request of o on w
+            self.cost = self.cost + r * c.beta * arrived_remote
         fractions = {o: {w: float(sigma[w, j]) for w in range(self.pool) if sigma[w, j] > 0}
                      for j, o in enumerate(self.ops)}
         reach = remote_destinations(fractions, {e: f for e, f in self.dag.fanout.items()})

@@ -50,3 +50,50 @@ def test_steady_throughput_window():
     tput, window = ce.steady_throughput(samples, 1.0, 5.0, saturated=False)
     assert tput == pytest.approx(330 / 4)
     assert ce.steady_throughput(samples[:1], 0.0, 5.0, saturated=False) == (None, 0.0)
+
+
+# ----------------------------------------------------------------------------- bench.calibrate, pure parts
+def test_capacity_and_alpha_from_numbers():
+    from bench import calibrate as cal
+
+    assert cal.cpu_rate_us(1.0, 4.0) == 250_000.0
+    mult = {"split": 1.0, "count": 15.0}
+    tau = {"split": 3.0, "count": 0.2}
+    cost = cal.per_record_cost(mult, tau, alpha=0.5, chained=15.0)
+    assert cost == pytest.approx(3.0 + 3.0 + 7.5)
+    assert cal.capacity(20_000.0, cost) == pytest.approx(270_000.0)
+    # SYN: W 250,000 µs/s at 50,000 records/s is 5 µs per record; 1 µs of execution; 9 chained requests.
+    assert cal.alpha_from_chain(250_000.0, 50_000.0, 1.0, 9.0) == pytest.approx(4.0 / 9)
+
+
+def test_fit_tau_adds_a_per_request_residual_or_scales_down():
+    from bench import calibrate as cal
+
+    mult = {"a": 1.0, "b": 3.0}
+    tau = {"a": 2.0, "b": 1.0}
+    fitted, eps = cal.fit_tau(tau, mult, alpha=1.0, chained=3.0, target_us=12.0)  # base 2 + 3 + 3 = 8
+    assert eps == pytest.approx(1.0)
+    assert cal.per_record_cost(mult, fitted, 1.0, 3.0) == pytest.approx(12.0)
+    fitted, eps = cal.fit_tau(tau, mult, alpha=1.0, chained=3.0, target_us=5.5)  # exec must shrink to 2.5
+    assert eps < 0
+    assert fitted == {"a": pytest.approx(1.0), "b": pytest.approx(0.5)}
+    assert cal.per_record_cost(mult, fitted, 1.0, 3.0) == pytest.approx(5.5)
+
+
+def test_solve_bisects_a_decreasing_function():
+    from bench import calibrate as cal
+
+    assert cal.solve(lambda x: 100.0 / (1 + x), 0.0, 10.0, 50.0) == pytest.approx(1.0, abs=1e-6)
+    assert cal.solve(lambda x: 100.0 / (1 + x), 0.0, 10.0, 200.0) == 0.0
+
+
+def test_calibrated_file_loads():
+    from pathlib import Path
+
+    from clasp.simulator import Costs, app_dag
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "sim_costs_measured.json"
+    costs = Costs.load(path)
+    assert costs.capacity > 0 and costs.beta >= costs.alpha >= 0
+    for app in ("wc", "syn"):
+        assert set(app_dag(app, costs).operators) == set(costs.tau_us[app])
