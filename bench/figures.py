@@ -533,23 +533,53 @@ def _round(v):
     return v
 
 
-def run_figure(fig: Figure, ctx: Context, out: Path, *, command: str, progress=None,
+def _key(point: dict) -> str:
+    return json.dumps(point, sort_keys=True)
+
+
+def measured_elsewhere(fig: Figure, ctx: Context, out: Path) -> dict[str, dict]:
+    """Rows already measured in `out` by figures with the same measurement (Figs. 11-13 share theirs) on
+    the same engine, costs, mode and seed: point → row."""
+    found: dict[str, dict] = {}
+    for other in FIGURES.values():
+        path = out / f"{other.name}.json"
+        if other.measure is not fig.measure or not path.exists():
+            continue
+        try:
+            prev = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if (prev.get("engine"), prev.get("quick"), prev.get("seed", 0), prev.get("costs")) != (
+                ctx.engine.name, ctx.quick, ctx.seed, _round(ctx.engine.describe())):
+            continue
+        for row in prev.get("points", []):
+            found[_key({k: row[k] for k in row if k in _POINT_KEYS})] = row
+    return found
+
+
+# The keys a point is made of (the rest of a row is its measurement).
+_POINT_KEYS = ("kind", "app", "workers", "policy", "source", "target", "profile", "state", "from", "to")
+
+
+def run_figure(fig: Figure, ctx: Context, out: Path, *, command: str, progress=None, reuse: bool = True,
                stdout=sys.stdout) -> dict:
-    """Measure every point (a JSON line each on `stdout`), then write FIG.json and FIG.png into `out`."""
+    """Measure every point (a JSON line each on `stdout`), then write FIG.json and FIG.png into `out`. With
+    `reuse`, points another figure already measured the same way in `out` are taken from its JSON."""
     points = fig.points(ctx)
     rows: list[dict] = []
+    known = measured_elsewhere(fig, ctx, out) if reuse else {}
     t0 = time.perf_counter()
     with ctx.stack:
         for i, p in enumerate(points):
-            row = {**p, **fig.measure(ctx, p)}
+            row = known.get(_key(p)) or {**p, **fig.measure(ctx, p)}
             rows.append(row)
             print(json.dumps({"figure": fig.name, "point": i + 1, "of": len(points), **_round(row)}), file=stdout,
                   flush=True)
             if progress is not None:
                 progress(i + 1, len(points), row)
-    result = {"figure": fig.name, "title": fig.title, "engine": ctx.engine.name, "quick": ctx.quick,
+    result = {"figure": fig.name, "title": fig.title, "engine": ctx.engine.name, "quick": ctx.quick, "seed": ctx.seed,
               "apps": ctx.apps, "command": command, "seconds": round(time.perf_counter() - t0, 1),
-              "costs": getattr(ctx.engine, "describe", lambda: None)(),
+              "costs": _round(ctx.engine.describe()), "reused_points": sum(1 for p in points if _key(p) in known),
               "paper": fig.paper, "summary": _round(fig.summarize(ctx, rows)), "points": _round(rows)}
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{fig.name}.json").write_text(json.dumps(result, indent=1))
@@ -566,6 +596,7 @@ def _point_size(ctx: Context, p: dict) -> tuple[float, int]:
     return ctx.engine.seconds, p.get("workers", CLUSTER)
 
 
-def estimate_seconds(fig: Figure, ctx: Context) -> float:
-    """A rough wall time of the whole figure, from the engine's per-point estimate."""
-    return sum(ctx.engine.estimate_seconds(*_point_size(ctx, p)) for p in fig.points(ctx))
+def estimate_seconds(fig: Figure, ctx: Context, known: dict[str, dict] | None = None) -> float:
+    """A rough wall time of the figure's points not in `known`, from the engine's per-point estimate."""
+    return sum(ctx.engine.estimate_seconds(*_point_size(ctx, p)) for p in fig.points(ctx)
+               if _key(p) not in (known or {}))

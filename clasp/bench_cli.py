@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="cluster engine: CPU quota per worker (default: what fits the cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--yes", action="store_true", help="start a long full run without the 5 s pause")
+    p.add_argument("--fresh", action="store_true",
+                   help="measure every point, even those another figure measured the same way in --out")
     return p
 
 
@@ -68,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.figure != "all" and args.figure not in FIGURE_NAMES:
         _parser().error(f"unknown figure {args.figure!r}; accepted: {', '.join(FIGURE_NAMES)}, all")
     from bench import engines
-    from bench.figures import APPS, FIGURES, QUICK_APPS, Context, estimate_seconds, run_figure
+    from bench.figures import APPS, FIGURES, QUICK_APPS, Context, estimate_seconds, measured_elsewhere, run_figure
 
     apps = [a.strip() for a in args.apps.split(",")] if args.apps else (QUICK_APPS if args.quick else APPS)
     unknown = [a for a in apps if a not in APPS]
@@ -97,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         ctx = Context(engine, args.quick, apps, seed=args.seed)
         points = fig.points(ctx)
-        eta = estimate_seconds(fig, ctx)
+        eta = estimate_seconds(fig, ctx, {} if args.fresh else measured_elsewhere(fig, ctx, Path(args.out)))
         console.print(f"{name}: {fig.title} — {len(points)} points on the {engine_name} engine, "
                       f"about {_duration(eta)}")
         if not args.quick and eta > 600 and not args.yes:
@@ -107,7 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         bar, advance = _progress_bar(console, name, len(points))
         try:
             with bar:
-                result = run_figure(fig, ctx, Path(args.out), command=command, progress=advance)
+                result = run_figure(fig, ctx, Path(args.out), command=command, progress=advance,
+                                    reuse=not args.fresh)
         except KeyboardInterrupt:
             console.print(f"{name}: interrupted")
             return 130
