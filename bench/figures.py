@@ -91,7 +91,8 @@ def _sizes(ctx: Context) -> list[int]:
 
 
 def fig2_points(ctx: Context) -> list[dict]:
-    return [{"app": a, "workers": n} for a in ctx.apps for n in _sizes(ctx)]
+    # Size-major: the cluster engine keeps one cluster running, so each size starts one.
+    return [{"app": a, "workers": n} for n in _sizes(ctx) for a in ctx.apps]
 
 
 def fig2_measure(ctx: Context, p: dict) -> dict:
