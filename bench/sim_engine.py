@@ -12,6 +12,7 @@ engines measure one placement per point.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from clasp.control import ControlConfig, Controller
@@ -64,7 +65,14 @@ class SimEngine:
             self._profiles[app] = ctl
         ctl = self._profiles[app]
         ctl.policy = POLICIES[policy]()
-        return ctl.place_on(workers)
+        # Unthrottled, the input is whatever the workers take: plan for `workers` times the one-worker rate
+        # (Zhang24 sizes its instances for the input rate; CLASP and FaaSFlow plan from the throughput).
+        one = ctl.last
+        ctl.last = dataclasses.replace(one, input_rate=one.throughput * workers)
+        try:
+            return ctl.place_on(workers)
+        finally:
+            ctl.last = one
 
     def unthrottled(self, app: str, workers: int, placement: PlacementResult | None = None) -> dict:
         """Input as fast as the planner admits it, on `workers` workers under `placement` (None: spread)."""
