@@ -544,7 +544,7 @@ def measured_elsewhere(fig: Figure, ctx: Context, out: Path) -> dict[str, dict]:
     found: dict[str, dict] = {}
     for other in FIGURES.values():
         path = out / f"{other.name}.json"
-        if other.measure is not fig.measure or not path.exists():
+        if other is fig or other.measure is not fig.measure or not path.exists():
             continue
         try:
             prev = json.loads(path.read_text())
