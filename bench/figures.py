@@ -332,6 +332,12 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _bars(path: Path, title: str, ylabel: str, groups: list[str], series: dict[str, list[float | None]],
           log: bool = False) -> None:
     """Grouped bars in the paper's layout: one group per app on x, one bar per series."""
@@ -348,9 +354,7 @@ def _bars(path: Path, title: str, ylabel: str, groups: list[str], series: dict[s
         ax.set_yscale("log")
     ax.margins(y=0.18)
     ax.legend(fontsize=8, ncol=min(len(series), 5), loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def _by_app(result: dict, key: str, series_key: str, value: str) -> tuple[list[str], dict]:
@@ -395,9 +399,7 @@ def fig8_plot(result: dict, path: Path) -> None:
     ax.set_ylabel("duration (ms)")
     ax.set_title(f"Fig. 8: migration durations, WC ({result['engine']}; paper planner 10-20 ms)", fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def fig9_plot(result: dict, path: Path) -> None:
@@ -410,9 +412,7 @@ def fig9_plot(result: dict, path: Path) -> None:
                    tick_labels=[a.upper() for a in apps])
         ax.set_title(f"{key} (µs{'/s' if key == 'gamma' else ''})", fontsize=10)
     fig.suptitle(f"Fig. 9: converged coefficients over worker counts ({result['engine']})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def fig10_plot(result: dict, path: Path) -> None:
@@ -430,9 +430,7 @@ def _lines(path: Path, title: str, xlabel: str, ylabel: str, xs: list, series: d
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def fig11_plot(result: dict, path: Path) -> None:
@@ -448,9 +446,7 @@ def fig11_plot(result: dict, path: Path) -> None:
         ax.set_xlabel(label)
         ax.set_ylabel("mean |workers − OOWC|")
     fig.suptitle(f"Fig. 11: worker-count error of CLASP ({result['engine']}; paper < 0.25 per app)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def fig12_plot(result: dict, path: Path) -> None:
@@ -488,9 +484,7 @@ def fig14_plot(result: dict, path: Path) -> None:
             ax.set_title(f"{kind}: {label}", fontsize=9)
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"Fig. 14: burst and gradual input per policy ({result['engine']})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 # ---------------------------------------------------------------- the registry
