@@ -146,10 +146,11 @@ class ClusterEngine:
         run["rate"] = n / (time.perf_counter() - t0)
         run["records"].extend(batch)
 
-    def autoscaled(self, app: str, policy: str, profile, pool: int, low_rate: float, drain: bool = True) -> dict:
+    def autoscaled(self, app: str, policy: str, profile, pool: int, low_rate: float, drain: bool = True,
+                   backlog_seconds: float | None = None) -> dict:
         """The planner's own control loop with `policy` on a `pool`-worker cluster, the job starting on one
         worker, input following `profile` (`clasp.driver.Driver`); the answer is checked, so the run always
-        drains (`drain` is the simulator's option)."""
+        drains, and the planner plans as configured (`drain` and `backlog_seconds` are the simulator's)."""
         from apps import get_app
         from bench import cluster_engine
         from clasp.driver import Driver

@@ -224,7 +224,7 @@ def prediction_measure(ctx: Context, p: dict) -> dict:
     before, after = TRANSITION_SECONDS["quick" if ctx.quick else "full"]
     src, dst = p["source"] * ref, p["target"] * ref
     r = ctx.engine.autoscaled(p["app"], p["policy"], Profile("steps", ((src, before), (dst, after))), CLUSTER,
-                              min(src, dst), drain=False)
+                              min(src, dst), drain=False, backlog_seconds=None)
     series = [s for s in r["series"] if s["t"] < before + after]
     at_switch = next((s["workers"] for s in series if s["t"] >= before - 1), series[-1]["workers"])
     # The prediction: what the first re-plan after the rate change chose (no change keeps the count).

@@ -23,7 +23,7 @@ from clasp.simulator import Costs, SimConfig, SimDag, Simulator, app_dag, make_c
 # Simulated seconds per point. Steps are 5 ms; 10 workers x 10 s take about 0.1 s of wall time.
 SECONDS = {"quick": 6.0, "full": 20.0}
 PROFILE_SECONDS = 5.0  # the one-worker observation placements are planned from
-# Autoscaled runs plan for the input rate plus what drains the planner's backlog in this many seconds
+# Autoscaled runs (Fig. 14) plan for the input rate plus what drains the planner's backlog in this many seconds
 # (`ControlConfig.drain_seconds`, every policy alike): a placement sized for exactly the input rate never
 # works off the backlog that builds up while the triggers wait, and latency would stay at seconds.
 DRAIN_SECONDS = 5.0
@@ -90,14 +90,15 @@ class SimEngine:
         return {"throughput": r.throughput, "latency": r.latency, "workers": r.workers}
 
     def autoscaled(self, app: str, policy: str, profile: Profile, pool: int, low_rate: float,
-                   drain: bool = True) -> dict:
+                   drain: bool = True, backlog_seconds: float | None = DRAIN_SECONDS) -> dict:
         """The job starts on one worker under `policy`'s control loop, input following `profile`; with
-        `drain` the run goes on until it has drained (at most half the profile again, plus 10 s). Returns the per-second
+        `drain` the run goes on until it has drained (at most half the profile again, plus 10 s);
+        `backlog_seconds` is the control loop's `drain_seconds`. Returns the per-second
         series, the decisions, the latency summary, and `drained_at`: when the last record pushed completed
         (None if it did not within the run)."""
         dag = self.dag(app)
         ctl = make_controller(dag, self.costs, policy, pool)
-        ctl.config = ControlConfig(warmup_requests=warmup_requests(low_rate), drain_seconds=DRAIN_SECONDS)
+        ctl.config = ControlConfig(warmup_requests=warmup_requests(low_rate), drain_seconds=backlog_seconds)
         # One worker, as the planner starts an autoscaled job (the baselines cannot plan without a throughput).
         start = uniform_placement(list(dag.operators), list(dag.edges), 1, ctl.p_max, self.costs.capacity,
                                   "start on one worker", policy)
