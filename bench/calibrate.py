@@ -14,6 +14,10 @@
   operators on worker 0, odd ones spread over workers 1 and 2 (every request remote, δ = 2 on worker 0);
   β and γ are the values with which the simulator reproduces both measured throughputs (solved by
   bisection, alternately). Neither placement is the spread that `bench.validate_sim` checks.
+- **α_split** (µs per local chained request to a stateless successor that other workers also hold: the
+  runtime's table route, `workers/engine.py` `_send`, instead of the single-holder fast path α is measured
+  on): SYN with even operators on worker 0 and odd ones split over workers 0 and 1 (MIX), the value with
+  which the simulator reproduces its throughput, β and γ fixed (ALT and FAN have no such request).
 - **receive share** of β (the receiver's part of a remote request's cost): 0.5, assumed (RECEIVE_SHARE).
 - **τ̄** per app and operator: the engine times requests with a wall clock, so under a quota τ̄ includes
   the stalls of throttling (a no-op reads 0.1–1.5 µs instead of 0.1); the shares come from an unlimited
@@ -49,6 +53,10 @@ ALT = {o: {i % 2: 1.0} for i, o in enumerate(SYN_OPS)}  # every chained request 
 # apart); sending (packing into a batch) and receiving (unpacking, queueing) are about the same work.
 RECEIVE_SHARE = 0.5
 FAN = {o: ({0: 1.0} if i % 2 == 0 else {1: 0.5, 2: 0.5}) for i, o in enumerate(SYN_OPS)}  # δ = 2 on worker 0
+# Even operators on worker 0, odd ones split over workers 0 and 1: worker 0's even operators route half of
+# their outputs locally through the runtime's table route (the successor has two holders), the chained
+# request that α_split prices; every other request is single-holder local or remote. Not a spread.
+MIX = {o: ({0: 1.0} if i % 2 == 0 else {0: 0.5, 1: 0.5}) for i, o in enumerate(SYN_OPS)}
 
 
 # ----------------------------------------------------------------------------- pure parts
@@ -162,27 +170,49 @@ def fit_beta_gamma(base, lam_alt: float, lam_fan: float, rounds: int = 3) -> tup
     return beta, gamma
 
 
-def calibrate(cpu: float, apps: list[str], seconds: float, repeat: int) -> dict:
+def measure(cpu: float, apps: list[str], seconds: float, repeat: int, unlimited: bool = True,
+            mix: bool = True) -> dict[str, dict | list]:
+    """Every calibration run: one quota-limited worker per app, (once) an unlimited one per app, SYN
+    alternating over 2, fanned over 3 and (with `mix`) MIX over 2 workers."""
+    runs: dict = {"one": {}, "unlimited": {}}
+    for app in apps:
+        runs["one"][app] = _runs(ce.unthrottled, repeat, app=app, workers=1, cpu_per_worker=cpu, seconds=seconds)
+    if unlimited:
+        for app in apps:
+            runs["unlimited"][app] = _runs(ce.unthrottled, 1, app=app, workers=1, seconds=min(seconds, 5.0))
+    runs["alt"] = _runs(ce.unthrottled, repeat, app="syn", workers=2, placement=ALT, cpu_per_worker=cpu,
+                        seconds=seconds)
+    if mix:
+        runs["mix"] = _runs(ce.unthrottled, repeat, app="syn", workers=2, placement=MIX, cpu_per_worker=cpu,
+                            seconds=seconds)
+    runs["fan"] = _runs(ce.unthrottled, repeat, app="syn", workers=3, placement=FAN, cpu_per_worker=cpu,
+                        seconds=seconds)
+    return runs
+
+
+def fit_alpha_split(base, lam_mix: float) -> float:
+    """α_split with which the simulator reproduces SYN's MIX throughput (β, γ fixed: ALT and FAN have no
+    split local requests)."""
+    return solve(lambda a: _sim_tput(dataclasses.replace(base, alpha_split=a), MIX, 2),
+                 base.alpha, 50 * max(base.alpha, 1.0), lam_mix, iters=20)
+
+
+def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: Mapping | None = None) -> dict:
+    """The cost file from calibration runs (`measure`'s shape); `unlimited_tau` {app: {op: µs}} stands in
+    for the unlimited runs when they are not in `runs`."""
     from clasp.simulator import Costs
 
-    one: dict[str, list[dict]] = {}
-    unlimited: dict[str, list[dict]] = {}
-    for app in apps:
-        one[app] = _runs(ce.unthrottled, repeat, app=app, workers=1, cpu_per_worker=cpu, seconds=seconds)
-    for app in apps:
-        unlimited[app] = _runs(ce.unthrottled, 1, app=app, workers=1, seconds=min(seconds, 5.0))
-    alt = _runs(ce.unthrottled, repeat, app="syn", workers=2, placement=ALT, cpu_per_worker=cpu, seconds=seconds)
-    fan = _runs(ce.unthrottled, repeat, app="syn", workers=3, placement=FAN, cpu_per_worker=cpu, seconds=seconds)
-    ce.shutdown()
-
-    rates = [cpu_rate_us(r["cpu_s"][0], r["cpu_window_s"]) for runs in one.values() for r in runs
+    one, unlimited = runs["one"], runs.get("unlimited") or {}
+    apps = list(one)
+    rates = [cpu_rate_us(r["cpu_s"][0], r["cpu_window_s"]) for rs in one.values() for r in rs
              if r["cpu_window_s"] > 0]
     w = statistics.median(rates)
-    tau_u = {app: {o: v["tau_us"] for o, v in runs[0]["operators"].items()} for app, runs in unlimited.items()}
-    tau_q = {app: {o: statistics.fmean(r["operators"][o]["tau_us"] for r in runs) for o in runs[0]["operators"]}
-             for app, runs in one.items()}
+    tau_u = {app: {o: v["tau_us"] for o, v in rs[0]["operators"].items()} for app, rs in unlimited.items()}
+    tau_u = {**(unlimited_tau or {}), **tau_u}
+    tau_q = {app: {o: statistics.fmean(r["operators"][o]["tau_us"] for r in rs) for o in rs[0]["operators"]}
+             for app, rs in one.items()}
     shapes = {app: structure(app) for app in apps}
-    lam1 = {app: _mean_tput(runs) for app, runs in one.items()}
+    lam1 = {app: _mean_tput(rs) for app, rs in one.items()}
     mult, chained = shapes["syn"]
     alpha = max(0.0, alpha_from_chain(w, lam1["syn"], sum(m * tau_u["syn"][o] for o, m in mult.items()), chained))
     tau_file, eps = {}, {}
@@ -190,13 +220,23 @@ def calibrate(cpu: float, apps: list[str], seconds: float, repeat: int) -> dict:
         m, c = shapes[app]
         tau_file[app], eps[app] = fit_tau(tau_u[app], m, alpha, c, w / lam1[app])
     base = Costs(alpha, alpha, 0.0, w, tau_file, RECEIVE_SHARE)
-    lam_alt, lam_fan = _mean_tput(alt), _mean_tput(fan)
+    lam_alt, lam_fan = _mean_tput(runs["alt"]), _mean_tput(runs["fan"])
     beta, gamma = fit_beta_gamma(base, lam_alt, lam_fan)
     costs = dataclasses.replace(base, beta=beta, gamma=gamma)
+    alpha_split = None
+    if runs.get("mix"):
+        alpha_split = fit_alpha_split(costs, _mean_tput(runs["mix"]))
+        costs = dataclasses.replace(costs, alpha_split=alpha_split)
     check = {"alt": _sim_tput(costs, ALT, 2), "fan": _sim_tput(costs, FAN, 3)}
+    if alpha_split is not None:
+        check["mix"] = _sim_tput(costs, MIX, 2)
 
-    def tput_list(runs):
-        return [round(r["throughput"], 1) for r in runs]
+    def tput_list(rs):
+        return [round(r["throughput"], 1) for r in rs]
+
+    def cpu_per_record(rs):  # µs of worker CPU per completed record, per run
+        return [round(sum(v for k, v in r["cpu_s"].items() if k != "planner") / r["cpu_window_s"]
+                      / r["throughput"] * 1e6, 2) for r in rs if r["cpu_window_s"] > 0 and r["throughput"] > 0]
 
     measured = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -205,22 +245,38 @@ def calibrate(cpu: float, apps: list[str], seconds: float, repeat: int) -> dict:
         "how": ("python -m bench.calibrate: LocalCluster workers under a cgroup quota of cpu_per_worker CPUs; "
                 "W = median CPU rate of a saturated one-worker run; alpha from SYN on one worker; beta and "
                 "gamma fitted so the simulator reproduces SYN alternating over 2 workers and SYN even->w0, "
-                "odd->w1/w2; tau shares from unlimited one-worker runs plus a per-request residual epsilon "
-                "so that one worker predicts its measured throughput (bench/calibrate.py docstring)"),
+                "odd->w1/w2; alpha_split from SYN even->w0, odd->w0/w1; tau shares from unlimited one-worker "
+                "runs plus a per-request residual epsilon so that one worker predicts its measured throughput "
+                "(bench/calibrate.py docstring)"),
         "seconds": seconds, "repeat": repeat,
-        "one_worker_throughput": {app: tput_list(runs) for app, runs in one.items()},
+        "one_worker_throughput": {app: tput_list(rs) for app, rs in one.items()},
         "worker_cpu_rate_us": [round(r) for r in rates],
         "tau_us_under_quota": {a: {o: round(v, 3) for o, v in t.items()} for a, t in tau_q.items()},
         "tau_us_unlimited": {a: {o: round(v, 3) for o, v in t.items()} for a, t in tau_u.items()},
-        "unlimited_throughput": {app: tput_list(runs) for app, runs in unlimited.items()},
+        "unlimited_throughput": {app: tput_list(rs) for app, rs in unlimited.items()},
         "epsilon_us": {a: round(v, 3) for a, v in eps.items()},
-        "syn_alternating_2w": {"throughput": tput_list(alt), "simulated": round(check["alt"], 1)},
-        "syn_fan_3w": {"throughput": tput_list(fan), "simulated": round(check["fan"], 1)},
+        "syn_one_worker_cpu_us_per_record": cpu_per_record(one["syn"]),
+        "syn_alternating_2w": {"throughput": tput_list(runs["alt"]), "simulated": round(check["alt"], 1),
+                               "cpu_us_per_record": cpu_per_record(runs["alt"])},
+        "syn_fan_3w": {"throughput": tput_list(runs["fan"]), "simulated": round(check["fan"], 1),
+                       "cpu_us_per_record": cpu_per_record(runs["fan"])},
     }
-    return {"alpha": round(alpha, 4), "beta": round(beta, 4), "gamma": round(gamma, 1), "capacity": round(w, 1),
-            "receive_share": RECEIVE_SHARE,
-            "tau_us": {a: {o: round(v, 4) for o, v in t.items()} for a, t in tau_file.items()},
-            "measured": measured}
+    if alpha_split is not None:
+        measured["syn_mix_2w"] = {"throughput": tput_list(runs["mix"]), "simulated": round(check["mix"], 1),
+                                  "cpu_us_per_record": cpu_per_record(runs["mix"])}
+    doc = {"alpha": round(alpha, 4), "beta": round(beta, 4), "gamma": round(gamma, 1), "capacity": round(w, 1),
+           "receive_share": RECEIVE_SHARE}
+    if alpha_split is not None:
+        doc["alpha_split"] = round(alpha_split, 4)
+    doc["tau_us"] = {a: {o: round(v, 4) for o, v in t.items()} for a, t in tau_file.items()}
+    doc["measured"] = measured
+    return doc
+
+
+def calibrate(cpu: float, apps: list[str], seconds: float, repeat: int, mix: bool = True) -> dict:
+    runs = measure(cpu, apps, seconds, repeat, mix=mix)
+    ce.shutdown()
+    return fit(runs, cpu, seconds, repeat)
 
 
 def main(argv=None) -> int:
@@ -232,6 +288,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=6.0, help="seconds per measured run")
     ap.add_argument("--repeat", type=int, default=2, help="runs per quota-limited configuration")
     ap.add_argument("--out", default=str(OUT), help="the cost file to write")
+    ap.add_argument("--no-mix", action="store_true", help="skip the MIX run (no alpha_split: α for every local)")
     args = ap.parse_args(argv)
     apps = [a.strip() for a in args.apps.split(",") if a.strip()]
     if "syn" not in apps:
@@ -239,12 +296,13 @@ def main(argv=None) -> int:
     for a in apps:
         if a not in APPS:
             ap.error(f"unknown app {a!r}")
-    doc = calibrate(args.cpu_per_worker, apps, args.seconds, args.repeat)
+    doc = calibrate(args.cpu_per_worker, apps, args.seconds, args.repeat, mix=not args.no_mix)
     from clasp.simulator import Costs
 
     Costs.from_json_dict(doc)  # the simulator must load it
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-    print(json.dumps({k: doc[k] for k in ("alpha", "beta", "gamma", "capacity")} | {"out": args.out}))
+    print(json.dumps({k: doc.get(k) for k in ("alpha", "beta", "gamma", "capacity", "alpha_split")}
+                     | {"out": args.out}))
     return 0
 
 

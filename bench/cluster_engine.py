@@ -29,10 +29,12 @@ nothing completed), `records` (records pushed), `correct` (the app's answer from
 independent `expected()` for exactly those records), `seconds` (the steady window's length); and, for
 calibration and checks: `rate`, `placement`, `cpu_per_worker`, `state`, `completed`, `wall_s`,
 `warmup_s`, `throughput_overall` (records / (first push → idle)), `cpu_s` (CPU seconds of each worker
-process and the planner over the steady window, from /proc), `operators` ({op: {"processed", "tau_us"}},
-exact counters), `per_worker` ({worker index: {"processed": {op: n}, "exec_s": {op: s}, "local",
-"remote"}}), `model` (the planner estimator's α, β, γ, W̄), `failed`, `exhausted` (unthrottled ran out of
-records before `seconds`).
+process and the planner over the steady window, from /proc), `throttle` (per quota-limited worker, the
+cgroup's CFS counters over the same window: `nr_periods`, `nr_throttled`, `throttled_s`), `run_delay_s`
+(per process, seconds runnable but waiting for a CPU over that window: the machine's other load), `operators`
+({op: {"processed", "tau_us"}}, exact counters), `per_worker` ({worker index: {"processed": {op: n},
+"exec_s": {op: s}, "local", "remote"}}), `model` (the planner estimator's α, β, γ, W̄), `failed`,
+`exhausted` (unthrottled ran out of records before `seconds`).
 
 Clusters are reused: the first call for a (workers, cpu_per_worker) starts a `LocalCluster`, later calls
 with the same pair submit a new job to it (each job is cancelled when measured, so no state carries over;
@@ -125,6 +127,58 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cgroup_cpu_stat(pid: int) -> dict | None:
+    """The CFS bandwidth counters of the cpu cgroup `pid` is in (`nr_periods`, `nr_throttled`,
+    `throttled_s`), from cpu.stat (cgroup v1 or v2); None when it has no quota group or it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if "cpu" in controllers.split(","):
+            base = "/sys/fs/cgroup/cpu"
+        elif controllers == "":
+            base = "/sys/fs/cgroup"
+        else:
+            continue
+        if path in ("", "/"):
+            continue
+        try:
+            with open(f"{base}{path}/cpu.stat") as f:
+                stat = dict(ln.split() for ln in f if ln.strip())
+        except (OSError, ValueError):
+            continue
+        if "nr_periods" not in stat:
+            continue
+        throttled = (int(stat["throttled_usec"]) / 1e6 if "throttled_usec" in stat
+                     else int(stat.get("throttled_time", 0)) / 1e9)
+        return {"nr_periods": int(stat["nr_periods"]), "nr_throttled": int(stat["nr_throttled"]),
+                "throttled_s": throttled}
+    return None
+
+
+def run_delay_seconds(pid: int) -> float:
+    """Seconds the threads of `pid` have spent runnable but waiting for a CPU (/proc/PID/task/*/schedstat,
+    second field): the machine's other load, as opposed to the process idling or being throttled."""
+    total = 0.0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return math.nan
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                total += int(f.read().split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
 # ----------------------------------------------------------------------------- clusters
 class Clusters:
     """Running LocalClusters by (workers, cpu_per_worker), with a client each; at most `keep` at a time."""
@@ -189,8 +243,12 @@ class _Measured(Driver):
         self._last_sample = -math.inf
         self.cpu_start: dict | None = None  # (time, {process: CPU s}) at the steady window's start
         self.cpu_end: dict | None = None
+        self._throttle: list[dict] = []  # CFS counters at the same two instants as cpu_start / cpu_end
+        self._run_delay: list[dict] = []  # and run-queue waits
 
     def _cpu(self) -> tuple[float, dict]:
+        self._throttle.append({k: cgroup_cpu_stat(p) for k, p in self.pids.items()})
+        self._run_delay.append({k: run_delay_seconds(p) for k, p in self.pids.items()})
         return time.monotonic(), {k: cpu_seconds(p) for k, p in self.pids.items()}
 
     def sample(self, force: bool = False) -> dict | None:
@@ -245,6 +303,27 @@ class _Measured(Driver):
             return {}, 0.0
         (t0, c0), (t1, c1) = self.cpu_start, self.cpu_end
         return {k: round(c1[k] - c0[k], 4) for k in c1}, round(t1 - t0, 3)
+
+    def run_delay_window(self) -> dict:
+        """Per process, seconds runnable but not running (waiting for a CPU) over the `cpu_window`."""
+        if self.cpu_start is None or self.cpu_end is None or len(self._run_delay) < 2:
+            return {}
+        a, b = self._run_delay[0], self._run_delay[-1]
+        return {k: round(b[k] - a[k], 4) for k in b if math.isfinite(b[k] - a.get(k, math.nan))}
+
+    def throttle_window(self) -> dict:
+        """Per quota-limited process, the CFS counters' change over the same window as `cpu_window`:
+        periods, periods in which it was throttled, and seconds spent throttled."""
+        if self.cpu_start is None or self.cpu_end is None or len(self._throttle) < 2:
+            return {}
+        a, b = self._throttle[0], self._throttle[-1]
+        out = {}
+        for k in b:
+            if a.get(k) and b.get(k):
+                out[k] = {"nr_periods": b[k]["nr_periods"] - a[k]["nr_periods"],
+                          "nr_throttled": b[k]["nr_throttled"] - a[k]["nr_throttled"],
+                          "throttled_s": round(b[k]["throttled_s"] - a[k]["throttled_s"], 4)}
+        return out
 
 
 def _warm(entry: dict, app, seed: int, state: str, placement: dict) -> float:
@@ -306,6 +385,8 @@ def _measure(app_name: str, workers: int, rate: float | None, *, placement, cpu_
     if tput is None:  # a short run: the whole run, start-up included
         tput, window = summary["records_per_s"] or 0.0, summary["duration_s"]
     cpu, cpu_window = d.cpu_window()
+    throttle = d.throttle_window()
+    run_delay = d.run_delay_window()
     lat = stats["latency"]
     latency = {k: lat.get(k) for k in ("p50", "p95", "p99")} if lat.get("count") else None
     index = {wid: i for i, wid in enumerate(order)}
@@ -322,6 +403,7 @@ def _measure(app_name: str, workers: int, rate: float | None, *, placement, cpu_
             "cpu_per_worker": cpu_per_worker, "state": state, "completed": stats["completed"],
             "wall_s": summary["duration_s"], "warmup_s": warmup_s,
             "throughput_overall": summary["records_per_s"], "cpu_s": cpu, "cpu_window_s": cpu_window,
+            "throttle": throttle, "run_delay_s": run_delay,
             "operators": {o: {"processed": v["processed"], "tau_us": v.get("tau_us_mean", 0.0)}
                           for o, v in stats["operators"].items()},
             "per_worker": per_worker, "model": stats.get("model", {}), "failed": stats["failed"],
@@ -346,5 +428,5 @@ def fixed_rate(app: str, workers: int, rate: float, *, placement="spread", cpu_p
 
 def result_line(r: Mapping[str, Any]) -> dict:
     """The compact part of a result (for printing): no per-operator and per-worker detail."""
-    skip = {"operators", "per_worker", "placement", "cpu_s", "model"}
+    skip = {"operators", "per_worker", "placement", "cpu_s", "model", "throttle", "run_delay_s"}
     return {k: v for k, v in r.items() if k not in skip}

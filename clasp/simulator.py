@@ -56,6 +56,10 @@ class Costs:
     # The part of β the receiving worker pays (unpacking, queueing); the sender pays the rest. 0 (the
     # default, and what a file without the key means) charges all of β to the sender.
     receive_share: float = 0.0
+    # µs per local chained request to a stateless successor that other workers also hold: the runtime then
+    # routes through its weighted table (`workers/engine.py` `_emit`/`_send`) instead of the single-holder fast
+    # path that α is measured on. None (the default, and a file without the key) charges α, as before.
+    alpha_split: float | None = None
 
     @classmethod
     def from_json_dict(cls, d: Any) -> Costs:
@@ -83,7 +87,12 @@ class Costs:
         share = d.get("receive_share", 0.0)
         if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
             raise CostError(f"costs field 'receive_share' must be a number in [0, 1], not {share!r}")
-        return cls(values["alpha"], values["beta"], values["gamma"], values["capacity"], table, float(share))
+        split = d.get("alpha_split")
+        if split is not None and (isinstance(split, bool) or not isinstance(split, int | float)
+                                  or not math.isfinite(split) or split < 0):
+            raise CostError(f"costs field 'alpha_split' must be a finite number ≥ 0 or null, not {split!r}")
+        return cls(values["alpha"], values["beta"], values["gamma"], values["capacity"], table, float(share),
+                   None if split is None else float(split))
 
     @classmethod
     def load(cls, path: str | Path) -> Costs:
@@ -98,7 +107,7 @@ class Costs:
         return cls.from_json_dict(d)
 
     def with_coefficients(self, alpha: float, beta: float, gamma: float) -> Costs:
-        return Costs(alpha, beta, gamma, self.capacity, self.tau_us, self.receive_share)
+        return Costs(alpha, beta, gamma, self.capacity, self.tau_us, self.receive_share, self.alpha_split)
 
 
 COSTS_FILE = Path(__file__).resolve().parent.parent / "bench" / "sim_costs.json"
@@ -119,6 +128,8 @@ class SimDag:
     # app's input: routing then follows key-group ownership as at runtime, so key skew is modelled. An
     # operator without weights is routed by σ alone (its key space taken as uniform).
     key_weights: dict[str, list[float]] = field(default_factory=dict)
+    # Stateful operators (their requests are always key-routed, so `Costs.alpha_split` does not apply).
+    stateful: frozenset[str] = frozenset()
 
     def multiplicity(self) -> dict[str, float]:
         """Requests per input record of each operator (1 for a source)."""
@@ -188,7 +199,8 @@ def app_dag(name: str, costs: Costs, records: int = 2000, seed: int = 0) -> SimD
     if missing:
         raise CostError(f"costs tau_us.{name} lacks operator(s) {', '.join(missing)}")
     fanout, weights = measure_app(app, records, seed)
-    return SimDag(name, ops, list(dag.edges), fanout, {o: tau[o] for o in ops}, weights)
+    return SimDag(name, ops, list(dag.edges), fanout, {o: tau[o] for o in ops}, weights,
+                  frozenset(o.name for o in dag.operators if o.stateful))
 
 
 @dataclass
@@ -353,6 +365,13 @@ class Simulator:
         # w arrived from predecessor p's workers in proportion to σ_p, so 1 − σ_p(w) of them are remote.
         r = c.receive_share
         self.cost = self.tau[None, :] + c.alpha * local + (1 - r) * c.beta * self.remote_per_req
+        if c.alpha_split is not None:
+            # A local chained request to a stateless successor that is also held elsewhere (0 < σ_s(w) < 1)
+            # takes the runtime's table route: α_split instead of α.
+            stateless = np.array([o not in self.dag.stateful for o in self.ops], dtype=float)
+            split = ((sigma > 0) & (sigma < 1 - 1e-12)) * stateless[None, :]  # [w, s]
+            local_split = (sigma * split) @ self.fan.T  # [w, o]
+            self.cost = self.cost + (c.alpha_split - c.alpha) * local_split
         if r > 0:
             inflow = self.mult[:, None] * self.fan  # [p, o]: requests p → o per record
             into = inflow.sum(axis=0)

@@ -97,3 +97,19 @@ def test_calibrated_file_loads():
     assert costs.capacity > 0 and costs.beta >= costs.alpha >= 0
     for app in ("wc", "syn"):
         assert set(app_dag(app, costs).operators) == set(costs.tau_us[app])
+
+
+def test_cgroup_and_run_delay_readers_on_this_process():
+    import os
+
+    st = ce.cgroup_cpu_stat(os.getpid())
+    assert st is None or set(st) == {"nr_periods", "nr_throttled", "throttled_s"}
+    assert ce.cgroup_cpu_stat(2 ** 22 + 12345) is None  # no such process
+    assert ce.run_delay_seconds(os.getpid()) >= 0
+
+
+def test_mix_calibration_placement_is_not_a_spread():
+    from bench import calibrate as cal
+
+    assert cal.MIX["op0"] == {0: 1.0} and cal.MIX["op1"] == {0: 0.5, 1: 0.5}
+    assert all(cal.MIX[o] != {0: 0.5, 1: 0.5} for o in cal.SYN_OPS[::2])

@@ -121,3 +121,31 @@ def test_the_clasp_command_runs_simulate(capsys):
     assert "unknown app 'nope'" in capsys.readouterr().err
     assert clasp_main(["simulate", "syn", "--workers", "2", "--duration", "3"]) == 0
     assert json.loads(capsys.readouterr().out)["throughput"] > 0
+
+
+def test_alpha_split_prices_only_local_requests_to_split_successors(runtime_costs):
+    import dataclasses
+
+    from clasp.policy import uniform_placement
+    from clasp.simulator import Simulator
+
+    dag = app_dag("syn", runtime_costs)
+    cfg = SimConfig(duration=4.0, warmup=1.0)
+    # Default (no alpha_split, or a file without the key): the same as before.
+    assert Costs.from_json_dict({"alpha": 1, "beta": 2, "gamma": 0, "capacity": 1e6, "tau_us": {}}).alpha_split \
+        is None
+    base = [simulate(dag, n, costs=runtime_costs, config=cfg).throughput for n in (1, 2)]
+    same = dataclasses.replace(runtime_costs, alpha_split=runtime_costs.alpha)
+    assert [simulate(dag, n, costs=same, config=cfg).throughput for n in (1, 2)] == pytest.approx(base)
+    dear = dataclasses.replace(runtime_costs, alpha_split=runtime_costs.alpha + 5.0)
+    # One worker holds every operator alone (the fast path): unchanged; a 2-worker spread pays it.
+    assert simulate(dag, 1, costs=dear, config=cfg).throughput == pytest.approx(base[0])
+    assert simulate(dag, 2, costs=dear, config=cfg).throughput < 0.8 * base[1]
+    # Alternating over 2 workers: every chained request remote, none split-local: unchanged.
+    alt = uniform_placement(dag.operators, dag.edges, 2, 10, 1.0, "alt", "alt")
+    alt = dataclasses.replace(alt, fractions={o: {i % 2: 1.0} for i, o in enumerate(dag.operators)})
+    a = Simulator(dag, runtime_costs, 2, placement=alt, config=cfg).run().throughput
+    b = Simulator(dag, dear, 2, placement=alt, config=cfg).run().throughput
+    assert b == pytest.approx(a)
+    with pytest.raises(ValueError):
+        Costs.from_json_dict({"alpha": 1, "beta": 2, "gamma": 0, "capacity": 1e6, "tau_us": {}, "alpha_split": -1})
