@@ -76,7 +76,7 @@ class ClusterEngine:
         reason = cpulimit.available()
         if reason is not None:
             raise EngineError(f"the cluster engine runs every worker under a CPU quota: {reason}")
-        self.seconds = 5.0 if quick else 10.0
+        self.seconds = 4.0 if quick else 10.0
         self._coefficient_jobs: dict[str, dict] = {}
 
     def describe(self) -> dict:
