@@ -31,10 +31,12 @@ calibration and checks: `rate`, `placement`, `cpu_per_worker`, `state`, `complet
 `warmup_s`, `throughput_overall` (records / (first push → idle)), `cpu_s` (CPU seconds of each worker
 process and the planner over the steady window, from /proc), `throttle` (per quota-limited worker, the
 cgroup's CFS counters over the same window: `nr_periods`, `nr_throttled`, `throttled_s`), `run_delay_s`
-(per process, seconds runnable but waiting for a CPU over that window: the machine's other load), `operators`
-({op: {"processed", "tau_us"}}, exact counters), `per_worker` ({worker index: {"processed": {op: n},
-"exec_s": {op: s}, "local", "remote"}}), `model` (the planner estimator's α, β, γ, W̄), `failed`,
-`exhausted` (unthrottled ran out of records before `seconds`).
+(per process, seconds its threads were runnable but waiting for a CPU over that window, summed over
+threads; under a quota it evidently counts throttled time too, above 1 s/s for one saturated worker, so
+it speaks of the host's other load only for the planner), `operators` ({op: {"processed", "tau_us"}},
+exact counters), `per_worker` ({worker index: {"processed": {op: n}, "exec_s": {op: s}, "local",
+"remote"}}), `model` (the planner estimator's α, β, γ, W̄), `failed`, `exhausted` (unthrottled ran out of
+records before `seconds`).
 
 Clusters are reused: the first call for a (workers, cpu_per_worker) starts a `LocalCluster`, later calls
 with the same pair submit a new job to it (each job is cancelled when measured, so no state carries over;

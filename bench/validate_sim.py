@@ -234,8 +234,9 @@ def plot(path: str, apps: list[str], workers: list[int], points: list[dict], tit
     for i, app in enumerate(apps):
         rows = [p for p in points if p["app"] == app]
         x = [p["workers"] for p in rows]
-        ax.errorbar(x, [p["emulated"] for p in rows], yerr=[[p["emulated"] - p["emulated_min"] for p in rows],
-                                                            [p["emulated_max"] - p["emulated"] for p in rows]],
+        ax.errorbar(x, [p["emulated"] for p in rows],
+                    yerr=[[max(0.0, p["emulated"] - p["emulated_min"]) for p in rows],
+                          [max(0.0, p["emulated_max"] - p["emulated"]) for p in rows]],
                     color=f"C{i}", marker="o", label=f"{app} emulated", capsize=3)
         ax.plot(x, [p["simulated"] for p in rows], color=f"C{i}", ls="--", marker="s", label=f"{app} simulated")
     ax.set_xlabel("workers (every operator spread evenly)")
