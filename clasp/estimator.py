@@ -4,7 +4,10 @@ The caller feeds one WorkerSample per worker per interval (nominally 1 s); the e
 per-worker history it needs. No clock, no I/O: the same sequence of samples gives the same estimates.
 
 Estimation, per SPEC.md: a worker is saturated when its queue grew in each of the last
-`growth_intervals` intervals or its queueing delay exceeds `delay_threshold`. Two consecutive saturated
+`growth_intervals` intervals or its queueing delay exceeds `delay_threshold`, and also (beyond the
+paper) when it reports `busy`: it never ran out of work during the interval. Under the planner's
+in-flight window a saturated worker's queue stops growing within a second and stays too short for the
+delay threshold, so without `busy` the runtime's estimator was almost never fed. Two consecutive saturated
 samples of the same worker give one differenced observation ΔE = −αΔR^l − βΔR^r − γΔδ (Eq. 2); the
 observations of all workers are pooled. Each regressor is divided by a fixed scale, θ is solved by
 recursive least squares with forgetting factor ρ (information form: R ← ρR + xxᵀ, r ← ρr + xy, O(1) per
@@ -36,7 +39,8 @@ class WorkerSample:
     `queue_length`: Q_w at the end of the interval; `queueing_delay`: mean time a request waited in the
     incoming queue (s); `execution`: E_w = Σ_o N[w,o]·τ̄[w,o] (µs/s); `r_local`, `r_remote`: R^l_w, R^r_w,
     chained requests per second it generated for itself / for other workers; `delta`: δ_w, the number of
-    distinct remote workers those reached.
+    distinct remote workers those reached; `busy`: the worker never ran out of work during the interval
+    (a saturation signal of its own, beside queue growth and queueing delay).
     """
 
     queue_length: float
@@ -45,6 +49,7 @@ class WorkerSample:
     r_local: float = 0.0
     r_remote: float = 0.0
     delta: float = 0.0
+    busy: bool = False
 
     def valid(self) -> bool:
         values = (self.queue_length, self.queueing_delay, self.execution, self.r_local, self.r_remote,
@@ -259,7 +264,7 @@ class Estimator:
             if h is None:
                 h = self._history[w] = _History(deque(maxlen=c.growth_intervals + 1))
             h.queues.append(sample.queue_length)
-            if self.is_saturated(w) or sample.queueing_delay > c.delay_threshold:
+            if sample.busy or self.is_saturated(w) or sample.queueing_delay > c.delay_threshold:
                 saturated.append((w, sample))
                 if h.saturated is not None:
                     if self._observe(h.saturated, sample):

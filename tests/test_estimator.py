@@ -1,5 +1,6 @@
 """Saturation detection, recovery of α, β, γ, W from synthetic saturated workers, degenerate input."""
 
+import dataclasses
 import math
 import random
 
@@ -56,6 +57,20 @@ def test_saturation_by_queueing_delay():
     est = Estimator(EstimatorConfig(delay_threshold=0.2))
     assert est.update({1: WorkerSample(0, 0.5, 500000)}).saturated == (1,)
     assert est.update({1: WorkerSample(0, 0.1, 500000)}).saturated == ()
+
+
+def test_a_worker_that_never_waited_for_work_is_saturated():
+    """A short, steady queue and no delay, but no idle wait in the interval: saturated, and its samples
+    feed the estimate. The same samples without `busy` feed nothing."""
+    rng = random.Random(5)
+    busy, plain = Estimator(), Estimator()
+    for _ in range(60):
+        samples = {w: synthetic(rng, 3) for w in range(4)}
+        u = busy.update({w: dataclasses.replace(x, busy=True) for w, x in samples.items()})
+        p = plain.update(samples)
+    assert set(u.saturated) == {0, 1, 2, 3} and p.saturated == ()
+    assert abs(busy.beta - BETA) / BETA < 0.05 and abs(busy.capacity - W) / W < 0.05
+    assert plain.beta == EstimatorConfig().beta
 
 
 def test_growth_intervals_is_configurable():

@@ -32,13 +32,18 @@ class Monitor:
         self.bad_messages: Counter = Counter()
         self.destinations_interval: set[str] = set()  # distinct remote workers reached this interval
         self.last_delta = 0
+        # Times the executor ran out of runnable work and waited for input this interval: none means the
+        # worker was busy all along, i.e. saturated, however short its queue (the planner's window keeps
+        # queues short, so queue growth and queueing delay rarely show saturation on this runtime).
+        self.idle_waits = 0
 
     def sample(self, interval: float) -> dict:
         """Table 2 for the last `interval` seconds: Q_w, R^l, R^r, delta, N, tau, E, per job."""
         interval = max(interval, 1e-6)
         self.last_delta = len(self.destinations_interval)
         out = {"worker": self.worker_id, "interval": interval, "delta": self.last_delta,
-               "bad_messages": dict(self.bad_messages), "jobs": {}}
+               "idle_waits": self.idle_waits, "bad_messages": dict(self.bad_messages), "jobs": {}}
+        self.idle_waits = 0
         self.destinations_interval = set()
         total_q = 0
         for job, eng in list(self.jobs.items()):

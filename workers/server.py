@@ -467,6 +467,7 @@ class Worker:
             self.wake.clear()
             if any(any(o.queue for o in e.ops) and not any(o.busy for o in e.ops) for e in self.jobs.values()):
                 continue
+            self.monitor.idle_waits += 1
             await self.wake.wait()
 
     # ----------------------------------------------------------------- heartbeats
