@@ -86,13 +86,12 @@ class Figure:
 
 # ---------------------------------------------------------------- Fig. 2 and 3: scaling a fixed placement
 
-def _sizes(ctx: Context) -> list[int]:
-    return [1, 5, 10]
+SIZES = [1, 5, 10]  # Figs. 2 and 3
 
 
 def fig2_points(ctx: Context) -> list[dict]:
     # Size-major: the cluster engine keeps one cluster running, so each size starts one.
-    return [{"app": a, "workers": n} for n in _sizes(ctx) for a in ctx.apps]
+    return [{"app": a, "workers": n} for n in SIZES for a in ctx.apps]
 
 
 def fig2_measure(ctx: Context, p: dict) -> dict:
@@ -116,7 +115,8 @@ def fig2_summary(ctx: Context, rows: list[dict]) -> dict:
 def fig3_measure(ctx: Context, p: dict) -> dict:
     rate = FIG3_LOAD * ctx.max_throughput(p["app"], 1)
     r = ctx.engine.fixed_rate(p["app"], p["workers"], rate, ctx.placement(p["app"], "clasp", p["workers"]))
-    return {"rate": rate, "throughput": r["throughput"], "p50": r["latency"]["p50"], "p95": r["latency"]["p95"]}
+    lat = r["latency"] or {}  # None when nothing completed
+    return {"rate": rate, "throughput": r["throughput"], "p50": lat.get("p50"), "p95": lat.get("p95")}
 
 
 def fig3_summary(ctx: Context, rows: list[dict]) -> dict:
