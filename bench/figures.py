@@ -104,7 +104,7 @@ def _relative(rows: list[dict], key: str) -> dict:
     out: dict = {}
     for r in rows:
         b = base.get(r["app"])
-        out.setdefault(r["app"], {})[str(r["workers"])] = round(r[key] / b, 3) if b else None
+        out.setdefault(r["app"], {})[str(r["workers"])] = round(r[key] / b, 3) if b and r[key] is not None else None
     return out
 
 
