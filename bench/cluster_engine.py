@@ -35,7 +35,9 @@ cgroup's CFS counters over the same window: `nr_periods`, `nr_throttled`, `throt
 threads; under a quota it evidently counts throttled time too, above 1 s/s for one saturated worker, so
 it speaks of the host's other load only for the planner), `operators` ({op: {"processed", "tau_us"}},
 exact counters), `per_worker` ({worker index: {"processed": {op: n}, "exec_s": {op: s}, "local",
-"remote"}}), `model` (the planner estimator's α, β, γ, W̄), `failed`, `exhausted` (unthrottled ran out of
+"remote", "messages": {"sent", "sent_rows", "received", "received_rows"} (data messages to / from
+other workers over the whole run), "window": the same counters, "local", "remote" and "processed" over
+the steady window}}), `model` (the planner estimator's α, β, γ, W̄), `failed`, `exhausted` (unthrottled ran out of
 records before `seconds`).
 
 Clusters are reused: the first call for a (workers, cpu_per_worker) starts a `LocalCluster`, later calls
@@ -247,8 +249,36 @@ class _Measured(Driver):
         self.cpu_end: dict | None = None
         self._throttle: list[dict] = []  # CFS counters at the same two instants as cpu_start / cpu_end
         self._run_delay: list[dict] = []  # and run-queue waits
+        self._counters: list[dict] = []  # and every worker's exact cumulative counters (data messages included)
+
+    def _worker_counters(self) -> dict:
+        try:
+            st = self.job.stats(fresh=True)
+        except Exception:  # noqa: BLE001 - a measurement aid: a failed ask leaves the window's counters out
+            return {}
+        return {wid: w.get("counters") or {} for wid, w in st.get("workers", {}).items()}
+
+    def counters_window(self) -> dict:
+        """Per worker id, the change over the `cpu_window` of its data-message counters (`messages`: sent,
+        sent_rows, received, received_rows), chained requests (`local`, `remote`) and requests processed."""
+        if self.cpu_start is None or self.cpu_end is None or len(self._counters) < 2:
+            return {}
+        a, b = self._counters[0], self._counters[-1]
+        out = {}
+        for wid, cb in b.items():
+            ca = a.get(wid)
+            if not ca or not cb:
+                continue
+            ma, mb = ca.get("messages", {}), cb.get("messages", {})
+            out[wid] = {"messages": {k: mb[k] - ma.get(k, 0) for k in mb},
+                        "local": cb.get("local", 0) - ca.get("local", 0),
+                        "remote": cb.get("remote", 0) - ca.get("remote", 0),
+                        "processed": sum(o["processed"] for o in cb.get("operators", {}).values())
+                        - sum(o["processed"] for o in ca.get("operators", {}).values())}
+        return out
 
     def _cpu(self) -> tuple[float, dict]:
+        self._counters.append(self._worker_counters())
         self._throttle.append({k: cgroup_cpu_stat(p) for k, p in self.pids.items()})
         self._run_delay.append({k: run_delay_seconds(p) for k, p in self.pids.items()})
         return time.monotonic(), {k: cpu_seconds(p) for k, p in self.pids.items()}
@@ -389,6 +419,7 @@ def _measure(app_name: str, workers: int, rate: float | None, *, placement, cpu_
     cpu, cpu_window = d.cpu_window()
     throttle = d.throttle_window()
     run_delay = d.run_delay_window()
+    window_counts = d.counters_window()
     lat = stats["latency"]
     latency = {k: lat.get(k) for k in ("p50", "p95", "p99")} if lat.get("count") else None
     index = {wid: i for i, wid in enumerate(order)}
@@ -398,7 +429,10 @@ def _measure(app_name: str, workers: int, rate: float | None, *, placement, cpu_
         per_worker[index.get(wid, wid)] = {
             "processed": {o: v["processed"] for o, v in c.get("operators", {}).items()},
             "exec_s": {o: v["exec_s"] for o, v in c.get("operators", {}).items()},
-            "local": c.get("local", 0), "remote": c.get("remote", 0)}
+            "local": c.get("local", 0), "remote": c.get("remote", 0),
+            # Data messages to and from other workers over the whole run (sent, sent_rows, received,
+            # received_rows), and the same counters over the steady window only (`cpu_window_s`).
+            "messages": dict(c.get("messages", {})), "window": window_counts.get(wid, {})}
     return {"app": app.NAME, "workers": workers, "throughput": tput, "latency": latency,
             "records": d.sent, "correct": bool(d.correct), "seconds": round(window, 3),
             "rate": rate, "placement": "spread" if isinstance(placement, str) else fractions,

@@ -20,6 +20,11 @@ class _Cursor:
     local: int = 0
     remote: int = 0
     errors_seen: int = 0
+    messages: tuple = (0, 0, 0, 0)
+
+
+# Data messages per job, cumulative: sent to peers, rows in them, received from peers, rows in them.
+MESSAGE_KEYS = ("sent", "sent_rows", "received", "received_rows")
 
 
 class Monitor:
@@ -36,9 +41,24 @@ class Monitor:
         # worker was busy all along, i.e. saturated, however short its queue (the planner's window keeps
         # queues short, so queue growth and queueing delay rarely show saturation on this runtime).
         self.idle_waits = 0
+        # job -> [sent, sent_rows, received, received_rows], cumulative; the data path adds one increment per
+        # message (the server's `_flush_data` and `_data_loop`), never per row.
+        self.messages: dict[int, list[int]] = {}
+
+    def job_messages(self, job: int) -> list[int]:
+        """The cumulative data-message counters of `job` (created at zero), for the data path to increment."""
+        c = self.messages.get(job)
+        if c is None:
+            c = self.messages[job] = [0, 0, 0, 0]
+        return c
+
+    def message_counts(self, job: int) -> dict[str, int]:
+        """`job`'s cumulative data-message counters by name (what the `counters` reply carries)."""
+        return dict(zip(MESSAGE_KEYS, self.messages.get(job, (0, 0, 0, 0)), strict=True))
 
     def sample(self, interval: float) -> dict:
-        """Table 2 for the last `interval` seconds: Q_w, R^l, R^r, delta, N, tau, E, per job."""
+        """Table 2 for the last `interval` seconds: Q_w, R^l, R^r, delta, N, tau, E, per job; plus data messages
+        sent and received per second (and rows in them), per job and for the worker."""
         interval = max(interval, 1e-6)
         self.last_delta = len(self.destinations_interval)
         out = {"worker": self.worker_id, "interval": interval, "delta": self.last_delta,
@@ -46,6 +66,7 @@ class Monitor:
         self.idle_waits = 0
         self.destinations_interval = set()
         total_q = 0
+        worker_msgs = [0.0, 0.0, 0.0, 0.0]
         for job, eng in list(self.jobs.items()):
             cur = self._cursors.setdefault(job, _Cursor())
             eng.fold_histograms()
@@ -73,13 +94,20 @@ class Monitor:
             service = sum(o["rate"] for o in ops.values())
             errors = list(eng.error_samples)[cur.errors_seen:] if cur.errors_seen < len(eng.error_samples) else []
             cur.errors_seen = len(eng.error_samples)
+            now_msgs = tuple(self.messages.get(job, (0, 0, 0, 0)))
+            msgs = [(a - b) / interval for a, b in zip(now_msgs, cur.messages, strict=True)]
+            cur.messages = now_msgs
+            worker_msgs = [a + b for a, b in zip(worker_msgs, msgs, strict=True)]
             out["jobs"][job] = {
                 "queue": q, "r_local": rl, "r_remote": rr, "operators": ops, "edges": edges,
                 # Little's law: the time a request arriving now waits behind the queue.
                 "queue_delay": q / service if service > 0 else (float(q > 0) * interval),
                 "exec_us": sum(o["rate"] * o["tau_us"] for o in ops.values()),
-                "failed": eng.failed, "new_errors": errors}
+                "failed": eng.failed, "new_errors": errors,
+                # Data messages (and the rows in them) per second this interval, to and from other workers.
+                "messages": dict(zip(MESSAGE_KEYS, msgs, strict=True))}
         out["queue"] = total_q
+        out["messages"] = dict(zip(MESSAGE_KEYS, worker_msgs, strict=True))
         return out
 
 

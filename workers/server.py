@@ -193,7 +193,8 @@ class Worker:
         return protocol.reply(body["req"], list(self._engine(body).op(body["op"]).collected))
 
     def _on_counters(self, body) -> bytes:
-        return protocol.reply(body["req"], self._engine(body).counters())
+        eng = self._engine(body)
+        return protocol.reply(body["req"], {**eng.counters(), "messages": self.monitor.message_counts(eng.job)})
 
     def _on_state_get(self, body) -> bytes:
         op = self._engine(body).op(body["op"])
@@ -387,6 +388,7 @@ class Worker:
     # ----------------------------------------------------------------- data path
     async def _data_loop(self) -> None:
         recv = self.pull.recv
+        job_messages = self.monitor.job_messages
         while True:
             frame = await recv(copy=False)
             t0 = perf_counter()
@@ -407,10 +409,17 @@ class Worker:
                 self._bad(e, "data")
                 continue
             if mtype == "data":
+                msgs = job_messages(body[0])
+                msgs[2] += 1
+                msgs[3] += len(body[2])
                 eng.receive(body[1], body[2])
                 self.wake.set()
             elif mtype == "runs":
-                eng.receive(body[1], protocol.expand_runs(body[2]))
+                rows = protocol.expand_runs(body[2])
+                msgs = job_messages(body[0])
+                msgs[2] += 1
+                msgs[3] += len(rows)
+                eng.receive(body[1], rows)
                 self.wake.set()
             else:
                 self._on_migration_message(eng, mtype, body, perf_counter() - t0)
@@ -428,9 +437,12 @@ class Worker:
     def _flush_data(self, eng: JobEngine) -> None:
         encode = protocol.encode
         dests = self.monitor.destinations_interval
+        msgs = self.monitor.job_messages(eng.job)
         for wid, rows in eng.take_pending().items():
             self._peer(wid).send(encode("data", [eng.job, eng.epoch, rows]), copy=False)
             dests.add(wid)
+            msgs[0] += 1
+            msgs[1] += len(rows)
 
     def _flush_returns(self, eng: JobEngine) -> None:
         if eng.returns or eng.extends:
