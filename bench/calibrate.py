@@ -18,6 +18,11 @@
   runtime's table route, `workers/engine.py` `_send`, instead of the single-holder fast path α is measured
   on): SYN with even operators on worker 0 and odd ones split over workers 0 and 1 (MIX), the value with
   which the simulator reproduces its throughput, β and γ fixed (ALT and FAN have no such request).
+- **message_us** (µs per data message at each end, `clasp.simulator.Costs.message_us`): ALT and FAN run
+  again with the workers flushing every FAST_FLUSH_MS instead of 1 ms (same rows, more and smaller
+  messages); the common slope of worker CPU per record against message ends per record (the workers'
+  message counters) within each placement (`fit_message_us`). It is fitted first; β, γ and α_split are then
+  fitted with it in the simulator.
 - **receive share** of β (the receiver's part of a remote request's cost): 0.5, assumed (RECEIVE_SHARE).
 - **τ̄** per app and operator: the engine times requests with a wall clock, so under a quota τ̄ includes
   the stalls of throttling (a no-op reads 0.1–1.5 µs instead of 0.1); the shares come from an unlimited
@@ -57,6 +62,9 @@ FAN = {o: ({0: 1.0} if i % 2 == 0 else {1: 0.5, 2: 0.5}) for i, o in enumerate(S
 # their outputs locally through the runtime's table route (the successor has two holders), the chained
 # request that α_split prices; every other request is single-holder local or remote. Not a spread.
 MIX = {o: ({0: 1.0} if i % 2 == 0 else {0: 0.5, 1: 0.5}) for i, o in enumerate(SYN_OPS)}
+# ALT and FAN once more with the workers flushing every 0.1 ms instead of 1 ms: the same rows in about twice
+# the messages, which gives the per-message cost (fit_message_us) from placements that are not the spread.
+FAST_FLUSH_MS = 0.1
 
 
 # ----------------------------------------------------------------------------- pure parts
@@ -105,6 +113,40 @@ def structure(app: str) -> tuple[dict[str, float], float]:
     mult = d.multiplicity()
     chained = sum(mult[s] * f for (s, _), f in d.fanout.items())
     return mult, chained
+
+
+def peer_messages_per_record(r: Mapping) -> float | None:
+    """Data message ends (each message sent by a worker to another, counted at both ends) per completed
+    record over a run's steady window, from the workers' message counters; None without them."""
+    win, tput = r.get("cpu_window_s") or 0.0, r.get("throughput") or 0.0
+    sent = [(w.get("window") or {}).get("messages", {}).get("sent") for w in r.get("per_worker", {}).values()]
+    if not (win > 0 and tput > 0) or not sent or any(v is None for v in sent):
+        return None
+    return 2 * sum(sent) / win / tput
+
+
+def worker_cpu_per_record(r: Mapping) -> float:
+    """µs of worker CPU (all workers, /proc) per completed record over the steady window."""
+    return sum(v for k, v in r["cpu_s"].items() if k != "planner") / r["cpu_window_s"] / r["throughput"] * 1e6
+
+
+def fit_message_us(groups: Mapping[str, list[Mapping]]) -> tuple[float, list[dict]]:
+    """µs per message end: the common slope of worker CPU per record against message ends per record,
+    each group (one placement run at different flush delays, so with different message counts and the same
+    rows) with its own intercept; least squares, clamped at 0. Also the points it used."""
+    points, sxy, sxx = [], 0.0, 0.0
+    for name, rs in groups.items():
+        xy = [(peer_messages_per_record(r), worker_cpu_per_record(r), r.get("flush_delay_ms")) for r in rs
+              if r.get("cpu_window_s") and r.get("throughput")]
+        xy = [(x, y, f) for x, y, f in xy if x is not None]
+        points += [{"placement": name, "flush_delay_ms": f, "message_ends_per_record": round(x, 5),
+                    "cpu_us_per_record": round(y, 3)} for x, y, f in xy]
+        if len(xy) < 2:
+            continue
+        mx, my = statistics.fmean(x for x, _, _ in xy), statistics.fmean(y for _, y, _ in xy)
+        sxy += sum((x - mx) * (y - my) for x, y, _ in xy)
+        sxx += sum((x - mx) ** 2 for x, _, _ in xy)
+    return (max(0.0, sxy / sxx) if sxx > 0 else 0.0), points
 
 
 def solve(f, lo: float, hi: float, target: float, iters: int = 30) -> float:
@@ -171,9 +213,10 @@ def fit_beta_gamma(base, lam_alt: float, lam_fan: float, rounds: int = 3) -> tup
 
 
 def measure(cpu: float, apps: list[str], seconds: float, repeat: int, unlimited: bool = True,
-            mix: bool = True) -> dict[str, dict | list]:
+            mix: bool = True, messages: bool = True) -> dict[str, dict | list]:
     """Every calibration run: one quota-limited worker per app, (once) an unlimited one per app, SYN
-    alternating over 2, fanned over 3 and (with `mix`) MIX over 2 workers."""
+    alternating over 2, fanned over 3, (with `mix`) MIX over 2 workers and (with `messages`) ALT and FAN
+    again at FAST_FLUSH_MS."""
     runs: dict = {"one": {}, "unlimited": {}}
     for app in apps:
         runs["one"][app] = _runs(ce.unthrottled, repeat, app=app, workers=1, cpu_per_worker=cpu, seconds=seconds)
@@ -187,6 +230,11 @@ def measure(cpu: float, apps: list[str], seconds: float, repeat: int, unlimited:
                             seconds=seconds)
     runs["fan"] = _runs(ce.unthrottled, repeat, app="syn", workers=3, placement=FAN, cpu_per_worker=cpu,
                         seconds=seconds)
+    if messages:
+        runs["alt_fast"] = _runs(ce.unthrottled, repeat, app="syn", workers=2, placement=ALT, cpu_per_worker=cpu,
+                                 seconds=seconds, flush_delay_ms=FAST_FLUSH_MS)
+        runs["fan_fast"] = _runs(ce.unthrottled, repeat, app="syn", workers=3, placement=FAN, cpu_per_worker=cpu,
+                                 seconds=seconds, flush_delay_ms=FAST_FLUSH_MS)
     return runs
 
 
@@ -219,7 +267,11 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
     for app in apps:
         m, c = shapes[app]
         tau_file[app], eps[app] = fit_tau(tau_u[app], m, alpha, c, w / lam1[app])
-    base = Costs(alpha, alpha, 0.0, w, tau_file, RECEIVE_SHARE)
+    message_us, message_points = 0.0, []
+    if runs.get("alt_fast") or runs.get("fan_fast"):
+        message_us, message_points = fit_message_us({"alt": list(runs["alt"]) + list(runs.get("alt_fast") or []),
+                                                     "fan": list(runs["fan"]) + list(runs.get("fan_fast") or [])})
+    base = Costs(alpha, alpha, 0.0, w, tau_file, RECEIVE_SHARE, message_us=message_us)
     lam_alt, lam_fan = _mean_tput(runs["alt"]), _mean_tput(runs["fan"])
     beta, gamma = fit_beta_gamma(base, lam_alt, lam_fan)
     costs = dataclasses.replace(base, beta=beta, gamma=gamma)
@@ -261,6 +313,8 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
         "syn_fan_3w": {"throughput": tput_list(runs["fan"]), "simulated": round(check["fan"], 1),
                        "cpu_us_per_record": cpu_per_record(runs["fan"])},
     }
+    if message_points:
+        measured["message_fit"] = {"message_us": round(message_us, 3), "points": message_points}
     if alpha_split is not None:
         measured["syn_mix_2w"] = {"throughput": tput_list(runs["mix"]), "simulated": round(check["mix"], 1),
                                   "cpu_us_per_record": cpu_per_record(runs["mix"])}
@@ -268,13 +322,16 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
            "receive_share": RECEIVE_SHARE}
     if alpha_split is not None:
         doc["alpha_split"] = round(alpha_split, 4)
+    if message_us > 0:
+        doc["message_us"] = round(message_us, 3)
     doc["tau_us"] = {a: {o: round(v, 4) for o, v in t.items()} for a, t in tau_file.items()}
     doc["measured"] = measured
     return doc
 
 
-def calibrate(cpu: float, apps: list[str], seconds: float, repeat: int, mix: bool = True) -> dict:
-    runs = measure(cpu, apps, seconds, repeat, mix=mix)
+def calibrate(cpu: float, apps: list[str], seconds: float, repeat: int, mix: bool = True,
+              messages: bool = True) -> dict:
+    runs = measure(cpu, apps, seconds, repeat, mix=mix, messages=messages)
     ce.shutdown()
     return fit(runs, cpu, seconds, repeat)
 
@@ -289,6 +346,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=2, help="runs per quota-limited configuration")
     ap.add_argument("--out", default=str(OUT), help="the cost file to write")
     ap.add_argument("--no-mix", action="store_true", help="skip the MIX run (no alpha_split: α for every local)")
+    ap.add_argument("--no-messages", action="store_true",
+                    help="skip the fast-flush ALT and FAN runs (no message_us: no per-message cost)")
     args = ap.parse_args(argv)
     apps = [a.strip() for a in args.apps.split(",") if a.strip()]
     if "syn" not in apps:
@@ -296,12 +355,13 @@ def main(argv=None) -> int:
     for a in apps:
         if a not in APPS:
             ap.error(f"unknown app {a!r}")
-    doc = calibrate(args.cpu_per_worker, apps, args.seconds, args.repeat, mix=not args.no_mix)
+    doc = calibrate(args.cpu_per_worker, apps, args.seconds, args.repeat, mix=not args.no_mix,
+                    messages=not args.no_messages)
     from clasp.simulator import Costs
 
     Costs.from_json_dict(doc)  # the simulator must load it
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-    print(json.dumps({k: doc.get(k) for k in ("alpha", "beta", "gamma", "capacity", "alpha_split")}
+    print(json.dumps({k: doc.get(k) for k in ("alpha", "beta", "gamma", "capacity", "alpha_split", "message_us")}
                      | {"out": args.out}))
     return 0
 

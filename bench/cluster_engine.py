@@ -185,17 +185,20 @@ def run_delay_seconds(pid: int) -> float:
 
 # ----------------------------------------------------------------------------- clusters
 class Clusters:
-    """Running LocalClusters by (workers, cpu_per_worker), with a client each; at most `keep` at a time."""
+    """Running LocalClusters by (workers, cpu_per_worker, flush_delay_ms), with a client each; at most `keep`
+    at a time."""
 
     def __init__(self, keep: int = 1):
         self.keep = keep
         self.running: dict[tuple, dict] = {}
 
-    def get(self, workers: int, cpu_per_worker: float | None, log_dir=None) -> dict:
+    def get(self, workers: int, cpu_per_worker: float | None, log_dir=None,
+            flush_delay_ms: float | None = None) -> dict:
         import clasp
         from clasp.cluster import LocalCluster
 
-        key = (int(workers), None if cpu_per_worker is None else float(cpu_per_worker))
+        key = (int(workers), None if cpu_per_worker is None else float(cpu_per_worker),
+               None if flush_delay_ms is None else float(flush_delay_ms))
         entry = self.running.pop(key, None)
         if entry is not None and not entry["cluster"].alive():
             self._stop(entry)
@@ -204,7 +207,9 @@ class Clusters:
             while len(self.running) >= self.keep:
                 self._stop(self.running.pop(next(iter(self.running))))
             logs = log_dir or tempfile.mkdtemp(prefix=f"clasp-engine-{workers}w-")
-            cl = LocalCluster(workers=workers, port=0, log_dir=logs, cpu_per_worker=cpu_per_worker).start()
+            args = [] if flush_delay_ms is None else ["--flush-delay-ms", str(flush_delay_ms)]
+            cl = LocalCluster(workers=workers, port=0, log_dir=logs, cpu_per_worker=cpu_per_worker,
+                              worker_args=args).start()
             client = clasp.connect(cl.planner, timeout=60)
             entry = {"cluster": cl, "client": client, "warm": {}, "logs": str(logs),
                      "pids": {w["id"]: w["pid"] for w in client.workers()}, "planner_pid": cl.procs[0].pid}
@@ -373,7 +378,7 @@ def _warm(entry: dict, app, seed: int, state: str, placement: dict) -> float:
 
 
 def _measure(app_name: str, workers: int, rate: float | None, *, placement, cpu_per_worker, records,
-             seconds: float, state: str, seed: int, log_dir) -> dict:
+             seconds: float, state: str, seed: int, log_dir, flush_delay_ms: float | None = None) -> dict:
     if workers < 1:
         raise EngineError(f"workers must be at least 1, not {workers}")
     if not seconds > 0:
@@ -383,7 +388,7 @@ def _measure(app_name: str, workers: int, rate: float | None, *, placement, cpu_
     app = get_app(app_name)
     ops = [o.name for o in app.build_dag().operators]
     fractions = resolve_placement(placement, ops, workers)
-    entry = CLUSTERS.get(workers, cpu_per_worker, log_dir)
+    entry = CLUSTERS.get(workers, cpu_per_worker, log_dir, flush_delay_ms)
     client = entry["client"]
     warm_rate = _warm(entry, app, seed, state, fractions)
     warmup_s = min(2.0, 0.25 * seconds)
@@ -436,7 +441,8 @@ def _measure(app_name: str, workers: int, rate: float | None, *, placement, cpu_
     return {"app": app.NAME, "workers": workers, "throughput": tput, "latency": latency,
             "records": d.sent, "correct": bool(d.correct), "seconds": round(window, 3),
             "rate": rate, "placement": "spread" if isinstance(placement, str) else fractions,
-            "cpu_per_worker": cpu_per_worker, "state": state, "completed": stats["completed"],
+            "cpu_per_worker": cpu_per_worker, "flush_delay_ms": flush_delay_ms, "state": state,
+            "completed": stats["completed"],
             "wall_s": summary["duration_s"], "warmup_s": warmup_s,
             "throughput_overall": summary["records_per_s"], "cpu_s": cpu, "cpu_window_s": cpu_window,
             "throttle": throttle, "run_delay_s": run_delay,
@@ -448,11 +454,12 @@ def _measure(app_name: str, workers: int, rate: float | None, *, placement, cpu_
 
 def unthrottled(app: str, workers: int, *, placement="spread", cpu_per_worker: float | None = None,
                 records: int | None = None, seconds: float = 8.0, state: str = "local", seed: int = 0,
-                log_dir=None) -> dict:
+                log_dir=None, flush_delay_ms: float | None = None) -> dict:
     """All input pushed as fast as the planner accepts it (queue kept full) for `seconds`; see the module
-    docstring for the keys."""
+    docstring for the keys. `flush_delay_ms` starts the workers with that `--flush-delay-ms` (None: the
+    worker's default, 1 ms)."""
     return _measure(app, workers, None, placement=placement, cpu_per_worker=cpu_per_worker, records=records,
-                    seconds=seconds, state=state, seed=seed, log_dir=log_dir)
+                    seconds=seconds, state=state, seed=seed, log_dir=log_dir, flush_delay_ms=flush_delay_ms)
 
 
 def fixed_rate(app: str, workers: int, rate: float, *, placement="spread", cpu_per_worker: float | None = None,

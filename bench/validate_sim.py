@@ -56,8 +56,8 @@ def simulated(apps: list[str], workers: list[int], costs, duration: float = 20.0
     return out
 
 
-def _run(app: str, n: int, cpu: float, seconds: float, placement="spread") -> dict:
-    r = ce.unthrottled(app, n, placement=placement, cpu_per_worker=cpu, seconds=seconds)
+def _run(app: str, n: int, cpu: float, seconds: float, placement="spread", flush_delay_ms: float | None = None) -> dict:
+    r = ce.unthrottled(app, n, placement=placement, cpu_per_worker=cpu, seconds=seconds, flush_delay_ms=flush_delay_ms)
     if not r["correct"]:
         raise ce.EngineError(f"{app} on {n} workers gave a wrong answer")
     return r
@@ -72,14 +72,24 @@ def _brief(r: dict) -> dict:
             if r["throughput"] else None,
             "throttled_periods": [round(r["throttle"][k]["nr_throttled"] / max(r["throttle"][k]["nr_periods"], 1), 2)
                                   for k in workers if k in r.get("throttle", {})],
-            "run_delay_rate": [round(r["run_delay_s"][k] / win, 3) for k in workers if k in r.get("run_delay_s", {})]}
+            "run_delay_rate": [round(r["run_delay_s"][k] / win, 3) for k in workers if k in r.get("run_delay_s", {})],
+            "message_ends_per_record": _msg_ends(r),
+            "messages_sent_per_s": [round(((w.get("window") or {}).get("messages", {}).get("sent", 0)) / win, 1)
+                                    for _, w in sorted(r.get("per_worker", {}).items(), key=lambda kv: str(kv[0]))]}
+
+
+def _msg_ends(r: dict) -> float | None:
+    from bench.calibrate import peer_messages_per_record
+
+    v = peer_messages_per_record(r)
+    return None if v is None else round(v, 5)
 
 
 def interleaved_repeat(apps: list[str], workers: list[int], cpu: float, seconds: float, k: int) -> tuple[dict, dict]:
     """One repeat: calibration and validation runs back to back, worker count by worker count."""
     from bench import calibrate as cal
 
-    calib: dict = {"one": {}, "alt": [], "mix": [], "fan": []}
+    calib: dict = {"one": {}, "alt": [], "mix": [], "fan": [], "alt_fast": [], "fan_fast": []}
     val: dict = {}
     for n in sorted(set(workers) | {1, 2, 3}):
         todo = []
@@ -91,8 +101,13 @@ def interleaved_repeat(apps: list[str], workers: list[int], cpu: float, seconds:
             todo += [("calib-fan", "syn", 3, cal.FAN)]
         if n in workers:
             todo += [("validate", a, n, "spread") for a in apps]
+        # The fast-flush runs (message_us) last: they need a cluster of their own.
+        if n == 2:
+            todo += [("calib-alt_fast", "syn", 2, cal.ALT)]
+        if n == 3:
+            todo += [("calib-fan_fast", "syn", 3, cal.FAN)]
         for kind, app, m, pl in todo:
-            r = _run(app, m, cpu, seconds, pl)
+            r = _run(app, m, cpu, seconds, pl, cal.FAST_FLUSH_MS if kind.endswith("_fast") else None)
             if kind == "calib-one":
                 calib["one"][app] = [r]
             elif kind == "validate":
@@ -119,7 +134,8 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
         costs = Costs.from_json_dict(doc)
         sim = simulated(apps, workers, costs)
         nosplit = simulated(apps, workers, dataclasses.replace(costs, alpha_split=None))
-        coeff = {c: doc.get(c) for c in ("alpha", "alpha_split", "beta", "gamma", "capacity")}
+        nomsg = simulated(apps, workers, dataclasses.replace(costs, message_us=0.0))
+        coeff = {c: doc.get(c) for c in ("alpha", "alpha_split", "beta", "gamma", "capacity", "message_us")}
         print(json.dumps({"repeat": k, "costs": coeff}), flush=True)
         costs_docs.append(coeff)
         reps.append((calib, val))
@@ -129,18 +145,20 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
                 p = {"repeat": k, "app": app, "workers": n, "role": "fitted" if n == 1 else "validated",
                      "emulated": round(e, 1), "simulated": round(sim[(app, n)], 1),
                      "ratio": round(sim[(app, n)] / e, 4), "simulated_no_split": round(nosplit[(app, n)], 1),
-                     "ratio_no_split": round(nosplit[(app, n)] / e, 4)} | {
+                     "ratio_no_split": round(nosplit[(app, n)] / e, 4),
+                     "ratio_no_messages": round(nomsg[(app, n)] / e, 4)} | {
                          k2: v for k2, v in _brief(val[(app, n)]).items() if k2 != "throughput"}
                 points.append(p)
                 print(json.dumps(p), flush=True)
     # Pooled: every repeat's calibration runs, against the mean of the validation runs.
     pooled = {"one": {a: [r for c, _ in reps for r in c["one"][a]] for a in run_apps},
               "unlimited": unlimited,
-              **{key: [r for c, _ in reps for r in c[key]] for key in ("alt", "mix", "fan")}}
+              **{key: [r for c, _ in reps for r in c[key]] for key in ("alt", "mix", "fan", "alt_fast", "fan_fast")}}
     doc = cal.fit(pooled, cpu, args.seconds, args.repeat)
     costs = Costs.from_json_dict(doc)
     sim = simulated(apps, workers, costs)
     nosplit = simulated(apps, workers, dataclasses.replace(costs, alpha_split=None))
+    nomsg = simulated(apps, workers, dataclasses.replace(costs, message_us=0.0))
     pooled_points = []
     for app in apps:
         for n in workers:
@@ -151,7 +169,8 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
                  "emulated_min": min(t), "emulated_max": max(t), "spread": round((max(t) - min(t)) / mean, 4),
                  "simulated": round(sim[(app, n)], 1), "ratio": round(sim[(app, n)] / mean, 4),
                  "per_repeat_ratio": [q["ratio"] for q in points if q["app"] == app and q["workers"] == n],
-                 "ratio_no_split": round(nosplit[(app, n)] / mean, 4)}
+                 "ratio_no_split": round(nosplit[(app, n)] / mean, 4),
+                 "ratio_no_messages": round(nomsg[(app, n)] / mean, 4)}
             pooled_points.append(p)
             print(json.dumps({k2: v for k2, v in p.items() if k2 not in ("emulated_min", "emulated_max")}),
                   flush=True)
@@ -185,7 +204,8 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
     summary = {"summary": True, "mode": "interleaved", "date": datetime.date.today().isoformat(),
                "cpu_per_worker": cpu, "apps": apps, "workers": workers, "repeat": args.repeat,
                "seconds": args.seconds, "costs_per_repeat": costs_docs,
-               "costs_pooled": {c: doc.get(c) for c in ("alpha", "alpha_split", "beta", "gamma", "capacity")},
+               "costs_pooled": {c: doc.get(c) for c in ("alpha", "alpha_split", "beta", "gamma", "capacity",
+                                                        "message_us")},
                "per_app": per_app,
                "max_abs_error": round(abs(worst["ratio"] - 1), 4) if worst else 0.0,
                "worst": {"app": worst["app"], "workers": worst["workers"], "repeat": worst.get("repeat", "pooled")}

@@ -7,7 +7,8 @@ request of operator o on worker w costs `τ_o + Σ_s f[o→s]·(α·σ_s(w) + β
 execution plus α per chained request to a local successor and β per remote one (in expectation over the
 routing σ). Each distinct remote destination costs γ µs per second, charged as a capacity reduction.
 Optionally (docs/SIMULATOR.md, "Validation"): a share of β is paid by the receiving worker
-(`Costs.receive_share`), and stateful operators are routed by measured key-group weights
+(`Costs.receive_share`), each data message costs `Costs.message_us` at both ends (remote rows batched per
+destination, flushed on a timer or when full), and stateful operators are routed by measured key-group weights
 (`SimConfig.key_skew`), so a hot key group loads its owner as at runtime.
 Time advances in steps of `dt`; per step every worker serves queued work up to its budget, draining all
 its operator queues by the same fraction (the fluid limit of one FIFO queue), and the outputs arrive in
@@ -60,6 +61,14 @@ class Costs:
     # routes through its weighted table (`workers/engine.py` `_emit`/`_send`) instead of the single-holder fast
     # path that α is measured on. None (the default, and a file without the key) charges α, as before.
     alpha_split: float | None = None
+    # µs per data message at each end (the sender's framing and send, the receiver's receive and unpacking),
+    # on top of β per row: a worker batches its remote rows per destination and flushes every `flush_delay_s`
+    # of wall time while it runs (a fraction capacity / 10⁶ of the time) or at `max_batch` rows, so a stream
+    # of R rows/s to one destination carries min(R, max(R / max_batch, capacity / 10⁶ / flush_delay_s))
+    # messages/s. 0 (the default, and a file without the key) charges nothing, as before.
+    message_us: float = 0.0
+    flush_delay_s: float = 0.001
+    max_batch: int = 2000
 
     @classmethod
     def from_json_dict(cls, d: Any) -> Costs:
@@ -91,8 +100,17 @@ class Costs:
         if split is not None and (isinstance(split, bool) or not isinstance(split, int | float)
                                   or not math.isfinite(split) or split < 0):
             raise CostError(f"costs field 'alpha_split' must be a finite number ≥ 0 or null, not {split!r}")
+        msg = d.get("message_us", 0.0)
+        if isinstance(msg, bool) or not isinstance(msg, int | float) or not math.isfinite(msg) or msg < 0:
+            raise CostError(f"costs field 'message_us' must be a finite number ≥ 0, not {msg!r}")
+        flush = d.get("flush_delay_s", 0.001)
+        if isinstance(flush, bool) or not isinstance(flush, int | float) or not math.isfinite(flush) or flush <= 0:
+            raise CostError(f"costs field 'flush_delay_s' must be a finite number > 0, not {flush!r}")
+        batch = d.get("max_batch", 2000)
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise CostError(f"costs field 'max_batch' must be an integer ≥ 1, not {batch!r}")
         return cls(values["alpha"], values["beta"], values["gamma"], values["capacity"], table, float(share),
-                   None if split is None else float(split))
+                   None if split is None else float(split), float(msg), float(flush), batch)
 
     @classmethod
     def load(cls, path: str | Path) -> Costs:
@@ -107,7 +125,8 @@ class Costs:
         return cls.from_json_dict(d)
 
     def with_coefficients(self, alpha: float, beta: float, gamma: float) -> Costs:
-        return Costs(alpha, beta, gamma, self.capacity, self.tau_us, self.receive_share, self.alpha_split)
+        return Costs(alpha, beta, gamma, self.capacity, self.tau_us, self.receive_share, self.alpha_split,
+                     self.message_us, self.flush_delay_s, self.max_batch)
 
 
 COSTS_FILE = Path(__file__).resolve().parent.parent / "bench" / "sim_costs.json"
@@ -383,6 +402,9 @@ class Simulator:
                      for j, o in enumerate(self.ops)}
         reach = remote_destinations(fractions, {e: f for e, f in self.dag.fanout.items()})
         self.delta = np.array([len(reach.get(w, ())) for w in range(self.pool)], dtype=float)
+        # [o, d]: chained requests per request of o that go to worker d; a worker's remote rows to d per step
+        # are then done @ this, off the diagonal (`_message_work`).
+        self.to_worker = self.fan @ sigma.T
         self.active = sigma.sum(axis=1) > 0
         self.effective = np.where(self.active, np.maximum(c.capacity - c.gamma * self.delta, 0.0), 0.0)
 
@@ -403,6 +425,7 @@ class Simulator:
         decisions: list[dict] = []
         arange = np.arange(n_ops)
         k = cfg.latency_samples
+        debt = np.zeros(self.pool)  # message work of the last step, paid from this step's budget
         for sec in range(seconds):
             pushed_s = completed_s = 0.0
             served = np.zeros((self.pool, n_ops))
@@ -423,6 +446,11 @@ class Simulator:
                 queue += self.sigma * (self.sources * admit)[None, :]
                 work = (queue * self.cost).sum(axis=1)
                 budget = self.effective * dt if t >= pause_until else np.zeros(self.pool)
+                if self.costs.message_us > 0:
+                    paid = np.minimum(budget, debt)
+                    budget = budget - paid
+                    debt = debt - paid
+                    busy += paid
                 with np.errstate(divide="ignore", invalid="ignore"):
                     frac = np.where(work > budget, budget / work, 1.0)
                     delay = np.where(self.effective > 0, work / self.effective, 0.0)
@@ -432,6 +460,8 @@ class Simulator:
                 busy += np.minimum(work, budget)
                 delay_sum += delay
                 produced = done.sum(axis=0)
+                if self.costs.message_us > 0:
+                    debt = debt + self._message_work(done, dt)
                 arrivals = produced @ self.fan
                 queue += self.sigma * arrivals[None, :]
                 if self.sink_mult > 0:
@@ -459,6 +489,26 @@ class Simulator:
         util_mean = np.mean([s.utilization for s in after], axis=0)
         return SimResult(float(np.mean([s.throughput for s in after])), {"p50": p50, "p95": p95, "p99": p99},
                          int(self.active.sum()), [float(u) for u in util_mean], series, decisions)
+
+    def _message_work(self, done: np.ndarray, dt: float) -> np.ndarray:
+        """µs of message work per worker for one step in which it served `done` requests: each worker's
+        remote rows per destination become messages (`Costs.message_us`), paid by sender and receiver."""
+        c = self.costs
+        rows = done @ self.to_worker  # [w, d]
+        np.fill_diagonal(rows, 0.0)
+        rate = rows / dt
+        floor = c.capacity / 1e6 / c.flush_delay_s  # timer flushes per second of wall time while running
+        msgs = np.minimum(rate, np.maximum(rate / c.max_batch, floor)) * dt
+        return c.message_us * (msgs.sum(axis=1) + msgs.sum(axis=0))
+
+    def messages_per_second(self, served: np.ndarray) -> np.ndarray:
+        """[w, d] data messages per second from w to d when w serves `served` requests per second of
+        each operator (the model of `Costs.message_us`)."""
+        c = self.costs
+        rate = served @ self.to_worker
+        np.fill_diagonal(rate, 0.0)
+        floor = c.capacity / 1e6 / c.flush_delay_s
+        return np.minimum(rate, np.maximum(rate / c.max_batch, floor))
 
     def _sample_latency(self, rng: np.random.Generator, delay: np.ndarray, k: int, arange: np.ndarray,
                         planner: float, admit_rate: float) -> np.ndarray:

@@ -23,6 +23,9 @@ def test_unthrottled_wc_two_workers_is_correct(engine):
     # Spread: both workers ran both operators.
     for w in (0, 1):
         assert all(n > 0 for n in r["per_worker"][w]["processed"].values())
+        # and sent each other data messages, counted (rows in them too).
+        m = r["per_worker"][w]["messages"]
+        assert m["sent"] > 0 and m["sent_rows"] >= m["sent"] and m["received"] > 0
 
 
 def test_explicit_placement_is_honored(engine):
@@ -113,3 +116,39 @@ def test_mix_calibration_placement_is_not_a_spread():
 
     assert cal.MIX["op0"] == {0: 1.0} and cal.MIX["op1"] == {0: 0.5, 1: 0.5}
     assert all(cal.MIX[o] != {0: 0.5, 1: 0.5} for o in cal.SYN_OPS[::2])
+
+
+def test_fit_message_us_recovers_a_common_slope():
+    from bench import calibrate as cal
+
+    def run(msgs_sent_per_s, cpu_per_record, tput=10_000.0, win=4.0, flush=None):
+        # Two workers splitting the CPU and the messages.
+        cpu = cpu_per_record * tput * win / 1e6
+        sent = msgs_sent_per_s * win / 2
+        return {"throughput": tput, "cpu_window_s": win, "flush_delay_ms": flush,
+                "cpu_s": {0: cpu / 2, 1: cpu / 2, "planner": 9.0},
+                "per_worker": {i: {"window": {"messages": {"sent": sent}}} for i in (0, 1)}}
+
+    # Message ends per record = 2 × sent / s / throughput; CPU = intercept + 25 µs per message end.
+    alt = [run(m, 17.0 + 25.0 * 2 * m / 10_000) for m in (200.0, 500.0, 900.0)]
+    fan = [run(m, 20.0 + 25.0 * 2 * m / 10_000) for m in (100.0, 400.0)]
+    us, points = cal.fit_message_us({"alt": alt, "fan": fan})
+    assert us == pytest.approx(25.0)
+    assert len(points) == 5 and points[0]["message_ends_per_record"] == pytest.approx(0.04)
+    assert cal.peer_messages_per_record({"throughput": 1.0, "cpu_window_s": 1.0, "per_worker": {0: {}}}) is None
+    # Fewer messages costing more: clamped at 0.
+    assert cal.fit_message_us({"alt": [run(200.0, 20.0), run(800.0, 18.0)]})[0] == 0.0
+
+
+def test_monitor_counts_data_messages_per_interval():
+    from workers.monitor import Monitor
+
+    m = Monitor("w0")
+    c = m.job_messages(7)
+    c[0] += 2
+    c[1] += 300
+    c[2] += 1
+    c[3] += 40
+    assert m.message_counts(7) == {"sent": 2, "sent_rows": 300, "received": 1, "received_rows": 40}
+    assert m.message_counts(8) == {"sent": 0, "sent_rows": 0, "received": 0, "received_rows": 0}
+    assert m.sample(1.0)["messages"] == {"sent": 0.0, "sent_rows": 0.0, "received": 0.0, "received_rows": 0.0}

@@ -149,3 +149,41 @@ def test_alpha_split_prices_only_local_requests_to_split_successors(runtime_cost
     assert b == pytest.approx(a)
     with pytest.raises(ValueError):
         Costs.from_json_dict({"alpha": 1, "beta": 2, "gamma": 0, "capacity": 1e6, "tau_us": {}, "alpha_split": -1})
+
+
+def test_message_cost_is_opt_in_and_grows_with_destinations(runtime_costs):
+    import dataclasses
+
+    import numpy as np
+
+    from clasp.policy import uniform_placement
+    from clasp.simulator import Simulator
+
+    plain = Costs.from_json_dict({"alpha": 1, "beta": 2, "gamma": 0, "capacity": 1e6, "tau_us": {}})
+    assert (plain.message_us, plain.flush_delay_s, plain.max_batch) == (0.0, 0.001, 2000)
+    for bad in ({"message_us": -1}, {"message_us": True}, {"flush_delay_s": 0}, {"max_batch": 0.5}):
+        with pytest.raises(ValueError):
+            Costs.from_json_dict({"alpha": 1, "beta": 2, "gamma": 0, "capacity": 1e6, "tau_us": {}, **bad})
+    dag = app_dag("syn", runtime_costs)
+    cfg = SimConfig(duration=4.0, warmup=1.0)
+    base = [simulate(dag, n, costs=runtime_costs, config=cfg).throughput for n in (1, 2, 5)]
+    zero = dataclasses.replace(runtime_costs, message_us=0.0)
+    assert [simulate(dag, n, costs=zero, config=cfg).throughput for n in (1, 2, 5)] == pytest.approx(base)
+    dear = dataclasses.replace(runtime_costs, message_us=30.0)
+    got = [simulate(dag, n, costs=dear, config=cfg).throughput for n in (1, 2, 5)]
+    assert got[0] == pytest.approx(base[0])  # one worker sends no message
+    # More destinations, more messages per record: the loss grows with the worker count.
+    assert got[1] < base[1] and got[2] / base[2] < got[1] / base[1]
+    # The message rate: a stream below the flush floor's rows is one row a message; above it, the timer's
+    # capacity / 10⁶ / flush_delay_s flushes per second, until batches fill.
+    sim = Simulator(dag, dear, 2, placement=uniform_placement(dag.operators, dag.edges, 2, 10, 1.0, "u", "u"),
+                    config=cfg)
+    served = np.zeros((2, len(dag.operators)))
+    floor = dear.capacity / 1e6 / dear.flush_delay_s
+    for rate in (10.0, 1e5, 1e9):
+        served[:] = rate / 10  # every one of the 10 operators; 9 edges, half of each successor on the other
+        rows = 0.45 * rate
+        m = sim.messages_per_second(served)
+        assert m[0, 0] == 0
+        assert m[0, 1] == pytest.approx(min(rows, max(rows / dear.max_batch, floor)))
+    assert m[0, 1] == pytest.approx(0.45e9 / 2000)  # full batches
