@@ -63,9 +63,10 @@ class Costs:
     alpha_split: float | None = None
     # µs per data message at each end (the sender's framing and send, the receiver's receive and unpacking),
     # on top of β per row: a worker batches its remote rows per destination and flushes every `flush_delay_s`
-    # of wall time while it runs (a fraction capacity / 10⁶ of the time) or at `max_batch` rows, so a stream
-    # of R rows/s to one destination carries min(R, max(R / max_batch, capacity / 10⁶ / flush_delay_s))
-    # messages/s. 0 (the default, and a file without the key) charges nothing, as before.
+    # of wall time while it runs (a fraction u·capacity / 10⁶ of the time at utilization u) or at `max_batch`
+    # rows, so a stream of R rows/s to one destination carries min(R, max(R / max_batch,
+    # u·capacity / 10⁶ / flush_delay_s)) messages/s. 0 (the default, and a file without the key) charges
+    # nothing, as before.
     message_us: float = 0.0
     flush_delay_s: float = 0.001
     max_batch: int = 2000
@@ -446,6 +447,7 @@ class Simulator:
                 queue += self.sigma * (self.sources * admit)[None, :]
                 work = (queue * self.cost).sum(axis=1)
                 budget = self.effective * dt if t >= pause_until else np.zeros(self.pool)
+                paid = 0.0
                 if self.costs.message_us > 0:
                     paid = np.minimum(budget, debt)
                     budget = budget - paid
@@ -461,7 +463,10 @@ class Simulator:
                 delay_sum += delay
                 produced = done.sum(axis=0)
                 if self.costs.message_us > 0:
-                    debt = debt + self._message_work(done, dt)
+                    with np.errstate(divide="ignore", invalid="ignore"):
+                        running = np.where(self.effective > 0,
+                                           (paid + np.minimum(work, budget)) / (self.effective * dt), 0.0)
+                    debt = debt + self._message_work(done, dt, np.minimum(running, 1.0))
                 arrivals = produced @ self.fan
                 queue += self.sigma * arrivals[None, :]
                 if self.sink_mult > 0:
@@ -490,25 +495,27 @@ class Simulator:
         return SimResult(float(np.mean([s.throughput for s in after])), {"p50": p50, "p95": p95, "p99": p99},
                          int(self.active.sum()), [float(u) for u in util_mean], series, decisions)
 
-    def _message_work(self, done: np.ndarray, dt: float) -> np.ndarray:
-        """µs of message work per worker for one step in which it served `done` requests: each worker's
-        remote rows per destination become messages (`Costs.message_us`), paid by sender and receiver."""
-        c = self.costs
-        rows = done @ self.to_worker  # [w, d]
-        np.fill_diagonal(rows, 0.0)
-        rate = rows / dt
-        floor = c.capacity / 1e6 / c.flush_delay_s  # timer flushes per second of wall time while running
-        msgs = np.minimum(rate, np.maximum(rate / c.max_batch, floor)) * dt
-        return c.message_us * (msgs.sum(axis=1) + msgs.sum(axis=0))
+    def _message_work(self, done: np.ndarray, dt: float, running: np.ndarray) -> np.ndarray:
+        """µs of message work per worker for one step in which it served `done` requests, busy a fraction
+        `running` of its capacity: each worker's remote rows per destination become messages
+        (`Costs.message_us`), paid by sender and receiver."""
+        msgs = self._messages(done / dt, running) * dt
+        return self.costs.message_us * (msgs.sum(axis=1) + msgs.sum(axis=0))
 
-    def messages_per_second(self, served: np.ndarray) -> np.ndarray:
-        """[w, d] data messages per second from w to d when w serves `served` requests per second of
-        each operator (the model of `Costs.message_us`)."""
+    def _messages(self, served: np.ndarray, running: np.ndarray) -> np.ndarray:
         c = self.costs
-        rate = served @ self.to_worker
+        rate = served @ self.to_worker  # [w, d] remote rows per second
         np.fill_diagonal(rate, 0.0)
-        floor = c.capacity / 1e6 / c.flush_delay_s
+        # The flush timer fires every flush_delay_s of wall time while the sender runs: a CPU share
+        # capacity / 10⁶ when saturated, times its utilization when not.
+        floor = (c.capacity / 1e6 / c.flush_delay_s) * running[:, None]
         return np.minimum(rate, np.maximum(rate / c.max_batch, floor))
+
+    def messages_per_second(self, served: np.ndarray, running: np.ndarray | None = None) -> np.ndarray:
+        """[w, d] data messages per second from w to d when w serves `served` requests per second of
+        each operator and is busy a fraction `running` (default 1: saturated) of its capacity (the model
+        of `Costs.message_us`)."""
+        return self._messages(served, np.ones(self.pool) if running is None else np.asarray(running, float))
 
     def _sample_latency(self, rng: np.random.Generator, delay: np.ndarray, k: int, arange: np.ndarray,
                         planner: float, admit_rate: float) -> np.ndarray:

@@ -187,3 +187,7 @@ def test_message_cost_is_opt_in_and_grows_with_destinations(runtime_costs):
         assert m[0, 0] == 0
         assert m[0, 1] == pytest.approx(min(rows, max(rows / dear.max_batch, floor)))
     assert m[0, 1] == pytest.approx(0.45e9 / 2000)  # full batches
+    # A sender busy half the time flushes on its timer half as often.
+    served[:] = 1e4
+    half = sim.messages_per_second(served, [0.5, 0.5])
+    assert half[0, 1] == pytest.approx(0.5 * floor)
