@@ -21,8 +21,9 @@
 - **message_us** (µs per data message at each end, `clasp.simulator.Costs.message_us`): ALT and FAN run
   again with the workers flushing every FAST_FLUSH_MS instead of 1 ms (same rows, more and smaller
   messages); the common slope of worker CPU per record against message ends per record (the workers'
-  message counters) within each placement (`fit_message_us`). It is fitted first; β, γ and α_split are then
-  fitted with it in the simulator.
+  message counters) within each placement (`fit_message_us`). It is fitted first; β and α_split are then
+  fitted with it in the simulator, and γ is fixed to 0 (the per-destination cost is carried by the
+  messages; FAN is then a check only). `--fit-gamma` keeps the old rule: γ fitted on FAN after message_us.
 - **receive share** of β (the receiver's part of a remote request's cost): 0.5, assumed (RECEIVE_SHARE).
 - **τ̄** per app and operator: the engine times requests with a wall clock, so under a quota τ̄ includes
   the stalls of throttling (a no-op reads 0.1–1.5 µs instead of 0.1); the shares come from an unlimited
@@ -198,6 +199,12 @@ def _sim_tput(costs, placement: dict, workers: int) -> float:
                      config=SimConfig(duration=6.0, warmup=2.0)).run().throughput
 
 
+def fit_beta(base, lam_alt: float) -> float:
+    """β with which the simulator reproduces SYN ALT (all chained requests remote, δ = 1), γ as in `base`."""
+    return solve(lambda b: _sim_tput(dataclasses.replace(base, beta=b), ALT, 2),
+                 base.alpha, 50 * max(base.alpha, 1.0), lam_alt, iters=20)
+
+
 def fit_beta_gamma(base, lam_alt: float, lam_fan: float, rounds: int = 3) -> tuple[float, float]:
     """β and γ with which the simulator reproduces both SYN calibration throughputs: alternately, β from
     the δ = 1 run (all remote) and γ from the δ = 2 one."""
@@ -245,9 +252,16 @@ def fit_alpha_split(base, lam_mix: float) -> float:
                  base.alpha, 50 * max(base.alpha, 1.0), lam_mix, iters=20)
 
 
-def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: Mapping | None = None) -> dict:
+def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: Mapping | None = None,
+        gamma_with_messages: bool = False) -> dict:
     """The cost file from calibration runs (`measure`'s shape); `unlimited_tau` {app: {op: µs}} stands in
-    for the unlimited runs when they are not in `runs`."""
+    for the unlimited runs when they are not in `runs`.
+
+    When message_us is fitted (the fast-flush ALT/FAN runs are in `runs`), γ is fixed to 0 and β is fitted
+    on ALT alone: the per-destination cost is carried by the messages (γ and message_us price the same
+    per-destination traffic, and γ fitted afterwards from one FAN run is noise; docs/SIMULATOR.md). FAN is
+    then a check only. `gamma_with_messages=True` restores the old rule (γ fitted on FAN after message_us).
+    Without the fast-flush runs β and γ are fitted together as before."""
     from clasp.simulator import Costs
 
     one, unlimited = runs["one"], runs.get("unlimited") or {}
@@ -268,12 +282,18 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
         m, c = shapes[app]
         tau_file[app], eps[app] = fit_tau(tau_u[app], m, alpha, c, w / lam1[app])
     message_us, message_points = 0.0, []
-    if runs.get("alt_fast") or runs.get("fan_fast"):
+    message_fitted = bool(runs.get("alt_fast") or runs.get("fan_fast"))
+    if message_fitted:
         message_us, message_points = fit_message_us({"alt": list(runs["alt"]) + list(runs.get("alt_fast") or []),
                                                      "fan": list(runs["fan"]) + list(runs.get("fan_fast") or [])})
     base = Costs(alpha, alpha, 0.0, w, tau_file, RECEIVE_SHARE, message_us=message_us)
     lam_alt, lam_fan = _mean_tput(runs["alt"]), _mean_tput(runs["fan"])
-    beta, gamma = fit_beta_gamma(base, lam_alt, lam_fan)
+    if message_fitted and not gamma_with_messages:
+        gamma_rule = "fixed 0 (message_us fitted: the per-destination cost is carried by the messages)"
+        beta, gamma = fit_beta(base, lam_alt), 0.0
+    else:
+        gamma_rule = "fitted on FAN" + (" after message_us" if message_fitted else "")
+        beta, gamma = fit_beta_gamma(base, lam_alt, lam_fan)
     costs = dataclasses.replace(base, beta=beta, gamma=gamma)
     alpha_split = None
     if runs.get("mix"):
@@ -297,10 +317,11 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
         "how": ("python -m bench.calibrate: LocalCluster workers under a cgroup quota of cpu_per_worker CPUs; "
                 "W = median CPU rate of a saturated one-worker run; alpha from SYN on one worker; beta and "
                 "gamma fitted so the simulator reproduces SYN alternating over 2 workers and SYN even->w0, "
-                "odd->w1/w2; alpha_split from SYN even->w0, odd->w0/w1; tau shares from unlimited one-worker "
+                "odd->w1/w2 (gamma fixed 0 when message_us is fitted, see gamma_rule); "
+                "alpha_split from SYN even->w0, odd->w0/w1; tau shares from unlimited one-worker "
                 "runs plus a per-request residual epsilon so that one worker predicts its measured throughput "
                 "(bench/calibrate.py docstring)"),
-        "seconds": seconds, "repeat": repeat,
+        "seconds": seconds, "repeat": repeat, "gamma_rule": gamma_rule,
         "one_worker_throughput": {app: tput_list(rs) for app, rs in one.items()},
         "worker_cpu_rate_us": [round(r) for r in rates],
         "tau_us_under_quota": {a: {o: round(v, 3) for o, v in t.items()} for a, t in tau_q.items()},
@@ -330,10 +351,10 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
 
 
 def calibrate(cpu: float, apps: list[str], seconds: float, repeat: int, mix: bool = True,
-              messages: bool = True) -> dict:
+              messages: bool = True, gamma_with_messages: bool = False) -> dict:
     runs = measure(cpu, apps, seconds, repeat, mix=mix, messages=messages)
     ce.shutdown()
-    return fit(runs, cpu, seconds, repeat)
+    return fit(runs, cpu, seconds, repeat, gamma_with_messages=gamma_with_messages)
 
 
 def main(argv=None) -> int:
@@ -348,6 +369,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-mix", action="store_true", help="skip the MIX run (no alpha_split: α for every local)")
     ap.add_argument("--no-messages", action="store_true",
                     help="skip the fast-flush ALT and FAN runs (no message_us: no per-message cost)")
+    ap.add_argument("--fit-gamma", action="store_true",
+                    help="also fit γ on FAN when message_us is fitted (the old rule; default: γ = 0 then)")
     args = ap.parse_args(argv)
     apps = [a.strip() for a in args.apps.split(",") if a.strip()]
     if "syn" not in apps:
@@ -356,7 +379,7 @@ def main(argv=None) -> int:
         if a not in APPS:
             ap.error(f"unknown app {a!r}")
     doc = calibrate(args.cpu_per_worker, apps, args.seconds, args.repeat, mix=not args.no_mix,
-                    messages=not args.no_messages)
+                    messages=not args.no_messages, gamma_with_messages=args.fit_gamma)
     from clasp.simulator import Costs
 
     Costs.from_json_dict(doc)  # the simulator must load it

@@ -130,7 +130,7 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
     reps, points, costs_docs = [], [], []
     for k in range(args.repeat):
         calib, val = interleaved_repeat(run_apps, workers, cpu, args.seconds, k)
-        doc = cal.fit(calib, cpu, args.seconds, 1, unlimited_tau=tau_u)
+        doc = cal.fit(calib, cpu, args.seconds, 1, unlimited_tau=tau_u, gamma_with_messages=args.fit_gamma)
         costs = Costs.from_json_dict(doc)
         sim = simulated(apps, workers, costs)
         nosplit = simulated(apps, workers, dataclasses.replace(costs, alpha_split=None))
@@ -154,7 +154,7 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
     pooled = {"one": {a: [r for c, _ in reps for r in c["one"][a]] for a in run_apps},
               "unlimited": unlimited,
               **{key: [r for c, _ in reps for r in c[key]] for key in ("alt", "mix", "fan", "alt_fast", "fan_fast")}}
-    doc = cal.fit(pooled, cpu, args.seconds, args.repeat)
+    doc = cal.fit(pooled, cpu, args.seconds, args.repeat, gamma_with_messages=args.fit_gamma)
     costs = Costs.from_json_dict(doc)
     sim = simulated(apps, workers, costs)
     nosplit = simulated(apps, workers, dataclasses.replace(costs, alpha_split=None))
@@ -203,7 +203,8 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
     worst = max(allv, key=lambda p: abs(p["ratio"] - 1)) if allv else None
     summary = {"summary": True, "mode": "interleaved", "date": datetime.date.today().isoformat(),
                "cpu_per_worker": cpu, "apps": apps, "workers": workers, "repeat": args.repeat,
-               "seconds": args.seconds, "costs_per_repeat": costs_docs,
+               "seconds": args.seconds, "gamma_rule": doc["measured"].get("gamma_rule"),
+               "costs_per_repeat": costs_docs,
                "costs_pooled": {c: doc.get(c) for c in ("alpha", "alpha_split", "beta", "gamma", "capacity",
                                                         "message_us")},
                "per_app": per_app,
@@ -284,6 +285,8 @@ def main(argv=None) -> int:
     ap.add_argument("--costs", help="validate this cost file as given (no interleaved calibration)")
     ap.add_argument("--write-costs", default=None,
                     help=f"interleaved: write the pooled calibration here (e.g. {COSTS}; default: not written)")
+    ap.add_argument("--fit-gamma", action="store_true",
+                    help="interleaved: also fit γ on FAN when message_us is fitted (the old rule; default γ = 0)")
     ap.add_argument("--plot", default="out/validate_sim.png")
     ap.add_argument("--json", help="also write every point here")
     args = ap.parse_args(argv)

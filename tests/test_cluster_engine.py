@@ -152,3 +152,52 @@ def test_monitor_counts_data_messages_per_interval():
     assert m.message_counts(7) == {"sent": 2, "sent_rows": 300, "received": 1, "received_rows": 40}
     assert m.message_counts(8) == {"sent": 0, "sent_rows": 0, "received": 0, "received_rows": 0}
     assert m.sample(1.0)["messages"] == {"sent": 0.0, "sent_rows": 0.0, "received": 0.0, "received_rows": 0.0}
+
+
+def test_fit_fixes_gamma_to_zero_when_message_us_is_fitted(monkeypatch):
+    from bench import calibrate as cal
+
+    def fake_sim(costs, placement, workers):  # decreasing in β and γ; ALT has δ = 1, FAN δ = 2
+        delta = 1 if placement is cal.ALT else 2
+        per_record = 10.0 + 5.0 * costs.beta + 2.0 * costs.message_us * 0.05 * delta
+        return (costs.capacity - costs.gamma * delta) / per_record
+
+    monkeypatch.setattr(cal, "_sim_tput", fake_sim)
+
+    def run(tput, cpu_per_record=20.0, msgs_sent_per_s=0.0, win=4.0, flush=None, workers=2):
+        cpu = cpu_per_record * tput * win / 1e6
+        return {"throughput": tput, "cpu_window_s": win, "flush_delay_ms": flush,
+                "cpu_s": {**{i: cpu / workers for i in range(workers)}, "planner": 0.1},
+                "operators": {o: {"tau_us": 0.1} for o in cal.SYN_OPS},
+                "per_worker": {i: {"window": {"messages": {"sent": msgs_sent_per_s * win / workers}}}
+                               for i in range(workers)}}
+
+    one = run(60_000.0, workers=1)
+    one["cpu_s"] = {0: 250_000.0 * 4.0 / 1e6, "planner": 0.1}  # W = 250,000 µs/s
+    # ALT: 20 → 22 µs/record when message ends per record go 0.02 → 0.06 (50 µs per message end).
+    alt = [run(12_000.0, 20.0, 120.0)]
+    alt_fast = [run(12_000.0, 22.0, 360.0, flush=0.1)]
+    fan = [run(9_000.0, 20.0, 90.0, workers=3)]
+    fan_fast = [run(9_000.0, 22.0, 270.0, flush=0.1, workers=3)]
+    runs = {"one": {"syn": [one]}, "alt": alt, "fan": fan, "alt_fast": alt_fast, "fan_fast": fan_fast}
+    tau = {"syn": {o: 0.1 for o in cal.SYN_OPS}}
+
+    doc = cal.fit(runs, 0.25, 6.0, 1, unlimited_tau=tau)
+    assert doc["message_us"] == pytest.approx(50.0, rel=1e-3)
+    assert doc["gamma"] == 0.0 and doc["measured"]["gamma_rule"].startswith("fixed 0")
+    # β from ALT alone: 250,000 / (10 + 5β + 2·50·0.05) = 12,000 → β = (250,000/12,000 − 15) / 5.
+    assert doc["beta"] == pytest.approx((250_000 / 12_000 - 15.0) / 5.0, abs=1e-3)
+
+    old = cal.fit(runs, 0.25, 6.0, 1, unlimited_tau=tau, gamma_with_messages=True)
+    assert old["gamma"] > 0 and old["measured"]["gamma_rule"] == "fitted on FAN after message_us"
+    assert fake_sim(_costs(old), cal.FAN, 3) == pytest.approx(9_000.0, rel=1e-3)
+
+    no_msg = cal.fit({k: v for k, v in runs.items() if not k.endswith("_fast")}, 0.25, 6.0, 1, unlimited_tau=tau)
+    assert "message_us" not in no_msg and no_msg["gamma"] > 0
+    assert no_msg["measured"]["gamma_rule"] == "fitted on FAN"
+
+
+def _costs(doc):
+    from clasp.simulator import Costs
+
+    return Costs.from_json_dict(doc)
