@@ -14,17 +14,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from clasp.sim_cli import OneLineParser
+
 FIGURE_NAMES = ["fig2", "fig3", "fig4", "fig8", "fig9", "fig10", "fig11", "fig12", "fig13", "fig14"]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        print(f"clasp bench: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="clasp bench", description="Reproduce one of the paper's figures (docs/results.md).")
+    p = OneLineParser(prog="clasp bench", description="Reproduce one of the paper's figures (docs/results.md).")
     p.add_argument("figure", help=f"one of {', '.join(FIGURE_NAMES)}, or all")
     p.add_argument("--quick", action="store_true", help="fewer apps and points: under a minute per figure")
     p.add_argument("--engine", choices=["sim", "cluster"], help="default: the figure's own (sim where it can)")

@@ -11,15 +11,16 @@ from clasp.policy import POLICIES
 from clasp.simulator import COSTS_FILE, CostError, Costs, SimConfig, app_dag, simulate
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
+    """An argument error is one line, `PROG: message`, and exit 2, instead of argparse's usage block."""
+
     def error(self, message: str) -> None:
-        # One line and exit 2, as the other subcommands do, instead of argparse's usage block.
-        print(f"clasp simulate: {message}", file=sys.stderr)
+        print(f"{self.prog}: {message}", file=sys.stderr)
         raise SystemExit(2)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="clasp simulate", description="Simulate an app on a cluster of N workers.")
+    p = OneLineParser(prog="clasp simulate", description="Simulate an app on a cluster of N workers.")
     p.add_argument("app")
     p.add_argument("--workers", type=int, required=True, help="workers in the pool")
     p.add_argument("--policy", help="run the control loop with this policy, starting on one worker")
