@@ -83,3 +83,40 @@ class CpuLimits:
             except OSError:
                 pass
         self.groups.clear()
+
+
+def _quota_of(d: Path, version: int) -> float | None:
+    try:
+        if version == 2:
+            quota, period = (d / "cpu.max").read_text().split()[:2]
+            return None if quota == "max" else int(quota) / int(period)
+        quota = int((d / "cpu.cfs_quota_us").read_text())
+        return None if quota < 0 else quota / int((d / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def process_quota(pid: int | str = "self") -> float | None:
+    """The CFS quota (CPUs) that limits process `pid`: the tightest over its cgroup and that group's
+    ancestors, v2 or v1; None when it runs unlimited or its cgroups cannot be read."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    tightest = None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            base, version = _V2, 2
+        elif "cpu" in controllers.split(","):
+            base, version = _V1, 1
+        else:
+            continue
+        d = base / path.lstrip("/")
+        for group in (d, *d.parents):
+            q = _quota_of(group, version)
+            if q is not None and (tightest is None or q < tightest):
+                tightest = q
+            if group == base:
+                break
+    return tightest

@@ -12,6 +12,15 @@ samples of the same worker give one differenced observation ΔE = −αΔR^l −
 observations of all workers are pooled. Each regressor is divided by a fixed scale, θ is solved by
 recursive least squares with forgetting factor ρ (information form: R ← ρR + xxᵀ, r ← ρr + xy, O(1) per
 observation), and rescaled to µs units. Each saturated sample then gives Ŵ (Eq. 3), smoothed into W̄ (Eq. 4).
+
+Measured CPU (beyond the paper): Eq. (2) rests on the saturated worker's capacity W being the same in both
+samples, so that ΔE is all the chained-request cost moving. A worker that shares a host, runs under a CPU
+quota or is disturbed by anything else gets a different W every second, and that variation moves E and the
+request rates together, which drags α, β, γ towards 0. When a worker reports `cpu`, U_w, the CPU time it
+actually used (µs/s), Eq. (1) holds as U_w = E_w + αR^l_w + βR^r_w + γδ_w (+ a constant that differencing
+removes) whether or not the worker is saturated, so two consecutive samples with `cpu` give the
+observation Δ(E − U) = −αΔR^l − βΔR^r − γΔδ: Eq. (2) with ΔW measured instead of assumed 0, from every
+interval (unsaturated ones too), not only saturated ones. W̄ still comes only from saturated samples.
 """
 
 from __future__ import annotations
@@ -40,7 +49,8 @@ class WorkerSample:
     incoming queue (s); `execution`: E_w = Σ_o N[w,o]·τ̄[w,o] (µs/s); `r_local`, `r_remote`: R^l_w, R^r_w,
     chained requests per second it generated for itself / for other workers; `delta`: δ_w, the number of
     distinct remote workers those reached; `busy`: the worker never ran out of work during the interval
-    (a saturation signal of its own, beside queue growth and queueing delay).
+    (a saturation signal of its own, beside queue growth and queueing delay); `cpu`: U_w, the CPU time the
+    worker used (µs/s), when it measured it (None: unknown, the paper's setting).
     """
 
     queue_length: float
@@ -50,10 +60,11 @@ class WorkerSample:
     r_remote: float = 0.0
     delta: float = 0.0
     busy: bool = False
+    cpu: float | None = None
 
     def valid(self) -> bool:
         values = (self.queue_length, self.queueing_delay, self.execution, self.r_local, self.r_remote,
-                  self.delta)
+                  self.delta) + ((self.cpu,) if self.cpu is not None else ())
         return all(isinstance(v, int | float) and math.isfinite(v) and v >= 0 for v in values)
 
 
@@ -175,7 +186,7 @@ def _nonnegative_least_squares(a: list[list[float]], b: list[float]) -> list[flo
 @dataclass
 class _History:
     queues: deque
-    saturated: WorkerSample | None = None
+    saturated: WorkerSample | None = None  # the last sample to difference with (saturated or with `cpu`)
 
 
 @dataclass
@@ -216,7 +227,10 @@ class Estimator:
              -(sample.delta - previous.delta) / sd)
         if x[0] * x[0] + x[1] * x[1] + x[2] * x[2] <= 1e-18:
             return False
-        y = (sample.execution - previous.execution) / self.config.scale_execution
+        y = sample.execution - previous.execution
+        if sample.cpu is not None and previous.cpu is not None:
+            y -= sample.cpu - previous.cpu  # ΔW measured: Eq. (2) without assuming the capacity constant
+        y /= self.config.scale_execution
         rho = self.config.rho
         info, moment = self._info, self._moment
         for i in range(3):
@@ -264,10 +278,14 @@ class Estimator:
             if h is None:
                 h = self._history[w] = _History(deque(maxlen=c.growth_intervals + 1))
             h.queues.append(sample.queue_length)
-            if sample.busy or self.is_saturated(w) or sample.queueing_delay > c.delay_threshold:
+            is_saturated = sample.busy or self.is_saturated(w) or sample.queueing_delay > c.delay_threshold
+            measured = sample.cpu is not None
+            if is_saturated:
                 saturated.append((w, sample))
-                if h.saturated is not None:
-                    if self._observe(h.saturated, sample):
+            if is_saturated or measured:
+                previous = h.saturated
+                if previous is not None and (previous.cpu is not None) == measured:
+                    if self._observe(previous, sample):
                         observed += 1
                     else:
                         flat += 1
@@ -279,10 +297,10 @@ class Estimator:
         coefficients_changed = False
         if invalid:
             reasons.append(f"{invalid} sample(s) with negative or non-finite values ignored")
-        if not saturated:
+        if not saturated and not observed and not flat:
             reasons.append("no saturated worker: estimate unchanged")
         elif not observed:
-            reasons.append("consecutive saturated samples with unchanged R^l, R^r, δ: α, β, γ unchanged"
+            reasons.append("consecutive samples with unchanged R^l, R^r, δ: α, β, γ unchanged"
                            if flat else "no previous saturated sample to difference with: α, β, γ unchanged")
         elif not self._identified():
             reasons.append("collinear observations do not identify α, β, γ separately: unchanged")

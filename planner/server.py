@@ -765,6 +765,7 @@ class Planner:
             per_worker[wid] = {"alive": bool(w and w.alive), "queue": js.get("queue", 0),
                                "r_local": js.get("r_local", 0.0), "r_remote": js.get("r_remote", 0.0),
                                "delta": w.sample.get("delta", 0) if w else 0, "exec_us": js.get("exec_us", 0.0),
+                               "cpu_us": w.sample.get("cpu_us") if w else None,
                                "queue_delay": js.get("queue_delay", 0.0), "operators": js.get("operators", {}),
                                "metrics": w.metrics if w else None}
             failed += js.get("failed", 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -44,6 +45,7 @@ class Monitor:
         # job -> [sent, sent_rows, received, received_rows], cumulative; the data path adds one increment per
         # message (the server's `_flush_data` and `_data_loop`), never per row.
         self.messages: dict[int, list[int]] = {}
+        self._cpu_last = time.process_time()
 
     def job_messages(self, job: int) -> list[int]:
         """The cumulative data-message counters of `job` (created at zero), for the data path to increment."""
@@ -61,8 +63,11 @@ class Monitor:
         sent and received per second (and rows in them), per job and for the worker."""
         interval = max(interval, 1e-6)
         self.last_delta = len(self.destinations_interval)
+        cpu = time.process_time()  # every thread of the process: ZeroMQ's I/O thread does part of the sending
         out = {"worker": self.worker_id, "interval": interval, "delta": self.last_delta,
-               "idle_waits": self.idle_waits, "bad_messages": dict(self.bad_messages), "jobs": {}}
+               "idle_waits": self.idle_waits, "cpu_us": (cpu - self._cpu_last) / interval * 1e6,
+               "bad_messages": dict(self.bad_messages), "jobs": {}}
+        self._cpu_last = cpu
         self.idle_waits = 0
         self.destinations_interval = set()
         total_q = 0

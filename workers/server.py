@@ -20,11 +20,13 @@ from prometheus_client import CollectorRegistry
 
 from clasp import protocol
 from clasp.dag import DagError, DagSpec
+from clasp.cpulimit import process_quota
 from clasp.migration import MigrationPlan, WorkerMigration
 from clasp.net import advertised, bind, start_metrics_server
 from clasp.protocol import ProtocolError
 from clasp.routing import Placement, PlacementError
 from workers.engine import JobEngine, OperatorError
+from workers.engine import exec_clock as engine_exec_clock
 from workers.monitor import Monitor, WorkerCollector
 from workers.remote_state import RemoteState
 
@@ -37,7 +39,8 @@ class Worker:
 
     def __init__(self, planner: str, host: str = "127.0.0.1", data_port: int = 0, state_port: int = 0,
                  metrics_port: int = 0, advertise: str | None = None, worker_id: str | None = None,
-                 p_max: int = 10, heartbeat: float = 1.0, flush_delay: float = 0.001, max_batch: int = 2000):
+                 p_max: int = 10, heartbeat: float = 1.0, flush_delay: float = 0.001, max_batch: int = 2000,
+                 exec_clock: str = "auto"):
         self.planner_addr = planner
         self.host = host
         self.advertise = advertised(host, advertise)
@@ -46,6 +49,10 @@ class Worker:
         self.heartbeat = heartbeat
         self.flush_delay = flush_delay
         self.max_batch = max_batch
+        if exec_clock not in ("auto", "wall", "cpu"):
+            raise ValueError(f"exec_clock must be auto, wall or cpu, not {exec_clock!r}")
+        self.exec_clock = exec_clock
+        self.clock = engine_exec_clock(exec_clock == "cpu")
         self.ctx = zmq.asyncio.Context()
         self.monitor = Monitor(self.id)
         self.jobs = self.monitor.jobs
@@ -159,6 +166,7 @@ class Worker:
         if job in self.jobs:
             raise ValueError(f"job {job} is already deployed here")
         eng = JobEngine(job, spec, self.id, placement, self.p_max)
+        eng.clock = self.clock
         eng.on_work = self.wake.set
         if body.get("state") == "remote":
             eng.remote_state = self._remote_state(body["state_server"])
@@ -483,12 +491,26 @@ class Worker:
             await self.wake.wait()
 
     # ----------------------------------------------------------------- heartbeats
+    def _choose_clock(self) -> None:
+        """`auto`: time executions on the CPU clock while a CPU quota limits this process (it can be
+        placed in a cgroup after it started), on the wall clock otherwise."""
+        if self.exec_clock != "auto":
+            return
+        clock = engine_exec_clock(process_quota() is not None)
+        if clock is not self.clock:
+            log.info("timing executions on the %s clock", "CPU" if clock.cpu else "wall")
+            self.clock = clock
+            for eng in self.jobs.values():
+                eng.clock = clock
+
     async def _heartbeat_loop(self) -> None:
+        self._choose_clock()
         await self.welcomed.wait()
         last = time.monotonic()
         while True:
             await asyncio.sleep(self.heartbeat)
             now = time.monotonic()
+            self._choose_clock()
             sample = self.monitor.sample(now - last)
             last = now
             if self.welcomed.is_set():
