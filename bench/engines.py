@@ -106,11 +106,12 @@ class ClusterEngine:
 
         return self._run(lambda a, n, **kw: cluster_engine.fixed_rate(a, n, rate, **kw), app, workers, placement)
 
-    def coefficients(self, app: str, workers: int) -> dict:
-        """The planner's estimate (α, β, γ, W̄) after `app` has run saturated spread over `workers` workers.
-        One job per app is re-placed from one worker count to the next, as the paper's Fig. 9 runs each app
-        on 1..10 workers: one fixed placement varies R^l, R^r and δ too little to identify α, β and γ, and
-        the estimator leaves them alone until the pooled observations do (clasp/estimator.py)."""
+    def coefficients(self, app: str, workers: int, placement=None) -> dict:
+        """The planner's estimate (α, β, γ, W̄) after `app` has run saturated on `workers` workers under
+        `placement` (a policy's Placement; None: every operator spread). One job per app is re-placed from
+        one worker count to the next, as the paper's Fig. 9 runs each app on 1..10 workers: one fixed
+        placement varies R^l, R^r and δ too little to identify α, β and γ, and the estimator leaves them
+        alone until the pooled observations do (clasp/estimator.py)."""
         from apps import get_app
         from bench import cluster_engine
 
@@ -126,7 +127,7 @@ class ClusterEngine:
             self._coefficient_jobs[app] = {"job": job, "records": [], "rate": None}
         run = self._coefficient_jobs[app]
         job = run["job"]
-        job.place(cluster_engine.spread(ops, workers))
+        job.place(placement.fractions if placement is not None else cluster_engine.spread(ops, workers))
         if run["rate"] is None:  # a first small batch sizes the rest
             self._push_batch(a, run, 2000)
         # Saturated for `seconds`: the planner queues what it cannot admit, so pushing it all at once is enough.
@@ -134,7 +135,7 @@ class ClusterEngine:
         if a.result(job) != a.expected(run["records"]):
             raise EngineError(f"{app} gave a wrong answer after {len(run['records'])} records")
         m = job.stats(fresh=True).get("model") or {}
-        return {k: m.get(k) for k in ("alpha", "beta", "gamma", "capacity")} | {
+        return {k: m.get(k) for k in ("alpha", "beta", "gamma", "capacity", "overhead", "observations")} | {
             "throughput": run["rate"], "estimator": m.get("reason")}
 
     @staticmethod

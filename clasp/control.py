@@ -271,12 +271,14 @@ def observation(spec: DagSpec, samples: Mapping[str, dict], job: int, input_rate
         for e in js["edges"]:
             key = (e["src"], e["dst"])
             edges[key] = edges.get(key, 0.0) + e["rate"]
-        # A worker that never waited for work was saturated; older workers do not report idle waits. Its
-        # CPU time is this job's only when it runs no other job.
+        # A worker that never waited for work, or that used all its CPU, was saturated; older workers report
+        # neither. Its CPU time is this job's only when it runs no other job.
         cpu = sample.get("cpu_us") if len(sample.get("jobs") or ()) == 1 else None
         workers[wid] = WorkerSample(js["queue"], js["queue_delay"], js["exec_us"], js["r_local"], js["r_remote"],
-                                    sample.get("delta", 0), busy=sample.get("idle_waits") == 0,
-                                    cpu=cpu if isinstance(cpu, int | float) else None)
+                                    sample.get("delta", 0),
+                                    busy=sample.get("idle_waits") == 0 or sample.get("cpu_bound") is True,
+                                    cpu=cpu if isinstance(cpu, int | float) else None,
+                                    r_received=js.get("r_in") if isinstance(js.get("r_in"), int | float) else None)
     operators = {n: OperatorStats(rates[n], busy[n] / rates[n] if rates[n] > 0 else 0.0) for n in rates}
     instances = sum(sum(p.instances.values()) for p in placement.operators.values())
     return Observation(input_rate, throughput, completed, queued, operators, edges, workers, len(active), instances)

@@ -17,10 +17,16 @@ Measured CPU (beyond the paper): Eq. (2) rests on the saturated worker's capacit
 samples, so that ΔE is all the chained-request cost moving. A worker that shares a host, runs under a CPU
 quota or is disturbed by anything else gets a different W every second, and that variation moves E and the
 request rates together, which drags α, β, γ towards 0. When a worker reports `cpu`, U_w, the CPU time it
-actually used (µs/s), Eq. (1) holds as U_w = E_w + αR^l_w + βR^r_w + γδ_w (+ a constant that differencing
-removes) whether or not the worker is saturated, so two consecutive samples with `cpu` give the
-observation Δ(E − U) = −αΔR^l − βΔR^r − γΔδ: Eq. (2) with ΔW measured instead of assumed 0, from every
-interval (unsaturated ones too), not only saturated ones. W̄ still comes only from saturated samples.
+actually used (µs/s), a saturated worker satisfies U_w = E_w + αR^l_w + βR^r_w + γδ_w + c (c: what it
+spends beside requests: heartbeats, its event loop), so each saturated sample is one observation of
+U − E = αR^l + βR^r + γδ + c in levels, with the intercept c as a fourth unknown: no pairs, and the
+placement's differences between workers inform it too (differencing would also remove c, but doubles the
+noise and halves the observations). Only saturated samples still: below saturation a remote request
+costs more (batches are small, one message per few requests), which the linear Eq. (1) does not model.
+A remote request is paid for at both ends; when the worker reports the remote requests it received, the
+regressor for β is the mean of sent and received (Eq. (1) counts sent ones only, which on a worker that
+mostly receives, such as the owner of Word Count's hot key, leaves the receiving half unexplained).
+W̄ comes from saturated samples as before (Eq. 3–4; c is not capacity the model's terms can use).
 """
 
 from __future__ import annotations
@@ -50,7 +56,8 @@ class WorkerSample:
     chained requests per second it generated for itself / for other workers; `delta`: δ_w, the number of
     distinct remote workers those reached; `busy`: the worker never ran out of work during the interval
     (a saturation signal of its own, beside queue growth and queueing delay); `cpu`: U_w, the CPU time the
-    worker used (µs/s), when it measured it (None: unknown, the paper's setting).
+    worker used (µs/s), when it measured it (None: unknown, the paper's setting); `r_received`: remote
+    chained requests it received from other workers per second (None: not reported).
     """
 
     queue_length: float
@@ -61,10 +68,11 @@ class WorkerSample:
     delta: float = 0.0
     busy: bool = False
     cpu: float | None = None
+    r_received: float | None = None
 
     def valid(self) -> bool:
         values = (self.queue_length, self.queueing_delay, self.execution, self.r_local, self.r_remote,
-                  self.delta) + ((self.cpu,) if self.cpu is not None else ())
+                  self.delta) + tuple(v for v in (self.cpu, self.r_received) if v is not None)
         return all(isinstance(v, int | float) and math.isfinite(v) and v >= 0 for v in values)
 
 
@@ -77,8 +85,8 @@ class EstimatorConfig:
     `delay_threshold`: queueing delay (s) that marks saturation on its own; `scale_*`: the fixed
     per-term normalization of R^l, R^r (req/s), δ (workers) and E (µs/s); `prior_weight`: how many unit
     observations the initial α, β, γ are worth (it decays with ρ like any observation);
-    `identifiability`: the smallest normalized determinant det(R)/(tr(R)/3)³ of the pooled observations
-    for which α, β, γ are separately identified (below it the samples are collinear).
+    `identifiability`: the smallest determinant of the pooled observations' correlation matrix,
+    det(R)/Π R_ii, for which α, β, γ (and c) are separately identified (below it the samples are collinear).
     """
 
     alpha: float = DEFAULT_ALPHA
@@ -94,7 +102,7 @@ class EstimatorConfig:
     scale_delta: float = 1.0
     scale_execution: float = 100000.0
     prior_weight: float = 1.0
-    identifiability: float = 1e-6
+    identifiability: float = 1e-3
 
     def __post_init__(self) -> None:
         if not 0 < self.rho <= 1:
@@ -135,44 +143,41 @@ class EstimatorUpdate:
         return CapacityModel(self.alpha, self.beta, self.gamma, self.capacity)
 
 
-def _det3(m: list[list[float]]) -> float:
-    return (m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1])
-            - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
-            + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]))
-
-
-def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """Cramer's rule for the 1×1 to 3×3 SPD systems here (cheaper than elimination); None if singular."""
+def _eliminate(a: list[list[float]], b: list[float]) -> tuple[list[float] | None, float]:
+    """Gaussian elimination with partial pivoting on these ≤ 4×4 systems: (solution or None, determinant)."""
     n = len(b)
-    if n == 1:
-        return [b[0] / a[0][0]] if a[0][0] > 0 else None
-    if n == 2:
-        det = a[0][0] * a[1][1] - a[0][1] * a[1][0]
-        if not abs(det) > 1e-300:
-            return None
-        return [(b[0] * a[1][1] - a[0][1] * b[1]) / det, (a[0][0] * b[1] - b[0] * a[1][0]) / det]
-    (a00, a01, a02), (a10, a11, a12), (a20, a21, a22) = a
-    c00, c01, c02 = a11 * a22 - a12 * a21, a12 * a20 - a10 * a22, a10 * a21 - a11 * a20
-    det = a00 * c00 + a01 * c01 + a02 * c02
-    if not abs(det) > 1e-300:
-        return None
-    b0, b1, b2 = b
-    return [(b0 * c00 + b1 * (a02 * a21 - a01 * a22) + b2 * (a01 * a12 - a02 * a11)) / det,
-            (b0 * c01 + b1 * (a00 * a22 - a02 * a20) + b2 * (a02 * a10 - a00 * a12)) / det,
-            (b0 * c02 + b1 * (a01 * a20 - a00 * a21) + b2 * (a00 * a11 - a01 * a10)) / det]
+    m = [list(map(float, row)) + [float(v)] for row, v in zip(a, b, strict=True)]
+    det = 1.0
+    for k in range(n):
+        p = max(range(k, n), key=lambda i: abs(m[i][k]))
+        if not abs(m[p][k]) > 1e-300:
+            return None, 0.0
+        if p != k:
+            m[k], m[p] = m[p], m[k]
+            det = -det
+        det *= m[k][k]
+        for i in range(k + 1, n):
+            f = m[i][k] / m[k][k]
+            if f:
+                for j in range(k, n + 1):
+                    m[i][j] -= f * m[k][j]
+    x = [0.0] * n
+    for i in range(n - 1, -1, -1):
+        x[i] = (m[i][n] - sum(m[i][j] * x[j] for j in range(i + 1, n))) / m[i][i]
+    return x, det
 
 
 def _nonnegative_least_squares(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """argmin θᵀAθ − 2bᵀθ subject to θ ≥ 0, for SPD A of size 3: the subset of free variables meeting KKT."""
+    """argmin θᵀAθ − 2bᵀθ subject to θ ≥ 0, for SPD A of size ≤ 4: the subset of free variables meeting KKT."""
     n = len(b)
-    full = _solve(a, b)
+    full, _ = _eliminate(a, b)
     if full is not None and all(v >= 0 for v in full):
         return full  # the common case: the unconstrained optimum is feasible
     for size in range(n - 1, -1, -1):
         for free in combinations(range(n), size):
             theta = [0.0] * n
             if free:
-                sub = _solve([[a[i][j] for j in free] for i in free], [b[i] for i in free])
+                sub, _ = _eliminate([[a[i][j] for j in free] for i in free], [b[i] for i in free])
                 if sub is None or any(v < 0 for v in sub):
                     continue
                 for i, v in zip(free, sub, strict=True):
@@ -186,7 +191,7 @@ def _nonnegative_least_squares(a: list[list[float]], b: list[float]) -> list[flo
 @dataclass
 class _History:
     queues: deque
-    saturated: WorkerSample | None = None  # the last sample to difference with (saturated or with `cpu`)
+    saturated: WorkerSample | None = None
 
 
 @dataclass
@@ -198,9 +203,11 @@ class Estimator:
     def __post_init__(self) -> None:
         c = self.config
         self.alpha, self.beta, self.gamma, self.capacity = c.alpha, c.beta, c.gamma, c.capacity
-        self._scales = (c.scale_local, c.scale_remote, c.scale_delta)
-        self._info = [[0.0] * 3 for _ in range(3)]
-        self._moment = [0.0] * 3
+        self.overhead = 0.0  # c, µs/s a measured worker spends beside requests (only with `cpu` samples)
+        self._scales = (c.scale_local, c.scale_remote, c.scale_delta, c.scale_execution)
+        # RLS information over θ = [α, β, γ, c] (scaled); paper-style differenced rows leave c's column 0.
+        self._info = [[0.0] * 4 for _ in range(4)]
+        self._moment = [0.0] * 4
         self._prior_decay = 1.0
         self._prior = [c.alpha * c.scale_local / c.scale_execution,
                        c.beta * c.scale_remote / c.scale_execution,
@@ -220,46 +227,74 @@ class Estimator:
         q = list(h.queues)
         return all(q[i + 1] > q[i] for i in range(len(q) - 1))
 
-    def _observe(self, previous: WorkerSample, sample: WorkerSample) -> bool:
-        """Fold one differenced observation (Eq. 2) into the RLS information; False if it carries none."""
-        sl, sr, sd = self._scales
-        x = (-(sample.r_local - previous.r_local) / sl, -(sample.r_remote - previous.r_remote) / sr,
-             -(sample.delta - previous.delta) / sd)
-        if x[0] * x[0] + x[1] * x[1] + x[2] * x[2] <= 1e-18:
-            return False
-        y = sample.execution - previous.execution
-        if sample.cpu is not None and previous.cpu is not None:
-            y -= sample.cpu - previous.cpu  # ΔW measured: Eq. (2) without assuming the capacity constant
-        y /= self.config.scale_execution
+    def _fold(self, x: tuple[float, ...], y: float) -> None:
+        """R ← ρR + xxᵀ, r ← ρr + xy."""
         rho = self.config.rho
         info, moment = self._info, self._moment
-        for i in range(3):
+        for i in range(4):
             row = info[i]
-            for j in range(3):
+            for j in range(4):
                 row[j] = rho * row[j] + x[i] * x[j]
             moment[i] = rho * moment[i] + x[i] * y
         self._prior_decay *= rho
         self.observations += 1
+
+    def _observe(self, previous: WorkerSample, sample: WorkerSample) -> bool:
+        """Fold one differenced observation (Eq. 2) into the RLS information; False if it carries none."""
+        sl, sr, sd, se = self._scales
+        x = (-(sample.r_local - previous.r_local) / sl, -(sample.r_remote - previous.r_remote) / sr,
+             -(sample.delta - previous.delta) / sd, 0.0)
+        if x[0] * x[0] + x[1] * x[1] + x[2] * x[2] <= 1e-18:
+            return False
+        self._fold(x, (sample.execution - previous.execution) / se)
         return True
 
-    def _identified(self) -> bool:
-        a = self._info
-        trace = a[0][0] + a[1][1] + a[2][2]
-        if not trace > 0:
+    def _observe_measured(self, sample: WorkerSample) -> bool:
+        """Fold one measured sample, U − E = αR^l + βR^r + γδ + c; False for a worker that did nothing."""
+        if sample.execution <= 0 and sample.r_local <= 0 and sample.r_remote <= 0:
             return False
-        return _det3(a) / (trace / 3.0) ** 3 >= self.config.identifiability
+        sl, sr, sd, se = self._scales
+        # A remote request costs its sender and its receiver (packing; unpacking and queueing), about
+        # equally: with receipts reported, each end counts half a request, so β stays the whole cost of
+        # one remote request, what Eq. (1) and (8) charge, whichever worker pays which half.
+        remote = sample.r_remote if sample.r_received is None else (sample.r_remote + sample.r_received) / 2
+        self._fold((sample.r_local / sl, remote / sr, sample.delta / sd, 1.0), (sample.cpu - sample.execution) / se)
+        return True
 
-    def _solve_coefficients(self) -> tuple[float, float, float] | None:
+    def _active(self) -> list[int]:
+        """The unknowns the observations bear on: α, β, γ, and c once a measured sample came in."""
+        return [0, 1, 2, 3] if self._info[3][3] > 0 else [0, 1, 2]
+
+    def _identified(self) -> bool:
+        """The correlation matrix of R^l, R^r, δ over the observations is far enough from singular (scale-free,
+        in (0, 1]). With the intercept c they are centred first: a regressor that only moves with the others
+        or stays constant identifies nothing, however large its values."""
+        info = self._info
+        a = [row[:3] for row in info[:3]]
+        weight = info[3][3]
+        if weight > 0:
+            a = [[a[i][j] - info[i][3] * info[j][3] / weight for j in range(3)] for i in range(3)]
+        diagonal = a[0][0] * a[1][1] * a[2][2]
+        if not diagonal > 1e-300:
+            return False
+        _, det = _eliminate(a, [0.0] * 3)
+        return det / diagonal >= self.config.identifiability
+
+    def _solve_coefficients(self) -> tuple[float, float, float, float] | None:
         c = self.config
         weight = c.prior_weight * self._prior_decay
-        a = [[self._info[i][j] + (weight if i == j else 0.0) for j in range(3)] for i in range(3)]
-        b = [self._moment[i] + weight * self._prior[i] for i in range(3)]
-        theta = _nonnegative_least_squares(a, b)
-        if theta is None:
+        act = self._active()
+        prior = self._prior + [0.0]
+        a = [[self._info[i][j] + (weight if i == j and i < 3 else 0.0) for j in act] for i in act]
+        b = [self._moment[i] + (weight * prior[i] if i < 3 else 0.0) for i in act]
+        solved = _nonnegative_least_squares(a, b)
+        if solved is None:
             return None
-        sl, sr, sd = self._scales
-        out = (theta[0] * c.scale_execution / sl, theta[1] * c.scale_execution / sr,
-               theta[2] * c.scale_execution / sd)
+        theta = [0.0] * 4
+        for i, v in zip(act, solved, strict=True):
+            theta[i] = v
+        sl, sr, sd, se = self._scales
+        out = (theta[0] * se / sl, theta[1] * se / sr, theta[2] * se / sd, theta[3] * se)
         return out if all(math.isfinite(v) and v >= 0 for v in out) else None
 
     def update(self, samples_by_worker: Mapping[Hashable, WorkerSample]) -> EstimatorUpdate:
@@ -268,7 +303,7 @@ class Estimator:
         for w in [w for w in self._history if w not in samples_by_worker]:
             del self._history[w]  # a worker that missed an interval starts its history afresh
         saturated: list[tuple[Hashable, WorkerSample]] = []
-        observed = flat = invalid = 0
+        observed = flat = idle = invalid = 0
         for w, sample in samples_by_worker.items():
             if not isinstance(sample, WorkerSample) or not sample.valid():
                 invalid += 1
@@ -279,13 +314,19 @@ class Estimator:
                 h = self._history[w] = _History(deque(maxlen=c.growth_intervals + 1))
             h.queues.append(sample.queue_length)
             is_saturated = sample.busy or self.is_saturated(w) or sample.queueing_delay > c.delay_threshold
-            measured = sample.cpu is not None
             if is_saturated:
                 saturated.append((w, sample))
-            if is_saturated or measured:
-                previous = h.saturated
-                if previous is not None and (previous.cpu is not None) == measured:
-                    if self._observe(previous, sample):
+            if sample.cpu is not None:  # measured: every saturated sample is an observation of its own
+                h.saturated = None
+                if not is_saturated:
+                    continue
+                if self._observe_measured(sample):
+                    observed += 1
+                else:
+                    idle += 1
+            elif is_saturated:
+                if h.saturated is not None:
+                    if self._observe(h.saturated, sample):
                         observed += 1
                     else:
                         flat += 1
@@ -297,11 +338,12 @@ class Estimator:
         coefficients_changed = False
         if invalid:
             reasons.append(f"{invalid} sample(s) with negative or non-finite values ignored")
-        if not saturated and not observed and not flat:
+        if not saturated:
             reasons.append("no saturated worker: estimate unchanged")
         elif not observed:
-            reasons.append("consecutive samples with unchanged R^l, R^r, δ: α, β, γ unchanged"
-                           if flat else "no previous saturated sample to difference with: α, β, γ unchanged")
+            reasons.append("consecutive saturated samples with unchanged R^l, R^r, δ: α, β, γ unchanged" if flat
+                           else "saturated workers did no work: α, β, γ unchanged" if idle
+                           else "no previous saturated sample to difference with: α, β, γ unchanged")
         elif not self._identified():
             reasons.append("collinear observations do not identify α, β, γ separately: unchanged")
         else:
@@ -309,8 +351,8 @@ class Estimator:
             if theta is None:
                 reasons.append("regression has no non-negative finite solution: α, β, γ unchanged")
             else:
-                coefficients_changed = theta != (self.alpha, self.beta, self.gamma)
-                self.alpha, self.beta, self.gamma = theta
+                coefficients_changed = theta[:3] != (self.alpha, self.beta, self.gamma)
+                self.alpha, self.beta, self.gamma, self.overhead = theta
 
         capacity_changed = False
         for _, s in saturated:

@@ -182,6 +182,7 @@ class JobEngine:
         self._token = 0
         self.local_requests = 0  # chained requests handed over in memory (R^l), cumulative
         self.remote_requests = 0  # chained requests batched for another worker (R^r), cumulative
+        self.received_requests = 0  # chained requests that came from other workers, cumulative
         self.failed = 0
         self.error_samples: deque = deque(maxlen=max_errors_kept)
         self.async_tasks: set[asyncio.Task] = set()

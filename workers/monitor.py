@@ -20,12 +20,16 @@ class _Cursor:
     edges: dict = field(default_factory=dict)
     local: int = 0
     remote: int = 0
+    received: int = 0
     errors_seen: int = 0
     messages: tuple = (0, 0, 0, 0)
 
 
 # Data messages per job, cumulative: sent to peers, rows in them, received from peers, rows in them.
 MESSAGE_KEYS = ("sent", "sent_rows", "received", "received_rows")
+
+
+CPU_BOUND = 0.9  # share of its CPU (quota, or one core for the executors' thread) that marks a worker saturated
 
 
 class Monitor:
@@ -46,6 +50,8 @@ class Monitor:
         # message (the server's `_flush_data` and `_data_loop`), never per row.
         self.messages: dict[int, list[int]] = {}
         self._cpu_last = time.process_time()
+        self._loop_cpu_last = time.thread_time()  # the event loop's thread: sample() runs on it
+        self.cpu_limit: float | None = None  # CPUs of this process's quota (the server keeps it current)
 
     def job_messages(self, job: int) -> list[int]:
         """The cumulative data-message counters of `job` (created at zero), for the data path to increment."""
@@ -59,15 +65,22 @@ class Monitor:
         return dict(zip(MESSAGE_KEYS, self.messages.get(job, (0, 0, 0, 0)), strict=True))
 
     def sample(self, interval: float) -> dict:
-        """Table 2 for the last `interval` seconds: Q_w, R^l, R^r, delta, N, tau, E, per job; plus data messages
+        """Table 2 for the last `interval` seconds: Q_w, R^l, R^r, delta, N, tau, E, per job, and the remote chained
+        requests received (r_in) and the worker's CPU time (cpu_us, cpu_bound); plus data messages
         sent and received per second (and rows in them), per job and for the worker."""
         interval = max(interval, 1e-6)
         self.last_delta = len(self.destinations_interval)
-        cpu = time.process_time()  # every thread of the process: ZeroMQ's I/O thread does part of the sending
+        cpu, loop = time.process_time(), time.thread_time()
+        # Every thread of the process: ZeroMQ's I/O thread does part of the sending.
+        cpu_us = (cpu - self._cpu_last) / interval * 1e6
+        # CPU-bound: the process used its quota, or, unlimited, the one thread that runs every executor
+        # used its core; then it is saturated however short its queue (clasp.control.observation).
+        cpu_bound = (cpu_us >= CPU_BOUND * self.cpu_limit * 1e6 if self.cpu_limit
+                     else (loop - self._loop_cpu_last) / interval >= CPU_BOUND)
         out = {"worker": self.worker_id, "interval": interval, "delta": self.last_delta,
-               "idle_waits": self.idle_waits, "cpu_us": (cpu - self._cpu_last) / interval * 1e6,
+               "idle_waits": self.idle_waits, "cpu_us": cpu_us, "cpu_bound": cpu_bound,
                "bad_messages": dict(self.bad_messages), "jobs": {}}
-        self._cpu_last = cpu
+        self._cpu_last, self._loop_cpu_last = cpu, loop
         self.idle_waits = 0
         self.destinations_interval = set()
         total_q = 0
@@ -93,7 +106,8 @@ class Monitor:
                     cur.edges[name] = c
             rl = (eng.local_requests - cur.local) / interval
             rr = (eng.remote_requests - cur.remote) / interval
-            cur.local, cur.remote = eng.local_requests, eng.remote_requests
+            r_in = (eng.received_requests - cur.received) / interval
+            cur.local, cur.remote, cur.received = eng.local_requests, eng.remote_requests, eng.received_requests
             q = eng.queue_length()
             total_q += q
             service = sum(o["rate"] for o in ops.values())
@@ -104,7 +118,7 @@ class Monitor:
             cur.messages = now_msgs
             worker_msgs = [a + b for a, b in zip(worker_msgs, msgs, strict=True)]
             out["jobs"][job] = {
-                "queue": q, "r_local": rl, "r_remote": rr, "operators": ops, "edges": edges,
+                "queue": q, "r_local": rl, "r_remote": rr, "r_in": r_in, "operators": ops, "edges": edges,
                 # Little's law: the time a request arriving now waits behind the queue.
                 "queue_delay": q / service if service > 0 else (float(q > 0) * interval),
                 "exec_us": sum(o["rate"] * o["tau_us"] for o in ops.values()),

@@ -420,6 +420,7 @@ class Worker:
                 msgs = job_messages(body[0])
                 msgs[2] += 1
                 msgs[3] += len(body[2])
+                eng.received_requests += len(body[2])
                 eng.receive(body[1], body[2])
                 self.wake.set()
             elif mtype == "runs":
@@ -492,11 +493,12 @@ class Worker:
 
     # ----------------------------------------------------------------- heartbeats
     def _choose_clock(self) -> None:
-        """`auto`: time executions on the CPU clock while a CPU quota limits this process (it can be
-        placed in a cgroup after it started), on the wall clock otherwise."""
+        """Read this process's CPU quota (it can be placed in a cgroup after it started); `auto` times
+        executions on the CPU clock while a quota limits it, on the wall clock otherwise."""
+        quota = self.monitor.cpu_limit = process_quota()
         if self.exec_clock != "auto":
             return
-        clock = engine_exec_clock(process_quota() is not None)
+        clock = engine_exec_clock(quota is not None)
         if clock is not self.clock:
             log.info("timing executions on the %s clock", "CPU" if clock.cpu else "wall")
             self.clock = clock
