@@ -44,16 +44,38 @@ COSTS = Path(__file__).resolve().parent / "sim_costs_measured.json"
 TOLERANCE = 0.15
 
 
-def simulated(apps: list[str], workers: list[int], costs, duration: float = 20.0) -> dict[tuple[str, int], float]:
-    from clasp.simulator import SimConfig, app_dag, simulate
+def placements(apps: list[str], workers: list[int], mode: str) -> dict[tuple[str, int], object]:
+    """The placement of every point, the same in both engines: `clasp`, CLASP's own placement for n workers
+    (`bench.sim_engine.SimEngine.policy_placement`, planned on the committed cost file, as the figures'
+    placements are), or `spread` (None: every operator over every worker, the worst case for chaining)."""
+    if mode == "spread":
+        return {(a, n): None for a in apps for n in workers}
+    if mode != "clasp":
+        raise ValueError(f"placement must be clasp or spread, not {mode!r}")
+    from bench.sim_engine import SimEngine
+    from clasp.simulator import Costs
+
+    engine = SimEngine(Costs.load(COSTS), source=str(COSTS))
+    return {(a, n): engine.policy_placement(a, "clasp", n) for a in apps for n in workers}
+
+
+def simulated(apps: list[str], workers: list[int], costs, placed: dict | None = None,
+              duration: float = 20.0) -> dict[tuple[str, int], float]:
+    from clasp.simulator import SimConfig, Simulator, app_dag
 
     out = {}
     for app in apps:
         dag = app_dag(app, costs, records=20_000)  # fan-outs and key-group weights of the app's input
         for n in workers:
             cfg = SimConfig(duration=duration, warmup=2.0, key_skew=True)
-            out[(app, n)] = simulate(dag, n, costs=costs, config=cfg).throughput
+            pl = (placed or {}).get((app, n))
+            out[(app, n)] = Simulator(dag, costs, n, placement=pl, config=cfg).run().throughput
     return out
+
+
+def _fractions(placed: dict | None, app: str, n: int):
+    pl = (placed or {}).get((app, n))
+    return "spread" if pl is None else pl.fractions
 
 
 def _run(app: str, n: int, cpu: float, seconds: float, placement="spread", flush_delay_ms: float | None = None) -> dict:
@@ -85,7 +107,8 @@ def _msg_ends(r: dict) -> float | None:
     return None if v is None else round(v, 5)
 
 
-def interleaved_repeat(apps: list[str], workers: list[int], cpu: float, seconds: float, k: int) -> tuple[dict, dict]:
+def interleaved_repeat(apps: list[str], workers: list[int], cpu: float, seconds: float, k: int,
+                       placed: dict | None = None) -> tuple[dict, dict]:
     """One repeat: calibration and validation runs back to back, worker count by worker count."""
     from bench import calibrate as cal
 
@@ -100,7 +123,7 @@ def interleaved_repeat(apps: list[str], workers: list[int], cpu: float, seconds:
         if n == 3:
             todo += [("calib-fan", "syn", 3, cal.FAN)]
         if n in workers:
-            todo += [("validate", a, n, "spread") for a in apps]
+            todo += [("validate", a, n, _fractions(placed, a, n)) for a in apps]
         # The fast-flush runs (message_us) last: they need a cluster of their own.
         if n == 2:
             todo += [("calib-alt_fast", "syn", 2, cal.ALT)]
@@ -125,16 +148,17 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
     from clasp.simulator import Costs
 
     run_apps = apps + ([] if "syn" in apps else ["syn"])
+    placed = placements(apps, workers, args.placement)
     unlimited = {a: [_run_unlimited(a, args.seconds)] for a in run_apps}
     tau_u = {a: {o: v["tau_us"] for o, v in rs[0]["operators"].items()} for a, rs in unlimited.items()}
     reps, points, costs_docs = [], [], []
     for k in range(args.repeat):
-        calib, val = interleaved_repeat(run_apps, workers, cpu, args.seconds, k)
+        calib, val = interleaved_repeat(run_apps, workers, cpu, args.seconds, k, placed)
         doc = cal.fit(calib, cpu, args.seconds, 1, unlimited_tau=tau_u, gamma_with_messages=args.fit_gamma)
         costs = Costs.from_json_dict(doc)
-        sim = simulated(apps, workers, costs)
-        nosplit = simulated(apps, workers, dataclasses.replace(costs, alpha_split=None))
-        nomsg = simulated(apps, workers, dataclasses.replace(costs, message_us=0.0))
+        sim = simulated(apps, workers, costs, placed)
+        nosplit = simulated(apps, workers, dataclasses.replace(costs, alpha_split=None), placed)
+        nomsg = simulated(apps, workers, dataclasses.replace(costs, message_us=0.0), placed)
         coeff = {c: doc.get(c) for c in ("alpha", "alpha_split", "beta", "gamma", "capacity", "message_us")}
         print(json.dumps({"repeat": k, "costs": coeff}), flush=True)
         costs_docs.append(coeff)
@@ -156,9 +180,9 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
               **{key: [r for c, _ in reps for r in c[key]] for key in ("alt", "mix", "fan", "alt_fast", "fan_fast")}}
     doc = cal.fit(pooled, cpu, args.seconds, args.repeat, gamma_with_messages=args.fit_gamma)
     costs = Costs.from_json_dict(doc)
-    sim = simulated(apps, workers, costs)
-    nosplit = simulated(apps, workers, dataclasses.replace(costs, alpha_split=None))
-    nomsg = simulated(apps, workers, dataclasses.replace(costs, message_us=0.0))
+    sim = simulated(apps, workers, costs, placed)
+    nosplit = simulated(apps, workers, dataclasses.replace(costs, alpha_split=None), placed)
+    nomsg = simulated(apps, workers, dataclasses.replace(costs, message_us=0.0), placed)
     pooled_points = []
     for app in apps:
         for n in workers:
@@ -230,12 +254,13 @@ def _run_unlimited(app: str, seconds: float) -> dict:
     return r
 
 
-def emulated(apps: list[str], workers: list[int], cpu: float, repeat: int, seconds: float) -> dict:
+def emulated(apps: list[str], workers: list[int], cpu: float, repeat: int, seconds: float,
+             placed: dict | None = None) -> dict:
     out: dict[tuple[str, int], list[dict]] = {}
     for n in workers:
         for _ in range(repeat):
             for app in apps:
-                r = ce.unthrottled(app, n, cpu_per_worker=cpu, seconds=seconds)
+                r = ce.unthrottled(app, n, placement=_fractions(placed, app, n), cpu_per_worker=cpu, seconds=seconds)
                 if not r["correct"]:
                     raise ce.EngineError(f"{app} on {n} workers gave a wrong answer")
                 out.setdefault((app, n), []).append(r)
@@ -260,7 +285,7 @@ def plot(path: str, apps: list[str], workers: list[int], points: list[dict], tit
                           [max(0.0, p["emulated_max"] - p["emulated"]) for p in rows]],
                     color=f"C{i}", marker="o", label=f"{app} emulated", capsize=3)
         ax.plot(x, [p["simulated"] for p in rows], color=f"C{i}", ls="--", marker="s", label=f"{app} simulated")
-    ax.set_xlabel("workers (every operator spread evenly)")
+    ax.set_xlabel("workers")
     ax.set_ylabel("throughput, records/s")
     ax.set_xticks(workers)
     ax.set_ylim(bottom=0)
@@ -287,6 +312,9 @@ def main(argv=None) -> int:
                     help=f"interleaved: write the pooled calibration here (e.g. {COSTS}; default: not written)")
     ap.add_argument("--fit-gamma", action="store_true",
                     help="interleaved: also fit γ on FAN when message_us is fitted (the old rule; default γ = 0)")
+    ap.add_argument("--placement", choices=("clasp", "spread"), default="clasp",
+                    help="both engines run CLASP's placement for n workers (the figures' placements), or every "
+                         "operator spread over all n (the worst case for chaining)")
     ap.add_argument("--plot", default="out/validate_sim.png")
     ap.add_argument("--json", help="also write every point here")
     args = ap.parse_args(argv)
@@ -305,8 +333,9 @@ def main(argv=None) -> int:
     if meta.get("cpu_per_worker") not in (None, cpu):
         print(f"warning: {args.costs} was measured at {meta['cpu_per_worker']} CPU per worker, not {cpu}",
               file=sys.stderr)
-    sim = simulated(apps, workers, costs)
-    emu = emulated(apps, workers, cpu, args.repeat, args.seconds)
+    placed = placements(apps, workers, args.placement)
+    sim = simulated(apps, workers, costs, placed)
+    emu = emulated(apps, workers, cpu, args.repeat, args.seconds, placed)
     points = []
     for app in apps:
         for n in workers:
@@ -329,7 +358,7 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps({"points": points, "summary": summary}, indent=1))
     if args.plot:
         plot(args.plot, apps, workers, points,
-             f"emulated ({cpu} CPU/worker) vs simulated, unthrottled, spread")
+             f"emulated ({cpu} CPU/worker) vs simulated, unthrottled, {args.placement} placement")
     return 0 if summary["within_15pct"] else 1
 
 

@@ -261,39 +261,50 @@ class Estimator:
         self._fold((sample.r_local / sl, remote / sr, sample.delta / sd, 1.0), (sample.cpu - sample.execution) / se)
         return True
 
-    def _active(self) -> list[int]:
-        """The unknowns the observations bear on: α, β, γ, and c once a measured sample came in."""
-        return [0, 1, 2, 3] if self._info[3][3] > 0 else [0, 1, 2]
-
-    def _identified(self) -> bool:
-        """The correlation matrix of R^l, R^r, δ over the observations is far enough from singular (scale-free,
-        in (0, 1]). With the intercept c they are centred first: a regressor that only moves with the others
-        or stays constant identifies nothing, however large its values."""
+    def _centred(self) -> list[list[float]]:
+        """The information of R^l, R^r, δ; with the intercept c, centred (their covariance, unnormalized)."""
         info = self._info
         a = [row[:3] for row in info[:3]]
         weight = info[3][3]
         if weight > 0:
             a = [[a[i][j] - info[i][3] * info[j][3] / weight for j in range(3)] for i in range(3)]
-        diagonal = a[0][0] * a[1][1] * a[2][2]
-        if not diagonal > 1e-300:
+        return a
+
+    def _free(self) -> list[int]:
+        """The coefficients the observations bear on: of α, β, γ those whose regressor varied (a worker whose
+        δ never changed says nothing of γ, which keeps its value), and c once a measured sample came in."""
+        a = self._centred()
+        free = [i for i in range(3) if a[i][i] > 1e-9 * self._info[i][i] and a[i][i] > 1e-300]
+        return free + ([3] if self._info[3][3] > 0 else [])
+
+    def _identified(self) -> bool:
+        """Some coefficient varied, and the correlation matrix of the varying regressors is far enough from
+        singular (scale-free, in (0, 1]): regressors that only move together identify only their sum."""
+        free = [i for i in self._free() if i < 3]
+        if not free:
             return False
-        _, det = _eliminate(a, [0.0] * 3)
-        return det / diagonal >= self.config.identifiability
+        a = self._centred()
+        sub = [[a[i][j] for j in free] for i in free]
+        _, det = _eliminate(sub, [0.0] * len(free))
+        return det / math.prod(a[i][i] for i in free) >= self.config.identifiability
 
     def _solve_coefficients(self) -> tuple[float, float, float, float] | None:
         c = self.config
+        sl, sr, sd, se = self._scales
+        current = [self.alpha * sl / se, self.beta * sr / se, self.gamma * sd / se, self.overhead / se]
         weight = c.prior_weight * self._prior_decay
-        act = self._active()
+        free = self._free()
+        held = [i for i in range(4) if i not in free]
         prior = self._prior + [0.0]
-        a = [[self._info[i][j] + (weight if i == j and i < 3 else 0.0) for j in act] for i in act]
-        b = [self._moment[i] + (weight * prior[i] if i < 3 else 0.0) for i in act]
+        a = [[self._info[i][j] + (weight if i == j and i < 3 else 0.0) for j in free] for i in free]
+        b = [self._moment[i] + (weight * prior[i] if i < 3 else 0.0)
+             - sum(self._info[i][h] * current[h] for h in held) for i in free]
         solved = _nonnegative_least_squares(a, b)
         if solved is None:
             return None
-        theta = [0.0] * 4
-        for i, v in zip(act, solved, strict=True):
+        theta = list(current)
+        for i, v in zip(free, solved, strict=True):
             theta[i] = v
-        sl, sr, sd, se = self._scales
         out = (theta[0] * se / sl, theta[1] * se / sr, theta[2] * se / sd, theta[3] * se)
         return out if all(math.isfinite(v) and v >= 0 for v in out) else None
 

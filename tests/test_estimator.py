@@ -255,3 +255,16 @@ def test_a_receiving_worker_pays_half_of_each_remote_request_it_receives():
         return u
     assert run(True).beta == pytest.approx(BETA, rel=0.02)
     assert abs(run(False).beta - BETA) / BETA > 0.2
+
+
+def test_a_coefficient_whose_regressor_never_varies_keeps_its_value_while_the_others_are_estimated():
+    """The owner of a hot key receives everything and sends nothing: δ is 0 in every saturated sample, so
+    the samples say nothing of γ; α and β are still estimated, γ stays where it was."""
+    rng = random.Random(2)
+    est = Estimator(EstimatorConfig(rho=0.999))
+    for _ in range(100):
+        r_local, r_in = rng.uniform(500, 3000), rng.uniform(100, 3000)
+        cpu = 400000.0 + ALPHA * r_local + BETA / 2 * r_in + 2000.0
+        u = est.update({0: WorkerSample(0, 0.0, 400000.0, r_local, 0.0, 0, busy=True, cpu=cpu, r_received=r_in)})
+    assert u.alpha == pytest.approx(ALPHA, rel=0.02) and u.beta == pytest.approx(BETA, rel=0.02)
+    assert u.gamma == EstimatorConfig().gamma
