@@ -135,7 +135,7 @@ class ClusterEngine:
         if a.result(job) != a.expected(run["records"]):
             raise EngineError(f"{app} gave a wrong answer after {len(run['records'])} records")
         m = job.stats(fresh=True).get("model") or {}
-        return {k: m.get(k) for k in ("alpha", "beta", "gamma", "capacity", "overhead", "observations")} | {
+        return {k: m.get(k) for k in ("alpha", "beta", "gamma", "capacity", "observations")} | {
             "throughput": run["rate"], "estimator": m.get("reason")}
 
     @staticmethod

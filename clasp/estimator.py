@@ -17,16 +17,17 @@ Measured CPU (beyond the paper): Eq. (2) rests on the saturated worker's capacit
 samples, so that ΔE is all the chained-request cost moving. A worker that shares a host, runs under a CPU
 quota or is disturbed by anything else gets a different W every second, and that variation moves E and the
 request rates together, which drags α, β, γ towards 0. When a worker reports `cpu`, U_w, the CPU time it
-actually used (µs/s), a saturated worker satisfies U_w = E_w + αR^l_w + βR^r_w + γδ_w + c (c: what it
-spends beside requests: heartbeats, its event loop), so each saturated sample is one observation of
-U − E = αR^l + βR^r + γδ + c in levels, with the intercept c as a fourth unknown: no pairs, and the
-placement's differences between workers inform it too (differencing would also remove c, but doubles the
-noise and halves the observations). Only saturated samples still: below saturation a remote request
-costs more (batches are small, one message per few requests), which the linear Eq. (1) does not model.
-A remote request is paid for at both ends; when the worker reports the remote requests it received, the
-regressor for β is the mean of sent and received (Eq. (1) counts sent ones only, which on a worker that
-mostly receives, such as the owner of Word Count's hot key, leaves the receiving half unexplained).
-W̄ comes from saturated samples as before (Eq. 3–4; c is not capacity the model's terms can use).
+actually used (µs/s), it has no unknown W to difference away: a saturated worker satisfies Eq. (1) as
+U_w = E_w + αR^l_w + βR^r_w + γδ_w, so each saturated sample on its own is one observation of
+U − E = αR^l + βR^r + γδ, in levels. One worker alone then identifies α (the paper's differences need a
+change of R^l), and the different mixes of one placement's workers inform α, β, γ together. What a worker
+spends beside requests (heartbeats, its event loop) is a few per cent of a saturated worker's CPU and is
+carried by α, β, γ; an intercept for it would be confounded with γδ and with α on one worker. Only saturated
+samples still: below saturation a remote request costs more (batches hold a few rows), which the linear
+Eq. (1) does not model. A remote request is paid for at both ends: when the worker reports the remote
+requests it received, the regressor for β is the mean of sent and received (Eq. (1) counts sent ones only,
+which on a worker that mostly receives, such as the owner of Word Count's hot key, leaves the receiving
+half unexplained). W̄ comes from saturated samples as before (Eq. 3–4).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class EstimatorConfig:
     per-term normalization of R^l, R^r (req/s), δ (workers) and E (µs/s); `prior_weight`: how many unit
     observations the initial α, β, γ are worth (it decays with ρ like any observation);
     `identifiability`: the smallest determinant of the pooled observations' correlation matrix,
-    det(R)/Π R_ii, for which α, β, γ (and c) are separately identified (below it the samples are collinear).
+    det(R)/Π R_ii, for which α, β, γ are separately identified (below it the samples are collinear).
     """
 
     alpha: float = DEFAULT_ALPHA
@@ -144,7 +145,7 @@ class EstimatorUpdate:
 
 
 def _eliminate(a: list[list[float]], b: list[float]) -> tuple[list[float] | None, float]:
-    """Gaussian elimination with partial pivoting on these ≤ 4×4 systems: (solution or None, determinant)."""
+    """Gaussian elimination with partial pivoting on these ≤ 3×3 systems: (solution or None, determinant)."""
     n = len(b)
     m = [list(map(float, row)) + [float(v)] for row, v in zip(a, b, strict=True)]
     det = 1.0
@@ -168,7 +169,7 @@ def _eliminate(a: list[list[float]], b: list[float]) -> tuple[list[float] | None
 
 
 def _nonnegative_least_squares(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """argmin θᵀAθ − 2bᵀθ subject to θ ≥ 0, for SPD A of size ≤ 4: the subset of free variables meeting KKT."""
+    """argmin θᵀAθ − 2bᵀθ subject to θ ≥ 0, for SPD A of size ≤ 3: the subset of free variables meeting KKT."""
     n = len(b)
     full, _ = _eliminate(a, b)
     if full is not None and all(v >= 0 for v in full):
@@ -203,11 +204,9 @@ class Estimator:
     def __post_init__(self) -> None:
         c = self.config
         self.alpha, self.beta, self.gamma, self.capacity = c.alpha, c.beta, c.gamma, c.capacity
-        self.overhead = 0.0  # c, µs/s a measured worker spends beside requests (only with `cpu` samples)
         self._scales = (c.scale_local, c.scale_remote, c.scale_delta, c.scale_execution)
-        # RLS information over θ = [α, β, γ, c] (scaled); paper-style differenced rows leave c's column 0.
-        self._info = [[0.0] * 4 for _ in range(4)]
-        self._moment = [0.0] * 4
+        self._info = [[0.0] * 3 for _ in range(3)]  # RLS information over θ = [α, β, γ] (scaled)
+        self._moment = [0.0] * 3
         self._prior_decay = 1.0
         self._prior = [c.alpha * c.scale_local / c.scale_execution,
                        c.beta * c.scale_remote / c.scale_execution,
@@ -227,13 +226,13 @@ class Estimator:
         q = list(h.queues)
         return all(q[i + 1] > q[i] for i in range(len(q) - 1))
 
-    def _fold(self, x: tuple[float, ...], y: float) -> None:
+    def _fold(self, x: tuple[float, float, float], y: float) -> None:
         """R ← ρR + xxᵀ, r ← ρr + xy."""
         rho = self.config.rho
         info, moment = self._info, self._moment
-        for i in range(4):
+        for i in range(3):
             row = info[i]
-            for j in range(4):
+            for j in range(3):
                 row[j] = rho * row[j] + x[i] * x[j]
             moment[i] = rho * moment[i] + x[i] * y
         self._prior_decay *= rho
@@ -243,69 +242,56 @@ class Estimator:
         """Fold one differenced observation (Eq. 2) into the RLS information; False if it carries none."""
         sl, sr, sd, se = self._scales
         x = (-(sample.r_local - previous.r_local) / sl, -(sample.r_remote - previous.r_remote) / sr,
-             -(sample.delta - previous.delta) / sd, 0.0)
+             -(sample.delta - previous.delta) / sd)
         if x[0] * x[0] + x[1] * x[1] + x[2] * x[2] <= 1e-18:
             return False
         self._fold(x, (sample.execution - previous.execution) / se)
         return True
 
     def _observe_measured(self, sample: WorkerSample) -> bool:
-        """Fold one measured sample, U − E = αR^l + βR^r + γδ + c; False for a worker that did nothing."""
-        if sample.execution <= 0 and sample.r_local <= 0 and sample.r_remote <= 0:
-            return False
+        """Fold one measured sample, U − E = αR^l + βR^r + γδ; False for a worker that sent nothing."""
         sl, sr, sd, se = self._scales
         # A remote request costs its sender and its receiver (packing; unpacking and queueing), about
         # equally: with receipts reported, each end counts half a request, so β stays the whole cost of
         # one remote request, what Eq. (1) and (8) charge, whichever worker pays which half.
         remote = sample.r_remote if sample.r_received is None else (sample.r_remote + sample.r_received) / 2
-        self._fold((sample.r_local / sl, remote / sr, sample.delta / sd, 1.0), (sample.cpu - sample.execution) / se)
+        if sample.r_local <= 0 and remote <= 0:
+            return False
+        self._fold((sample.r_local / sl, remote / sr, sample.delta / sd), (sample.cpu - sample.execution) / se)
         return True
 
-    def _centred(self) -> list[list[float]]:
-        """The information of R^l, R^r, δ; with the intercept c, centred (their covariance, unnormalized)."""
-        info = self._info
-        a = [row[:3] for row in info[:3]]
-        weight = info[3][3]
-        if weight > 0:
-            a = [[a[i][j] - info[i][3] * info[j][3] / weight for j in range(3)] for i in range(3)]
-        return a
-
     def _free(self) -> list[int]:
-        """The coefficients the observations bear on: of α, β, γ those whose regressor varied (a worker whose
-        δ never changed says nothing of γ, which keeps its value), and c once a measured sample came in."""
-        a = self._centred()
-        free = [i for i in range(3) if a[i][i] > 1e-9 * self._info[i][i] and a[i][i] > 1e-300]
-        return free + ([3] if self._info[3][3] > 0 else [])
+        """The coefficients the observations bear on: those whose regressor was ever non-zero (a worker
+        with δ = 0 in every sample says nothing of γ, which keeps its value)."""
+        return [i for i in range(3) if self._info[i][i] > 1e-300]
 
     def _identified(self) -> bool:
-        """Some coefficient varied, and the correlation matrix of the varying regressors is far enough from
+        """Some regressor was non-zero, and the correlation matrix of those that were is far enough from
         singular (scale-free, in (0, 1]): regressors that only move together identify only their sum."""
-        free = [i for i in self._free() if i < 3]
+        free = self._free()
         if not free:
             return False
-        a = self._centred()
-        sub = [[a[i][j] for j in free] for i in free]
-        _, det = _eliminate(sub, [0.0] * len(free))
-        return det / math.prod(a[i][i] for i in free) >= self.config.identifiability
+        a = [[self._info[i][j] for j in free] for i in free]
+        _, det = _eliminate(a, [0.0] * len(free))
+        return det / math.prod(self._info[i][i] for i in free) >= self.config.identifiability
 
-    def _solve_coefficients(self) -> tuple[float, float, float, float] | None:
+    def _solve_coefficients(self) -> tuple[float, float, float] | None:
         c = self.config
         sl, sr, sd, se = self._scales
-        current = [self.alpha * sl / se, self.beta * sr / se, self.gamma * sd / se, self.overhead / se]
+        current = [self.alpha * sl / se, self.beta * sr / se, self.gamma * sd / se]
         weight = c.prior_weight * self._prior_decay
         free = self._free()
-        held = [i for i in range(4) if i not in free]
-        prior = self._prior + [0.0]
-        a = [[self._info[i][j] + (weight if i == j and i < 3 else 0.0) for j in free] for i in free]
-        b = [self._moment[i] + (weight * prior[i] if i < 3 else 0.0)
-             - sum(self._info[i][h] * current[h] for h in held) for i in free]
+        held = [i for i in range(3) if i not in free]
+        a = [[self._info[i][j] + (weight if i == j else 0.0) for j in free] for i in free]
+        b = [self._moment[i] + weight * self._prior[i] - sum(self._info[i][h] * current[h] for h in held)
+             for i in free]
         solved = _nonnegative_least_squares(a, b)
         if solved is None:
             return None
         theta = list(current)
         for i, v in zip(free, solved, strict=True):
             theta[i] = v
-        out = (theta[0] * se / sl, theta[1] * se / sr, theta[2] * se / sd, theta[3] * se)
+        out = (theta[0] * se / sl, theta[1] * se / sr, theta[2] * se / sd)
         return out if all(math.isfinite(v) and v >= 0 for v in out) else None
 
     def update(self, samples_by_worker: Mapping[Hashable, WorkerSample]) -> EstimatorUpdate:
@@ -362,8 +348,8 @@ class Estimator:
             if theta is None:
                 reasons.append("regression has no non-negative finite solution: α, β, γ unchanged")
             else:
-                coefficients_changed = theta[:3] != (self.alpha, self.beta, self.gamma)
-                self.alpha, self.beta, self.gamma, self.overhead = theta
+                coefficients_changed = theta != (self.alpha, self.beta, self.gamma)
+                self.alpha, self.beta, self.gamma = theta
 
         capacity_changed = False
         for _, s in saturated:

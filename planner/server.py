@@ -626,7 +626,6 @@ class Planner:
         step = job.controller.observe(obs, decide=job.autoscale and not job.migrating)
         e = step.estimate
         job.estimate = {"alpha": e.alpha, "beta": e.beta, "gamma": e.gamma, "capacity": e.capacity,
-                        "overhead": job.controller.estimator.overhead,
                         "observations": job.controller.estimator.observations,
                         "saturated": list(e.saturated), "reason": e.reason}
         if step.trigger is None:

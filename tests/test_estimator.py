@@ -184,10 +184,10 @@ def test_estimates_stay_finite_and_non_negative(stream):
         assert math.isfinite(u.capacity) and u.capacity > 0
 
 
-def varying_host(rng, cpu: bool, workers=6, intervals=300, overhead=3000.0):
+def varying_host(rng, cpu: bool, workers=6, intervals=300):
     """Workers whose capacity moves ±30 % from second to second (a shared host, a CPU quota), some of them
-    saturated and some not, each using U = E + αR^l + βR^r + γδ + a fixed overhead of its CPU; the
-    placement changes every 75 s."""
+    saturated and some not, each using U = E + αR^l + βR^r + γδ of its CPU; the placement changes every
+    75 s."""
     est = Estimator(EstimatorConfig(rho=0.999))
     placements = [(0.0, 0), (0.5, 1), (0.8, 3), (0.3, 2)]  # (remote share, δ)
     update = None
@@ -200,7 +200,7 @@ def varying_host(rng, cpu: bool, workers=6, intervals=300, overhead=3000.0):
             load = capacity if saturated else capacity * rng.uniform(0.2, 0.9)
             # requests per second such that their execution (100 µs each) plus chaining uses `load`
             per_request = 100.0 + 2 * (ALPHA * (1 - remote_share) + BETA * remote_share)
-            n = (load - overhead - GAMMA * delta) / per_request
+            n = (load - GAMMA * delta) / per_request
             r_local, r_remote = 2 * n * (1 - remote_share), 2 * n * remote_share
             samples[w] = WorkerSample(0, 0.0, 100.0 * n, r_local, r_remote, delta, busy=saturated,
                                       cpu=load if cpu else None)
@@ -215,7 +215,6 @@ def test_measured_cpu_recovers_the_coefficients_where_the_paper_assumption_fails
     assert measured.alpha == pytest.approx(ALPHA, rel=0.05)
     assert measured.beta == pytest.approx(BETA, rel=0.05)
     assert measured.gamma == pytest.approx(GAMMA, rel=0.05)
-    assert abs(est.overhead - 3000.0) < 0.01 * W  # within 1 % of the capacity it is a part of
     assert measured.observations == 3  # the saturated half, each sample on its own
     _, paper = varying_host(random.Random(1), cpu=False)
     assert paper.observations == 3  # the same workers, in pairs
@@ -243,7 +242,7 @@ def test_a_receiving_worker_pays_half_of_each_remote_request_it_receives():
     def run(report: bool):
         rng = random.Random(4)
         est = Estimator(EstimatorConfig(rho=0.999))
-        for t in range(200):
+        for _ in range(200):
             samples = {}
             for w in range(4):
                 sent, received = rng.uniform(100, 800), rng.uniform(100, 3000)
@@ -253,8 +252,10 @@ def test_a_receiving_worker_pays_half_of_each_remote_request_it_receives():
                                           cpu=400000.0 + work, r_received=received if report else None)
             u = est.update(samples)
         return u
-    assert run(True).beta == pytest.approx(BETA, rel=0.02)
-    assert abs(run(False).beta - BETA) / BETA > 0.2
+    right, wrong = run(True), run(False)
+    assert (right.alpha, right.beta, right.gamma) == pytest.approx((ALPHA, BETA, GAMMA), rel=0.02)
+    # without receipts the receiving half lands on α and γ instead
+    assert max(abs(wrong.alpha - ALPHA) / ALPHA, abs(wrong.beta - BETA) / BETA, abs(wrong.gamma - GAMMA) / GAMMA) > 0.3
 
 
 def test_a_coefficient_whose_regressor_never_varies_keeps_its_value_while_the_others_are_estimated():
@@ -264,7 +265,15 @@ def test_a_coefficient_whose_regressor_never_varies_keeps_its_value_while_the_ot
     est = Estimator(EstimatorConfig(rho=0.999))
     for _ in range(100):
         r_local, r_in = rng.uniform(500, 3000), rng.uniform(100, 3000)
-        cpu = 400000.0 + ALPHA * r_local + BETA / 2 * r_in + 2000.0
+        cpu = 400000.0 + ALPHA * r_local + BETA / 2 * r_in
         u = est.update({0: WorkerSample(0, 0.0, 400000.0, r_local, 0.0, 0, busy=True, cpu=cpu, r_received=r_in)})
-    assert u.alpha == pytest.approx(ALPHA, rel=0.02) and u.beta == pytest.approx(BETA, rel=0.02)
+    assert u.alpha == pytest.approx(ALPHA, rel=0.05) and u.beta == pytest.approx(BETA, rel=0.05)
     assert u.gamma == EstimatorConfig().gamma
+
+
+def test_one_worker_alone_identifies_alpha_from_measured_cpu():
+    """Every chained request local (R^r = δ = 0): the paper's differences need R^l to change; one measured
+    saturated sample in levels already gives α, and β, γ keep their values."""
+    est = Estimator()
+    u = est.update({0: WorkerSample(0, 0.0, 300000.0, 20000.0, 0.0, 0, busy=True, cpu=300000.0 + ALPHA * 20000)})
+    assert u.alpha == pytest.approx(ALPHA, rel=0.05) and (u.beta, u.gamma) == (275.0, 51500.0)

@@ -19,8 +19,8 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
 from clasp import protocol
-from clasp.dag import DagError, DagSpec
 from clasp.cpulimit import process_quota
+from clasp.dag import DagError, DagSpec
 from clasp.migration import MigrationPlan, WorkerMigration
 from clasp.net import advertised, bind, start_metrics_server
 from clasp.protocol import ProtocolError
