@@ -29,7 +29,7 @@ def _worker(args) -> int:
     setup_logging(f"worker {args.id or ''}".strip(), args.log_level)
     w = Worker(args.planner, host=args.host, data_port=args.data_port, state_port=args.state_port,
                metrics_port=args.metrics_port, advertise=args.advertise, worker_id=args.id, p_max=args.p_max,
-               flush_delay=args.flush_delay_ms / 1000.0, exec_clock=args.exec_clock)
+               flush_delay=args.flush_delay_ms / 1000.0)
     return run(w.serve)
 
 
@@ -141,8 +141,6 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--p-max", type=_positive(int), default=10, help="executor slots (P_max)")
     w.add_argument("--flush-delay-ms", type=_positive(float), default=1.0,
                    help="longest a remote chained request waits for its batch")
-    w.add_argument("--exec-clock", choices=("auto", "wall", "cpu"), default="auto",
-                   help="what times executions (τ̄): auto is the CPU clock under a CPU quota, else the wall clock")
     w.add_argument("--log-level", default="INFO")
     w.set_defaults(fn=_worker)
 

@@ -85,20 +85,22 @@ class CpuLimits:
         self.groups.clear()
 
 
-def _quota_of(d: Path, version: int) -> float | None:
+def _cpu_max_of(d: Path, version: int) -> tuple[float, float] | None:
+    """(quota, period) in seconds of group `d`, None when it has no quota."""
     try:
         if version == 2:
             quota, period = (d / "cpu.max").read_text().split()[:2]
-            return None if quota == "max" else int(quota) / int(period)
+            return None if quota == "max" else (int(quota) / 1e6, int(period) / 1e6)
         quota = int((d / "cpu.cfs_quota_us").read_text())
-        return None if quota < 0 else quota / int((d / "cpu.cfs_period_us").read_text())
+        return None if quota < 0 else (quota / 1e6, int((d / "cpu.cfs_period_us").read_text()) / 1e6)
     except (OSError, ValueError):
         return None
 
 
-def process_quota(pid: int | str = "self") -> float | None:
-    """The CFS quota (CPUs) that limits process `pid`: the tightest over its cgroup and that group's
-    ancestors, v2 or v1; None when it runs unlimited or its cgroups cannot be read."""
+def process_cpu_max(pid: int | str = "self") -> tuple[float, float] | None:
+    """The CFS quota that limits process `pid`, (quota, period) in seconds, of the tightest group (fewest
+    CPUs) among its cgroup and that group's ancestors, v2 or v1; None when it runs unlimited or its cgroups
+    cannot be read."""
     try:
         lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
     except OSError:
@@ -114,9 +116,15 @@ def process_quota(pid: int | str = "self") -> float | None:
             continue
         d = base / path.lstrip("/")
         for group in (d, *d.parents):
-            q = _quota_of(group, version)
-            if q is not None and (tightest is None or q < tightest):
+            q = _cpu_max_of(group, version)
+            if q is not None and q[1] > 0 and (tightest is None or q[0] / q[1] < tightest[0] / tightest[1]):
                 tightest = q
             if group == base:
                 break
     return tightest
+
+
+def process_quota(pid: int | str = "self") -> float | None:
+    """The CPUs that process `pid` may use (`process_cpu_max`'s quota / period); None when unlimited."""
+    q = process_cpu_max(pid)
+    return None if q is None else q[0] / q[1]

@@ -68,60 +68,30 @@ def test_moved_group_requests_wait_for_their_state_and_keep_their_order():
     assert not gainer.held and all(HOLD not in (r[3] or []) for r in gainer.ops[0].routes)
 
 
-def spin(us: float):
-    """An operator that computes for `us` µs of CPU time."""
-    from time import thread_time
-
-    def fn(v):
-        end = thread_time() + us * 1e-6
-        while thread_time() < end:
-            pass
-        return None
-    return fn
-
-
-def sleepy(v):
+def test_timed_requests_longer_than_the_stall_threshold_are_not_execution_time():
+    """Under a CPU quota a throttled stretch lands inside a running request: the engine drops timed
+    requests longer than `stall`, so τ̄ is the operator's own time, and every request is still counted."""
     import time
 
-    time.sleep(0.0005)  # blocks the executor without using the CPU
+    slow = {"n": 0}
 
+    def op(v):
+        slow["n"] += 1
+        if slow["n"] % 17 == 1:  # a stall, now and then, inside a timed request
+            time.sleep(0.004)
+        return None
 
-def one_op_engine(fn, cpu: bool) -> JobEngine:
-    from workers.engine import exec_clock
-
-    dag = clasp.Dag("timed")
-    dag.operator("a", fn)
+    dag = clasp.Dag("stalls")
+    dag.operator("a", op)
     spec = dag.to_spec()
-    eng = JobEngine(1, spec, "w0", build_placement(spec, ["w0"], {"a": {0: 1}}, 10))
-    eng.clock = exec_clock(cpu)
-    return eng
-
-
-def test_both_execution_clocks_measure_cpu_work_and_only_the_wall_clock_counts_blocking():
-    for cpu in (False, True):
-        eng = one_op_engine(spin(50), cpu)
-        eng.enqueue_rows([(0, i, None, i, 1) for i in range(400)])
+    times = {}
+    for stall in (float("inf"), 0.002):
+        slow["n"] = 0
+        eng = JobEngine(1, spec, "w0", build_placement(spec, ["w0"], {"a": {0: 1}}, 10))
+        eng.stall = stall
+        eng.enqueue_rows([(0, i, None, i, 1) for i in range(2000)])
         drain(eng)
-        tau_us = eng.ops[0].exec_time / eng.ops[0].processed * 1e6
-        assert 45 <= tau_us <= 80, (cpu, tau_us)  # ≥ the 50 µs it spun, up to scheduling noise
-        eng.fold_histograms()
-        assert sum(eng.ops[0].hist) == 400  # every request counted once however few were timed
-    blocked = {}
-    for cpu in (False, True):
-        eng = one_op_engine(sleepy, cpu)
-        eng.enqueue_rows([(0, i, None, i, 1) for i in range(40)])
-        drain(eng)
-        blocked[cpu] = eng.ops[0].exec_time / eng.ops[0].processed * 1e6
-    assert blocked[False] >= 500 and blocked[True] < 100
-
-
-def test_timing_period_keeps_the_clock_cheap_relative_to_the_request():
-    from workers.engine import MAX_TIMING_SHIFT, exec_clock
-
-    for cpu in (False, True):
-        clock = exec_clock(cpu)
-        masks = [clock.timing_mask(c) for c in (0.5, 2, 10, 100, 10_000)]
-        assert masks == sorted(masks, reverse=True) and masks[-1] == 0
-        assert all(m + 1 <= 1 << MAX_TIMING_SHIFT and (m + 1) & m == 0 for m in masks)  # powers of two
-        # the CPU clock costs more per read, so it samples at least as sparsely
-    assert exec_clock(True).timing_mask(2) >= exec_clock(False).timing_mask(2)
+        assert eng.ops[0].processed == 2000
+        times[stall] = eng.ops[0].exec_time / eng.ops[0].processed
+    assert times[float("inf")] > 50e-6  # the sleeps counted
+    assert times[0.002] < 20e-6  # dropped: what is left is the operator's microseconds

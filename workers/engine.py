@@ -16,7 +16,7 @@ import asyncio
 import math
 import traceback
 from collections import deque
-from time import perf_counter, thread_time
+from time import perf_counter
 
 import msgpack
 
@@ -34,12 +34,12 @@ KEYED_HERE = 3  # a keyed route whose key groups are all owned by this worker
 SLOT_TIME_US = 100.0
 REQUEST_OVERHEAD_US = 1.5
 MIN_BATCH = 16
-# Two clock reads cost ~10% of a cheap request on the wall clock and several times it on the CPU clock, so
-# one request in a power-of-two period (the first of each micro-batch among them) is timed, the period
-# chosen per operator so that timing costs about TIMING_BUDGET of its requests' time (at most 1 in
-# 2**MAX_TIMING_SHIFT); τ̄ is the sample's mean and histogram counts are scaled by it.
-TIMING_BUDGET = 0.01
-MAX_TIMING_SHIFT = 6
+# Two clock reads cost ~10% of a cheap request here, so one request in TIMING_SAMPLE (the first of each
+# micro-batch among them) is timed; τ̄ is the sample's mean and histogram counts are scaled by it.
+# (The thread's CPU clock would not count a CPU quota's throttled periods, but a read of it costs 0.6 µs
+# and disturbs the timed call by another 0.2-0.5 µs, more than this runtime's cheapest operators take.)
+TIMING_SAMPLE = 8
+TIMING_MASK = TIMING_SAMPLE - 1
 KEY_CACHE_MAX = 1 << 20
 # Upper bounds (seconds) of the execution-time histogram buckets.
 EXEC_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 0.1, 1.0)
@@ -60,48 +60,12 @@ def as_outputs(out) -> tuple | list:
         return (out,)
 
 
-class ExecClock:
-    """The clock that times executions (τ̄): wall time on a host of its own; the thread's CPU time under a
-    CPU quota (a container limit, the emulated cluster's cgroups), where a throttled period would land inside
-    whichever request was running and count as that operator's execution time."""
-
-    def __init__(self, cpu: bool):
-        self.cpu = cpu
-        self.read = thread_time if cpu else perf_counter
-        # What one timed request pays for its two reads, and the part of it inside the measured interval
-        # (subtracted from τ̄: a no-op takes 0.08 µs, the CPU clock's empty interval ~0.7 µs).
-        read = self.read
-        empty = []
-        for _ in range(200):
-            t0 = read()
-            empty.append(read() - t0)
-        empty.sort()
-        self.overhead = empty[len(empty) // 2]
-        self.cost_us = 2 * self.overhead * 1e6
-
-    def timing_mask(self, cost_us: float) -> int:
-        """period − 1 for an operator whose requests cost `cost_us` each: timing stays near TIMING_BUDGET."""
-        period = self.cost_us / (TIMING_BUDGET * max(cost_us, 1e-3))
-        return (1 << min(MAX_TIMING_SHIFT, max(0, math.ceil(math.log2(period))) if period > 1 else 0)) - 1
-
-
-_CLOCKS: dict[bool, ExecClock] = {}
-
-
-def exec_clock(cpu: bool) -> ExecClock:
-    """The process's wall or CPU execution clock (measured once)."""
-    c = _CLOCKS.get(cpu)
-    if c is None:
-        c = _CLOCKS[cpu] = ExecClock(cpu)
-    return c
-
-
-def _timed_exec_time(t_exec: float, n: int, mask: int, overhead: float) -> float:
-    """Total execution time of `n` requests from the sampled ones (one in mask + 1, the first included)."""
-    if not n:
-        return 0.0
-    timed = (n + mask) // (mask + 1)
-    return max(0.0, t_exec - timed * overhead) * n / timed
+def _estimate(op: OpRuntime, t_exec: float, timed: int, n: int) -> float:
+    """Execution time of `n` requests from the `timed` of them that took `t_exec`; when every timed one
+    was stalled, the operator's mean so far."""
+    if timed:
+        return t_exec * n / timed
+    return op.exec_time / op.processed * n if op.processed else 0.0
 
 
 class OperatorError(Exception):
@@ -113,7 +77,7 @@ class OpRuntime:
 
     __slots__ = ("index", "name", "fn", "key_fn", "stateful", "is_async", "collect", "queue", "state",
                  "instances", "routes", "successors", "processed", "exec_time", "errors", "edge_counts",
-                 "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_keys", "folded")
+                 "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_keys")
 
     def __init__(self, spec_op):
         self.index = spec_op.index
@@ -131,7 +95,6 @@ class OpRuntime:
         self.processed = 0  # cumulative, for Prometheus and exactly-once checks
         self.exec_time = 0.0  # cumulative seconds inside fn
         self.exec_total = 0.0
-        self.folded = 0  # `processed` when the histogram last took in the timed sample `dts`
         self.errors = 0
         self.edge_counts = [0] * len(self.successors)
         self.dts: list[float] = []
@@ -183,6 +146,9 @@ class JobEngine:
         self.local_requests = 0  # chained requests handed over in memory (R^l), cumulative
         self.remote_requests = 0  # chained requests batched for another worker (R^r), cumulative
         self.received_requests = 0  # chained requests that came from other workers, cumulative
+        # A timed request longer than this (s) was stalled, not executing: under a CPU quota a throttled
+        # period lands inside whichever request was running. The worker sets it from its quota.
+        self.stall = math.inf
         self.failed = 0
         self.error_samples: deque = deque(maxlen=max_errors_kept)
         self.async_tasks: set[asyncio.Task] = set()
@@ -201,7 +167,6 @@ class JobEngine:
         # The remote-state baseline (paper Fig. 4): an object with `async get_many(job, op, keys) -> dict`
         # and `async put_many(job, op, {key: state or None})`; None keeps state in this worker.
         self.remote_state = None
-        self.clock = exec_clock(False)  # the worker switches it to the CPU clock under a CPU quota
         self.placement = placement
         self.epoch = placement.epoch
         self.apply_placement(placement)
@@ -379,9 +344,9 @@ class JobEngine:
                 elif op.stateful and self.remote_state is not None:
                     done += self._start_remote(op, budget)
                 elif op.stateful:
-                    done += self._run_stateful(op, budget, self.clock.timing_mask(cost))
+                    done += self._run_stateful(op, budget)
                 else:
-                    done += self._run_stateless(op, budget, self.clock.timing_mask(cost))
+                    done += self._run_stateless(op, budget)
         return done
 
     def _leaf(self, rid: int, w: int) -> None:
@@ -395,12 +360,12 @@ class JobEngine:
         self.error_samples.append({"operator": op.name, "error": text[:300], "value": repr(value)[:200]})
         self._leaf(rid, w)
 
-    def _run_stateless(self, op: OpRuntime, budget: int, mask: int) -> int:
+    def _run_stateless(self, op: OpRuntime, budget: int) -> int:
         q = op.queue
         n = min(budget, len(q))
         popleft = q.popleft
         fn = op.fn
-        pc = self.clock.read
+        pc = perf_counter
         dts = op.dts
         dts_append = dts.append
         returns = self.returns
@@ -410,16 +375,18 @@ class JobEngine:
         succ0 = routes[0][1] if routes else -1
         collect = op.collected.extend if op.collect else None
         t_exec = 0.0
+        timed = 0
+        stall = self.stall
         emitted = 0  # children handed over by the fast path; the general path counts in _send
         for i in range(n):
             _, value, _k, rid, w = popleft()
-            if i & mask:
+            if i & TIMING_MASK:
                 try:
                     out = fn(value)
                 except Exception as e:
                     self._fail(op, e, value, rid, w)
                     continue
-            else:  # one request in mask + 1 is timed: τ̄ and the histogram come from the sample
+            else:  # one request in TIMING_SAMPLE is timed: τ̄ and the histogram come from the sample
                 t0 = pc()
                 try:
                     out = fn(value)
@@ -427,8 +394,10 @@ class JobEngine:
                     self._fail(op, e, value, rid, w)
                     continue
                 dt = pc() - t0
-                t_exec += dt
-                dts_append(dt)
+                if dt < stall:
+                    t_exec += dt
+                    timed += 1
+                    dts_append(dt)
             if out is None:
                 returns[rid] = returns.get(rid, 0) + w
                 continue
@@ -463,8 +432,8 @@ class JobEngine:
                     emitted += k
                     continue
             self._emit(op, outs, rid, w)
+        op.exec_time += _estimate(op, t_exec, timed, n)
         op.processed += n
-        op.exec_time += _timed_exec_time(t_exec, n, mask, self.clock.overhead)
         if emitted:
             self.local_requests += emitted
             op.edge_counts[0] += emitted
@@ -472,12 +441,12 @@ class JobEngine:
             self._fold_histogram(op)
         return n
 
-    def _run_stateful(self, op: OpRuntime, budget: int, mask: int) -> int:
+    def _run_stateful(self, op: OpRuntime, budget: int) -> int:
         q = op.queue
         n = min(budget, len(q))
         popleft = q.popleft
         fn = op.fn
-        pc = self.clock.read
+        pc = perf_counter
         dts_append = op.dts.append
         returns = self.returns
         state = op.state
@@ -486,11 +455,13 @@ class JobEngine:
         routes = op.routes
         collect = op.collected.extend if op.collect else None
         t_exec = 0.0
+        timed = 0
+        stall = self.stall
         last_rid, acc = -1, 0
         for i in range(n):
             _, value, key, rid, w = popleft()
             old = get(key)
-            if i & mask:
+            if i & TIMING_MASK:
                 try:
                     new, out = fn(old, value)
                 except Exception as e:
@@ -504,8 +475,10 @@ class JobEngine:
                     self._fail(op, e, value, rid, w)
                     continue
                 dt = pc() - t0
-                t_exec += dt
-                dts_append(dt)
+                if dt < stall:
+                    t_exec += dt
+                    timed += 1
+                    dts_append(dt)
             if new is not None and old is not None:
                 state[key] = new
             else:
@@ -527,8 +500,8 @@ class JobEngine:
             self._emit(op, outs, rid, w)
         if acc:
             returns[last_rid] = returns.get(last_rid, 0) + acc
+        op.exec_time += _estimate(op, t_exec, timed, n)
         op.processed += n
-        op.exec_time += _timed_exec_time(t_exec, n, mask, self.clock.overhead)
         if len(op.dts) > 20_000:
             self._fold_histogram(op)
         return n
@@ -741,14 +714,12 @@ class JobEngine:
         import numpy as np
 
         if op.dts:
-            scale = max(1.0, (op.processed - op.folded) / len(op.dts))  # requests each timed one stands for
             idx = np.searchsorted(np.asarray(EXEC_BUCKETS), np.asarray(op.dts), side="left")
-            counts = np.rint(np.bincount(idx, minlength=len(EXEC_BUCKETS) + 1) * scale).astype(np.int64)
+            counts = np.bincount(idx, minlength=len(EXEC_BUCKETS) + 1) * TIMING_SAMPLE
             for i, c in enumerate(counts.tolist()):
                 op.hist[i] += c
-            op.exec_total += float(np.sum(op.dts)) * scale
+            op.exec_total += float(np.sum(op.dts)) * TIMING_SAMPLE
             op.dts.clear()
-        op.folded = op.processed
 
     def fold_histograms(self) -> None:
         for op in self.ops:

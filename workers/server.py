@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 import uuid
@@ -19,14 +20,13 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
 from clasp import protocol
-from clasp.cpulimit import process_quota
+from clasp.cpulimit import process_cpu_max
 from clasp.dag import DagError, DagSpec
 from clasp.migration import MigrationPlan, WorkerMigration
 from clasp.net import advertised, bind, start_metrics_server
 from clasp.protocol import ProtocolError
 from clasp.routing import Placement, PlacementError
 from workers.engine import JobEngine, OperatorError
-from workers.engine import exec_clock as engine_exec_clock
 from workers.monitor import Monitor, WorkerCollector
 from workers.remote_state import RemoteState
 
@@ -39,8 +39,7 @@ class Worker:
 
     def __init__(self, planner: str, host: str = "127.0.0.1", data_port: int = 0, state_port: int = 0,
                  metrics_port: int = 0, advertise: str | None = None, worker_id: str | None = None,
-                 p_max: int = 10, heartbeat: float = 1.0, flush_delay: float = 0.001, max_batch: int = 2000,
-                 exec_clock: str = "auto"):
+                 p_max: int = 10, heartbeat: float = 1.0, flush_delay: float = 0.001, max_batch: int = 2000):
         self.planner_addr = planner
         self.host = host
         self.advertise = advertised(host, advertise)
@@ -49,10 +48,7 @@ class Worker:
         self.heartbeat = heartbeat
         self.flush_delay = flush_delay
         self.max_batch = max_batch
-        if exec_clock not in ("auto", "wall", "cpu"):
-            raise ValueError(f"exec_clock must be auto, wall or cpu, not {exec_clock!r}")
-        self.exec_clock = exec_clock
-        self.clock = engine_exec_clock(exec_clock == "cpu")
+        self.stall = math.inf  # JobEngine.stall: set from this process's CPU quota
         self.ctx = zmq.asyncio.Context()
         self.monitor = Monitor(self.id)
         self.jobs = self.monitor.jobs
@@ -166,7 +162,7 @@ class Worker:
         if job in self.jobs:
             raise ValueError(f"job {job} is already deployed here")
         eng = JobEngine(job, spec, self.id, placement, self.p_max)
-        eng.clock = self.clock
+        eng.stall = self.stall
         eng.on_work = self.wake.set
         if body.get("state") == "remote":
             eng.remote_state = self._remote_state(body["state_server"])
@@ -492,27 +488,26 @@ class Worker:
             await self.wake.wait()
 
     # ----------------------------------------------------------------- heartbeats
-    def _choose_clock(self) -> None:
-        """Read this process's CPU quota (it can be placed in a cgroup after it started); `auto` times
-        executions on the CPU clock while a quota limits it, on the wall clock otherwise."""
-        quota = self.monitor.cpu_limit = process_quota()
-        if self.exec_clock != "auto":
-            return
-        clock = engine_exec_clock(quota is not None)
-        if clock is not self.clock:
-            log.info("timing executions on the %s clock", "CPU" if clock.cpu else "wall")
-            self.clock = clock
+    def _read_quota(self) -> None:
+        """This process's CPU quota (it can be placed in a cgroup after it started): the monitor's CPU limit,
+        and the engines' stall threshold, half of the longest throttled stretch of a period."""
+        cpu_max = process_cpu_max()
+        self.monitor.cpu_limit = None if cpu_max is None else cpu_max[0] / cpu_max[1]
+        stall = math.inf if cpu_max is None else max(1e-3, 0.5 * (cpu_max[1] - cpu_max[0]))
+        if stall != self.stall:
+            log.info("CPU quota %s: timed executions over %.1f ms count as stalled", cpu_max, stall * 1e3)
+            self.stall = stall
             for eng in self.jobs.values():
-                eng.clock = clock
+                eng.stall = stall
 
     async def _heartbeat_loop(self) -> None:
-        self._choose_clock()
+        self._read_quota()
         await self.welcomed.wait()
         last = time.monotonic()
         while True:
             await asyncio.sleep(self.heartbeat)
             now = time.monotonic()
-            self._choose_clock()
+            self._read_quota()
             sample = self.monitor.sample(now - last)
             last = now
             if self.welcomed.is_set():
