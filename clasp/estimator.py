@@ -189,6 +189,14 @@ def _nonnegative_least_squares(a: list[list[float]], b: list[float]) -> list[flo
     return None
 
 
+def _remote(sample: WorkerSample) -> float:
+    """The remote requests a worker pays β for. A remote request costs its sender and its receiver (packing;
+    unpacking and queueing) about equally: with receipts reported each end counts half a request, so β
+    stays the whole cost of one remote request, what Eq. (1) and (8) charge, whichever worker pays which
+    half; without them, the requests sent (Eq. 1)."""
+    return sample.r_remote if sample.r_received is None else (sample.r_remote + sample.r_received) / 2
+
+
 @dataclass
 class _History:
     queues: deque
@@ -251,10 +259,7 @@ class Estimator:
     def _observe_measured(self, sample: WorkerSample) -> bool:
         """Fold one measured sample, U − E = αR^l + βR^r + γδ; False for a worker that sent nothing."""
         sl, sr, sd, se = self._scales
-        # A remote request costs its sender and its receiver (packing; unpacking and queueing), about
-        # equally: with receipts reported, each end counts half a request, so β stays the whole cost of
-        # one remote request, what Eq. (1) and (8) charge, whichever worker pays which half.
-        remote = sample.r_remote if sample.r_received is None else (sample.r_remote + sample.r_received) / 2
+        remote = _remote(sample)
         if sample.r_local <= 0 and remote <= 0:
             return False
         self._fold((sample.r_local / sl, remote / sr, sample.delta / sd), (sample.cpu - sample.execution) / se)
@@ -353,8 +358,7 @@ class Estimator:
 
         capacity_changed = False
         for _, s in saturated:
-            w_hat = worker_capacity(s.execution, s.r_local, s.r_remote, s.delta,
-                                    self.alpha, self.beta, self.gamma)
+            w_hat = worker_capacity(s.execution, s.r_local, _remote(s), s.delta, self.alpha, self.beta, self.gamma)
             if math.isfinite(w_hat) and w_hat > 0:
                 new = (1.0 - c.eta) * self.capacity + c.eta * w_hat
                 capacity_changed = capacity_changed or new != self.capacity

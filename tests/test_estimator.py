@@ -277,3 +277,13 @@ def test_one_worker_alone_identifies_alpha_from_measured_cpu():
     est = Estimator()
     u = est.update({0: WorkerSample(0, 0.0, 300000.0, 20000.0, 0.0, 0, busy=True, cpu=300000.0 + ALPHA * 20000)})
     assert u.alpha == pytest.approx(ALPHA, rel=0.05) and (u.beta, u.gamma) == (275.0, 51500.0)
+
+
+def test_capacity_of_a_receiving_worker_counts_what_it_pays_for_receiving():
+    """Eq. (3) with the same remote requests as the regression: a saturated worker that only receives has
+    Ŵ = E + αR^l + β·R^in/2, its whole CPU, not E + αR^l."""
+    est = Estimator(EstimatorConfig(alpha=ALPHA, beta=BETA, gamma=GAMMA, capacity=W, eta=1.0))
+    r_local, r_in = 2000.0, 1000.0
+    e = W - ALPHA * r_local - BETA / 2 * r_in
+    u = est.update({0: WorkerSample(0, 0.0, e, r_local, 0.0, 0, busy=True, cpu=W, r_received=r_in)})
+    assert u.capacity == pytest.approx(W, rel=1e-6)
