@@ -271,12 +271,13 @@ def observation(spec: DagSpec, samples: Mapping[str, dict], job: int, input_rate
         for e in js["edges"]:
             key = (e["src"], e["dst"])
             edges[key] = edges.get(key, 0.0) + e["rate"]
-        # A worker that never waited for work, or that used all its CPU, was saturated; older workers report
-        # neither. Its CPU time is this job's only when it runs no other job.
+        # A worker that worked and never waited for work, or that used all its CPU, was saturated (one that
+        # waited all along, blocked since before the interval, reports no idle wait either); older workers
+        # report neither. Its CPU time is this job's only when it runs no other job.
         cpu = sample.get("cpu_us") if len(sample.get("jobs") or ()) == 1 else None
+        never_waited = sample.get("idle_waits") == 0 and js["exec_us"] > 0
         workers[wid] = WorkerSample(js["queue"], js["queue_delay"], js["exec_us"], js["r_local"], js["r_remote"],
-                                    sample.get("delta", 0),
-                                    busy=sample.get("idle_waits") == 0 or sample.get("cpu_bound") is True,
+                                    sample.get("delta", 0), busy=never_waited or sample.get("cpu_bound") is True,
                                     cpu=cpu if isinstance(cpu, int | float) else None,
                                     r_received=js.get("r_in") if isinstance(js.get("r_in"), int | float) else None)
     operators = {n: OperatorStats(rates[n], busy[n] / rates[n] if rates[n] > 0 else 0.0) for n in rates}

@@ -105,3 +105,27 @@ def test_an_idle_job_under_a_baseline_goes_back_to_one_worker_too():
     idle = Observation(0, 0, 5000, 0, {"split": OperatorStats(0, 7.0), "count": OperatorStats(0, 0.5)}, {}, {}, 3, 10)
     steps = [c.observe(idle) for _ in range(2)]
     assert steps[-1].decision.change and steps[-1].decision.workers == 1
+
+
+def test_observation_marks_saturation_and_passes_cpu_time_and_receipts():
+    """A worker that worked without waiting, or that used all its CPU, is saturated; one blocked the whole
+    interval (no idle wait either, but no work) is not. CPU time goes to the estimator only for a worker
+    that runs this job alone."""
+    from clasp.control import observation
+
+    spec = wordcount_dag().to_spec()
+    placement = build_placement(spec, ["a", "b", "c", "d"], {"split": {0: 1, 1: 1, 2: 1, 3: 1},
+                                                             "count": {0: 1, 1: 1, 2: 1, 3: 1}}, 10)
+
+    def sample(exec_us, idle_waits, cpu_bound, jobs=1):
+        js = {"queue": 0, "queue_delay": 0.0, "exec_us": exec_us, "r_local": 10.0, "r_remote": 20.0, "r_in": 30.0,
+              "operators": {}, "edges": []}
+        return {"delta": 3, "idle_waits": idle_waits, "cpu_us": 150000.0, "cpu_bound": cpu_bound,
+                "jobs": {j: js for j in range(7, 7 + jobs)}}
+
+    samples = {"a": sample(1000.0, 0, False), "b": sample(0.0, 0, False), "c": sample(1000.0, 4, True),
+               "d": sample(1000.0, 0, False, jobs=2)}
+    o = observation(spec, samples, 7, 100.0, 100.0, 0, 0, placement)
+    assert {w: s.busy for w, s in o.workers.items()} == {"a": True, "b": False, "c": True, "d": True}
+    assert o.workers["a"].cpu == 150000.0 and o.workers["d"].cpu is None
+    assert o.workers["a"].r_received == 30.0
