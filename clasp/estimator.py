@@ -285,11 +285,11 @@ class Estimator:
         sl, sr, sd, se = self._scales
         current = [self.alpha * sl / se, self.beta * sr / se, self.gamma * sd / se]
         weight = c.prior_weight * self._prior_decay
+        # A held coefficient's regressor was 0 in every observation, so (R being positive semi-definite)
+        # its row and column of R are 0 too: the free ones are solved on their own.
         free = self._free()
-        held = [i for i in range(3) if i not in free]
         a = [[self._info[i][j] + (weight if i == j else 0.0) for j in free] for i in free]
-        b = [self._moment[i] + weight * self._prior[i] - sum(self._info[i][h] * current[h] for h in held)
-             for i in free]
+        b = [self._moment[i] + weight * self._prior[i] for i in free]
         solved = _nonnegative_least_squares(a, b)
         if solved is None:
             return None
