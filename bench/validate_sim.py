@@ -108,12 +108,15 @@ def _msg_ends(r: dict) -> float | None:
 
 
 def interleaved_repeat(apps: list[str], workers: list[int], cpu: float, seconds: float, k: int,
-                       placed: dict | None = None) -> tuple[dict, dict]:
-    """One repeat: calibration and validation runs back to back, worker count by worker count."""
+                       placed: dict | None = None, speed_reference: bool = False) -> tuple[dict, dict, dict]:
+    """One repeat: calibration and validation runs back to back, worker count by worker count; with
+    `speed_reference`, each validation run of n ≥ 2 workers right after the app on one of those workers
+    (the rest idle): the host's speed at that moment (returned as the third dict, by (app, n))."""
     from bench import calibrate as cal
 
     calib: dict = {"one": {}, "alt": [], "mix": [], "fan": [], "alt_fast": [], "fan_fast": []}
     val: dict = {}
+    ref: dict = {}
     for n in sorted(set(workers) | {1, 2, 3}):
         todo = []
         if n == 1:
@@ -123,7 +126,10 @@ def interleaved_repeat(apps: list[str], workers: list[int], cpu: float, seconds:
         if n == 3:
             todo += [("calib-fan", "syn", 3, cal.FAN)]
         if n in workers:
-            todo += [("validate", a, n, _fractions(placed, a, n)) for a in apps]
+            for a in apps:
+                if speed_reference and n > 1:
+                    todo.append(("reference", a, n, {o: {0: 1.0} for o in _operators(a)}))
+                todo.append(("validate", a, n, _fractions(placed, a, n)))
         # The fast-flush runs (message_us) last: they need a cluster of their own.
         if n == 2:
             todo += [("calib-alt_fast", "syn", 2, cal.ALT)]
@@ -135,12 +141,28 @@ def interleaved_repeat(apps: list[str], workers: list[int], cpu: float, seconds:
                 calib["one"][app] = [r]
             elif kind == "validate":
                 val[(app, m)] = r
+            elif kind == "reference":
+                ref[(app, m)] = r
             else:
                 calib[kind.split("-")[1]].append(r)
             print(json.dumps({"repeat": k, "run": kind, "app": app, "workers": m} | _brief(r)), file=sys.stderr,
                   flush=True)
         ce.shutdown()
-    return calib, val
+    return calib, val, ref
+
+
+def _operators(app: str) -> list[str]:
+    from apps import get_app
+
+    return [o.name for o in get_app(app).build_dag().operators]
+
+
+def _speed_ratio(sim: dict, refs: list[float], emulated: float, app: str, n: int) -> float | None:
+    """Simulated over emulated with the simulation scaled to the host's speed at the time: the one-worker
+    reference runs' mean over the simulator's one-worker throughput."""
+    if not refs or not sim.get((app, 1)) or not emulated:
+        return None
+    return round(sim[(app, n)] * statistics.fmean(refs) / sim[(app, 1)] / emulated, 4)
 
 
 def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
@@ -153,7 +175,7 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
     tau_u = {a: {o: v["tau_us"] for o, v in rs[0]["operators"].items()} for a, rs in unlimited.items()}
     reps, points, costs_docs = [], [], []
     for k in range(args.repeat):
-        calib, val = interleaved_repeat(run_apps, workers, cpu, args.seconds, k, placed)
+        calib, val, ref = interleaved_repeat(run_apps, workers, cpu, args.seconds, k, placed, args.speed_reference)
         doc = cal.fit(calib, cpu, args.seconds, 1, unlimited_tau=tau_u, gamma_with_messages=args.fit_gamma)
         costs = Costs.from_json_dict(doc)
         sim = simulated(apps, workers, costs, placed)
@@ -162,7 +184,7 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
         coeff = {c: doc.get(c) for c in ("alpha", "alpha_split", "beta", "gamma", "capacity", "message_us")}
         print(json.dumps({"repeat": k, "costs": coeff}), flush=True)
         costs_docs.append(coeff)
-        reps.append((calib, val))
+        reps.append((calib, val, ref))
         for app in apps:
             for n in workers:
                 e = val[(app, n)]["throughput"]
@@ -170,14 +192,16 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
                      "emulated": round(e, 1), "simulated": round(sim[(app, n)], 1),
                      "ratio": round(sim[(app, n)] / e, 4), "simulated_no_split": round(nosplit[(app, n)], 1),
                      "ratio_no_split": round(nosplit[(app, n)] / e, 4),
-                     "ratio_no_messages": round(nomsg[(app, n)] / e, 4)} | {
+                     "ratio_no_messages": round(nomsg[(app, n)] / e, 4),
+                     "ratio_speed_reference": _speed_ratio(sim, [ref[(app, n)]["throughput"]] if (app, n) in ref
+                                                           else [], e, app, n)} | {
                          k2: v for k2, v in _brief(val[(app, n)]).items() if k2 != "throughput"}
                 points.append(p)
                 print(json.dumps(p), flush=True)
     # Pooled: every repeat's calibration runs, against the mean of the validation runs.
-    pooled = {"one": {a: [r for c, _ in reps for r in c["one"][a]] for a in run_apps},
+    pooled = {"one": {a: [r for c, _, _ in reps for r in c["one"][a]] for a in run_apps},
               "unlimited": unlimited,
-              **{key: [r for c, _ in reps for r in c[key]] for key in ("alt", "mix", "fan", "alt_fast", "fan_fast")}}
+              **{key: [r for c, _, _ in reps for r in c[key]] for key in ("alt", "mix", "fan", "alt_fast", "fan_fast")}}
     doc = cal.fit(pooled, cpu, args.seconds, args.repeat, gamma_with_messages=args.fit_gamma)
     costs = Costs.from_json_dict(doc)
     sim = simulated(apps, workers, costs, placed)
@@ -186,7 +210,8 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
     pooled_points = []
     for app in apps:
         for n in workers:
-            t = [v[(app, n)]["throughput"] for _, v in reps]
+            t = [v[(app, n)]["throughput"] for _, v, _ in reps]
+            refs = [rf[(app, n)]["throughput"] for _, _, rf in reps if (app, n) in rf]
             mean = statistics.fmean(t)
             p = {"pooled": True, "app": app, "workers": n, "role": "fitted" if n == 1 else "validated",
                  "emulated": round(mean, 1), "emulated_runs": [round(x, 1) for x in t],
@@ -194,7 +219,8 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
                  "simulated": round(sim[(app, n)], 1), "ratio": round(sim[(app, n)] / mean, 4),
                  "per_repeat_ratio": [q["ratio"] for q in points if q["app"] == app and q["workers"] == n],
                  "ratio_no_split": round(nosplit[(app, n)] / mean, 4),
-                 "ratio_no_messages": round(nomsg[(app, n)] / mean, 4)}
+                 "ratio_no_messages": round(nomsg[(app, n)] / mean, 4),
+                 "ratio_speed_reference": _speed_ratio(sim, refs, mean, app, n)}
             pooled_points.append(p)
             print(json.dumps({k2: v for k2, v in p.items() if k2 not in ("emulated_min", "emulated_max")}),
                   flush=True)
@@ -220,6 +246,8 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
             "max_abs_error_pooled": round(max((abs(p["ratio"] - 1) for p in pool_pts), default=0.0), 4),
             "max_abs_error_pooled_no_split": round(max((abs(p["ratio_no_split"] - 1) for p in pool_pts),
                                                        default=0.0), 4),
+            "max_abs_error_pooled_speed_reference": round(max(abs(p["ratio_speed_reference"] - 1) for p in ref_pts), 4)
+            if (ref_pts := [p for p in pool_pts if p["ratio_speed_reference"] is not None]) else None,
             "max_abs_error_fitted_1w": round(max(abs(p["ratio"] - 1) for p in points
                                                  if p["app"] == app and p["role"] == "fitted"), 4)
             if 1 in workers else None}
@@ -315,6 +343,9 @@ def main(argv=None) -> int:
     ap.add_argument("--placement", choices=("clasp", "spread"), default="clasp",
                     help="both engines run CLASP's placement for n workers (the figures' placements), or every "
                          "operator spread over all n (the worst case for chaining)")
+    ap.add_argument("--speed-reference", action="store_true",
+                    help="interleaved: before each validation run of n ≥ 2 workers, the app on one of them, and "
+                         "report ratio_speed_reference: the simulation scaled to the host's speed at the time")
     ap.add_argument("--plot", default="out/validate_sim.png")
     ap.add_argument("--json", help="also write every point here")
     args = ap.parse_args(argv)
