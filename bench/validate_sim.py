@@ -16,7 +16,11 @@ calibration placement is. `simulated_no_split` is the same prediction without α
 
 With `--costs FILE`, the old mode: the file as given, emulated runs only.
 
-For every app and worker count: unthrottled, every operator spread evenly over the workers, autoscaling off.
+For every app and worker count: unthrottled, autoscaling off, under CLASP's placement for that many workers
+(`--placement clasp`, the default: the figures' placements, planned on the committed cost file) or every
+operator spread evenly over the workers (`--placement spread`, the worst case for chaining, runs A–F).
+`--speed-reference` (interleaved mode) runs the app on one of the n workers just before each validation
+run and also reports `ratio_speed_reference`, the prediction scaled to the host's speed at that moment.
 Emulated: `bench.cluster_engine.unthrottled` on a LocalCluster whose workers are each limited to F CPUs
 (cgroup quota), `--repeat` times (the apps and repetitions interleaved on one cluster per worker count, so
 a burst of load from the machine's other users hits all of them alike); the figure is the mean, the spread
