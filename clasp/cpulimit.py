@@ -123,8 +123,3 @@ def process_cpu_max(pid: int | str = "self") -> tuple[float, float] | None:
                 break
     return tightest
 
-
-def process_quota(pid: int | str = "self") -> float | None:
-    """The CPUs that process `pid` may use (`process_cpu_max`'s quota / period); None when unlimited."""
-    q = process_cpu_max(pid)
-    return None if q is None else q[0] / q[1]
