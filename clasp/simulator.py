@@ -230,8 +230,8 @@ class SimConfig:
     record paths per step; `migration_pause`: seconds every worker stops when a placement is applied;
     `p_max`: executor slots per worker reported to the policy; `key_skew`: route a stateful operator by
     key-group ownership weighted by the DAG's measured `key_weights` (as the runtime does, so a hot key
-    group loads its owner) instead of by σ over a uniform key space. `window` None is a quarter second of the pool's
-    nominal throughput (at least 4 steps per hop of the DAG's depth): the runtime's fixed 5,000 would be
+    group loads its owner) instead of by σ over a uniform key space. `window` None is a quarter second of the nominal
+    throughput of the workers the placement uses (at least 4 steps per hop of the DAG's depth): the runtime's fixed 5,000 would be
     many seconds of queued work with ~400 µs operators, and too few to fill a 10-op chain of 5 ms hops at
     this runtime's speed."""
 
@@ -326,17 +326,16 @@ class Simulator:
         has_succ = self.fan.sum(axis=1) > 0
         self.sinks = [i for i, o in enumerate(self.ops) if not has_succ[i] and mult[o] > 0]
         self.sink_mult = sum(mult[self.ops[i]] for i in self.sinks)
-        if self.config.window is not None:
-            self.window = float(self.config.window)
-        else:
-            # One worker's cost of a record with every chained request local: the pool's nominal rate.
-            per_record = sum(mult[o] * (dag.tau_us[o] + costs.alpha * self.fan[i].sum())
-                             for i, o in enumerate(self.ops))
-            nominal = pool * costs.capacity / per_record if per_record > 0 else math.inf
-            # Each hop takes at least one step, so the window must cover the DAG's depth in steps or it,
-            # not the workers, would bound the throughput.
-            depth = max(len(self.longest_path()), 1)
-            self.window = float(max(50.0, nominal * max(0.25, 4 * depth * self.config.dt)))
+        # One worker's cost of a record with every chained request local: a worker's nominal rate. The window
+        # is a quarter second of it per worker in use (`_apply`): sized for the pool, a job on one worker of
+        # ten would queue seconds of work, and its completions would lag its admissions for as long.
+        per_record = sum(mult[o] * (dag.tau_us[o] + costs.alpha * self.fan[i].sum())
+                         for i, o in enumerate(self.ops))
+        nominal = costs.capacity / per_record if per_record > 0 else math.inf
+        # Each hop takes at least one step, so the window must cover the DAG's depth in steps or it,
+        # not the workers, would bound the throughput.
+        depth = max(len(self.longest_path()), 1)
+        self.window_per_worker = nominal * max(0.25, 4 * depth * self.config.dt)
         if placement is None:
             placement = uniform_placement(self.ops, dag.edges, pool, self.config.p_max, costs.capacity,
                                           "operators spread evenly over the pool", "uniform")
@@ -407,6 +406,8 @@ class Simulator:
         # are then done @ this, off the diagonal (`_message_work`).
         self.to_worker = self.fan @ sigma.T
         self.active = sigma.sum(axis=1) > 0
+        self.window = (float(self.config.window) if self.config.window is not None
+                       else float(max(50.0, self.window_per_worker * self.active.sum())))
         self.effective = np.where(self.active, np.maximum(c.capacity - c.gamma * self.delta, 0.0), 0.0)
 
     def run(self) -> SimResult:

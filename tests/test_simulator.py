@@ -191,3 +191,19 @@ def test_message_cost_is_opt_in_and_grows_with_destinations(runtime_costs):
     served[:] = 1e4
     half = sim.messages_per_second(served, [0.5, 0.5])
     assert half[0, 1] == pytest.approx(0.5 * floor)
+
+
+def test_one_worker_of_a_pool_completes_at_its_maximum_from_the_first_seconds(paper_costs):
+    """The in-flight window follows the workers in use: a job overloading one worker of ten completes at
+    that worker's maximum within two seconds, as FaaSFlow's extrapolation (and the paper's example) assume;
+    a window sized for the pool would queue seconds of work and lag for as long."""
+    from clasp.simulator import Simulator
+    from clasp.policy import uniform_placement
+
+    dag = app_dag("aa", paper_costs)
+    alone = simulate(dag, 1, costs=paper_costs, config=SimConfig(duration=8.0, warmup=2.0)).throughput
+    one = uniform_placement(list(dag.operators), list(dag.edges), 1, 10, paper_costs.capacity, "one", "uniform")
+    r = Simulator(dag, paper_costs, 10, rate=2.0 * alone, placement=one,
+                  config=SimConfig(duration=4.0, warmup=0.0)).run()
+    assert [s.workers for s in r.seconds] == [1, 1, 1, 1]
+    assert r.seconds[1].throughput == pytest.approx(alone, rel=0.03)
