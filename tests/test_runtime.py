@@ -210,7 +210,9 @@ def test_wait_idle_times_out_with_a_clear_error(client1):
 WORKER_METRICS = ["clasp_worker_queue_length", 'clasp_chained_requests_total{kind="local"}',
                   'clasp_chained_requests_total{kind="remote"}', "clasp_remote_destinations",
                   "clasp_requests_processed_total", "clasp_execution_seconds_bucket", "clasp_execution_seconds_sum",
-                  "clasp_edge_requests_total", "clasp_operator_errors_total", "clasp_bad_messages_total"]
+                  "clasp_edge_requests_total", "clasp_operator_errors_total", "clasp_bad_messages_total",
+                  "clasp_worker_cpu_seconds_total", "clasp_worker_cpu_rate", "clasp_worker_cpu_bound",
+                  "clasp_worker_cpu_quota"]
 PLANNER_METRICS = ["clasp_planner_queue_length", "clasp_input_rate", "clasp_throughput", "clasp_workers_alive",
                    "clasp_end_to_end_latency_seconds_bucket", "clasp_end_to_end_latency_seconds_count"]
 
@@ -228,4 +230,7 @@ def test_every_listed_prometheus_name_is_served(client3, cluster3):
         for name in WORKER_METRICS:
             assert name in text, (url, name)
         assert f'clasp_edge_requests_total{{dst="count",job="{job.id}",src="split"}}' in text
+        cpu = next(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith("clasp_worker_cpu_seconds_total "))
+        assert cpu > 0
     job.cancel()

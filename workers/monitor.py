@@ -52,6 +52,8 @@ class Monitor:
         self._cpu_last = time.process_time()
         self._loop_cpu_last = time.thread_time()  # the event loop's thread: sample() runs on it
         self.cpu_limit: float | None = None  # CPUs of this process's quota (the server keeps it current)
+        self.last_cpu_us = 0.0  # U_w of the last interval, µs of CPU per second (for Prometheus)
+        self.last_cpu_bound = False
 
     def job_messages(self, job: int) -> list[int]:
         """The cumulative data-message counters of `job` (created at zero), for the data path to increment."""
@@ -81,6 +83,7 @@ class Monitor:
                "idle_waits": self.idle_waits, "cpu_us": cpu_us, "cpu_bound": cpu_bound,
                "bad_messages": dict(self.bad_messages), "jobs": {}}
         self._cpu_last, self._loop_cpu_last = cpu, loop
+        self.last_cpu_us, self.last_cpu_bound = cpu_us, cpu_bound
         self.idle_waits = 0
         self.destinations_interval = set()
         total_q = 0
@@ -145,6 +148,19 @@ class WorkerCollector:
         c.add_metric(["local"], sum(e.local_requests for e in jobs))
         c.add_metric(["remote"], sum(e.remote_requests for e in jobs))
         yield c
+        cpu = CounterMetricFamily("clasp_worker_cpu_seconds", "CPU time of the worker process, every thread")
+        cpu.add_metric([], time.process_time())
+        yield cpu
+        rate = GaugeMetricFamily("clasp_worker_cpu_rate", "CPU of the last interval in µs per second (U_w)")
+        rate.add_metric([], self.m.last_cpu_us)
+        yield rate
+        bound = GaugeMetricFamily("clasp_worker_cpu_bound",
+                                  "1 if the last interval used at least 90% of the worker's CPU (saturated)")
+        bound.add_metric([], float(self.m.last_cpu_bound))
+        yield bound
+        quota = GaugeMetricFamily("clasp_worker_cpu_quota", "CPUs of the worker's cgroup quota (0: unlimited)")
+        quota.add_metric([], self.m.cpu_limit or 0.0)
+        yield quota
         d = GaugeMetricFamily("clasp_remote_destinations", "Distinct remote workers reached last interval (delta_w)")
         d.add_metric([], self.m.last_delta)
         yield d
