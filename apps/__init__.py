@@ -15,8 +15,12 @@ APPS: dict[str, ModuleType] = {m.NAME: m for m in (wc, sd, aa, pl, nwm, etl, syn
 
 
 def get_app(name: str) -> ModuleType:
-    """The app module called `name`; ValueError naming the accepted ones otherwise."""
+    """The app module called `name` (or "synN": SYN with N operators, a calibration variant not in APPS);
+    ValueError naming the accepted ones otherwise."""
     try:
         return APPS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown app {name!r}; accepted: {', '.join(APPS)}") from None
+        if isinstance(name, str) and name.startswith(syn.NAME) and name[len(syn.NAME):].isdigit():
+            return syn.chain(int(name[len(syn.NAME):]))  # type: ignore[return-value]
+        raise ValueError(f"unknown app {name!r}; accepted: {', '.join(APPS)} (and synN, SYN of N operators)") \
+            from None

@@ -6,9 +6,14 @@
 
 - **W** (capacity, µs of work per second): the CPU rate (/proc) of one quota-limited worker while an app
   runs unthrottled on it, the median over the apps (≈ F·10⁶ when the quota is what limits it).
-- **α** (µs per local chained request): SYN, ten no-op operators on one worker (every chained request
-  local): `α = (W / Λ₁ − Σ τ̄) / 9`, the per-record cost that W and the measured throughput Λ₁ imply,
-  less execution, per chained request (as `bench.runtime` does with CPU time, unlimited).
+- **α** (µs per local chained request) and **F** (µs per record of entering and leaving the runtime: the
+  source's input from the planner, the sink's completion): SYN on one worker with ten operators and with
+  SHORT_CHAIN (every chained request local). The per-record cost W / Λ that W and the measured throughput
+  imply is Σ τ̄ + α·C + F for both, so α is the difference per chained request and F what is left:
+  `α = ((W/Λ₁₀ − Σ τ̄₁₀) − (W/Λ₅ − Σ τ̄₅)) / (9 − 4)`, `F = W/Λ₁₀ − Σ τ̄₁₀ − 9α`. Half of F goes to the
+  τ̄ of each app's source operators and half to its sinks' (per record), so a placement pays it where the
+  source and the sink run; one chain length alone (`--no-short`) folds F into α:
+  `α = (W / Λ₁₀ − Σ τ̄) / 9`.
 - **β** (µs per remote chained request) and **γ** (µs/s per remote destination): two more SYN runs,
   (i) operators alternating between 2 workers (every chained request remote, δ = 1 on both) and (ii) even
   operators on worker 0, odd ones spread over workers 1 and 2 (every request remote, δ = 2 on worker 0);
@@ -27,7 +32,7 @@
 - **receive share** of β (the receiver's part of a remote request's cost): 0.5, assumed (RECEIVE_SHARE).
 - **τ̄** per app and operator: the engine times requests with a wall clock, so under a quota τ̄ includes
   the stalls of throttling (a no-op reads 0.1–1.5 µs instead of 0.1); the shares come from an unlimited
-  one-worker run of the app, and a per-request residual ε (the runtime's work per request that neither
+  one-worker run of the app (plus F at its source and sink), and a per-request residual ε (the runtime's work per request that neither
   τ̄ nor α covers: routing, key lookups, input from the planner, returned weights) is added to every
   operator so that one quota-limited worker predicts exactly the measured Λ₁: Σ m_o·(τ̄_o + ε) + α·C = W / Λ₁
   (m_o requests of o and C chained requests per record). If the unlimited τ̄ already exceed that, they
@@ -45,7 +50,7 @@ import json
 import os
 import statistics
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bench import cluster_engine as ce
@@ -66,6 +71,13 @@ MIX = {o: ({0: 1.0} if i % 2 == 0 else {0: 0.5, 1: 0.5}) for i, o in enumerate(S
 # ALT and FAN once more with the workers flushing every 0.1 ms instead of 1 ms: the same rows in about twice
 # the messages, which gives the per-message cost (fit_message_us) from placements that are not the spread.
 FAST_FLUSH_MS = 0.1
+# The shorter SYN chain run beside the ten on one worker (apps.syn.chain): five operators, four chained
+# requests per record, half of the ten's, so the two per-record costs differ by five α + τ̄ and α and F
+# are equally well determined.
+SHORT_CHAIN = 5
+# Share of the per-record cost F charged at the source (the planner's input); the rest at the sink
+# (completion). Assumed, like RECEIVE_SHARE: both ends sit on the one worker of the chain runs.
+SOURCE_SHARE = 0.5
 
 
 # ----------------------------------------------------------------------------- pure parts
@@ -91,6 +103,35 @@ def alpha_from_chain(capacity_us: float, throughput: float, tau_sum: float, chai
     return (capacity_us / throughput - tau_sum) / chained
 
 
+def alpha_and_record_cost(capacity_us: float, long: tuple[float, float, float],
+                          short: tuple[float, float, float]) -> tuple[float, float]:
+    """α and F from two saturated one-worker chains, each (throughput, Σ τ̄, chained requests per record):
+    W/Λ = Σ τ̄ + α·C + F for both; α clamped at 0, F at 0 (then α is the one-chain value)."""
+    (lam_l, tau_l, c_l), (lam_s, tau_s, c_s) = long, short
+    if c_l == c_s:
+        raise ValueError("the two chains have as many chained requests per record: α and F are not separable")
+    rest_l = capacity_us / lam_l - tau_l
+    rest_s = capacity_us / lam_s - tau_s
+    alpha = max(0.0, (rest_l - rest_s) / (c_l - c_s))
+    fixed = rest_l - alpha * c_l
+    if fixed < 0:
+        return max(0.0, rest_l / c_l), 0.0
+    return alpha, fixed
+
+
+def with_record_cost(tau: Mapping[str, float], mult: Mapping[str, float], sources: Sequence[str],
+                     sinks: Sequence[str], fixed_us: float) -> dict[str, float]:
+    """τ̄ with the per-record cost F added: SOURCE_SHARE·F over the source requests of a record, the rest
+    over its sink requests (by multiplicity, so a record pays F in all)."""
+    out = dict(tau)
+    for ends, share in ((sources, SOURCE_SHARE), (sinks, 1.0 - SOURCE_SHARE)):
+        per_record = sum(mult[o] for o in ends)
+        if per_record > 0:
+            for o in ends:
+                out[o] += share * fixed_us / per_record
+    return out
+
+
 def fit_tau(tau: Mapping[str, float], mult: Mapping[str, float], alpha: float, chained: float,
             target_us: float) -> tuple[dict[str, float], float]:
     """τ per operator such that Σ m (τ_o + ε) + α·C = target: ε ≥ 0 added to every operator or, when the
@@ -108,12 +149,28 @@ def fit_tau(tau: Mapping[str, float], mult: Mapping[str, float], alpha: float, c
 
 def structure(app: str) -> tuple[dict[str, float], float]:
     """Requests per record of each operator and chained requests per record (the simulator's measurement)."""
-    from clasp.simulator import COSTS_FILE, Costs, app_dag
-
-    d = app_dag(app, Costs.load(COSTS_FILE))
+    d = _dag(app)
     mult = d.multiplicity()
     chained = sum(mult[s] * f for (s, _), f in d.fanout.items())
     return mult, chained
+
+
+def ends(app: str) -> tuple[list[str], list[str]]:
+    """An app's source operators (no predecessor) and sinks (no successor)."""
+    d = _dag(app)
+    return ([o for o in d.operators if all(dst != o for _, dst in d.edges)],
+            [o for o in d.operators if all(src != o for src, _ in d.edges)])
+
+
+def _dag(app: str):
+    from apps import get_app
+    from clasp.simulator import COSTS_FILE, Costs, SimDag, app_dag
+
+    if app in Costs.load(COSTS_FILE).tau_us:
+        return app_dag(app, Costs.load(COSTS_FILE))
+    dag = get_app(app).build_dag()  # a calibration chain: every fan-out 1
+    return SimDag(app, [o.name for o in dag.operators], list(dag.edges), dict.fromkeys(dag.edges, 1.0),
+                  {o.name: 0.0 for o in dag.operators})
 
 
 def peer_messages_per_record(r: Mapping) -> float | None:
@@ -220,13 +277,15 @@ def fit_beta_gamma(base, lam_alt: float, lam_fan: float, rounds: int = 3) -> tup
 
 
 def measure(cpu: float, apps: list[str], seconds: float, repeat: int, unlimited: bool = True,
-            mix: bool = True, messages: bool = True) -> dict[str, dict | list]:
-    """Every calibration run: one quota-limited worker per app, (once) an unlimited one per app, SYN
-    alternating over 2, fanned over 3, (with `mix`) MIX over 2 workers and (with `messages`) ALT and FAN
-    again at FAST_FLUSH_MS."""
+            mix: bool = True, messages: bool = True, short: bool = True) -> dict[str, dict | list]:
+    """Every calibration run: one quota-limited worker per app, (with `short`) the SHORT_CHAIN SYN on one,
+    (once) an unlimited one per app, SYN alternating over 2, fanned over 3, (with `mix`) MIX over 2 workers
+    and (with `messages`) ALT and FAN again at FAST_FLUSH_MS."""
     runs: dict = {"one": {}, "unlimited": {}}
     for app in apps:
         runs["one"][app] = _runs(ce.unthrottled, repeat, app=app, workers=1, cpu_per_worker=cpu, seconds=seconds)
+    if short:
+        runs["short"] = short_runs(cpu, seconds, repeat)
     if unlimited:
         for app in apps:
             runs["unlimited"][app] = _runs(ce.unthrottled, 1, app=app, workers=1, seconds=min(seconds, 5.0))
@@ -243,6 +302,11 @@ def measure(cpu: float, apps: list[str], seconds: float, repeat: int, unlimited:
         runs["fan_fast"] = _runs(ce.unthrottled, repeat, app="syn", workers=3, placement=FAN, cpu_per_worker=cpu,
                                  seconds=seconds, flush_delay_ms=FAST_FLUSH_MS)
     return runs
+
+
+def short_runs(cpu: float, seconds: float, repeat: int) -> list[dict]:
+    """The SHORT_CHAIN SYN, saturated on one quota-limited worker, `repeat` times."""
+    return _runs(ce.unthrottled, repeat, app=f"syn{SHORT_CHAIN}", workers=1, cpu_per_worker=cpu, seconds=seconds)
 
 
 def fit_alpha_split(base, lam_mix: float) -> float:
@@ -276,11 +340,22 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
     shapes = {app: structure(app) for app in apps}
     lam1 = {app: _mean_tput(rs) for app, rs in one.items()}
     mult, chained = shapes["syn"]
-    alpha = max(0.0, alpha_from_chain(w, lam1["syn"], sum(m * tau_u["syn"][o] for o, m in mult.items()), chained))
+    syn_tau = sum(m * tau_u["syn"][o] for o, m in mult.items())
+    fixed, lam_short = 0.0, None
+    if runs.get("short"):
+        # The short chain's no-ops cost what the ten's do: τ̄ per request from the ten's unlimited run.
+        m_s, c_s = structure(f"syn{SHORT_CHAIN}")
+        tau_per_op = syn_tau / sum(mult.values())
+        lam_short = _mean_tput(runs["short"])
+        alpha, fixed = alpha_and_record_cost(w, (lam1["syn"], syn_tau, chained),
+                                             (lam_short, tau_per_op * sum(m_s.values()), c_s))
+    else:
+        alpha = max(0.0, alpha_from_chain(w, lam1["syn"], syn_tau, chained))
     tau_file, eps = {}, {}
     for app in apps:
         m, c = shapes[app]
-        tau_file[app], eps[app] = fit_tau(tau_u[app], m, alpha, c, w / lam1[app])
+        tau_app = with_record_cost(tau_u[app], m, *ends(app), fixed)
+        tau_file[app], eps[app] = fit_tau(tau_app, m, alpha, c, w / lam1[app])
     message_us, message_points = 0.0, []
     message_fitted = bool(runs.get("alt_fast") or runs.get("fan_fast"))
     if message_fitted:
@@ -315,7 +390,8 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
         "cpu_per_worker": cpu,
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
         "how": ("python -m bench.calibrate: LocalCluster workers under a cgroup quota of cpu_per_worker CPUs; "
-                "W = median CPU rate of a saturated one-worker run; alpha from SYN on one worker; beta and "
+                "W = median CPU rate of a saturated one-worker run; alpha (and the per-record cost F, see "
+                "record_cost_rule) from SYN on one worker; beta and "
                 "gamma fitted so the simulator reproduces SYN alternating over 2 workers and SYN even->w0, "
                 "odd->w1/w2 (gamma fixed 0 when message_us is fitted, see gamma_rule); "
                 "alpha_split from SYN even->w0, odd->w0/w1; tau shares from unlimited one-worker "
@@ -328,7 +404,13 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
         "tau_us_unlimited": {a: {o: round(v, 3) for o, v in t.items()} for a, t in tau_u.items()},
         "unlimited_throughput": {app: tput_list(rs) for app, rs in unlimited.items()},
         "epsilon_us": {a: round(v, 3) for a, v in eps.items()},
+        "record_cost_us": round(fixed, 3),
+        "record_cost_rule": (f"F from SYN of 10 and {SHORT_CHAIN} operators on one worker, "
+                             f"{SOURCE_SHARE:g} at the sources" if lam_short else "none: folded into alpha"),
         "syn_one_worker_cpu_us_per_record": cpu_per_record(one["syn"]),
+        **({f"syn{SHORT_CHAIN}_one_worker": {"throughput": tput_list(runs["short"]),
+                                             "cpu_us_per_record": cpu_per_record(runs["short"])}}
+           if lam_short else {}),
         "syn_alternating_2w": {"throughput": tput_list(runs["alt"]), "simulated": round(check["alt"], 1),
                                "cpu_us_per_record": cpu_per_record(runs["alt"])},
         "syn_fan_3w": {"throughput": tput_list(runs["fan"]), "simulated": round(check["fan"], 1),
@@ -351,8 +433,8 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
 
 
 def calibrate(cpu: float, apps: list[str], seconds: float, repeat: int, mix: bool = True,
-              messages: bool = True, gamma_with_messages: bool = False) -> dict:
-    runs = measure(cpu, apps, seconds, repeat, mix=mix, messages=messages)
+              messages: bool = True, gamma_with_messages: bool = False, short: bool = True) -> dict:
+    runs = measure(cpu, apps, seconds, repeat, mix=mix, messages=messages, short=short)
     ce.shutdown()
     return fit(runs, cpu, seconds, repeat, gamma_with_messages=gamma_with_messages)
 
@@ -369,6 +451,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-mix", action="store_true", help="skip the MIX run (no alpha_split: α for every local)")
     ap.add_argument("--no-messages", action="store_true",
                     help="skip the fast-flush ALT and FAN runs (no message_us: no per-message cost)")
+    ap.add_argument("--no-short", action="store_true",
+                    help=f"skip the {SHORT_CHAIN}-operator SYN run (no per-record cost F: it is folded into α)")
     ap.add_argument("--fit-gamma", action="store_true",
                     help="also fit γ on FAN when message_us is fitted (the old rule; default: γ = 0 then)")
     args = ap.parse_args(argv)
@@ -379,7 +463,7 @@ def main(argv=None) -> int:
         if a not in APPS:
             ap.error(f"unknown app {a!r}")
     doc = calibrate(args.cpu_per_worker, apps, args.seconds, args.repeat, mix=not args.no_mix,
-                    messages=not args.no_messages, gamma_with_messages=args.fit_gamma)
+                    messages=not args.no_messages, gamma_with_messages=args.fit_gamma, short=not args.no_short)
     from clasp.simulator import Costs
 
     Costs.from_json_dict(doc)  # the simulator must load it

@@ -4,15 +4,17 @@
 [--seconds S] [--costs FILE] [--write-costs FILE] [--plot out/validate_sim.png] [--json FILE]`
 
 Without `--costs` (the default) calibration and validation are **interleaved**, so that drift in the
-machine's speed (a shared host) cancels: per repeat, the `bench.calibrate` runs (one worker per app, SYN
-ALT over 2, MIX over 2, FAN over 3 workers) and the validation runs (every app spread over 1..5 workers)
+machine's speed (a shared host) cancels: per repeat, the `bench.calibrate` runs (one worker per app and
+the short SYN chain, SYN ALT over 2, MIX over 2, FAN over 3 workers) and the validation runs (every app spread over 1..5 workers)
 are measured back to back, worker count by worker count; that repeat's cost file is fitted from its own
 calibration runs only and compared with its own validation runs (a JSON line per repeat and point). A
 pooled cost file (all repeats' calibration runs) is compared with the mean of the validation runs and,
 with `--write-costs FILE` (e.g. bench/sim_costs_measured.json), written there (τ̄ of apps not measured
 are carried over from that file). Fitted: the one-worker points (the same placement as the calibration's one-
 worker runs, by construction reproduced up to run-to-run noise). Validated: 2..N workers, spread, which no
-calibration placement is. `simulated_no_split` is the same prediction without α_split.
+calibration placement is. `simulated_no_split` is the same prediction without α_split;
+`ratio_no_record_cost` the ratio with costs fitted without the short SYN chain (the per-record cost F
+folded into α, as before F was measured).
 
 With `--costs FILE`, the old mode: the file as given, emulated runs only.
 
@@ -118,13 +120,14 @@ def interleaved_repeat(apps: list[str], workers: list[int], cpu: float, seconds:
     (the rest idle): the host's speed at that moment (returned as the third dict, by (app, n))."""
     from bench import calibrate as cal
 
-    calib: dict = {"one": {}, "alt": [], "mix": [], "fan": [], "alt_fast": [], "fan_fast": []}
+    calib: dict = {"one": {}, "short": [], "alt": [], "mix": [], "fan": [], "alt_fast": [], "fan_fast": []}
     val: dict = {}
     ref: dict = {}
     for n in sorted(set(workers) | {1, 2, 3}):
         todo = []
         if n == 1:
-            todo += [("calib-one", a, 1, "spread") for a in apps]
+            todo += [("calib-one", a, 1, "spread") for a in apps] + [("calib-short", f"syn{cal.SHORT_CHAIN}", 1,
+                                                                       "spread")]
         if n == 2:
             todo += [("calib-alt", "syn", 2, cal.ALT), ("calib-mix", "syn", 2, cal.MIX)]
         if n == 3:
@@ -183,9 +186,13 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
         doc = cal.fit(calib, cpu, args.seconds, 1, unlimited_tau=tau_u, gamma_with_messages=args.fit_gamma)
         costs = Costs.from_json_dict(doc)
         sim = simulated(apps, workers, costs, placed)
+        no_f = simulated(apps, workers, Costs.from_json_dict(
+            cal.fit({**calib, "short": []}, cpu, args.seconds, 1, unlimited_tau=tau_u,
+                    gamma_with_messages=args.fit_gamma)), placed)
         nosplit = simulated(apps, workers, dataclasses.replace(costs, alpha_split=None), placed)
         nomsg = simulated(apps, workers, dataclasses.replace(costs, message_us=0.0), placed)
-        coeff = {c: doc.get(c) for c in ("alpha", "alpha_split", "beta", "gamma", "capacity", "message_us")}
+        coeff = {c: doc.get(c) for c in ("alpha", "alpha_split", "beta", "gamma", "capacity", "message_us")} | {
+            "record_cost_us": doc["measured"]["record_cost_us"]}
         print(json.dumps({"repeat": k, "costs": coeff}), flush=True)
         costs_docs.append(coeff)
         reps.append((calib, val, ref))
@@ -197,6 +204,7 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
                      "ratio": round(sim[(app, n)] / e, 4), "simulated_no_split": round(nosplit[(app, n)], 1),
                      "ratio_no_split": round(nosplit[(app, n)] / e, 4),
                      "ratio_no_messages": round(nomsg[(app, n)] / e, 4),
+                     "ratio_no_record_cost": round(no_f[(app, n)] / e, 4),
                      "ratio_speed_reference": _speed_ratio(sim, [ref[(app, n)]["throughput"]] if (app, n) in ref
                                                            else [], e, app, n)} | {
                          k2: v for k2, v in _brief(val[(app, n)]).items() if k2 != "throughput"}
@@ -205,10 +213,14 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
     # Pooled: every repeat's calibration runs, against the mean of the validation runs.
     pooled = {"one": {a: [r for c, _, _ in reps for r in c["one"][a]] for a in run_apps},
               "unlimited": unlimited,
-              **{key: [r for c, _, _ in reps for r in c[key]] for key in ("alt", "mix", "fan", "alt_fast", "fan_fast")}}
+              **{key: [r for c, _, _ in reps for r in c[key]]
+                 for key in ("short", "alt", "mix", "fan", "alt_fast", "fan_fast")}}
     doc = cal.fit(pooled, cpu, args.seconds, args.repeat, gamma_with_messages=args.fit_gamma)
     costs = Costs.from_json_dict(doc)
     sim = simulated(apps, workers, costs, placed)
+    no_f = simulated(apps, workers, Costs.from_json_dict(
+        cal.fit({**pooled, "short": []}, cpu, args.seconds, args.repeat, gamma_with_messages=args.fit_gamma)),
+        placed)
     nosplit = simulated(apps, workers, dataclasses.replace(costs, alpha_split=None), placed)
     nomsg = simulated(apps, workers, dataclasses.replace(costs, message_us=0.0), placed)
     pooled_points = []
@@ -224,6 +236,7 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
                  "per_repeat_ratio": [q["ratio"] for q in points if q["app"] == app and q["workers"] == n],
                  "ratio_no_split": round(nosplit[(app, n)] / mean, 4),
                  "ratio_no_messages": round(nomsg[(app, n)] / mean, 4),
+                 "ratio_no_record_cost": round(no_f[(app, n)] / mean, 4),
                  "ratio_speed_reference": _speed_ratio(sim, refs, mean, app, n)}
             pooled_points.append(p)
             print(json.dumps({k2: v for k2, v in p.items() if k2 not in ("emulated_min", "emulated_max")}),
@@ -250,6 +263,8 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
             "max_abs_error_pooled": round(max((abs(p["ratio"] - 1) for p in pool_pts), default=0.0), 4),
             "max_abs_error_pooled_no_split": round(max((abs(p["ratio_no_split"] - 1) for p in pool_pts),
                                                        default=0.0), 4),
+            "max_abs_error_pooled_no_record_cost": round(max((abs(p["ratio_no_record_cost"] - 1)
+                                                              for p in pool_pts), default=0.0), 4),
             "max_abs_error_pooled_speed_reference": round(max(abs(p["ratio_speed_reference"] - 1) for p in ref_pts), 4)
             if (ref_pts := [p for p in pool_pts if p["ratio_speed_reference"] is not None]) else None,
             "max_abs_error_fitted_1w": round(max(abs(p["ratio"] - 1) for p in points
@@ -262,7 +277,8 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
                "seconds": args.seconds, "gamma_rule": doc["measured"].get("gamma_rule"),
                "costs_per_repeat": costs_docs,
                "costs_pooled": {c: doc.get(c) for c in ("alpha", "alpha_split", "beta", "gamma", "capacity",
-                                                        "message_us")},
+                                                        "message_us")} | {
+                   "record_cost_us": doc["measured"]["record_cost_us"]},
                "per_app": per_app,
                "max_abs_error": round(abs(worst["ratio"] - 1), 4) if worst else 0.0,
                "worst": {"app": worst["app"], "workers": worst["workers"], "repeat": worst.get("repeat", "pooled")}

@@ -33,6 +33,19 @@ def test_registry_and_unknown_name():
         get_app("nope")
 
 
+def test_syn_chains_of_other_lengths():
+    five = get_app("syn5")
+    assert five.NAME == "syn5" and "syn5" not in APPS
+    dag = five.build_dag()
+    assert [o.name for o in dag.operators] == [f"op{i}" for i in range(5)] and len(dag.edges) == 4
+    records = five.generate(300, seed=2)
+    assert five.result(run_local(dag, records)) == five.expected(records) == sorted(records)
+    with pytest.raises(ValueError, match="unknown app 'synx'"):
+        get_app("synx")
+    with pytest.raises(ValueError, match="at least one operator"):
+        get_app("syn0")
+
+
 def test_topology(app):
     dag = app.build_dag()
     assert isinstance(dag, clasp.Dag) and dag.name == app.NAME

@@ -69,6 +69,35 @@ def test_capacity_and_alpha_from_numbers():
     assert cal.alpha_from_chain(250_000.0, 50_000.0, 1.0, 9.0) == pytest.approx(4.0 / 9)
 
 
+def test_two_chain_lengths_separate_alpha_from_the_per_record_cost():
+    from bench import calibrate as cal
+
+    # W 250,000 µs/s; τ̄ 0.1 µs per no-op; α 0.5 µs per chained request; F 1.2 µs per record.
+    def lam(n_ops):
+        return 250_000.0 / (0.1 * n_ops + 0.5 * (n_ops - 1) + 1.2)
+
+    alpha, fixed = cal.alpha_and_record_cost(250_000.0, (lam(10), 1.0, 9.0), (lam(5), 0.5, 4.0))
+    assert alpha == pytest.approx(0.5) and fixed == pytest.approx(1.2)
+    # A short chain cheaper than proportional would make F negative: F 0 and the one-chain α instead.
+    alpha, fixed = cal.alpha_and_record_cost(250_000.0, (50_000.0, 1.0, 9.0), (250_000.0 / 1.5, 0.5, 4.0))
+    assert fixed == 0.0 and alpha == pytest.approx(cal.alpha_from_chain(250_000.0, 50_000.0, 1.0, 9.0))
+    with pytest.raises(ValueError, match="not separable"):
+        cal.alpha_and_record_cost(250_000.0, (lam(10), 1.0, 9.0), (lam(10), 1.0, 9.0))
+
+
+def test_record_cost_goes_half_to_the_sources_and_half_to_the_sinks_per_record():
+    from bench import calibrate as cal
+
+    # WC-like: one split per record, 15 counts per record: the sink's half is spread over the 15.
+    tau = cal.with_record_cost({"split": 3.0, "count": 0.2}, {"split": 1.0, "count": 15.0}, ["split"], ["count"],
+                               2.0)
+    assert tau == {"split": pytest.approx(4.0), "count": pytest.approx(0.2 + 1.0 / 15)}
+    assert cal.ends("syn") == (["op0"], ["op9"])
+    assert cal.ends(f"syn{cal.SHORT_CHAIN}") == (["op0"], [f"op{cal.SHORT_CHAIN - 1}"])
+    mult, chained = cal.structure(f"syn{cal.SHORT_CHAIN}")
+    assert sum(mult.values()) == cal.SHORT_CHAIN and chained == cal.SHORT_CHAIN - 1
+
+
 def test_fit_tau_adds_a_per_request_residual_or_scales_down():
     from bench import calibrate as cal
 
