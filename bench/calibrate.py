@@ -32,8 +32,8 @@
 - **receive share** of β (the receiver's part of a remote request's cost): 0.5, assumed (RECEIVE_SHARE).
 - **τ̄** per app and operator: the engine times requests with a wall clock, so under a quota τ̄ includes
   the stalls of throttling (a no-op reads 0.1–1.5 µs instead of 0.1); the shares come from an unlimited
-  one-worker run of the app (plus F at its source and sink), and a per-request residual ε (the runtime's work per request that neither
-  τ̄ nor α covers: routing, key lookups, input from the planner, returned weights) is added to every
+  one-worker run of the app (plus F at its source and sink), and a per-request residual ε (the runtime's
+  work per request that neither τ̄ nor α covers: routing, key lookups, returned weights) is added to every
   operator so that one quota-limited worker predicts exactly the measured Λ₁: Σ m_o·(τ̄_o + ε) + α·C = W / Λ₁
   (m_o requests of o and C chained requests per record). If the unlimited τ̄ already exceed that, they
   are scaled down instead (reported as a negative ε).
@@ -285,7 +285,8 @@ def measure(cpu: float, apps: list[str], seconds: float, repeat: int, unlimited:
     for app in apps:
         runs["one"][app] = _runs(ce.unthrottled, repeat, app=app, workers=1, cpu_per_worker=cpu, seconds=seconds)
     if short:
-        runs["short"] = short_runs(cpu, seconds, repeat)
+        runs["short"] = _runs(ce.unthrottled, repeat, app=f"syn{SHORT_CHAIN}", workers=1, cpu_per_worker=cpu,
+                              seconds=seconds)
     if unlimited:
         for app in apps:
             runs["unlimited"][app] = _runs(ce.unthrottled, 1, app=app, workers=1, seconds=min(seconds, 5.0))
@@ -302,11 +303,6 @@ def measure(cpu: float, apps: list[str], seconds: float, repeat: int, unlimited:
         runs["fan_fast"] = _runs(ce.unthrottled, repeat, app="syn", workers=3, placement=FAN, cpu_per_worker=cpu,
                                  seconds=seconds, flush_delay_ms=FAST_FLUSH_MS)
     return runs
-
-
-def short_runs(cpu: float, seconds: float, repeat: int) -> list[dict]:
-    """The SHORT_CHAIN SYN, saturated on one quota-limited worker, `repeat` times."""
-    return _runs(ce.unthrottled, repeat, app=f"syn{SHORT_CHAIN}", workers=1, cpu_per_worker=cpu, seconds=seconds)
 
 
 def fit_alpha_split(base, lam_mix: float) -> float:

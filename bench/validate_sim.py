@@ -5,9 +5,10 @@
 
 Without `--costs` (the default) calibration and validation are **interleaved**, so that drift in the
 machine's speed (a shared host) cancels: per repeat, the `bench.calibrate` runs (one worker per app and
-the short SYN chain, SYN ALT over 2, MIX over 2, FAN over 3 workers) and the validation runs (every app spread over 1..5 workers)
-are measured back to back, worker count by worker count; that repeat's cost file is fitted from its own
-calibration runs only and compared with its own validation runs (a JSON line per repeat and point). A
+the short SYN chain, SYN ALT over 2, MIX over 2, FAN over 3 workers) and the validation runs (every app
+over 1..5 workers) are measured back to back, worker count by worker count; that repeat's cost file is
+fitted from its own calibration runs only and compared with its own validation runs (a JSON line per
+repeat and point). A
 pooled cost file (all repeats' calibration runs) is compared with the mean of the validation runs and,
 with `--write-costs FILE` (e.g. bench/sim_costs_measured.json), written there (τ̄ of apps not measured
 are carried over from that file). Fitted: the one-worker points (the same placement as the calibration's one-

@@ -230,10 +230,10 @@ class SimConfig:
     record paths per step; `migration_pause`: seconds every worker stops when a placement is applied;
     `p_max`: executor slots per worker reported to the policy; `key_skew`: route a stateful operator by
     key-group ownership weighted by the DAG's measured `key_weights` (as the runtime does, so a hot key
-    group loads its owner) instead of by σ over a uniform key space. `window` None is a quarter second of the nominal
-    throughput of the workers the placement uses (at least 4 steps per hop of the DAG's depth): the runtime's fixed 5,000 would be
-    many seconds of queued work with ~400 µs operators, and too few to fill a 10-op chain of 5 ms hops at
-    this runtime's speed."""
+    group loads its owner) instead of by σ over a uniform key space. `window` None is a quarter second of
+    the nominal throughput of the workers the placement uses (at least 4 steps per hop of the DAG's depth):
+    the runtime's fixed 5,000 would be many seconds of queued work with ~400 µs operators, and too few to
+    fill a 10-op chain of 5 ms hops at this runtime's speed."""
 
     duration: float = 60.0
     dt: float = 0.005

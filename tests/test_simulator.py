@@ -197,8 +197,8 @@ def test_one_worker_of_a_pool_completes_at_its_maximum_from_the_first_seconds(pa
     """The in-flight window follows the workers in use: a job overloading one worker of ten completes at
     that worker's maximum within two seconds, as FaaSFlow's extrapolation (and the paper's example) assume;
     a window sized for the pool would queue seconds of work and lag for as long."""
-    from clasp.simulator import Simulator
     from clasp.policy import uniform_placement
+    from clasp.simulator import Simulator
 
     dag = app_dag("aa", paper_costs)
     alone = simulate(dag, 1, costs=paper_costs, config=SimConfig(duration=8.0, warmup=2.0)).throughput
