@@ -156,18 +156,20 @@ def structure(app: str) -> tuple[dict[str, float], float]:
 
 
 def ends(app: str) -> tuple[list[str], list[str]]:
-    """An app's source operators (no predecessor) and sinks (no successor)."""
-    d = _dag(app)
-    return ([o for o in d.operators if all(dst != o for _, dst in d.edges)],
-            [o for o in d.operators if all(src != o for src, _ in d.edges)])
+    """An app's source operators and sinks (`clasp.Dag.sources`, `sinks`)."""
+    from apps import get_app
+
+    dag = get_app(app).build_dag()
+    return dag.sources(), dag.sinks()
 
 
 def _dag(app: str):
     from apps import get_app
     from clasp.simulator import COSTS_FILE, Costs, SimDag, app_dag
 
-    if app in Costs.load(COSTS_FILE).tau_us:
-        return app_dag(app, Costs.load(COSTS_FILE))
+    costs = Costs.load(COSTS_FILE)
+    if app in costs.tau_us:
+        return app_dag(app, costs)
     dag = get_app(app).build_dag()  # a calibration chain: every fan-out 1
     return SimDag(app, [o.name for o in dag.operators], list(dag.edges), dict.fromkeys(dag.edges, 1.0),
                   {o.name: 0.0 for o in dag.operators})
