@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 WORKERS ?= 4
 # The gradual profile peaks here (lines/s): above what one worker sustains, so the control loop scales out.
-RUN_MAX_RATE ?= 40000
+RUN_MAX_RATE ?= 50000
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
