@@ -29,7 +29,14 @@
   message counters) within each placement (`fit_message_us`). It is fitted first; β and α_split are then
   fitted with it in the simulator, and γ is fixed to 0 (the per-destination cost is carried by the
   messages; FAN is then a check only). `--fit-gamma` keeps the old rule: γ fitted on FAN after message_us.
-- **receive share** of β (the receiver's part of a remote request's cost): 0.5, assumed (RECEIVE_SHARE).
+- **β and its receive share** from PIPE (SYN's first five operators on worker 1, the last five on worker 0:
+  one remote chained request per record, worker 1 only sends, worker 0 only receives; the shape of CLASP's
+  chunked placements, whose bottleneck is the sink's chunk, a pure receiver): the β and share with which
+  the simulator reproduces PIPE's throughput and the ratio of the receiver's CPU to the sender's in the
+  same run (a within-run ratio, so the host's speed cancels from it; `fit_pipe`). ALT, which prices a
+  remote request in an all-remote chain where every worker both sends and receives, gave β 2–4× the PIPE
+  value and under-predicted CLASP's placements by 10–20 % (docs/SIMULATOR.md, runs H–J); it is a check
+  now. Without PIPE runs (`--no-pipe`): β from ALT and the share 0.5, assumed (RECEIVE_SHARE).
 - **τ̄** per app and operator: the engine times requests with a wall clock, so under a quota τ̄ includes
   the stalls of throttling (a no-op reads 0.1–1.5 µs instead of 0.1); the shares come from an unlimited
   one-worker run of the app (plus F at its source and sink), and a per-request residual ε (the runtime's
@@ -46,6 +53,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import statistics
@@ -64,6 +72,10 @@ ALT = {o: {i % 2: 1.0} for i, o in enumerate(SYN_OPS)}  # every chained request 
 # apart); sending (packing into a batch) and receiving (unpacking, queueing) are about the same work.
 RECEIVE_SHARE = 0.5
 FAN = {o: ({0: 1.0} if i % 2 == 0 else {1: 0.5, 2: 0.5}) for i, o in enumerate(SYN_OPS)}  # δ = 2 on worker 0
+# Two chunks, as CLASP places a chain: worker 1 runs the source half and only sends, worker 0 the sink half
+# and only receives; one remote chained request per record.
+PIPE = {o: ({1: 1.0} if i < len(SYN_OPS) // 2 else {0: 1.0}) for i, o in enumerate(SYN_OPS)}
+PIPE_RECEIVER, PIPE_SENDER = 0, 1
 # Even operators on worker 0, odd ones split over workers 0 and 1: worker 0's even operators route half of
 # their outputs locally through the runtime's table route (the successor has two holders), the chained
 # request that α_split prices; every other request is single-holder local or remote. Not a spread.
@@ -250,12 +262,56 @@ def _sim_placement(fractions: dict, workers: int):
     return dataclasses.replace(base, fractions={o: dict(f) for o, f in fractions.items()})
 
 
-def _sim_tput(costs, placement: dict, workers: int) -> float:
-    from clasp.simulator import SimConfig, Simulator, app_dag
+@functools.cache
+def _syn_shape():
+    """SYN's SimDag with the committed file's τ̄: its fan-outs, measured once (a local run of the app) for the
+    hundreds of simulations a fit makes."""
+    from clasp.simulator import COSTS_FILE, Costs, app_dag
 
-    dag = app_dag("syn", costs)
+    return app_dag("syn", Costs.load(COSTS_FILE))
+
+
+def _sim_run(costs, placement: dict, workers: int):
+    from clasp.simulator import SimConfig, Simulator
+
+    shape = _syn_shape()
+    dag = dataclasses.replace(shape, tau_us={o: costs.tau_us["syn"][o] for o in shape.operators})
     return Simulator(dag, costs, workers, placement=_sim_placement(placement, workers),
-                     config=SimConfig(duration=6.0, warmup=2.0)).run().throughput
+                     config=SimConfig(duration=6.0, warmup=2.0)).run()
+
+
+def _sim_tput(costs, placement: dict, workers: int) -> float:
+    return _sim_run(costs, placement, workers).throughput
+
+
+def receiver_cpu_ratio(runs: Sequence[Mapping]) -> float:
+    """PIPE's receiver CPU over its sender's, the mean over runs (each ratio within one run)."""
+    def cpu(r, w):
+        return r["cpu_s"][w] if w in r["cpu_s"] else r["cpu_s"][str(w)]
+
+    return statistics.fmean(cpu(r, PIPE_RECEIVER) / cpu(r, PIPE_SENDER) for r in runs)
+
+
+def _sim_pipe_ratio(costs) -> float:
+    u = _sim_run(costs, PIPE, 2).utilization
+    return u[PIPE_RECEIVER] / u[PIPE_SENDER]
+
+
+def fit_pipe(base, lam_pipe: float, cpu_ratio: float, rounds: int = 4) -> tuple[float, float]:
+    """β and the receive share with which the simulator reproduces SYN PIPE: its throughput (which prices
+    the bottleneck's side of the remote request, the sender's when the share is small) and its receiver's
+    CPU over its sender's (the other side); alternately, β from the first with the share fixed, the share
+    from the second with β fixed."""
+    beta, share = base.alpha, RECEIVE_SHARE
+    for _ in range(rounds):
+        s = share
+        beta = solve(lambda b, s=s: _sim_tput(dataclasses.replace(base, beta=b, receive_share=s), PIPE, 2),
+                     0.0, 50 * max(base.alpha, 1.0), lam_pipe, iters=16)
+        b = beta
+        # The ratio rises with the share: bisect on its negative (solve wants a decreasing function).
+        share = solve(lambda x, b=b: -_sim_pipe_ratio(dataclasses.replace(base, beta=b, receive_share=x)),
+                      0.0, 1.0, -cpu_ratio, iters=12)
+    return beta, share
 
 
 def fit_beta(base, lam_alt: float) -> float:
@@ -272,17 +328,21 @@ def fit_beta_gamma(base, lam_alt: float, lam_fan: float, rounds: int = 3) -> tup
         g = gamma
         beta = solve(lambda b, g=g: _sim_tput(dataclasses.replace(base, beta=b, gamma=g), ALT, 2),
                      base.alpha, 50 * max(base.alpha, 1.0), lam_alt, iters=20)
-        b = beta
-        gamma = solve(lambda x, b=b: _sim_tput(dataclasses.replace(base, beta=b, gamma=x), FAN, 3),
-                      0.0, 0.5 * base.capacity, lam_fan, iters=20)
+        gamma = fit_gamma(dataclasses.replace(base, beta=beta), lam_fan)
     return beta, gamma
 
 
+def fit_gamma(base, lam_fan: float) -> float:
+    """γ with which the simulator reproduces SYN FAN (δ = 2 on worker 0), β as in `base`."""
+    return solve(lambda x: _sim_tput(dataclasses.replace(base, gamma=x), FAN, 3),
+                 0.0, 0.5 * base.capacity, lam_fan, iters=20)
+
+
 def measure(cpu: float, apps: list[str], seconds: float, repeat: int, unlimited: bool = True,
-            mix: bool = True, messages: bool = True, short: bool = True) -> dict[str, dict | list]:
+            mix: bool = True, messages: bool = True, short: bool = True, pipe: bool = True) -> dict[str, dict | list]:
     """Every calibration run: one quota-limited worker per app, (with `short`) the SHORT_CHAIN SYN on one,
-    (once) an unlimited one per app, SYN alternating over 2, fanned over 3, (with `mix`) MIX over 2 workers
-    and (with `messages`) ALT and FAN again at FAST_FLUSH_MS."""
+    (once) an unlimited one per app, SYN alternating over 2, (with `pipe`) in two chunks over 2, fanned over
+    3, (with `mix`) MIX over 2 workers and (with `messages`) ALT and FAN again at FAST_FLUSH_MS."""
     runs: dict = {"one": {}, "unlimited": {}}
     for app in apps:
         runs["one"][app] = _runs(ce.unthrottled, repeat, app=app, workers=1, cpu_per_worker=cpu, seconds=seconds)
@@ -294,6 +354,9 @@ def measure(cpu: float, apps: list[str], seconds: float, repeat: int, unlimited:
             runs["unlimited"][app] = _runs(ce.unthrottled, 1, app=app, workers=1, seconds=min(seconds, 5.0))
     runs["alt"] = _runs(ce.unthrottled, repeat, app="syn", workers=2, placement=ALT, cpu_per_worker=cpu,
                         seconds=seconds)
+    if pipe:
+        runs["pipe"] = _runs(ce.unthrottled, repeat, app="syn", workers=2, placement=PIPE, cpu_per_worker=cpu,
+                             seconds=seconds)
     if mix:
         runs["mix"] = _runs(ce.unthrottled, repeat, app="syn", workers=2, placement=MIX, cpu_per_worker=cpu,
                             seconds=seconds)
@@ -361,18 +424,29 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
                                                      "fan": list(runs["fan"]) + list(runs.get("fan_fast") or [])})
     base = Costs(alpha, alpha, 0.0, w, tau_file, RECEIVE_SHARE, message_us=message_us)
     lam_alt, lam_fan = _mean_tput(runs["alt"]), _mean_tput(runs["fan"])
-    if message_fitted and not gamma_with_messages:
-        gamma_rule = "fixed 0 (message_us fitted: the per-destination cost is carried by the messages)"
+    gamma_zero = message_fitted and not gamma_with_messages
+    gamma_rule = ("fixed 0 (message_us fitted: the per-destination cost is carried by the messages)" if gamma_zero
+                  else "fitted on FAN" + (" after message_us" if message_fitted else ""))
+    share, pipe_ratio = RECEIVE_SHARE, None
+    if runs.get("pipe"):
+        beta_rule = "PIPE: its throughput and its receiver's CPU over its sender's (fit_pipe); ALT a check"
+        pipe_ratio = receiver_cpu_ratio(runs["pipe"])
+        beta, share = fit_pipe(base, _mean_tput(runs["pipe"]), pipe_ratio)
+        gamma = 0.0 if gamma_zero else fit_gamma(dataclasses.replace(base, beta=beta, receive_share=share), lam_fan)
+    elif gamma_zero:
+        beta_rule = f"ALT, receive share {RECEIVE_SHARE:g} assumed"
         beta, gamma = fit_beta(base, lam_alt), 0.0
     else:
-        gamma_rule = "fitted on FAN" + (" after message_us" if message_fitted else "")
+        beta_rule = f"ALT (with gamma on FAN), receive share {RECEIVE_SHARE:g} assumed"
         beta, gamma = fit_beta_gamma(base, lam_alt, lam_fan)
-    costs = dataclasses.replace(base, beta=beta, gamma=gamma)
+    costs = dataclasses.replace(base, beta=beta, gamma=gamma, receive_share=share)
     alpha_split = None
     if runs.get("mix"):
         alpha_split = fit_alpha_split(costs, _mean_tput(runs["mix"]))
         costs = dataclasses.replace(costs, alpha_split=alpha_split)
     check = {"alt": _sim_tput(costs, ALT, 2), "fan": _sim_tput(costs, FAN, 3)}
+    if pipe_ratio is not None:
+        check["pipe"] = _sim_tput(costs, PIPE, 2)
     if alpha_split is not None:
         check["mix"] = _sim_tput(costs, MIX, 2)
 
@@ -389,13 +463,13 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
         "how": ("python -m bench.calibrate: LocalCluster workers under a cgroup quota of cpu_per_worker CPUs; "
                 "W = median CPU rate of a saturated one-worker run; alpha (and the per-record cost F, see "
-                "record_cost_rule) from SYN on one worker; beta and "
-                "gamma fitted so the simulator reproduces SYN alternating over 2 workers and SYN even->w0, "
-                "odd->w1/w2 (gamma fixed 0 when message_us is fitted, see gamma_rule); "
+                "record_cost_rule) from SYN on one worker; beta and its receive share fitted so the "
+                "simulator reproduces SYN in two chunks over 2 workers (or, see beta_rule, alternating over 2); "
+                "gamma on SYN even->w0, odd->w1/w2 (fixed 0 when message_us is fitted, see gamma_rule); "
                 "alpha_split from SYN even->w0, odd->w0/w1; tau shares from unlimited one-worker "
                 "runs plus a per-request residual epsilon so that one worker predicts its measured throughput "
                 "(bench/calibrate.py docstring)"),
-        "seconds": seconds, "repeat": repeat, "gamma_rule": gamma_rule,
+        "seconds": seconds, "repeat": repeat, "gamma_rule": gamma_rule, "beta_rule": beta_rule,
         "one_worker_throughput": {app: tput_list(rs) for app, rs in one.items()},
         "worker_cpu_rate_us": [round(r) for r in rates],
         "tau_us_under_quota": {a: {o: round(v, 3) for o, v in t.items()} for a, t in tau_q.items()},
@@ -416,11 +490,16 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
     }
     if message_points:
         measured["message_fit"] = {"message_us": round(message_us, 3), "points": message_points}
+    if pipe_ratio is not None:
+        measured["syn_pipe_2w"] = {"throughput": tput_list(runs["pipe"]), "simulated": round(check["pipe"], 1),
+                                   "receiver_over_sender_cpu": round(pipe_ratio, 4),
+                                   "simulated_receiver_over_sender": round(_sim_pipe_ratio(costs), 4),
+                                   "cpu_us_per_record": cpu_per_record(runs["pipe"])}
     if alpha_split is not None:
         measured["syn_mix_2w"] = {"throughput": tput_list(runs["mix"]), "simulated": round(check["mix"], 1),
                                   "cpu_us_per_record": cpu_per_record(runs["mix"])}
     doc = {"alpha": round(alpha, 4), "beta": round(beta, 4), "gamma": round(gamma, 1), "capacity": round(w, 1),
-           "receive_share": RECEIVE_SHARE}
+           "receive_share": round(share, 4)}
     if alpha_split is not None:
         doc["alpha_split"] = round(alpha_split, 4)
     if message_us > 0:
@@ -431,8 +510,9 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
 
 
 def calibrate(cpu: float, apps: list[str], seconds: float, repeat: int, mix: bool = True,
-              messages: bool = True, gamma_with_messages: bool = False, short: bool = True) -> dict:
-    runs = measure(cpu, apps, seconds, repeat, mix=mix, messages=messages, short=short)
+              messages: bool = True, gamma_with_messages: bool = False, short: bool = True,
+              pipe: bool = True) -> dict:
+    runs = measure(cpu, apps, seconds, repeat, mix=mix, messages=messages, short=short, pipe=pipe)
     ce.shutdown()
     return fit(runs, cpu, seconds, repeat, gamma_with_messages=gamma_with_messages)
 
@@ -451,6 +531,8 @@ def main(argv=None) -> int:
                     help="skip the fast-flush ALT and FAN runs (no message_us: no per-message cost)")
     ap.add_argument("--no-short", action="store_true",
                     help=f"skip the {SHORT_CHAIN}-operator SYN run (no per-record cost F: it is folded into α)")
+    ap.add_argument("--no-pipe", action="store_true",
+                    help="skip the PIPE run (β from ALT, receive share 0.5 assumed: the rule before run J)")
     ap.add_argument("--fit-gamma", action="store_true",
                     help="also fit γ on FAN when message_us is fitted (the old rule; default: γ = 0 then)")
     args = ap.parse_args(argv)
@@ -461,7 +543,8 @@ def main(argv=None) -> int:
         if a not in APPS:
             ap.error(f"unknown app {a!r}")
     doc = calibrate(args.cpu_per_worker, apps, args.seconds, args.repeat, mix=not args.no_mix,
-                    messages=not args.no_messages, gamma_with_messages=args.fit_gamma, short=not args.no_short)
+                    messages=not args.no_messages, gamma_with_messages=args.fit_gamma, short=not args.no_short,
+                    pipe=not args.no_pipe)
     from clasp.simulator import Costs
 
     Costs.from_json_dict(doc)  # the simulator must load it

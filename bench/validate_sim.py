@@ -5,17 +5,18 @@
 
 Without `--costs` (the default) calibration and validation are **interleaved**, so that drift in the
 machine's speed (a shared host) cancels: per repeat, the `bench.calibrate` runs (one worker per app and
-the short SYN chain, SYN ALT over 2, MIX over 2, FAN over 3 workers) and the validation runs (every app
+the short SYN chain, SYN ALT, PIPE and MIX over 2, FAN over 3 workers) and the validation runs (every app
 over 1..5 workers) are measured back to back, worker count by worker count; that repeat's cost file is
 fitted from its own calibration runs only and compared with its own validation runs (a JSON line per
 repeat and point). A
 pooled cost file (all repeats' calibration runs) is compared with the mean of the validation runs and,
 with `--write-costs FILE` (e.g. bench/sim_costs_measured.json), written there (τ̄ of apps not measured
 are carried over from that file). Fitted: the one-worker points (the same placement as the calibration's one-
-worker runs, by construction reproduced up to run-to-run noise). Validated: 2..N workers, spread, which no
-calibration placement is. `simulated_no_split` is the same prediction without α_split;
-`ratio_no_record_cost` the ratio with costs fitted without the short SYN chain (the per-record cost F
-folded into α, as before F was measured).
+worker runs, by construction reproduced up to run-to-run noise). Validated: 2..N workers, under placements
+no calibration run has (CLASP's chunks with a split operator at every boundary, or spreads). Beside
+`ratio`, the same points with each refinement of the cost model left out (`predictions`): `ratio_no_split`
+(no α_split), `ratio_no_messages`, `ratio_no_record_cost` (no short chain: F folded into α) and
+`ratio_alt_beta` (no PIPE run: β from ALT, receive share 0.5 assumed).
 
 With `--costs FILE`, the old mode: the file as given, emulated runs only.
 
@@ -121,7 +122,8 @@ def interleaved_repeat(apps: list[str], workers: list[int], cpu: float, seconds:
     (the rest idle): the host's speed at that moment (returned as the third dict, by (app, n))."""
     from bench import calibrate as cal
 
-    calib: dict = {"one": {}, "short": [], "alt": [], "mix": [], "fan": [], "alt_fast": [], "fan_fast": []}
+    calib: dict = {"one": {}, "short": [], "alt": [], "pipe": [], "mix": [], "fan": [], "alt_fast": [],
+                   "fan_fast": []}
     val: dict = {}
     ref: dict = {}
     for n in sorted(set(workers) | {1, 2, 3}):
@@ -130,7 +132,8 @@ def interleaved_repeat(apps: list[str], workers: list[int], cpu: float, seconds:
             todo += [("calib-one", a, 1, "spread") for a in apps] + [("calib-short", f"syn{cal.SHORT_CHAIN}", 1,
                                                                        "spread")]
         if n == 2:
-            todo += [("calib-alt", "syn", 2, cal.ALT), ("calib-mix", "syn", 2, cal.MIX)]
+            todo += [("calib-alt", "syn", 2, cal.ALT), ("calib-pipe", "syn", 2, cal.PIPE),
+                     ("calib-mix", "syn", 2, cal.MIX)]
         if n == 3:
             todo += [("calib-fan", "syn", 3, cal.FAN)]
         if n in workers:
@@ -173,8 +176,35 @@ def _speed_ratio(sim: dict, refs: list[float], emulated: float, app: str, n: int
     return round(sim[(app, n)] * statistics.fmean(refs) / sim[(app, 1)] / emulated, 4)
 
 
-def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
+def predictions(apps: list[str], workers: list[int], calib: dict, repeat: int, placed: dict | None,
+                tau_u: dict, args) -> tuple[dict, dict[str, dict]]:
+    """The cost file fitted from `calib` and what it predicts ("") beside the variants the report compares
+    it with: without α_split, without the message cost, without F (no short chain) and with β from ALT and
+    the receive share assumed 0.5 (no PIPE run: the rule before run J)."""
     from bench import calibrate as cal
+    from clasp.simulator import Costs
+
+    def fitted(runs: dict) -> dict:
+        return cal.fit(runs, args.cpu_per_worker, args.seconds, repeat, unlimited_tau=tau_u,
+                       gamma_with_messages=args.fit_gamma)
+
+    doc = fitted(calib)
+    costs = Costs.from_json_dict(doc)
+    sims = {"": simulated(apps, workers, costs, placed),
+            "no_split": simulated(apps, workers, dataclasses.replace(costs, alpha_split=None), placed),
+            "no_messages": simulated(apps, workers, dataclasses.replace(costs, message_us=0.0), placed),
+            "no_record_cost": simulated(apps, workers, Costs.from_json_dict(fitted({**calib, "short": []})), placed)}
+    if calib.get("pipe"):
+        sims["alt_beta"] = simulated(apps, workers, Costs.from_json_dict(fitted({**calib, "pipe": []})), placed)
+    return doc, sims
+
+
+def _coefficients(doc: dict) -> dict:
+    return {c: doc.get(c) for c in ("alpha", "alpha_split", "beta", "receive_share", "gamma", "capacity",
+                                    "message_us")} | {"record_cost_us": doc["measured"]["record_cost_us"]}
+
+
+def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
     from clasp.simulator import Costs
 
     run_apps = apps + ([] if "syn" in apps else ["syn"])
@@ -184,16 +214,9 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
     reps, points, costs_docs = [], [], []
     for k in range(args.repeat):
         calib, val, ref = interleaved_repeat(run_apps, workers, cpu, args.seconds, k, placed, args.speed_reference)
-        doc = cal.fit(calib, cpu, args.seconds, 1, unlimited_tau=tau_u, gamma_with_messages=args.fit_gamma)
-        costs = Costs.from_json_dict(doc)
-        sim = simulated(apps, workers, costs, placed)
-        no_f = simulated(apps, workers, Costs.from_json_dict(
-            cal.fit({**calib, "short": []}, cpu, args.seconds, 1, unlimited_tau=tau_u,
-                    gamma_with_messages=args.fit_gamma)), placed)
-        nosplit = simulated(apps, workers, dataclasses.replace(costs, alpha_split=None), placed)
-        nomsg = simulated(apps, workers, dataclasses.replace(costs, message_us=0.0), placed)
-        coeff = {c: doc.get(c) for c in ("alpha", "alpha_split", "beta", "gamma", "capacity", "message_us")} | {
-            "record_cost_us": doc["measured"]["record_cost_us"]}
+        doc, sims = predictions(apps, workers, calib, 1, placed, tau_u, args)
+        sim = sims[""]
+        coeff = _coefficients(doc)
         print(json.dumps({"repeat": k, "costs": coeff}), flush=True)
         costs_docs.append(coeff)
         reps.append((calib, val, ref))
@@ -202,10 +225,7 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
                 e = val[(app, n)]["throughput"]
                 p = {"repeat": k, "app": app, "workers": n, "role": "fitted" if n == 1 else "validated",
                      "emulated": round(e, 1), "simulated": round(sim[(app, n)], 1),
-                     "ratio": round(sim[(app, n)] / e, 4), "simulated_no_split": round(nosplit[(app, n)], 1),
-                     "ratio_no_split": round(nosplit[(app, n)] / e, 4),
-                     "ratio_no_messages": round(nomsg[(app, n)] / e, 4),
-                     "ratio_no_record_cost": round(no_f[(app, n)] / e, 4),
+                     **{"ratio" + (f"_{v}" if v else ""): round(t[(app, n)] / e, 4) for v, t in sims.items()},
                      "ratio_speed_reference": _speed_ratio(sim, [ref[(app, n)]["throughput"]] if (app, n) in ref
                                                            else [], e, app, n)} | {
                          k2: v for k2, v in _brief(val[(app, n)]).items() if k2 != "throughput"}
@@ -215,15 +235,9 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
     pooled = {"one": {a: [r for c, _, _ in reps for r in c["one"][a]] for a in run_apps},
               "unlimited": unlimited,
               **{key: [r for c, _, _ in reps for r in c[key]]
-                 for key in ("short", "alt", "mix", "fan", "alt_fast", "fan_fast")}}
-    doc = cal.fit(pooled, cpu, args.seconds, args.repeat, gamma_with_messages=args.fit_gamma)
-    costs = Costs.from_json_dict(doc)
-    sim = simulated(apps, workers, costs, placed)
-    no_f = simulated(apps, workers, Costs.from_json_dict(
-        cal.fit({**pooled, "short": []}, cpu, args.seconds, args.repeat, gamma_with_messages=args.fit_gamma)),
-        placed)
-    nosplit = simulated(apps, workers, dataclasses.replace(costs, alpha_split=None), placed)
-    nomsg = simulated(apps, workers, dataclasses.replace(costs, message_us=0.0), placed)
+                 for key in ("short", "alt", "pipe", "mix", "fan", "alt_fast", "fan_fast")}}
+    doc, sims = predictions(apps, workers, pooled, args.repeat, placed, tau_u, args)
+    sim = sims[""]
     pooled_points = []
     for app in apps:
         for n in workers:
@@ -233,11 +247,9 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
             p = {"pooled": True, "app": app, "workers": n, "role": "fitted" if n == 1 else "validated",
                  "emulated": round(mean, 1), "emulated_runs": [round(x, 1) for x in t],
                  "emulated_min": min(t), "emulated_max": max(t), "spread": round((max(t) - min(t)) / mean, 4),
-                 "simulated": round(sim[(app, n)], 1), "ratio": round(sim[(app, n)] / mean, 4),
+                 "simulated": round(sim[(app, n)], 1),
+                 **{"ratio" + (f"_{v}" if v else ""): round(x[(app, n)] / mean, 4) for v, x in sims.items()},
                  "per_repeat_ratio": [q["ratio"] for q in points if q["app"] == app and q["workers"] == n],
-                 "ratio_no_split": round(nosplit[(app, n)] / mean, 4),
-                 "ratio_no_messages": round(nomsg[(app, n)] / mean, 4),
-                 "ratio_no_record_cost": round(no_f[(app, n)] / mean, 4),
                  "ratio_speed_reference": _speed_ratio(sim, refs, mean, app, n)}
             pooled_points.append(p)
             print(json.dumps({k2: v for k2, v in p.items() if k2 not in ("emulated_min", "emulated_max")}),
@@ -277,9 +289,7 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
                "cpu_per_worker": cpu, "apps": apps, "workers": workers, "repeat": args.repeat,
                "seconds": args.seconds, "gamma_rule": doc["measured"].get("gamma_rule"),
                "costs_per_repeat": costs_docs,
-               "costs_pooled": {c: doc.get(c) for c in ("alpha", "alpha_split", "beta", "gamma", "capacity",
-                                                        "message_us")} | {
-                   "record_cost_us": doc["measured"]["record_cost_us"]},
+               "costs_pooled": _coefficients(doc),
                "per_app": per_app,
                "max_abs_error": round(abs(worst["ratio"] - 1), 4) if worst else 0.0,
                "worst": {"app": worst["app"], "workers": worst["workers"], "repeat": worst.get("repeat", "pooled")}

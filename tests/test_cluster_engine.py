@@ -230,3 +230,26 @@ def _costs(doc):
     from clasp.simulator import Costs
 
     return Costs.from_json_dict(doc)
+
+
+def test_pipe_fit_recovers_beta_and_the_receive_share():
+    """β and the receive share a PIPE run implies are those the simulator was given (its own throughput and
+    receiver/sender utilization fed back as the measurement)."""
+    import dataclasses
+    from pathlib import Path
+
+    from bench import calibrate as cal
+    from clasp.simulator import Costs
+
+    assert [cal.PIPE[o] for o in cal.SYN_OPS] == [{1: 1.0}] * 5 + [{0: 1.0}] * 5
+    base = Costs.load(Path(__file__).resolve().parent.parent / "bench" / "sim_costs_measured.json")
+    base = dataclasses.replace(base, gamma=0.0, message_us=0.0, alpha_split=None)
+    truth = dataclasses.replace(base, beta=2.4, receive_share=0.3)
+    lam = cal._sim_tput(truth, cal.PIPE, 2)
+    ratio = cal._sim_pipe_ratio(truth)
+    assert 0 < ratio < 1  # the sender, with the source half, is the bottleneck
+    beta, share = cal.fit_pipe(dataclasses.replace(base, beta=base.alpha, receive_share=0.5), lam, ratio)
+    assert beta == pytest.approx(2.4, rel=0.05) and share == pytest.approx(0.3, abs=0.03)
+    # The measured ratio is the receiver's CPU over the sender's, within each run, averaged over runs.
+    runs = [{"cpu_s": {0: 0.9, 1: 1.0, "planner": 0.1}}, {"cpu_s": {"0": 1.6, "1": 2.0}}]
+    assert cal.receiver_cpu_ratio(runs) == pytest.approx(0.85)
