@@ -21,22 +21,25 @@
   bisection, alternately). Neither placement is the spread that `bench.validate_sim` checks.
 - **α_split** (µs per local chained request to a stateless successor that other workers also hold: the
   runtime's table route, `workers/engine.py` `_send`, instead of the single-holder fast path α is measured
-  on): SYN with even operators on worker 0 and odd ones split over workers 0 and 1 (MIX), the value with
-  which the simulator reproduces its throughput, β and γ fixed (ALT and FAN have no such request).
+  on): SYN with every operator 98 % on worker 0 and 2 % on worker 1 (SPLIT: nearly every chained request
+  local, and every one through the table route), the value with which the simulator reproduces its
+  throughput, β and γ fixed. Before run K it came from MIX (even operators on worker 0, odd ones split
+  over workers 0 and 1), where worker 0 also sends and receives 2.5 remote requests per record, whose
+  mispricing α_split absorbed (1.7–6.5 µs between runs; SPLIT measures ~2); MIX is now a check
+  (`--alpha-split-from mix` restores it).
 - **message_us** (µs per data message at each end, `clasp.simulator.Costs.message_us`): ALT and FAN run
   again with the workers flushing every FAST_FLUSH_MS instead of 1 ms (same rows, more and smaller
   messages); the common slope of worker CPU per record against message ends per record (the workers'
   message counters) within each placement (`fit_message_us`). It is fitted first; β and α_split are then
   fitted with it in the simulator, and γ is fixed to 0 (the per-destination cost is carried by the
   messages; FAN is then a check only). `--fit-gamma` keeps the old rule: γ fitted on FAN after message_us.
-- **β and its receive share** from PIPE (SYN's first five operators on worker 1, the last five on worker 0:
-  one remote chained request per record, worker 1 only sends, worker 0 only receives; the shape of CLASP's
-  chunked placements, whose bottleneck is the sink's chunk, a pure receiver): the β and share with which
-  the simulator reproduces PIPE's throughput and the ratio of the receiver's CPU to the sender's in the
-  same run (a within-run ratio, so the host's speed cancels from it; `fit_pipe`). ALT, which prices a
-  remote request in an all-remote chain where every worker both sends and receives, gave β 2–4× the PIPE
-  value and under-predicted CLASP's placements by 10–20 % (docs/SIMULATOR.md, runs H–J); it is a check
-  now. Without PIPE runs (`--no-pipe`): β from ALT and the share 0.5, assumed (RECEIVE_SHARE).
+- **β's receive share**: 0.5, assumed (RECEIVE_SHARE), unless `beta_from="pipe"` (`--beta-from pipe`):
+  then β and the share are those with which the simulator reproduces PIPE (SYN's first five operators on
+  worker 1, the last five on worker 0: one remote chained request per record, worker 1 only sends, worker
+  0 only receives, as in CLASP's chunked placements), its throughput and its receiver's CPU over its
+  sender's in the same run (`fit_pipe`). Tried in run J (docs/SIMULATOR.md): PIPE's receiver pays 0.30–0.44
+  of β, and WC, whose bottleneck receives every word remotely, came out 40–46 % over-predicted: a keyed
+  receiver pays more per remote request than SYN's. PIPE is measured by default and reported as a check.
 - **τ̄** per app and operator: the engine times requests with a wall clock, so under a quota τ̄ includes
   the stalls of throttling (a no-op reads 0.1–1.5 µs instead of 0.1); the shares come from an unlimited
   one-worker run of the app (plus F at its source and sink), and a per-request residual ε (the runtime's
@@ -76,6 +79,9 @@ FAN = {o: ({0: 1.0} if i % 2 == 0 else {1: 0.5, 2: 0.5}) for i, o in enumerate(S
 # and only receives; one remote chained request per record.
 PIPE = {o: ({1: 1.0} if i < len(SYN_OPS) // 2 else {0: 1.0}) for i, o in enumerate(SYN_OPS)}
 PIPE_RECEIVER, PIPE_SENDER = 0, 1
+# Every operator on worker 0 but a 2 % share on worker 1: nearly all chained requests stay local, and all
+# of them take the table route (their successor has two holders), the request α_split prices.
+SPLIT = {o: {0: 0.98, 1: 0.02} for o in SYN_OPS}
 # Even operators on worker 0, odd ones split over workers 0 and 1: worker 0's even operators route half of
 # their outputs locally through the runtime's table route (the successor has two holders), the chained
 # request that α_split prices; every other request is single-holder local or remote. Not a spread.
@@ -342,7 +348,7 @@ def measure(cpu: float, apps: list[str], seconds: float, repeat: int, unlimited:
             mix: bool = True, messages: bool = True, short: bool = True, pipe: bool = True) -> dict[str, dict | list]:
     """Every calibration run: one quota-limited worker per app, (with `short`) the SHORT_CHAIN SYN on one,
     (once) an unlimited one per app, SYN alternating over 2, (with `pipe`) in two chunks over 2, fanned over
-    3, (with `mix`) MIX over 2 workers and (with `messages`) ALT and FAN again at FAST_FLUSH_MS."""
+    3, (with `mix`) SPLIT and MIX over 2 workers and (with `messages`) ALT and FAN again at FAST_FLUSH_MS."""
     runs: dict = {"one": {}, "unlimited": {}}
     for app in apps:
         runs["one"][app] = _runs(ce.unthrottled, repeat, app=app, workers=1, cpu_per_worker=cpu, seconds=seconds)
@@ -358,6 +364,8 @@ def measure(cpu: float, apps: list[str], seconds: float, repeat: int, unlimited:
         runs["pipe"] = _runs(ce.unthrottled, repeat, app="syn", workers=2, placement=PIPE, cpu_per_worker=cpu,
                              seconds=seconds)
     if mix:
+        runs["split"] = _runs(ce.unthrottled, repeat, app="syn", workers=2, placement=SPLIT, cpu_per_worker=cpu,
+                              seconds=seconds)
         runs["mix"] = _runs(ce.unthrottled, repeat, app="syn", workers=2, placement=MIX, cpu_per_worker=cpu,
                             seconds=seconds)
     runs["fan"] = _runs(ce.unthrottled, repeat, app="syn", workers=3, placement=FAN, cpu_per_worker=cpu,
@@ -370,15 +378,15 @@ def measure(cpu: float, apps: list[str], seconds: float, repeat: int, unlimited:
     return runs
 
 
-def fit_alpha_split(base, lam_mix: float) -> float:
-    """α_split with which the simulator reproduces SYN's MIX throughput (β, γ fixed: ALT and FAN have no
-    split local requests)."""
-    return solve(lambda a: _sim_tput(dataclasses.replace(base, alpha_split=a), MIX, 2),
-                 base.alpha, 50 * max(base.alpha, 1.0), lam_mix, iters=20)
+def fit_alpha_split(base, lam: float, placement: dict = SPLIT) -> float:
+    """α_split with which the simulator reproduces SYN's throughput on `placement` (SPLIT or MIX; β, γ
+    fixed: ALT and FAN have no split local requests)."""
+    return solve(lambda a: _sim_tput(dataclasses.replace(base, alpha_split=a), placement, 2),
+                 base.alpha, 50 * max(base.alpha, 1.0), lam, iters=20)
 
 
 def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: Mapping | None = None,
-        gamma_with_messages: bool = False) -> dict:
+        gamma_with_messages: bool = False, beta_from: str = "alt", alpha_split_from: str = "split") -> dict:
     """The cost file from calibration runs (`measure`'s shape); `unlimited_tau` {app: {op: µs}} stands in
     for the unlimited runs when they are not in `runs`.
 
@@ -386,7 +394,14 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
     on ALT alone: the per-destination cost is carried by the messages (γ and message_us price the same
     per-destination traffic, and γ fitted afterwards from one FAN run is noise; docs/SIMULATOR.md). FAN is
     then a check only. `gamma_with_messages=True` restores the old rule (γ fitted on FAN after message_us).
-    Without the fast-flush runs β and γ are fitted together as before."""
+    Without the fast-flush runs β and γ are fitted together as before.
+
+    `beta_from` "alt" (β from ALT, receive share RECEIVE_SHARE) or "pipe" (both from PIPE, `fit_pipe`);
+    `alpha_split_from` "split" or "mix": the run α_split is fitted on (the other, if present, is a check)."""
+    if beta_from not in ("alt", "pipe"):
+        raise ValueError(f"beta_from must be alt or pipe, not {beta_from!r}")
+    if alpha_split_from not in ("split", "mix"):
+        raise ValueError(f"alpha_split_from must be split or mix, not {alpha_split_from!r}")
     from clasp.simulator import Costs
 
     one, unlimited = runs["one"], runs.get("unlimited") or {}
@@ -429,8 +444,9 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
                   else "fitted on FAN" + (" after message_us" if message_fitted else ""))
     share, pipe_ratio = RECEIVE_SHARE, None
     if runs.get("pipe"):
-        beta_rule = "PIPE: its throughput and its receiver's CPU over its sender's (fit_pipe); ALT a check"
         pipe_ratio = receiver_cpu_ratio(runs["pipe"])
+    if beta_from == "pipe" and runs.get("pipe"):
+        beta_rule = "PIPE: its throughput and its receiver's CPU over its sender's (fit_pipe); ALT a check"
         beta, share = fit_pipe(base, _mean_tput(runs["pipe"]), pipe_ratio)
         gamma = 0.0 if gamma_zero else fit_gamma(dataclasses.replace(base, beta=beta, receive_share=share), lam_fan)
     elif gamma_zero:
@@ -440,15 +456,19 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
         beta_rule = f"ALT (with gamma on FAN), receive share {RECEIVE_SHARE:g} assumed"
         beta, gamma = fit_beta_gamma(base, lam_alt, lam_fan)
     costs = dataclasses.replace(base, beta=beta, gamma=gamma, receive_share=share)
-    alpha_split = None
-    if runs.get("mix"):
-        alpha_split = fit_alpha_split(costs, _mean_tput(runs["mix"]))
-        costs = dataclasses.replace(costs, alpha_split=alpha_split)
+    alpha_split, split_rule = None, "none: α for every local request"
+    split_runs = {"split": (SPLIT, runs.get("split")), "mix": (MIX, runs.get("mix"))}
+    for name in (alpha_split_from, *(n for n in split_runs if n != alpha_split_from)):
+        placement, rs = split_runs[name]
+        if rs:
+            alpha_split = fit_alpha_split(costs, _mean_tput(rs), placement)
+            split_rule = f"fitted on {name.upper()}"
+            costs = dataclasses.replace(costs, alpha_split=alpha_split)
+            break
     check = {"alt": _sim_tput(costs, ALT, 2), "fan": _sim_tput(costs, FAN, 3)}
-    if pipe_ratio is not None:
-        check["pipe"] = _sim_tput(costs, PIPE, 2)
-    if alpha_split is not None:
-        check["mix"] = _sim_tput(costs, MIX, 2)
+    for name, placement in (("pipe", PIPE), ("split", SPLIT), ("mix", MIX)):
+        if runs.get(name):
+            check[name] = _sim_tput(costs, placement, 2)
 
     def tput_list(rs):
         return [round(r["throughput"], 1) for r in rs]
@@ -470,6 +490,7 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
                 "runs plus a per-request residual epsilon so that one worker predicts its measured throughput "
                 "(bench/calibrate.py docstring)"),
         "seconds": seconds, "repeat": repeat, "gamma_rule": gamma_rule, "beta_rule": beta_rule,
+        "alpha_split_rule": split_rule,
         "one_worker_throughput": {app: tput_list(rs) for app, rs in one.items()},
         "worker_cpu_rate_us": [round(r) for r in rates],
         "tau_us_under_quota": {a: {o: round(v, 3) for o, v in t.items()} for a, t in tau_q.items()},
@@ -495,9 +516,10 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
                                    "receiver_over_sender_cpu": round(pipe_ratio, 4),
                                    "simulated_receiver_over_sender": round(_sim_pipe_ratio(costs), 4),
                                    "cpu_us_per_record": cpu_per_record(runs["pipe"])}
-    if alpha_split is not None:
-        measured["syn_mix_2w"] = {"throughput": tput_list(runs["mix"]), "simulated": round(check["mix"], 1),
-                                  "cpu_us_per_record": cpu_per_record(runs["mix"])}
+    for name in ("split", "mix"):
+        if runs.get(name):
+            measured[f"syn_{name}_2w"] = {"throughput": tput_list(runs[name]), "simulated": round(check[name], 1),
+                                          "cpu_us_per_record": cpu_per_record(runs[name])}
     doc = {"alpha": round(alpha, 4), "beta": round(beta, 4), "gamma": round(gamma, 1), "capacity": round(w, 1),
            "receive_share": round(share, 4)}
     if alpha_split is not None:
@@ -511,10 +533,11 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
 
 def calibrate(cpu: float, apps: list[str], seconds: float, repeat: int, mix: bool = True,
               messages: bool = True, gamma_with_messages: bool = False, short: bool = True,
-              pipe: bool = True) -> dict:
+              pipe: bool = True, beta_from: str = "alt", alpha_split_from: str = "split") -> dict:
     runs = measure(cpu, apps, seconds, repeat, mix=mix, messages=messages, short=short, pipe=pipe)
     ce.shutdown()
-    return fit(runs, cpu, seconds, repeat, gamma_with_messages=gamma_with_messages)
+    return fit(runs, cpu, seconds, repeat, gamma_with_messages=gamma_with_messages, beta_from=beta_from,
+               alpha_split_from=alpha_split_from)
 
 
 def main(argv=None) -> int:
@@ -526,13 +549,17 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=6.0, help="seconds per measured run")
     ap.add_argument("--repeat", type=int, default=2, help="runs per quota-limited configuration")
     ap.add_argument("--out", default=str(OUT), help="the cost file to write")
-    ap.add_argument("--no-mix", action="store_true", help="skip the MIX run (no alpha_split: α for every local)")
+    ap.add_argument("--no-mix", action="store_true",
+                    help="skip the SPLIT and MIX runs (no alpha_split: α for every local)")
     ap.add_argument("--no-messages", action="store_true",
                     help="skip the fast-flush ALT and FAN runs (no message_us: no per-message cost)")
     ap.add_argument("--no-short", action="store_true",
                     help=f"skip the {SHORT_CHAIN}-operator SYN run (no per-record cost F: it is folded into α)")
-    ap.add_argument("--no-pipe", action="store_true",
-                    help="skip the PIPE run (β from ALT, receive share 0.5 assumed: the rule before run J)")
+    ap.add_argument("--no-pipe", action="store_true", help="skip the PIPE run (a check unless --beta-from pipe)")
+    ap.add_argument("--beta-from", choices=("alt", "pipe"), default="alt",
+                    help="fit β on ALT (receive share 0.5) or β and the share on PIPE (run J's rule)")
+    ap.add_argument("--alpha-split-from", choices=("split", "mix"), default="split",
+                    help="the run α_split is fitted on (mix: the rule before run K)")
     ap.add_argument("--fit-gamma", action="store_true",
                     help="also fit γ on FAN when message_us is fitted (the old rule; default: γ = 0 then)")
     args = ap.parse_args(argv)
@@ -544,7 +571,7 @@ def main(argv=None) -> int:
             ap.error(f"unknown app {a!r}")
     doc = calibrate(args.cpu_per_worker, apps, args.seconds, args.repeat, mix=not args.no_mix,
                     messages=not args.no_messages, gamma_with_messages=args.fit_gamma, short=not args.no_short,
-                    pipe=not args.no_pipe)
+                    pipe=not args.no_pipe, beta_from=args.beta_from, alpha_split_from=args.alpha_split_from)
     from clasp.simulator import Costs
 
     Costs.from_json_dict(doc)  # the simulator must load it

@@ -5,7 +5,7 @@
 
 Without `--costs` (the default) calibration and validation are **interleaved**, so that drift in the
 machine's speed (a shared host) cancels: per repeat, the `bench.calibrate` runs (one worker per app and
-the short SYN chain, SYN ALT, PIPE and MIX over 2, FAN over 3 workers) and the validation runs (every app
+the short SYN chain, SYN ALT, PIPE, SPLIT and MIX over 2, FAN over 3 workers) and the validation runs (every app
 over 1..5 workers) are measured back to back, worker count by worker count; that repeat's cost file is
 fitted from its own calibration runs only and compared with its own validation runs (a JSON line per
 repeat and point). A
@@ -14,9 +14,10 @@ with `--write-costs FILE` (e.g. bench/sim_costs_measured.json), written there (�
 are carried over from that file). Fitted: the one-worker points (the same placement as the calibration's one-
 worker runs, by construction reproduced up to run-to-run noise). Validated: 2..N workers, under placements
 no calibration run has (CLASP's chunks with a split operator at every boundary, or spreads). Beside
-`ratio`, the same points with each refinement of the cost model left out (`predictions`): `ratio_no_split`
-(no α_split), `ratio_no_messages`, `ratio_no_record_cost` (no short chain: F folded into α) and
-`ratio_alt_beta` (no PIPE run: β from ALT, receive share 0.5 assumed).
+`ratio`, the same points under the other rules (`predictions`): `ratio_no_split` (no α_split),
+`ratio_no_messages`, `ratio_pipe_beta` or `ratio_alt_beta` (β from the other of PIPE and ALT,
+`--beta-from`) and `ratio_mix_split` or `ratio_split_split` (α_split from the other of MIX and SPLIT,
+`--alpha-split-from`).
 
 With `--costs FILE`, the old mode: the file as given, emulated runs only.
 
@@ -49,6 +50,8 @@ from pathlib import Path
 from bench import cluster_engine as ce
 
 COSTS = Path(__file__).resolve().parent / "sim_costs_measured.json"
+# The calibration runs besides the one-worker ones, by bench.calibrate's names.
+CALIB_RUNS = ("short", "alt", "pipe", "split", "mix", "fan", "alt_fast", "fan_fast")
 TOLERANCE = 0.15
 
 
@@ -122,8 +125,7 @@ def interleaved_repeat(apps: list[str], workers: list[int], cpu: float, seconds:
     (the rest idle): the host's speed at that moment (returned as the third dict, by (app, n))."""
     from bench import calibrate as cal
 
-    calib: dict = {"one": {}, "short": [], "alt": [], "pipe": [], "mix": [], "fan": [], "alt_fast": [],
-                   "fan_fast": []}
+    calib: dict = {"one": {}, **{k: [] for k in CALIB_RUNS}}
     val: dict = {}
     ref: dict = {}
     for n in sorted(set(workers) | {1, 2, 3}):
@@ -133,7 +135,7 @@ def interleaved_repeat(apps: list[str], workers: list[int], cpu: float, seconds:
                                                                        "spread")]
         if n == 2:
             todo += [("calib-alt", "syn", 2, cal.ALT), ("calib-pipe", "syn", 2, cal.PIPE),
-                     ("calib-mix", "syn", 2, cal.MIX)]
+                     ("calib-split", "syn", 2, cal.SPLIT), ("calib-mix", "syn", 2, cal.MIX)]
         if n == 3:
             todo += [("calib-fan", "syn", 3, cal.FAN)]
         if n in workers:
@@ -178,24 +180,30 @@ def _speed_ratio(sim: dict, refs: list[float], emulated: float, app: str, n: int
 
 def predictions(apps: list[str], workers: list[int], calib: dict, repeat: int, placed: dict | None,
                 tau_u: dict, args) -> tuple[dict, dict[str, dict]]:
-    """The cost file fitted from `calib` and what it predicts ("") beside the variants the report compares
-    it with: without α_split, without the message cost, without F (no short chain) and with β from ALT and
-    the receive share assumed 0.5 (no PIPE run: the rule before run J)."""
+    """The cost file fitted from `calib` under the chosen rules and what it predicts (""), beside the
+    variants the report compares it with: without α_split, without the message cost, β from the other of
+    ALT and PIPE, α_split from the other of SPLIT and MIX (each when its runs are there)."""
     from bench import calibrate as cal
     from clasp.simulator import Costs
 
-    def fitted(runs: dict) -> dict:
-        return cal.fit(runs, args.cpu_per_worker, args.seconds, repeat, unlimited_tau=tau_u,
-                       gamma_with_messages=args.fit_gamma)
+    def fit_doc(beta_from: str = args.beta_from, split_from: str = args.alpha_split_from) -> dict:
+        return cal.fit(calib, args.cpu_per_worker, args.seconds, repeat, unlimited_tau=tau_u,
+                       gamma_with_messages=args.fit_gamma, beta_from=beta_from, alpha_split_from=split_from)
 
-    doc = fitted(calib)
+    def fitted(**rule) -> Costs:
+        return Costs.from_json_dict(fit_doc(**rule))
+
+    doc = fit_doc()
     costs = Costs.from_json_dict(doc)
     sims = {"": simulated(apps, workers, costs, placed),
             "no_split": simulated(apps, workers, dataclasses.replace(costs, alpha_split=None), placed),
-            "no_messages": simulated(apps, workers, dataclasses.replace(costs, message_us=0.0), placed),
-            "no_record_cost": simulated(apps, workers, Costs.from_json_dict(fitted({**calib, "short": []})), placed)}
+            "no_messages": simulated(apps, workers, dataclasses.replace(costs, message_us=0.0), placed)}
+    other_beta = "pipe" if args.beta_from == "alt" else "alt"
     if calib.get("pipe"):
-        sims["alt_beta"] = simulated(apps, workers, Costs.from_json_dict(fitted({**calib, "pipe": []})), placed)
+        sims[f"{other_beta}_beta"] = simulated(apps, workers, fitted(beta_from=other_beta), placed)
+    other_split = "mix" if args.alpha_split_from == "split" else "split"
+    if calib.get(other_split):
+        sims[f"{other_split}_split"] = simulated(apps, workers, fitted(split_from=other_split), placed)
     return doc, sims
 
 
@@ -235,7 +243,7 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
     pooled = {"one": {a: [r for c, _, _ in reps for r in c["one"][a]] for a in run_apps},
               "unlimited": unlimited,
               **{key: [r for c, _, _ in reps for r in c[key]]
-                 for key in ("short", "alt", "pipe", "mix", "fan", "alt_fast", "fan_fast")}}
+                 for key in CALIB_RUNS}}
     doc, sims = predictions(apps, workers, pooled, args.repeat, placed, tau_u, args)
     sim = sims[""]
     pooled_points = []
@@ -276,8 +284,9 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
             "max_abs_error_pooled": round(max((abs(p["ratio"] - 1) for p in pool_pts), default=0.0), 4),
             "max_abs_error_pooled_no_split": round(max((abs(p["ratio_no_split"] - 1) for p in pool_pts),
                                                        default=0.0), 4),
-            "max_abs_error_pooled_no_record_cost": round(max((abs(p["ratio_no_record_cost"] - 1)
-                                                              for p in pool_pts), default=0.0), 4),
+            **{f"max_abs_error_pooled_{v}": round(max(abs(p[f"ratio_{v}"] - 1) for p in pool_pts), 4)
+               for v in ("pipe_beta", "alt_beta", "mix_split", "split_split")
+               if pool_pts and f"ratio_{v}" in pool_pts[0]},
             "max_abs_error_pooled_speed_reference": round(max(abs(p["ratio_speed_reference"] - 1) for p in ref_pts), 4)
             if (ref_pts := [p for p in pool_pts if p["ratio_speed_reference"] is not None]) else None,
             "max_abs_error_fitted_1w": round(max(abs(p["ratio"] - 1) for p in points
@@ -288,6 +297,8 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
     summary = {"summary": True, "mode": "interleaved", "date": datetime.date.today().isoformat(),
                "cpu_per_worker": cpu, "apps": apps, "workers": workers, "repeat": args.repeat,
                "seconds": args.seconds, "gamma_rule": doc["measured"].get("gamma_rule"),
+               "beta_rule": doc["measured"].get("beta_rule"),
+               "alpha_split_rule": doc["measured"].get("alpha_split_rule"),
                "costs_per_repeat": costs_docs,
                "costs_pooled": _coefficients(doc),
                "per_app": per_app,
@@ -374,6 +385,10 @@ def main(argv=None) -> int:
     ap.add_argument("--placement", choices=("clasp", "spread"), default="clasp",
                     help="both engines run CLASP's placement for n workers (the figures' placements), or every "
                          "operator spread over all n (the worst case for chaining)")
+    ap.add_argument("--beta-from", choices=("alt", "pipe"), default="alt",
+                    help="interleaved: fit β on ALT (receive share 0.5) or β and the share on PIPE (run J)")
+    ap.add_argument("--alpha-split-from", choices=("split", "mix"), default="split",
+                    help="interleaved: the run α_split is fitted on (mix before run K)")
     ap.add_argument("--speed-reference", action="store_true",
                     help="interleaved: before each validation run of n ≥ 2 workers, the app on one of them, and "
                          "report ratio_speed_reference: the simulation scaled to the host's speed at the time")

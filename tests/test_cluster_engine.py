@@ -145,6 +145,8 @@ def test_mix_calibration_placement_is_not_a_spread():
 
     assert cal.MIX["op0"] == {0: 1.0} and cal.MIX["op1"] == {0: 0.5, 1: 0.5}
     assert all(cal.MIX[o] != {0: 0.5, 1: 0.5} for o in cal.SYN_OPS[::2])
+    # SPLIT: every operator on both workers, almost all on worker 0 (every chained request takes the table route).
+    assert all(cal.SPLIT[o] == {0: 0.98, 1: 0.02} for o in cal.SYN_OPS)
 
 
 def test_fit_message_us_recovers_a_common_slope():
