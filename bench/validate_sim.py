@@ -346,7 +346,7 @@ def plot(path: str, apps: list[str], workers: list[int], points: list[dict], tit
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, (ax, rx) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
     for i, app in enumerate(apps):
         rows = [p for p in points if p["app"] == app]
         x = [p["workers"] for p in rows]
@@ -355,12 +355,19 @@ def plot(path: str, apps: list[str], workers: list[int], points: list[dict], tit
                           [max(0.0, p["emulated_max"] - p["emulated"]) for p in rows]],
                     color=f"C{i}", marker="o", label=f"{app} emulated", capsize=3)
         ax.plot(x, [p["simulated"] for p in rows], color=f"C{i}", ls="--", marker="s", label=f"{app} simulated")
+        rx.plot(x, [p["ratio"] for p in rows], color=f"C{i}", marker="o", label=app)
     ax.set_xlabel("workers")
-    ax.set_ylabel("throughput, records/s")
+    ax.set_ylabel("throughput, records/s (WC: lines/s)")
     ax.set_xticks(workers)
     ax.set_ylim(bottom=0)
-    ax.set_title(title)
     ax.legend(fontsize=8)
+    rx.axhspan(1 - TOLERANCE, 1 + TOLERANCE, color="grey", alpha=0.15, label=f"±{TOLERANCE:.0%}")
+    rx.axhline(1.0, color="grey", lw=0.8)
+    rx.set_xlabel("workers")
+    rx.set_ylabel("simulated / emulated")
+    rx.set_xticks(workers)
+    rx.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
