@@ -25,7 +25,7 @@
   local, and every one through the table route), the value with which the simulator reproduces its
   throughput, β and γ fixed. Before run K it came from MIX (even operators on worker 0, odd ones split
   over workers 0 and 1), where worker 0 also sends and receives 2.5 remote requests per record, whose
-  mispricing α_split absorbed (1.7–6.5 µs between runs; SPLIT measures ~2); MIX is now a check
+  mispricing α_split absorbed (1.7–6.5 µs between runs; SPLIT gave 1.1–1.7 in run K); MIX is now a check
   (`--alpha-split-from mix` restores it).
 - **message_us** (µs per data message at each end, `clasp.simulator.Costs.message_us`): ALT and FAN run
   again with the workers flushing every FAST_FLUSH_MS instead of 1 ms (same rows, more and smaller
