@@ -70,9 +70,9 @@ OUT = Path(__file__).resolve().parent / "sim_costs_measured.json"
 CPU_PER_WORKER = 0.25
 SYN_OPS = [f"op{i}" for i in range(10)]
 ALT = {o: {i % 2: 1.0} for i, o in enumerate(SYN_OPS)}  # every chained request remote, δ = 1
-# Share of β the receiving worker pays (clasp.simulator.Costs.receive_share): assumed, not measured (the
-# two calibration placements are symmetric in sends and receives per worker, so they cannot tell the sides
-# apart); sending (packing into a batch) and receiving (unpacking, queueing) are about the same work.
+# Share of β the receiving worker pays (clasp.simulator.Costs.receive_share): assumed. PIPE measures SYN's
+# receiver at 0.30–0.44 of β, but a keyed receiver (WC's hot-key owner) pays more per remote request (run J,
+# docs/SIMULATOR.md), and 0.5 with β from ALT validates both apps (run K).
 RECEIVE_SHARE = 0.5
 FAN = {o: ({0: 1.0} if i % 2 == 0 else {1: 0.5, 2: 0.5}) for i, o in enumerate(SYN_OPS)}  # δ = 2 on worker 0
 # Two chunks, as CLASP places a chain: worker 1 runs the source half and only sends, worker 0 the sink half
