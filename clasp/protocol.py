@@ -91,6 +91,7 @@ SCHEMAS: dict[str, dict[str, tuple | None]] = {
 _OPTIONAL: dict[str, dict[str, tuple | None]] = {
     "submit": {"placement": _DICT, "options": _DICT},
     "stats": {"fresh": _BOOL},
+    "counters": {"below": _INT},  # also answer `holds_below`: anything of a record below this id here
     "reply": {"result": _ANY, "error": _STR},
     "deploy": {"state": _STR, "state_server": _STR},
 }

@@ -65,6 +65,13 @@ class Tracker:
         self.completed = 0
         self.lost = 0
         self.overreturned = 0  # weight returned beyond a record's total: a runtime bug if ever > 0
+        # After a worker died: records below `fence` were dispatched before the job was re-placed, so
+        # some of their weight may have died with it. They are `suspects` (open ones, per chunk) until
+        # `lose_suspects`; returns for records below `lost_below` (given up on) are ignored.
+        self.fence = 0
+        self.suspect_chunks: dict[int, int] = {}
+        self.suspects = 0
+        self.lost_below = 0
         self.interval = LatencyHistogram()
         self.cumulative = LatencyHistogram()
 
@@ -78,19 +85,23 @@ class Tracker:
             raise ValueError(f"chunk of {n} records")
         c = self.next_chunk
         self.next_chunk += 1
-        self.chunks[c] = [now, n]
+        self.chunks[c] = [now, n, n]  # admitted at, still open, size
         self.admitted += n
         return c << CHUNK_BITS
 
     def extend(self, rid: int, amount: int) -> None:
         """A worker split more ways than the record's weight allowed: it gets `amount` more."""
-        self.partial[rid] = self.partial.get(rid, self.root) + amount
+        if rid >= self.lost_below:
+            self.partial[rid] = self.partial.get(rid, self.root) + amount
 
     def returned(self, returns: Mapping[int, int], now: float) -> int:
         """Apply weight returned by a worker; returns how many records completed."""
         partial, root = self.partial, self.root
         done_chunks: dict[int, int] = {}
+        fence, lost_below = self.fence, self.lost_below
         for rid, w in returns.items():
+            if rid < lost_below:
+                continue  # weight of a record already counted as lost: it can no longer complete
             rem = partial.pop(rid, root) - w
             if rem > 0:
                 partial[rid] = rem
@@ -99,6 +110,9 @@ class Tracker:
                 self.overreturned += 1
             c = rid >> CHUNK_BITS
             done_chunks[c] = done_chunks.get(c, 0) + 1
+            if rid < fence and c in self.suspect_chunks:
+                self.suspect_chunks[c] -= 1
+                self.suspects -= 1
         n = 0
         for c, k in done_chunks.items():
             chunk = self.chunks.get(c)
@@ -118,12 +132,37 @@ class Tracker:
         """Records finished without any worker (e.g. the source's key function failed at the planner)."""
         return self.returned({rid: self.partial.get(rid, self.root) for rid in rids}, now)
 
-    def lose_outstanding(self) -> int:
-        """Give up on every record still open (its weight died with a worker); returns how many."""
-        n = self.outstanding
+    def suspect_below(self, fence: int) -> int:
+        """A worker died: every record below `fence` (all dispatched, none above) may have lost weight
+        with it. They stop counting as in flight until they complete or `lose_suspects` gives up on them;
+        returns how many are open. A second death moves the fence up over everything dispatched since."""
+        chunk_of_fence, offset = fence >> CHUNK_BITS, fence & ((1 << CHUNK_BITS) - 1)
+        suspects: dict[int, int] = {}
+        for c, (_, open_, size) in self.chunks.items():
+            if c < chunk_of_fence:
+                suspects[c] = open_
+            elif c == chunk_of_fence and offset:
+                suspects[c] = open_ - (size - offset)  # the rest of the chunk is not dispatched yet
+        self.fence = max(self.fence, fence)
+        self.suspect_chunks = {c: k for c, k in suspects.items() if k > 0}
+        self.suspects = sum(self.suspect_chunks.values())
+        return self.suspects
+
+    def lose_suspects(self) -> int:
+        """Give up on the suspects still open (no live worker holds anything of them); returns how many."""
+        n = self.suspects
+        for c, k in self.suspect_chunks.items():
+            chunk = self.chunks.get(c)
+            if chunk is not None:
+                chunk[1] -= k
+                if chunk[1] <= 0:
+                    del self.chunks[c]
+        fence = self.fence
+        for rid in [r for r in self.partial if r < fence]:
+            del self.partial[rid]
         self.lost += n
-        self.partial.clear()
-        self.chunks.clear()
+        self.lost_below = max(self.lost_below, fence)
+        self.fence, self.suspect_chunks, self.suspects = 0, {}, 0
         return n
 
     def take_interval(self) -> dict:

@@ -98,13 +98,15 @@ class PlannerJob:
     decisions: deque = field(default_factory=lambda: deque(maxlen=200))
     estimate: dict = field(default_factory=dict)
     lost_workers: set = field(default_factory=set)
-    sweep: tuple | None = None  # (completed, idle ticks) while looking for records lost with a worker
+    sweep: tuple | None = None  # (suspects, clean checks in a row) while looking for records lost with a worker
     settled: Placement | None = None  # the placement of the last migration every worker completed
     state: str = "local"  # "remote": stateful operators keep their state in the planner's state server
 
     @property
     def inflight(self) -> int:
-        return self.counters["dispatched"] - self.tracker.completed - self.tracker.lost
+        """Records in the window: dispatched, not complete, and not suspected lost with a dead worker."""
+        t = self.tracker
+        return self.counters["dispatched"] - t.completed - t.lost - t.suspects
 
 
 class Planner:
@@ -134,6 +136,7 @@ class Planner:
             raise ValueError(f"state must be one of {', '.join(STATE_MODES)}, not {state!r}")
         self.state, self.state_port = state, state_port
         self.rescales = 0
+        self.records_lost = 0  # cumulative over every job, for clasp_records_lost_total
         self.migration_hist = {"planner": LatencyHistogram(), "worker": LatencyHistogram()}
         self.id = f"p-{uuid.uuid4().hex[:8]}"
         self.ctx = zmq.asyncio.Context()
@@ -416,7 +419,10 @@ class Planner:
         job.waiters.clear()
 
     def _job_workers(self, job: PlannerJob) -> list[str]:
-        return [w for w in job.workers if self.workers.get(w) and self.workers[w].alive]
+        """The job's workers still serving it: alive, and not declared dead since it started (one that
+        comes back, or a new process with its id, has lost the job's state and takes no part in it)."""
+        return [w for w in job.workers
+                if w not in job.lost_workers and self.workers.get(w) and self.workers[w].alive]
 
     async def _on_state(self, ident: bytes, body: dict) -> None:
         job = self._job(body)
@@ -480,7 +486,7 @@ class Planner:
     async def _on_scale(self, ident: bytes, body: dict) -> None:
         job = self._job(body)
         n = body["workers"]
-        pool = [w for w in job.workers if self.workers[w].alive]
+        pool = self._job_workers(job)
         if not 1 <= n <= len(pool):
             raise RequestError(f"scale to {n} workers: the job's pool has {len(pool)} live workers")
         async with job.lock:
@@ -492,7 +498,7 @@ class Planner:
         """Migrate to an explicit placement, operator -> {pool index -> share} (pool: active workers first)."""
         job = self._job(body)
         async with job.lock:
-            pool = pool_order(job.placement, [w for w in job.workers if self.workers[w].alive])
+            pool = pool_order(job.placement, self._job_workers(job))
             new = build_placement(job.spec, pool, body["placement"], self.p_max, job.placement.epoch + 1,
                                   previous=job.placement)
             record = await self.migrate(job, new, "manual placement")
@@ -510,8 +516,7 @@ class Planner:
 
     async def _migrate(self, job: PlannerJob, result, reason: str) -> dict:
         """Carry out a policy's placement with the decentralized protocol; returns the migration record."""
-        alive = [w for w in job.workers if self.workers[w].alive]
-        pool = pool_order(job.placement, alive)
+        pool = pool_order(job.placement, self._job_workers(job))
         new = to_runtime_placement(job.spec, result, pool, job.placement, job.placement.epoch + 1)
         record = await self.migrate(job, new, reason)
         job.controller.placed(result)
@@ -519,7 +524,8 @@ class Planner:
 
     async def migrate(self, job: PlannerJob, new: Placement, reason: str) -> dict:
         """Steps 1, 2 and 7 of the protocol: plan, broadcast, wait for every participant's completion."""
-        dead = sorted(w for w in job.workers if not self.workers[w].alive)
+        serving = set(self._job_workers(job))
+        dead = sorted(w for w in job.workers if w not in serving)
         old = job.placement
         plan = plan_migration(job.spec, old, new, job.workers, dead)
         t0 = time.monotonic()
@@ -567,57 +573,70 @@ class Planner:
         """A worker of the job died: re-place its share on the workers that remain (its state is lost)."""
         async with job.lock:
             old = job.placement
-            if wid not in job.workers:
+            if wid not in job.workers or wid in job.lost_workers:
                 return
             # Even when it held nothing any more, a plan naming it dead releases peers waiting for it.
-            alive = [w for w in job.workers if self.workers[w].alive]
+            job.lost_workers.add(wid)
+            alive = self._job_workers(job)
             if not alive:
                 log.error("job %d lost its last worker %s", job.id, wid)
                 return
             ops = {}
             for o in job.spec.operators:
                 p = old.operators[o.name]
-                shares = {w: s for w, s in p.shares.items() if w != wid and self.workers[w].alive}
+                shares = {w: s for w, s in p.shares.items() if w in alive}
                 if not shares:
                     shares = {pool_order(old, alive)[0]: 1.0}
                 total = sum(shares.values())
                 shares = {w: v / total for w, v in shares.items()}
                 kg = key_groups_for_shares(shares, NUM_KEY_GROUPS, p.key_groups) if o.stateful else None
                 ops[o.name] = OperatorPlacement(shares, {w: p.instances.get(w, 1) for w in shares}, kg)
-            job.lost_workers.add(wid)
             settled = job.settled or old
             lost_groups = sum(1 for o in job.spec.operators if o.stateful
                               for g in settled.operators[o.name].key_groups if g == wid)
             reason = f"worker {wid} died: its {lost_groups} key groups restart empty (their state is lost)"
             job.decisions.append({"t": round(time.time() - job.created, 3), "trigger": f"worker {wid} died",
                                   "reason": reason, "change": True})
+            # Records dispatched until now may have had weight on the dead worker: they leave the in-flight
+            # window (which would otherwise stay full of records that never complete) and are counted as
+            # lost once no survivor holds anything of them. `migrate` switches the routes in this same step,
+            # so every record from the fence on goes to survivors only.
+            fence = job.queue[0][0] + job.queue[0][2] if job.queue else job.tracker.next_chunk << CHUNK_BITS
+            job.tracker.suspect_below(fence)
+            self.dispatch_wake.set()
             await self.migrate(job, Placement(ops, old.epoch + 1, old.workers), reason)
 
-    def _sweep_lost(self, job: PlannerJob, idle: bool) -> None:
-        """After a worker died, records whose weight died with it never complete: once the survivors are
-        idle and nothing completes for two ticks, count what is still outstanding as lost."""
-        if not job.lost_workers or job.migrating or job.queued or not job.tracker.outstanding:
+    def _sweep_lost(self, job: PlannerJob, clean: bool) -> None:
+        """After a worker died, records whose weight died with it never complete. A check is clean when
+        no survivor holds anything of a suspect record; after two clean checks a tick apart with no suspect
+        completing in between (a request on the wire between survivors shows up in one of them), count
+        the suspects still open as lost."""
+        t = job.tracker
+        if not t.suspects or job.migrating or not clean:
             job.sweep = None
             return
-        completed = job.tracker.completed
-        if not idle or job.sweep is None or job.sweep[0] != completed:
-            job.sweep = (completed, 0)
+        if job.sweep is None or job.sweep[0] != t.suspects:
+            job.sweep = (t.suspects, 1)
             return
-        job.sweep = (completed, job.sweep[1] + 1)
-        if job.sweep[1] >= 2:
-            n = job.tracker.lose_outstanding()
-            log.error("job %d: %d records lost with worker(s) %s", job.id, n, sorted(job.lost_workers))
-            job.errors.append({"worker": ",".join(sorted(job.lost_workers)), "operator": "",
-                               "error": f"{n} records lost with a dead worker", "value": ""})
+        n = t.lose_suspects()
+        job.sweep = None
+        self.records_lost += n
+        dead = ",".join(sorted(job.lost_workers))
+        log.error("job %d: %d records lost with worker(s) %s", job.id, n, dead)
+        job.errors.append({"worker": dead, "operator": "", "value": "",
+                           "error": f"{n} records lost with dead worker(s) {dead}: they had requests or "
+                                    f"state there; their key groups restarted empty"})
+        if t.outstanding == 0 and job.queued == 0:
             self._wake_waiters(job)
 
     async def _check_idle(self, job: PlannerJob) -> None:
         workers = self._job_workers(job)
+        body = {"job": job.id, "below": job.tracker.fence}
         try:
-            counters = await asyncio.gather(*(self.rpc(w, "counters", {"job": job.id}, 2.0) for w in workers))
+            counters = await asyncio.gather(*(self.rpc(w, "counters", body, 2.0) for w in workers))
         except RequestError:
             return
-        self._sweep_lost(job, all(c["idle"] for c in counters))
+        self._sweep_lost(job, not any(c["holds_below"] for c in counters))
 
     def _control(self, job: PlannerJob, rate_in: float, rate_out: float) -> None:
         """One control-loop tick for one job: feed the estimator, and re-plan when a trigger fires."""
@@ -739,7 +758,7 @@ class Planner:
                             "p99": lat["p99"], "workers": len(job.placement.active_workers())}
                 job.series.append(job.last)
                 self._control(job, rate_in, rate_out)
-                if job.lost_workers and job.tracker.outstanding and not job.migrating:
+                if job.tracker.suspects and not job.migrating:
                     self._background(self._check_idle(job), f"idle check of job {job.id}")
                 total_in += rate_in
                 total_out += rate_out
@@ -804,7 +823,8 @@ class Planner:
             "input_rate": job.last.get("input_rate", 0.0), "throughput": job.last.get("throughput", 0.0),
             "latency": {"last": {k: job.last.get(k) for k in ("p50", "p95", "p99")}, **t.cumulative.summary()},
             "pushed": job.counters["pushed"], "completed": t.completed, "outstanding": t.outstanding,
-            "queued": job.queued, "lost": t.lost, "failed": failed + job.counters["source_errors"],
+            "queued": job.queued, "lost": t.lost, "suspected_lost": t.suspects,
+            "failed": failed + job.counters["source_errors"],
             "errors": list(job.errors), "workers": per_worker, "operators": operators,
             "edges": [{"src": s, "dst": d, "rate": r} for (s, d), r in edges.items()],
             "placement": job.placement.to_wire(), "workers_active": len(job.placement.active_workers()),
@@ -849,6 +869,10 @@ class _PlannerCollector:
         r = CounterMetricFamily("clasp_rescales", "Migrations carried out")
         r.add_metric([], p.rescales)
         yield r
+        lost = CounterMetricFamily("clasp_records_lost", "Records given up on because a worker holding "
+                                   "part of them died")
+        lost.add_metric([], p.records_lost)
+        yield lost
         mh = HistogramMetricFamily("clasp_migration_duration_seconds",
                                    "Planner: plan issued to last completion; worker: plan received to resumed",
                                    labels=["role"])

@@ -168,6 +168,7 @@ class JobEngine:
         # and `async put_many(job, op, {key: state or None})`; None keeps state in this worker.
         self.remote_state = None
         self.placement = placement
+        self.before: Placement | None = None  # the placement the migration in progress started from
         self.epoch = placement.epoch
         self.apply_placement(placement)
 
@@ -198,6 +199,20 @@ class JobEngine:
 
     def queue_length(self) -> int:
         return sum(len(op.queue) for op in self.ops) + sum(len(r) for h in self.held.values() for r in h.values())
+
+    def holds_below(self, fence: int) -> bool:
+        """Whether anything here still belongs to a record below `fence`: a queued, held, early, batched
+        or parked request, weight not yet reported, or an execution in progress. O(requests held), asked
+        only while the planner looks for records lost with a dead worker."""
+        if self.async_tasks or any(rid < fence for rid in self.returns):
+            return True
+        if any(p[2] < fence for p in self.parked.values()):
+            return True
+        rows = [op.queue for op in self.ops]
+        rows += [r for h in self.held.values() for r in h.values()]
+        rows += [r for _, r in self.future]
+        rows += list(self.pending.values())
+        return any(r[3] < fence for part in rows for r in part)
 
     def idle(self) -> bool:
         return (not self.async_tasks and not self.held and not self.future and not self.pending
@@ -232,12 +247,22 @@ class JobEngine:
                     waiting.append(r)
                     continue
             d = self._owner(op, r, self.placement) if forward else None
+            if d is not None and self._extracting_later(op, r):
+                d = None
             if d is None:
                 op.queue.append(r)
             else:
                 self.pending.setdefault(d, []).append(r)
                 if self.pending_since is None:
                     self.pending_since = perf_counter()
+
+    def _extracting_later(self, op: OpRuntime, row) -> bool:
+        """An old-epoch row for something this worker is giving away but has not taken out yet: it queues
+        here and leaves with the group, behind the rows queued before it. Forwarded at once, it could
+        reach the new owner after rows of the new epoch that the new owner holds for the same key."""
+        mig = self.migration
+        return (self.before is not None and mig is not None and not mig.sent
+                and self._owner(op, row, self.before) is None)
 
     def _owner(self, op: OpRuntime, row, placement: Placement) -> str | None:
         """The worker that should run `row` under `placement`; None when it is this one."""
@@ -255,6 +280,7 @@ class JobEngine:
         """Switch to the new epoch's routing. Requests for the key groups in `incoming` (op index -> groups
         whose state is on its way here) are held, in arrival order, until `release_groups`; the rest run on."""
         self.held = {op: {g: [] for g in groups} for op, groups in incoming.items() if groups}
+        self.before = self.placement
         self.apply_placement(placement)
         future, self.future = self.future, []
         for epoch, rows in future:

@@ -198,7 +198,10 @@ class Worker:
 
     def _on_counters(self, body) -> bytes:
         eng = self._engine(body)
-        return protocol.reply(body["req"], {**eng.counters(), "messages": self.monitor.message_counts(eng.job)})
+        out = {**eng.counters(), "messages": self.monitor.message_counts(eng.job)}
+        if body.get("below") is not None:
+            out["holds_below"] = eng.holds_below(body["below"])
+        return protocol.reply(body["req"], out)
 
     def _on_state_get(self, body) -> bytes:
         op = self._engine(body).op(body["op"])
@@ -304,6 +307,9 @@ class Worker:
             # Whole key groups in chunks of about MIGRATE_CHUNK objects, yielding to the event loop in
             # between: the worker keeps running everything else, and no single step holds it long.
             epoch = mig.plan.epoch
+            # What this worker's own executions batched goes first: a new owner must not run a moved
+            # group, and send its outputs on, before the outputs this worker made of that group left.
+            self._flush_data(eng)
             chunks: dict[str, list] = {}
             loose: dict[str, list] = {}
             size = 0
