@@ -157,7 +157,14 @@ class Worker:
         spec = DagSpec.unpack(body["dag"])
         placement = Placement.from_wire(body["placement"], spec)
         for wid, addr in body["peers"].items():
-            self.peer_addrs[str(wid)] = str(addr)
+            wid, addr = str(wid), str(addr)
+            if self.peer_addrs.get(wid) != addr and wid in self.peers:
+                self.peers.pop(wid).close(linger=0)  # a restarted peer with the same id: new ports
+            self.peer_addrs[wid] = addr
+            if wid != self.id:
+                # Connected now, not on the first send: a first send waits for the TCP and ZMTP handshakes,
+                # long enough for a new owner's outputs, sent later on a ready socket, to overtake it.
+                self._peer(wid)
         job = body["job"]
         if job in self.jobs:
             raise ValueError(f"job {job} is already deployed here")
