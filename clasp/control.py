@@ -167,9 +167,11 @@ class Controller:
             target = max(target, obs.throughput) + obs.queued / self.config.drain_seconds
         e = self.estimator
         operators, edges = steady_rates(self.operators, self.edges, obs.operators, obs.edges, obs.throughput)
+        share = e.config.receive_share  # β is a remote request's cost at both ends; this much is the receiver's
         return Stats(operators, [EdgeStats(s, d, r) for (s, d), r in edges.items()],
-                     e.alpha, e.beta, e.gamma, e.capacity, obs.throughput, target, self.p_max,
-                     max(obs.instances, 1), max(obs.active, 1))
+                     e.alpha, (1 - share) * e.beta, e.gamma, e.capacity, obs.throughput, target, self.p_max,
+                     max(obs.instances, 1), max(obs.active, 1), beta_receive=share * e.beta, mu=e.config.mu,
+                     flush_delay=e.config.flush_delay)
 
     def place_on(self, workers: int) -> PlacementResult:
         """The policy's placement for `workers` workers (`Policy.place_on`), from the latest observation."""

@@ -94,6 +94,11 @@ class EstimatorConfig:
     beta: float = DEFAULT_BETA
     gamma: float = DEFAULT_GAMMA
     capacity: float = DEFAULT_CAPACITY
+    # The extended model's priors (clasp.model): the share of β a receiver pays, µs per message, and the
+    # engine's flush delay. 0 and 0: the paper's model, β all at the sender.
+    receive_share: float = 0.0
+    mu: float = 0.0
+    flush_delay: float = 0.001
     rho: float = 0.99
     eta: float = 0.05
     growth_intervals: int = 3

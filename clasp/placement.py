@@ -172,13 +172,26 @@ class Placement:
 
 def next_fit(order: Sequence[str], successors: Mapping[str, Sequence[tuple[str, float]]],
              demand: Mapping[str, float], model: CapacityModel,
-             max_workers: int | None = None) -> tuple[dict[str, dict[int, float]], list[float]]:
+             max_workers: int | None = None,
+             predecessors: Mapping[str, Sequence[tuple[str, float]]] | None = None,
+             held: Mapping[int, float] | None = None) -> tuple[dict[str, dict[int, float]], list[float]]:
     """Next-fit over `order`: Eq. (9) φ_max = (w_rem − γ·g_w)/m_w, opening a worker when the current is full.
 
     Works in fractions of D̃_o: per unit of fraction the cost is D̃_o·m_w, which also covers an operator
     with D̃_o = 0 whose chained requests still cost α/β. Returns (σ per operator, w_rem per worker).
+
+    Extended (β_r > 0, `predecessors` given): the order places successors first, so a worker that takes a
+    share of o also reserves β_r for every request o's predecessors will send it, as if all were remote;
+    when a predecessor lands on the same worker, the part that stays local gives its reservation back.
+    The sum is the extended Eq. (8) exactly, and no worker, sender or receiver, is ever charged past
+    its own W_w. Workers open in index order with W_w = `model.capacity_of(index)`, less what `held`
+    keeps back. A new destination costs the sender γ + μ·F_w (its messages at most); what the receiver
+    pays for the messages is not reserved here: `place` checks the full Eq. (8) and holds that back.
     """
-    alpha, beta, gamma, capacity = model.alpha, model.beta, model.gamma, model.capacity
+    alpha, gamma = model.alpha, model.gamma
+    beta, beta_r = model.beta, model.beta_receive
+    if predecessors is None:
+        beta_r = 0.0
     limit = WORKER_HARD_LIMIT if max_workers is None else min(max_workers, WORKER_HARD_LIMIT)
     fractions: dict[str, dict[int, float]] = {}
     remaining: list[float] = []
@@ -189,7 +202,8 @@ def next_fit(order: Sequence[str], successors: Mapping[str, Sequence[tuple[str, 
             if max_workers is not None and limit == max_workers:
                 raise WorkerLimitExceeded(f"placement needs more than {max_workers} workers")
             raise InfeasiblePlacement(f"placement does not converge within {WORKER_HARD_LIMIT} workers")
-        remaining.append(capacity)
+        w = len(remaining)
+        remaining.append(model.capacity_of(w) - (held.get(w, 0.0) if held else 0.0))
         connected.append(set())
         return len(remaining) - 1
 
@@ -200,17 +214,19 @@ def next_fit(order: Sequence[str], successors: Mapping[str, Sequence[tuple[str, 
         hosts: set[int] = set()
         for fs, _ in outs:
             hosts.update(w for w, f in fs.items() if f > 0)
+        incoming = sum(r for _, r in predecessors.get(o, ()) if r > 0) if beta_r else 0.0
         mine: dict[int, float] = {}
         left = 1.0
         fresh = False
         while True:
             w = current
             new = [h for h in hosts if h != w and h not in connected[w]]
-            cost = d
+            cost = d + beta_r * incoming
             for fs, rate in outs:
                 local = fs.get(w, 0.0)
-                cost += rate * (alpha * local + beta * (1.0 - local))
-            room = remaining[w] - gamma * len(new)
+                cost += rate * (alpha * local + beta * (1.0 - local) - beta_r * local)
+            per_peer = gamma + model.peer_cost(w)
+            room = remaining[w] - per_peer * len(new)
             if room > 0 and cost > 0:
                 f = min(left, room / cost)
             elif room >= 0 and cost <= 0:
@@ -222,15 +238,15 @@ def next_fit(order: Sequence[str], successors: Mapping[str, Sequence[tuple[str, 
             placed = f == left or f > MIN_FRACTION
             if placed:
                 mine[w] = mine.get(w, 0.0) + f
-                remaining[w] -= gamma * len(new) + cost * f
+                remaining[w] -= per_peer * len(new) + cost * f
                 connected[w].update(new)
                 left -= f
             if left <= 0:
                 break
             if fresh and not placed:
                 raise InfeasiblePlacement(
-                    f"operator {o!r} does not fit on an empty worker: fan-out cost {gamma * len(new):.0f} "
-                    f"and per-share cost {cost:.0f} against capacity {capacity:.0f}")
+                    f"operator {o!r} does not fit on an empty worker: fan-out cost {per_peer * len(new):.0f} "
+                    f"and per-share cost {cost:.0f} against capacity {model.capacity_of(w):.0f}")
             current = open_worker()
             fresh = True
         fractions[o] = mine
@@ -238,24 +254,102 @@ def next_fit(order: Sequence[str], successors: Mapping[str, Sequence[tuple[str, 
 
 
 def place(operators: Sequence[str], edges: Sequence[Edge], load: Load, model: CapacityModel,
-          max_workers: int | None = None, order: Sequence[str] | None = None) -> Placement:
-    """Place every operator of the projected `load` with next-fit in reverse-topological order."""
+          max_workers: int | None = None, order: Sequence[str] | None = None,
+          refine: bool = False) -> Placement:
+    """Place every operator of the projected `load` with next-fit in reverse-topological order.
+
+    `refine` (beyond the paper) also tries the other admissible orders of `candidate_orders` and keeps
+    the best placement (`_better`): never more workers, nor a higher peak load, than the paper's order."""
     edges = [tuple(e) for e in edges]
     if order is None:
         order = placement_order(operators, edges, load.edge_rates)
-    _, succ, _ = _adjacency(operators, edges, load.edge_rates)
+    _, succ, pred = _adjacency(operators, edges, load.edge_rates)
     demand = load.demand
-    fractions, remaining = next_fit(order, succ, demand, model, max_workers)
-    return Placement(list(order), len(remaining), fractions, demand,
-                     {e: load.edge_rates.get(e, 0.0) for e in edges}, remaining)
+    rates = {e: load.edge_rates.get(e, 0.0) for e in edges}
+    orders = [list(order)]
+    if refine:
+        orders += [o for o in candidate_orders(operators, edges, load.edge_rates) if o != orders[0]]
+    best: Placement | None = None
+    failure: PlacementError | None = None
+    for candidate in orders:
+        try:
+            p = _fit(candidate, succ, pred, demand, rates, model, max_workers)
+        except PlacementError as e:
+            failure = failure or e
+            continue
+        if best is None or _better(p, best, model):
+            best = p
+    if best is None:
+        raise failure
+    return best
 
 
-def single_worker_rate(load: Load, throughput: float, model: CapacityModel) -> float:
-    """The input rate one worker sustains with every operator on it: W̄ / (Σ D + α·Σ E) per unit of s."""
+HOLD_ROUNDS = 6  # next-fit runs per order while a worker's received messages overflow it
+
+
+def _fit(order: Sequence[str], succ, pred, demand: Mapping[str, float], rates: dict[Edge, float],
+         model: CapacityModel, max_workers: int | None) -> Placement:
+    """Next-fit over `order`, checked against the full Eq. (8): a worker the messages it receives push
+    past its W_w has that overflow held back and next-fit runs again (a few rounds, then PlacementError)."""
+    held: dict[int, float] = {}
+    for _ in range(HOLD_ROUNDS):
+        fractions, remaining = next_fit(order, succ, demand, model, max_workers, pred, held)
+        p = Placement(list(order), len(remaining), fractions, demand, rates, remaining)
+        if not model.mu:
+            return p
+        over = {w: v - model.capacity_of(w) for w, v in enumerate(p.load(model))
+                if v > model.capacity_of(w) * (1 + 1e-9)}
+        if not over:
+            return p
+        for w, excess in over.items():
+            held[w] = held.get(w, 0.0) + excess * 1.01
+    raise PlacementError(f"the messages workers receive overflow them after {HOLD_ROUNDS} rounds of next-fit")
+
+
+def _peak(p: Placement, model: CapacityModel) -> float:
+    """The highest per-worker load relative to that worker's own capacity."""
+    return max((v / model.capacity_of(w) for w, v in enumerate(p.load(model))), default=0.0)
+
+
+def _better(a: Placement, b: Placement, model: CapacityModel) -> bool:
+    """Fewer workers first, then a lower peak load, then less remote traffic."""
+    if a.workers != b.workers:
+        return a.workers < b.workers
+    pa, pb = _peak(a, model), _peak(b, model)
+    if abs(pa - pb) > 1e-9:
+        return pa < pb
+    return _remote_rate(a) < _remote_rate(b) - 1e-9
+
+
+def _remote_rate(p: Placement) -> float:
+    """Remote chained requests per second under proportional routing."""
+    total = 0.0
+    for (src, dst), rate in p.edge_rates.items():
+        fd = p.fractions.get(dst, {})
+        total += rate * sum(f * (1.0 - fd.get(w, 0.0)) for w, f in p.fractions.get(src, {}).items())
+    return total
+
+
+def candidate_orders(operators: Sequence[str], edges: Sequence[Edge],
+                     edge_rates: Mapping[Edge, float]) -> list[list[str]]:
+    """Admissible next-fit orders beside the paper's (every operator after all its successors): the
+    depth-first order with the lightest edge first, and Kahn's reverse-topological order, which keeps
+    operators of one DAG level together."""
+    light = {e: -r for e, r in edge_rates.items()}
+    out = [placement_order(operators, edges, light), list(reversed(topological_order(operators, edges)))]
+    unique: list[list[str]] = []
+    for o in out:
+        if o not in unique:
+            unique.append(o)
+    return unique
+
+
+def single_worker_rate(load: Load, throughput: float, model: CapacityModel, worker: int = 0) -> float:
+    """The input rate one worker sustains with every operator on it: W_w / (Σ D + α·Σ E) per unit of s."""
     per_unit = (sum(load.demand.values()) + model.alpha * sum(load.edge_rates.values())) / load.scale
     if per_unit <= 0:
         return math.inf
-    return model.capacity / per_unit * throughput
+    return model.capacity_of(worker) / per_unit * throughput
 
 
 @dataclass
@@ -270,7 +364,7 @@ class LimitSearch:
 
 def highest_rate_placement(operators: Sequence[str], edges: Sequence[Edge], observed: Load, throughput: float,
                            model: CapacityModel, max_workers: int, tolerance: float = 50.0,
-                           upper: float | None = None) -> LimitSearch:
+                           upper: float | None = None, refine: bool = False) -> LimitSearch:
     """Binary-search the highest input rate whose placement fits on `max_workers` workers (SPEC.md).
 
     `observed` is the load at the observed throughput (s = 1). The first upper bound is one worker's
@@ -289,11 +383,12 @@ def highest_rate_placement(operators: Sequence[str], edges: Sequence[Edge], obse
 
     def attempt(rate: float) -> Placement | None:
         try:
-            return place(operators, edges, base.scaled(rate / throughput), model, max_workers, order)
+            return place(operators, edges, base.scaled(rate / throughput), model, max_workers, order, refine)
         except PlacementError:
             return None
 
-    hi = upper if upper is not None else single_worker_rate(base, throughput, model) * max_workers
+    hi = upper if upper is not None else sum(single_worker_rate(base, throughput, model, w)
+                                             for w in range(max_workers))
     if not math.isfinite(hi):
         hi = throughput * 1e6  # nothing costs anything: any rate fits, report a large finite one
     top = attempt(hi)
@@ -344,11 +439,14 @@ class WorkerLimitCache:
 
     def get_or_search(self, operators: Sequence[str], edges: Sequence[Edge], observed: Load,
                       throughput: float,
-                      model: CapacityModel, max_workers: int, search_tolerance: float = 50.0) -> LimitSearch:
+                      model: CapacityModel, max_workers: int, search_tolerance: float = 50.0,
+                      refine: bool = False) -> LimitSearch:
         """The cached search result for this limit, or a fresh search (then cached)."""
-        key = (tuple(operators), tuple(tuple(e) for e in edges), int(max_workers))
+        key = (tuple(operators), tuple(tuple(e) for e in edges), int(max_workers), refine)
         demand, edge_rates = _profile_key(observed, throughput)
-        coeffs = {"alpha": model.alpha, "beta": model.beta, "gamma": model.gamma, "capacity": model.capacity}
+        coeffs = {"alpha": model.alpha, "beta": model.beta, "beta_receive": model.beta_receive, "mu": model.mu,
+                  "gamma": model.gamma, "capacity": model.capacity}
+        coeffs.update({f"capacity_{w}": model.capacity_of(w) for w in range(max_workers)})
         entry = self.entries.get(key)
         if entry is not None:
             c_demand, c_edges, c_coeffs, result = entry
@@ -358,6 +456,6 @@ class WorkerLimitCache:
                 return result
         self.misses += 1
         result = highest_rate_placement(operators, edges, observed, throughput, model, max_workers,
-                                        search_tolerance)
+                                        search_tolerance, refine=refine)
         self.entries[key] = (demand, edge_rates, coeffs, result)
         return result

@@ -29,7 +29,7 @@ from clasp.placement import (
 )
 
 PROFILE_FIELDS = ("operators", "edges", "alpha", "beta", "gamma", "capacity", "throughput", "input_rate",
-                  "p_max", "instances", "workers")
+                  "p_max", "instances", "workers", "beta_receive", "mu", "flush_delay", "capacities")
 
 
 class ProfileError(ValueError):
@@ -80,7 +80,9 @@ class Stats:
 
     `operators`: N_o and τ̄_o per operator; `edges`: E[o→o_s]; `alpha`, `beta`, `gamma`, `capacity`: the
     capacity model (Eq. 1, W̄); `throughput`: Λ; `input_rate`: λ_p; `p_max`: executor slots per worker;
-    `instances`: the current total P_tot; `workers`: the current number of active workers.
+    `instances`: the current total P_tot; `workers`: the current number of active workers. Optional
+    (the extended model, `clasp.model`; absent: the paper's): `beta_receive` β_r, `mu` µs per message,
+    `flush_delay` the engine's (s), `capacities` W_w per worker index.
     """
 
     operators: dict[str, OperatorStats]
@@ -94,6 +96,10 @@ class Stats:
     p_max: int
     instances: int
     workers: int = 1
+    beta_receive: float = 0.0
+    mu: float = 0.0
+    flush_delay: float = 0.001
+    capacities: list[float] | None = None
 
     @classmethod
     def from_json_dict(cls, d: Any) -> Stats:
@@ -139,7 +145,10 @@ class Stats:
             capacity=_number(d, "capacity", "", strict=True), throughput=_number(d, "throughput", ""),
             input_rate=_number(d, "input_rate", ""), p_max=_number(d, "p_max", "", minimum=1, integer=True),
             instances=_number(d, "instances", "", integer=True),
-            workers=_number(d, "workers", "", minimum=1, integer=True, default=1))
+            workers=_number(d, "workers", "", minimum=1, integer=True, default=1),
+            beta_receive=_number(d, "beta_receive", "", default=0.0), mu=_number(d, "mu", "", default=0.0),
+            flush_delay=_number(d, "flush_delay", "", strict=True, default=0.001),
+            capacities=_capacities(d))
 
     def to_json_dict(self) -> dict:
         """The PROFILE.json object for these statistics."""
@@ -147,11 +156,15 @@ class Stats:
                 "edges": [{"src": e.src, "dst": e.dst, "rate": e.rate} for e in self.edges],
                 "alpha": self.alpha, "beta": self.beta, "gamma": self.gamma, "capacity": self.capacity,
                 "throughput": self.throughput, "input_rate": self.input_rate, "p_max": self.p_max,
-                "instances": self.instances, "workers": self.workers}
+                "instances": self.instances, "workers": self.workers, "beta_receive": self.beta_receive,
+                "mu": self.mu, "flush_delay": self.flush_delay,
+                "capacities": None if self.capacities is None else list(self.capacities)}
 
     @property
     def model(self) -> CapacityModel:
-        return CapacityModel(self.alpha, self.beta, self.gamma, self.capacity)
+        """The capacity model these statistics carry (the extended one where they have its terms)."""
+        return CapacityModel(self.alpha, self.beta, self.gamma, self.capacity, self.beta_receive, self.mu,
+                             self.flush_delay, None if self.capacities is None else tuple(self.capacities))
 
     def edge_rates(self) -> dict[Edge, float]:
         return {(e.src, e.dst): e.rate for e in self.edges}
@@ -180,7 +193,17 @@ class Stats:
         return Stats({o: self.operators.get(o, OperatorStats(0.0, 0.0)) for o in operators},
                      [EdgeStats(s, d, rates.get((s, d), 0.0)) for s, d in edges],
                      self.alpha, self.beta, self.gamma, self.capacity, self.throughput, self.input_rate,
-                     self.p_max, self.instances, self.workers)
+                     self.p_max, self.instances, self.workers, self.beta_receive, self.mu, self.flush_delay,
+                     self.capacities)
+
+
+def _capacities(d: Mapping) -> list[float] | None:
+    raw = d.get("capacities")
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise ProfileError("capacities", "must be a list of W_w (µs/s) per worker, or null")
+    return [_number({"w": v}, "w", f"capacities[{i}]", strict=True) for i, v in enumerate(raw)]
 
 
 Profile = Stats
@@ -295,21 +318,28 @@ class ClaspConfig:
 
 @dataclass
 class ClaspPolicy(Policy):
-    """CLASP: reverse-topological next-fit placement under the Eq. (8) capacity model (paper §4.3)."""
+    """CLASP: reverse-topological next-fit placement under the Eq. (8) capacity model (paper §4.3), with
+    the extended model (receivers, messages, per-worker W_w; `clasp.model`) and next-fit refined over
+    other admissible orders (`clasp.placement.place(refine=True)`). `ClaspPaperPolicy` is the paper's."""
 
     config: ClaspConfig = field(default_factory=ClaspConfig)
     cache: WorkerLimitCache = field(default_factory=WorkerLimitCache)
     name: str = "clasp"
+    refine: bool = True
 
     def __post_init__(self) -> None:
         self.cache.tolerance = self.config.cache_tolerance
+
+    def model_of(self, stats: Stats) -> CapacityModel:
+        """The capacity model this policy places with."""
+        return stats.model
 
     def _result(self, p: Placement, stats: Stats, rate: float, reason: str, workers: int | None = None,
                 ) -> PlacementResult:
         n = max(p.workers, workers or 0)
         scale = rate / stats.throughput if stats.throughput > 0 else 1.0
         parallelism = placement_parallelism(p.fractions, p.demand, scale, stats.instances, stats.p_max)
-        load = p.load(stats.model) + [0.0] * (n - p.workers)
+        load = p.load(self.model_of(stats)) + [0.0] * (n - p.workers)
         return PlacementResult(p.order, n, p.shares, p.fractions, parallelism, load, stats.capacity, rate,
                                self.name, reason)
 
@@ -319,16 +349,16 @@ class ClaspPolicy(Policy):
         edges = [(e.src, e.dst) for e in stats.edges]
         limit = max_workers if max_workers is not None else self.config.max_workers
         load = stats.load_at(stats.input_rate)
-        model = stats.model
+        model = self.model_of(stats)
         try:
-            p = place(operators, edges, load, model, limit)
+            p = place(operators, edges, load, model, limit, refine=self.refine)
             return self._result(p, stats, stats.input_rate,
                                 f"{p.workers} worker(s) sustain {stats.input_rate:g} req/s")
         except PlacementError as exc:
             if limit is None:
                 raise
             found = self.cache.get_or_search(operators, edges, stats.observed_load(), stats.throughput, model,
-                                             limit, self.config.search_tolerance)
+                                             limit, self.config.search_tolerance, self.refine)
             return self._result(found.placement, stats, found.rate,
                                 f"worker limit {limit} reached ({exc}); highest rate that fits: "
                                 f"{found.rate:.0f} req/s", workers=None)
@@ -355,8 +385,8 @@ class ClaspPolicy(Policy):
         if set(current.fractions) != set(stats.operators):
             return False
         load = stats.load_at(stats.input_rate)
-        per = stats.model.placement_load(current.fractions, load.demand, load.edge_rates)
-        return stats.model.fits(per)
+        model = self.model_of(stats)
+        return model.fits(model.placement_load(current.fractions, load.demand, load.edge_rates))
 
     def place_on(self, operators: Sequence[str], edges: Sequence[Edge], stats: Stats,
                  workers: int) -> PlacementResult:
@@ -371,8 +401,8 @@ class ClaspPolicy(Policy):
                                      "no throughput observed: operators spread evenly", self.name)
         try:
             found = self.cache.get_or_search(list(stats.operators), edges, stats.observed_load(),
-                                             stats.throughput, stats.model, workers,
-                                             self.config.search_tolerance)
+                                             stats.throughput, self.model_of(stats), workers,
+                                             self.config.search_tolerance, self.refine)
         except (PlacementError, LoadError) as exc:
             return uniform_placement(list(operators), edges, workers, stats.p_max, stats.capacity,
                                      f"no placement fits {workers} worker(s) ({exc}): spread evenly",
@@ -382,7 +412,18 @@ class ClaspPolicy(Policy):
                             workers=workers)
 
 
-POLICIES: dict[str, type[Policy]] = {"clasp": ClaspPolicy}
+@dataclass
+class ClaspPaperPolicy(ClaspPolicy):
+    """CLASP exactly as the paper has it: Eq. (1), (8), (9) with sender-only β, one W̄, no refinement."""
+
+    name: str = "clasp-paper"
+    refine: bool = False
+
+    def model_of(self, stats: Stats) -> CapacityModel:
+        return stats.model.paper()
+
+
+POLICIES: dict[str, type[Policy]] = {"clasp": ClaspPolicy, "clasp-paper": ClaspPaperPolicy}
 
 
 # The baselines (FaaSFlow, Zhang24, their -SP variants) register themselves in POLICIES on import. A plain

@@ -574,7 +574,8 @@ def make_controller(dag: SimDag, costs: Costs, policy: str, pool: int, p_max: in
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; accepted: {', '.join(POLICIES)}")
     estimator = Estimator(runtime_estimator_config(alpha=costs.alpha, beta=costs.beta, gamma=costs.gamma,
-                                                   capacity=costs.capacity))
+                                                   capacity=costs.capacity, receive_share=costs.receive_share,
+                                                   mu=costs.message_us, flush_delay=costs.flush_delay_s))
     return Controller(list(dag.operators), list(dag.edges), POLICIES[policy](), p_max, pool,
                       estimator=estimator)
 
