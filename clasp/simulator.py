@@ -166,8 +166,9 @@ def measure_app(app: ModuleType, records: int = 2000, seed: int = 0
                 ) -> tuple[dict[Edge, float], dict[str, list[float]]]:
     """Per-edge fan-out (outputs of src per request of src) and, per stateful operator, the share of its
     requests in each of the runtime's key groups (`clasp.routing.key_group`), counted on a local run."""
+    from clasp.outputs import as_outputs
     from clasp.routing import NUM_KEY_GROUPS, key_group
-    from clasp.testing import outputs_of, run_local
+    from clasp.testing import run_local
 
     dag = app.build_dag()
     emitted = {o.name: 0 for o in dag.operators}
@@ -182,12 +183,12 @@ def measure_app(app: ModuleType, records: int = 2000, seed: int = 0
                 if hist is not None:
                     hist[key_group(key(value))] += 1
                 new_state, out = fn(state, value)
-                out = outputs_of(out)
+                out = as_outputs(out)
                 emitted[name] += len(out)
                 return new_state, out
         else:
             def wrapped(value):
-                out = outputs_of(fn(value))
+                out = as_outputs(fn(value))
                 emitted[name] += len(out)
                 return out
         return wrapped

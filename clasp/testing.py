@@ -19,25 +19,14 @@ from typing import Any
 import msgpack
 
 from clasp.dag import Dag, DagError
+from clasp.outputs import as_outputs
 
 _KEY_TYPES = (str, int, bytes)
 
 
 def outputs_of(result: Any) -> list:
-    """An operator's return value as a list of outputs, by the rule the runtime applies.
-
-    None is no output; str, bytes, dict and non-iterable scalars are one output; any other iterable
-    (list, tuple, generator, ...) yields its items.
-    """
-    if result is None:
-        return []
-    if isinstance(result, (str, bytes, bytearray, dict)):
-        return [result]
-    try:
-        it = iter(result)
-    except TypeError:
-        return [result]
-    return list(it)
+    """An operator's return value as a list of outputs, by the runtime's rule (`clasp.outputs`)."""
+    return list(as_outputs(result))
 
 
 def _roundtrip(value: Any, what: str) -> Any:
@@ -146,7 +135,7 @@ def run_local(dag: Dag, records: Iterable, *, roundtrip: bool = True) -> LocalJo
                             t1 = perf()
                         busy[op.name] += t1 - t0
                     processed[op.name] += 1
-                    outs = outputs_of(out)
+                    outs = as_outputs(out)
                     if sink is not None:
                         sink.extend(outs)
                     for sq in succ:

@@ -21,11 +21,10 @@ from time import perf_counter
 import msgpack
 
 from clasp.dag import DagSpec
+from clasp.outputs import ITEMS_EXACT, ONE_EXACT, as_outputs
 from clasp.protocol import ROOT_WEIGHT
 from clasp.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE, Placement, key_group, route_to
 
-# Outputs that are one value even though Python could iterate them.
-_ONE = frozenset({str, bytes, bytearray, dict, int, float, bool, memoryview})
 HOLD = "\x00hold"  # the route of a key group whose state is on its way here: its requests wait
 KEYED_HERE = 3  # a keyed route whose key groups are all owned by this worker
 # A scheduling round gives each executor slot about SLOT_TIME_US of work, sized from the operator's mean
@@ -43,21 +42,6 @@ TIMING_MASK = TIMING_SAMPLE - 1
 KEY_CACHE_MAX = 1 << 20
 # Upper bounds (seconds) of the execution-time histogram buckets.
 EXEC_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 0.1, 1.0)
-
-
-def as_outputs(out) -> tuple | list:
-    """An operator's return value as a sequence of outputs (None: none; str/bytes/dict/scalar: one)."""
-    if out is None:
-        return ()
-    cls = out.__class__
-    if cls is list or cls is tuple:
-        return out
-    if cls in _ONE:
-        return (out,)
-    try:
-        return list(out)
-    except TypeError:
-        return (out,)
 
 
 def _estimate(op: OpRuntime, t_exec: float, timed: int, n: int) -> float:
@@ -396,7 +380,7 @@ class JobEngine:
         dts_append = dts.append
         returns = self.returns
         routes = op.routes
-        one = _ONE
+        one, items = ONE_EXACT, ITEMS_EXACT
         fast = routes[0][2] if len(routes) == 1 and routes[0][0] == ROUTE_LOCAL else None
         succ0 = routes[0][1] if routes else -1
         collect = op.collected.extend if op.collect else None
@@ -427,15 +411,17 @@ class JobEngine:
             if out is None:
                 returns[rid] = returns.get(rid, 0) + w
                 continue
-            cls = out.__class__
+            # clasp.outputs' rule: its exact-type fast path inline (no call for the common returns),
+            # the rest by the shared function.
+            cls = type(out)  # not __class__, which a proxy can fake: the same test as as_outputs
             if cls is list or cls is tuple:
                 outs = out
             elif cls in one:
                 outs = (out,)
             else:
                 try:
-                    outs = list(out)
-                except Exception as e:
+                    outs = list(out) if cls in items else as_outputs(out)
+                except Exception as e:  # a generator's body raised: the request fails
                     self._fail(op, e, value, rid, w)
                     continue
             if collect is not None:
@@ -480,6 +466,7 @@ class JobEngine:
         set_state = op.set_state
         routes = op.routes
         collect = op.collected.extend if op.collect else None
+        one, items = ONE_EXACT, ITEMS_EXACT
         t_exec = 0.0
         timed = 0
         stall = self.stall
@@ -517,7 +504,17 @@ class JobEngine:
                         returns[last_rid] = returns.get(last_rid, 0) + acc
                     last_rid, acc = rid, w
                 continue
-            outs = as_outputs(out)
+            cls = type(out)  # as in _run_stateless: clasp.outputs' fast path inline
+            if cls is list or cls is tuple:
+                outs = out
+            elif cls in one:
+                outs = (out,)
+            else:
+                try:
+                    outs = list(out) if cls in items else as_outputs(out)
+                except Exception as e:  # a generator's body raised: the request fails, the loop goes on
+                    self._fail(op, e, value, rid, w)
+                    continue
             if collect is not None:
                 collect(outs)
             if not routes or not outs:
