@@ -89,6 +89,7 @@ class Controller:
     pool: int
     config: ControlConfig = field(default_factory=ControlConfig)
     estimator: Estimator = field(default_factory=lambda: Estimator(runtime_estimator_config()))
+    stateless: tuple[str, ...] = ()  # operators whose local requests can take the table route
     current: PlacementResult | None = None
     last: Observation | None = None
     rate_ref: float | None = None
@@ -171,7 +172,8 @@ class Controller:
         return Stats(operators, [EdgeStats(s, d, r) for (s, d), r in edges.items()],
                      e.alpha, (1 - share) * e.beta, e.gamma, e.capacity, obs.throughput, target, self.p_max,
                      max(obs.instances, 1), max(obs.active, 1), beta_receive=share * e.beta, mu=e.config.mu,
-                     flush_delay=e.config.flush_delay)
+                     flush_delay=e.config.flush_delay, alpha_split=e.config.alpha_split,
+                     stateless=list(self.stateless))
 
     def place_on(self, workers: int) -> PlacementResult:
         """The policy's placement for `workers` workers (`Policy.place_on`), from the latest observation."""

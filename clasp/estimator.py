@@ -99,6 +99,7 @@ class EstimatorConfig:
     receive_share: float = 0.0
     mu: float = 0.0
     flush_delay: float = 0.001
+    alpha_split: float | None = None
     rho: float = 0.99
     eta: float = 0.05
     growth_intervals: int = 3

@@ -9,8 +9,9 @@ requests costs a message at both ends (docs/SIMULATOR.md runs J, K), and workers
 a shared host). The extended model (docs/POLICY.md, "Extended model") adds β_r per received remote
 request, μ per message, and a capacity W_w per worker. Messages follow from how the engine batches: a
 saturated worker flushes each destination's batch once per flush delay of its CPU time, so a pair of
-workers exchanges min(rows, F_w) messages per second, F_w = W_w / 10⁶ / flush delay. With β_r = 0, μ = 0 and no per-worker capacities it is the paper's model exactly
-(`CapacityModel.paper()`, policy `clasp-paper`).
+workers exchanges min(rows, F_w) messages per second, F_w = W_w / 10⁶ / flush delay. A local request
+that takes the runtime's table route costs α_split. With β_r = 0, μ = 0, no α_split and no per-worker
+capacities it is the paper's model exactly (`CapacityModel.paper()`, policy `clasp-paper`).
 """
 
 from __future__ import annotations
@@ -86,13 +87,23 @@ def message_load(fractions: Mapping[str, Mapping[int, float]], edge_rates: Mappi
     return load
 
 
+def local_cost(alpha: float, alpha_split: float | None, table_routed: frozenset, dst: str, local: float) -> float:
+    """α for a local chained request, or α_split where it takes the runtime's table route: to a stateless
+    successor also held by other workers (0 < σ_s(w) < 1)."""
+    if alpha_split is not None and 0.0 < local < 1.0 and dst in table_routed:
+        return alpha_split
+    return alpha
+
+
 def placement_load(fractions: Mapping[str, Mapping[int, float]], demand: Mapping[str, float],
                    edge_rates: Mapping[Edge, float], alpha: float, beta: float,
-                   gamma: float, beta_receive: float = 0.0) -> dict[int, float]:
+                   gamma: float, beta_receive: float = 0.0, alpha_split: float | None = None,
+                   table_routed: frozenset = frozenset()) -> dict[int, float]:
     """Eq. (8), extended: L_w(Φ) = Σ_o φ[o,w] + γ·δ_w(Φ) + Σ_(o→o_s) Ẽ·σ_o(w)·(α·σ_s(w) + β_s·(1 − σ_s(w)))
     + Σ_(o→o_s) Ẽ·σ_s(w)·(1 − σ_o(w))·β_r, the last term the requests w receives from other workers.
 
-    With `beta_receive` 0 this is the paper's Eq. (8); the message term is `message_load`."""
+    With `beta_receive` 0 and no `alpha_split` this is the paper's Eq. (8); the message term is
+    `message_load`."""
     load: dict[int, float] = {}
     for o, per_worker in fractions.items():
         d = float(demand.get(o, 0.0))
@@ -105,7 +116,8 @@ def placement_load(fractions: Mapping[str, Mapping[int, float]], demand: Mapping
         src_fractions = fractions.get(src, {})
         for w, f in src_fractions.items():
             local = dst_fractions.get(w, 0.0)
-            load[w] = load.get(w, 0.0) + rate * f * (alpha * local + beta * (1.0 - local))
+            a = local_cost(alpha, alpha_split, table_routed, dst, local)
+            load[w] = load.get(w, 0.0) + rate * f * (a * local + beta * (1.0 - local))
         if beta_receive:
             for w, fd in dst_fractions.items():
                 load[w] = load.get(w, 0.0) + rate * fd * (1.0 - src_fractions.get(w, 0.0)) * beta_receive
@@ -121,7 +133,8 @@ class CapacityModel:
     `beta` is β_s, what the sender pays per remote request. Extensions (0 / None: the paper's model):
     `beta_receive` β_r per remote request received; `mu` µs per message, sent or received; `flush_delay`
     the engine's flush delay (s), which sets F_w; `capacities` W_w per worker index (placement indices;
-    workers beyond the tuple have W̄)."""
+    workers beyond the tuple have W̄); `alpha_split` α of a local request that takes the table route,
+    to an operator of `table_routed` (the DAG's stateless ones) held by other workers too."""
 
     alpha: float = DEFAULT_ALPHA
     beta: float = DEFAULT_BETA
@@ -131,6 +144,8 @@ class CapacityModel:
     mu: float = 0.0
     flush_delay: float = 0.001
     capacities: tuple[float, ...] | None = None
+    alpha_split: float | None = None
+    table_routed: frozenset = frozenset()
 
     def flush_rate(self, worker: int) -> float:
         """F_w: messages per second to one peer of a saturated worker (one batch per flush delay of CPU)."""
@@ -153,7 +168,7 @@ class CapacityModel:
 
     @property
     def extended(self) -> bool:
-        return bool(self.beta_receive or self.mu or self.capacities)
+        return bool(self.beta_receive or self.mu or self.capacities or self.alpha_split is not None)
 
     def worker_load(self, execution: float, r_local: float, r_remote: float, delta: float,
                     r_received: float = 0.0, messages: float = 0.0) -> float:
@@ -165,7 +180,7 @@ class CapacityModel:
                        edge_rates: Mapping[Edge, float]) -> dict[int, float]:
         """Eq. (8) with this model's coefficients, the message term included."""
         load = placement_load(fractions, demand, edge_rates, self.alpha, self.beta, self.gamma,
-                              self.beta_receive)
+                              self.beta_receive, self.alpha_split, self.table_routed)
         for w, v in message_load(fractions, edge_rates, self.mu, self.flush_rate).items():
             load[w] = load.get(w, 0.0) + v
         return load

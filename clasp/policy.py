@@ -29,7 +29,8 @@ from clasp.placement import (
 )
 
 PROFILE_FIELDS = ("operators", "edges", "alpha", "beta", "gamma", "capacity", "throughput", "input_rate",
-                  "p_max", "instances", "workers", "beta_receive", "mu", "flush_delay", "capacities")
+                  "p_max", "instances", "workers", "beta_receive", "mu", "flush_delay", "capacities", "alpha_split",
+                  "stateless")
 
 
 class ProfileError(ValueError):
@@ -82,7 +83,8 @@ class Stats:
     capacity model (Eq. 1, W̄); `throughput`: Λ; `input_rate`: λ_p; `p_max`: executor slots per worker;
     `instances`: the current total P_tot; `workers`: the current number of active workers. Optional
     (the extended model, `clasp.model`; absent: the paper's): `beta_receive` β_r, `mu` µs per message,
-    `flush_delay` the engine's (s), `capacities` W_w per worker index.
+    `flush_delay` the engine's (s), `capacities` W_w per worker index, `alpha_split` α on the table
+    route, `stateless` the operators whose local requests can take it.
     """
 
     operators: dict[str, OperatorStats]
@@ -100,6 +102,8 @@ class Stats:
     mu: float = 0.0
     flush_delay: float = 0.001
     capacities: list[float] | None = None
+    alpha_split: float | None = None
+    stateless: list[str] | None = None
 
     @classmethod
     def from_json_dict(cls, d: Any) -> Stats:
@@ -148,7 +152,9 @@ class Stats:
             workers=_number(d, "workers", "", minimum=1, integer=True, default=1),
             beta_receive=_number(d, "beta_receive", "", default=0.0), mu=_number(d, "mu", "", default=0.0),
             flush_delay=_number(d, "flush_delay", "", strict=True, default=0.001),
-            capacities=_capacities(d))
+            capacities=_capacities(d),
+            alpha_split=None if d.get("alpha_split") is None else _number(d, "alpha_split", ""),
+            stateless=_names(d, "stateless", operators))
 
     def to_json_dict(self) -> dict:
         """The PROFILE.json object for these statistics."""
@@ -158,13 +164,15 @@ class Stats:
                 "throughput": self.throughput, "input_rate": self.input_rate, "p_max": self.p_max,
                 "instances": self.instances, "workers": self.workers, "beta_receive": self.beta_receive,
                 "mu": self.mu, "flush_delay": self.flush_delay,
-                "capacities": None if self.capacities is None else list(self.capacities)}
+                "capacities": None if self.capacities is None else list(self.capacities),
+                "alpha_split": self.alpha_split, "stateless": self.stateless}
 
     @property
     def model(self) -> CapacityModel:
         """The capacity model these statistics carry (the extended one where they have its terms)."""
         return CapacityModel(self.alpha, self.beta, self.gamma, self.capacity, self.beta_receive, self.mu,
-                             self.flush_delay, None if self.capacities is None else tuple(self.capacities))
+                             self.flush_delay, None if self.capacities is None else tuple(self.capacities),
+                             self.alpha_split, frozenset(self.stateless or ()))
 
     def edge_rates(self) -> dict[Edge, float]:
         return {(e.src, e.dst): e.rate for e in self.edges}
@@ -194,7 +202,16 @@ class Stats:
                      [EdgeStats(s, d, rates.get((s, d), 0.0)) for s, d in edges],
                      self.alpha, self.beta, self.gamma, self.capacity, self.throughput, self.input_rate,
                      self.p_max, self.instances, self.workers, self.beta_receive, self.mu, self.flush_delay,
-                     self.capacities)
+                     self.capacities, self.alpha_split, self.stateless)
+
+
+def _names(d: Mapping, key: str, operators: Mapping) -> list[str] | None:
+    raw = d.get(key)
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or any(n not in operators for n in raw):
+        raise ProfileError(key, "must be a list of operator names, or null")
+    return [str(n) for n in raw]
 
 
 def _capacities(d: Mapping) -> list[float] | None:

@@ -576,9 +576,10 @@ def make_controller(dag: SimDag, costs: Costs, policy: str, pool: int, p_max: in
         raise ValueError(f"unknown policy {policy!r}; accepted: {', '.join(POLICIES)}")
     estimator = Estimator(runtime_estimator_config(alpha=costs.alpha, beta=costs.beta, gamma=costs.gamma,
                                                    capacity=costs.capacity, receive_share=costs.receive_share,
-                                                   mu=costs.message_us, flush_delay=costs.flush_delay_s))
+                                                   mu=costs.message_us, flush_delay=costs.flush_delay_s,
+                                                   alpha_split=costs.alpha_split))
     return Controller(list(dag.operators), list(dag.edges), POLICIES[policy](), p_max, pool,
-                      estimator=estimator)
+                      estimator=estimator, stateless=tuple(o for o in dag.operators if o not in dag.stateful))
 
 
 def simulate(app: str | SimDag, workers: int, *, costs: Costs | None = None, policy: str | None = None,
