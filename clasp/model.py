@@ -95,6 +95,46 @@ def local_cost(alpha: float, alpha_split: float | None, table_routed: frozenset,
     return alpha
 
 
+TERMS = ("execution", "local", "remote_out", "remote_in", "messages", "destinations")
+
+
+def load_terms(fractions: Mapping[str, Mapping[int, float]], demand: Mapping[str, float],
+               edge_rates: Mapping[Edge, float], alpha: float, beta: float,
+               gamma: float, beta_receive: float = 0.0, alpha_split: float | None = None,
+               table_routed: frozenset = frozenset()) -> dict[int, dict[str, float]]:
+    """Eq. (8) term by term per worker (`TERMS`, messages 0 here: `message_load` adds them):
+    execution Σ_o φ[o,w]; local Σ Ẽ·σ_o(w)·σ_s(w)·α (α_split on the table route); remote_out
+    Σ Ẽ·σ_o(w)·(1 − σ_s(w))·β_s; remote_in Σ Ẽ·σ_s(w)·(1 − σ_o(w))·β_r; destinations γ·δ_w(Φ)."""
+    terms: dict[int, dict[str, float]] = {}
+
+    def at(w: int) -> dict[str, float]:
+        t = terms.get(w)
+        if t is None:
+            t = terms[w] = dict.fromkeys(TERMS, 0.0)
+        return t
+
+    for o, per_worker in fractions.items():
+        d = float(demand.get(o, 0.0))
+        for w, f in per_worker.items():
+            at(w)["execution"] += f * d
+    for (src, dst), rate in edge_rates.items():
+        if rate <= 0:
+            continue
+        dst_fractions = fractions.get(dst, {})
+        src_fractions = fractions.get(src, {})
+        for w, f in src_fractions.items():
+            local = dst_fractions.get(w, 0.0)
+            t = at(w)
+            t["local"] += rate * f * local * local_cost(alpha, alpha_split, table_routed, dst, local)
+            t["remote_out"] += rate * f * (1.0 - local) * beta
+        if beta_receive:
+            for w, fd in dst_fractions.items():
+                at(w)["remote_in"] += rate * fd * (1.0 - src_fractions.get(w, 0.0)) * beta_receive
+    for w, remote in remote_destinations(fractions, edge_rates).items():
+        at(w)["destinations"] += gamma * len(remote)
+    return terms
+
+
 def placement_load(fractions: Mapping[str, Mapping[int, float]], demand: Mapping[str, float],
                    edge_rates: Mapping[Edge, float], alpha: float, beta: float,
                    gamma: float, beta_receive: float = 0.0, alpha_split: float | None = None,
@@ -104,26 +144,8 @@ def placement_load(fractions: Mapping[str, Mapping[int, float]], demand: Mapping
 
     With `beta_receive` 0 and no `alpha_split` this is the paper's Eq. (8); the message term is
     `message_load`."""
-    load: dict[int, float] = {}
-    for o, per_worker in fractions.items():
-        d = float(demand.get(o, 0.0))
-        for w, f in per_worker.items():
-            load[w] = load.get(w, 0.0) + f * d
-    for (src, dst), rate in edge_rates.items():
-        if rate <= 0:
-            continue
-        dst_fractions = fractions.get(dst, {})
-        src_fractions = fractions.get(src, {})
-        for w, f in src_fractions.items():
-            local = dst_fractions.get(w, 0.0)
-            a = local_cost(alpha, alpha_split, table_routed, dst, local)
-            load[w] = load.get(w, 0.0) + rate * f * (a * local + beta * (1.0 - local))
-        if beta_receive:
-            for w, fd in dst_fractions.items():
-                load[w] = load.get(w, 0.0) + rate * fd * (1.0 - src_fractions.get(w, 0.0)) * beta_receive
-    for w, remote in remote_destinations(fractions, edge_rates).items():
-        load[w] = load.get(w, 0.0) + gamma * len(remote)
-    return load
+    return {w: sum(t.values()) for w, t in load_terms(fractions, demand, edge_rates, alpha, beta, gamma,
+                                                      beta_receive, alpha_split, table_routed).items()}
 
 
 @dataclass(frozen=True)
@@ -176,14 +198,19 @@ class CapacityModel:
         return worker_capacity(execution, r_local, r_remote, delta, self.alpha, self.beta, self.gamma,
                                r_received, messages, self.beta_receive, self.mu)
 
+    def load_terms(self, fractions: Mapping[str, Mapping[int, float]], demand: Mapping[str, float],
+                   edge_rates: Mapping[Edge, float]) -> dict[int, dict[str, float]]:
+        """Eq. (8) term by term per worker (`TERMS`) with this model's coefficients."""
+        terms = load_terms(fractions, demand, edge_rates, self.alpha, self.beta, self.gamma, self.beta_receive,
+                           self.alpha_split, self.table_routed)
+        for w, v in message_load(fractions, edge_rates, self.mu, self.flush_rate).items():
+            terms.setdefault(w, dict.fromkeys(TERMS, 0.0))["messages"] += v
+        return terms
+
     def placement_load(self, fractions: Mapping[str, Mapping[int, float]], demand: Mapping[str, float],
                        edge_rates: Mapping[Edge, float]) -> dict[int, float]:
         """Eq. (8) with this model's coefficients, the message term included."""
-        load = placement_load(fractions, demand, edge_rates, self.alpha, self.beta, self.gamma,
-                              self.beta_receive, self.alpha_split, self.table_routed)
-        for w, v in message_load(fractions, edge_rates, self.mu, self.flush_rate).items():
-            load[w] = load.get(w, 0.0) + v
-        return load
+        return {w: sum(t.values()) for w, t in self.load_terms(fractions, demand, edge_rates).items()}
 
     def fits(self, load: Mapping[int, float], slack: float = 1e-9) -> bool:
         """L_w ≤ W_w for every worker (with a relative slack for floating-point rounding)."""

@@ -1,6 +1,7 @@
-"""`clasp place PROFILE.json [--rate R] [--max-workers N] [--policy P]`: print a placement as JSON.
+"""`clasp place PROFILE.json [--rate R] [--max-workers N] [--policy P] [--explain]`: print a placement as
+JSON, or with `--explain` each worker's Eq. (8) load term by term against its own capacity.
 
-P is any name in clasp.policy.POLICIES: clasp, faasflow, zhang24, faasflow-sp, zhang24-sp.
+P is any name in clasp.policy.POLICIES: clasp, clasp-paper, faasflow, zhang24, faasflow-sp, zhang24-sp.
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ import argparse
 import json
 import sys
 
-from clasp.placement import PlacementError
-from clasp.policy import POLICIES, ProfileError, Stats
+from clasp.model import TERMS, CapacityModel
+from clasp.placement import LoadError, PlacementError
+from clasp.policy import POLICIES, ClaspPolicy, PlacementResult, ProfileError, Stats
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -21,7 +23,27 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-workers", type=int, default=None, help="worker limit (default: unlimited)")
     p.add_argument("--policy", default="clasp", choices=sorted(POLICIES),
                    help="scaling policy (default: clasp; baselines: docs/BASELINES.md)")
+    p.add_argument("--explain", action="store_true",
+                   help="print each worker's load term by term against its capacity instead of JSON")
     return p
+
+
+def explain(result: PlacementResult, stats: Stats, model: CapacityModel) -> str:
+    """A table of every worker's Eq. (8) terms (µs/s) at the placement's rate, its total and W_w."""
+    try:
+        load = stats.load_at(result.rate)
+    except LoadError:
+        return "no throughput to project the load from"
+    terms = model.load_terms(result.fractions, load.demand, load.edge_rates)
+    head = ["worker", *TERMS, "total", "capacity", "used"]
+    lines = [f"{result.policy}: {result.reason}", "  ".join(f"{h:>12}" for h in head)]
+    for w in range(result.workers):
+        t = terms.get(w, dict.fromkeys(TERMS, 0.0))
+        total, cap = sum(t.values()), model.capacity_of(w)
+        cells = [f"{w:>12}", *(f"{t[k]:>12.0f}" for k in TERMS), f"{total:>12.0f}", f"{cap:>12.0f}",
+                 f"{total / cap:>11.1%} "]
+        lines.append("  ".join(cells))
+    return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
@@ -62,6 +84,10 @@ def main(argv: list[str]) -> int:
     if decision.placement is None:
         print(f"clasp place: {decision.reason}", file=sys.stderr)
         return 1
+    if args.explain:
+        model = policy.model_of(stats) if isinstance(policy, ClaspPolicy) else stats.model
+        print(explain(decision.placement, stats, model))
+        return 0
     try:
         print(json.dumps(decision.placement.to_json_dict(), indent=2))
     except (PlacementError, ValueError) as exc:

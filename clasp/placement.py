@@ -166,8 +166,12 @@ class Placement:
 
     def load(self, model: CapacityModel) -> list[float]:
         """Eq. (8) for every worker 0..workers-1."""
-        per = model.placement_load(self.fractions, self.demand, self.edge_rates)
+        per = self.load_map(model)
         return [per.get(w, 0.0) for w in range(self.workers)]
+
+    def load_map(self, model: CapacityModel) -> dict[int, float]:
+        """Eq. (8) per worker that carries any load."""
+        return model.placement_load(self.fractions, self.demand, self.edge_rates)
 
 
 def next_fit(order: Sequence[str], successors: Mapping[str, Sequence[tuple[str, float]]],

@@ -78,3 +78,23 @@ def test_module_entry_point(write):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["rate"] == 500
+
+
+def test_explain_prints_every_term_against_each_workers_capacity(capsys, write):
+    ext = {**PROFILE, "beta_receive": 20.0, "mu": 50.0, "capacities": [900000, 850000, 800000, 700000, 850000,
+                                                                          850000, 850000, 850000]}
+    rc, out, err = run(capsys, [write(ext), "--explain"])
+    assert rc == 0, err
+    lines = out.strip().splitlines()
+    header = lines[1].split()
+    assert header == ["worker", "execution", "local", "remote_out", "remote_in", "messages", "destinations",
+                      "total", "capacity", "used"]
+    rows = [line.split() for line in lines[2:]]
+    assert rows and [int(r[0]) for r in rows] == list(range(len(rows)))
+    for r in rows:
+        terms = [float(x) for x in r[1:7]]
+        assert float(r[7]) == pytest.approx(sum(terms), abs=len(terms))  # printed rounded
+        assert float(r[7]) <= float(r[8]) * (1 + 1e-6)
+    assert float(rows[0][8]) == 900000
+    assert sum(float(r[1]) for r in rows) == pytest.approx(800000 + 4200000, rel=1e-3)  # A and B at 2000 req/s
+    assert any(float(r[4]) > 0 for r in rows)  # someone receives remote requests
