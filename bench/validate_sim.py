@@ -56,18 +56,20 @@ TOLERANCE = 0.15
 
 
 def placements(apps: list[str], workers: list[int], mode: str) -> dict[tuple[str, int], object]:
-    """The placement of every point, the same in both engines: `clasp`, CLASP's own placement for n workers
-    (`bench.sim_engine.SimEngine.policy_placement`, planned on the committed cost file, as the figures'
-    placements are), or `spread` (None: every operator over every worker, the worst case for chaining)."""
+    """The placement of every point, the same in both engines: a policy's own placement for n workers
+    (`clasp`, `clasp-paper`, a baseline: `bench.sim_engine.SimEngine.policy_placement`, planned on the
+    committed cost file, as the figures' placements are), or `spread` (None: every operator over every
+    worker, the worst case for chaining)."""
     if mode == "spread":
         return {(a, n): None for a in apps for n in workers}
-    if mode != "clasp":
-        raise ValueError(f"placement must be clasp or spread, not {mode!r}")
     from bench.sim_engine import SimEngine
+    from clasp.policy import POLICIES
     from clasp.simulator import Costs
 
+    if mode not in POLICIES:
+        raise ValueError(f"placement must be spread or a policy ({', '.join(POLICIES)}), not {mode!r}")
     engine = SimEngine(Costs.load(COSTS), source=str(COSTS))
-    return {(a, n): engine.policy_placement(a, "clasp", n) for a in apps for n in workers}
+    return {(a, n): engine.policy_placement(a, mode, n) for a in apps for n in workers}
 
 
 def simulated(apps: list[str], workers: list[int], costs, placed: dict | None = None,
@@ -340,6 +342,80 @@ def emulated(apps: list[str], workers: list[int], cpu: float, repeat: int, secon
     return out
 
 
+def emulated_policies(apps: list[str], workers: list[int], cpu: float | None, repeat: int, seconds: float,
+                      placed: dict[str, dict]) -> dict[tuple[str, str, int], list[dict]]:
+    """Every policy's placement on one cluster per worker count, policies and apps interleaved within each
+    repeat, so that the host's drift hits every policy alike."""
+    out: dict[tuple[str, str, int], list[dict]] = {}
+    for n in workers:
+        for _ in range(repeat):
+            for app in apps:
+                for policy, by_point in placed.items():
+                    r = ce.unthrottled(app, n, placement=_fractions(by_point, app, n), cpu_per_worker=cpu,
+                                       seconds=seconds)
+                    if not r["correct"]:
+                        raise ce.EngineError(f"{app} on {n} workers under {policy} gave a wrong answer")
+                    out.setdefault((policy, app, n), []).append(r)
+                    print(json.dumps({"measured": app, "policy": policy, "workers": n,
+                                      "throughput": round(r["throughput"], 1)}), file=sys.stderr, flush=True)
+        ce.shutdown()
+    return out
+
+
+def _tiers(row: dict[str, dict], key: str) -> list[list[str]]:
+    """Policies from best to worst by `key`; within 3 % of each other they tie (-SP variants place alike)."""
+    groups: list[list[str]] = []
+    for q in sorted(row, key=lambda q: -row[q][key]):
+        if groups and row[groups[-1][0]][key] <= row[q][key] * 1.03:
+            groups[-1].append(q)
+        else:
+            groups.append([q])
+    return groups
+
+
+POLICY_TOLERANCE = 0.20  # across policies (issue "2/8"): each policy's simulated/emulated within 20 %
+
+
+def compare_policies(args, apps: list[str], workers: list[int], costs, cpu: float | None) -> int:
+    """`--placement P1,P2,...`: each policy's placement in both engines, ratios and rankings side by side."""
+    policies = [p.strip() for p in args.placement.split(",") if p.strip()]
+    placed = {p: placements(apps, workers, p) for p in policies}
+    sim = {p: simulated(apps, workers, costs, placed[p]) for p in policies}
+    emu = emulated_policies(apps, workers, cpu, args.repeat, args.seconds, placed)
+    points, rankings = [], []
+    for app in apps:
+        for n in workers:
+            row = {}
+            for policy in policies:
+                t = [r["throughput"] for r in emu[(policy, app, n)]]
+                mean = statistics.fmean(t)
+                p = {"app": app, "workers": n, "policy": policy, "emulated": round(mean, 1),
+                     "emulated_runs": [round(x, 1) for x in t], "simulated": round(sim[policy][(app, n)], 1),
+                     "ratio": round(sim[policy][(app, n)] / mean, 4)}
+                points.append(p)
+                row[policy] = p
+                print(json.dumps(p), flush=True)
+            em, sm = _tiers(row, "emulated"), _tiers(row, "simulated")
+            pos = {q: i for i, g in enumerate(em) for q in g}
+            spos = {q: i for i, g in enumerate(sm) for q in g}
+            agree = all((pos[a] < pos[b]) <= (spos[a] <= spos[b]) and (spos[a] < spos[b]) <= (pos[a] <= pos[b])
+                        for a in policies for b in policies)
+            rankings.append({"app": app, "workers": n, "emulated": em, "simulated": sm, "same_ranking": agree})
+            print(json.dumps(rankings[-1]), flush=True)
+    worst = max(points, key=lambda p: abs(p["ratio"] - 1))
+    summary = {"summary": True, "date": datetime.date.today().isoformat(), "cpu_per_worker": cpu,
+               "costs": args.costs, "apps": apps, "workers": workers, "policies": policies,
+               "repeat": args.repeat, "seconds": args.seconds, "max_abs_error": round(abs(worst["ratio"] - 1), 4),
+               "worst": {k: worst[k] for k in ("app", "workers", "policy")},
+               "within_20pct": all(abs(p["ratio"] - 1) <= POLICY_TOLERANCE for p in points),
+               "same_rankings": all(r["same_ranking"] for r in rankings)}
+    print(json.dumps(summary), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"points": points, "rankings": rankings, "summary": summary},
+                                              indent=1))
+    return 0 if summary["within_20pct"] and summary["same_rankings"] else 1
+
+
 def plot(path: str, apps: list[str], workers: list[int], points: list[dict], title: str) -> None:
     import matplotlib
 
@@ -390,9 +466,10 @@ def main(argv=None) -> int:
                     help=f"interleaved: write the pooled calibration here (e.g. {COSTS}; default: not written)")
     ap.add_argument("--fit-gamma", action="store_true",
                     help="interleaved: also fit γ on FAN when message_us is fitted (the old rule; default γ = 0)")
-    ap.add_argument("--placement", choices=("clasp", "spread"), default="clasp",
-                    help="both engines run CLASP's placement for n workers (the figures' placements), or every "
-                         "operator spread over all n (the worst case for chaining)")
+    ap.add_argument("--placement", default="clasp",
+                    help="both engines run this policy's placement for n workers (the figures' placements), or "
+                         "`spread`, every operator over all n (the worst case for chaining); with --costs a "
+                         "comma-separated list of policies compares them: ratios and rankings side by side")
     ap.add_argument("--beta-from", choices=("alt", "pipe"), default="alt",
                     help="interleaved: fit β on ALT (receive share 0.5) or β and the share on PIPE (run J)")
     ap.add_argument("--alpha-split-from", choices=("split", "mix"), default="split",
@@ -418,6 +495,8 @@ def main(argv=None) -> int:
     if meta.get("cpu_per_worker") not in (None, cpu):
         print(f"warning: {args.costs} was measured at {meta['cpu_per_worker']} CPU per worker, not {cpu}",
               file=sys.stderr)
+    if "," in args.placement:
+        return compare_policies(args, apps, workers, costs, cpu)
     placed = placements(apps, workers, args.placement)
     sim = simulated(apps, workers, costs, placed)
     emu = emulated(apps, workers, cpu, args.repeat, args.seconds, placed)
