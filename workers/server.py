@@ -157,7 +157,10 @@ class Worker:
         spec = DagSpec.unpack(body["dag"])
         placement = Placement.from_wire(body["placement"], spec)
         for wid, addr in body["peers"].items():
-            self.peer_addrs[str(wid)] = str(addr)
+            wid, addr = str(wid), str(addr)
+            if self.peer_addrs.get(wid, addr) != addr and wid in self.peers:
+                self.peers.pop(wid).close(0)  # the peer restarted on another port: connect to the new one
+            self.peer_addrs[wid] = addr
         job = body["job"]
         if job in self.jobs:
             raise ValueError(f"job {job} is already deployed here")
