@@ -37,6 +37,10 @@ def _on_term(signum, frame):
     raise KeyboardInterrupt
 
 
+def _say(message: str) -> None:
+    print(f"clasp cluster: {message}", file=sys.stderr, flush=True)
+
+
 def _cluster(args) -> int:
     from clasp.cluster import ClusterError, LocalCluster
     from clasp.cpulimit import CpuLimitError
@@ -46,7 +50,8 @@ def _cluster(args) -> int:
     signal.signal(signal.SIGTERM, _on_term)
     cluster = LocalCluster(workers=args.workers, host=args.host, port=args.port, p_max=args.p_max,
                            log_dir=args.log_dir, planner_args=planner_options(args),
-                           cpu_per_worker=args.cpu_per_worker, hosts=args.hosts)
+                           cpu_per_worker=args.cpu_per_worker, hosts=args.hosts,
+                           restart_workers=args.restart_workers, on_event=_say)
     try:
         cluster.start()
     except (ClusterError, CpuLimitError, NetnsError, OSError) as e:
@@ -59,9 +64,10 @@ def _cluster(args) -> int:
     print(f"clasp cluster up: planner {cluster.planner}, {args.workers} workers; metrics {cluster.metrics['planner']}"
           " — Ctrl-C stops every process", flush=True)
     try:
-        while cluster.alive():
+        # A worker that exits is the supervisor's (it logs it and restarts it); the planner's exit ends the
+        # cluster: the supervisor has logged it and stopped every process.
+        while cluster.planner_running():
             time.sleep(0.5)
-        print("clasp cluster: a process exited; stopping the rest", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0
@@ -156,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--hosts", action="store_true",
                    help="the planner and each worker in its own network namespace and address, joined by a "
                         "bridge, like separate hosts (root, iproute2); --host is then unused")
+    c.add_argument("--restart-workers", action=argparse.BooleanOptionalAction, default=True,
+                   help="start a worker that exits again, same id and ports, at most 5 times a minute (with "
+                        "backoff); without, it stays down. Either way the rest of the cluster keeps running")
     add_control_options(c)
     c.set_defaults(fn=_cluster)
     add_run_parser(sub)

@@ -2,6 +2,12 @@
 
 Synchronous on purpose (scripts, notebooks, tests): one DEALER socket to the planner, requests tagged
 with ids, pushes pipelined with a bounded window of unacknowledged chunks.
+
+A planner that has gone away fails every call within seconds, not after its timeout: a socket monitor
+sees the connection close (the planner process exited) or ZeroMQ heartbeats time it out (the planner's
+host or network went silent); the calls waiting on it raise `PlannerUnavailable` at once, and a call
+made while no connection has been up for `liveness` seconds (or none ever came up) raises it too.
+Heartbeats are answered by libzmq's I/O thread, so a planner that is busy, but alive, never trips them.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from typing import Any
 
 import msgpack
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from clasp import protocol
 from clasp.dag import Dag, DagError
@@ -27,21 +34,56 @@ class ClaspTimeout(ClaspError, TimeoutError):
     """The cluster did not answer, or did not finish, in time."""
 
 
-class Client:
-    """A connection to a planner. Use as a context manager, or call close()."""
+class PlannerUnavailable(ClaspError, ConnectionError):
+    """No planner answers at the address: nothing accepts connections there, or the connection to it
+    closed (the planner exited) or went silent, so no answer can come. `why` is the reason alone."""
 
-    def __init__(self, address: str, timeout: float = 10.0):
+    def __init__(self, message: str, why: str = ""):
+        super().__init__(message)
+        self.why = why or message
+
+
+LIVENESS = 2.0  # seconds without a connection to the planner before a call fails
+HEARTBEAT_IVL = 1.0  # ZeroMQ heartbeats on the client's socket: a ping every second,
+HEARTBEAT_TIMEOUT = 3.0  # and a connection that answers nothing for 3 s is closed (a silent host)
+_POLL_SLICE = 0.5
+
+
+class Client:
+    """A connection to a planner. Use as a context manager, or call close().
+
+    `timeout`: how long a call waits for its answer (longer calls have their own, larger, timeouts);
+    `liveness`: how long a call waits while no connection to the planner is up (never connected, or
+    closed and not back) before it raises PlannerUnavailable."""
+
+    def __init__(self, address: str, timeout: float = 10.0, liveness: float = LIVENESS):
         self.address = address
         self.timeout = timeout
+        self.liveness = liveness
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.HEARTBEAT_IVL, int(HEARTBEAT_IVL * 1000))
+        self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(HEARTBEAT_TIMEOUT * 1000))
+        # Before connect(), so the first handshake is seen.
+        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+        self._up = False  # a connection to the planner is up (ZMTP handshake done)
+        self._ever_up = False
+        self._down_since = time.monotonic()
+        self._pending: set[int] = set()  # sent, not answered
+        self._lost: set[int] = set()  # sent, and the connection closed before the answer came
         self._sock.connect(address)
         self._ids = itertools.count(1)
         self._replies: dict[int, dict] = {}
         self.last_job: Job | None = None
         try:
             self._call("jobs", {}, timeout)
+        except PlannerUnavailable as e:
+            self.close()
+            raise PlannerUnavailable(f"no clasp planner answers at {address}: {e.why}", e.why) from None
         except ClaspTimeout:
             self.close()
             raise ClaspTimeout(f"no clasp planner answers at {address} within {timeout} s") from None
@@ -50,17 +92,29 @@ class Client:
     def _send(self, mtype: str, body: dict) -> int:
         req = next(self._ids)
         self._sock.send(protocol.encode(mtype, {**body, "req": req}))
+        self._pending.add(req)
         return req
 
     def _wait(self, req: int, timeout: float, what: str) -> Any:
         deadline = time.monotonic() + timeout
         while req not in self._replies:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self._sock.poll(int(left * 1000) + 1):
-                if req in self._replies:
-                    break
+            self._watch()
+            if req in self._replies:
+                break
+            if req in self._lost:
+                self._lost.discard(req)
+                raise self._gone(what, "the connection to it closed before it answered")
+            now = time.monotonic()
+            if not self._up and now - self._down_since >= self.liveness:
+                self._pending.discard(req)
+                if self._ever_up:
+                    raise self._gone(what, f"no connection to it for {now - self._down_since:.1f} s")
+                raise self._gone(what, f"nothing accepted a connection there within {self.liveness:g} s")
+            left = deadline - now
+            if left <= 0:
+                self._pending.discard(req)
                 raise ClaspTimeout(f"{what}: no answer from {self.address} within {timeout} s")
-            self._take()
+            self._poller.poll(int(min(left, _POLL_SLICE) * 1000) + 1)
         reply = self._replies.pop(req)
         if not reply["ok"]:
             err = reply.get("error") or "unknown error"
@@ -68,6 +122,27 @@ class Client:
                 raise ClaspTimeout(err)
             raise ClaspError(err)
         return reply.get("result")
+
+    def _gone(self, what: str, why: str) -> PlannerUnavailable:
+        if self._ever_up:
+            return PlannerUnavailable(f"{what}: the clasp planner at {self.address} has gone away: {why}", why)
+        return PlannerUnavailable(f"{what}: no clasp planner at {self.address}: {why}", why)
+
+    def _watch(self) -> None:
+        """Take the connection's events, then the replies that have come."""
+        while self._monitor.get(zmq.EVENTS) & zmq.POLLIN:
+            event = recv_monitor_message(self._monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._up = self._ever_up = True
+            elif event == zmq.EVENT_DISCONNECTED and self._up:
+                self._up = False
+                self._down_since = time.monotonic()
+                # The planner routes a reply to the connection the request came on: once that is closed,
+                # nothing still outstanding can be answered (a new connection is a new peer to it).
+                self._take()
+                self._lost |= self._pending
+                self._pending.clear()
+        self._take()
 
     def _take(self) -> None:
         while True:
@@ -81,6 +156,7 @@ class Client:
                 raise ClaspError(f"the planner sent a bad message: {e}") from None
             if mtype == "reply":
                 self._replies[body["req"]] = body
+                self._pending.discard(body["req"])
             elif mtype == "error":
                 raise ClaspError(f"the planner rejected a message: {body['reason']}: {body['detail']}")
 
@@ -138,6 +214,10 @@ class Client:
         return self._call("jobs", {})
 
     def close(self) -> None:
+        if self._sock.closed:
+            return
+        self._sock.disable_monitor()
+        self._monitor.close(0)
         self._sock.close(0)
         self._ctx.term()
 
@@ -231,6 +311,7 @@ def _packable(obj) -> bool:
         return False
 
 
-def connect(address: str, timeout: float = 10.0) -> Client:
-    """Connect to the planner at `address` (tcp://HOST:PORT); fails within `timeout` if none answers."""
-    return Client(address, timeout)
+def connect(address: str, timeout: float = 10.0, liveness: float = LIVENESS) -> Client:
+    """Connect to the planner at `address` (tcp://HOST:PORT); fails within `timeout` if none answers, and
+    with PlannerUnavailable within `liveness` seconds if nothing accepts a connection there."""
+    return Client(address, timeout, liveness)

@@ -72,7 +72,8 @@ class CpuLimits:
             (d / "cpu.cfs_period_us").write_text(f"{PERIOD_US}\n")
             (d / "cpu.cfs_quota_us").write_text(f"{quota}\n")
         (d / "cgroup.procs").write_text(f"{pid}\n")
-        self.groups.append(d)
+        if d not in self.groups:  # a restarted worker goes back into its group
+            self.groups.append(d)
         return d
 
     def release(self) -> None:

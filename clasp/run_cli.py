@@ -82,6 +82,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                             "host (needs root)")
     r.add_argument("--hosts", action="store_true", help="the planner and each worker in its own network "
                    "namespace and address, like separate hosts (needs root and iproute2)")
+    r.add_argument("--restart-workers", action=argparse.BooleanOptionalAction, default=True,
+                   help="start a worker of the local cluster that exits again (default), or leave it down")
     r.set_defaults(fn=main)
     return r
 
@@ -172,6 +174,7 @@ def plan(args) -> dict:
             raise UsageError(f"profile {text!r} has no end: give --duration or --records")
     return {"app": app, "workers": workers, "seed": seed, "profile": profile, "profile_text": text,
             "cpu_per_worker": cpu, "hosts": args.hosts, "submit": {"policy": args.policy, "state": args.state},
+            "restart_workers": args.restart_workers,
             "records": records, "max_rate": reference if kind in ("burst", "gradual") else None}
 
 
@@ -323,9 +326,16 @@ class _cluster:
         sub = self.cfg["submit"]
         self.cl = LocalCluster(workers=self.cfg["workers"], port=0, log_dir=logs,
                                cpu_per_worker=self.cfg["cpu_per_worker"], hosts=self.cfg["hosts"],
-                               planner_args=[a for k, v in sub.items() if v is not None for a in (f"--{k}", v)])
+                               planner_args=[a for k, v in sub.items() if v is not None for a in (f"--{k}", v)],
+                               restart_workers=self.cfg["restart_workers"],
+                               on_event=self._say)
         self.cl.start()
         return self.cl.planner
+
+    def _say(self, message: str) -> None:
+        from rich.markup import escape
+
+        self.console.print(f"[yellow]cluster: {escape(message)}[/]", highlight=False)
 
     def __exit__(self, *exc) -> None:
         if self.cl is not None:

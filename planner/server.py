@@ -97,7 +97,8 @@ class PlannerJob:
     migrations: list = field(default_factory=list)
     decisions: deque = field(default_factory=lambda: deque(maxlen=200))
     estimate: dict = field(default_factory=dict)
-    lost_workers: set = field(default_factory=set)
+    lost_workers: set = field(default_factory=set)  # every worker that died while serving the job
+    retired: set = field(default_factory=set)  # of those, the ones not serving it again (no redeploy yet)
     sweep: tuple | None = None  # (suspects, clean checks in a row) while looking for records lost with a worker
     settled: Placement | None = None  # the placement of the last migration every worker completed
     state: str = "local"  # "remote": stateful operators keep their state in the planner's state server
@@ -262,18 +263,58 @@ class Planner:
             raise RequestError("a worker registers from a socket whose identity is its id")
         now = time.monotonic()
         prev = self.workers.get(wid)
+        restarted = prev is not None and (prev.pid, prev.data) != (body["pid"], body["data"])
+        if restarted and not self._old_incarnation_gone(prev, body["pid"]):
+            return  # no welcome yet: the worker registers again in 2 s
         info = WorkerInfo(wid, body["host"], body["data"], body["state"], body["metrics"], body["p_max"],
                           body["pid"], prev.registered if prev else now, now)
         self.workers[wid] = info
+        old = self.pushers.get(wid)
+        if old is not None and prev is not None and prev.data != info.data:
+            old.close(0)  # a restarted worker on another port: what was queued for the old one is lost anyway
+            del self.pushers[wid]
         if wid not in self.pushers:
             sock = self.ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.LINGER, 1000)
             sock.connect(info.data)
             self.pushers[wid] = sock
-        log.info("worker %s registered (data %s, metrics %s)", wid, info.data, info.metrics)
+        log.info("worker %s registered (data %s, metrics %s, pid %d)", wid, info.data, info.metrics, info.pid)
         asyncio.ensure_future(self._send(ident, protocol.encode("welcome", {"planner": self.id,
                                                                              "heartbeat": self.heartbeat})))
+        if restarted:
+            for job in list(self.jobs.values()):
+                if wid in job.workers:
+                    self._background(self._redeploy(job, wid), f"deploying job {job.id} on restarted worker {wid}")
+
+    def _old_incarnation_gone(self, prev: WorkerInfo, pid: int) -> bool:
+        """A worker registers with the id of one known here, from another process: the old process died
+        (a supervisor restarted it). The old one is declared dead first, and its jobs recovered as when
+        heartbeats stop (its key groups restart empty); True once that is over and the new one may join."""
+        if prev.alive:
+            prev.alive = False
+            log.warning("worker %s registers from a new process (pid %d, was %d): the old one died", prev.id, pid,
+                        prev.pid)
+            for job in list(self.jobs.values()):
+                if prev.id in job.workers:
+                    self._background(self._recover(job, prev.id), f"recovery of job {job.id}")
+            return False
+        # Recovery (or a migration it waits behind) holds the job's lock.
+        return not any(prev.id in job.workers and job.lock.locked() for job in self.jobs.values())
+
+    async def _redeploy(self, job: PlannerJob, wid: str) -> None:
+        """Deploy `job` on a restarted worker of its pool, holding nothing (its share was re-placed when the old
+        process died), so that it answers for the job and can take part in the job's next placement."""
+        async with job.lock:
+            if self.jobs.get(job.id) is not job or job.cancelled:
+                return
+            peers = {w: self.workers[w].data for w in job.workers if w in self.workers}
+            await self.rpc(wid, "deploy", {"job": job.id, "dag": job.spec.pack(), "placement": job.placement.to_wire(),
+                                           "peers": peers, "state": job.state,
+                                           "state_server": self.state_server.endpoint})
+            job.retired.discard(wid)  # a new process with nothing of the job: it may be placed on again
+            log.info("job %d deployed on restarted worker %s (epoch %d, holding nothing)", job.id, wid,
+                     job.placement.epoch)
 
     def _on_heartbeat(self, ident: bytes, body: dict) -> None:
         w = self.workers.get(body["id"])
@@ -419,10 +460,11 @@ class Planner:
         job.waiters.clear()
 
     def _job_workers(self, job: PlannerJob) -> list[str]:
-        """The job's workers still serving it: alive, and not declared dead since it started (one that
-        comes back, or a new process with its id, has lost the job's state and takes no part in it)."""
+        """The job's workers still serving it: alive, and not retired (declared dead while serving it: one
+        that comes back has lost the job's state and takes no part in it; a new process with its id does
+        once `_redeploy` gave it the job)."""
         return [w for w in job.workers
-                if w not in job.lost_workers and self.workers.get(w) and self.workers[w].alive]
+                if w not in job.retired and self.workers.get(w) and self.workers[w].alive]
 
     async def _on_state(self, ident: bytes, body: dict) -> None:
         job = self._job(body)
@@ -573,10 +615,11 @@ class Planner:
         """A worker of the job died: re-place its share on the workers that remain (its state is lost)."""
         async with job.lock:
             old = job.placement
-            if wid not in job.workers or wid in job.lost_workers:
+            if wid not in job.workers or wid in job.retired:
                 return
             # Even when it held nothing any more, a plan naming it dead releases peers waiting for it.
             job.lost_workers.add(wid)
+            job.retired.add(wid)
             alive = self._job_workers(job)
             if not alive:
                 log.error("job %d lost its last worker %s", job.id, wid)
