@@ -104,7 +104,8 @@ def test_a_killed_worker_is_restarted_and_the_cluster_runs_a_new_job_exactly(tmp
         assert any(e["action"] == "restarted" and e["pid"] == after["w1"] for e in cluster.events)
         # The job that lost the worker: its answer is not checked here (its lost records are another matter),
         # but the restarted worker is in it again, holding nothing, and answers for it.
-        stats = wait_for(lambda: _fresh_stats(job), timeout=30, what="the old job's counters from every worker")
+        stats = wait_for(lambda: (s := _fresh_stats(job)) and "counters" in s["workers"]["w1"] and s, timeout=30,
+                         what="the old job's counters from every worker, the restarted one included")
         assert "counters" in stats["workers"]["w1"] and stats["lost_workers"] == ["w1"]
         job.cancel()
         # A new job on all three workers, the restarted one included, gets the exact answer.
