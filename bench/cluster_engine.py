@@ -197,7 +197,8 @@ class Clusters:
         import clasp
         from clasp.cluster import LocalCluster
 
-        key = (int(workers), None if cpu_per_worker is None else float(cpu_per_worker),
+        key = (int(workers), None if cpu_per_worker is None else
+               float(cpu_per_worker) if isinstance(cpu_per_worker, int | float) else tuple(cpu_per_worker),
                None if flush_delay_ms is None else float(flush_delay_ms))
         entry = self.running.pop(key, None)
         if entry is not None and not entry["cluster"].alive():

@@ -104,6 +104,12 @@ def _place(args, rest) -> int:
     return place_main(rest)
 
 
+def _quotas(text: str) -> float | list[float]:
+    """`F` (every worker) or `F1,F2,...` (one per worker, an unequal pool), each > 0."""
+    parts = [_positive(float)(t) for t in text.split(",")]
+    return parts[0] if len(parts) == 1 else parts
+
+
 def _positive(kind):
     def parse(text):
         v = kind(text)
@@ -157,8 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--p-max", type=_positive(int), default=10)
     c.add_argument("--info", help="write the cluster's endpoints as JSON to this file once it is up")
     c.add_argument("--log-dir", help="write each process's log here instead of the terminal")
-    c.add_argument("--cpu-per-worker", type=_positive(float),
-                   help="limit each worker to F CPUs with a cgroup quota, like a separate host (root)")
+    c.add_argument("--cpu-per-worker", type=_quotas,
+                   help="limit each worker to F CPUs with a cgroup quota, like a separate host (root); "
+                        "F1,F2,... gives each worker its own (one per worker: an unequal pool)")
     c.add_argument("--hosts", action="store_true",
                    help="the planner and each worker in its own network namespace and address, joined by a "
                         "bridge, like separate hosts (root, iproute2); --host is then unused")

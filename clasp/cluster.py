@@ -78,7 +78,8 @@ def _ports(fields: dict) -> list[str]:
 class LocalCluster:
     """Planner + workers as subprocesses of this one. Context manager; `stop()` ends every process.
 
-    `cpu_per_worker`: a cgroup CPU quota per worker (`clasp.cpulimit`). `hosts`: the planner and each worker
+    `cpu_per_worker`: a cgroup CPU quota per worker (`clasp.cpulimit`), or a list of one quota each (an
+    unequal pool). `hosts`: the planner and each worker
     in its own network namespace on its own address (`clasp.netns`); `host` is then unused. Both need root
     and are undone by `stop()`; a cluster whose owner was killed is cleaned up by the next one that uses them.
 
@@ -91,7 +92,8 @@ class LocalCluster:
     def __init__(self, workers: int = 4, host: str = "127.0.0.1", port: int = 0, p_max: int = 10,
                  log_dir: str | os.PathLike | None = None, planner_args: list[str] | None = None,
                  worker_args: list[str] | None = None, start_timeout: float = 30.0,
-                 cpu_per_worker: float | None = None, hosts: bool = False, restart_workers: bool = True,
+                 cpu_per_worker: float | Sequence[float] | None = None, hosts: bool = False,
+                 restart_workers: bool = True,
                  restart_policy: RestartPolicy | None = None, on_event: Callable[[str], None] | None = None):
         if workers < 1:
             raise ValueError(f"a cluster needs at least one worker, not {workers}")
@@ -104,6 +106,15 @@ class LocalCluster:
         self.worker_args = worker_args or []
         self.start_timeout = start_timeout
         self.cpu_per_worker = cpu_per_worker
+        # One quota for every worker, or one each (an unequal pool: the workers stand for unequal hosts).
+        if cpu_per_worker is None:
+            self.cpu_quotas = None
+        elif isinstance(cpu_per_worker, int | float):
+            self.cpu_quotas = [float(cpu_per_worker)] * workers
+        else:
+            self.cpu_quotas = [float(c) for c in cpu_per_worker]
+            if len(self.cpu_quotas) != workers:
+                raise ValueError(f"{len(self.cpu_quotas)} CPU quotas for {workers} workers")
         self.cpu_limits = None
         self.hosts = hosts
         self.netns = None
@@ -172,16 +183,16 @@ class LocalCluster:
             info = self._announced("planner", proc)
             self.planner = info["endpoint"]
             self.metrics["planner"] = info["metrics"]
-            if self.cpu_per_worker is not None:
+            if self.cpu_quotas is not None:
                 from clasp.cpulimit import CpuLimits
 
-                self.cpu_limits = CpuLimits(self.cpu_per_worker)  # refuses, rather than run unlimited
+                self.cpu_limits = CpuLimits(min(self.cpu_quotas))  # refuses, rather than run unlimited
             # Workers start in parallel: each spends most of its start-up importing.
             procs = [self._spawn(f"worker-{i}", self._worker_args(wid), wid if self.hosts else None)
                      for i, wid in enumerate(self.worker_ids)]
             for i, p in enumerate(procs):
                 if self.cpu_limits is not None:
-                    self.cpu_limits.limit(p.pid, f"w{i}")
+                    self.cpu_limits.limit(p.pid, f"w{i}", self.cpu_quotas[i])
                 fields = self._announced(f"worker-{i}", p)
                 self.metrics["workers"].append(fields["metrics"])
                 self._pinned[self.worker_ids[i]] = _ports(fields)
@@ -279,7 +290,7 @@ class LocalCluster:
             p = self._spawn(f"worker-{i}", self._worker_args(wid), wid if self.hosts else None, index=1 + i)
         if self.cpu_limits is not None:
             try:
-                self.cpu_limits.limit(p.pid, wid)
+                self.cpu_limits.limit(p.pid, wid, self.cpu_quotas[i])
             except OSError as e:
                 self._event(logging.WARNING, f"worker {wid}: could not put it under its CPU quota: {e}", process=wid)
         fields = self._announced_within(p, self.start_timeout)

@@ -62,10 +62,11 @@ class CpuLimits:
                 except OSError:
                     pass
 
-    def limit(self, pid: int, name: str) -> Path:
+    def limit(self, pid: int, name: str, cpus: float | None = None) -> Path:
+        """Put `pid` in its own group with a quota of `cpus` (default: this object's)."""
         d = self.root / f"{_PREFIX}{os.getpid()}-{name}"
         d.mkdir(exist_ok=True)
-        quota = max(1000, int(self.cpus * PERIOD_US))
+        quota = max(1000, int((self.cpus if cpus is None else cpus) * PERIOD_US))
         if self.version == 2:
             (d / "cpu.max").write_text(f"{quota} {PERIOD_US}\n")
         else:
