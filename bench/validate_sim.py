@@ -55,11 +55,12 @@ CALIB_RUNS = ("short", "alt", "pipe", "split", "mix", "fan", "alt_fast", "fan_fa
 TOLERANCE = 0.15
 
 
-def placements(apps: list[str], workers: list[int], mode: str) -> dict[tuple[str, int], object]:
+def placements(apps: list[str], workers: list[int], mode: str, costs_file: Path = COSTS,
+               ) -> dict[tuple[str, int], object]:
     """The placement of every point, the same in both engines: a policy's own placement for n workers
     (`clasp`, `clasp-paper`, a baseline: `bench.sim_engine.SimEngine.policy_placement`, planned on the
     committed cost file, as the figures' placements are), or `spread` (None: every operator over every
-    worker, the worst case for chaining)."""
+    worker, the worst case for chaining). `costs_file`: the costs the policies plan with."""
     if mode == "spread":
         return {(a, n): None for a in apps for n in workers}
     from bench.sim_engine import SimEngine
@@ -68,7 +69,7 @@ def placements(apps: list[str], workers: list[int], mode: str) -> dict[tuple[str
 
     if mode not in POLICIES:
         raise ValueError(f"placement must be spread or a policy ({', '.join(POLICIES)}), not {mode!r}")
-    engine = SimEngine(Costs.load(COSTS), source=str(COSTS))
+    engine = SimEngine(Costs.load(costs_file), source=str(costs_file))
     return {(a, n): engine.policy_placement(a, mode, n) for a in apps for n in workers}
 
 
@@ -379,7 +380,8 @@ POLICY_TOLERANCE = 0.20  # across policies (issue "2/8"): each policy's simulate
 def compare_policies(args, apps: list[str], workers: list[int], costs, cpu: float | None) -> int:
     """`--placement P1,P2,...`: each policy's placement in both engines, ratios and rankings side by side."""
     policies = [p.strip() for p in args.placement.split(",") if p.strip()]
-    placed = {p: placements(apps, workers, p) for p in policies}
+    # Planned on the file being validated: each policy plans with the costs the simulator charges.
+    placed = {p: placements(apps, workers, p, Path(args.costs)) for p in policies}
     sim = {p: simulated(apps, workers, costs, placed[p]) for p in policies}
     emu = emulated_policies(apps, workers, cpu, args.repeat, args.seconds, placed)
     points, rankings = [], []
