@@ -49,6 +49,7 @@ kept (default 1, so iterate the worker count in the outer loop); `shutdown()` st
 from __future__ import annotations
 
 import atexit
+import functools
 import math
 import os
 import tempfile
@@ -378,6 +379,16 @@ def _warm(entry: dict, app, seed: int, state: str, placement: dict) -> float:
     return entry["warm"][key]
 
 
+@functools.cache
+def _key_weights(app_name: str) -> dict[str, list[float]]:
+    """The app's key-group weights counted on a local run (what the simulator routes by, `key_skew`), so a
+    fixed placement's key groups are owned by weight, as the planner owns them once it measured them."""
+    from apps import get_app
+    from clasp.simulator import measure_app
+
+    return measure_app(get_app(app_name), 20_000)[1]
+
+
 def _measure(app_name: str, workers: int, rate: float | None, *, placement, cpu_per_worker, records,
              seconds: float, state: str, seed: int, log_dir, flush_delay_ms: float | None = None) -> dict:
     if workers < 1:
@@ -404,7 +415,8 @@ def _measure(app_name: str, workers: int, rate: float | None, *, placement, cpu_
         profile = parse_profile(f"constant:{rate}", duration=seconds)
     inputs = app.generate(n, seed)
     submitted = time.monotonic()
-    job = client.submit(app.build_dag(), placement=fractions, autoscale=False, state=state)
+    job = client.submit(app.build_dag(), placement=fractions, autoscale=False, state=state,
+                        key_weights=_key_weights(app_name))
     try:
         # Placement index i is the i-th live worker in registration order: the job's own list.
         order = list(job.info["workers"])

@@ -165,7 +165,8 @@ class Client:
 
     # ----------------------------------------------------------------- API
     def submit(self, dag: Dag, placement: dict[str, dict[int, float]] | None = None, *,
-               autoscale: bool | None = None, policy: str | None = None, state: str | None = None) -> Job:
+               autoscale: bool | None = None, policy: str | None = None, state: str | None = None,
+               key_weights: dict[str, list[float]] | None = None) -> Job:
         """Deploy `dag` on the cluster.
 
         `placement` (operator -> {worker index -> share}) fixes the placement; worker indices count the
@@ -173,7 +174,10 @@ class Client:
         explicit placement) lets the control loop re-place the job as its load changes; `policy` picks
         the scaling policy (default: the planner's, `clasp`); `state` is where stateful operators keep
         their state: "local" (on the worker owning the key, the default) or "remote" (the planner's state
-        server, one round trip per micro-batch: the paper's Fig. 4 baseline)."""
+        server, one round trip per micro-batch: the paper's Fig. 4 baseline). `key_weights` (stateful
+        operator -> 128 numbers, the share of its requests in each key group) lets an explicit placement
+        give each owner its share of the requests rather than of the groups, before the planner has
+        measured them itself."""
         options = {"autoscale": autoscale, "policy": policy, "state": state}
         if not isinstance(dag, Dag):
             raise DagError(f"submit expects a clasp.Dag, not {type(dag).__name__}")
@@ -182,6 +186,8 @@ class Client:
         if placement is not None:
             body["placement"] = {name: {int(i): float(s) for i, s in shares.items()}
                                  for name, shares in placement.items()}
+        if key_weights:
+            body["key_weights"] = {op: [float(v) for v in row] for op, row in key_weights.items()}
         result = self._call("submit", body, max(self.timeout, 30.0))
         self.last_job = Job(self, result["job"], dag.name, result)
         return self.last_job

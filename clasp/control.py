@@ -249,10 +249,42 @@ def pool_order(previous: Placement | None, alive: Sequence[str],
     return sorted(order, key=lambda w: -(cpus.get(w) or 0.0))
 
 
+KEY_WEIGHT_SMOOTHING = 0.2  # EMA weight of one tick's key-group request rates
+
+
+def key_weights(spec: DagSpec, samples: Mapping[str, dict], job: int,
+                previous: Mapping[str, list[float]] | None = None) -> dict[str, list[float]]:
+    """Each stateful operator's requests per second per key group, summed over the workers that route to
+    it (their heartbeats' `key_groups`) and smoothed over ticks; an operator no worker routed to this
+    tick keeps its previous weights. Malformed entries are skipped (a heartbeat is untrusted input)."""
+    stateful = {o.name for o in spec.operators if o.stateful}
+    sums: dict[str, list[float]] = {}
+    for sample in samples.values():
+        js = ((sample or {}).get("jobs") or {}).get(job) or {}
+        groups = js.get("key_groups") if isinstance(js, dict) else None
+        if not isinstance(groups, dict):
+            continue
+        for op, per in groups.items():
+            if op not in stateful or not isinstance(per, dict):
+                continue
+            row = sums.setdefault(op, [0.0] * NUM_KEY_GROUPS)
+            for g, r in per.items():
+                if isinstance(g, int) and 0 <= g < NUM_KEY_GROUPS and _number(r) is not None and r >= 0:
+                    row[g] += r
+    out = {op: list(v) for op, v in (previous or {}).items() if op in stateful}
+    for op, row in sums.items():
+        old = out.get(op)
+        out[op] = row if old is None else [(1 - KEY_WEIGHT_SMOOTHING) * a + KEY_WEIGHT_SMOOTHING * b
+                                           for a, b in zip(old, row, strict=True)]
+    return out
+
+
 def to_runtime_placement(spec: DagSpec, result: PlacementResult, pool: Sequence[str],
-                         previous: Placement | None, epoch: int) -> Placement:
+                         previous: Placement | None, epoch: int,
+                         weights: Mapping[str, Sequence[float]] | None = None) -> Placement:
     """A policy's PlacementResult (worker indices) as the runtime's Placement (worker ids), with
-    key-group ownership that moves as few groups as possible from `previous`."""
+    key-group ownership that moves as few groups as possible from `previous`, by the groups' measured
+    request `weights` where known (so each owner's requests follow its share)."""
     if result.workers > len(pool):
         raise ValueError(f"placement needs {result.workers} workers, the pool has {len(pool)}")
     ops: dict[str, OperatorPlacement] = {}
@@ -267,7 +299,7 @@ def to_runtime_placement(spec: DagSpec, result: PlacementResult, pool: Sequence[
         kg = None
         if o.stateful:
             prev = previous.operators[o.name].key_groups if previous else None
-            kg = key_groups_for_shares(shares, NUM_KEY_GROUPS, prev)
+            kg = key_groups_for_shares(shares, NUM_KEY_GROUPS, prev, (weights or {}).get(o.name))
         ops[o.name] = OperatorPlacement(shares, instances, kg)
     return Placement(ops, epoch, list(pool))
 

@@ -89,7 +89,7 @@ SCHEMAS: dict[str, dict[str, tuple | None]] = {
     "rstate_put_many": {"req": _INT, "job": _INT, "op": _STR, "states": _DICT},
 }
 _OPTIONAL: dict[str, dict[str, tuple | None]] = {
-    "submit": {"placement": _DICT, "options": _DICT},
+    "submit": {"placement": _DICT, "options": _DICT, "key_weights": _DICT},
     "stats": {"fresh": _BOOL},
     "counters": {"below": _INT},  # also answer `holds_below`: anything of a record below this id here
     "reply": {"result": _ANY, "error": _STR},

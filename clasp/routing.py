@@ -60,15 +60,17 @@ def weighted_table(shares: Mapping[str, float], size: int = 120) -> list[str]:
 
 
 def key_groups_for_shares(shares: Mapping[str, float], num_groups: int = NUM_KEY_GROUPS,
-                          previous: Sequence[str] | None = None) -> list[str]:
-    """Key-group owners proportional to shares, moving as few groups as possible from `previous`."""
+                          previous: Sequence[str] | None = None, weights: Sequence[float] | None = None,
+                          ) -> list[str]:
+    """Key-group owners proportional to shares (by measured `weights` per group, when given), moving as
+    few groups as possible from `previous`."""
     ids = sorted(w for w, s in shares.items() if s > 0)
     index = {w: i for i, w in enumerate(ids)}
     prev = None
     if previous is not None:
         # Owners that are no longer placed get an index outside `ids`, so their groups move.
         prev = [index.get(w, len(ids)) for w in previous]
-    owners = assign_key_groups({i: shares[w] for i, w in enumerate(ids)}, num_groups, prev)
+    owners = assign_key_groups({i: shares[w] for i, w in enumerate(ids)}, num_groups, prev, weights)
     return [ids[i] for i in owners]
 
 
@@ -148,9 +150,10 @@ def _instances(spec: DagSpec, on: dict[str, list[str]], p_max: int) -> dict[str,
 
 
 def build_placement(spec: DagSpec, workers: Sequence[str], shares_by_index: Mapping[str, Mapping[int, float]],
-                    p_max: int, epoch: int = 0, previous: Placement | None = None) -> Placement:
+                    p_max: int, epoch: int = 0, previous: Placement | None = None,
+                    weights: Mapping[str, Sequence[float]] | None = None) -> Placement:
     """A placement from operator -> {worker index -> share} (the policies' and `submit(placement=)` form);
-    key groups move as little as possible from `previous`."""
+    key groups move as little as possible from `previous`, owned by their request `weights` where given."""
     names = {o.name for o in spec.operators}
     unknown = set(shares_by_index) - names
     if unknown:
@@ -177,7 +180,8 @@ def build_placement(spec: DagSpec, workers: Sequence[str], shares_by_index: Mapp
         shares = {w: s / total for w, s in shares.items()}
         on[o.name] = sorted(shares)
         prev = previous.operators[o.name].key_groups if previous is not None else None
-        ops[o.name] = OperatorPlacement(shares, {}, key_groups_for_shares(shares, NUM_KEY_GROUPS, prev)
+        ops[o.name] = OperatorPlacement(shares, {}, key_groups_for_shares(shares, NUM_KEY_GROUPS, prev,
+                                                                          (weights or {}).get(o.name))
                                         if o.stateful else None)
     for name, inst in _instances(spec, on, p_max).items():
         ops[name].instances = inst

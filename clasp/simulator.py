@@ -364,10 +364,11 @@ class Simulator:
             total = sum(shares.values())
             weights = self.dag.key_weights.get(o) if self.config.key_skew else None
             if weights:
-                # A keyed operator's requests go to the owners of their key groups (the runtime's contiguous,
-                # minimal-move ownership by σ), so a worker's share of requests is its groups' measured weight.
+                # A keyed operator's requests go to the owners of their key groups, owned by weight as the
+                # runtime owns them once it measured them (keygroups.assign_weighted): a worker's share of
+                # requests is its groups' weight, σ up to one hot group's granularity.
                 owners = assign_key_groups({w: f / total for w, f in shares.items()}, len(weights),
-                                           owners_by_op.get(o))
+                                           owners_by_op.get(o), weights)
                 self.owners[o] = owners
                 for g, w in enumerate(owners):
                     sigma[w, j] += weights[g]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import time
 import uuid
 from collections import deque
@@ -22,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from clasp import protocol
-from clasp.control import ControlConfig, Controller, observation, pool_order, to_runtime_placement
+from clasp.control import ControlConfig, Controller, key_weights, observation, pool_order, to_runtime_placement
 from clasp.dag import DagError, DagSpec
 from clasp.migration import PLANNER, plan_migration
 from clasp.net import advertised, bind, start_metrics_server
@@ -97,6 +98,7 @@ class PlannerJob:
     migrations: list = field(default_factory=list)
     decisions: deque = field(default_factory=lambda: deque(maxlen=200))
     estimate: dict = field(default_factory=dict)
+    key_weights: dict = field(default_factory=dict)  # stateful operator -> requests/s per key group (smoothed)
     lost_workers: set = field(default_factory=set)  # every worker that died while serving the job
     retired: set = field(default_factory=set)  # of those, the ones not serving it again (no redeploy yet)
     sweep: tuple | None = None  # (suspects, clean checks in a row) while looking for records lost with a worker
@@ -108,6 +110,21 @@ class PlannerJob:
         """Records in the window: dispatched, not complete, and not suspected lost with a dead worker."""
         t = self.tracker
         return self.counters["dispatched"] - t.completed - t.lost - t.suspects
+
+
+def _key_weights(spec: DagSpec, raw: dict) -> dict[str, list[float]]:
+    """`submit`'s optional key-group weights: stateful operator -> NUM_KEY_GROUPS non-negative numbers."""
+    stateful = {o.name for o in spec.operators if o.stateful}
+    out = {}
+    for op, row in raw.items():
+        if op not in stateful:
+            raise RequestError(f"key_weights names {op!r}, which is not a stateful operator of the DAG")
+        if (not isinstance(row, list) or len(row) != NUM_KEY_GROUPS
+                or not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                           for v in row)):
+            raise RequestError(f"key_weights[{op!r}] must be {NUM_KEY_GROUPS} non-negative numbers")
+        out[op] = [float(v) for v in row]
+    return out
 
 
 class Planner:
@@ -390,10 +407,11 @@ class Planner:
         if state not in STATE_MODES:
             raise RequestError(f"unknown state mode {state!r}; accepted: {', '.join(STATE_MODES)}")
         explicit = body.get("placement")
+        weights = _key_weights(spec, body.get("key_weights") or {})
         autoscale = options.get("autoscale")
         autoscale = (self.autoscale and not explicit) if autoscale is None else bool(autoscale)
         if explicit:
-            placement = build_placement(spec, workers, explicit, self.p_max)
+            placement = build_placement(spec, workers, explicit, self.p_max, weights=weights)
         elif autoscale:
             # Eq. (12)'s starting point: everything on one worker until statistics say otherwise.
             placement = build_placement(spec, workers, {o.name: {0: 1.0} for o in spec.operators}, self.p_max)
@@ -402,7 +420,7 @@ class Planner:
         placement.check(spec)
         job_id = next(self._job_ids)
         job = PlannerJob(job_id, spec, placement, Tracker(), workers, autoscale=autoscale, settled=placement,
-                         state=state)
+                         state=state, key_weights=weights)
         edges = spec.edges()
         job.controller = Controller([o.name for o in spec.operators], edges, POLICIES[policy](), self.p_max,
                                     len(workers), self.control)
@@ -543,7 +561,7 @@ class Planner:
         async with job.lock:
             pool = pool_order(job.placement, self._job_workers(job))
             new = build_placement(job.spec, pool, body["placement"], self.p_max, job.placement.epoch + 1,
-                                  previous=job.placement)
+                                  previous=job.placement, weights=job.key_weights)
             record = await self.migrate(job, new, "manual placement")
         self._reply(ident, body["req"], record)
 
@@ -568,7 +586,7 @@ class Planner:
         """Carry out a policy's placement with the decentralized protocol; returns the migration record.
         `pool`: the ids the policy's indices meant when it decided (default: the pool now)."""
         pool = self._pool(job) if pool is None else pool
-        new = to_runtime_placement(job.spec, result, pool, job.placement, job.placement.epoch + 1)
+        new = to_runtime_placement(job.spec, result, pool, job.placement, job.placement.epoch + 1, job.key_weights)
         record = await self.migrate(job, new, reason)
         job.controller.placed(result)
         return record
@@ -641,7 +659,8 @@ class Planner:
                     shares = {pool_order(old, alive)[0]: 1.0}
                 total = sum(shares.values())
                 shares = {w: v / total for w, v in shares.items()}
-                kg = key_groups_for_shares(shares, NUM_KEY_GROUPS, p.key_groups) if o.stateful else None
+                kg = (key_groups_for_shares(shares, NUM_KEY_GROUPS, p.key_groups, job.key_weights.get(o.name))
+                      if o.stateful else None)
                 ops[o.name] = OperatorPlacement(shares, {w: p.instances.get(w, 1) for w in shares}, kg)
             settled = job.settled or old
             lost_groups = sum(1 for o in job.spec.operators if o.stateful
@@ -693,8 +712,10 @@ class Planner:
     def _control(self, job: PlannerJob, rate_in: float, rate_out: float) -> None:
         """One control-loop tick for one job: feed the estimator, and re-plan when a trigger fires."""
         pool = self._pool(job)
-        obs = observation(job.spec, {w: self.workers[w].sample for w in job.workers if w in self.workers},
-                          job.id, rate_in, rate_out, job.tracker.completed, job.queued, job.placement, pool)
+        samples = {w: self.workers[w].sample for w in job.workers if w in self.workers}
+        job.key_weights = key_weights(job.spec, samples, job.id, job.key_weights)
+        obs = observation(job.spec, samples, job.id, rate_in, rate_out, job.tracker.completed, job.queued,
+                          job.placement, pool)
         step = job.controller.observe(obs, decide=job.autoscale and not job.migrating)
         e = step.estimate
         job.estimate = {"alpha": e.alpha, "beta": e.beta, "beta_receive": e.beta_receive, "mu": e.mu,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from clasp.control import ControlConfig, Controller, Observation, pool_order, to_runtime_placement
 from clasp.estimator import WorkerSample
 from clasp.policy import ClaspPolicy, OperatorStats
@@ -167,3 +169,30 @@ def test_observation_passes_messages_and_cpu_allowance():
     o = observation(spec, {"a": {"delta": 1, "cpus": 0.4, "jobs": {7: js}}}, 7, 1.0, 1.0, 0, 0, placement, ["a"])
     s = o.workers["a"]
     assert (s.messages_out, s.messages_in, s.cpus, o.pool) == (40.0, 50.0, 0.4, ["a"])
+
+
+def test_key_weights_sum_the_senders_and_smooth_and_skip_malformed_entries():
+    from clasp.control import KEY_WEIGHT_SMOOTHING, key_weights
+
+    spec = wordcount_dag().to_spec()
+    samples = {"a": {"jobs": {7: {"key_groups": {"count": {0: 100.0, 5: 10.0}}}}},
+               "b": {"jobs": {7: {"key_groups": {"count": {0: 50.0, 300: 1.0, "x": 2.0, 6: -1.0},
+                                                 "split": {0: 9.0}}}}},
+               "c": {"jobs": {7: {"key_groups": "garbage"}}}, "d": None}
+    w = key_weights(spec, samples, 7)
+    assert set(w) == {"count"} and w["count"][0] == 150.0 and w["count"][5] == 10.0 and sum(w["count"]) == 160.0
+    again = key_weights(spec, {"a": {"jobs": {7: {"key_groups": {"count": {1: 100.0}}}}}}, 7, w)
+    assert again["count"][0] == pytest.approx((1 - KEY_WEIGHT_SMOOTHING) * 150.0)
+    assert again["count"][1] == pytest.approx(KEY_WEIGHT_SMOOTHING * 100.0)
+    assert key_weights(spec, {}, 7, w) == w  # nobody routed to it this tick: kept
+
+
+def test_runtime_placement_owns_key_groups_by_weight():
+    spec = wordcount_dag().to_spec()
+    result = ClaspPolicy().place_on(OPS, EDGES, controller().stats(obs(20000)), 2)
+    weights = {"count": [64.0] + [1.0] * 127}
+    new = to_runtime_placement(spec, result, ["w0", "w1"], None, 1, weights)
+    kg, shares = new.operators["count"].key_groups, new.operators["count"].shares
+    for w, s in shares.items():
+        carried = sum(v for g, v in enumerate(weights["count"]) if kg[g] == w) / sum(weights["count"])
+        assert abs(carried - s) < 0.3

@@ -40,6 +40,7 @@ MIN_BATCH = 16
 TIMING_SAMPLE = 8
 TIMING_MASK = TIMING_SAMPLE - 1
 KEY_CACHE_MAX = 1 << 20
+HIT_SAMPLE = 8  # one output in this many weighs the key groups on a keyed route that is all local
 # Upper bounds (seconds) of the execution-time histogram buckets.
 EXEC_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 0.1, 1.0)
 
@@ -61,7 +62,7 @@ class OpRuntime:
 
     __slots__ = ("index", "name", "fn", "key_fn", "stateful", "is_async", "collect", "queue", "state",
                  "instances", "routes", "successors", "processed", "exec_time", "errors", "edge_counts",
-                 "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_keys")
+                 "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_keys", "group_hits")
 
     def __init__(self, spec_op):
         self.index = spec_op.index
@@ -88,6 +89,9 @@ class OpRuntime:
         # The keys of `state` by key group, kept as keys appear and vanish (once per key, not per
         # request), so a migration moves whole groups without hashing every key.
         self.group_keys: list[set] = [set() for _ in range(NUM_KEY_GROUPS)] if spec_op.stateful else []
+        # Requests routed to each key group of this (stateful) operator by this worker, cumulative: the
+        # planner sums them over the senders into the groups' weights (keygroups.assign_weighted).
+        self.group_hits: list[int] = [0] * NUM_KEY_GROUPS if spec_op.stateful else []
         self.busy = False
 
     def group_of(self, key) -> int:
@@ -580,8 +584,16 @@ class JobEngine:
                         continue
                     append((succ, o, key, rid, wc))
                     local += 1
+                # Every group is here, so none is computed to route: weigh the groups from a sample.
+                hits = target.group_hits
+                for o in outs[::HIT_SAMPLE]:
+                    try:
+                        hits[target.group_of(key_fn(o))] += HIT_SAMPLE
+                    except Exception:  # the key function's failure was reported above, once
+                        continue
             else:
                 key_fn = target.key_fn
+                hits = target.group_hits
                 for o in outs:
                     try:
                         key = key_fn(o)
@@ -594,6 +606,7 @@ class JobEngine:
                         self._fail(target, OperatorError(f"key function of {target.name!r} failed: {e!r}"),
                                    o, rid, wc)
                         continue
+                    hits[g] += 1
                     d = table[g]
                     if d is None:
                         append((succ, o, key, rid, wc))

@@ -18,6 +18,7 @@ class _Cursor:
     processed: dict = field(default_factory=dict)
     exec_time: dict = field(default_factory=dict)
     edges: dict = field(default_factory=dict)
+    group_hits: dict = field(default_factory=dict)
     local: int = 0
     remote: int = 0
     received: int = 0
@@ -102,6 +103,15 @@ class Monitor:
                 ops[op.name] = {"rate": done / interval, "tau_us": (t / done * 1e6) if done else 0.0,
                                 "processed": op.processed, "queue": len(op.queue), "errors": op.errors,
                                 "instances": op.instances, "keys": len(op.state)}
+            groups = {}
+            for op in eng.ops:
+                if op.stateful:
+                    last = cur.group_hits.get(op.name) or [0] * len(op.group_hits)
+                    now = list(op.group_hits)
+                    moved = {g: (a - b) / interval for g, (a, b) in enumerate(zip(now, last, strict=True)) if a != b}
+                    cur.group_hits[op.name] = now
+                    if moved:
+                        groups[op.name] = moved
             edges = []
             for op in eng.ops:
                 for j, s in enumerate(op.successors):
@@ -130,7 +140,10 @@ class Monitor:
                 "exec_us": sum(o["rate"] * o["tau_us"] for o in ops.values()),
                 "failed": eng.failed, "new_errors": errors,
                 # Data messages (and the rows in them) per second this interval, to and from other workers.
-                "messages": dict(zip(MESSAGE_KEYS, msgs, strict=True))}
+                "messages": dict(zip(MESSAGE_KEYS, msgs, strict=True)),
+                # Requests per second this worker routed to each key group of each stateful operator
+                # (only the groups that got any): the planner sums them into the groups' weights.
+                "key_groups": groups}
         out["queue"] = total_q
         out["messages"] = dict(zip(MESSAGE_KEYS, worker_msgs, strict=True))
         return out
