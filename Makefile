@@ -37,6 +37,6 @@ bench: $(BIN)/clasp ## every paper figure in quick mode: out/bench/FIG.png and F
 	$(BIN)/clasp bench all --quick --out out/bench
 
 bench-runtime: $(BIN)/clasp ## the runtime's own benchmarks: chains, ingest, alpha and beta (JSON on stdout)
-	$(BIN)/python -m bench.runtime
+	$(BIN)/python -m clasp.bench.runtime
 
 .PHONY: help install test lint cluster run bench bench-runtime

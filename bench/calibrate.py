@@ -1,8 +1,8 @@
 """Calibrate the simulator's cost file from runs of the real runtime under a per-worker CPU quota.
 
 `python -m bench.calibrate [--cpu-per-worker F] [--apps wc,syn,...] [--seconds S] [--repeat K]
-[--out bench/sim_costs_measured.json]` runs, on local clusters whose workers are limited to F CPUs each
-(`bench.cluster_engine`), and writes a file `clasp simulate APP --costs FILE` loads unchanged:
+[--out clasp/sim/sim_costs_measured.json]` runs, on local clusters whose workers are limited to F CPUs each
+(`clasp.bench.cluster_engine`), and writes a file `clasp simulate APP --costs FILE` loads unchanged:
 
 - **W** (capacity, µs of work per second): the CPU rate (/proc) of one quota-limited worker while an app
   runs unthrottled on it, the median over the apps (≈ F·10⁶ when the quota is what limits it).
@@ -20,14 +20,14 @@
   β and γ are the values with which the simulator reproduces both measured throughputs (solved by
   bisection, alternately). Neither placement is the spread that `bench.validate_sim` checks.
 - **α_split** (µs per local chained request to a stateless successor that other workers also hold: the
-  runtime's table route, `workers/engine.py` `_send`, instead of the single-holder fast path α is measured
+  runtime's table route, `clasp/runtime/engine.py` `_send`, instead of the single-holder fast path α is measured
   on): SYN with every operator 98 % on worker 0 and 2 % on worker 1 (SPLIT: nearly every chained request
   local, and every one through the table route), the value with which the simulator reproduces its
   throughput, β and γ fixed. Before run K it came from MIX (even operators on worker 0, odd ones split
   over workers 0 and 1), where worker 0 also sends and receives 2.5 remote requests per record, whose
   mispricing α_split absorbed (1.7–6.5 µs between runs; SPLIT gave 1.1–1.7 in run K); MIX is now a check
   (`--alpha-split-from mix` restores it).
-- **message_us** (µs per data message at each end, `clasp.simulator.Costs.message_us`): ALT and FAN run
+- **message_us** (µs per data message at each end, `clasp.sim.simulator.Costs.message_us`): ALT and FAN run
   again with the workers flushing every FAST_FLUSH_MS instead of 1 ms (same rows, more and smaller
   messages); the common slope of worker CPU per record against message ends per record (the workers'
   message counters) within each placement (`fit_message_us`). It is fitted first; β and α_split are then
@@ -64,13 +64,13 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from bench import cluster_engine as ce
+from clasp.bench import cluster_engine as ce
 
 OUT = Path(__file__).resolve().parent / "sim_costs_measured.json"
 CPU_PER_WORKER = 0.25
 SYN_OPS = [f"op{i}" for i in range(10)]
 ALT = {o: {i % 2: 1.0} for i, o in enumerate(SYN_OPS)}  # every chained request remote, δ = 1
-# Share of β the receiving worker pays (clasp.simulator.Costs.receive_share): assumed. PIPE measures SYN's
+# Share of β the receiving worker pays (clasp.sim.simulator.Costs.receive_share): assumed. PIPE measures SYN's
 # receiver at 0.30–0.44 of β, but a keyed receiver (WC's hot-key owner) pays more per remote request (run J,
 # docs/SIMULATOR.md), and 0.5 with β from ALT validates both apps (run K).
 RECEIVE_SHARE = 0.5
@@ -89,7 +89,7 @@ MIX = {o: ({0: 1.0} if i % 2 == 0 else {0: 0.5, 1: 0.5}) for i, o in enumerate(S
 # ALT and FAN once more with the workers flushing every 0.1 ms instead of 1 ms: the same rows in about twice
 # the messages, which gives the per-message cost (fit_message_us) from placements that are not the spread.
 FAST_FLUSH_MS = 0.1
-# The shorter SYN chain run beside the ten on one worker (apps.syn.chain): five operators, four chained
+# The shorter SYN chain run beside the ten on one worker (clasp.apps.syn.chain): five operators, four chained
 # requests per record, half of the ten's, so the two per-record costs differ by five α + τ̄ and α and F
 # are equally well determined.
 SHORT_CHAIN = 5
@@ -175,19 +175,19 @@ def structure(app: str) -> tuple[dict[str, float], float]:
 
 def ends(app: str) -> tuple[list[str], list[str]]:
     """An app's source operators and sinks (`clasp.Dag.sources`, `sinks`)."""
-    from apps import get_app
+    from clasp.apps import get_app
 
     dag = get_app(app).build_dag()
     return dag.sources(), dag.sinks()
 
 
 def _dag(app: str):
-    from apps import get_app
-    from clasp.simulator import COSTS_FILE, Costs, SimDag, app_dag
+    from clasp.apps import get_app
+    from clasp.sim.simulator import COSTS_FILE, Costs, SimDag, app_dag
 
     costs = Costs.load(COSTS_FILE)
     if app in costs.tau_us:
-        return app_dag(app, costs)
+        return app_dag(get_app(app), costs)
     dag = get_app(app).build_dag()  # a calibration chain: every fan-out 1
     return SimDag(app, [o.name for o in dag.operators], list(dag.edges), dict.fromkeys(dag.edges, 1.0),
                   {o.name: 0.0 for o in dag.operators})
@@ -262,7 +262,7 @@ def _mean_tput(runs: list[dict]) -> float:
 
 
 def _sim_placement(fractions: dict, workers: int):
-    from clasp.policy import uniform_placement
+    from clasp.core.policies import uniform_placement
 
     base = uniform_placement(list(fractions), [], workers, 10, 1.0, "calibration", "calibration")
     return dataclasses.replace(base, fractions={o: dict(f) for o, f in fractions.items()})
@@ -272,13 +272,14 @@ def _sim_placement(fractions: dict, workers: int):
 def _syn_shape():
     """SYN's SimDag with the committed file's τ̄: its fan-outs, measured once (a local run of the app) for the
     hundreds of simulations a fit makes."""
-    from clasp.simulator import COSTS_FILE, Costs, app_dag
+    from clasp.apps import get_app
+    from clasp.sim.simulator import COSTS_FILE, Costs, app_dag
 
-    return app_dag("syn", Costs.load(COSTS_FILE))
+    return app_dag(get_app("syn"), Costs.load(COSTS_FILE))
 
 
 def _sim_run(costs, placement: dict, workers: int):
-    from clasp.simulator import SimConfig, Simulator
+    from clasp.sim.simulator import SimConfig, Simulator
 
     shape = _syn_shape()
     dag = dataclasses.replace(shape, tau_us={o: costs.tau_us["syn"][o] for o in shape.operators})
@@ -402,7 +403,7 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
         raise ValueError(f"beta_from must be alt or pipe, not {beta_from!r}")
     if alpha_split_from not in ("split", "mix"):
         raise ValueError(f"alpha_split_from must be split or mix, not {alpha_split_from!r}")
-    from clasp.simulator import Costs
+    from clasp.sim.simulator import Costs
 
     one, unlimited = runs["one"], runs.get("unlimited") or {}
     apps = list(one)
@@ -541,7 +542,7 @@ def calibrate(cpu: float, apps: list[str], seconds: float, repeat: int, mix: boo
 
 
 def main(argv=None) -> int:
-    from apps import APPS
+    from clasp.apps import APPS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu-per-worker", type=float, default=CPU_PER_WORKER, help="CPU quota per worker")
@@ -572,7 +573,7 @@ def main(argv=None) -> int:
     doc = calibrate(args.cpu_per_worker, apps, args.seconds, args.repeat, mix=not args.no_mix,
                     messages=not args.no_messages, gamma_with_messages=args.fit_gamma, short=not args.no_short,
                     pipe=not args.no_pipe, beta_from=args.beta_from, alpha_split_from=args.alpha_split_from)
-    from clasp.simulator import Costs
+    from clasp.sim.simulator import Costs
 
     Costs.from_json_dict(doc)  # the simulator must load it
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clasp.model import CapacityModel
-from clasp.placement import (
+from clasp.core.model import CapacityModel
+from clasp.core.placement import (
     InfeasiblePlacement,
     Load,
     PlacementError,
@@ -22,7 +22,7 @@ from clasp.placement import (
     highest_rate_placement,
     place,
 )
-from clasp.policy import POLICIES, EdgeStats, OperatorStats, Stats
+from clasp.core.policies import POLICIES, EdgeStats, OperatorStats, Stats
 from tests.test_placement import check_order, dags
 
 M = CapacityModel(alpha=1.0, beta=2.0, gamma=10.0, capacity=1e6, beta_receive=3.0)
@@ -118,7 +118,7 @@ def extended_cases(draw):
 
 
 def independent_load(fractions, demand, edge_rates, m: CapacityModel) -> dict[int, float]:
-    """The extended Eq. (8) written out again, pair by pair, without clasp.model's functions."""
+    """The extended Eq. (8) written out again, pair by pair, without clasp.core.model's functions."""
     load: dict[int, float] = {}
     reach: dict[int, set] = {}
     rows: dict[tuple[int, int], float] = {}

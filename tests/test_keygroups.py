@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clasp.keygroups import DEFAULT_KEY_GROUPS, assign_key_groups, diff_key_groups, group_counts
+from clasp.core.keygroups import DEFAULT_KEY_GROUPS, assign_key_groups, diff_key_groups, group_counts
 
 
 def counts(owners):

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from clasp.model import CapacityModel
-from clasp.placement import (
+from clasp.core.model import CapacityModel
+from clasp.core.placement import (
     InfeasiblePlacement,
     Load,
     LoadError,
@@ -135,7 +135,7 @@ def cases(draw, zero_costs=False):
 
 
 def independent_load(fractions, demand, edge_rates, m):
-    """Eq. (8) written out again, without clasp.model, to check the placement against."""
+    """Eq. (8) written out again, without clasp.core.model, to check the placement against."""
     load = {}
     reach = {}
     for o, pw in fractions.items():
