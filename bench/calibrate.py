@@ -23,10 +23,9 @@
   runtime's table route, `clasp/runtime/engine.py` `_send`, instead of the single-holder fast path α is measured
   on): SYN with every operator 98 % on worker 0 and 2 % on worker 1 (SPLIT: nearly every chained request
   local, and every one through the table route), the value with which the simulator reproduces its
-  throughput, β and γ fixed. Before run K it came from MIX (even operators on worker 0, odd ones split
-  over workers 0 and 1), where worker 0 also sends and receives 2.5 remote requests per record, whose
-  mispricing α_split absorbed (1.7–6.5 µs between runs; SPLIT gave 1.1–1.7 in run K); MIX is now a check
-  (`--alpha-split-from mix` restores it).
+  throughput, β and γ fixed. MIX (even operators on worker 0, odd ones split over workers 0 and 1) is
+  only a check: its worker 0 also sends and receives 2.5 remote requests per record, whose mispricing a
+  fit on MIX would absorb into α_split (docs/SIMULATOR.md); `--alpha-split-from mix` fits on it.
 - **message_us** (µs per data message at each end, `clasp.sim.simulator.Costs.message_us`): ALT and FAN run
   again with the workers flushing every FAST_FLUSH_MS instead of 1 ms (same rows, more and smaller
   messages); the common slope of worker CPU per record against message ends per record (the workers'
@@ -37,9 +36,9 @@
   then β and the share are those with which the simulator reproduces PIPE (SYN's first five operators on
   worker 1, the last five on worker 0: one remote chained request per record, worker 1 only sends, worker
   0 only receives, as in CLASP's chunked placements), its throughput and its receiver's CPU over its
-  sender's in the same run (`fit_pipe`). Tried in run J (docs/SIMULATOR.md): PIPE's receiver pays 0.30–0.44
-  of β, and WC, whose bottleneck receives every word remotely, came out 40–46 % over-predicted: a keyed
-  receiver pays more per remote request than SYN's. PIPE is measured by default and reported as a check.
+  sender's in the same run (`fit_pipe`). Not the default: a keyed receiver (WC's bottleneck receives
+  every word remotely) pays more per remote request than SYN's, so a share fitted on PIPE over-predicts
+  WC (docs/SIMULATOR.md). PIPE is measured by default and reported as a check.
 - **τ̄** per app and operator: the engine times requests with a wall clock, so under a quota τ̄ includes
   the stalls of throttling (a no-op reads 0.1–1.5 µs instead of 0.1); the shares come from an unlimited
   one-worker run of the app (plus F at its source and sink), and a per-request residual ε (the runtime's
@@ -71,8 +70,8 @@ CPU_PER_WORKER = 0.25
 SYN_OPS = [f"op{i}" for i in range(10)]
 ALT = {o: {i % 2: 1.0} for i, o in enumerate(SYN_OPS)}  # every chained request remote, δ = 1
 # Share of β the receiving worker pays (clasp.sim.simulator.Costs.receive_share): assumed. PIPE measures SYN's
-# receiver at 0.30–0.44 of β, but a keyed receiver (WC's hot-key owner) pays more per remote request (run J,
-# docs/SIMULATOR.md), and 0.5 with β from ALT validates both apps (run K).
+# receiver at 0.30–0.44 of β, but a keyed receiver (WC's hot-key owner) pays more per remote request, and 0.5
+# with β from ALT validates both apps (docs/SIMULATOR.md).
 RECEIVE_SHARE = 0.5
 FAN = {o: ({0: 1.0} if i % 2 == 0 else {1: 0.5, 2: 0.5}) for i, o in enumerate(SYN_OPS)}  # δ = 2 on worker 0
 # Two chunks, as CLASP places a chain: worker 1 runs the source half and only sends, worker 0 the sink half
@@ -558,9 +557,9 @@ def main(argv=None) -> int:
                     help=f"skip the {SHORT_CHAIN}-operator SYN run (no per-record cost F: it is folded into α)")
     ap.add_argument("--no-pipe", action="store_true", help="skip the PIPE run (a check unless --beta-from pipe)")
     ap.add_argument("--beta-from", choices=("alt", "pipe"), default="alt",
-                    help="fit β on ALT (receive share 0.5) or β and the share on PIPE (run J's rule)")
+                    help="fit β on ALT (receive share 0.5) or β and the share on PIPE (docs/SIMULATOR.md)")
     ap.add_argument("--alpha-split-from", choices=("split", "mix"), default="split",
-                    help="the run α_split is fitted on (mix: the rule before run K)")
+                    help="the run α_split is fitted on (mix: a check only, docs/SIMULATOR.md)")
     ap.add_argument("--fit-gamma", action="store_true",
                     help="also fit γ on FAN when message_us is fitted (the old rule; default: γ = 0 then)")
     args = ap.parse_args(argv)

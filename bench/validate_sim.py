@@ -23,7 +23,7 @@ With `--costs FILE`, the old mode: the file as given, emulated runs only.
 
 For every app and worker count: unthrottled, autoscaling off, under CLASP's placement for that many workers
 (`--placement clasp`, the default: the figures' placements, planned on the committed cost file) or every
-operator spread evenly over the workers (`--placement spread`, the worst case for chaining, runs A–F).
+operator spread evenly over the workers (`--placement spread`, the worst case for chaining).
 `--speed-reference` (interleaved mode) runs the app on one of the n workers just before each validation
 run and also reports `ratio_speed_reference`, the prediction scaled to the host's speed at that moment.
 Emulated: `clasp.bench.cluster_engine.unthrottled` on a LocalCluster whose workers are each limited to F CPUs
@@ -474,9 +474,9 @@ def main(argv=None) -> int:
                          "`spread`, every operator over all n (the worst case for chaining); with --costs a "
                          "comma-separated list of policies compares them: ratios and rankings side by side")
     ap.add_argument("--beta-from", choices=("alt", "pipe"), default="alt",
-                    help="interleaved: fit β on ALT (receive share 0.5) or β and the share on PIPE (run J)")
+                    help="interleaved: fit β on ALT (receive share 0.5) or β and the share on PIPE (docs/SIMULATOR.md)")
     ap.add_argument("--alpha-split-from", choices=("split", "mix"), default="split",
-                    help="interleaved: the run α_split is fitted on (mix before run K)")
+                    help="interleaved: the run α_split is fitted on (mix: a check only, docs/SIMULATOR.md)")
     ap.add_argument("--speed-reference", action="store_true",
                     help="interleaved: before each validation run of n ≥ 2 workers, the app on one of them, and "
                          "report ratio_speed_reference: the simulation scaled to the host's speed at the time")

@@ -120,13 +120,10 @@ def test_solve_bisects_a_decreasing_function():
 
 
 def test_calibrated_file_loads():
-    from pathlib import Path
-
     from clasp.apps import get_app
-    from clasp.sim.simulator import Costs, app_dag
+    from clasp.sim.simulator import MEASURED_COSTS_FILE, Costs, app_dag
 
-    path = Path(__file__).resolve().parent.parent / "bench" / "sim_costs_measured.json"
-    costs = Costs.load(path)
+    costs = Costs.load(MEASURED_COSTS_FILE)
     assert costs.capacity > 0 and costs.beta >= costs.alpha >= 0
     for app in ("wc", "syn"):
         assert set(app_dag(get_app(app), costs).operators) == set(costs.tau_us[app])
@@ -239,13 +236,12 @@ def test_pipe_fit_recovers_beta_and_the_receive_share():
     """β and the receive share a PIPE run implies are those the simulator was given (its own throughput and
     receiver/sender utilization fed back as the measurement)."""
     import dataclasses
-    from pathlib import Path
 
     from bench import calibrate as cal
-    from clasp.sim.simulator import Costs
+    from clasp.sim.simulator import MEASURED_COSTS_FILE, Costs
 
     assert [cal.PIPE[o] for o in cal.SYN_OPS] == [{1: 1.0}] * 5 + [{0: 1.0}] * 5
-    base = Costs.load(Path(__file__).resolve().parent.parent / "bench" / "sim_costs_measured.json")
+    base = Costs.load(MEASURED_COSTS_FILE)
     base = dataclasses.replace(base, gamma=0.0, message_us=0.0, alpha_split=None)
     truth = dataclasses.replace(base, beta=2.4, receive_share=0.3)
     lam = cal._sim_tput(truth, cal.PIPE, 2)

@@ -10,7 +10,7 @@ fixed_rate(app, workers, rate, *, placement="spread", cpu_per_worker=None, secon
            state="local", seed=0, log_dir=None) -> dict
 ```
 
-- `app`: a name from `apps/` (wc, sd, aa, pl, nwm, etl, syn); `workers`: the cluster's worker count.
+- `app`: a name from `clasp.apps` (wc, sd, aa, pl, nwm, etl, syn); `workers`: the cluster's worker count.
 - `placement`: "spread" (every operator over all `workers` with equal shares, what the simulator does
   by default: `clasp.core.policies.uniform_placement`) or an explicit `{op: {worker_index: fraction}}` (e.g. a
   policy's `PlacementResult.fractions`); operators it leaves out get the spread. Autoscaling is off.

@@ -5,7 +5,7 @@ clock, no I/O.
 
 The paper's Eq. (1) charges a remote chained request to its sender only (β) and has one capacity W̄ for
 every worker. This runtime's receivers pay a share of each remote request too, and every batch of remote
-requests costs a message at both ends (docs/SIMULATOR.md runs J, K), and workers may differ (a CPU quota,
+requests costs a message at both ends (docs/SIMULATOR.md), and workers may differ (a CPU quota,
 a shared host). The extended model (docs/POLICY.md, "Extended model") adds β_r per received remote
 request, μ per message, and a capacity W_w per worker. Messages follow from how the engine batches: a
 saturated worker flushes each destination's batch once per flush delay of its CPU time, so a pair of
