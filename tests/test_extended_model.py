@@ -17,7 +17,7 @@ from clasp.core.model import CapacityModel
 from clasp.core.placement import (
     InfeasiblePlacement,
     Load,
-    PlacementError,
+    NoPlacementError,
     derive_load,
     highest_rate_placement,
     place,
@@ -153,7 +153,7 @@ def test_no_placement_charges_a_worker_past_its_own_capacity(case, refine):
     ops, edges, load, model = case
     try:
         p = place(ops, edges, load, model, refine=refine)
-    except (InfeasiblePlacement, PlacementError):
+    except (InfeasiblePlacement, NoPlacementError):
         return
     check_order(p.order, ops, edges)
     per = independent_load(p.fractions, load.demand, load.edge_rates, model)
@@ -170,7 +170,7 @@ def test_refinement_never_uses_more_workers_than_next_fit(case):
     ops, edges, load, model = case
     try:
         plain = place(ops, edges, load, model)
-    except (InfeasiblePlacement, PlacementError):
+    except (InfeasiblePlacement, NoPlacementError):
         return
     refined = place(ops, edges, load, model, refine=True)
     assert refined.workers <= plain.workers

@@ -11,7 +11,7 @@ from clasp.core.placement import (
     InfeasiblePlacement,
     Load,
     LoadError,
-    PlacementError,
+    NoPlacementError,
     WorkerLimitCache,
     WorkerLimitExceeded,
     derive_load,
@@ -42,9 +42,9 @@ def test_heaviest_edge_first_at_fan_in():
 
 
 def test_cycle_is_rejected():
-    with pytest.raises(PlacementError, match="cycle"):
+    with pytest.raises(NoPlacementError, match="cycle"):
         topological_order(["A", "B"], [("A", "B"), ("B", "A")])
-    with pytest.raises(PlacementError, match="unknown"):
+    with pytest.raises(NoPlacementError, match="unknown"):
         placement_order(["A"], [("A", "Z")])
 
 
@@ -216,7 +216,7 @@ def fits(ops, edges, observed, rate, model, n):
     try:
         place(ops, edges, observed.scaled(rate / 1000.0), model, max_workers=n)
         return True
-    except PlacementError:
+    except NoPlacementError:
         return False
 
 

@@ -14,7 +14,7 @@ import time
 
 from clasp.core.estimator import Estimator, WorkerSample
 from clasp.core.model import CapacityModel
-from clasp.core.placement import Load, PlacementError, WorkerLimitCache, derive_load, highest_rate_placement, place
+from clasp.core.placement import Load, NoPlacementError, WorkerLimitCache, derive_load, highest_rate_placement, place
 
 
 def dag(n: int, seed: int = 0) -> tuple[list[str], list[tuple[str, str]], Load]:
@@ -49,7 +49,7 @@ def placement_case(n_ops: int, target_workers: int, model: CapacityModel, repeat
         try:
             if place(ops, edges, observed.scaled(rate / 1000.0), model).workers <= target_workers:
                 break
-        except PlacementError:  # fan-out γ·g past W̄: too spread to place at all
+        except NoPlacementError:  # fan-out γ·g past W̄: too spread to place at all
             pass
         rate *= 0.97
     seconds, p = timed(lambda: place(ops, edges, observed.scaled(rate / 1000.0), model), repeat)

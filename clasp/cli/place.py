@@ -11,7 +11,7 @@ import json
 import sys
 
 from clasp.core.model import TERMS, CapacityModel
-from clasp.core.placement import LoadError, PlacementError
+from clasp.core.placement import LoadError, NoPlacementError
 from clasp.core.policies import POLICIES, ClaspPolicy, PlacementResult, Stats, StatsError
 
 
@@ -90,7 +90,7 @@ def main(argv: list[str]) -> int:
         return 0
     try:
         print(json.dumps(decision.placement.to_json_dict(), indent=2))
-    except (PlacementError, ValueError) as exc:
+    except (NoPlacementError, ValueError) as exc:
         print(f"clasp place: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from clasp.core.dag import DagSpec
 from clasp.core.estimator import Estimator, EstimatorConfig, EstimatorUpdate, WorkerSample
-from clasp.core.placement import PlacementError, topological_order
+from clasp.core.placement import NoPlacementError, topological_order
 from clasp.core.policies import Decision, EdgeStats, OperatorStats, PlacementResult, Policy, Stats, uniform_placement
 from clasp.core.routing import NUM_KEY_GROUPS, OperatorPlacement, Placement, key_groups_for_shares
 
@@ -192,7 +192,7 @@ class Controller:
             obs = replace(obs, pool=pool)
         try:
             return self.policy.place_on(self.operators, self.edges, self.stats(obs), workers)
-        except PlacementError as exc:
+        except NoPlacementError as exc:
             # The baselines cannot place without a throughput to scale from (an idle job has none).
             return uniform_placement(self.operators, self.edges, workers, self.p_max, self.estimator.capacity,
                                      f"{exc}: operators spread evenly", self.policy.name)

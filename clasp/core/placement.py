@@ -18,15 +18,16 @@ MIN_FRACTION = 1e-9
 WORKER_HARD_LIMIT = 100_000
 
 
-class PlacementError(ValueError):
-    """No placement exists for this input under the capacity model."""
+class NoPlacementError(ValueError):
+    """No placement exists for this input under the capacity model (not `clasp.core.routing`'s
+    `PlacementError`, a runtime placement that does not fit the DAG or the workers)."""
 
 
-class InfeasiblePlacement(PlacementError):
+class InfeasiblePlacement(NoPlacementError):
     """An operator cannot be placed even on a fresh worker (its fan-out cost γ·g alone reaches W̄)."""
 
 
-class WorkerLimitExceeded(PlacementError):
+class WorkerLimitExceeded(NoPlacementError):
     """The placement needs more workers than allowed."""
 
 
@@ -72,12 +73,12 @@ def derive_load(rates: Mapping[str, float], tau_us: Mapping[str, float], edge_ra
 def _adjacency(operators: Sequence[str], edges: Sequence[Edge], edge_rates: Mapping[Edge, float]):
     index = {o: i for i, o in enumerate(operators)}
     if len(index) != len(operators):
-        raise PlacementError("operator names are not unique")
+        raise NoPlacementError("operator names are not unique")
     succ: dict[str, list[tuple[str, float]]] = {o: [] for o in operators}
     pred: dict[str, list[tuple[str, float]]] = {o: [] for o in operators}
     for s, d in edges:
         if s not in index or d not in index:
-            raise PlacementError(f"edge {s} -> {d} names an unknown operator")
+            raise NoPlacementError(f"edge {s} -> {d} names an unknown operator")
         rate = float(edge_rates.get((s, d), 0.0))
         succ[s].append((d, rate))
         pred[d].append((s, rate))
@@ -89,13 +90,13 @@ def _adjacency(operators: Sequence[str], edges: Sequence[Edge], edge_rates: Mapp
 
 
 def topological_order(operators: Sequence[str], edges: Sequence[Edge]) -> list[str]:
-    """Kahn's order (declaration order among ready operators); raises PlacementError naming a cycle."""
+    """Kahn's order (declaration order among ready operators); raises NoPlacementError naming a cycle."""
     index = {o: i for i, o in enumerate(operators)}
     indegree = dict.fromkeys(operators, 0)
     out: dict[str, list[str]] = {o: [] for o in operators}
     for s, d in edges:
         if s not in index or d not in index:
-            raise PlacementError(f"edge {s} -> {d} names an unknown operator")
+            raise NoPlacementError(f"edge {s} -> {d} names an unknown operator")
         out[s].append(d)
         indegree[d] += 1
     ready = sorted((o for o in operators if indegree[o] == 0), key=index.__getitem__)
@@ -110,7 +111,7 @@ def topological_order(operators: Sequence[str], edges: Sequence[Edge]) -> list[s
         ready.sort(key=index.__getitem__)
     if len(order) != len(operators):
         rest = sorted((o for o in operators if indegree[o] > 0), key=index.__getitem__)
-        raise PlacementError("the edges close a cycle through " + ", ".join(rest))
+        raise NoPlacementError("the edges close a cycle through " + ", ".join(rest))
     return order
 
 
@@ -148,8 +149,10 @@ def placement_order(operators: Sequence[str], edges: Sequence[Edge],
 
 
 @dataclass
-class Placement:
-    """A placement Φ: σ_o(w) per operator and worker, with the demand it was made for."""
+class FractionalPlacement:
+    """A placement Φ: σ_o(w) per operator and worker index, with the demand it was made for. The policies
+    turn it into a `PlacementResult`; the runtime's placement (worker ids, key groups, epoch) is
+    `clasp.core.routing.Placement`."""
 
     order: list[str]
     workers: int
@@ -261,7 +264,7 @@ def next_fit(order: Sequence[str], successors: Mapping[str, Sequence[tuple[str, 
 
 def place(operators: Sequence[str], edges: Sequence[Edge], load: Load, model: CapacityModel,
           max_workers: int | None = None, order: Sequence[str] | None = None,
-          refine: bool = False) -> Placement:
+          refine: bool = False) -> FractionalPlacement:
     """Place every operator of the projected `load` with next-fit in reverse-topological order.
 
     `refine` (beyond the paper) also tries the other admissible orders of `candidate_orders` and keeps
@@ -275,12 +278,12 @@ def place(operators: Sequence[str], edges: Sequence[Edge], load: Load, model: Ca
     orders = [list(order)]
     if refine:
         orders += [o for o in candidate_orders(operators, edges, load.edge_rates) if o != orders[0]]
-    best: Placement | None = None
-    failure: PlacementError | None = None
+    best: FractionalPlacement | None = None
+    failure: NoPlacementError | None = None
     for candidate in orders:
         try:
             p = _fit(candidate, succ, pred, demand, rates, model, max_workers)
-        except PlacementError as e:
+        except NoPlacementError as e:
             failure = failure or e
             continue
         if best is None or _better(p, best, model):
@@ -297,13 +300,13 @@ HOLD_ROUNDS = 6  # next-fit runs per order while a worker's received messages ov
 
 
 def _fit(order: Sequence[str], succ, pred, demand: Mapping[str, float], rates: dict[Edge, float],
-         model: CapacityModel, max_workers: int | None) -> Placement:
+         model: CapacityModel, max_workers: int | None) -> FractionalPlacement:
     """Next-fit over `order`, checked against the full Eq. (8): a worker the messages it receives push
-    past its W_w has that overflow held back and next-fit runs again (a few rounds, then PlacementError)."""
+    past its W_w has that overflow held back and next-fit runs again (a few rounds, then NoPlacementError)."""
     held: dict[int, float] = {}
     for _ in range(HOLD_ROUNDS):
         fractions, remaining = next_fit(order, succ, demand, model, max_workers, pred, held)
-        p = Placement(list(order), len(remaining), fractions, demand, rates, remaining)
+        p = FractionalPlacement(list(order), len(remaining), fractions, demand, rates, remaining)
         if not model.mu:
             return p
         over = {w: v - model.capacity_of(w) for w, v in enumerate(p.load(model))
@@ -312,15 +315,15 @@ def _fit(order: Sequence[str], succ, pred, demand: Mapping[str, float], rates: d
             return p
         for w, excess in over.items():
             held[w] = held.get(w, 0.0) + excess * 1.01
-    raise PlacementError(f"the messages workers receive overflow them after {HOLD_ROUNDS} rounds of next-fit")
+    raise NoPlacementError(f"the messages workers receive overflow them after {HOLD_ROUNDS} rounds of next-fit")
 
 
-def _peak(p: Placement, model: CapacityModel) -> float:
+def _peak(p: FractionalPlacement, model: CapacityModel) -> float:
     """The highest per-worker load relative to that worker's own capacity."""
     return max((v / model.capacity_of(w) for w, v in enumerate(p.load(model))), default=0.0)
 
 
-def _better(a: Placement, b: Placement, model: CapacityModel) -> bool:
+def _better(a: FractionalPlacement, b: FractionalPlacement, model: CapacityModel) -> bool:
     """Fewer workers first, then a lower peak load, then less remote traffic."""
     if a.workers != b.workers:
         return a.workers < b.workers
@@ -330,7 +333,7 @@ def _better(a: Placement, b: Placement, model: CapacityModel) -> bool:
     return _remote_rate(a) < _remote_rate(b) - 1e-9
 
 
-def _remote_rate(p: Placement) -> float:
+def _remote_rate(p: FractionalPlacement) -> float:
     """Remote chained requests per second under proportional routing."""
     total = 0.0
     for (src, dst), rate in p.edge_rates.items():
@@ -367,7 +370,7 @@ class LimitSearch:
 
     rate: float
     upper: float
-    placement: Placement
+    placement: FractionalPlacement
     steps: int
 
 
@@ -381,7 +384,7 @@ def highest_rate_placement(operators: Sequence[str], edges: Sequence[Edge], obse
     the bound, when the bound itself is that small).
     """
     if max_workers < 1:
-        raise PlacementError(f"max_workers must be at least 1, not {max_workers}")
+        raise NoPlacementError(f"max_workers must be at least 1, not {max_workers}")
     if not throughput > 0:
         raise LoadError(f"throughput is {throughput}: nothing to scale from")
     if not observed.scale > 0:
@@ -390,10 +393,10 @@ def highest_rate_placement(operators: Sequence[str], edges: Sequence[Edge], obse
     edges = [tuple(e) for e in edges]
     order = placement_order(operators, edges, base.edge_rates)
 
-    def attempt(rate: float) -> Placement | None:
+    def attempt(rate: float) -> FractionalPlacement | None:
         try:
             return place(operators, edges, base.scaled(rate / throughput), model, max_workers, order, refine)
-        except PlacementError:
+        except NoPlacementError:
             return None
 
     hi = upper if upper is not None else sum(single_worker_rate(base, throughput, model, w)
@@ -410,7 +413,7 @@ def highest_rate_placement(operators: Sequence[str], edges: Sequence[Edge], obse
     tol = min(tolerance, 0.01 * hi)
     steps = 2
 
-    def bisect(lo: float, hi: float, best: Placement) -> tuple[float, float, Placement]:
+    def bisect(lo: float, hi: float, best: FractionalPlacement) -> tuple[float, float, FractionalPlacement]:
         nonlocal steps
         while hi - lo > tol:
             mid = (lo + hi) / 2

@@ -21,7 +21,8 @@ NUM_KEY_GROUPS = 128  # as Flink's default max parallelism: the unit of state ow
 
 
 class PlacementError(ValueError):
-    """A placement that does not fit the DAG or the workers."""
+    """A placement that does not fit the DAG or the workers; clients see its name in the error text (the
+    placement algorithm's own failure is `clasp.core.placement.NoPlacementError`)."""
 
 
 def key_group(key, num_groups: int = NUM_KEY_GROUPS) -> int:

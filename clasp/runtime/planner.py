@@ -534,7 +534,7 @@ class Planner:
         async with job.lock:
             pool = self._pool(job)
             result = job.controller.place_on(n, pool)
-            record = await self._migrate(job, result, f"manual scale to {n} workers", pool)
+            record = await self._place_result(job, result, f"manual scale to {n} workers", pool)
         self._reply(ident, body["req"], record)
 
     async def _on_place(self, ident: bytes, body: dict) -> None:
@@ -544,7 +544,7 @@ class Planner:
             pool = pool_order(job.placement, self._job_workers(job))
             new = build_placement(job.spec, pool, body["placement"], self.p_max, job.placement.epoch + 1,
                                   previous=job.placement)
-            record = await self.migrate(job, new, "manual placement")
+            record = await self._run_migration(job, new, "manual placement")
         self._reply(ident, body["req"], record)
 
     def _on_autoscale(self, ident: bytes, body: dict) -> None:
@@ -553,27 +553,28 @@ class Planner:
         log.info("job %d: autoscaling %s", job.id, "on" if job.autoscale else "off")
         self._reply(ident, body["req"], job.autoscale)
 
-    async def _apply_decision(self, job: PlannerJob, result, reason: str, pool: list[str]) -> None:
+    async def _apply_decision_locked(self, job: PlannerJob, result, reason: str, pool: list[str]) -> None:
+        """A control-loop decision, taken in the background: `_place_result` under the job's lock."""
         async with job.lock:
             serving = set(self._job_workers(job))
             # A worker of the decision's pool that died since: its indices mean nothing now; re-map to today's.
-            await self._migrate(job, result, reason, pool if serving.issuperset(pool) else None)
+            await self._place_result(job, result, reason, pool if serving.issuperset(pool) else None)
 
     def _pool(self, job: PlannerJob) -> list[str]:
         """The worker ids behind the policy's indices: larger CPU allowances first (`pool_order`)."""
         return pool_order(job.placement, self._job_workers(job),
                           {w: self.workers[w].sample.get("cpus") for w in job.workers if w in self.workers})
 
-    async def _migrate(self, job: PlannerJob, result, reason: str, pool: list[str] | None = None) -> dict:
+    async def _place_result(self, job: PlannerJob, result, reason: str, pool: list[str] | None = None) -> dict:
         """Carry out a policy's placement with the decentralized protocol; returns the migration record.
         `pool`: the ids the policy's indices meant when it decided (default: the pool now)."""
         pool = self._pool(job) if pool is None else pool
         new = to_runtime_placement(job.spec, result, pool, job.placement, job.placement.epoch + 1)
-        record = await self.migrate(job, new, reason)
+        record = await self._run_migration(job, new, reason)
         job.controller.placed(result)
         return record
 
-    async def migrate(self, job: PlannerJob, new: Placement, reason: str) -> dict:
+    async def _run_migration(self, job: PlannerJob, new: Placement, reason: str) -> dict:
         """Steps 1, 2 and 7 of the protocol: plan, broadcast, wait for every participant's completion."""
         serving = set(self._job_workers(job))
         dead = sorted(w for w in job.workers if w not in serving)
@@ -651,12 +652,12 @@ class Planner:
                                   "reason": reason, "change": True})
             # Records dispatched until now may have had weight on the dead worker: they leave the in-flight
             # window (which would otherwise stay full of records that never complete) and are counted as
-            # lost once no survivor holds anything of them. `migrate` switches the routes in this same step,
+            # lost once no survivor holds anything of them. `_run_migration` switches the routes in this same step,
             # so every record from the fence on goes to survivors only.
             fence = job.queue[0][0] + job.queue[0][2] if job.queue else job.tracker.next_chunk << CHUNK_BITS
             job.tracker.suspect_below(fence)
             self.dispatch_wake.set()
-            await self.migrate(job, Placement(ops, old.epoch + 1, old.workers), reason)
+            await self._run_migration(job, Placement(ops, old.epoch + 1, old.workers), reason)
 
     def _sweep_lost(self, job: PlannerJob, clean: bool) -> None:
         """After a worker died, records whose weight died with it never complete. A check is clean when
@@ -710,7 +711,7 @@ class Planner:
         job.decisions.append(entry)
         log.info("job %d: %s -> %s", job.id, step.trigger, d.reason if d.change else f"no change: {d.reason}")
         if d.change:
-            self._background(self._apply_decision(job, d.placement, f"{step.trigger}: {d.reason}", pool),
+            self._background(self._apply_decision_locked(job, d.placement, f"{step.trigger}: {d.reason}", pool),
                              f"re-placement of job {job.id}")
 
     # ----------------------------------------------------------------- the scheduling engine

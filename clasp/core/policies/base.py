@@ -19,7 +19,7 @@ from clasp.core.model import CapacityModel, Edge
 from clasp.core.parallelism import placement_parallelism
 from clasp.core.placement import (
     Load,
-    PlacementError,
+    NoPlacementError,
     derive_load,
     topological_order,
 )
@@ -138,7 +138,7 @@ class Stats:
             edges.append(EdgeStats(e["src"], e["dst"], _number(e, "rate", where)))
         try:
             topological_order(list(operators), [(e.src, e.dst) for e in edges])
-        except PlacementError as exc:
+        except NoPlacementError as exc:
             raise StatsError("edges", str(exc)) from None
         return cls(
             operators, edges,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from clasp.core.model import Edge, placement_load
 from clasp.core.parallelism import largest_remainder, placement_parallelism
-from clasp.core.placement import PlacementError, topological_order
+from clasp.core.placement import NoPlacementError, topological_order
 from clasp.core.policies.base import Decision, PlacementResult, Policy, Stats
 from clasp.core.policies.clasp import ClaspPolicy
 
@@ -142,7 +142,7 @@ def pack_groups(groups: Sequence[Sequence[str]], parallelism: Mapping[str, int],
             for _ in range(parallelism[o]):
                 w = next(slots, None)
                 if w is None:
-                    raise PlacementError(f"{need} instances do not fit {workers} worker(s) of {p_max} slots")
+                    raise NoPlacementError(f"{need} instances do not fit {workers} worker(s) of {p_max} slots")
                 result[o][w] = result[o].get(w, 0) + 1
                 free[w] -= 1
     return result
@@ -185,7 +185,7 @@ def _prepared_for(operators: Sequence[str], edges: Sequence[Edge], stats: Stats,
         raise ValueError(f"workers must be at least 1, not {workers}")
     edges, stats = _prepared(operators, edges, stats)
     if not stats.throughput > 0:
-        raise PlacementError(f"throughput is {stats.throughput:g}: nothing to scale from")
+        raise NoPlacementError(f"throughput is {stats.throughput:g}: nothing to scale from")
     return edges, stats
 
 
@@ -214,7 +214,7 @@ class FaaSFlowPolicy(Policy):
              reason: str) -> PlacementResult:
         """FaaSFlow's parallelism and grouping on `workers` workers, evaluated at `rate`."""
         if len(operators) > workers * stats.p_max:
-            raise PlacementError(f"{len(operators)} operators need more than {workers} worker(s) × "
+            raise NoPlacementError(f"{len(operators)} operators need more than {workers} worker(s) × "
                                  f"{stats.p_max} slots")
         scale = rate / stats.throughput
         rates = {o: scale * stats.operators[o].rate for o in operators}
@@ -238,7 +238,7 @@ class FaaSFlowPolicy(Policy):
                   f"{stats.p_max} slots for {stats.input_rate:g} req/s")
         try:
             result = self.plan(list(operators), edges, stats, n, stats.input_rate, reason)
-        except PlacementError as exc:
+        except NoPlacementError as exc:
             return Decision.no_change(f"no placement fits: {exc}")
         return Decision(result, result.reason)
 
@@ -349,7 +349,7 @@ def greedy_assignment(order: Sequence[str], parallelism: Mapping[str, int],
                 if best_key is None or key > best_key:
                     best, best_key = w, key
             if best is None:
-                raise PlacementError(f"{sum(totals.values())} instances do not fit {workers} worker(s) of "
+                raise NoPlacementError(f"{sum(totals.values())} instances do not fit {workers} worker(s) of "
                                      f"{p_max} slots")
             placed[o][best] = placed[o].get(best, 0) + 1
             used[best] += 1
@@ -404,7 +404,7 @@ class Zhang24Policy(Policy):
         pool = self.pool(per_op, stats, max_workers)
         slots = pool * stats.p_max
         if len(operators) > slots:
-            raise PlacementError(f"{len(operators)} operators need more than {pool} worker(s) × "
+            raise NoPlacementError(f"{len(operators)} operators need more than {pool} worker(s) × "
                                  f"{stats.p_max} slots")
         if sum(per_op.values()) > slots:
             # The model asks for more than the pool holds: shrink in proportion, every operator keeping one.
@@ -431,7 +431,7 @@ class Zhang24Policy(Policy):
             return Decision.no_change(f"throughput is {stats.throughput:g}: nothing to scale from")
         try:
             new = self.plan(list(operators), edges, stats, stats.input_rate, max_workers)
-        except PlacementError as exc:
+        except NoPlacementError as exc:
             return Decision.no_change(f"no placement fits: {exc}")
         if (current is not None and current.workers == new.workers
                 and {o: sum(pw.values()) for o, pw in current.parallelism.items()}

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from clasp.core.model import CapacityModel, Edge
 from clasp.core.parallelism import placement_parallelism
 from clasp.core.placement import (
+    FractionalPlacement,
     LoadError,
-    Placement,
-    PlacementError,
+    NoPlacementError,
     WorkerLimitCache,
     place,
 )
@@ -45,7 +45,7 @@ class ClaspPolicy(Policy):
         """The capacity model this policy places with."""
         return stats.model
 
-    def _result(self, p: Placement, stats: Stats, rate: float, reason: str, workers: int | None = None,
+    def _result(self, p: FractionalPlacement, stats: Stats, rate: float, reason: str, workers: int | None = None,
                 ) -> PlacementResult:
         n = max(p.workers, workers or 0)
         scale = rate / stats.throughput if stats.throughput > 0 else 1.0
@@ -65,7 +65,7 @@ class ClaspPolicy(Policy):
             p = place(operators, edges, load, model, limit, refine=self.refine)
             return self._result(p, stats, stats.input_rate,
                                 f"{p.workers} worker(s) sustain {stats.input_rate:g} req/s")
-        except PlacementError as exc:
+        except NoPlacementError as exc:
             if limit is None:
                 raise
             found = self.cache.get_or_search(operators, edges, stats.observed_load(), stats.throughput, model,
@@ -84,7 +84,7 @@ class ClaspPolicy(Policy):
             return Decision.no_change("no processing demand observed: nothing to scale from")
         try:
             new = self.plan(stats, max_workers)
-        except PlacementError as exc:
+        except NoPlacementError as exc:
             return Decision.no_change(f"no placement fits: {exc}")
         if current is not None and current.workers == new.workers and self._still_fits(current, stats):
             return Decision.no_change(f"the current placement on {current.workers} worker(s) still sustains "
@@ -114,7 +114,7 @@ class ClaspPolicy(Policy):
             found = self.cache.get_or_search(list(stats.operators), edges, stats.observed_load(),
                                              stats.throughput, self.model_of(stats), workers,
                                              self.config.search_tolerance, self.refine)
-        except (PlacementError, LoadError) as exc:
+        except (NoPlacementError, LoadError) as exc:
             return uniform_placement(list(operators), edges, workers, stats.p_max, stats.capacity,
                                      f"no placement fits {workers} worker(s) ({exc}): spread evenly",
                                      self.name)
