@@ -11,6 +11,7 @@ the command.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import statistics
 import sys
@@ -607,7 +608,9 @@ def run_figure(fig: Figure, ctx: Context, out: Path, *, command: str, progress=N
               "paper": fig.paper, "summary": _round(fig.summarize(ctx, rows)), "points": _round(rows)}
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{fig.name}.json").write_text(json.dumps(result, indent=1))
-    fig.plot(result, out / f"{fig.name}.png")
+    # matplotlib is the optional `plot` extra: without it (a plain `pip install clasp`) the JSON is the result.
+    if importlib.util.find_spec("matplotlib") is not None:
+        fig.plot(result, out / f"{fig.name}.png")
     return result
 
 

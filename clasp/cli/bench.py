@@ -8,6 +8,7 @@ numbers, the command and the engine), prints a JSON line per point on stdout and
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import shlex
 import sys
 import time
@@ -17,6 +18,9 @@ from pathlib import Path
 from clasp.cli.sim import OneLineParser
 
 FIGURE_NAMES = ["fig2", "fig3", "fig4", "fig8", "fig9", "fig10", "fig11", "fig12", "fig13", "fig14"]
+
+
+NO_MATPLOTLIB = "matplotlib is not installed: pip install 'clasp[plot]'"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -105,8 +109,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KeyboardInterrupt:
             console.print(f"{name}: interrupted")
             return 130
-        console.print(f"{name}: {result['seconds']} s → {Path(args.out) / (name + '.png')}; "
-                      f"summary {result['summary']}")
+        png = Path(args.out) / (name + ".png")
+        wrote = png if importlib.util.find_spec("matplotlib") else \
+            f"{png.with_suffix('.json')} (no PNG: {NO_MATPLOTLIB})"
+        console.print(f"{name}: {result['seconds']} s → {wrote}; summary {result['summary']}")
     return 0
 
 

@@ -14,7 +14,15 @@ from dataclasses import dataclass, field, replace
 from clasp.core.dag import DagSpec
 from clasp.core.estimator import Estimator, EstimatorConfig, EstimatorUpdate, WorkerSample
 from clasp.core.placement import NoPlacementError, topological_order
-from clasp.core.policies import Decision, EdgeStats, OperatorStats, PlacementResult, Policy, Stats, uniform_placement
+from clasp.core.policies.base import (
+    Decision,
+    EdgeStats,
+    OperatorStats,
+    PlacementResult,
+    Policy,
+    Stats,
+    uniform_placement,
+)
 from clasp.core.routing import NUM_KEY_GROUPS, OperatorPlacement, Placement, key_groups_for_shares
 
 # This runtime's own cost coefficients, measured by `python -m clasp.bench.runtime` on the 2-core machine
