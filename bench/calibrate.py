@@ -64,8 +64,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from clasp.bench import cluster_engine as ce
+from clasp.sim.simulator import MEASURED_COSTS_FILE
 
-OUT = Path(__file__).resolve().parent / "sim_costs_measured.json"
+# The calibrated file is package data of clasp.sim, where `clasp bench` and `clasp simulate` look for it.
+OUT = MEASURED_COSTS_FILE
 CPU_PER_WORKER = 0.25
 SYN_OPS = [f"op{i}" for i in range(10)]
 ALT = {o: {i % 2: 1.0} for i, o in enumerate(SYN_OPS)}  # every chained request remote, δ = 1

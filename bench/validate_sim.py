@@ -48,8 +48,10 @@ import sys
 from pathlib import Path
 
 from clasp.bench import cluster_engine as ce
+from clasp.sim.simulator import MEASURED_COSTS_FILE
 
-COSTS = Path(__file__).resolve().parent / "sim_costs_measured.json"
+# The calibrated file is package data of clasp.sim, where `clasp bench` and `clasp simulate` look for it.
+COSTS = MEASURED_COSTS_FILE
 # The calibration runs besides the one-worker ones, by bench.calibrate's names.
 CALIB_RUNS = ("short", "alt", "pipe", "split", "mix", "fan", "alt_fast", "fan_fast")
 TOLERANCE = 0.15
