@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 import clasp
-from clasp import protocol
+from clasp.core import protocol
 from tests.conftest import start_cluster
 from tests.test_runtime import make_lines, wordcount_dag
 

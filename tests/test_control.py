@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from clasp.control import ControlConfig, Controller, Observation, pool_order, to_runtime_placement
-from clasp.estimator import WorkerSample
-from clasp.policy import ClaspPolicy, OperatorStats
-from clasp.routing import build_placement
+from clasp.core.control import ControlConfig, Controller, Observation, pool_order, to_runtime_placement
+from clasp.core.estimator import WorkerSample
+from clasp.core.policies import ClaspPolicy, OperatorStats
+from clasp.core.routing import build_placement
 from tests.test_runtime import wordcount_dag
 
 OPS = ["split", "count"]
@@ -100,7 +100,7 @@ def test_stats_plan_from_steady_per_record_rates_while_queues_fill():
 
 def test_an_idle_job_under_a_baseline_goes_back_to_one_worker_too():
     """FaaSFlow cannot place without a throughput; the idle consolidation must not raise for it."""
-    from clasp.policy import POLICIES
+    from clasp.core.policies import POLICIES
 
     c = Controller(OPS, EDGES, POLICIES["faasflow"](), p_max=10, pool=4,
                    config=ControlConfig(warmup_requests=1000, idle_seconds=2))
@@ -113,7 +113,7 @@ def test_observation_marks_saturation_and_passes_cpu_time_and_receipts():
     """A worker that worked without waiting, or that used all its CPU, is saturated; one blocked the whole
     interval (no idle wait either, but no work) is not. CPU time goes to the estimator only for a worker
     that runs this job alone."""
-    from clasp.control import observation
+    from clasp.core.control import observation
 
     spec = wordcount_dag().to_spec()
     placement = build_placement(spec, ["a", "b", "c", "d"], {"split": {0: 1, 1: 1, 2: 1, 3: 1},
@@ -159,7 +159,7 @@ def test_stats_carry_each_pool_index_its_own_capacity_from_the_cpu_allowances():
 
 
 def test_observation_passes_messages_and_cpu_allowance():
-    from clasp.control import observation
+    from clasp.core.control import observation
 
     spec = wordcount_dag().to_spec()
     placement = build_placement(spec, ["a"], {"split": {0: 1}, "count": {0: 1}}, 10)
@@ -172,7 +172,7 @@ def test_observation_passes_messages_and_cpu_allowance():
 
 
 def test_key_weights_sum_the_senders_and_smooth_and_skip_malformed_entries():
-    from clasp.control import KEY_WEIGHT_SMOOTHING, key_weights
+    from clasp.core.control import KEY_WEIGHT_SMOOTHING, key_weights
 
     spec = wordcount_dag().to_spec()
     samples = {"a": {"jobs": {7: {"key_groups": {"count": {0: 100.0, 5: 10.0}}}}},

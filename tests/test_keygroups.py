@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clasp.keygroups import DEFAULT_KEY_GROUPS, assign_key_groups, diff_key_groups, group_counts
+from clasp.core.keygroups import DEFAULT_KEY_GROUPS, assign_key_groups, diff_key_groups, group_counts
 
 
 def counts(owners):
@@ -87,7 +87,7 @@ def test_reassignment_moves_the_minimum(before, after, num_groups):
 def test_weighted_ownership_gives_each_worker_its_share_of_the_requests_not_of_the_groups():
     """One hot group carrying 30 % of the requests, the rest spread: by count the hot group's owner would
     carry its σ of the groups plus the hot one; by weight each worker's requests follow its share."""
-    from clasp.keygroups import assign_weighted
+    from clasp.core.keygroups import assign_weighted
 
     weights = [30.0] + [70.0 / 127] * 127
     shares = {0: 0.34, 1: 0.33, 2: 0.33}
@@ -106,7 +106,7 @@ def test_weighted_ownership_gives_each_worker_its_share_of_the_requests_not_of_t
 @given(st.dictionaries(st.integers(0, 7), st.floats(0.01, 1.0), min_size=1, max_size=8),
        st.lists(st.floats(0.0, 100.0), min_size=128, max_size=128), st.booleans())
 def test_weighted_ownership_covers_every_group_and_every_worker_within_one_group(shares, weights, keep):
-    from clasp.keygroups import assign_weighted
+    from clasp.core.keygroups import assign_weighted
 
     previous = assign_key_groups(shares, 128) if keep else None
     owners = assign_weighted(shares, weights, previous)
