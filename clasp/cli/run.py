@@ -84,6 +84,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    "namespace and address, like separate hosts (needs root and iproute2)")
     r.add_argument("--restart-workers", action=argparse.BooleanOptionalAction, default=True,
                    help="start a worker of the local cluster that exits again (default), or leave it down")
+    r.add_argument("--checkpoint-interval", default="1",
+                   help="seconds between checkpoints of keyed state (default 1; 0: off)")
+    r.add_argument("--state-dir", help="checkpoints and the input log (default: under the log directory)")
     r.set_defaults(fn=main)
     return r
 
@@ -266,6 +269,22 @@ def main(args) -> int:
     except UsageError as e:
         print(f"clasp run: {e}", file=sys.stderr)
         return 2
+    try:
+        interval = float(args.checkpoint_interval)
+        if not 0 <= interval < float("inf"):
+            raise ValueError
+    except ValueError:
+        print(f"clasp run: --checkpoint-interval must be a non-negative number, not {args.checkpoint_interval!r}",
+              file=sys.stderr)
+        return 2
+    if args.state_dir and interval > 0:
+        from clasp.runtime.state_store import StateStoreError, check_state_dir
+
+        try:
+            check_state_dir(args.state_dir)
+        except StateStoreError as e:
+            print(f"clasp run: {e}", file=sys.stderr)
+            return 2
     # SIGTERM takes the Ctrl-C path, so a killed `clasp run` still stops its cluster.
     signal.signal(signal.SIGTERM, _on_term)
     from rich.console import Console
@@ -326,7 +345,9 @@ class _cluster:
         sub = self.cfg["submit"]
         self.cl = LocalCluster(workers=self.cfg["workers"], port=0, log_dir=logs,
                                cpu_per_worker=self.cfg["cpu_per_worker"], hosts=self.cfg["hosts"],
-                               planner_args=[a for k, v in sub.items() if v is not None for a in (f"--{k}", v)],
+                               planner_args=[a for k, v in sub.items() if v is not None for a in (f"--{k}", v)]
+                               + ["--checkpoint-interval", str(self.args.checkpoint_interval)],
+                               state_dir=self.args.state_dir,
                                restart_workers=self.cfg["restart_workers"],
                                on_event=self._say)
         self.cl.start()

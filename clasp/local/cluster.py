@@ -94,7 +94,8 @@ class LocalCluster:
                  worker_args: list[str] | None = None, start_timeout: float = 30.0,
                  cpu_per_worker: float | Sequence[float] | None = None, hosts: bool = False,
                  restart_workers: bool = True,
-                 restart_policy: RestartPolicy | None = None, on_event: Callable[[str], None] | None = None):
+                 restart_policy: RestartPolicy | None = None, on_event: Callable[[str], None] | None = None,
+                 state_dir: str | os.PathLike | None = None):
         if workers < 1:
             raise ValueError(f"a cluster needs at least one worker, not {workers}")
         self.n_workers = workers
@@ -102,7 +103,14 @@ class LocalCluster:
         self.port = port
         self.p_max = p_max
         self.log_dir = Path(log_dir) if log_dir else None
-        self.planner_args = planner_args or []
+        self.planner_args = list(planner_args or [])
+        # Checkpoints: one directory for the planner and every worker (default: under the log directory, or
+        # the working directory), unless the planner's arguments name one.
+        if "--state-dir" in self.planner_args:
+            self.state_dir = Path(self.planner_args[self.planner_args.index("--state-dir") + 1])
+        else:
+            self.state_dir = Path(state_dir) if state_dir else (self.log_dir or Path.cwd()) / "clasp-state"
+            self.planner_args += ["--state-dir", str(self.state_dir)]
         self.worker_args = worker_args or []
         self.start_timeout = start_timeout
         self.cpu_per_worker = cpu_per_worker
@@ -164,7 +172,8 @@ class LocalCluster:
 
     def _worker_args(self, wid: str) -> list[str]:
         return ["worker", "--planner", self.planner, "--host", self._addresses[wid], "--p-max", str(self.p_max),
-                "--id", wid, *self._pinned.get(wid, []), *self._cpus_args(wid), *self.worker_args]
+                "--id", wid, *self._pinned.get(wid, []), *self._cpus_args(wid), "--state-dir", str(self.state_dir),
+                *self.worker_args]
 
     def _cpus_args(self, wid: str) -> list[str]:
         """A quota'd worker declares its CPUs too: the quota is read from its cgroup only once it is in it."""
@@ -344,7 +353,9 @@ class LocalCluster:
                 time.sleep(0.05)
 
     def info(self) -> dict:
-        return {"planner": self.planner, "metrics": self.metrics}
+        procs = list(self.procs)
+        return {"planner": self.planner, "metrics": self.metrics, "state_dir": str(self.state_dir),
+                "pids": {"planner": procs[0].pid if procs else None, "workers": [p.pid for p in procs[1:]]}}
 
     def write_info(self, path: str | os.PathLike) -> None:
         """Write info() as JSON to `path`; written again when a restarted worker's metrics URL changes."""

@@ -50,7 +50,9 @@ from clasp.core.routing import (
 )
 from clasp.core.tracking import CHUNK_BITS, LatencyHistogram, Tracker
 from clasp.runtime.net import advertised, bind, start_metrics_server
+from clasp.runtime.planner_recovery import CheckpointState, PlannerRecoveryMixin
 from clasp.runtime.state_server import StateServer
+from clasp.runtime.state_store import FileStore, check_state_dir
 
 log = logging.getLogger("clasp.planner")
 
@@ -111,6 +113,8 @@ class PlannerJob:
     sweep: tuple | None = None  # (suspects, clean checks in a row) while looking for records lost with a worker
     settled: Placement | None = None  # the placement of the last migration every worker completed
     state: str = "local"  # "remote": stateful operators keep their state in the planner's state server
+    ckpt: CheckpointState | None = None  # checkpoints and the input log (None: checkpoints off)
+    spec_wire: dict = field(default_factory=dict)  # the DAG as submitted (DagSpec.pack())
 
     @property
     def inflight(self) -> int:
@@ -134,7 +138,7 @@ def _key_weights(spec: DagSpec, raw: dict) -> dict[str, list[float]]:
     return out
 
 
-class Planner:
+class Planner(PlannerRecoveryMixin):
     """The planner. `await Planner(...).serve()` runs until cancelled."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, metrics_port: int = 0, advertise: str | None = None,
@@ -142,7 +146,9 @@ class Planner:
                  max_queue: int = 2_000_000, dispatch_batch: int = 2000, p_max: int = 10,
                  placement_fn: PlacementFn = spread_placement, rpc_timeout: float = 10.0,
                  autoscale: bool = True, policy: str = "clasp", migration_timeout: float = 5.0,
-                 control: ControlConfig | None = None, state: str = "local", state_port: int = 0):
+                 control: ControlConfig | None = None, state: str = "local", state_port: int = 0,
+                 checkpoint_interval: float = 1.0, state_dir: str | None = None,
+                 input_log_records: int = 1_000_000):
         self.host, self.port, self.metrics_port = host, port, metrics_port
         self.advertise = advertised(host, advertise)
         self.heartbeat = heartbeat
@@ -160,6 +166,14 @@ class Planner:
         if state not in STATE_MODES:
             raise ValueError(f"state must be one of {', '.join(STATE_MODES)}, not {state!r}")
         self.state, self.state_port = state, state_port
+        self.checkpoint_interval = checkpoint_interval
+        self.state_dir = state_dir
+        self.store = FileStore(check_state_dir(state_dir)) if state_dir and checkpoint_interval > 0 else None
+        self.input_log_records = input_log_records
+        self.recoveries = 0
+        self.records_replayed = 0
+        self.checkpoint_hist = LatencyHistogram()
+        self.rpc_meta: dict[int, tuple[str, int | None, str]] = {}
         self.rescales = 0
         self.records_lost = 0  # cumulative over every job, for clasp_records_lost_total
         self.migration_hist = {"planner": LatencyHistogram(), "worker": LatencyHistogram()}
@@ -191,8 +205,10 @@ class Planner:
         self.state_server.bind(self.host, self.state_port, self.advertise)
         print(f"clasp planner {self.id} endpoint={self.endpoint} metrics={self.metrics_url} "
               f"state={self.state_server.endpoint}", flush=True)
-        tasks = [asyncio.create_task(c) for c in (self._recv_loop(), self._dispatch_loop(), self._tick_loop(),
-                                                  self.state_server.serve())]
+        loops = [self._recv_loop(), self._dispatch_loop(), self._tick_loop(), self.state_server.serve()]
+        if self.store is not None:
+            loops.append(self._checkpoint_loop())
+        tasks = [asyncio.create_task(c) for c in loops]
         try:
             await asyncio.gather(*tasks)
         finally:
@@ -287,7 +303,7 @@ class Planner:
             raise RequestError("a worker registers from a socket whose identity is its id")
         now = time.monotonic()
         prev = self.workers.get(wid)
-        restarted = prev is not None and (prev.pid, prev.data) != (body["pid"], body["data"])
+        restarted = prev is not None and ((prev.pid, prev.data) != (body["pid"], body["data"]) or not prev.alive)
         if restarted and not self._old_incarnation_gone(prev, body["pid"]):
             return  # no welcome yet: the worker registers again in 2 s
         info = WorkerInfo(wid, body["host"], body["data"], body["state"], body["metrics"], body["p_max"],
@@ -319,9 +335,7 @@ class Planner:
             prev.alive = False
             log.warning("worker %s registers from a new process (pid %d, was %d): the old one died", prev.id, pid,
                         prev.pid)
-            for job in list(self.jobs.values()):
-                if prev.id in job.workers:
-                    self._background(self._recover(job, prev.id), f"recovery of job {job.id}")
+            self._worker_died(prev.id)
             return False
         # Recovery (or a migration it waits behind) holds the job's lock.
         return not any(prev.id in job.workers and job.lock.locked() for job in self.jobs.values())
@@ -346,7 +360,11 @@ class Planner:
             asyncio.ensure_future(self._send(ident, protocol.error("unknown_worker", "register first")))
             return
         if not w.alive:
-            log.info("worker %s is back", w.id)
+            # Declared dead: its jobs were recovered without it. It is told so, and registers again as new.
+            log.info("worker %s is back after it was declared dead: it re-registers as a new worker", w.id)
+            asyncio.ensure_future(self._send(ident, protocol.error("declared_dead", "you were declared dead: "
+                                                                  "register again")))
+            return
         w.last_seen = time.monotonic()
         w.alive = True
         w.sample = body["sample"]
@@ -359,7 +377,7 @@ class Planner:
     def _on_done(self, ident: bytes, body: list) -> None:
         protocol.check_returns(body)
         job = self.jobs.get(body[0])
-        if job is None:
+        if job is None or (job.ckpt is not None and self._ckpt_stale_done(job, ident)):
             return
         now = time.monotonic()
         for rid, amount, token in body[2]:
@@ -383,6 +401,7 @@ class Planner:
         req = next(self._req_ids)
         fut = asyncio.get_running_loop().create_future()
         self.pending_rpcs[req] = fut
+        self.rpc_meta[req] = (wid, body.get("job"), mtype)
         await self._send(wid.encode(), protocol.encode(mtype, {**body, "req": req}))
         try:
             reply = await asyncio.wait_for(fut, timeout or self.rpc_timeout)
@@ -390,9 +409,22 @@ class Planner:
             raise RequestError(f"worker {wid} did not answer {mtype} within {timeout or self.rpc_timeout} s") from None
         finally:
             self.pending_rpcs.pop(req, None)
+            self.rpc_meta.pop(req, None)
         if not reply["ok"]:
             raise RequestError(f"worker {wid}: {reply.get('error')}")
         return reply.get("result")
+
+    @staticmethod
+    def _rpc_failure(message: str) -> Exception:
+        return RequestError(message)
+
+    def _worker_died(self, wid: str) -> None:
+        """Worker `wid` is declared dead: fail what waits on it and recover each of its jobs."""
+        self._fail_rpcs_of(wid)
+        for job in list(self.jobs.values()):
+            if wid in job.workers:
+                recover = self._restore if job.ckpt is not None else self._recover
+                self._background(recover(job, wid), f"recovery of job {job.id}")
 
     # ----------------------------------------------------------------- jobs
     def _job(self, body: dict) -> PlannerJob:
@@ -427,7 +459,9 @@ class Planner:
         placement.check(spec)
         job_id = next(self._job_ids)
         job = PlannerJob(job_id, spec, placement, Tracker(), workers, autoscale=autoscale, settled=placement,
-                         state=state, key_weights=weights)
+                         state=state, key_weights=weights, spec_wire=body["dag"])
+        if self._ckpt_enabled(state) and options.get("checkpoints", True):
+            job.ckpt = self._new_ckpt_state(job_id)
         edges = spec.edges()
         job.controller = Controller([o.name for o in spec.operators], edges, POLICIES[policy](), self.p_max,
                                     len(workers), self.control)
@@ -460,6 +494,8 @@ class Planner:
             part = records[i:i + (1 << CHUNK_BITS)]
             base = job.tracker.admit(len(part), now)
             job.queue.append([base, part, 0])
+            if job.ckpt is not None:
+                self._ckpt_on_push(job, base, now, part)
             job.queued += len(part)
         job.counters["pushed"] += len(records)
         self.dispatch_wake.set()
@@ -514,7 +550,8 @@ class Planner:
             raise RequestError(f"job {job.id} has no operator {body['op']!r}")
         parts = await asyncio.gather(*(self.rpc(w, "collected_dump", {"job": job.id, "op": body["op"]})
                                        for w in self._job_workers(job)))
-        self._reply(ident, body["req"], [x for p in parts for x in p])
+        released = job.ckpt.released.get(body["op"], []) if job.ckpt is not None else []
+        self._reply(ident, body["req"], [*released, *(x for p in parts for x in p)])
 
     def _on_stats(self, ident: bytes, body: dict):
         job = self._job(body)
@@ -538,6 +575,8 @@ class Planner:
                              return_exceptions=True)
         self.jobs.pop(job.id, None)
         self.state_server.drop(job.id)
+        if job.ckpt is not None:
+            await asyncio.to_thread(self.store.delete_job, job.id)
         self._reply(ident, body["req"], True)
 
     def _on_jobs(self, ident: bytes, body: dict) -> None:
@@ -757,7 +796,7 @@ class Planner:
     def _dispatch(self, job: PlannerJob) -> int:
         """Send queued records to the source operators' workers while the in-flight window has room."""
         room = min(self.max_inflight - job.inflight, self.dispatch_batch)
-        if room <= 0 or not job.queue:
+        if room <= 0 or not job.queue or (job.ckpt is not None and not self._ckpt_may_dispatch(job)):
             return 0
         head = job.queue[0]
         base, records, offset = head
@@ -825,9 +864,7 @@ class Planner:
                 if w.alive and now - w.last_seen > self.dead_after:
                     w.alive = False
                     log.warning("worker %s missed heartbeats for %.1f s: marked dead", w.id, now - w.last_seen)
-                    for job in list(self.jobs.values()):
-                        if w.id in job.workers:
-                            self._background(self._recover(job, w.id), f"recovery of job {job.id}")
+                    self._worker_died(w.id)
             total_in = total_out = 0.0
             for job in list(self.jobs.values()):
                 p_in, p_out = prev.get(job.id, (0, 0))
@@ -916,6 +953,7 @@ class Planner:
             "autoscale": job.autoscale, "model": dict(job.estimate), "decisions": list(job.decisions),
             "migrations": list(job.migrations), "lost_workers": sorted(job.lost_workers),
             "workers_alive": len(self.live_workers()), "series": list(job.series)[-120:],
+            "checkpoints": self.ckpt_stats(job),
         }
 
 
@@ -957,6 +995,26 @@ class _PlannerCollector:
                                    "part of them died")
         lost.add_metric([], p.records_lost)
         yield lost
+        jobs_c = [j for j in jobs if j.ckpt is not None]
+        ck = CounterMetricFamily("clasp_checkpoints", "Checkpoints by outcome", labels=["outcome"])
+        for outcome in ("completed", "failed"):
+            ck.add_metric([outcome], sum(j.ckpt.coord.counts[outcome] for j in jobs_c))
+        yield ck
+        cd = HistogramMetricFamily("clasp_checkpoint_duration_seconds", "Barrier sent to last worker's ack")
+        cd.add_metric([], _buckets(p.checkpoint_hist, (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                                                       10.0)), p.checkpoint_hist.sum)
+        yield cd
+        cb = GaugeMetricFamily("clasp_checkpoint_bytes", "Bytes written by the job's last complete checkpoint",
+                               labels=["job"])
+        for j in jobs_c:
+            cb.add_metric([str(j.id)], j.ckpt.coord.last_bytes)
+        yield cb
+        rc = CounterMetricFamily("clasp_recoveries", "Jobs rolled back to a checkpoint after a worker died")
+        rc.add_metric([], p.recoveries)
+        yield rc
+        rr = CounterMetricFamily("clasp_records_replayed", "Records dispatched again from the input log")
+        rr.add_metric([], p.records_replayed)
+        yield rr
         mh = HistogramMetricFamily("clasp_migration_duration_seconds",
                                    "Planner: plan issued to last completion; worker: plan received to resumed",
                                    labels=["role"])

@@ -29,19 +29,22 @@ from clasp.runtime.engine import JobEngine, OperatorError
 from clasp.runtime.monitor import Monitor, WorkerCollector
 from clasp.runtime.net import advertised, bind, start_metrics_server
 from clasp.runtime.remote_state import RemoteState
+from clasp.runtime.worker_recovery import RecoveryMixin
 
 log = logging.getLogger("clasp.worker")
 MIGRATE_CHUNK = 2000  # state objects and requests taken out between two turns of the event loop
 
 
-class Worker:
+class Worker(RecoveryMixin):
     """One worker process. `await Worker(...).serve()` runs until cancelled."""
 
     def __init__(self, planner: str, host: str = "127.0.0.1", data_port: int = 0, state_port: int = 0,
                  metrics_port: int = 0, advertise: str | None = None, worker_id: str | None = None,
                  p_max: int = 10, heartbeat: float = 1.0, flush_delay: float = 0.001, max_batch: int = 2000,
-                 cpus: float | None = None):
+                 cpus: float | None = None, state_dir: str | None = None):
         self.planner_addr = planner
+        self.state_dir = state_dir  # checkpoints; None: the directory the planner names
+        self.checkpoint_failures = 0
         self.host = host
         self.advertise = advertised(host, advertise)
         self.id = worker_id or f"w-{uuid.uuid4().hex[:8]}"
@@ -120,7 +123,9 @@ class Worker:
                     "state_dump": self._on_state_dump, "collected_dump": self._on_collected_dump,
                     "stop_job": self._on_stop_job, "error": self._on_error, "state_get": self._on_state_get,
                     "state_put": self._on_state_put, "counters": self._on_counters,
-                    "migrate_plan": self._on_migrate_plan}
+                    "migrate_plan": self._on_migrate_plan, "ckpt_begin": self._on_ckpt_begin,
+                    "ckpt_snapshot": self._on_ckpt_snapshot, "ckpt_abort": self._on_ckpt_abort,
+                    "restore": self._on_restore}
         while True:
             frames = await self.dealer.recv_multipart()
             try:
@@ -153,20 +158,17 @@ class Worker:
     def _on_error(self, body) -> None:
         if body["reason"] == "unknown_worker":
             self.welcomed.clear()  # the planner restarted or declared us dead: register again
+        elif body["reason"] == "declared_dead":
+            # We were silent too long: the planner recovered our jobs without us. Nothing here is current
+            # any more; register again as a new worker holding nothing.
+            self.jobs.clear()
+            self.welcomed.clear()
         log.warning("planner reports %s: %s", body["reason"], body["detail"])
 
     def _on_deploy(self, body) -> bytes:
         spec = DagSpec.unpack(body["dag"])
         placement = Placement.from_wire(body["placement"], spec)
-        for wid, addr in body["peers"].items():
-            wid, addr = str(wid), str(addr)
-            if self.peer_addrs.get(wid) != addr and wid in self.peers:
-                self.peers.pop(wid).close(linger=0)  # a restarted peer with the same id: new ports
-            self.peer_addrs[wid] = addr
-            if wid != self.id:
-                # Connected now, not on the first send: a first send waits for the TCP and ZMTP handshakes,
-                # long enough for a new owner's outputs, sent later on a ready socket, to overtake it.
-                self._peer(wid)
+        self._set_peers(body["peers"])
         job = body["job"]
         if job in self.jobs:
             raise ValueError(f"job {job} is already deployed here")
@@ -178,6 +180,17 @@ class Worker:
         self.jobs[job] = eng
         log.info("deployed job %d (%s), %d operators, epoch %d", job, spec.name, len(spec.operators), placement.epoch)
         return protocol.reply(body["req"], {"worker": self.id})
+
+    def _set_peers(self, peers: dict) -> None:
+        for wid, addr in peers.items():
+            wid, addr = str(wid), str(addr)
+            if self.peer_addrs.get(wid) != addr and wid in self.peers:
+                self.peers.pop(wid).close(linger=0)  # a restarted peer with the same id: new ports
+            self.peer_addrs[wid] = addr
+            if wid != self.id:
+                # Connected now, not on the first send: a first send waits for the TCP and ZMTP handshakes,
+                # long enough for a new owner's outputs, sent later on a ready socket, to overtake it.
+                self._peer(wid)
 
     def _remote_state(self, endpoint: str) -> RemoteState:
         """The client of the planner's remote-state server at `endpoint`, one per endpoint."""
@@ -341,6 +354,8 @@ class Worker:
                     self._slice(stats, t)
                     await asyncio.sleep(0)
                     t = perf_counter()
+                    if self.jobs.get(eng.job) is not eng:
+                        return  # a recovery replaced this engine: its migration is void
             for wid in set(mig.plan.sends_to.get(self.id, [])) - set(mig.plan.dead):
                 self._send_migrate(eng, wid, epoch, chunks.pop(wid, []), loose.pop(wid, []), False)
             self._slice(stats, t)
@@ -369,7 +384,7 @@ class Worker:
         self.dealer.send(protocol.reply(eng.migration_req, reply))
         eng.migration = None
         self.wake.set()
-        if eng.queued_plans:
+        if eng.queued_plans and self.jobs.get(eng.job) is eng:
             self._on_migrate_plan(eng.queued_plans.pop(0))
 
     def _on_stop_job(self, body) -> bytes:
@@ -427,6 +442,8 @@ class Worker:
             except ProtocolError as e:
                 self._bad(e, "data")
                 continue
+            if body[1] < eng.floor:
+                continue  # sent before a recovery rolled the job back: that era's requests are void
             if mtype == "data":
                 msgs = job_messages(body[0])
                 msgs[2] += 1

@@ -1,0 +1,252 @@
+"""The planner's side of checkpoints and recovery (clasp.core.checkpoint), mixed into `Planner`.
+
+Every `checkpoint_interval` seconds, per job with local state: stop dispatching at a chunk boundary, send
+the barrier (`ckpt_begin`) to every worker of the job, dispatch on; once every record below the boundary
+is complete, ask for the snapshot (`ckpt_snapshot`); complete when every worker answered. A worker that
+dies rolls the job back (`_restore`) to the newest complete checkpoint and replays the input log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from clasp.core.checkpoint import (
+    CheckpointError,
+    Coordinator,
+    boundary_reached,
+    dispatch_boundary,
+    recovery_placement,
+    rollback,
+)
+from clasp.core.tracking import CHUNK_BITS
+from clasp.runtime.input_log import InputLog
+from clasp.runtime.state_store import FileStore
+
+log = logging.getLogger("clasp.planner")
+ALIGN_TIMEOUT = 30.0  # s for every record below a barrier to complete before the checkpoint is given up
+SNAPSHOT_TIMEOUT = 60.0
+
+
+class CheckpointState:
+    """What a job carries for checkpoints (on `PlannerJob.ckpt`)."""
+
+    def __init__(self, store: FileStore, job: int, memory_records: int):
+        self.coord = Coordinator()
+        self.log = InputLog(store, job, memory_records)
+        self.want = False  # stop dispatching at the next chunk boundary
+        self.hold = False  # dispatching stopped for a barrier
+        self.restoring = False  # a rollback is under way: dispatch stops, returned weight is stale
+        self.released: dict[str, list] = {}  # operator -> collected outputs of complete checkpoints
+        self.replayed = 0
+        self.last_recovery: dict | None = None
+
+
+class PlannerRecoveryMixin:
+    checkpoint_interval: float
+    store: FileStore | None
+
+    def _ckpt_enabled(self, state: str) -> bool:
+        return self.checkpoint_interval > 0 and self.store is not None and state == "local"
+
+    def _new_ckpt_state(self, job_id: int) -> CheckpointState:
+        return CheckpointState(self.store, job_id, self.input_log_records)
+
+    # ----------------------------------------------------------------- hooks the planner calls
+    def _ckpt_may_dispatch(self, job) -> bool:
+        c = job.ckpt
+        if c is None:
+            return True
+        if c.hold or c.restoring:
+            return False
+        if c.want and job.queue and job.queue[0][2] == 0:
+            return False  # at a chunk boundary: the barrier goes in here
+        return True
+
+    def _ckpt_on_push(self, job, base: int, t: float, records: list) -> None:
+        if job.ckpt is not None:
+            job.ckpt.log.append(base >> CHUNK_BITS, t, records)
+
+    def _ckpt_stale_done(self, job, ident: bytes) -> bool:
+        """Returned weight that belongs to a rolled-back era: during a restore, or from a retired worker."""
+        c = job.ckpt
+        if c is None:
+            return False
+        return c.restoring or ident.decode(errors="replace") in job.retired
+
+    def _fail_rpcs_of(self, wid: str) -> None:
+        """A worker was declared dead: its outstanding requests fail now, and so do the migrations and
+        checkpoint requests of its jobs that use checkpoints (the recovery rolls those back anyway)."""
+        jobs = {j.id for j in self.jobs.values() if wid in j.workers and j.ckpt is not None}
+        for req, (w, job, mtype) in list(self.rpc_meta.items()):
+            if w == wid or (job in jobs and mtype in ("migrate_plan", "ckpt_begin", "ckpt_snapshot")):
+                fut = self.pending_rpcs.get(req)
+                if fut is not None and not fut.done():
+                    fut.set_exception(self._rpc_failure(f"worker {wid} died before it answered {mtype}"))
+
+    # ----------------------------------------------------------------- checkpoints
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.checkpoint_interval)
+            for job in list(self.jobs.values()):
+                c = job.ckpt
+                if c is None or job.cancelled or c.restoring or c.coord.pending is not None or job.lock.locked():
+                    continue
+                last = c.coord.restore_target()
+                if (last is not None and not job.queue and job.tracker.next_chunk == last.boundary):
+                    continue  # nothing admitted since the last checkpoint
+                self._background(self._checkpoint(job), f"checkpoint of job {job.id}")
+
+    async def _checkpoint(self, job) -> dict | None:
+        c = job.ckpt
+        async with job.lock:
+            if self.jobs.get(job.id) is not job or job.cancelled or c.restoring:
+                return None
+            c.want = True
+            try:
+                deadline = time.monotonic() + ALIGN_TIMEOUT
+                while (boundary := dispatch_boundary(job.queue, job.tracker)) is None:
+                    if time.monotonic() > deadline:
+                        raise CheckpointError("dispatch never reached a chunk boundary")
+                    await asyncio.sleep(0.001)
+                c.hold = True
+            finally:
+                c.want = False
+            workers = self._job_workers(job)
+            p = c.coord.begin(boundary, workers, time.monotonic())
+            rid = boundary << CHUNK_BITS
+            try:
+                try:
+                    await asyncio.gather(*(self.rpc(w, "ckpt_begin", {"job": job.id, "ckpt": p.id, "boundary": rid})
+                                           for w in workers))
+                finally:
+                    c.hold = False
+                    self.dispatch_wake.set()
+                deadline = time.monotonic() + ALIGN_TIMEOUT
+                while not boundary_reached(job.tracker, boundary):
+                    if any(w not in self._job_workers(job) for w in workers):
+                        raise CheckpointError("a worker died")
+                    if time.monotonic() > deadline:
+                        raise CheckpointError(f"records below the barrier still open after {ALIGN_TIMEOUT} s")
+                    await asyncio.sleep(0.002)
+                body = {"job": job.id, "ckpt": p.id, "boundary": rid, "dir": str(self.store.root)}
+                replies = await asyncio.gather(*(self.rpc(w, "ckpt_snapshot", body, SNAPSHOT_TIMEOUT)
+                                                 for w in workers))
+            except Exception as e:
+                failed = c.coord.fail(str(e))
+                log.warning("job %d: checkpoint %d failed: %s", job.id, p.id, e)
+                await asyncio.gather(*(self.rpc(w, "ckpt_abort", {"job": job.id, "ckpt": p.id}, 2.0)
+                                       for w in self._job_workers(job)), return_exceptions=True)
+                if failed is not None:
+                    await asyncio.to_thread(self.store.delete, job.id, failed)
+                return None
+            for r in replies:
+                c.coord.ack(p.id, r["worker"], r["groups"], r["bytes"], r["collected"])
+            done, dropped, collected = c.coord.finish(time.monotonic())
+            meta = {"job": job.id, "ckpt": done.id, "boundary": done.boundary, "groups": done.groups,
+                    "bytes": done.bytes, "workers": workers, "t": time.time()}
+            try:
+                await asyncio.to_thread(self.store.commit, job.id, done.id, meta)
+            except OSError as e:
+                c.coord.discard(done.id)
+                c.coord.counts["failed"] += 1
+                log.error("job %d: checkpoint %d could not be committed: %s", job.id, done.id, e)
+                return None
+            for op, outs in collected.items():
+                c.released.setdefault(op, []).extend(outs)
+            for d in dropped:
+                await asyncio.to_thread(self.store.delete, job.id, d)
+            c.log.drop_below(c.coord.log_floor())
+            self.checkpoint_hist.add(done.duration_s)
+            log.debug("job %d: checkpoint %d complete at chunk %d: %d bytes in %.1f ms (max pause %.1f ms)",
+                      job.id, done.id, done.boundary, done.bytes, done.duration_s * 1e3,
+                      max(r["pause"] for r in replies) * 1e3 if replies else 0.0)
+            return meta
+
+    # ----------------------------------------------------------------- recovery
+    async def _restore(self, job, wid: str) -> None:
+        """Worker `wid` of the job died: roll the job back to its last complete checkpoint on the workers
+        left, and replay the input from there."""
+        c = job.ckpt
+        async with job.lock:
+            if wid not in job.workers or wid in job.retired or self.jobs.get(job.id) is not job:
+                return
+            t0 = time.monotonic()
+            job.lost_workers.add(wid)
+            job.retired.add(wid)
+            c.restoring = True
+            try:
+                await self._roll_back(job, wid, t0)
+            finally:
+                c.restoring = False
+                self.dispatch_wake.set()
+
+    async def _roll_back(self, job, wid: str, t0: float) -> None:
+        c = job.ckpt
+        while True:
+            alive = self._job_workers(job)
+            if not alive:
+                log.error("job %d lost its last worker %s: it waits for a worker to recover on", job.id, wid)
+                return
+            new = recovery_placement(job.spec, job.placement, alive, job.key_weights, job.placement.epoch + 1)
+            target = c.coord.restore_target()
+            body = {"job": job.id, "dag": job.spec_wire, "placement": new.to_wire(),
+                    "peers": {w: self.workers[w].data for w in job.workers if w in self.workers},
+                    "ckpt": target.id if target else 0, "groups": target.groups if target else {},
+                    "dir": str(self.store.root), "state": job.state, "state_server": self.state_server.endpoint}
+            replies = await asyncio.gather(*(self.rpc(w, "restore", body, 30.0) for w in alive),
+                                           return_exceptions=True)
+            bad = [str(r) for r in replies if isinstance(r, Exception)]
+            if target is not None and any("unreadable" in b for b in bad):
+                log.error("job %d: checkpoint %d cannot be restored (%s): falling back to the one before",
+                          job.id, target.id, "; ".join(b for b in bad if "unreadable" in b))
+                job.errors.append({"worker": "planner", "operator": "", "value": "",
+                                   "error": f"checkpoint {target.id} unreadable: {bad[0]}"[:300]})
+                c.coord.discard(target.id)
+                continue
+            if bad:
+                log.warning("job %d: restore failed on some workers (%s); their recovery follows", job.id, bad)
+            job.placement = new
+            job.settled = new
+            self._set_routes(job)
+            boundary = target.boundary if target else 0
+            dispatched_before = job.counters["dispatched"]
+            reopened, _ = rollback(job.tracker, boundary, c.log.sizes_from(boundary))
+            job.queue.clear()
+            for chunk, records in c.log.chunks_from(boundary):
+                job.queue.append([chunk << CHUNK_BITS, records, 0])
+            job.queued = reopened
+            job.counters["dispatched"] = job.tracker.admitted - reopened
+            replayed = max(0, dispatched_before - job.counters["dispatched"])
+            c.replayed += replayed
+            self.records_replayed += replayed
+            c.coord.counts["recoveries"] += 1
+            self.recoveries += 1
+            took = time.monotonic() - t0
+            reason = (f"worker {wid} died: job rolled back to checkpoint {target.id if target else 0} "
+                      f"on {len(alive)} workers, {replayed} records replayed")
+            c.last_recovery = {"t": round(time.time() - job.created, 3), "worker": wid,
+                               "checkpoint": target.id if target else 0, "replayed": replayed,
+                               "duration_s": took, "epoch": new.epoch}
+            job.decisions.append({"t": round(time.time() - job.created, 3), "trigger": f"worker {wid} died",
+                                  "reason": reason, "change": True})
+            log.warning("job %d: %s (%.0f ms)", job.id, reason, took * 1e3)
+            return
+
+    def ckpt_stats(self, job) -> dict | None:
+        c = job.ckpt
+        if c is None:
+            return None
+        last = c.coord.restore_target()
+        return {**c.coord.counts, "replayed": c.replayed, "last_id": last.id if last else 0,
+                "last_duration_s": c.coord.last_duration, "last_bytes": c.coord.last_bytes,
+                "pending": c.coord.pending.id if c.coord.pending else None,
+                "input_log_records": c.log.records_kept, "input_log_spilled": c.log.spilled,
+                "failures": list(c.coord.failures), "last_recovery": c.last_recovery,
+                "interval_s": self.checkpoint_interval}
+
+
+def write_meta(store: FileStore, rel: str, meta: dict) -> None:
+    store.write_file(rel, json.dumps(meta).encode())

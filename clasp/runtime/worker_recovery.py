@@ -1,0 +1,134 @@
+"""The worker's side of checkpoints and recovery (clasp.core.checkpoint): barriers, snapshots, restores.
+
+Mixed into `clasp.runtime.worker.Worker`, which routes the control messages `ckpt_begin`, `ckpt_snapshot`,
+`ckpt_abort` and `restore` here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from time import perf_counter
+
+from clasp.core import protocol
+from clasp.core.checkpoint import groups_to_restore
+from clasp.core.dag import DagSpec
+from clasp.core.routing import Placement
+from clasp.runtime.engine import JobEngine
+from clasp.runtime.state_store import CorruptCheckpoint, FileStore, encode_blob
+
+log = logging.getLogger("clasp.worker")
+SNAPSHOT_SLICE_KEYS = 4000  # keys packed between two turns of the event loop (each slice ≈ 1-2 ms)
+
+
+class RecoveryMixin:
+    state_dir: str | None
+
+    def _store(self, planner_dir: str) -> FileStore:
+        return FileStore(self.state_dir or planner_dir)
+
+    def _on_ckpt_begin(self, body) -> bytes:
+        eng = self._engine(body)
+        eng.begin_barrier(body["boundary"])
+        return protocol.reply(body["req"], {"worker": self.id})
+
+    def _on_ckpt_abort(self, body) -> bytes:
+        eng = self.jobs.get(body["job"])
+        if eng is not None:
+            eng.release_barrier()
+            self.wake.set()
+        return protocol.reply(body["req"], True)
+
+    def _on_ckpt_snapshot(self, body) -> None:
+        eng = self._engine(body)
+        asyncio.ensure_future(self._snapshot(eng, body))
+
+    async def _snapshot(self, eng: JobEngine, body: dict) -> None:
+        """Every record below the boundary is complete and nothing above it reached a stateful operator:
+        pack the owned groups (in slices, yielding in between, the barrier still up), release the barrier,
+        then write the files off the event loop and answer."""
+        req, job, ckpt = body["req"], body["job"], body["ckpt"]
+        t0 = perf_counter()
+        pause = 0.0
+        blobs = []
+        try:
+            if eng.async_tasks:
+                await asyncio.gather(*list(eng.async_tasks), return_exceptions=True)
+            t = perf_counter()
+            keys = 0
+            for op, g, items in eng.snapshot_groups():
+                blobs.append((op, g, encode_blob(items)))
+                keys += len(items)
+                if keys >= SNAPSHOT_SLICE_KEYS:
+                    pause = max(pause, perf_counter() - t)
+                    keys = 0
+                    await asyncio.sleep(0)
+                    t = perf_counter()
+            collected = eng.take_collected_below(body["boundary"])
+            pause = max(pause, perf_counter() - t)
+        finally:
+            released = eng.release_barrier()
+            self.wake.set()
+        pack_s = perf_counter() - t0
+        store = self._store(body["dir"])
+        try:
+            nbytes = await asyncio.to_thread(_write_all, store, job, ckpt, blobs)
+        except OSError as e:
+            log.error("job %d checkpoint %d: writing the state failed: %s", job, ckpt, e)
+            self.checkpoint_failures += 1
+            self.dealer.send(protocol.reply_error(req, f"checkpoint {ckpt} not written: {e}"))
+            # the outputs go back: the checkpoint that would have released them failed
+            for name, outs in collected.items():
+                op = eng.op(name)
+                op.collected[:0] = outs
+                op.collected_rids[:0] = [body["boundary"] - 1] * len(outs)
+            return
+        groups: dict[str, list[int]] = {}
+        for op, g, _ in blobs:
+            groups.setdefault(op, []).append(g)
+        self.dealer.send(protocol.reply(req, {
+            "worker": self.id, "groups": groups, "bytes": nbytes, "collected": collected,
+            "pause": pause, "pack_s": pack_s, "total_s": perf_counter() - t0, "released": released}))
+
+    async def _on_restore(self, body) -> bytes:
+        """Roll the job back: a fresh engine on the recovery placement, the key groups this worker owns
+        loaded from checkpoint `ckpt` (0: the job's start, empty), every request of the old era dropped."""
+        job = body["job"]
+        old = self.jobs.pop(job, None)
+        spec = old.spec if old is not None else DagSpec.unpack(body["dag"])
+        placement = Placement.from_wire(body["placement"], spec)
+        self._set_peers(body["peers"])
+        eng = JobEngine(job, spec, self.id, placement, self.p_max)
+        eng.stall = self.stall
+        eng.on_work = self.wake.set
+        eng.floor = placement.epoch
+        if body.get("state") == "remote":
+            eng.remote_state = self._remote_state(body["state_server"])
+        loaded = 0
+        if body["ckpt"]:
+            store = self._store(body["dir"])
+            mine = groups_to_restore(spec, placement, self.id, body["groups"])
+            try:
+                parts = await asyncio.to_thread(_read_all, store, job, body["ckpt"], mine)
+            except CorruptCheckpoint as e:
+                log.error("job %d: %s", job, e)
+                raise
+            for op, g, items in parts:
+                eng.install_group(op, g, items)
+                loaded += len(items)
+        self.jobs[job] = eng
+        self.wake.set()
+        log.info("job %d restored from checkpoint %d at epoch %d: %d keys", job, body["ckpt"], placement.epoch,
+                 loaded)
+        return protocol.reply(body["req"], {"worker": self.id, "keys": loaded})
+
+
+def _write_all(store: FileStore, job: int, ckpt: int, blobs: list) -> int:
+    n = 0
+    for op, g, blob in blobs:
+        n += store.write_blob(job, ckpt, op, g, blob)
+    return n
+
+
+def _read_all(store: FileStore, job: int, ckpt: int, groups: dict[str, list[int]]) -> list:
+    return [(op, g, store.read_group(job, ckpt, op, g)) for op, gs in groups.items() for g in gs]
