@@ -42,6 +42,7 @@ class CheckpointState:
         self.released: dict[str, list] = {}  # operator -> collected outputs of complete checkpoints
         self.replayed = 0
         self.last_recovery: dict | None = None
+        self.dying: set[str] = set()  # workers declared dead whose recovery has not run yet
 
 
 class PlannerRecoveryMixin:
@@ -80,6 +81,9 @@ class PlannerRecoveryMixin:
         """A worker was declared dead: its outstanding requests fail now, and so do the migrations and
         checkpoint requests of its jobs that use checkpoints (the recovery rolls those back anyway)."""
         jobs = {j.id for j in self.jobs.values() if wid in j.workers and j.ckpt is not None}
+        for j in self.jobs.values():
+            if j.id in jobs:
+                j.ckpt.dying.add(wid)  # a checkpoint waiting under the job's lock gives up at once
         for req, (w, job, mtype) in list(self.rpc_meta.items()):
             if w == wid or (job in jobs and mtype in ("migrate_plan", "ckpt_begin", "ckpt_snapshot")):
                 fut = self.pending_rpcs.get(req)
@@ -104,12 +108,17 @@ class PlannerRecoveryMixin:
         async with job.lock:
             if self.jobs.get(job.id) is not job or job.cancelled or c.restoring:
                 return None
+            if c.dying:
+                return None
             c.want = True
             try:
                 deadline = time.monotonic() + ALIGN_TIMEOUT
                 while (boundary := dispatch_boundary(job.queue, job.tracker)) is None:
-                    if time.monotonic() > deadline:
-                        raise CheckpointError("dispatch never reached a chunk boundary")
+                    if time.monotonic() > deadline or c.dying:
+                        c.coord.counts["failed"] += 1
+                        log.warning("job %d: checkpoint given up: %s", job.id,
+                                    "a worker died" if c.dying else "dispatch never reached a chunk boundary")
+                        return None
                     await asyncio.sleep(0.001)
                 c.hold = True
             finally:
@@ -126,7 +135,7 @@ class PlannerRecoveryMixin:
                     self.dispatch_wake.set()
                 deadline = time.monotonic() + ALIGN_TIMEOUT
                 while not boundary_reached(job.tracker, boundary):
-                    if any(w not in self._job_workers(job) for w in workers):
+                    if c.dying or any(w not in self._job_workers(job) for w in workers):
                         raise CheckpointError("a worker died")
                     if time.monotonic() > deadline:
                         raise CheckpointError(f"records below the barrier still open after {ALIGN_TIMEOUT} s")
@@ -172,8 +181,10 @@ class PlannerRecoveryMixin:
         c = job.ckpt
         async with job.lock:
             if wid not in job.workers or wid in job.retired or self.jobs.get(job.id) is not job:
+                c.dying.discard(wid)
                 return
             t0 = time.monotonic()
+            c.dying.discard(wid)
             job.lost_workers.add(wid)
             job.retired.add(wid)
             c.restoring = True
