@@ -123,10 +123,10 @@ def check_state_option(args, who: str) -> int:
 
 def planner_options(args) -> list[str]:
     """The planner flags that `clasp cluster` (and `clasp run`) pass through."""
-    out = ["--policy", args.policy, "--warmup", str(args.warmup), "--state", args.state,
-           "--checkpoint-interval", str(args.checkpoint_interval)]
+    out = ["--checkpoint-interval", str(args.checkpoint_interval)]
     if getattr(args, "state_dir", None):
         out += ["--state-dir", args.state_dir]
+    out += ["--policy", args.policy, "--warmup", str(args.warmup), "--state", args.state]
     if not args.autoscale:
         out.append("--no-autoscale")
     return out
