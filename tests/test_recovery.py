@@ -25,7 +25,6 @@ from pathlib import Path
 import pytest
 
 import clasp
-from clasp.apps import wc
 from tests.conftest import start_cluster, wait_for
 
 SEEDS = int(os.environ.get("CLASP_CHAOS_SEEDS", "1"))

@@ -183,8 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-port", type=int, default=0, help="remote-state server's ZeroMQ port (0: a free one)")
     p.add_argument("--advertise", help="address others dial, when --host is a wildcard")
     p.add_argument("--heartbeat", type=_positive(float), default=1.0, help="metrics interval, seconds")
-    p.add_argument("--dead-after", type=_positive(float), default=2.0,
-                   help="heartbeat silence that marks a worker dead")
+    p.add_argument("--dead-after", type=_positive(float), default=5.0,
+                   help="heartbeat silence that marks a worker dead (one whose connection dropped: 1 s)")
     p.add_argument("--max-inflight", type=_positive(int), default=5000, help="records in flight per job")
     p.add_argument("--p-max", type=_positive(int), default=10, help="executor slots per worker (P_max)")
     p.add_argument("--migration-timeout", type=_positive(float), default=5.0,

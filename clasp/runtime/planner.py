@@ -21,6 +21,7 @@ import zmq
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from zmq.utils.monitor import parse_monitor_message
 
 from clasp.core import protocol
 from clasp.core.control import (
@@ -77,6 +78,7 @@ class WorkerInfo:
     last_seen: float
     alive: bool = True
     sample: dict = field(default_factory=dict)
+    disconnected: float | None = None  # when the planner's data connection to it dropped (None: it is up)
 
 
 @dataclass
@@ -142,7 +144,8 @@ class Planner(PlannerRecoveryMixin):
     """The planner. `await Planner(...).serve()` runs until cancelled."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, metrics_port: int = 0, advertise: str | None = None,
-                 heartbeat: float = 1.0, dead_after: float = 5.0, max_inflight: int = 5000,
+                 heartbeat: float = 1.0, dead_after: float = 5.0, dead_after_disconnect: float = 1.0,
+                 max_inflight: int = 5000,
                  max_queue: int = 2_000_000, dispatch_batch: int = 2000, p_max: int = 10,
                  placement_fn: PlacementFn = spread_placement, rpc_timeout: float = 10.0,
                  autoscale: bool = True, policy: str = "clasp", migration_timeout: float = 5.0,
@@ -153,6 +156,10 @@ class Planner(PlannerRecoveryMixin):
         self.advertise = advertised(host, advertise)
         self.heartbeat = heartbeat
         self.dead_after = dead_after
+        # A worker whose data connection dropped (a process that died: the kernel closes its sockets) and
+        # that sent no heartbeat for this long is dead, without waiting out `dead_after` (which covers a
+        # frozen process or a silent network, whose connections stay up).
+        self.dead_after_disconnect = dead_after_disconnect
         self.max_inflight = max_inflight
         self.max_queue = max_queue
         self.dispatch_batch = dispatch_batch
@@ -205,7 +212,8 @@ class Planner(PlannerRecoveryMixin):
         self.state_server.bind(self.host, self.state_port, self.advertise)
         print(f"clasp planner {self.id} endpoint={self.endpoint} metrics={self.metrics_url} "
               f"state={self.state_server.endpoint}", flush=True)
-        loops = [self._recv_loop(), self._dispatch_loop(), self._tick_loop(), self.state_server.serve()]
+        loops = [self._recv_loop(), self._dispatch_loop(), self._tick_loop(), self.state_server.serve(),
+                 self._liveness_loop()]
         if self.store is not None:
             loops.append(self._checkpoint_loop())
         tasks = [asyncio.create_task(c) for c in loops]
@@ -319,6 +327,7 @@ class Planner(PlannerRecoveryMixin):
             sock.setsockopt(zmq.LINGER, 1000)
             sock.connect(info.data)
             self.pushers[wid] = sock
+            asyncio.ensure_future(self._watch_connection(wid, sock))
         log.info("worker %s registered (data %s, metrics %s, pid %d)", wid, info.data, info.metrics, info.pid)
         asyncio.ensure_future(self._send(ident, protocol.encode("welcome", {"planner": self.id,
                                                                              "heartbeat": self.heartbeat})))
@@ -346,6 +355,10 @@ class Planner(PlannerRecoveryMixin):
         async with job.lock:
             if self.jobs.get(job.id) is not job or job.cancelled:
                 return
+            if job.ckpt is not None and job.ckpt.orphaned is not None:
+                job.retired.discard(wid)
+                await self._resume_orphan(job)  # it had no worker left: it recovers onto this one
+                return
             peers = {w: self.workers[w].data for w in job.workers if w in self.workers}
             await self.rpc(wid, "deploy", {"job": job.id, "dag": job.spec.pack(), "placement": job.placement.to_wire(),
                                            "peers": peers, "state": job.state,
@@ -353,6 +366,34 @@ class Planner(PlannerRecoveryMixin):
             job.retired.discard(wid)  # a new process with nothing of the job: it may be placed on again
             log.info("job %d deployed on restarted worker %s (epoch %d, holding nothing)", job.id, wid,
                      job.placement.epoch)
+
+    async def _watch_connection(self, wid: str, sock) -> None:
+        """Follow the data connection to worker `wid`: when it drops, the worker may have died."""
+        mon = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        try:
+            while self.pushers.get(wid) is sock:
+                event = parse_monitor_message(await mon.recv_multipart())["event"]
+                w = self.workers.get(wid)
+                if w is None:
+                    continue
+                w.disconnected = time.monotonic() if event == zmq.EVENT_DISCONNECTED else None
+        except (zmq.ZMQError, asyncio.CancelledError):
+            pass
+        finally:
+            mon.close(0)
+
+    async def _liveness_loop(self) -> None:
+        """Every quarter second: a worker whose connection dropped and who fell silent is dead."""
+        while True:
+            await asyncio.sleep(0.25)
+            now = time.monotonic()
+            for w in list(self.workers.values()):
+                if (w.alive and w.disconnected is not None and now - w.disconnected >= self.dead_after_disconnect / 2
+                        and now - w.last_seen >= self.dead_after_disconnect):
+                    w.alive = False
+                    log.warning("worker %s: its connection dropped and it sent nothing for %.1f s: marked dead",
+                                w.id, now - w.last_seen)
+                    self._worker_died(w.id)
 
     def _on_heartbeat(self, ident: bytes, body: dict) -> None:
         w = self.workers.get(body["id"])

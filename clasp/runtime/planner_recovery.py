@@ -43,6 +43,8 @@ class CheckpointState:
         self.replayed = 0
         self.last_recovery: dict | None = None
         self.dying: set[str] = set()  # workers declared dead whose recovery has not run yet
+        self.last_pause = 0.0
+        self.orphaned: str | None = None  # the job lost its last worker (this one): it waits for a new one
 
 
 class PlannerRecoveryMixin:
@@ -96,7 +98,8 @@ class PlannerRecoveryMixin:
             await asyncio.sleep(self.checkpoint_interval)
             for job in list(self.jobs.values()):
                 c = job.ckpt
-                if c is None or job.cancelled or c.restoring or c.coord.pending is not None or job.lock.locked():
+                if (c is None or job.cancelled or c.restoring or c.orphaned is not None or c.dying
+                        or c.coord.pending is not None or job.lock.locked()):
                     continue
                 last = c.coord.restore_target()
                 if (last is not None and not job.queue and job.tracker.next_chunk == last.boundary):
@@ -108,7 +111,7 @@ class PlannerRecoveryMixin:
         async with job.lock:
             if self.jobs.get(job.id) is not job or job.cancelled or c.restoring:
                 return None
-            if c.dying:
+            if c.dying or c.orphaned is not None or not self._job_workers(job):
                 return None
             c.want = True
             try:
@@ -151,6 +154,7 @@ class PlannerRecoveryMixin:
                 if failed is not None:
                     await asyncio.to_thread(self.store.delete, job.id, failed)
                 return None
+            c.last_pause = max((r["pause"] for r in replies), default=0.0)
             for r in replies:
                 c.coord.ack(p.id, r["worker"], r["groups"], r["bytes"], r["collected"])
             done, dropped, collected = c.coord.finish(time.monotonic())
@@ -200,7 +204,9 @@ class PlannerRecoveryMixin:
             alive = self._job_workers(job)
             if not alive:
                 log.error("job %d lost its last worker %s: it waits for a worker to recover on", job.id, wid)
+                c.orphaned = wid
                 return
+            c.orphaned = None
             new = recovery_placement(job.spec, job.placement, alive, job.key_weights, job.placement.epoch + 1)
             target = c.coord.restore_target()
             body = {"job": job.id, "dag": job.spec_wire, "placement": new.to_wire(),
@@ -246,6 +252,16 @@ class PlannerRecoveryMixin:
             log.warning("job %d: %s (%.0f ms)", job.id, reason, took * 1e3)
             return
 
+    async def _resume_orphan(self, job) -> None:
+        """Under the job's lock: a worker joined a job that had lost every worker; roll back onto it."""
+        c = job.ckpt
+        c.restoring = True
+        try:
+            await self._roll_back(job, c.orphaned, time.monotonic())
+        finally:
+            c.restoring = False
+            self.dispatch_wake.set()
+
     def ckpt_stats(self, job) -> dict | None:
         c = job.ckpt
         if c is None:
@@ -253,6 +269,7 @@ class PlannerRecoveryMixin:
         last = c.coord.restore_target()
         return {**c.coord.counts, "replayed": c.replayed, "last_id": last.id if last else 0,
                 "last_duration_s": c.coord.last_duration, "last_bytes": c.coord.last_bytes,
+                "last_pause_s": c.last_pause,
                 "pending": c.coord.pending.id if c.coord.pending else None,
                 "input_log_records": c.log.records_kept, "input_log_spilled": c.log.spilled,
                 "failures": list(c.coord.failures), "last_recovery": c.last_recovery,

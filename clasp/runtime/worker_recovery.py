@@ -14,7 +14,7 @@ from clasp.core import protocol
 from clasp.core.checkpoint import groups_to_restore
 from clasp.core.dag import DagSpec
 from clasp.core.routing import Placement
-from clasp.runtime.engine import JobEngine
+from clasp.runtime.engine import JobEngine, OperatorError, check_serializable
 from clasp.runtime.state_store import CorruptCheckpoint, FileStore, encode_blob
 
 log = logging.getLogger("clasp.worker")
@@ -44,6 +44,24 @@ class RecoveryMixin:
         asyncio.ensure_future(self._snapshot(eng, body))
 
     async def _snapshot(self, eng: JobEngine, body: dict) -> None:
+        try:
+            await self._snapshot_inner(eng, body)
+        except Exception as e:  # the checkpoint fails (answered), the job goes on
+            eng.release_barrier()
+            self.wake.set()
+            self.checkpoint_failures += 1
+            text = f"{type(e).__name__}: {e}"
+            if isinstance(e, (TypeError, ValueError, OverflowError)):
+                try:
+                    for op in eng.ops:
+                        if op.stateful:
+                            check_serializable(op)
+                except OperatorError as named:
+                    text = str(named)
+            log.error("job %d checkpoint %d failed: %s", eng.job, body["ckpt"], text)
+            self.dealer.send(protocol.reply_error(body["req"], f"checkpoint {body['ckpt']} failed: {text}"[:500]))
+
+    async def _snapshot_inner(self, eng: JobEngine, body: dict) -> None:
         """Every record below the boundary is complete and nothing above it reached a stateful operator:
         pack the owned groups (in slices, yielding in between, the barrier still up), release the barrier,
         then write the files off the event loop and answer."""
