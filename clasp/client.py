@@ -26,8 +26,7 @@ import msgpack
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from clasp import protocol
-from clasp import limits
+from clasp import limits, protocol
 from clasp.dag import Dag, DagError
 from clasp.protocol import ProtocolError
 from clasp.security import Keys, Security, resolve
@@ -163,7 +162,8 @@ class Client:
         return f"the CURVE handshake failed ({where}): ZMTP error {value:#x}"
 
     def _auth_error(self, what: str) -> AuthError:
-        return AuthError(f"{what}: cannot authenticate with the clasp planner at {self.address}: {self._handshake_failed}")
+        return AuthError(f"{what}: cannot authenticate with the clasp planner at {self.address}: "
+                         f"{self._handshake_failed}")
 
     def _gone(self, what: str, why: str) -> PlannerUnavailable:
         if self._ever_up:

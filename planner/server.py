@@ -29,7 +29,6 @@ from clasp.migration import PLANNER, plan_migration
 from clasp.net import advertised, bind, start_metrics_server
 from clasp.policy import POLICIES
 from clasp.protocol import ROOT_WEIGHT, ProtocolError
-from clasp.security import Security
 from clasp.routing import (
     NUM_KEY_GROUPS,
     ROUTE_KEYED,
@@ -43,6 +42,7 @@ from clasp.routing import (
     route_to,
     spread_placement,
 )
+from clasp.security import Security
 from clasp.tracking import CHUNK_BITS, LatencyHistogram, Tracker
 from planner.state_server import StateServer
 
