@@ -65,6 +65,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bench import cluster_engine as ce
+from clasp.model import remote_destinations
 
 OUT = Path(__file__).resolve().parent / "sim_costs_measured.json"
 CPU_PER_WORKER = 0.25
@@ -225,6 +226,34 @@ def fit_message_us(groups: Mapping[str, list[Mapping]]) -> tuple[float, list[dic
         sxy += sum((x - mx) * (y - my) for x, y, _ in xy)
         sxx += sum((x - mx) ** 2 for x, _, _ in xy)
     return (max(0.0, sxy / sxx) if sxx > 0 else 0.0), points
+
+
+def fit_flush_delay(groups: Mapping[str, tuple[Mapping, list[Mapping]]]) -> tuple[float | None, list[dict]]:
+    """The effective flush delay (s of a worker's CPU per batch to one peer) the engine achieves at
+    saturation: per sending worker whose batches held more than one row, its CPU seconds per second over
+    the messages per second it sent to each of its peers; the median over `groups` ({name: (SYN placement,
+    runs at the default flush delay)}). The simulator's and the extended model's message count F_w follow
+    from it. Also the points it used."""
+    edges = {(a, b): 1.0 for a, b in zip(SYN_OPS, SYN_OPS[1:], strict=False)}
+    points = []
+    for name, (placement, rs) in groups.items():
+        peers = remote_destinations({o: {int(w): f for w, f in s.items()} for o, s in placement.items()}, edges)
+        for r in rs:
+            win = r.get("cpu_window_s") or 0.0
+            for key, w in (r.get("per_worker") or {}).items():
+                m = (w.get("window") or {}).get("messages") or {}
+                i, sent, rows = int(key), m.get("sent") or 0, m.get("sent_rows") or 0
+                cpu = (r.get("cpu_s") or {}).get(i, (r.get("cpu_s") or {}).get(str(i)))
+                if not (win > 0 and sent > 0 and rows > 2 * sent and cpu and peers.get(i)):
+                    continue
+                per_peer = sent / win / len(peers[i])
+                points.append({"placement": name, "worker": i, "peers": len(peers[i]),
+                               "rows_per_message": round(rows / sent, 2), "cpu_share": round(cpu / win, 4),
+                               "messages_per_s_per_peer": round(per_peer, 1),
+                               "flush_delay_s": round(cpu / win / per_peer, 6)})
+    if not points:
+        return None, points
+    return statistics.median(p["flush_delay_s"] for p in points), points
 
 
 def solve(f, lo: float, hi: float, target: float, iters: int = 30) -> float:
@@ -437,7 +466,9 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
     if message_fitted:
         message_us, message_points = fit_message_us({"alt": list(runs["alt"]) + list(runs.get("alt_fast") or []),
                                                      "fan": list(runs["fan"]) + list(runs.get("fan_fast") or [])})
-    base = Costs(alpha, alpha, 0.0, w, tau_file, RECEIVE_SHARE, message_us=message_us)
+    flush, flush_points = fit_flush_delay({"alt": (ALT, list(runs["alt"])), "fan": (FAN, list(runs["fan"]))})
+    base = Costs(alpha, alpha, 0.0, w, tau_file, RECEIVE_SHARE, message_us=message_us,
+                 flush_delay_s=flush if flush is not None else 0.001)
     lam_alt, lam_fan = _mean_tput(runs["alt"]), _mean_tput(runs["fan"])
     gamma_zero = message_fitted and not gamma_with_messages
     gamma_rule = ("fixed 0 (message_us fitted: the per-destination cost is carried by the messages)" if gamma_zero
@@ -526,6 +557,9 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
         doc["alpha_split"] = round(alpha_split, 4)
     if message_us > 0:
         doc["message_us"] = round(message_us, 3)
+    if flush is not None:
+        doc["flush_delay_s"] = round(flush, 6)
+        measured["flush_fit"] = {"flush_delay_s": round(flush, 6), "points": flush_points}
     doc["tau_us"] = {a: {o: round(v, 4) for o, v in t.items()} for a, t in tau_file.items()}
     doc["measured"] = measured
     return doc
@@ -576,7 +610,8 @@ def main(argv=None) -> int:
 
     Costs.from_json_dict(doc)  # the simulator must load it
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-    print(json.dumps({k: doc.get(k) for k in ("alpha", "beta", "gamma", "capacity", "alpha_split", "message_us")}
+    print(json.dumps({k: doc.get(k) for k in ("alpha", "beta", "gamma", "capacity", "alpha_split", "message_us",
+                                               "flush_delay_s")}
                      | {"out": args.out}))
     return 0
 

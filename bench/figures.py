@@ -45,6 +45,7 @@ class Context:
     quick: bool
     apps: list[str]
     seed: int = 0
+    workers: int = CLUSTER  # Fig. 10's cluster size
     cache: dict = field(default_factory=dict)
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
@@ -208,7 +209,7 @@ def fig9_summary(ctx: Context, rows: list[dict]) -> dict:
 # ---------------------------------------------------------------- Fig. 10: placement per policy, 10 workers
 
 def fig10_points(ctx: Context) -> list[dict]:
-    return [{"app": a, "policy": p, "workers": CLUSTER} for a in ctx.apps for p in FIG10_PLACERS]
+    return [{"app": a, "policy": p, "workers": ctx.workers} for a in ctx.apps for p in FIG10_PLACERS]
 
 
 def fig10_measure(ctx: Context, p: dict) -> dict:
@@ -446,7 +447,8 @@ def fig9_plot(result: dict, path: Path) -> None:
 
 def fig10_plot(result: dict, path: Path) -> None:
     apps, series = _by_app(result, "policy", "policy", "throughput")
-    _bars(path, f"Fig. 10: unthrottled throughput on {CLUSTER} workers per placement ({result['engine']})",
+    workers = result["points"][0]["workers"] if result.get("points") else CLUSTER
+    _bars(path, f"Fig. 10: unthrottled throughput on {workers} workers per placement ({result['engine']})",
           "throughput (records/s)", apps, series, log=True)
 
 

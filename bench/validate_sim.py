@@ -55,12 +55,13 @@ CALIB_RUNS = ("short", "alt", "pipe", "split", "mix", "fan", "alt_fast", "fan_fa
 TOLERANCE = 0.15
 
 
-def placements(apps: list[str], workers: list[int], mode: str, costs_file: Path = COSTS,
+def placements(apps: list[str], workers: list[int], mode: str, costs_file: Path = COSTS, costs=None,
                ) -> dict[tuple[str, int], object]:
     """The placement of every point, the same in both engines: a policy's own placement for n workers
     (`clasp`, `clasp-paper`, a baseline: `bench.sim_engine.SimEngine.policy_placement`, planned on the
     committed cost file, as the figures' placements are), or `spread` (None: every operator over every
-    worker, the worst case for chaining). `costs_file`: the costs the policies plan with."""
+    worker, the worst case for chaining). `costs_file`: the costs the policies plan with (`costs`: those
+    costs already loaded, e.g. rescaled to another quota)."""
     if mode == "spread":
         return {(a, n): None for a in apps for n in workers}
     from bench.sim_engine import SimEngine
@@ -69,7 +70,7 @@ def placements(apps: list[str], workers: list[int], mode: str, costs_file: Path 
 
     if mode not in POLICIES:
         raise ValueError(f"placement must be spread or a policy ({', '.join(POLICIES)}), not {mode!r}")
-    engine = SimEngine(Costs.load(costs_file), source=str(costs_file))
+    engine = SimEngine(costs if costs is not None else Costs.load(costs_file), source=str(costs_file))
     return {(a, n): engine.policy_placement(a, mode, n) for a in apps for n in workers}
 
 
@@ -381,7 +382,7 @@ def compare_policies(args, apps: list[str], workers: list[int], costs, cpu: floa
     """`--placement P1,P2,...`: each policy's placement in both engines, ratios and rankings side by side."""
     policies = [p.strip() for p in args.placement.split(",") if p.strip()]
     # Planned on the file being validated: each policy plans with the costs the simulator charges.
-    placed = {p: placements(apps, workers, p, Path(args.costs)) for p in policies}
+    placed = {p: placements(apps, workers, p, Path(args.costs), costs) for p in policies}
     sim = {p: simulated(apps, workers, costs, placed[p]) for p in policies}
     emu = emulated_policies(apps, workers, cpu, args.repeat, args.seconds, placed)
     points, rankings = [], []
@@ -495,8 +496,12 @@ def main(argv=None) -> int:
     if cpu is None:
         ap.error("give --cpu-per-worker (the cost file does not say which quota it was measured under)")
     if meta.get("cpu_per_worker") not in (None, cpu):
-        print(f"warning: {args.costs} was measured at {meta['cpu_per_worker']} CPU per worker, not {cpu}",
-              file=sys.stderr)
+        # W is the work one worker does per second: under another quota it scales with the quota (τ̄, α, β
+        # and μ are per request and per message, and stay).
+        scaled = costs.capacity * cpu / meta["cpu_per_worker"]
+        print(f"{args.costs} was measured at {meta['cpu_per_worker']} CPU per worker: W scaled to {cpu} CPU, "
+              f"{costs.capacity:.0f} -> {scaled:.0f} µs/s", file=sys.stderr)
+        costs = dataclasses.replace(costs, capacity=scaled)
     if "," in args.placement:
         return compare_policies(args, apps, workers, costs, cpu)
     placed = placements(apps, workers, args.placement)

@@ -30,6 +30,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="simulator costs: runtime (measured here), paper, or a cost JSON file (default runtime)")
     p.add_argument("--cpu-per-worker", type=float, default=None,
                    help="cluster engine: CPU quota per worker (default: what fits the cores)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="fig10: the cluster's size (default 10, the paper's testbed)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--yes", action="store_true", help="start a long full run without the 5 s pause")
     p.add_argument("--fresh", action="store_true",
@@ -66,7 +68,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.figure != "all" and args.figure not in FIGURE_NAMES:
         _parser().error(f"unknown figure {args.figure!r}; accepted: {', '.join(FIGURE_NAMES)}, all")
     from bench import engines
-    from bench.figures import APPS, FIGURES, QUICK_APPS, Context, estimate_seconds, measured_elsewhere, run_figure
+    from bench.figures import (
+        APPS,
+        CLUSTER,
+        FIGURES,
+        QUICK_APPS,
+        Context,
+        estimate_seconds,
+        measured_elsewhere,
+        run_figure,
+    )
 
     apps = [a.strip() for a in args.apps.split(",")] if args.apps else (QUICK_APPS if args.quick else APPS)
     unknown = [a for a in apps if a not in APPS]
@@ -88,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except engines.EngineError as e:
             print(f"clasp bench: {name}: {e}", file=sys.stderr)
             return 2
-        ctx = Context(engine, args.quick, apps, seed=args.seed)
+        ctx = Context(engine, args.quick, apps, seed=args.seed, workers=args.workers or CLUSTER)
         points = fig.points(ctx)
         eta = estimate_seconds(fig, ctx, {} if args.fresh else measured_elsewhere(fig, ctx, Path(args.out)))
         console.print(f"{name}: {fig.title} — {len(points)} points on the {engine_name} engine, "

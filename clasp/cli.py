@@ -67,7 +67,8 @@ def _worker(args) -> int:
     setup_logging(f"worker {args.id or ''}".strip(), args.log_level)
     w = Worker(args.planner, host=args.host, data_port=args.data_port, state_port=args.state_port,
                metrics_port=args.metrics_port, advertise=args.advertise, worker_id=args.id, p_max=args.p_max,
-               flush_delay=args.flush_delay_ms / 1000.0, security=security, metrics_host=args.metrics_host)
+               flush_delay=args.flush_delay_ms / 1000.0, cpus=args.cpus, security=security,
+               metrics_host=args.metrics_host)
     return run(w.serve)
 
 
@@ -225,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--p-max", type=_positive(int), default=10, help="executor slots (P_max)")
     w.add_argument("--flush-delay-ms", type=_positive(float), default=1.0,
                    help="longest a remote chained request waits for its batch")
+    w.add_argument("--cpus", type=_positive(float),
+                   help="the CPUs this worker may use (default: its cgroup quota, if any): the placement's "
+                        "starting estimate of its capacity W_w, refined online")
     add_security_options(w)
     w.add_argument("--log-level", default="INFO")
     w.set_defaults(fn=_worker)

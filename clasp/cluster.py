@@ -202,7 +202,14 @@ class LocalCluster:
 
     def _worker_args(self, wid: str) -> list[str]:
         return ["worker", "--planner", self.planner, "--host", self._addresses[wid], "--p-max", str(self.p_max),
-                "--id", wid, *self._pinned.get(wid, []), *self._security_args(), *self.worker_args]
+                "--id", wid, *self._pinned.get(wid, []), *self._cpus_args(wid), *self._security_args(),
+                *self.worker_args]
+
+    def _cpus_args(self, wid: str) -> list[str]:
+        """A quota'd worker declares its CPUs too: the quota is read from its cgroup only once it is in it."""
+        if self.cpu_quotas is None:
+            return []
+        return ["--cpus", str(self.cpu_quotas[self.worker_ids.index(wid)])]
 
     def start(self) -> LocalCluster:
         self._stopping.clear()

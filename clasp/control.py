@@ -9,7 +9,7 @@ carries a change out with the migration protocol and tells the controller with `
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from clasp.dag import DagSpec
 from clasp.estimator import Estimator, EstimatorConfig, EstimatorUpdate, WorkerSample
@@ -67,6 +67,8 @@ class Observation:
     workers: dict[str, WorkerSample]
     active: int
     instances: int
+    # The worker ids behind policy indices 0..n-1 (`pool_order`); None: the indices are the ids (simulator).
+    pool: list | None = None
 
 
 @dataclass
@@ -168,18 +170,26 @@ class Controller:
             target = max(target, obs.throughput) + obs.queued / self.config.drain_seconds
         e = self.estimator
         operators, edges = steady_rates(self.operators, self.edges, obs.operators, obs.edges, obs.throughput)
-        share = e.config.receive_share  # β is a remote request's cost at both ends; this much is the receiver's
+        pool = obs.pool if obs.pool is not None else range(self.pool)
+        # W_w per policy index: only where the estimator knows workers apart (one W̄ for all otherwise keeps
+        # the policy on the paper's single capacity).
+        capacities = [e.capacity_of(w) for w in pool]
+        if len(set(capacities)) <= 1:
+            capacities = None
         return Stats(operators, [EdgeStats(s, d, r) for (s, d), r in edges.items()],
-                     e.alpha, (1 - share) * e.beta, e.gamma, e.capacity, obs.throughput, target, self.p_max,
-                     max(obs.instances, 1), max(obs.active, 1), beta_receive=share * e.beta, mu=e.config.mu,
-                     flush_delay=e.config.flush_delay, alpha_split=e.config.alpha_split,
+                     e.alpha, e.beta, e.gamma, e.capacity, obs.throughput, target, self.p_max,
+                     max(obs.instances, 1), max(obs.active, 1), beta_receive=e.beta_receive, mu=e.mu,
+                     flush_delay=e.flush_delay, capacities=capacities, alpha_split=e.config.alpha_split,
                      stateless=list(self.stateless))
 
-    def place_on(self, workers: int) -> PlacementResult:
-        """The policy's placement for `workers` workers (`Policy.place_on`), from the latest observation."""
+    def place_on(self, workers: int, pool: list | None = None) -> PlacementResult:
+        """The policy's placement for `workers` workers (`Policy.place_on`), from the latest observation;
+        `pool`: the worker ids behind the policy's indices now, if they changed since."""
         obs = self.last
         if obs is None:
             obs = Observation(0.0, 0.0, 0, 0, {o: OperatorStats(0.0, 0.0) for o in self.operators}, {}, {}, 1, 0)
+        if pool is not None:
+            obs = replace(obs, pool=pool)
         try:
             return self.policy.place_on(self.operators, self.edges, self.stats(obs), workers)
         except PlacementError as exc:
@@ -226,10 +236,17 @@ def steady_rates(operators: Sequence[str], edges: Sequence[tuple[str, str]], obs
     return ops, out
 
 
-def pool_order(previous: Placement | None, alive: Sequence[str]) -> list[str]:
-    """Workers for policy indices 0..n-1: those active now first (they keep their state), then the rest."""
+def pool_order(previous: Placement | None, alive: Sequence[str],
+               cpus: Mapping[str, float | None] | None = None) -> list[str]:
+    """Workers for policy indices 0..n-1: the larger CPU allowances first (next-fit fills index 0 first,
+    so an unequal pool is packed onto its largest workers), and among equal ones those active now first
+    (they keep their state), then the rest. Allowances, not estimated W_w, order the pool: estimates
+    differ by noise between equal workers, and reordering on noise would move state for nothing."""
     active = [w for w in (previous.active_workers() if previous else []) if w in alive]
-    return active + [w for w in alive if w not in active]
+    order = active + [w for w in alive if w not in active]
+    if not cpus:
+        return order
+    return sorted(order, key=lambda w: -(cpus.get(w) or 0.0))
 
 
 def to_runtime_placement(spec: DagSpec, result: PlacementResult, pool: Sequence[str],
@@ -255,8 +272,12 @@ def to_runtime_placement(spec: DagSpec, result: PlacementResult, pool: Sequence[
     return Placement(ops, epoch, list(pool))
 
 
+def _number(v) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
 def observation(spec: DagSpec, samples: Mapping[str, dict], job: int, input_rate: float, throughput: float,
-                completed: int, queued: int, placement: Placement) -> Observation:
+                completed: int, queued: int, placement: Placement, pool: list | None = None) -> Observation:
     """Aggregate the heartbeat samples of a job's active workers into one Observation."""
     rates: dict[str, float] = {o.name: 0.0 for o in spec.operators}
     busy: dict[str, float] = dict.fromkeys(rates, 0.0)
@@ -280,10 +301,13 @@ def observation(spec: DagSpec, samples: Mapping[str, dict], job: int, input_rate
         # report neither. Its CPU time is this job's only when it runs no other job.
         cpu = sample.get("cpu_us") if len(sample.get("jobs") or ()) == 1 else None
         never_waited = sample.get("idle_waits") == 0 and js["exec_us"] > 0
+        msgs = js.get("messages") if isinstance(js.get("messages"), dict) else {}
         workers[wid] = WorkerSample(js["queue"], js["queue_delay"], js["exec_us"], js["r_local"], js["r_remote"],
                                     sample.get("delta", 0), busy=never_waited or sample.get("cpu_bound") is True,
-                                    cpu=cpu if isinstance(cpu, int | float) else None,
-                                    r_received=js.get("r_in") if isinstance(js.get("r_in"), int | float) else None)
+                                    cpu=_number(cpu), r_received=_number(js.get("r_in")),
+                                    messages_out=_number(msgs.get("sent")), messages_in=_number(msgs.get("received")),
+                                    cpus=_number(sample.get("cpus")))
     operators = {n: OperatorStats(rates[n], busy[n] / rates[n] if rates[n] > 0 else 0.0) for n in rates}
     instances = sum(sum(p.instances.values()) for p in placement.operators.values())
-    return Observation(input_rate, throughput, completed, queued, operators, edges, workers, len(active), instances)
+    return Observation(input_rate, throughput, completed, queued, operators, edges, workers, len(active), instances,
+                       pool)

@@ -24,10 +24,17 @@ change of R^l), and the different mixes of one placement's workers inform α, β
 spends beside requests (heartbeats, its event loop) is a few per cent of a saturated worker's CPU and is
 carried by α, β, γ; an intercept for it would be confounded with γδ and with α on one worker. Only saturated
 samples still: below saturation a remote request costs more (batches hold a few rows), which the linear
-Eq. (1) does not model. A remote request is paid for at both ends: when the worker reports the remote
-requests it received, the regressor for β is the mean of sent and received (Eq. (1) counts sent ones only,
-which on a worker that mostly receives, such as the owner of Word Count's hot key, leaves the receiving
-half unexplained). W̄ comes from saturated samples as before (Eq. 3–4).
+Eq. (1) does not model.
+
+Extended model (beyond the paper, clasp.model): with the remote requests a worker received (R^r,in) and the
+data messages it sent and received (M) reported, θ = [α, β_s, β_r, μ, γ] (Eq. 1 extended). A coefficient is
+identified only where its regressor is not (nearly) a combination of the others': its unique share
+1 − R²_i = 1 / (C⁻¹)_ii of the pooled observations' correlation matrix C must reach `identifiability`;
+a coefficient below it keeps its value (the calibrated prior until it was once identified), and
+`EstimatorUpdate.terms` says which. Capacity is per worker as well (Eq. 3–4 per worker, W_w): each worker's
+saturated samples smooth its own W_w, which starts from its CPU allowance (`WorkerSample.cpus` × the prior
+per CPU) or the pooled W̄. The flush rate the engine achieves (messages per peer per CPU-second, 1 / the
+effective flush delay) is smoothed from saturated senders whose batches held more than one row.
 """
 
 from __future__ import annotations
@@ -37,6 +44,9 @@ from collections import deque
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from itertools import combinations
+from types import MappingProxyType
+
+import numpy as np
 
 from clasp.model import (
     DEFAULT_ALPHA,
@@ -58,7 +68,9 @@ class WorkerSample:
     distinct remote workers those reached; `busy`: the worker never ran out of work during the interval
     (a saturation signal of its own, beside queue growth and queueing delay); `cpu`: U_w, the CPU time the
     worker used (µs/s), when it measured it (None: unknown, the paper's setting); `r_received`: remote
-    chained requests it received from other workers per second (None: not reported).
+    chained requests it received from other workers per second; `messages_out`, `messages_in`: data
+    messages per second it sent to and received from other workers; `cpus`: its CPU allowance (a quota,
+    or what `clasp worker --cpus` declared). None: not reported.
     """
 
     queue_length: float
@@ -70,32 +82,47 @@ class WorkerSample:
     busy: bool = False
     cpu: float | None = None
     r_received: float | None = None
+    messages_out: float | None = None
+    messages_in: float | None = None
+    cpus: float | None = None
 
     def valid(self) -> bool:
+        optional = (self.cpu, self.r_received, self.messages_out, self.messages_in, self.cpus)
         values = (self.queue_length, self.queueing_delay, self.execution, self.r_local, self.r_remote,
-                  self.delta) + tuple(v for v in (self.cpu, self.r_received) if v is not None)
+                  self.delta) + tuple(v for v in optional if v is not None)
         return all(isinstance(v, int | float) and math.isfinite(v) and v >= 0 for v in values)
+
+    @property
+    def messages(self) -> float:
+        """M_w, data messages sent and received per second (0 where not reported)."""
+        return (self.messages_out or 0.0) + (self.messages_in or 0.0)
+
+
+# The coefficients of the extended Eq. (1), in regression order.
+TERMS = ("alpha", "beta", "beta_receive", "mu", "gamma")
 
 
 @dataclass(frozen=True)
 class EstimatorConfig:
     """Estimator settings. Initial values are the paper's converged ones (Faasm, ~400 µs operators).
 
-    `rho`: RLS forgetting factor per observation (memory ≈ 1/(1−ρ) observations); `eta`: EMA weight of
-    Eq. (4); `growth_intervals`: consecutive intervals of queue growth that mark saturation;
-    `delay_threshold`: queueing delay (s) that marks saturation on its own; `scale_*`: the fixed
-    per-term normalization of R^l, R^r (req/s), δ (workers) and E (µs/s); `prior_weight`: how many unit
-    observations the initial α, β, γ are worth (it decays with ρ like any observation);
-    `identifiability`: the smallest determinant of the pooled observations' correlation matrix,
-    det(R)/Π R_ii, for which α, β, γ are separately identified (below it the samples are collinear).
+    `beta` is the whole cost of a remote request, of which the receiver pays `receive_share` (β_r) and the
+    sender the rest (β_s); `mu`: µs per data message at either end; `flush_delay`: the engine's (s), the
+    prior of the effective one (`Estimator.flush_delay`); `alpha_split`: α on the table route (held: the
+    runtime does not report those requests apart). `rho`: RLS forgetting factor per observation (memory
+    ≈ 1/(1−ρ) observations); `eta`: EMA weight of Eq. (4); `growth_intervals`: consecutive intervals of
+    queue growth that mark saturation; `delay_threshold`: queueing delay (s) that marks saturation on its
+    own; `scale_*`: the fixed per-term normalization of R^l, R^r (req/s), M (messages/s), δ (workers) and
+    E (µs/s); `prior_weight`: how many unit observations the initial coefficients are worth (it decays with
+    ρ like any observation); `identifiability`: the smallest unique share 1 − R²_i of a coefficient's
+    regressor among the others' for which that coefficient is estimated; `capacity_per_cpu`: W of one
+    whole CPU, which turns a worker's CPU allowance into the prior of its W_w (default: `capacity`).
     """
 
     alpha: float = DEFAULT_ALPHA
     beta: float = DEFAULT_BETA
     gamma: float = DEFAULT_GAMMA
     capacity: float = DEFAULT_CAPACITY
-    # The extended model's priors (clasp.model): the share of β a receiver pays, µs per message, and the
-    # engine's flush delay. 0 and 0: the paper's model, β all at the sender.
     receive_share: float = 0.0
     mu: float = 0.0
     flush_delay: float = 0.001
@@ -106,10 +133,12 @@ class EstimatorConfig:
     delay_threshold: float = 0.1
     scale_local: float = 1000.0
     scale_remote: float = 1000.0
+    scale_messages: float = 1000.0
     scale_delta: float = 1.0
     scale_execution: float = 100000.0
     prior_weight: float = 1.0
-    identifiability: float = 1e-3
+    identifiability: float = 0.01
+    capacity_per_cpu: float | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.rho <= 1:
@@ -118,18 +147,23 @@ class EstimatorConfig:
             raise ValueError(f"eta must be in (0, 1], not {self.eta}")
         if self.growth_intervals < 1:
             raise ValueError(f"growth_intervals must be at least 1, not {self.growth_intervals}")
-        for name in ("alpha", "beta", "gamma"):
+        if not 0 <= self.receive_share <= 1:
+            raise ValueError(f"receive_share must be in [0, 1], not {self.receive_share}")
+        for name in ("alpha", "beta", "gamma", "mu"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be ≥ 0, not {getattr(self, name)}")
-        for name in ("capacity", "scale_local", "scale_remote", "scale_delta", "scale_execution",
-                     "prior_weight"):
+        for name in ("capacity", "scale_local", "scale_remote", "scale_messages", "scale_delta",
+                     "scale_execution", "prior_weight", "flush_delay"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, not {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
 class EstimatorUpdate:
-    """What one interval's samples did to the estimate; `reason` says why, also when nothing changed."""
+    """What one interval's samples did to the estimate; `reason` says why, also when nothing changed.
+
+    `beta` is β_s; `terms` says for each coefficient of `TERMS` whether the observations identify it
+    ("estimated") or why it keeps its value; `capacities`: W_w per worker seen so far."""
 
     alpha: float
     beta: float
@@ -140,6 +174,11 @@ class EstimatorUpdate:
     saturated: tuple[Hashable, ...]
     observations: int
     reason: str
+    beta_receive: float = 0.0
+    mu: float = 0.0
+    flush_delay: float = 0.001
+    terms: Mapping[str, str] = field(default_factory=dict)
+    capacities: Mapping[Hashable, float] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -147,11 +186,12 @@ class EstimatorUpdate:
 
     @property
     def model(self) -> CapacityModel:
-        return CapacityModel(self.alpha, self.beta, self.gamma, self.capacity)
+        return CapacityModel(self.alpha, self.beta, self.gamma, self.capacity, self.beta_receive, self.mu,
+                             self.flush_delay)
 
 
 def _eliminate(a: list[list[float]], b: list[float]) -> tuple[list[float] | None, float]:
-    """Gaussian elimination with partial pivoting on these ≤ 3×3 systems: (solution or None, determinant)."""
+    """Gaussian elimination with partial pivoting on these small systems: (solution or None, determinant)."""
     n = len(b)
     m = [list(map(float, row)) + [float(v)] for row, v in zip(a, b, strict=True)]
     det = 1.0
@@ -175,7 +215,7 @@ def _eliminate(a: list[list[float]], b: list[float]) -> tuple[list[float] | None
 
 
 def _nonnegative_least_squares(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """argmin θᵀAθ − 2bᵀθ subject to θ ≥ 0, for SPD A of size ≤ 3: the subset of free variables meeting KKT."""
+    """argmin θᵀAθ − 2bᵀθ subject to θ ≥ 0, for SPD A of size ≤ 5: the subset of free variables meeting KKT."""
     n = len(b)
     full, _ = _eliminate(a, b)
     if full is not None and all(v >= 0 for v in full):
@@ -195,12 +235,22 @@ def _nonnegative_least_squares(a: list[list[float]], b: list[float]) -> list[flo
     return None
 
 
-def _remote(sample: WorkerSample) -> float:
-    """The remote requests a worker pays β for. A remote request costs its sender and its receiver (packing;
-    unpacking and queueing) about equally: with receipts reported each end counts half a request, so β
-    stays the whole cost of one remote request, what Eq. (1) and (8) charge, whichever worker pays which
-    half; without them, the requests sent (Eq. 1)."""
-    return sample.r_remote if sample.r_received is None else (sample.r_remote + sample.r_received) / 2
+def unique_shares(info: list[list[float]], terms: list[int]) -> dict[int, float]:
+    """1 − R²_i of each term's regressor regressed on the others' (uncentered), from the information
+    matrix: with C the correlation matrix over `terms`, R²_i = c_iᵀ C₋ᵢ⁺ c_i (a pseudo-inverse, so exact
+    collinearity among some terms leaves the others' shares intact)."""
+    if len(terms) == 1:
+        return {terms[0]: 1.0}
+    m = np.array([[info[i][j] for j in terms] for i in terms], dtype=float)
+    d = np.sqrt(np.diag(m))
+    c = m / np.outer(d, d)
+    out = {}
+    for a, i in enumerate(terms):
+        rest = [b for b in range(len(terms)) if b != a]
+        v = c[rest, a]
+        r2 = float(v @ np.linalg.pinv(c[np.ix_(rest, rest)], hermitian=True) @ v)
+        out[i] = min(1.0, max(0.0, 1.0 - r2))
+    return out
 
 
 @dataclass
@@ -211,26 +261,47 @@ class _History:
 
 @dataclass
 class Estimator:
-    """Pooled RLS estimate of θ = [α, β, γ] and the EMA W̄, fed one sample per worker per interval."""
+    """Pooled RLS estimate of θ = [α, β_s, β_r, μ, γ], the pooled EMA W̄ and a W_w per worker, fed one
+    sample per worker per interval."""
 
     config: EstimatorConfig = field(default_factory=EstimatorConfig)
 
     def __post_init__(self) -> None:
         c = self.config
-        self.alpha, self.beta, self.gamma, self.capacity = c.alpha, c.beta, c.gamma, c.capacity
-        self._scales = (c.scale_local, c.scale_remote, c.scale_delta, c.scale_execution)
-        self._info = [[0.0] * 3 for _ in range(3)]  # RLS information over θ = [α, β, γ] (scaled)
-        self._moment = [0.0] * 3
+        self.alpha, self.gamma, self.capacity, self.mu = c.alpha, c.gamma, c.capacity, c.mu
+        self.beta = (1.0 - c.receive_share) * c.beta  # β_s
+        self.beta_receive = c.receive_share * c.beta
+        self.flush_delay = c.flush_delay
+        self.capacities: dict[Hashable, float] = {}
+        self._scales = (c.scale_local, c.scale_remote, c.scale_remote, c.scale_messages, c.scale_delta)
+        n = len(TERMS)
+        self._info = [[0.0] * n for _ in range(n)]  # RLS information over θ (scaled)
+        self._moment = [0.0] * n
         self._prior_decay = 1.0
-        self._prior = [c.alpha * c.scale_local / c.scale_execution,
-                       c.beta * c.scale_remote / c.scale_execution,
-                       c.gamma * c.scale_delta / c.scale_execution]
+        self._prior = [v * s / c.scale_execution for v, s in zip(self.coefficients, self._scales, strict=True)]
         self._history: dict[Hashable, _History] = {}
+        self._held: dict[int, str] = {}
         self.observations = 0
 
     @property
+    def coefficients(self) -> tuple[float, ...]:
+        """θ in `TERMS` order, µs units."""
+        return (self.alpha, self.beta, self.beta_receive, self.mu, self.gamma)
+
+    @property
     def model(self) -> CapacityModel:
-        return CapacityModel(self.alpha, self.beta, self.gamma, self.capacity)
+        return CapacityModel(self.alpha, self.beta, self.gamma, self.capacity, self.beta_receive, self.mu,
+                             self.flush_delay)
+
+    def capacity_of(self, worker: Hashable) -> float:
+        """W_w: the worker's own smoothed capacity, W̄ for a worker never seen."""
+        return self.capacities.get(worker, self.capacity)
+
+    def terms(self) -> dict[str, str]:
+        """Per coefficient: "estimated" when the observations identify it, else why it keeps its value."""
+        free = set(self._free())
+        return {name: ("estimated" if i in free and i not in self._held else self._held.get(i, "no observation "
+                       "of its regressor: prior kept")) for i, name in enumerate(TERMS)}
 
     def is_saturated(self, worker: Hashable) -> bool:
         """Saturation from the history alone: the queue grew in each of the last `growth_intervals`."""
@@ -240,70 +311,88 @@ class Estimator:
         q = list(h.queues)
         return all(q[i + 1] > q[i] for i in range(len(q) - 1))
 
-    def _fold(self, x: tuple[float, float, float], y: float) -> None:
+    def _fold(self, x: tuple[float, ...], y: float) -> None:
         """R ← ρR + xxᵀ, r ← ρr + xy."""
         rho = self.config.rho
         info, moment = self._info, self._moment
-        for i in range(3):
+        for i, xi in enumerate(x):
             row = info[i]
-            for j in range(3):
-                row[j] = rho * row[j] + x[i] * x[j]
-            moment[i] = rho * moment[i] + x[i] * y
+            for j, xj in enumerate(x):
+                row[j] = rho * row[j] + xi * xj
+            moment[i] = rho * moment[i] + xi * y
         self._prior_decay *= rho
         self.observations += 1
 
+    def _regressors(self, s: WorkerSample) -> tuple[float, ...]:
+        """[R^l, R^r,out, R^r,in, M, δ] scaled; unreported ones 0 (their coefficient is then not observed)."""
+        sl, so, si, sm, sd = self._scales
+        return (s.r_local / sl, s.r_remote / so, (s.r_received or 0.0) / si, s.messages / sm, s.delta / sd)
+
     def _observe(self, previous: WorkerSample, sample: WorkerSample) -> bool:
         """Fold one differenced observation (Eq. 2) into the RLS information; False if it carries none."""
-        sl, sr, sd, se = self._scales
-        x = (-(sample.r_local - previous.r_local) / sl, -(sample.r_remote - previous.r_remote) / sr,
-             -(sample.delta - previous.delta) / sd)
-        if x[0] * x[0] + x[1] * x[1] + x[2] * x[2] <= 1e-18:
+        x = tuple(p - c for p, c in zip(self._regressors(previous), self._regressors(sample), strict=True))
+        if sum(v * v for v in x) <= 1e-18:
             return False
-        self._fold(x, (sample.execution - previous.execution) / se)
+        self._fold(x, (sample.execution - previous.execution) / self.config.scale_execution)
         return True
 
     def _observe_measured(self, sample: WorkerSample) -> bool:
-        """Fold one measured sample, U − E = αR^l + βR^r + γδ; False for a worker that sent nothing."""
-        sl, sr, sd, se = self._scales
-        remote = _remote(sample)
-        if sample.r_local <= 0 and remote <= 0:
+        """Fold one measured sample, U − E = αR^l + β_sR^r,out + β_rR^r,in + μM + γδ; False for a worker
+        that sent and received nothing."""
+        if sample.r_local <= 0 and sample.r_remote <= 0 and not sample.r_received:
             return False
-        self._fold((sample.r_local / sl, remote / sr, sample.delta / sd), (sample.cpu - sample.execution) / se)
+        self._fold(self._regressors(sample), (sample.cpu - sample.execution) / self.config.scale_execution)
         return True
 
     def _free(self) -> list[int]:
         """The coefficients the observations bear on: those whose regressor was ever non-zero (a worker
         with δ = 0 in every sample says nothing of γ, which keeps its value)."""
-        return [i for i in range(3) if self._info[i][i] > 1e-300]
+        return [i for i in range(len(TERMS)) if self._info[i][i] > 1e-300]
 
-    def _identified(self) -> bool:
-        """Some regressor was non-zero, and the correlation matrix of those that were is far enough from
-        singular (scale-free, in (0, 1]): regressors that only move together identify only their sum."""
+    def _identified(self) -> list[int]:
+        """The free coefficients whose regressor's unique share reaches `identifiability`; the others are
+        recorded in `_held` with why (regressors that only move together identify only their sum)."""
         free = self._free()
-        if not free:
-            return False
-        a = [[self._info[i][j] for j in free] for i in free]
-        _, det = _eliminate(a, [0.0] * len(free))
-        return det / math.prod(self._info[i][i] for i in free) >= self.config.identifiability
+        shares = unique_shares(self._info, free) if free else {}
+        limit = self.config.identifiability
+        self._held = {i: f"collinear with the others (unique share {shares[i]:.3f} < {limit:g}): value kept"
+                      for i in free if shares[i] < limit}
+        return [i for i in free if i not in self._held]
 
-    def _solve_coefficients(self) -> tuple[float, float, float] | None:
+    def _solve_coefficients(self, solve: list[int]) -> tuple[float, ...] | None:
         c = self.config
-        sl, sr, sd, se = self._scales
-        current = [self.alpha * sl / se, self.beta * sr / se, self.gamma * sd / se]
+        se = c.scale_execution
+        current = [v * s / se for v, s in zip(self.coefficients, self._scales, strict=True)]
         weight = c.prior_weight * self._prior_decay
-        # A held coefficient's regressor was 0 in every observation, so (R being positive semi-definite)
-        # its row and column of R are 0 too: the free ones are solved on their own.
-        free = self._free()
-        a = [[self._info[i][j] + (weight if i == j else 0.0) for j in free] for i in free]
-        b = [self._moment[i] + weight * self._prior[i] for i in free]
+        # A held coefficient is fixed at its current value: its part of each observation moves to the
+        # right-hand side (a coefficient never observed has a zero row and column and drops out).
+        held = [i for i in range(len(TERMS)) if i not in solve]
+        a = [[self._info[i][j] + (weight if i == j else 0.0) for j in solve] for i in solve]
+        b = [self._moment[i] + weight * self._prior[i] - sum(self._info[i][h] * current[h] for h in held)
+             for i in solve]
         solved = _nonnegative_least_squares(a, b)
         if solved is None:
             return None
         theta = list(current)
-        for i, v in zip(free, solved, strict=True):
+        for i, v in zip(solve, solved, strict=True):
             theta[i] = v
-        out = (theta[0] * se / sl, theta[1] * se / sr, theta[2] * se / sd)
+        out = tuple(t * se / s for t, s in zip(theta, self._scales, strict=True))
         return out if all(math.isfinite(v) and v >= 0 for v in out) else None
+
+    def _capacity_hat(self, s: WorkerSample) -> float:
+        """Ŵ of a saturated sample (Eq. 3, extended)."""
+        return worker_capacity(s.execution, s.r_local, s.r_remote, s.delta, self.alpha, self.beta, self.gamma,
+                               s.r_received or 0.0, s.messages, self.beta_receive, self.mu)
+
+    def _smooth_flush(self, s: WorkerSample) -> None:
+        """The effective flush delay from a saturated sender whose batches held more than one row (the
+        timer, not the supply of rows, set its message count): per peer it sent messages_out / δ messages
+        per second in U / 10⁶ CPU-seconds."""
+        if not (s.messages_out and s.delta and s.cpu) or s.r_remote < 2.0 * s.messages_out:
+            return
+        observed = (s.cpu / 1e6) / (s.messages_out / s.delta)
+        if math.isfinite(observed) and observed > 0:
+            self.flush_delay = (1.0 - self.config.eta) * self.flush_delay + self.config.eta * observed
 
     def update(self, samples_by_worker: Mapping[Hashable, WorkerSample]) -> EstimatorUpdate:
         """Feed one interval's samples (one per worker); returns the estimate and what changed, and why."""
@@ -317,6 +406,9 @@ class Estimator:
                 invalid += 1
                 self._history.pop(w, None)
                 continue
+            if w not in self.capacities:
+                per_cpu = c.capacity_per_cpu if c.capacity_per_cpu is not None else c.capacity
+                self.capacities[w] = sample.cpus * per_cpu if sample.cpus else self.capacity
             h = self._history.get(w)
             if h is None:
                 h = self._history[w] = _History(deque(maxlen=c.growth_intervals + 1))
@@ -352,26 +444,34 @@ class Estimator:
             reasons.append("consecutive saturated samples with unchanged R^l, R^r, δ: α, β, γ unchanged" if flat
                            else "saturated workers did no work: α, β, γ unchanged" if idle
                            else "no previous saturated sample to difference with: α, β, γ unchanged")
-        elif not self._identified():
-            reasons.append("collinear observations do not identify α, β, γ separately: unchanged")
         else:
-            theta = self._solve_coefficients()
-            if theta is None:
-                reasons.append("regression has no non-negative finite solution: α, β, γ unchanged")
+            solve = self._identified()
+            if not solve:
+                reasons.append("collinear observations do not identify any coefficient: unchanged")
             else:
-                coefficients_changed = theta != (self.alpha, self.beta, self.gamma)
-                self.alpha, self.beta, self.gamma = theta
+                theta = self._solve_coefficients(solve)
+                if theta is None:
+                    reasons.append("regression has no non-negative finite solution: α, β, γ unchanged")
+                else:
+                    coefficients_changed = theta != self.coefficients
+                    self.alpha, self.beta, self.beta_receive, self.mu, self.gamma = theta
+                    if self._held:
+                        reasons.append("collinear: " + ", ".join(TERMS[i] for i in sorted(self._held)) + " kept")
 
         capacity_changed = False
-        for _, s in saturated:
-            w_hat = worker_capacity(s.execution, s.r_local, _remote(s), s.delta, self.alpha, self.beta, self.gamma)
+        for w, s in saturated:
+            w_hat = self._capacity_hat(s)
             if math.isfinite(w_hat) and w_hat > 0:
                 new = (1.0 - c.eta) * self.capacity + c.eta * w_hat
                 capacity_changed = capacity_changed or new != self.capacity
                 self.capacity = new
+                self.capacities[w] = (1.0 - c.eta) * self.capacities[w] + c.eta * w_hat
+            self._smooth_flush(s)
         if saturated and not capacity_changed:
             reasons.append("saturated samples give no positive Ŵ: W̄ unchanged")
         if not reasons:
             reasons.append(f"updated from {len(saturated)} saturated worker(s), {observed} observation(s)")
         return EstimatorUpdate(self.alpha, self.beta, self.gamma, self.capacity, coefficients_changed,
-                               capacity_changed, tuple(w for w, _ in saturated), observed, "; ".join(reasons))
+                               capacity_changed, tuple(w for w, _ in saturated), observed, "; ".join(reasons),
+                               self.beta_receive, self.mu, self.flush_delay, MappingProxyType(self.terms()),
+                               MappingProxyType(dict(self.capacities)))

@@ -435,7 +435,104 @@ def highest_rate_placement(operators: Sequence[str], edges: Sequence[Edge], obse
             if (p := attempt(rate)) is not None:
                 lo, best, hi_found = rate, p, min(hi, base_rate * (1 + SCAN_STEP * (i + 1)))
         lo, hi_found, best = bisect(lo, hi_found, best)
+        for other in (spread_limit(operators, base, throughput, model, max_workers, hi, tol),
+                      whole_limit(operators, edges, base, throughput, model, max_workers, lo)):
+            if other is None:
+                continue
+            steps += other.steps
+            if other.rate > lo * (1 + 1e-9):
+                lo, hi_found, best = other.rate, other.upper, other.placement
     return LimitSearch(lo, hi_found, best, steps)
+
+
+def _bisect_fixed(at, model: CapacityModel, upper: float, tolerance: float) -> LimitSearch | None:
+    """The highest rate in [0, upper] for which the placement `at(rate)` (None: none) fits Eq. (8)."""
+    def ok(rate: float) -> Placement | None:
+        p = at(rate)
+        return p if p is not None and model.fits(p.load_map(model)) else None
+
+    if (top := ok(upper)) is not None:
+        return LimitSearch(upper, upper, top, 1)
+    lo, hi, steps, best = 0.0, upper, 1, ok(0.0)
+    if best is None:
+        return None
+    while hi - lo > tolerance:
+        mid = (lo + hi) / 2
+        steps += 1
+        if (p := ok(mid)) is not None:
+            lo, best = mid, p
+        else:
+            hi = mid
+    return LimitSearch(lo, hi, best, steps)
+
+
+def spread_limit(operators: Sequence[str], base: Load, throughput: float, model: CapacityModel, workers: int,
+                 upper: float, tolerance: float) -> LimitSearch | None:
+    """The highest rate at which every operator spread evenly over `workers` workers fits (the full Eq. 8).
+
+    Beyond the paper, a candidate of the refinement at the worker limit: where chained requests are cheap
+    beside execution, or one chunk's messages overflow its receiver, the even spread sustains more."""
+    fractions = {o: {w: 1.0 / workers for w in range(workers)} for o in operators}
+
+    def at(rate: float) -> Placement:
+        load = base.scaled(rate / throughput)
+        return Placement(list(operators), workers, fractions, dict(load.demand), dict(load.edge_rates))
+
+    return _bisect_fixed(at, model, upper, tolerance)
+
+
+WHOLE_LIMIT = 4096  # operators × workers above which the whole-operator candidate is skipped (its cost)
+WHOLE_SCAN, WHOLE_STEP = 30, 0.01  # rates probed above next-fit's: +1 % to +30 %
+
+
+def whole_fit(order: Sequence[str], load: Load, model: CapacityModel, workers: int) -> Placement | None:
+    """Next-fit over `order` (topological: predecessors first) that never splits an operator: one that
+    does not fit what is left of the current worker opens the next; one that fits no worker alone is
+    spread evenly over as few fresh workers as hold it. None if that needs more than `workers` or the
+    result does not fit the full Eq. (8). While placing, requests to operators not yet placed count as
+    remote; only their messages are unknown until the end."""
+    fractions: dict[str, dict[int, float]] = {}
+    demand, rates = dict(load.demand), dict(load.edge_rates)
+
+    def fits() -> bool:
+        return model.fits(model.placement_load(fractions, demand, rates))
+
+    current = 0
+    for o in order:
+        fractions[o] = {current: 1.0}
+        if fits():
+            continue
+        first = current + 1
+        for k in range(1, workers - first + 1):
+            fractions[o] = {first + i: 1.0 / k for i in range(k)}
+            if fits():
+                current = first + k - 1
+                break
+        else:
+            return None
+    p = Placement(list(order), current + 1, fractions, demand, rates)
+    return p if fits() else None
+
+
+def whole_limit(operators: Sequence[str], edges: Sequence[Edge], base: Load, throughput: float,
+                model: CapacityModel, workers: int, above: float) -> LimitSearch | None:
+    """The highest rate up to WHOLE_SCAN above `above` that `whole_fit` places on `workers` workers
+    (None: skipped, or nothing above `above` fits). Whether it fits is not monotone in the rate (a
+    different rate cuts the order elsewhere), so the rates are probed, not bisected.
+
+    Beyond the paper, a candidate of the refinement at the worker limit: cutting the DAG between operators
+    (FaaSFlow's grouping) sends each boundary's requests over one remote edge, where next-fit's split
+    operators route through the table (α_split) and message every holder."""
+    if len(operators) * workers > WHOLE_LIMIT or not above > 0:
+        return None
+    order = topological_order(operators, edges)
+    best = None
+    for i in range(1, WHOLE_SCAN + 1):
+        rate = above * (1 + i * WHOLE_STEP)
+        p = whole_fit(order, base.scaled(rate / throughput), model, workers)
+        if p is not None:
+            best = LimitSearch(rate, rate, p, i)
+    return best
 
 
 def _profile_key(base: Load, throughput: float) -> tuple:

@@ -38,6 +38,7 @@ from clasp.placement import topological_order
 from clasp.policy import POLICIES, OperatorStats, PlacementResult, uniform_placement
 
 Rate = float | Callable[[float], float] | None
+SATURATED = 0.98  # utilization at which a simulated worker reports itself busy, like a CPU-bound one
 
 
 class CostError(ValueError):
@@ -392,13 +393,13 @@ class Simulator:
             split = ((sigma > 0) & (sigma < 1 - 1e-12)) * stateless[None, :]  # [w, s]
             local_split = (sigma * split) @ self.fan.T  # [w, o]
             self.cost = self.cost + (c.alpha_split - c.alpha) * local_split
+        inflow = self.mult[:, None] * self.fan  # [p, o]: requests p → o per record
+        into = inflow.sum(axis=0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(into[None, :] > 0, inflow / into[None, :], 0.0)
+        self.arrived_remote = (1.0 - sigma) @ share  # [w, o]: remote arrivals per request of o on w
         if r > 0:
-            inflow = self.mult[:, None] * self.fan  # [p, o]: requests p → o per record
-            into = inflow.sum(axis=0)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                share = np.where(into[None, :] > 0, inflow / into[None, :], 0.0)
-            arrived_remote = (1.0 - sigma) @ share  # [w, o]: remote arrivals per request of o on w
-            self.cost = self.cost + r * c.beta * arrived_remote
+            self.cost = self.cost + r * c.beta * self.arrived_remote
         fractions = {o: {w: float(sigma[w, j]) for w in range(self.pool) if sigma[w, j] > 0}
                      for j, o in enumerate(self.ops)}
         reach = remote_destinations(fractions, {e: f for e, f in self.dag.fanout.items()})
@@ -480,7 +481,7 @@ class Simulator:
                     lat_weights.append(np.full(k, admit / k))
             util = (busy + self.costs.gamma * self.delta * self.active) / self.costs.capacity
             obs = self._observation(pushed_s, completed_s, completed_total, planner, queue, served,
-                                    delay_sum / steps_per_second)
+                                    delay_sum / steps_per_second, util)
             series.append(SecondMetrics(sec, pushed_s, completed_s, int(self.active.sum()), util.tolist(), obs))
             if self.controller is not None:
                 decision = self._control(obs, sec + 1)
@@ -539,16 +540,23 @@ class Simulator:
         return finish[:, sinks].max(axis=1) + wait
 
     def _observation(self, pushed: float, completed: float, completed_total: float, planner: float,
-                     queue: np.ndarray, served: np.ndarray, delay: np.ndarray) -> Observation:
+                     queue: np.ndarray, served: np.ndarray, delay: np.ndarray, util: np.ndarray) -> Observation:
+        """The second's Table 2 per worker, with what the runtime's heartbeat reports beside it: the CPU used
+        (work served, messages and destinations), the remote requests received and the data messages."""
         rates = served.sum(axis=0)
         operators = {o: OperatorStats(float(rates[j]), float(self.tau[j])) for j, o in enumerate(self.ops)}
         edges = {e: float(rates[self.ops.index(e[0])] * f) for e, f in self.dag.fanout.items()}
+        running = np.minimum(util, 1.0)
+        msgs = self._messages(served, running) if self.costs.message_us > 0 else np.zeros((self.pool, self.pool))
         workers = {}
         for w in np.flatnonzero(self.active):
             workers[int(w)] = WorkerSample(float(queue[w].sum()), float(delay[w]),
                                            float(served[w] @ self.tau),
                                            float(served[w] @ self.local_per_req[w]),
-                                           float(served[w] @ self.remote_per_req[w]), float(self.delta[w]))
+                                           float(served[w] @ self.remote_per_req[w]), float(self.delta[w]),
+                                           busy=bool(util[w] >= SATURATED), cpu=float(util[w] * self.costs.capacity),
+                                           r_received=float(served[w] @ self.arrived_remote[w]),
+                                           messages_out=float(msgs[w].sum()), messages_in=float(msgs[:, w].sum()))
         instances = self.placement.instances() or len(self.ops)
         return Observation(pushed, completed, int(completed_total), int(planner), operators, edges, workers,
                            int(self.active.sum()), instances)

@@ -565,8 +565,9 @@ class Planner:
         if not 1 <= n <= len(pool):
             raise RequestError(f"scale to {n} workers: the job's pool has {len(pool)} live workers")
         async with job.lock:
-            result = job.controller.place_on(n)
-            record = await self._migrate(job, result, f"manual scale to {n} workers")
+            pool = self._pool(job)
+            result = job.controller.place_on(n, pool)
+            record = await self._migrate(job, result, f"manual scale to {n} workers", pool)
         self._reply(ident, body["req"], record)
 
     async def _on_place(self, ident: bytes, body: dict) -> None:
@@ -585,13 +586,21 @@ class Planner:
         log.info("job %d: autoscaling %s", job.id, "on" if job.autoscale else "off")
         self._reply(ident, body["req"], job.autoscale)
 
-    async def _apply_decision(self, job: PlannerJob, result, reason: str) -> None:
+    async def _apply_decision(self, job: PlannerJob, result, reason: str, pool: list[str]) -> None:
         async with job.lock:
-            await self._migrate(job, result, reason)
+            serving = set(self._job_workers(job))
+            # A worker of the decision's pool that died since: its indices mean nothing now; re-map to today's.
+            await self._migrate(job, result, reason, pool if serving.issuperset(pool) else None)
 
-    async def _migrate(self, job: PlannerJob, result, reason: str) -> dict:
-        """Carry out a policy's placement with the decentralized protocol; returns the migration record."""
-        pool = pool_order(job.placement, self._job_workers(job))
+    def _pool(self, job: PlannerJob) -> list[str]:
+        """The worker ids behind the policy's indices: larger CPU allowances first (`pool_order`)."""
+        return pool_order(job.placement, self._job_workers(job),
+                          {w: self.workers[w].sample.get("cpus") for w in job.workers if w in self.workers})
+
+    async def _migrate(self, job: PlannerJob, result, reason: str, pool: list[str] | None = None) -> dict:
+        """Carry out a policy's placement with the decentralized protocol; returns the migration record.
+        `pool`: the ids the policy's indices meant when it decided (default: the pool now)."""
+        pool = self._pool(job) if pool is None else pool
         new = to_runtime_placement(job.spec, result, pool, job.placement, job.placement.epoch + 1)
         record = await self.migrate(job, new, reason)
         job.controller.placed(result)
@@ -716,11 +725,14 @@ class Planner:
 
     def _control(self, job: PlannerJob, rate_in: float, rate_out: float) -> None:
         """One control-loop tick for one job: feed the estimator, and re-plan when a trigger fires."""
+        pool = self._pool(job)
         obs = observation(job.spec, {w: self.workers[w].sample for w in job.workers if w in self.workers},
-                          job.id, rate_in, rate_out, job.tracker.completed, job.queued, job.placement)
+                          job.id, rate_in, rate_out, job.tracker.completed, job.queued, job.placement, pool)
         step = job.controller.observe(obs, decide=job.autoscale and not job.migrating)
         e = step.estimate
-        job.estimate = {"alpha": e.alpha, "beta": e.beta, "gamma": e.gamma, "capacity": e.capacity,
+        job.estimate = {"alpha": e.alpha, "beta": e.beta, "beta_receive": e.beta_receive, "mu": e.mu,
+                        "gamma": e.gamma, "capacity": e.capacity, "flush_delay": e.flush_delay,
+                        "capacities": {w: round(c, 1) for w, c in e.capacities.items()}, "terms": dict(e.terms),
                         "observations": job.controller.estimator.observations,
                         "saturated": list(e.saturated), "reason": e.reason}
         if step.trigger is None:
@@ -731,7 +743,7 @@ class Planner:
         job.decisions.append(entry)
         log.info("job %d: %s -> %s", job.id, step.trigger, d.reason if d.change else f"no change: {d.reason}")
         if d.change:
-            self._background(self._apply_decision(job, d.placement, f"{step.trigger}: {d.reason}"),
+            self._background(self._apply_decision(job, d.placement, f"{step.trigger}: {d.reason}", pool),
                              f"re-placement of job {job.id}")
 
     # ----------------------------------------------------------------- the scheduling engine

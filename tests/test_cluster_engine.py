@@ -171,6 +171,21 @@ def test_fit_message_us_recovers_a_common_slope():
     assert cal.fit_message_us({"alt": [run(200.0, 20.0), run(800.0, 18.0)]})[0] == 0.0
 
 
+def test_fit_flush_delay_is_cpu_seconds_per_batch_to_one_peer():
+    """FAN's worker 0 sends to 2 peers: 0.25 CPU and 200 messages/s of 10 rows, 100 per peer, is one batch
+    per 2.5 ms of its CPU; a worker whose messages hold one row each (not timer-bound) is left out."""
+    from bench import calibrate as cal
+
+    def run(w0_sent, w0_rows, win=4.0):
+        return {"cpu_window_s": win, "cpu_s": {0: 0.25 * win, 1: 0.25 * win, 2: 0.25 * win},
+                "per_worker": {0: {"window": {"messages": {"sent": w0_sent * win, "sent_rows": w0_rows * win}}},
+                               1: {"window": {"messages": {"sent": 50.0 * win, "sent_rows": 50.0 * win}}}}}
+
+    flush, points = cal.fit_flush_delay({"fan": (cal.FAN, [run(200.0, 2000.0)])})
+    assert flush == pytest.approx(0.0025) and [(p["worker"], p["peers"]) for p in points] == [(0, 2)]
+    assert cal.fit_flush_delay({"fan": (cal.FAN, [run(200.0, 200.0)])}) == (None, [])
+
+
 def test_monitor_counts_data_messages_per_interval():
     from workers.monitor import Monitor
 

@@ -129,3 +129,41 @@ def test_observation_marks_saturation_and_passes_cpu_time_and_receipts():
     assert {w: s.busy for w, s in o.workers.items()} == {"a": True, "b": False, "c": True, "d": True}
     assert o.workers["a"].cpu == 150000.0 and o.workers["d"].cpu is None
     assert o.workers["a"].r_received == 30.0
+
+
+def test_an_unequal_pool_is_ordered_by_cpu_allowance_and_equal_workers_keep_active_ones_first():
+    spec = wordcount_dag().to_spec()
+    old = build_placement(spec, ["w0", "w1", "w2", "w3"], {"split": {1: 1.0}, "count": {1: 1.0}}, 10)
+    alive = ["w0", "w1", "w2", "w3"]
+    assert pool_order(old, alive, {"w0": 0.2, "w1": 0.2, "w2": 0.6, "w3": 0.4}) == ["w2", "w3", "w1", "w0"]
+    assert pool_order(old, alive, dict.fromkeys(alive, 0.25)) == ["w1", "w0", "w2", "w3"]
+    assert pool_order(old, alive, {}) == pool_order(old, alive) == ["w1", "w0", "w2", "w3"]
+
+
+def test_stats_carry_each_pool_index_its_own_capacity_from_the_cpu_allowances():
+    """The 0.6- and 0.2-CPU workers' W_w reach the policy at the indices the pool gives them; equal
+    workers leave the policy on the one W̄ (no per-worker list)."""
+    c = controller()
+    o = obs(20000)
+    o.workers = {"big": WorkerSample(0, cpus=0.6), "small": WorkerSample(0, cpus=0.2)}
+    o.pool = ["big", "small"]
+    c.observe(o, decide=False)
+    per_cpu = c.estimator.config.capacity
+    assert c.stats(o).capacities == [0.6 * per_cpu, 0.2 * per_cpu]
+    o.workers = {"a": WorkerSample(0), "b": WorkerSample(0)}
+    o.pool = ["a", "b"]
+    c.observe(o, decide=False)
+    assert c.stats(o).capacities is None
+
+
+def test_observation_passes_messages_and_cpu_allowance():
+    from clasp.control import observation
+
+    spec = wordcount_dag().to_spec()
+    placement = build_placement(spec, ["a"], {"split": {0: 1}, "count": {0: 1}}, 10)
+    js = {"queue": 0, "queue_delay": 0.0, "exec_us": 10.0, "r_local": 1.0, "r_remote": 2.0, "r_in": 3.0,
+          "operators": {}, "edges": [], "messages": {"sent": 40.0, "sent_rows": 2.0, "received": 50.0,
+                                                      "received_rows": 3.0}}
+    o = observation(spec, {"a": {"delta": 1, "cpus": 0.4, "jobs": {7: js}}}, 7, 1.0, 1.0, 0, 0, placement, ["a"])
+    s = o.workers["a"]
+    assert (s.messages_out, s.messages_in, s.cpus, o.pool) == (40.0, 50.0, 0.4, ["a"])

@@ -236,9 +236,13 @@ def test_negative_cpu_is_invalid():
     assert "ignored" in u.reason
 
 
-def test_a_receiving_worker_pays_half_of_each_remote_request_it_receives():
+BETA_S, BETA_R, MU = 0.6 * BETA, 0.4 * BETA, 60.0
+
+
+def test_sender_and_receiver_shares_of_a_remote_request_are_estimated_apart():
     """Workers that send and receive unevenly (a hot key's owner receives most of its input): U counts
-    β/2 per request at each end; with receipts reported the estimate is the whole β, without it is off."""
+    β_s per request sent and β_r per request received; with receipts reported both come out, without them
+    the receiving part lands on the other coefficients."""
     def run(report: bool):
         rng = random.Random(4)
         est = Estimator(EstimatorConfig(rho=0.999))
@@ -247,28 +251,72 @@ def test_a_receiving_worker_pays_half_of_each_remote_request_it_receives():
             for w in range(4):
                 sent, received = rng.uniform(100, 800), rng.uniform(100, 3000)
                 r_local, delta = rng.uniform(500, 3000), rng.randint(0, 3)
-                work = ALPHA * r_local + BETA / 2 * (sent + received) + GAMMA * delta
+                work = ALPHA * r_local + BETA_S * sent + BETA_R * received + GAMMA * delta
                 samples[w] = WorkerSample(0, 0.0, 400000.0, r_local, sent, delta, busy=True,
                                           cpu=400000.0 + work, r_received=received if report else None)
             u = est.update(samples)
         return u
     right, wrong = run(True), run(False)
-    assert (right.alpha, right.beta, right.gamma) == pytest.approx((ALPHA, BETA, GAMMA), rel=0.02)
-    # without receipts the receiving half lands on α and γ instead
-    assert max(abs(wrong.alpha - ALPHA) / ALPHA, abs(wrong.beta - BETA) / BETA, abs(wrong.gamma - GAMMA) / GAMMA) > 0.3
+    assert (right.alpha, right.beta, right.beta_receive, right.gamma) == pytest.approx(
+        (ALPHA, BETA_S, BETA_R, GAMMA), rel=0.02)
+    assert right.terms["beta_receive"] == "estimated" and right.terms["mu"].startswith("no observation")
+    assert wrong.beta_receive == 0.0 and wrong.terms["beta_receive"].startswith("no observation")
+    assert max(abs(wrong.alpha - ALPHA) / ALPHA, abs(wrong.beta - BETA_S) / BETA_S,
+               abs(wrong.gamma - GAMMA) / GAMMA) > 0.3
+
+
+def test_the_message_cost_is_estimated_where_messages_vary_apart_from_rows():
+    """Batches of different sizes: the messages move apart from the rows, so μ is identified beside β_s, β_r."""
+    rng = random.Random(9)
+    est = Estimator(EstimatorConfig(rho=0.999))
+    for _ in range(200):
+        samples = {}
+        for w in range(4):
+            sent, received = rng.uniform(100, 3000), rng.uniform(100, 3000)
+            out, into = sent / rng.uniform(1, 20), received / rng.uniform(1, 20)
+            r_local, delta = rng.uniform(500, 3000), rng.randint(1, 3)
+            work = ALPHA * r_local + BETA_S * sent + BETA_R * received + MU * (out + into) + GAMMA * delta
+            samples[w] = WorkerSample(0, 0.0, 300000.0, r_local, sent, delta, busy=True, cpu=300000.0 + work,
+                                      r_received=received, messages_out=out, messages_in=into)
+        u = est.update(samples)
+    assert (u.alpha, u.beta, u.beta_receive, u.mu, u.gamma) == pytest.approx(
+        (ALPHA, BETA_S, BETA_R, MU, GAMMA), rel=0.03)
+    assert set(u.terms.values()) == {"estimated"}
+
+
+def test_a_message_count_that_moves_with_the_rows_is_not_identified_and_keeps_its_prior():
+    """One row per message (messages = rows sent + received): μ is confounded with β_s and β_r; those three
+    keep their priors (here the truth, so that what they leave unexplained does not bias the rest) and say
+    why, α and γ are still estimated."""
+    rng = random.Random(5)
+    est = Estimator(EstimatorConfig(rho=0.999, receive_share=0.5, mu=40.0))
+    for _ in range(100):
+        samples = {}
+        for w in range(3):
+            sent = rng.uniform(100, 3000)
+            r_local, delta = rng.uniform(500, 3000), rng.randint(1, 3)
+            work = ALPHA * r_local + (275.0 / 2 + 40.0) * sent + GAMMA * delta
+            samples[w] = WorkerSample(0, 0.0, 300000.0, r_local, sent / 2, delta, busy=True, cpu=300000.0 + work,
+                                      r_received=sent / 2, messages_out=sent / 2, messages_in=sent / 2)
+        u = est.update(samples)
+    assert (u.alpha, u.gamma) == pytest.approx((ALPHA, GAMMA), rel=0.03)
+    assert (u.beta, u.beta_receive, u.mu) == (275.0 / 2, 275.0 / 2, 40.0)
+    for name in ("beta", "beta_receive", "mu"):
+        assert u.terms[name].startswith("collinear")
+    assert "collinear" in u.reason
 
 
 def test_a_coefficient_whose_regressor_never_varies_keeps_its_value_while_the_others_are_estimated():
-    """The owner of a hot key receives everything and sends nothing: δ is 0 in every saturated sample, so
-    the samples say nothing of γ; α and β are still estimated, γ stays where it was."""
+    """The owner of a hot key receives everything and sends nothing: R^r,out and δ are 0 in every saturated
+    sample, so the samples say nothing of β_s and γ; α and β_r are still estimated, β_s and γ stay."""
     rng = random.Random(2)
     est = Estimator(EstimatorConfig(rho=0.999))
     for _ in range(100):
         r_local, r_in = rng.uniform(500, 3000), rng.uniform(100, 3000)
-        cpu = 400000.0 + ALPHA * r_local + BETA / 2 * r_in
+        cpu = 400000.0 + ALPHA * r_local + BETA_R * r_in
         u = est.update({0: WorkerSample(0, 0.0, 400000.0, r_local, 0.0, 0, busy=True, cpu=cpu, r_received=r_in)})
-    assert u.alpha == pytest.approx(ALPHA, rel=0.05) and u.beta == pytest.approx(BETA, rel=0.05)
-    assert u.gamma == EstimatorConfig().gamma
+    assert u.alpha == pytest.approx(ALPHA, rel=0.05) and u.beta_receive == pytest.approx(BETA_R, rel=0.05)
+    assert (u.beta, u.gamma) == (EstimatorConfig().beta, EstimatorConfig().gamma)
 
 
 def test_one_worker_alone_identifies_alpha_from_measured_cpu():
@@ -280,10 +328,38 @@ def test_one_worker_alone_identifies_alpha_from_measured_cpu():
 
 
 def test_capacity_of_a_receiving_worker_counts_what_it_pays_for_receiving():
-    """Eq. (3) with the same remote requests as the regression: a saturated worker that only receives has
-    Ŵ = E + αR^l + β·R^in/2, its whole CPU, not E + αR^l."""
-    est = Estimator(EstimatorConfig(alpha=ALPHA, beta=BETA, gamma=GAMMA, capacity=W, eta=1.0))
+    """Eq. (3) extended, with the same terms as the regression: a saturated worker that only receives has
+    Ŵ = E + αR^l + β_r·R^in, its whole CPU, not E + αR^l."""
+    est = Estimator(EstimatorConfig(alpha=ALPHA, beta=BETA, gamma=GAMMA, capacity=W, eta=1.0, receive_share=0.5))
     r_local, r_in = 2000.0, 1000.0
     e = W - ALPHA * r_local - BETA / 2 * r_in
     u = est.update({0: WorkerSample(0, 0.0, e, r_local, 0.0, 0, busy=True, cpu=W, r_received=r_in)})
     assert u.capacity == pytest.approx(W, rel=1e-6)
+
+
+def test_each_worker_has_its_own_capacity_starting_from_its_cpu_allowance():
+    """W_w per worker (Eq. 3–4 per worker): a 0.2- and a 0.6-CPU worker start at 0.2 and 0.6 of the prior
+    per CPU, and each one's saturated samples move its own W_w; the pooled W̄ is what an unseen one gets."""
+    est = Estimator(EstimatorConfig(alpha=ALPHA, beta=BETA, gamma=GAMMA, capacity=W, eta=0.5))
+    idle = {"small": WorkerSample(0, cpus=0.2), "large": WorkerSample(0, cpus=0.6), "plain": WorkerSample(0)}
+    u = est.update(idle)
+    assert u.capacities == pytest.approx({"small": 0.2 * W, "large": 0.6 * W, "plain": W})
+    for _ in range(30):  # the large one saturates at 0.5 W of work
+        u = est.update({"small": WorkerSample(0, cpus=0.2),
+                        "large": WorkerSample(0, 0.0, 0.5 * W, busy=True, cpu=0.5 * W, cpus=0.6)})
+    assert u.capacities["large"] == pytest.approx(0.5 * W, rel=1e-3)
+    assert u.capacities["small"] == pytest.approx(0.2 * W)
+    assert est.capacity_of("never seen") == est.capacity
+
+
+def test_the_effective_flush_delay_follows_the_batches_a_saturated_sender_achieves():
+    """A saturated sender at 0.25 CPU sends 100 messages per second to each of 4 peers, 10 rows each: one
+    batch per 2.5 ms of its CPU, not the configured 1 ms; a sender whose batches hold one row says nothing."""
+    est = Estimator(EstimatorConfig(eta=0.5, flush_delay=0.001))
+    for _ in range(30):
+        u = est.update({0: WorkerSample(0, 0.0, 200000, 0.0, 4000.0, 4, busy=True, cpu=250000.0,
+                                        messages_out=400.0)})
+    assert u.flush_delay == pytest.approx(0.0025, rel=1e-3)
+    one_row = Estimator(EstimatorConfig(eta=0.5, flush_delay=0.001))
+    v = one_row.update({0: WorkerSample(0, 0.0, 200000, 0.0, 400.0, 4, busy=True, cpu=250000.0, messages_out=400.0)})
+    assert v.flush_delay == 0.001

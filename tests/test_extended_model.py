@@ -205,3 +205,37 @@ def test_a_hundred_operators_on_a_thousand_workers_place_within_a_second():
     elapsed = time.perf_counter() - t
     assert 900 <= p.workers <= 1100
     assert elapsed < 1.0, f"{elapsed:.2f} s"
+
+
+def test_whole_operator_cut_beats_split_chunks_when_the_table_route_is_dear():
+    """A 4-operator chain on 2 workers, each operator half a worker at 1,000 req/s: cutting between o1 and
+    o2 sends one remote request per record, where next-fit's chunk boundary falls inside an operator whose
+    local half then pays α_split. Hand-computed: whole cut load per worker = 2·(D) + α + β_s (or β_r) per
+    record; the refined search finds it and it fits the model exactly at its rate."""
+    ops = [f"o{i}" for i in range(4)]
+    edges = [(ops[i], ops[i + 1]) for i in range(3)]
+    observed = derive_load(dict.fromkeys(ops, 1000.0), dict.fromkeys(ops, 100.0), dict.fromkeys(edges, 1000.0),
+                           1000.0, 1000.0)
+    m = CapacityModel(1.0, 10.0, 0.0, 240000.0, beta_receive=10.0, alpha_split=40.0, table_routed=frozenset(ops))
+    refined = highest_rate_placement(ops, edges, observed, 1000.0, m, 2, refine=True)
+    # Worker 0 holds o0, o1: 2·100 + α (o0→o1) + β_s (o1→o2) = 211 µs per record; worker 1 the same with β_r.
+    assert refined.placement.fractions == {"o0": {0: 1.0}, "o1": {0: 1.0}, "o2": {1: 1.0}, "o3": {1: 1.0}}
+    assert refined.rate == pytest.approx(240000.0 / 211.0, rel=0.011)  # probed in 1 % steps
+    assert m.fits(refined.placement.load_map(m))
+    plain = highest_rate_placement(ops, edges, observed, 1000.0, m, 2)
+    assert refined.rate > plain.rate
+
+
+def test_an_even_spread_is_taken_where_it_sustains_more_than_any_chunking():
+    """Two independent heavy operators (no edges) on 2 workers with unequal demand, one needing 1.5 workers:
+    next-fit's chunks fit the same as the spread here; the spread candidate is evaluated and never loses."""
+    from clasp.placement import spread_limit
+
+    ops = ["a", "b"]
+    observed = derive_load({"a": 1000.0, "b": 1000.0}, {"a": 150.0, "b": 50.0}, {}, 1000.0, 1000.0)
+    m = CapacityModel(1.0, 10.0, 0.0, 100000.0)
+    spread = spread_limit(ops, observed, 1000.0, m, 2, 10000.0, 1.0)
+    # Spread: each worker carries half of a and half of b, 100 µs per record: 1,000 req/s.
+    assert spread.rate == pytest.approx(1000.0, abs=1.0)
+    refined = highest_rate_placement(ops, [], observed, 1000.0, m, 2, refine=True)
+    assert refined.rate >= spread.rate - 1.0

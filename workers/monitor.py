@@ -52,6 +52,7 @@ class Monitor:
         self._cpu_last = time.process_time()
         self._loop_cpu_last = time.thread_time()  # the event loop's thread: sample() runs on it
         self.cpu_limit: float | None = None  # CPUs of this process's quota (the server keeps it current)
+        self.cpus: float | None = None  # CPUs the worker was declared to have (`clasp worker --cpus`)
         self.last_cpu_us = 0.0  # U_w of the last interval, µs of CPU per second (for Prometheus)
         self.last_cpu_bound = False
 
@@ -81,6 +82,8 @@ class Monitor:
                      else (loop - self._loop_cpu_last) / interval >= CPU_BOUND)
         out = {"worker": self.worker_id, "interval": interval, "delta": self.last_delta,
                "idle_waits": self.idle_waits, "cpu_us": cpu_us, "cpu_bound": cpu_bound,
+               # The CPU allowance the planner starts this worker's W_w from: declared, else its quota.
+               "cpus": self.cpus or self.cpu_limit,
                "bad_messages": dict(self.bad_messages), "jobs": {}}
         self._cpu_last, self._loop_cpu_last = cpu, loop
         self.last_cpu_us, self.last_cpu_bound = cpu_us, cpu_bound

@@ -41,7 +41,7 @@ class Worker:
     def __init__(self, planner: str, host: str = "127.0.0.1", data_port: int = 0, state_port: int = 0,
                  metrics_port: int = 0, advertise: str | None = None, worker_id: str | None = None,
                  p_max: int = 10, heartbeat: float = 1.0, flush_delay: float = 0.001, max_batch: int = 2000,
-                 security: Security | None = None, metrics_host: str | None = None):
+                 cpus: float | None = None, security: Security | None = None, metrics_host: str | None = None):
         self.planner_addr = planner
         self.host = host
         self.metrics_host = metrics_host or host
@@ -55,6 +55,7 @@ class Worker:
         self.stall = math.inf  # JobEngine.stall: set from this process's CPU quota
         self.ctx = zmq.asyncio.Context()
         self.monitor = Monitor(self.id)
+        self.monitor.cpus = cpus
         self.jobs = self.monitor.jobs
         self.peers: dict[str, zmq.asyncio.Socket] = {}
         self.peer_addrs: dict[str, str] = {}
