@@ -117,6 +117,8 @@ def _cluster(args) -> int:
         # cluster: the supervisor has logged it and stopped every process.
         while cluster.planner_running():
             time.sleep(0.5)
+        if cluster._supervisor is not None:  # it logs the planner's exit and stops the rest: let it say so
+            cluster._supervisor.join(timeout=5)
         return 1
     except KeyboardInterrupt:
         return 0
