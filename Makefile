@@ -23,8 +23,9 @@ install: $(BIN)/clasp ## create .venv and install clasp with its dev extra
 test: $(BIN)/clasp ## run the whole test suite (real planner and worker processes)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-lint: $(BIN)/clasp ## ruff
+lint: $(BIN)/clasp ## ruff, and the layer contracts of docs/ARCHITECTURE.md (import-linter)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 
 cluster: $(BIN)/clasp ## start a local cluster in the foreground (WORKERS=N, default 4); Ctrl-C stops it
 	$(BIN)/clasp cluster --workers $(WORKERS)
@@ -37,6 +38,6 @@ bench: $(BIN)/clasp ## every paper figure in quick mode: out/bench/FIG.png and F
 	$(BIN)/clasp bench all --quick --out out/bench
 
 bench-runtime: $(BIN)/clasp ## the runtime's own benchmarks: chains, ingest, alpha and beta (JSON on stdout)
-	$(BIN)/python -m bench.runtime
+	$(BIN)/python -m clasp.bench.runtime
 
 .PHONY: help install test lint cluster run bench bench-runtime

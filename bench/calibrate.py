@@ -1,8 +1,8 @@
 """Calibrate the simulator's cost file from runs of the real runtime under a per-worker CPU quota.
 
 `python -m bench.calibrate [--cpu-per-worker F] [--apps wc,syn,...] [--seconds S] [--repeat K]
-[--out bench/sim_costs_measured.json]` runs, on local clusters whose workers are limited to F CPUs each
-(`bench.cluster_engine`), and writes a file `clasp simulate APP --costs FILE` loads unchanged:
+[--out clasp/sim/sim_costs_measured.json]` runs, on local clusters whose workers are limited to F CPUs each
+(`clasp.bench.cluster_engine`), and writes a file `clasp simulate APP --costs FILE` loads unchanged:
 
 - **W** (capacity, µs of work per second): the CPU rate (/proc) of one quota-limited worker while an app
   runs unthrottled on it, the median over the apps (≈ F·10⁶ when the quota is what limits it).
@@ -20,14 +20,13 @@
   β and γ are the values with which the simulator reproduces both measured throughputs (solved by
   bisection, alternately). Neither placement is the spread that `bench.validate_sim` checks.
 - **α_split** (µs per local chained request to a stateless successor that other workers also hold: the
-  runtime's table route, `workers/engine.py` `_send`, instead of the single-holder fast path α is measured
+  runtime's table route, `clasp/runtime/engine.py` `_send`, instead of the single-holder fast path α is measured
   on): SYN with every operator 98 % on worker 0 and 2 % on worker 1 (SPLIT: nearly every chained request
   local, and every one through the table route), the value with which the simulator reproduces its
-  throughput, β and γ fixed. Before run K it came from MIX (even operators on worker 0, odd ones split
-  over workers 0 and 1), where worker 0 also sends and receives 2.5 remote requests per record, whose
-  mispricing α_split absorbed (1.7–6.5 µs between runs; SPLIT gave 1.1–1.7 in run K); MIX is now a check
-  (`--alpha-split-from mix` restores it).
-- **message_us** (µs per data message at each end, `clasp.simulator.Costs.message_us`): ALT and FAN run
+  throughput, β and γ fixed. MIX (even operators on worker 0, odd ones split over workers 0 and 1) is
+  only a check: its worker 0 also sends and receives 2.5 remote requests per record, whose mispricing a
+  fit on MIX would absorb into α_split (docs/SIMULATOR.md); `--alpha-split-from mix` fits on it.
+- **message_us** (µs per data message at each end, `clasp.sim.simulator.Costs.message_us`): ALT and FAN run
   again with the workers flushing every FAST_FLUSH_MS instead of 1 ms (same rows, more and smaller
   messages); the common slope of worker CPU per record against message ends per record (the workers'
   message counters) within each placement (`fit_message_us`). It is fitted first; β and α_split are then
@@ -37,9 +36,9 @@
   then β and the share are those with which the simulator reproduces PIPE (SYN's first five operators on
   worker 1, the last five on worker 0: one remote chained request per record, worker 1 only sends, worker
   0 only receives, as in CLASP's chunked placements), its throughput and its receiver's CPU over its
-  sender's in the same run (`fit_pipe`). Tried in run J (docs/SIMULATOR.md): PIPE's receiver pays 0.30–0.44
-  of β, and WC, whose bottleneck receives every word remotely, came out 40–46 % over-predicted: a keyed
-  receiver pays more per remote request than SYN's. PIPE is measured by default and reported as a check.
+  sender's in the same run (`fit_pipe`). Not the default: a keyed receiver (WC's bottleneck receives
+  every word remotely) pays more per remote request than SYN's, so a share fitted on PIPE over-predicts
+  WC (docs/SIMULATOR.md). PIPE is measured by default and reported as a check.
 - **τ̄** per app and operator: the engine times requests with a wall clock, so under a quota τ̄ includes
   the stalls of throttling (a no-op reads 0.1–1.5 µs instead of 0.1); the shares come from an unlimited
   one-worker run of the app (plus F at its source and sink), and a per-request residual ε (the runtime's
@@ -64,16 +63,18 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from bench import cluster_engine as ce
-from clasp.model import remote_destinations
+from clasp.bench import cluster_engine as ce
+from clasp.core.model import remote_destinations
+from clasp.sim.simulator import MEASURED_COSTS_FILE
 
-OUT = Path(__file__).resolve().parent / "sim_costs_measured.json"
+# The calibrated file is package data of clasp.sim, where `clasp bench` and `clasp simulate` look for it.
+OUT = MEASURED_COSTS_FILE
 CPU_PER_WORKER = 0.25
 SYN_OPS = [f"op{i}" for i in range(10)]
 ALT = {o: {i % 2: 1.0} for i, o in enumerate(SYN_OPS)}  # every chained request remote, δ = 1
-# Share of β the receiving worker pays (clasp.simulator.Costs.receive_share): assumed. PIPE measures SYN's
-# receiver at 0.30–0.44 of β, but a keyed receiver (WC's hot-key owner) pays more per remote request (run J,
-# docs/SIMULATOR.md), and 0.5 with β from ALT validates both apps (run K).
+# Share of β the receiving worker pays (clasp.sim.simulator.Costs.receive_share): assumed. PIPE measures SYN's
+# receiver at 0.30–0.44 of β, but a keyed receiver (WC's hot-key owner) pays more per remote request, and 0.5
+# with β from ALT validates both apps (docs/SIMULATOR.md).
 RECEIVE_SHARE = 0.5
 FAN = {o: ({0: 1.0} if i % 2 == 0 else {1: 0.5, 2: 0.5}) for i, o in enumerate(SYN_OPS)}  # δ = 2 on worker 0
 # Two chunks, as CLASP places a chain: worker 1 runs the source half and only sends, worker 0 the sink half
@@ -90,7 +91,7 @@ MIX = {o: ({0: 1.0} if i % 2 == 0 else {0: 0.5, 1: 0.5}) for i, o in enumerate(S
 # ALT and FAN once more with the workers flushing every 0.1 ms instead of 1 ms: the same rows in about twice
 # the messages, which gives the per-message cost (fit_message_us) from placements that are not the spread.
 FAST_FLUSH_MS = 0.1
-# The shorter SYN chain run beside the ten on one worker (apps.syn.chain): five operators, four chained
+# The shorter SYN chain run beside the ten on one worker (clasp.apps.syn.chain): five operators, four chained
 # requests per record, half of the ten's, so the two per-record costs differ by five α + τ̄ and α and F
 # are equally well determined.
 SHORT_CHAIN = 5
@@ -176,19 +177,19 @@ def structure(app: str) -> tuple[dict[str, float], float]:
 
 def ends(app: str) -> tuple[list[str], list[str]]:
     """An app's source operators and sinks (`clasp.Dag.sources`, `sinks`)."""
-    from apps import get_app
+    from clasp.apps import get_app
 
     dag = get_app(app).build_dag()
     return dag.sources(), dag.sinks()
 
 
 def _dag(app: str):
-    from apps import get_app
-    from clasp.simulator import COSTS_FILE, Costs, SimDag, app_dag
+    from clasp.apps import get_app
+    from clasp.sim.simulator import COSTS_FILE, Costs, SimDag, app_dag
 
     costs = Costs.load(COSTS_FILE)
     if app in costs.tau_us:
-        return app_dag(app, costs)
+        return app_dag(get_app(app), costs)
     dag = get_app(app).build_dag()  # a calibration chain: every fan-out 1
     return SimDag(app, [o.name for o in dag.operators], list(dag.edges), dict.fromkeys(dag.edges, 1.0),
                   {o.name: 0.0 for o in dag.operators})
@@ -291,7 +292,7 @@ def _mean_tput(runs: list[dict]) -> float:
 
 
 def _sim_placement(fractions: dict, workers: int):
-    from clasp.policy import uniform_placement
+    from clasp.core.policies import uniform_placement
 
     base = uniform_placement(list(fractions), [], workers, 10, 1.0, "calibration", "calibration")
     return dataclasses.replace(base, fractions={o: dict(f) for o, f in fractions.items()})
@@ -301,13 +302,14 @@ def _sim_placement(fractions: dict, workers: int):
 def _syn_shape():
     """SYN's SimDag with the committed file's τ̄: its fan-outs, measured once (a local run of the app) for the
     hundreds of simulations a fit makes."""
-    from clasp.simulator import COSTS_FILE, Costs, app_dag
+    from clasp.apps import get_app
+    from clasp.sim.simulator import COSTS_FILE, Costs, app_dag
 
-    return app_dag("syn", Costs.load(COSTS_FILE))
+    return app_dag(get_app("syn"), Costs.load(COSTS_FILE))
 
 
 def _sim_run(costs, placement: dict, workers: int):
-    from clasp.simulator import SimConfig, Simulator
+    from clasp.sim.simulator import SimConfig, Simulator
 
     shape = _syn_shape()
     dag = dataclasses.replace(shape, tau_us={o: costs.tau_us["syn"][o] for o in shape.operators})
@@ -431,7 +433,7 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
         raise ValueError(f"beta_from must be alt or pipe, not {beta_from!r}")
     if alpha_split_from not in ("split", "mix"):
         raise ValueError(f"alpha_split_from must be split or mix, not {alpha_split_from!r}")
-    from clasp.simulator import Costs
+    from clasp.sim.simulator import Costs
 
     one, unlimited = runs["one"], runs.get("unlimited") or {}
     apps = list(one)
@@ -575,7 +577,7 @@ def calibrate(cpu: float, apps: list[str], seconds: float, repeat: int, mix: boo
 
 
 def main(argv=None) -> int:
-    from apps import APPS
+    from clasp.apps import APPS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu-per-worker", type=float, default=CPU_PER_WORKER, help="CPU quota per worker")
@@ -591,9 +593,9 @@ def main(argv=None) -> int:
                     help=f"skip the {SHORT_CHAIN}-operator SYN run (no per-record cost F: it is folded into α)")
     ap.add_argument("--no-pipe", action="store_true", help="skip the PIPE run (a check unless --beta-from pipe)")
     ap.add_argument("--beta-from", choices=("alt", "pipe"), default="alt",
-                    help="fit β on ALT (receive share 0.5) or β and the share on PIPE (run J's rule)")
+                    help="fit β on ALT (receive share 0.5) or β and the share on PIPE (docs/SIMULATOR.md)")
     ap.add_argument("--alpha-split-from", choices=("split", "mix"), default="split",
-                    help="the run α_split is fitted on (mix: the rule before run K)")
+                    help="the run α_split is fitted on (mix: a check only, docs/SIMULATOR.md)")
     ap.add_argument("--fit-gamma", action="store_true",
                     help="also fit γ on FAN when message_us is fitted (the old rule; default: γ = 0 then)")
     args = ap.parse_args(argv)
@@ -606,7 +608,7 @@ def main(argv=None) -> int:
     doc = calibrate(args.cpu_per_worker, apps, args.seconds, args.repeat, mix=not args.no_mix,
                     messages=not args.no_messages, gamma_with_messages=args.fit_gamma, short=not args.no_short,
                     pipe=not args.no_pipe, beta_from=args.beta_from, alpha_split_from=args.alpha_split_from)
-    from clasp.simulator import Costs
+    from clasp.sim.simulator import Costs
 
     Costs.from_json_dict(doc)  # the simulator must load it
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")

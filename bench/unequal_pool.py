@@ -22,8 +22,8 @@ import threading
 import time
 
 import clasp
-from apps import get_app
-from clasp.cluster import LocalCluster
+from clasp.apps import get_app
+from clasp.local.cluster import LocalCluster
 
 
 def _saturate(job, app, seed: int, until: float, chunk: int = 5000) -> list:

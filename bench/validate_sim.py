@@ -10,7 +10,7 @@ over 1..5 workers) are measured back to back, worker count by worker count; that
 fitted from its own calibration runs only and compared with its own validation runs (a JSON line per
 repeat and point). A
 pooled cost file (all repeats' calibration runs) is compared with the mean of the validation runs and,
-with `--write-costs FILE` (e.g. bench/sim_costs_measured.json), written there (τ̄ of apps not measured
+with `--write-costs FILE` (e.g. clasp/sim/sim_costs_measured.json), written there (τ̄ of apps not measured
 are carried over from that file). Fitted: the one-worker points (the same placement as the calibration's one-
 worker runs, by construction reproduced up to run-to-run noise). Validated: 2..N workers, under placements
 no calibration run has (CLASP's chunks with a split operator at every boundary, or spreads). Beside
@@ -23,10 +23,10 @@ With `--costs FILE`, the old mode: the file as given, emulated runs only.
 
 For every app and worker count: unthrottled, autoscaling off, under CLASP's placement for that many workers
 (`--placement clasp`, the default: the figures' placements, planned on the committed cost file) or every
-operator spread evenly over the workers (`--placement spread`, the worst case for chaining, runs A–F).
+operator spread evenly over the workers (`--placement spread`, the worst case for chaining).
 `--speed-reference` (interleaved mode) runs the app on one of the n workers just before each validation
 run and also reports `ratio_speed_reference`, the prediction scaled to the host's speed at that moment.
-Emulated: `bench.cluster_engine.unthrottled` on a LocalCluster whose workers are each limited to F CPUs
+Emulated: `clasp.bench.cluster_engine.unthrottled` on a LocalCluster whose workers are each limited to F CPUs
 (cgroup quota), `--repeat` times (the apps and repetitions interleaved on one cluster per worker count, so
 a burst of load from the machine's other users hits all of them alike); the figure is the mean, the spread
 (max − min) / mean is reported. Simulated: `simulate(app_dag(app, costs), n, costs=costs,
@@ -47,9 +47,11 @@ import statistics
 import sys
 from pathlib import Path
 
-from bench import cluster_engine as ce
+from clasp.bench import cluster_engine as ce
+from clasp.sim.simulator import MEASURED_COSTS_FILE
 
-COSTS = Path(__file__).resolve().parent / "sim_costs_measured.json"
+# The calibrated file is package data of clasp.sim, where `clasp bench` and `clasp simulate` look for it.
+COSTS = MEASURED_COSTS_FILE
 # The calibration runs besides the one-worker ones, by bench.calibrate's names.
 CALIB_RUNS = ("short", "alt", "pipe", "split", "mix", "fan", "alt_fast", "fan_fast")
 TOLERANCE = 0.15
@@ -58,15 +60,15 @@ TOLERANCE = 0.15
 def placements(apps: list[str], workers: list[int], mode: str, costs_file: Path = COSTS, costs=None,
                ) -> dict[tuple[str, int], object]:
     """The placement of every point, the same in both engines: a policy's own placement for n workers
-    (`clasp`, `clasp-paper`, a baseline: `bench.sim_engine.SimEngine.policy_placement`, planned on the
+    (`clasp`, `clasp-paper`, a baseline: `clasp.bench.sim_engine.SimEngine.policy_placement`, planned on the
     committed cost file, as the figures' placements are), or `spread` (None: every operator over every
     worker, the worst case for chaining). `costs_file`: the costs the policies plan with (`costs`: those
     costs already loaded, e.g. rescaled to another quota)."""
     if mode == "spread":
         return {(a, n): None for a in apps for n in workers}
-    from bench.sim_engine import SimEngine
-    from clasp.policy import POLICIES
-    from clasp.simulator import Costs
+    from clasp.bench.sim_engine import SimEngine
+    from clasp.core.policies import POLICIES
+    from clasp.sim.simulator import Costs
 
     if mode not in POLICIES:
         raise ValueError(f"placement must be spread or a policy ({', '.join(POLICIES)}), not {mode!r}")
@@ -76,11 +78,12 @@ def placements(apps: list[str], workers: list[int], mode: str, costs_file: Path 
 
 def simulated(apps: list[str], workers: list[int], costs, placed: dict | None = None,
               duration: float = 20.0) -> dict[tuple[str, int], float]:
-    from clasp.simulator import SimConfig, Simulator, app_dag
+    from clasp.apps import get_app
+    from clasp.sim.simulator import SimConfig, Simulator, app_dag
 
     out = {}
     for app in apps:
-        dag = app_dag(app, costs, records=20_000)  # fan-outs and key-group weights of the app's input
+        dag = app_dag(get_app(app), costs, records=20_000)  # fan-outs and key-group weights of the app's input
         for n in workers:
             cfg = SimConfig(duration=duration, warmup=2.0, key_skew=True)
             pl = (placed or {}).get((app, n))
@@ -169,7 +172,7 @@ def interleaved_repeat(apps: list[str], workers: list[int], cpu: float, seconds:
 
 
 def _operators(app: str) -> list[str]:
-    from apps import get_app
+    from clasp.apps import get_app
 
     return [o.name for o in get_app(app).build_dag().operators]
 
@@ -188,7 +191,7 @@ def predictions(apps: list[str], workers: list[int], calib: dict, repeat: int, p
     variants the report compares it with: without α_split, without the message cost, β from the other of
     ALT and PIPE, α_split from the other of SPLIT and MIX (each when its runs are there)."""
     from bench import calibrate as cal
-    from clasp.simulator import Costs
+    from clasp.sim.simulator import Costs
 
     def fit_doc(beta_from: str = args.beta_from, split_from: str = args.alpha_split_from) -> dict:
         return cal.fit(calib, args.cpu_per_worker, args.seconds, repeat, unlimited_tau=tau_u,
@@ -217,7 +220,7 @@ def _coefficients(doc: dict) -> dict:
 
 
 def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
-    from clasp.simulator import Costs
+    from clasp.sim.simulator import Costs
 
     run_apps = apps + ([] if "syn" in apps else ["syn"])
     placed = placements(apps, workers, args.placement)
@@ -454,7 +457,7 @@ def plot(path: str, apps: list[str], workers: list[int], points: list[dict], tit
 
 
 def main(argv=None) -> int:
-    from clasp.simulator import Costs
+    from clasp.sim.simulator import Costs
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu-per-worker", type=float, default=None,
@@ -474,9 +477,9 @@ def main(argv=None) -> int:
                          "`spread`, every operator over all n (the worst case for chaining); with --costs a "
                          "comma-separated list of policies compares them: ratios and rankings side by side")
     ap.add_argument("--beta-from", choices=("alt", "pipe"), default="alt",
-                    help="interleaved: fit β on ALT (receive share 0.5) or β and the share on PIPE (run J)")
+                    help="interleaved: fit β on ALT (receive share 0.5) or β and the share on PIPE (docs/SIMULATOR.md)")
     ap.add_argument("--alpha-split-from", choices=("split", "mix"), default="split",
-                    help="interleaved: the run α_split is fitted on (mix before run K)")
+                    help="interleaved: the run α_split is fitted on (mix: a check only, docs/SIMULATOR.md)")
     ap.add_argument("--speed-reference", action="store_true",
                     help="interleaved: before each validation run of n ≥ 2 workers, the app on one of them, and "
                          "report ratio_speed_reference: the simulation scaled to the host's speed at the time")

@@ -1,6 +1,6 @@
 """clasp: an elastic stream-processing runtime implementing CLASP's capacity-aware placement."""
 
-from clasp.dag import Dag, DagError, Operator
+from clasp.core.dag import Dag, DagError, Operator
 
 __all__ = ["Dag", "DagError", "Operator", "connect", "ClaspError", "ClaspTimeout", "PlannerUnavailable", "AuthError"]
 __version__ = "0.1.0"
@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 def __getattr__(name):
     # The client pulls in pyzmq; keep `import clasp` light for the pure core and for workers.
     if name in ("connect", "ClaspError", "ClaspTimeout", "PlannerUnavailable", "Client", "Job", "AuthError"):
-        from clasp import client
+        from clasp.runtime import client
 
         return getattr(client, name)
     raise AttributeError(name)

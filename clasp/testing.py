@@ -18,14 +18,14 @@ from typing import Any
 
 import msgpack
 
-from clasp.dag import Dag, DagError
-from clasp.outputs import as_outputs
+from clasp.core.dag import Dag, DagError
+from clasp.core.outputs import as_outputs
 
 _KEY_TYPES = (str, int, bytes)
 
 
 def outputs_of(result: Any) -> list:
-    """An operator's return value as a list of outputs, by the runtime's rule (`clasp.outputs`)."""
+    """An operator's return value as a list of outputs, by the runtime's rule (`clasp.core.outputs`)."""
     return list(as_outputs(result))
 
 

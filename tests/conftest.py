@@ -7,7 +7,7 @@ import time
 import pytest
 
 import clasp
-from clasp.cluster import LocalCluster
+from clasp.local.cluster import LocalCluster
 
 
 def start_cluster(tmp_path_factory, workers: int, **kw) -> LocalCluster:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import clasp
-from apps import APPS
-from clasp.cluster import LocalCluster
+from clasp.apps import APPS
+from clasp.local.cluster import LocalCluster
 
 # Small enough for the suite's budget, large enough that every operator, both workers and (for the
 # keyed operators) many keys see traffic.

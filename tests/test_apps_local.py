@@ -6,11 +6,11 @@ import msgpack
 import pytest
 
 import clasp
-from apps import APPS, get_app
+from clasp.apps import APPS, get_app
 from clasp.testing import run_local
 
 SIZES = {"wc": 400, "sd": 3000, "aa": 3000, "pl": 3000, "nwm": 1500, "etl": 600, "syn": 500}
-# Operator count and stateful operators of each app as we read the paper's Fig. 1 (apps/README.md).
+# Operator count and stateful operators of each app as we read the paper's Fig. 1 (clasp/apps/README.md).
 TOPOLOGY = {
     "wc": (2, {"count"}),
     "sd": (2, {"moving_average"}),

@@ -13,8 +13,8 @@ import pytest
 import zmq
 
 import clasp
-from clasp import protocol
-from clasp.security import Security
+from clasp.core import protocol
+from clasp.runtime.security import Security
 from tests.conftest import start_cluster
 from tests.test_runtime import make_lines, wordcount_dag
 

@@ -8,7 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clasp.baselines import (
+from clasp.cli.place import main
+from clasp.core.model import CapacityModel
+from clasp.core.placement import topological_order
+from clasp.core.policies import POLICIES, ClaspPolicy, Stats
+from clasp.core.policies.baselines import (
     FaaSFlowPolicy,
     FaaSFlowSPPolicy,
     Zhang24Config,
@@ -22,10 +26,6 @@ from clasp.baselines import (
     model_throughput,
     neighbour_traffic,
 )
-from clasp.model import CapacityModel
-from clasp.place_cli import main
-from clasp.placement import topological_order
-from clasp.policy import POLICIES, ClaspPolicy, Stats
 from tests.test_placement import FIG6_EDGES, FIG6_RATES, independent_load
 
 BASELINE_NAMES = ["faasflow", "zhang24", "faasflow-sp", "zhang24-sp"]

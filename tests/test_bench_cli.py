@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from bench.engines import load_costs
-from bench.figures import FIGURES, Context
-from bench.sim_engine import SimEngine
+from clasp.bench.engines import load_costs
+from clasp.bench.figures import FIGURES, Context
+from clasp.bench.sim_engine import SimEngine
 
 
 def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -1,10 +1,10 @@
-"""bench.cluster_engine on a real 2-worker cluster, its pure helpers, and bench.calibrate's pure parts."""
+"""clasp.bench.cluster_engine on a real 2-worker cluster, its pure helpers, and bench.calibrate's pure parts."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench import cluster_engine as ce
+from clasp.bench import cluster_engine as ce
 
 
 @pytest.fixture(scope="module")
@@ -120,15 +120,13 @@ def test_solve_bisects_a_decreasing_function():
 
 
 def test_calibrated_file_loads():
-    from pathlib import Path
+    from clasp.apps import get_app
+    from clasp.sim.simulator import MEASURED_COSTS_FILE, Costs, app_dag
 
-    from clasp.simulator import Costs, app_dag
-
-    path = Path(__file__).resolve().parent.parent / "bench" / "sim_costs_measured.json"
-    costs = Costs.load(path)
+    costs = Costs.load(MEASURED_COSTS_FILE)
     assert costs.capacity > 0 and costs.beta >= costs.alpha >= 0
     for app in ("wc", "syn"):
-        assert set(app_dag(app, costs).operators) == set(costs.tau_us[app])
+        assert set(app_dag(get_app(app), costs).operators) == set(costs.tau_us[app])
 
 
 def test_cgroup_and_run_delay_readers_on_this_process():
@@ -187,7 +185,7 @@ def test_fit_flush_delay_is_cpu_seconds_per_batch_to_one_peer():
 
 
 def test_monitor_counts_data_messages_per_interval():
-    from workers.monitor import Monitor
+    from clasp.runtime.monitor import Monitor
 
     m = Monitor("w0")
     c = m.job_messages(7)
@@ -244,7 +242,7 @@ def test_fit_fixes_gamma_to_zero_when_message_us_is_fitted(monkeypatch):
 
 
 def _costs(doc):
-    from clasp.simulator import Costs
+    from clasp.sim.simulator import Costs
 
     return Costs.from_json_dict(doc)
 
@@ -253,13 +251,12 @@ def test_pipe_fit_recovers_beta_and_the_receive_share():
     """β and the receive share a PIPE run implies are those the simulator was given (its own throughput and
     receiver/sender utilization fed back as the measurement)."""
     import dataclasses
-    from pathlib import Path
 
     from bench import calibrate as cal
-    from clasp.simulator import Costs
+    from clasp.sim.simulator import MEASURED_COSTS_FILE, Costs
 
     assert [cal.PIPE[o] for o in cal.SYN_OPS] == [{1: 1.0}] * 5 + [{0: 1.0}] * 5
-    base = Costs.load(Path(__file__).resolve().parent.parent / "bench" / "sim_costs_measured.json")
+    base = Costs.load(MEASURED_COSTS_FILE)
     base = dataclasses.replace(base, gamma=0.0, message_us=0.0, alpha_split=None)
     truth = dataclasses.replace(base, beta=2.4, receive_share=0.3)
     lam = cal._sim_tput(truth, cal.PIPE, 2)

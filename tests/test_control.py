@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from clasp.control import ControlConfig, Controller, Observation, pool_order, to_runtime_placement
-from clasp.estimator import WorkerSample
-from clasp.policy import ClaspPolicy, OperatorStats
-from clasp.routing import build_placement
+import pytest
+
+from clasp.core.control import ControlConfig, Controller, Observation, pool_order, to_runtime_placement
+from clasp.core.estimator import WorkerSample
+from clasp.core.policies import ClaspPolicy, OperatorStats
+from clasp.core.routing import build_placement
 from tests.test_runtime import wordcount_dag
 
 OPS = ["split", "count"]
@@ -98,7 +100,7 @@ def test_stats_plan_from_steady_per_record_rates_while_queues_fill():
 
 def test_an_idle_job_under_a_baseline_goes_back_to_one_worker_too():
     """FaaSFlow cannot place without a throughput; the idle consolidation must not raise for it."""
-    from clasp.policy import POLICIES
+    from clasp.core.policies import POLICIES
 
     c = Controller(OPS, EDGES, POLICIES["faasflow"](), p_max=10, pool=4,
                    config=ControlConfig(warmup_requests=1000, idle_seconds=2))
@@ -111,7 +113,7 @@ def test_observation_marks_saturation_and_passes_cpu_time_and_receipts():
     """A worker that worked without waiting, or that used all its CPU, is saturated; one blocked the whole
     interval (no idle wait either, but no work) is not. CPU time goes to the estimator only for a worker
     that runs this job alone."""
-    from clasp.control import observation
+    from clasp.core.control import observation
 
     spec = wordcount_dag().to_spec()
     placement = build_placement(spec, ["a", "b", "c", "d"], {"split": {0: 1, 1: 1, 2: 1, 3: 1},
@@ -157,7 +159,7 @@ def test_stats_carry_each_pool_index_its_own_capacity_from_the_cpu_allowances():
 
 
 def test_observation_passes_messages_and_cpu_allowance():
-    from clasp.control import observation
+    from clasp.core.control import observation
 
     spec = wordcount_dag().to_spec()
     placement = build_placement(spec, ["a"], {"split": {0: 1}, "count": {0: 1}}, 10)
@@ -167,3 +169,30 @@ def test_observation_passes_messages_and_cpu_allowance():
     o = observation(spec, {"a": {"delta": 1, "cpus": 0.4, "jobs": {7: js}}}, 7, 1.0, 1.0, 0, 0, placement, ["a"])
     s = o.workers["a"]
     assert (s.messages_out, s.messages_in, s.cpus, o.pool) == (40.0, 50.0, 0.4, ["a"])
+
+
+def test_key_weights_sum_the_senders_and_smooth_and_skip_malformed_entries():
+    from clasp.core.control import KEY_WEIGHT_SMOOTHING, key_weights
+
+    spec = wordcount_dag().to_spec()
+    samples = {"a": {"jobs": {7: {"key_groups": {"count": {0: 100.0, 5: 10.0}}}}},
+               "b": {"jobs": {7: {"key_groups": {"count": {0: 50.0, 300: 1.0, "x": 2.0, 6: -1.0},
+                                                 "split": {0: 9.0}}}}},
+               "c": {"jobs": {7: {"key_groups": "garbage"}}}, "d": None}
+    w = key_weights(spec, samples, 7)
+    assert set(w) == {"count"} and w["count"][0] == 150.0 and w["count"][5] == 10.0 and sum(w["count"]) == 160.0
+    again = key_weights(spec, {"a": {"jobs": {7: {"key_groups": {"count": {1: 100.0}}}}}}, 7, w)
+    assert again["count"][0] == pytest.approx((1 - KEY_WEIGHT_SMOOTHING) * 150.0)
+    assert again["count"][1] == pytest.approx(KEY_WEIGHT_SMOOTHING * 100.0)
+    assert key_weights(spec, {}, 7, w) == w  # nobody routed to it this tick: kept
+
+
+def test_runtime_placement_owns_key_groups_by_weight():
+    spec = wordcount_dag().to_spec()
+    result = ClaspPolicy().place_on(OPS, EDGES, controller().stats(obs(20000)), 2)
+    weights = {"count": [64.0] + [1.0] * 127}
+    new = to_runtime_placement(spec, result, ["w0", "w1"], None, 1, weights)
+    kg, shares = new.operators["count"].key_groups, new.operators["count"].shares
+    for w, s in shares.items():
+        carried = sum(v for g, v in enumerate(weights["count"]) if kg[g] == w) / sum(weights["count"])
+        assert abs(carried - s) < 0.3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clasp import cpulimit
+from clasp.local import cpulimit
 from tests.conftest import start_cluster
 
 why = cpulimit.available()

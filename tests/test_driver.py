@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 
 import clasp
-from apps import get_app
-from clasp.cluster import LocalCluster
-from clasp.driver import UNTHROTTLED_BATCH, Driver, Series, due, finished, summarize, target_between
-from clasp.profiles import parse_profile
+from clasp.apps import get_app
+from clasp.core.profiles import parse_profile
+from clasp.local.cluster import LocalCluster
+from clasp.runtime.driver import UNTHROTTLED_BATCH, Driver, Series, due, finished, summarize, target_between
 
 
 # ----------------------------------------------------------------------------- pacing

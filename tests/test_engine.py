@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import clasp
-from clasp.protocol import ROOT_WEIGHT
-from clasp.routing import build_placement
-from workers.engine import HOLD, JobEngine
+from clasp.core.protocol import ROOT_WEIGHT
+from clasp.core.routing import build_placement
+from clasp.runtime.engine import HOLD, JobEngine
 
 
 def fanout_dag() -> clasp.Dag:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clasp.estimator import Estimator, EstimatorConfig, WorkerSample
+from clasp.core.estimator import Estimator, EstimatorConfig, WorkerSample
 
 ALPHA, BETA, GAMMA, W = 30.0, 350.0, 40000.0, 700000.0
 

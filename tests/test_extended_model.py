@@ -13,16 +13,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clasp.model import CapacityModel
-from clasp.placement import (
+from clasp.core.model import CapacityModel
+from clasp.core.placement import (
     InfeasiblePlacement,
     Load,
-    PlacementError,
+    NoPlacementError,
     derive_load,
     highest_rate_placement,
     place,
 )
-from clasp.policy import POLICIES, EdgeStats, OperatorStats, Stats
+from clasp.core.policies import POLICIES, EdgeStats, OperatorStats, Stats
 from tests.test_placement import check_order, dags
 
 M = CapacityModel(alpha=1.0, beta=2.0, gamma=10.0, capacity=1e6, beta_receive=3.0)
@@ -118,7 +118,7 @@ def extended_cases(draw):
 
 
 def independent_load(fractions, demand, edge_rates, m: CapacityModel) -> dict[int, float]:
-    """The extended Eq. (8) written out again, pair by pair, without clasp.model's functions."""
+    """The extended Eq. (8) written out again, pair by pair, without clasp.core.model's functions."""
     load: dict[int, float] = {}
     reach: dict[int, set] = {}
     rows: dict[tuple[int, int], float] = {}
@@ -153,7 +153,7 @@ def test_no_placement_charges_a_worker_past_its_own_capacity(case, refine):
     ops, edges, load, model = case
     try:
         p = place(ops, edges, load, model, refine=refine)
-    except (InfeasiblePlacement, PlacementError):
+    except (InfeasiblePlacement, NoPlacementError):
         return
     check_order(p.order, ops, edges)
     per = independent_load(p.fractions, load.demand, load.edge_rates, model)
@@ -170,7 +170,7 @@ def test_refinement_never_uses_more_workers_than_next_fit(case):
     ops, edges, load, model = case
     try:
         plain = place(ops, edges, load, model)
-    except (InfeasiblePlacement, PlacementError):
+    except (InfeasiblePlacement, NoPlacementError):
         return
     refined = place(ops, edges, load, model, refine=True)
     assert refined.workers <= plain.workers
@@ -229,7 +229,7 @@ def test_whole_operator_cut_beats_split_chunks_when_the_table_route_is_dear():
 def test_an_even_spread_is_taken_where_it_sustains_more_than_any_chunking():
     """Two independent heavy operators (no edges) on 2 workers with unequal demand, one needing 1.5 workers:
     next-fit's chunks fit the same as the spread here; the spread candidate is evaluated and never loses."""
-    from clasp.placement import spread_limit
+    from clasp.core.placement import spread_limit
 
     ops = ["a", "b"]
     observed = derive_load({"a": 1000.0, "b": 1000.0}, {"a": 150.0, "b": 50.0}, {}, 1000.0, 1000.0)

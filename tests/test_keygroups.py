@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clasp.keygroups import DEFAULT_KEY_GROUPS, assign_key_groups, diff_key_groups, group_counts
+from clasp.core.keygroups import DEFAULT_KEY_GROUPS, assign_key_groups, diff_key_groups, group_counts
 
 
 def counts(owners):
@@ -82,3 +82,39 @@ def test_reassignment_moves_the_minimum(before, after, num_groups):
     if all(q >= 1 for q in quotas.values()):
         for w, c in target.items():
             assert abs(c - quotas[w]) < 1 + 1e-9
+
+
+def test_weighted_ownership_gives_each_worker_its_share_of_the_requests_not_of_the_groups():
+    """One hot group carrying 30 % of the requests, the rest spread: by count the hot group's owner would
+    carry its σ of the groups plus the hot one; by weight each worker's requests follow its share."""
+    from clasp.core.keygroups import assign_weighted
+
+    weights = [30.0] + [70.0 / 127] * 127
+    shares = {0: 0.34, 1: 0.33, 2: 0.33}
+    owners = assign_weighted(shares, weights)
+    load = {w: sum(v for g, v in enumerate(weights) if owners[g] == w) for w in shares}
+    for w, s in shares.items():
+        assert abs(load[w] - 100.0 * s) <= 1.0, load
+    by_count = assign_key_groups(shares, 128)
+    hot_owner = by_count[0]
+    assert sum(v for g, v in enumerate(weights) if by_count[g] == hot_owner) > 50.0
+    # Kept where it may stay: the same shares and weights again move nothing.
+    assert assign_key_groups(shares, 128, owners, weights) == owners
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(st.integers(0, 7), st.floats(0.01, 1.0), min_size=1, max_size=8),
+       st.lists(st.floats(0.0, 100.0), min_size=128, max_size=128), st.booleans())
+def test_weighted_ownership_covers_every_group_and_every_worker_within_one_group(shares, weights, keep):
+    from clasp.core.keygroups import assign_weighted
+
+    previous = assign_key_groups(shares, 128) if keep else None
+    owners = assign_weighted(shares, weights, previous)
+    assert len(owners) == 128 and set(owners) == set(shares)
+    floor = 0.01 * sum(weights) / 128
+    w = [v + floor for v in weights]
+    total, share_total = sum(w), sum(shares.values())
+    for worker, s in shares.items():
+        carried = sum(v for g, v in enumerate(w) if owners[g] == worker)
+        # LPT: no worker is further above its target than the heaviest group (plus what a kept group may add).
+        assert carried <= s / share_total * total + 1.5 * max(w) + 1e-6

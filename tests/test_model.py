@@ -2,7 +2,7 @@
 
 import pytest
 
-from clasp.model import (
+from clasp.core.model import (
     DEFAULT_ALPHA,
     DEFAULT_BETA,
     DEFAULT_CAPACITY,

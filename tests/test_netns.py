@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import clasp
-from clasp import cpulimit, netns
-from clasp.cluster import LocalCluster
+from clasp.local import cpulimit, netns
+from clasp.local.cluster import LocalCluster
 from tests.test_runtime import make_lines, wordcount_dag
 
 why = netns.available()
@@ -100,7 +100,7 @@ def test_word_count_is_exact_across_namespaces_and_nothing_remains(cpu, namespac
 
 _OWNER = """
 import sys, time
-from clasp.cluster import LocalCluster
+from clasp.local.cluster import LocalCluster
 cpu = float(sys.argv[2]) if sys.argv[2] != "-" else None
 cl = LocalCluster(workers=1, port=0, log_dir=sys.argv[1], hosts=True, cpu_per_worker=cpu).start()
 print(" ".join(str(p.pid) for p in cl.procs), flush=True)
@@ -178,7 +178,7 @@ def test_refuses_without_root_or_iproute2(monkeypatch):
 
 def test_clasp_run_hosts_is_checked_before_anything_starts():
     from clasp import cli
-    from clasp.run_cli import UsageError, plan
+    from clasp.cli.run import UsageError, plan
 
     parse = cli.build_parser().parse_args
     with pytest.raises(UsageError, match="--planner"):

@@ -1,4 +1,4 @@
-"""What an operator's return value means (`clasp.outputs`), and that the runtime and run_local agree on it."""
+"""What an operator's return value means (`clasp.core.outputs`), and that the runtime and run_local agree on it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import clasp
-from clasp.outputs import as_outputs
+from clasp.core.outputs import as_outputs
 from clasp.testing import outputs_of, run_local
 
 
@@ -149,7 +149,7 @@ def test_outputs_of_is_the_same_rule_as_a_list():
 #
 # A record is a msgpack-serializable spec [kind, payload]; operators build the Python value from it, so
 # the value can be a Counter or a generator although only msgpack travels. `expected_outputs` says what the
-# README's rule gives for each kind, written out per kind rather than by calling clasp.outputs.
+# README's rule gives for each kind, written out per kind rather than by calling clasp.core.outputs.
 
 def build(spec):
     kind, p = spec

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clasp.parallelism import (
+from clasp.core.parallelism import (
     distribute,
     initial_parallelism,
     largest_remainder,

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from clasp.place_cli import main
+from clasp.cli.place import main
 from tests.test_policy import PROFILE, profile
 
 
@@ -74,7 +74,7 @@ def test_zero_throughput_exits_1_and_says_so(capsys, write):
 
 
 def test_module_entry_point(write):
-    proc = subprocess.run([sys.executable, "-m", "clasp.place_cli", write(PROFILE), "--rate", "500"],
+    proc = subprocess.run([sys.executable, "-m", "clasp.cli.place", write(PROFILE), "--rate", "500"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["rate"] == 500

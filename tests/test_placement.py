@@ -6,12 +6,12 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from clasp.model import CapacityModel
-from clasp.placement import (
+from clasp.core.model import CapacityModel
+from clasp.core.placement import (
     InfeasiblePlacement,
     Load,
     LoadError,
-    PlacementError,
+    NoPlacementError,
     WorkerLimitCache,
     WorkerLimitExceeded,
     derive_load,
@@ -42,9 +42,9 @@ def test_heaviest_edge_first_at_fan_in():
 
 
 def test_cycle_is_rejected():
-    with pytest.raises(PlacementError, match="cycle"):
+    with pytest.raises(NoPlacementError, match="cycle"):
         topological_order(["A", "B"], [("A", "B"), ("B", "A")])
-    with pytest.raises(PlacementError, match="unknown"):
+    with pytest.raises(NoPlacementError, match="unknown"):
         placement_order(["A"], [("A", "Z")])
 
 
@@ -135,7 +135,7 @@ def cases(draw, zero_costs=False):
 
 
 def independent_load(fractions, demand, edge_rates, m):
-    """Eq. (8) written out again, without clasp.model, to check the placement against."""
+    """Eq. (8) written out again, without clasp.core.model, to check the placement against."""
     load = {}
     reach = {}
     for o, pw in fractions.items():
@@ -216,7 +216,7 @@ def fits(ops, edges, observed, rate, model, n):
     try:
         place(ops, edges, observed.scaled(rate / 1000.0), model, max_workers=n)
         return True
-    except PlacementError:
+    except NoPlacementError:
         return False
 
 

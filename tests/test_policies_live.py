@@ -11,9 +11,9 @@ import pytest
 import zmq
 
 import clasp
-from apps import wc
-from clasp import protocol
-from clasp.security import Security
+from clasp.apps import wc
+from clasp.core import protocol
+from clasp.runtime.security import Security
 from tests.conftest import start_cluster
 
 POLICY_NAMES = ["clasp", "faasflow", "faasflow-sp", "zhang24", "zhang24-sp"]
@@ -126,7 +126,7 @@ def test_remote_state_server_validates(live3, client):
 
 def test_run_takes_policy_and_state():
     from clasp import cli
-    from clasp.run_cli import UsageError, plan
+    from clasp.cli.run import UsageError, plan
 
     def cfg(*argv):
         return plan(cli.build_parser().parse_args(["run", "wc", *argv]))

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from clasp.model import placement_load
-from clasp.policy import POLICIES, ClaspPolicy, Decision, PlacementResult, Policy, ProfileError, Stats
+from clasp.core.model import placement_load
+from clasp.core.policies import POLICIES, ClaspPolicy, Decision, PlacementResult, Policy, Stats, StatsError
 
 PROFILE = {"operators": {"A": {"rate": 1000, "tau_us": 400}, "B": {"rate": 7000, "tau_us": 300}},
            "edges": [{"src": "A", "dst": "B", "rate": 7000}],
@@ -49,7 +49,7 @@ def test_from_json_dict_reads_every_field():
 def test_malformed_profile_names_the_field(mutate, field):
     d = profile()
     mutate(d)
-    with pytest.raises(ProfileError) as e:
+    with pytest.raises(StatsError) as e:
         Stats.from_json_dict(d)
     assert e.value.field == field
     assert repr(field) in str(e.value)
@@ -58,7 +58,7 @@ def test_malformed_profile_names_the_field(mutate, field):
 def test_cycle_message():
     d = profile()
     d["edges"].append({"src": "B", "dst": "A", "rate": 1})
-    with pytest.raises(ProfileError, match="cycle"):
+    with pytest.raises(StatsError, match="cycle"):
         Stats.from_json_dict(d)
 
 
@@ -146,7 +146,7 @@ def test_unobserved_operators_count_as_idle():
     dec = ClaspPolicy().decide(["A", "B", "C"], [("A", "B"), ("B", "C")], None, s)
     assert dec.change
     assert sum(dec.placement.fractions["C"].values()) == pytest.approx(1.0)
-    with pytest.raises(ProfileError):
+    with pytest.raises(StatsError):
         ClaspPolicy().decide(["A"], [], None, s)
 
 

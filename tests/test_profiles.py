@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from clasp.profiles import BURST_HIGH, BURST_LOW, GRADUAL_LEVELS, Profile, ProfileError, parse_profile
+from clasp.core.profiles import BURST_HIGH, BURST_LOW, GRADUAL_LEVELS, Profile, ProfileError, parse_profile
 
 MAX = 1000.0
 

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clasp import protocol
-from clasp.keygroups import group_counts
-from clasp.parallelism import largest_remainder
-from clasp.protocol import ROOT_WEIGHT, ProtocolError
-from clasp.routing import NUM_KEY_GROUPS, key_group, key_groups_for_shares, weighted_table
-from clasp.tracking import Tracker
+from clasp.core import protocol
+from clasp.core.keygroups import group_counts
+from clasp.core.parallelism import largest_remainder
+from clasp.core.protocol import ROOT_WEIGHT, ProtocolError
+from clasp.core.routing import NUM_KEY_GROUPS, key_group, key_groups_for_shares, weighted_table
+from clasp.core.tracking import Tracker
 
 
 def test_encode_decode_roundtrip_and_schema_errors():

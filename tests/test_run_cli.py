@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from clasp import cli, cluster
+from clasp import cli
+from clasp.local import cluster
 
 BAD = [
     (["nosuchapp"], "unknown app 'nosuchapp'; accepted: wc, sd, aa, pl, nwm, etl, syn"),
@@ -110,13 +111,13 @@ def test_ctrl_c_stops_the_cluster_and_prints_the_partial_summary(tmp_path):
 
 
 def _plan(*argv):
-    from clasp.run_cli import plan
+    from clasp.cli.run import plan
 
     return plan(cli.build_parser().parse_args(["run", *argv]))
 
 
 def test_defaults_squeeze_gradual_to_a_minute_at_what_the_workers_sustain():
-    from clasp.run_cli import REFERENCE_RATE, REFERENCE_SHARE, capacity_factor
+    from clasp.cli.run import REFERENCE_RATE, REFERENCE_SHARE, capacity_factor
 
     cfg = _plan("wc", "--workers", "2")
     p = cfg["profile"]
@@ -141,7 +142,7 @@ def test_defaults_for_constant_steps_and_unthrottled():
 
 
 def test_capacity_factor_is_linear_up_to_one_worker_per_two_cores_then_falls():
-    from clasp.run_cli import capacity_factor
+    from clasp.cli.run import capacity_factor
 
     assert [capacity_factor(w, cpus=8) for w in (1, 2, 4)] == [1.0, 2.0, 4.0]
     assert capacity_factor(8, cpus=8) < 4.0

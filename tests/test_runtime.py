@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 import clasp
-from clasp.client import ClaspError, ClaspTimeout
+from clasp.runtime.client import ClaspError, ClaspTimeout
 
 
 def make_lines(n: int, seed: int, vocab: int = 20000) -> list[str]:

@@ -11,7 +11,7 @@ import time
 import pytest
 
 import clasp
-from apps import sd, wc
+from clasp.apps import sd, wc
 from tests.conftest import start_cluster
 
 RESCALES = [1, 3, 2, 4, 1, 3, 4, 2, 1, 4, 3, 1]

@@ -17,8 +17,8 @@ import zmq
 
 import clasp
 from clasp import protocol
-from clasp.client import AuthError, ClaspError
-from clasp.security import Keys, KeysError, Security, add_client, init_keys
+from clasp.runtime.client import AuthError, ClaspError
+from clasp.runtime.security import Keys, KeysError, Security, add_client, init_keys
 from tests.conftest import start_cluster, wait_for
 from tests.test_runtime import wordcount_dag
 
@@ -223,7 +223,7 @@ def slow(x):
 
 
 def test_a_client_pending_requests_are_bounded(cluster):
-    from clasp.limits import LIMITS
+    from clasp.core.limits import LIMITS
 
     dag = clasp.Dag("slow")
     dag.operator("slow", slow)

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from clasp.sim_cli import main
-from clasp.simulator import COSTS_FILE, PAPER_COSTS_FILE, Costs, SimConfig, app_dag, simulate
+from clasp.apps import get_app
+from clasp.cli.sim import main
+from clasp.sim.simulator import COSTS_FILE, PAPER_COSTS_FILE, Costs, SimConfig, app_dag, simulate
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,7 @@ def paper_costs() -> Costs:
 
 
 def _throughputs(app: str, costs: Costs, workers=(1, 5, 10), duration: float = 8.0) -> list[float]:
-    dag = app_dag(app, costs)
+    dag = app_dag(get_app(app), costs)
     return [simulate(dag, n, costs=costs, config=SimConfig(duration=duration, warmup=2.0)).throughput
             for n in workers]
 
@@ -45,7 +46,7 @@ def test_paper_coefficients_give_fig2_shape(paper_costs):
 
 
 def test_rate_below_capacity_is_sustained(runtime_costs):
-    dag = app_dag("wc", runtime_costs)
+    dag = app_dag(get_app("wc"), runtime_costs)
     r = simulate(dag, 2, costs=runtime_costs, rate=15000.0, config=SimConfig(duration=6.0, warmup=1.0))
     assert r.throughput == pytest.approx(15000.0, rel=0.01)
     assert max(r.utilization) < 0.9
@@ -53,7 +54,7 @@ def test_rate_below_capacity_is_sustained(runtime_costs):
 
 
 def test_rate_above_capacity_saturates(runtime_costs):
-    dag = app_dag("wc", runtime_costs)
+    dag = app_dag(get_app("wc"), runtime_costs)
     r = simulate(dag, 1, costs=runtime_costs, rate=60000.0, config=SimConfig(duration=6.0, warmup=2.0))
     assert r.throughput < 30000.0
     assert r.utilization[0] == pytest.approx(1.0, rel=0.01)
@@ -61,14 +62,14 @@ def test_rate_above_capacity_saturates(runtime_costs):
 
 
 def test_deterministic_for_a_seed(runtime_costs):
-    dag = app_dag("nwm", runtime_costs)
+    dag = app_dag(get_app("nwm"), runtime_costs)
     a = simulate(dag, 3, costs=runtime_costs, rate=8000.0, config=SimConfig(duration=4.0, warmup=1.0, seed=3))
     b = simulate(dag, 3, costs=runtime_costs, rate=8000.0, config=SimConfig(duration=4.0, warmup=1.0, seed=3))
     assert a.summary() == b.summary()
 
 
 def test_control_loop_adds_workers_under_rising_rate(runtime_costs):
-    dag = app_dag("wc", runtime_costs)
+    dag = app_dag(get_app("wc"), runtime_costs)
 
     def rising(t: float) -> float:
         return 5000.0 + 2000.0 * t  # 5,000 → 65,000 records/s over 30 s; one worker sustains ~23,000
@@ -126,10 +127,10 @@ def test_the_clasp_command_runs_simulate(capsys):
 def test_alpha_split_prices_only_local_requests_to_split_successors(runtime_costs):
     import dataclasses
 
-    from clasp.policy import uniform_placement
-    from clasp.simulator import Simulator
+    from clasp.core.policies import uniform_placement
+    from clasp.sim.simulator import Simulator
 
-    dag = app_dag("syn", runtime_costs)
+    dag = app_dag(get_app("syn"), runtime_costs)
     cfg = SimConfig(duration=4.0, warmup=1.0)
     # Default (no alpha_split, or a file without the key): the same as before.
     assert Costs.from_json_dict({"alpha": 1, "beta": 2, "gamma": 0, "capacity": 1e6, "tau_us": {}}).alpha_split \
@@ -156,15 +157,15 @@ def test_message_cost_is_opt_in_and_grows_with_destinations(runtime_costs):
 
     import numpy as np
 
-    from clasp.policy import uniform_placement
-    from clasp.simulator import Simulator
+    from clasp.core.policies import uniform_placement
+    from clasp.sim.simulator import Simulator
 
     plain = Costs.from_json_dict({"alpha": 1, "beta": 2, "gamma": 0, "capacity": 1e6, "tau_us": {}})
     assert (plain.message_us, plain.flush_delay_s, plain.max_batch) == (0.0, 0.001, 2000)
     for bad in ({"message_us": -1}, {"message_us": True}, {"flush_delay_s": 0}, {"max_batch": 0.5}):
         with pytest.raises(ValueError):
             Costs.from_json_dict({"alpha": 1, "beta": 2, "gamma": 0, "capacity": 1e6, "tau_us": {}, **bad})
-    dag = app_dag("syn", runtime_costs)
+    dag = app_dag(get_app("syn"), runtime_costs)
     cfg = SimConfig(duration=4.0, warmup=1.0)
     base = [simulate(dag, n, costs=runtime_costs, config=cfg).throughput for n in (1, 2, 5)]
     zero = dataclasses.replace(runtime_costs, message_us=0.0)
@@ -197,10 +198,10 @@ def test_one_worker_of_a_pool_completes_at_its_maximum_from_the_first_seconds(pa
     """The in-flight window follows the workers in use: a job overloading one worker of ten completes at
     that worker's maximum within two seconds, as FaaSFlow's extrapolation (and the paper's example) assume;
     a window sized for the pool would queue seconds of work and lag for as long."""
-    from clasp.policy import uniform_placement
-    from clasp.simulator import Simulator
+    from clasp.core.policies import uniform_placement
+    from clasp.sim.simulator import Simulator
 
-    dag = app_dag("aa", paper_costs)
+    dag = app_dag(get_app("aa"), paper_costs)
     alone = simulate(dag, 1, costs=paper_costs, config=SimConfig(duration=8.0, warmup=2.0)).throughput
     one = uniform_placement(list(dag.operators), list(dag.edges), 1, 10, paper_costs.capacity, "one", "uniform")
     r = Simulator(dag, paper_costs, 10, rate=2.0 * alone, placement=one,

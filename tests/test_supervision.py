@@ -15,9 +15,9 @@ import time
 import pytest
 
 import clasp
-from apps import wc
-from clasp.client import PlannerUnavailable
-from clasp.cluster import LocalCluster, RestartPolicy, describe_exit, restart_delay
+from clasp.apps import wc
+from clasp.local.cluster import LocalCluster, RestartPolicy, describe_exit, restart_delay
+from clasp.runtime.client import PlannerUnavailable
 from tests.conftest import wait_for
 
 # ----------------------------------------------------------------------------- the restart decision (pure)

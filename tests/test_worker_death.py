@@ -15,7 +15,7 @@ import urllib.request
 from collections import Counter
 
 import clasp
-from apps import wc
+from clasp.apps import wc
 from tests.conftest import start_cluster, wait_for
 
 

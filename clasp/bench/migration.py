@@ -1,0 +1,92 @@
+"""Migration durations, the paper's Fig. 8 on this machine: planner duration and max worker pause per
+transition after filling Word Count state, and how they grow with state size.
+
+`python -m clasp.bench.migration [--keys 40000] [--sizes 4000,40000,400000] [--json FILE]` prints JSON.
+Workers share the 2 cores here, so 10 workers are 10 processes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+
+import clasp
+from clasp.bench import emit
+from clasp.local.cluster import LocalCluster
+
+TRANSITIONS = [(1, 5), (5, 1), (5, 10), (10, 5), (1, 10), (10, 1)]
+
+
+def spread(job, n: int) -> dict:
+    """Both operators and all key groups evenly over n workers, as in the paper's Fig. 8 runs."""
+    return job.place({op: {i: 1.0 for i in range(n)} for op in ("split", "count")})
+
+
+def count(state, word):
+    return (state or 0) + 1, None
+
+
+def dag() -> clasp.Dag:
+    d = clasp.Dag("wc-state")
+    s = d.operator("split", str.split)
+    c = d.operator("count", count, stateful=True, key=lambda w: w)
+    s >> c
+    return d
+
+
+def fill(job, keys: int) -> None:
+    words = [f"key{i:07d}" for i in range(keys)]
+    lines = [" ".join(words[i:i + 20]) for i in range(0, keys, 20)]
+    job.push(lines)
+    job.wait_idle(300)
+
+
+def transitions(keys: int, workers: int = 10) -> list[dict]:
+    out = []
+    logs = tempfile.mkdtemp(prefix="clasp-bench-mig-")
+    with LocalCluster(workers=workers, planner_args=["--no-autoscale", "--migration-timeout", "60"],
+                      log_dir=logs) as cl, clasp.connect(cl.planner) as c:
+        job = c.submit(dag(), autoscale=False)
+        for a, b in TRANSITIONS:
+            spread(job, a)
+            fill(job, keys)  # state of `keys` words on the `a` workers; the same keys each round
+            time.sleep(0.2)
+            r = spread(job, b)
+            out.append({"from": a, "to": b, "keys": keys, "planner_ms": r["duration_s"] * 1e3,
+                        "max_worker_pause_ms": r["max_pause_s"] * 1e3, "max_group_hold_ms": r["max_hold_s"] * 1e3,
+                        "state_bytes": r["bytes"],
+                        "objects": r["objects"], "requests_moved": r["rows"], "key_groups": r["key_groups_moved"],
+                        "failed": r["failed"]})
+            print(json.dumps(out[-1]), file=sys.stderr, flush=True)
+        assert len(job.state("count")) == keys
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--keys", type=int, default=40_000)
+    ap.add_argument("--sizes", default="4000,40000,400000", help="state sizes for the growth curve (1→5)")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    result = {"fig8": transitions(args.keys), "growth": []}
+    for n in [int(x) for x in args.sizes.split(",") if x]:
+        logs = tempfile.mkdtemp(prefix="clasp-bench-mig-")
+        with LocalCluster(workers=5, planner_args=["--no-autoscale", "--migration-timeout", "120"],
+                          log_dir=logs) as cl, clasp.connect(cl.planner) as c:
+            job = c.submit(dag(), autoscale=False)
+            spread(job, 1)
+            fill(job, n)
+            r = spread(job, 5)
+            result["growth"].append({"keys": n, "transition": "1->5", "planner_ms": r["duration_s"] * 1e3,
+                                     "max_worker_pause_ms": r["max_pause_s"] * 1e3,
+                                     "max_group_hold_ms": r["max_hold_s"] * 1e3, "state_bytes": r["bytes"]})
+            print(json.dumps(result["growth"][-1]), file=sys.stderr, flush=True)
+    result["targets"] = {"planner_ms": 20, "max_worker_pause_ms": 10, "at_keys": 40_000}
+    return emit(result, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

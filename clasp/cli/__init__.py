@@ -1,0 +1,292 @@
+"""The `clasp` command: planner, worker, cluster, run, keys, place (and, in submodules, simulate and bench).
+
+The top layer, the only one that may import every other (docs/ARCHITECTURE.md)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+
+def _security(args, what: str):
+    """The process's Security from --keys / CLASP_KEYS / --insecure, or an exit code (2) after saying why."""
+    from clasp.runtime.security import ENV, Keys, KeysError, Security, check_exposure
+
+    if args.keys and args.insecure:
+        print(f"clasp {what}: --keys and --insecure exclude each other", file=sys.stderr)
+        return 2
+    directory = None if args.insecure else (args.keys or os.environ.get(ENV))
+    try:
+        keys = Keys(directory) if directory else None
+        if keys is not None:
+            keys.server_pair  # noqa: B018 - a missing or readable secret key stops the process here
+    except KeysError as e:
+        print(f"clasp {what}: {e}", file=sys.stderr)
+        return 2
+    why = check_exposure(args.host, keys, args.insecure, what)  # the metrics endpoint carries no code
+    if why:
+        print(why, file=sys.stderr)
+        return 2
+    return Security(keys)
+
+
+def add_security_options(p: argparse.ArgumentParser, cluster: bool = False) -> None:
+    """--keys, --insecure and --metrics-host (planner, worker, cluster, run)."""
+    p.add_argument("--keys", help="CURVE key directory from `clasp keys init` (default: CLASP_KEYS; "
+                   + ("none: ephemeral keys made for this cluster)" if cluster else "none: plaintext, loopback only)"))
+    p.add_argument("--insecure", action="store_true",
+                   help="no CURVE: plaintext, unauthenticated (needed to bind a non-loopback address without keys)")
+    p.add_argument("--metrics-host", help="address the plaintext Prometheus endpoint binds (default: --host)")
+
+
+def _planner(args) -> int:
+    from clasp.core.control import ControlConfig
+    from clasp.runtime.net import run, setup_logging
+    from clasp.runtime.planner import Planner
+
+    security = _security(args, "planner")
+    if isinstance(security, int):
+        return security
+    setup_logging("planner", args.log_level)
+    p = Planner(host=args.host, port=args.port, metrics_port=args.metrics_port, advertise=args.advertise,
+                heartbeat=args.heartbeat, dead_after=args.dead_after, max_inflight=args.max_inflight,
+                p_max=args.p_max, autoscale=args.autoscale, policy=args.policy,
+                migration_timeout=args.migration_timeout, control=ControlConfig(warmup_requests=args.warmup),
+                state=args.state, state_port=args.state_port, security=security, metrics_host=args.metrics_host)
+    return run(p.serve)
+
+
+def _worker(args) -> int:
+    from clasp.runtime.net import run, setup_logging
+    from clasp.runtime.worker import Worker
+
+    security = _security(args, "worker")
+    if isinstance(security, int):
+        return security
+    setup_logging(f"worker {args.id or ''}".strip(), args.log_level)
+    w = Worker(args.planner, host=args.host, data_port=args.data_port, state_port=args.state_port,
+               metrics_port=args.metrics_port, advertise=args.advertise, worker_id=args.id, p_max=args.p_max,
+               flush_delay=args.flush_delay_ms / 1000.0, cpus=args.cpus, security=security,
+               metrics_host=args.metrics_host)
+    return run(w.serve)
+
+
+def _on_term(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _say(message: str) -> None:
+    print(f"clasp cluster: {message}", file=sys.stderr, flush=True)
+
+
+def _cluster(args) -> int:
+    from clasp.local.cluster import ClusterError, LocalCluster
+    from clasp.local.cpulimit import CpuLimitError
+    from clasp.local.netns import NetnsError
+
+    # SIGTERM takes the Ctrl-C path, so a killed `clasp cluster` still removes its cgroups and namespaces.
+    from clasp.runtime.security import KeysError
+
+    signal.signal(signal.SIGTERM, _on_term)
+    if args.keys and args.insecure:
+        print("clasp cluster: --keys and --insecure exclude each other", file=sys.stderr)
+        return 2
+    cluster = LocalCluster(workers=args.workers, host=args.host, port=args.port, p_max=args.p_max,
+                           log_dir=args.log_dir, planner_args=planner_options(args),
+                           cpu_per_worker=args.cpu_per_worker, hosts=args.hosts,
+                           restart_workers=args.restart_workers, on_event=_say, keys=args.keys,
+                           insecure=args.insecure, metrics_host=args.metrics_host)
+    try:
+        cluster.start()
+    except KeysError as e:
+        print(f"clasp cluster: {e}", file=sys.stderr)
+        return 2
+    except (ClusterError, CpuLimitError, NetnsError, OSError) as e:
+        print(f"clasp cluster: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # start() has stopped what it started
+        return 130
+    if args.info:
+        cluster.write_info(args.info)
+    print(f"clasp cluster up: planner {cluster.planner}, {args.workers} workers; metrics {cluster.metrics['planner']}"
+          + (f"; keys {cluster.keys_dir} (clients: CLASP_KEYS={cluster.keys_dir})" if cluster.keys_dir else
+             "; plaintext (--insecure)") + " — Ctrl-C stops every process", flush=True)
+    try:
+        # A worker that exits is the supervisor's (it logs it and restarts it); the planner's exit ends the
+        # cluster: the supervisor has logged it and stopped every process.
+        while cluster.planner_running():
+            time.sleep(0.5)
+        if cluster._supervisor is not None:  # it logs the planner's exit and stops the rest: let it say so
+            cluster._supervisor.join(timeout=5)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        try:
+            cluster.stop()
+        except KeyboardInterrupt:  # pressed again while stopping: stop() held it until everything was removed
+            pass
+
+
+def planner_options(args) -> list[str]:
+    """The planner flags that `clasp cluster` (and `clasp run`) pass through."""
+    out = ["--policy", args.policy, "--warmup", str(args.warmup), "--state", args.state]
+    if not args.autoscale:
+        out.append("--no-autoscale")
+    return out
+
+
+def add_control_options(p: argparse.ArgumentParser) -> None:
+    """Scaling options shared by `clasp planner`, `clasp cluster` and `clasp run`."""
+    from clasp.core.policies import POLICIES
+
+    p.add_argument("--policy", default="clasp", choices=sorted(POLICIES), help="scaling policy")
+    p.add_argument("--autoscale", action=argparse.BooleanOptionalAction, default=True,
+                   help="let the control loop re-place jobs as their load changes")
+    p.add_argument("--warmup", type=int, default=10_000, help="requests completed before the first re-plan")
+    p.add_argument("--state", default="local", choices=["local", "remote"],
+                   help="jobs' default state: on the workers, or remote on the planner's state server (Fig. 4)")
+
+
+def _keys(args) -> int:
+    from clasp.runtime.security import KeysError, add_client, init_keys
+
+    try:
+        if args.action == "init":
+            d = init_keys(args.dir)
+            print(f"keys for a cluster in {d}: give --keys {d} to `clasp planner|worker|cluster` (the whole "
+                  f"directory), and clients keys={d!s} or CLASP_KEYS={d}; `clasp keys add-client {d} NAME` adds "
+                  "a client with its own key")
+        else:
+            if not args.name:
+                print("clasp keys add-client: a NAME is needed", file=sys.stderr)
+                return 2
+            b = add_client(args.dir, args.name)
+            print(f"client {args.name!r} allowed ({args.dir}/public/{args.name}.key; delete that file to revoke it). "
+                  f"Give the client {b} (it holds its secret key): clasp.connect(addr, keys=\"{b}\") or "
+                  f"CLASP_KEYS={b}")
+    except KeysError as e:
+        print(f"clasp keys: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _place(args, rest) -> int:
+    from clasp.cli.place import main as place_main
+
+    return place_main(rest)
+
+
+def _quotas(text: str) -> float | list[float]:
+    """`F` (every worker) or `F1,F2,...` (one per worker, an unequal pool), each > 0."""
+    parts = [_positive(float)(t) for t in text.split(",")]
+    return parts[0] if len(parts) == 1 else parts
+
+
+def _positive(kind):
+    def parse(text):
+        v = kind(text)
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, not {text}")
+        return v
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from clasp.cli.run import add_parser as add_run_parser
+
+    ap = argparse.ArgumentParser(prog="clasp", description="Elastic stream processing with CLASP placement")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("planner", help="run the planner")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for all)")
+    p.add_argument("--port", type=int, default=5555, help="ZeroMQ port (0: a free one)")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus HTTP port (0: a free one)")
+    p.add_argument("--state-port", type=int, default=0, help="remote-state server's ZeroMQ port (0: a free one)")
+    p.add_argument("--advertise", help="address others dial, when --host is a wildcard")
+    p.add_argument("--heartbeat", type=_positive(float), default=1.0, help="metrics interval, seconds")
+    p.add_argument("--dead-after", type=_positive(float), default=5.0,
+                   help="heartbeat silence that marks a worker dead")
+    p.add_argument("--max-inflight", type=_positive(int), default=5000, help="records in flight per job")
+    p.add_argument("--p-max", type=_positive(int), default=10, help="executor slots per worker (P_max)")
+    p.add_argument("--migration-timeout", type=_positive(float), default=5.0,
+                   help="seconds a migration waits for its workers before it is reported failed")
+    add_control_options(p)
+    add_security_options(p)
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(fn=_planner)
+
+    w = sub.add_parser("worker", help="run a worker")
+    w.add_argument("--planner", required=True, help="the planner's endpoint, tcp://HOST:PORT")
+    w.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for all)")
+    w.add_argument("--data-port", type=int, default=0)
+    w.add_argument("--state-port", type=int, default=0)
+    w.add_argument("--metrics-port", type=int, default=0)
+    w.add_argument("--advertise", help="address others dial, when --host is a wildcard")
+    w.add_argument("--id", help="worker id (default: random)")
+    w.add_argument("--p-max", type=_positive(int), default=10, help="executor slots (P_max)")
+    w.add_argument("--flush-delay-ms", type=_positive(float), default=1.0,
+                   help="longest a remote chained request waits for its batch")
+    w.add_argument("--cpus", type=_positive(float),
+                   help="the CPUs this worker may use (default: its cgroup quota, if any): the placement's "
+                        "starting estimate of its capacity W_w, refined online")
+    add_security_options(w)
+    w.add_argument("--log-level", default="INFO")
+    w.set_defaults(fn=_worker)
+
+    c = sub.add_parser("cluster", help="run a planner and N workers here, in the foreground")
+    c.add_argument("--workers", type=_positive(int), default=4)
+    c.add_argument("--host", default="127.0.0.1")
+    c.add_argument("--port", type=int, default=5555, help="the planner's ZeroMQ port (0: a free one)")
+    c.add_argument("--p-max", type=_positive(int), default=10)
+    c.add_argument("--info", help="write the cluster's endpoints as JSON to this file once it is up")
+    c.add_argument("--log-dir", help="write each process's log here instead of the terminal")
+    c.add_argument("--cpu-per-worker", type=_quotas,
+                   help="limit each worker to F CPUs with a cgroup quota, like a separate host (root); "
+                        "F1,F2,... gives each worker its own (one per worker: an unequal pool)")
+    c.add_argument("--hosts", action="store_true",
+                   help="the planner and each worker in its own network namespace and address, joined by a "
+                        "bridge, like separate hosts (root, iproute2); --host is then unused")
+    c.add_argument("--restart-workers", action=argparse.BooleanOptionalAction, default=True,
+                   help="start a worker that exits again, same id and ports, at most 5 times a minute (with "
+                        "backoff); without, it stays down. Either way the rest of the cluster keeps running")
+    add_control_options(c)
+    add_security_options(c, cluster=True)
+    c.set_defaults(fn=_cluster)
+    add_security_options(add_run_parser(sub), cluster=True)
+
+    k = sub.add_parser("keys", help="make CURVE keys: `init DIR` (a cluster's and one client's), `add-client DIR NAME`")
+    k.add_argument("action", choices=["init", "add-client"])
+    k.add_argument("dir", help="the key directory")
+    k.add_argument("name", nargs="?", help="add-client: the new client's name")
+    k.set_defaults(fn=_keys)
+
+    pl = sub.add_parser("place", help="print CLASP's placement for a profile of observed statistics",
+                        add_help=False)
+    pl.set_defaults(fn=None)
+    sim = sub.add_parser("simulate", help="simulate an app on a cluster of any size, with the real policies",
+                         add_help=False)
+    sim.set_defaults(fn=None)
+    bench = sub.add_parser("bench", help="reproduce one of the paper's figures: PNG + JSON (docs/results.md)",
+                           add_help=False)
+    bench.set_defaults(fn=None)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["place"]:
+        return _place(None, argv[1:])
+    if argv[:1] == ["simulate"]:
+        from clasp.cli.sim import main as simulate_main
+
+        return simulate_main(argv[1:])
+    if argv[:1] == ["bench"]:
+        from clasp.cli.bench import main as bench_main
+
+        return bench_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    return args.fn(args) or 0

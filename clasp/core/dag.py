@@ -1,0 +1,233 @@
+"""The application DAG: operators, edges, validation, and the spec that travels to planner and workers."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import sysconfig
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import cloudpickle
+import networkx as nx
+
+
+class DagError(ValueError):
+    """A malformed DAG, raised before anything is sent."""
+
+
+@dataclass(eq=False)
+class Operator:
+    """One node of a DAG: a stateless function `fn(value) -> outputs` or a stateful `fn(state, value)`."""
+
+    dag: Dag
+    name: str
+    fn: Callable
+    stateful: bool = False
+    key: Callable | None = None
+    is_async: bool = False
+    index: int = -1
+    collect: bool = False
+
+    def __rshift__(self, other: Operator) -> Operator:
+        self.dag.edge(self, other)
+        return other
+
+    def __repr__(self) -> str:
+        return f"Operator({self.name!r}{', stateful' if self.stateful else ''})"
+
+
+@dataclass
+class Dag:
+    """An operator DAG. Build with `operator()` and `edge()` (or `a >> b`); `validate()` before use."""
+
+    name: str
+    operators: list[Operator] = field(default_factory=list)
+    edges: list[tuple[str, str]] = field(default_factory=list)
+
+    def operator(self, name: str, fn: Callable, *, stateful: bool = False, key: Callable | None = None,
+                 collect: bool = False) -> Operator:
+        """Add an operator. `collect=True` keeps its outputs on the workers for `job.collected(name)`."""
+        if not isinstance(name, str) or not name:
+            raise DagError(f"operator name must be a non-empty string, not {name!r}")
+        if any(o.name == name for o in self.operators):
+            raise DagError(f"dag {self.name!r}: two operators named {name!r}")
+        if not callable(fn):
+            raise DagError(f"operator {name!r}: fn {fn!r} is not callable")
+        if stateful and key is None:
+            raise DagError(f"operator {name!r} is stateful but has no key function (key=...)")
+        if key is not None and not callable(key):
+            raise DagError(f"operator {name!r}: key {key!r} is not callable")
+        op = Operator(self, name, fn, stateful, key, inspect.iscoroutinefunction(fn), len(self.operators),
+                      bool(collect))
+        self.operators.append(op)
+        return op
+
+    def edge(self, src: Operator | str, dst: Operator | str) -> None:
+        s, d = self._resolve(src), self._resolve(dst)
+        if (s.name, d.name) in self.edges:
+            raise DagError(f"dag {self.name!r}: duplicate edge {s.name} -> {d.name}")
+        if s is d or nx.has_path(self.graph(), d.name, s.name):
+            raise DagError(f"dag {self.name!r}: edge {s.name} -> {d.name} would close a cycle")
+        self.edges.append((s.name, d.name))
+
+    def _resolve(self, op: Operator | str) -> Operator:
+        if isinstance(op, Operator):
+            if op.dag is not self:
+                raise DagError(f"operator {op.name!r} belongs to dag {op.dag.name!r}, not {self.name!r}")
+            return op
+        for o in self.operators:
+            if o.name == op:
+                return o
+        raise DagError(f"dag {self.name!r} has no operator {op!r}")
+
+    def graph(self) -> nx.DiGraph:
+        g = nx.DiGraph()
+        g.add_nodes_from(o.name for o in self.operators)
+        g.add_edges_from(self.edges)
+        return g
+
+    def validate(self) -> None:
+        """Raise DagError unless this is a non-empty acyclic DAG."""
+        if not self.operators:
+            raise DagError(f"dag {self.name!r} has no operators")
+        g = self.graph()
+        if not nx.is_directed_acyclic_graph(g):
+            cycle = nx.find_cycle(g)
+            raise DagError(f"dag {self.name!r} has a cycle: " + " -> ".join([a for a, _ in cycle] + [cycle[0][0]]))
+
+    def sources(self) -> list[str]:
+        dst = {d for _, d in self.edges}
+        return [o.name for o in self.operators if o.name not in dst]
+
+    def sinks(self) -> list[str]:
+        src = {s for s, _ in self.edges}
+        return [o.name for o in self.operators if o.name not in src]
+
+    def successors(self, name: str) -> list[str]:
+        return [d for s, d in self.edges if s == name]
+
+    def to_spec(self) -> DagSpec:
+        self.validate()
+        return DagSpec.from_dag(self)
+
+
+_INSTALLED = {os.path.realpath(p) for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
+                                            sysconfig.get_paths()["platlib"]}}
+# This distribution (the `clasp` package, apps included) is installed on every planner and worker, so its
+# modules travel by reference, even from an editable install (whose files are outside site-packages).
+_SHIPPED_PACKAGE = __name__.split(".")[0]
+
+
+def _travels_by_value(module_name: str) -> bool:
+    """True for a user's own module (its __main__, a test file) that a worker could not import."""
+    if module_name == "__main__":
+        return True
+    if module_name.split(".")[0] == _SHIPPED_PACKAGE or module_name in sys.builtin_module_names:
+        return False
+    mod = sys.modules.get(module_name)
+    path = getattr(mod, "__file__", None)
+    if not path:
+        return False
+    real = os.path.realpath(path)
+    return not any(real.startswith(p + os.sep) for p in _INSTALLED)
+
+
+def _pickle_functions(fns: Iterable[Callable]) -> bytes:
+    mods = set()
+    for fn in fns:
+        name = getattr(fn, "__module__", None)
+        if name and _travels_by_value(name) and name != "__main__" and name in sys.modules:
+            mods.add(sys.modules[name])
+    for m in mods:
+        cloudpickle.register_pickle_by_value(m)
+    try:
+        return cloudpickle.dumps(list(fns))
+    finally:
+        for m in mods:
+            cloudpickle.unregister_pickle_by_value(m)
+
+
+@dataclass
+class OperatorSpec:
+    """An operator as the runtime sees it: index, name, flags, successor indices, and its functions."""
+
+    index: int
+    name: str
+    stateful: bool
+    is_async: bool
+    successors: list[int]
+    fn: Callable
+    key: Callable | None
+    collect: bool = False
+
+
+@dataclass
+class DagSpec:
+    """A validated DAG in index form, shippable as bytes (`pack`) and rebuilt with `unpack`."""
+
+    name: str
+    operators: list[OperatorSpec]
+    sources: list[int]
+
+    @classmethod
+    def from_dag(cls, dag: Dag) -> DagSpec:
+        index = {o.name: o.index for o in dag.operators}
+        topo = {n: i for i, n in enumerate(nx.topological_sort(dag.graph()))}
+        def succ(o):
+            return sorted((index[d] for d in dag.successors(o.name)), key=lambda i: topo[dag.operators[i].name])
+
+        ops = [OperatorSpec(o.index, o.name, o.stateful, o.is_async, succ(o), o.fn, o.key, o.collect)
+               for o in dag.operators]
+        return cls(dag.name, ops, [index[s] for s in dag.sources()])
+
+    def topological(self) -> list[int]:
+        """Operator indices so that every operator comes after its predecessors."""
+        g = nx.DiGraph()
+        g.add_nodes_from(range(len(self.operators)))
+        g.add_edges_from((o.index, s) for o in self.operators for s in o.successors)
+        return list(nx.lexicographical_topological_sort(g))
+
+    def edges(self) -> list[tuple[str, str]]:
+        return [(o.name, self.operators[s].name) for o in self.operators for s in o.successors]
+
+    def by_name(self, name: str) -> OperatorSpec:
+        for o in self.operators:
+            if o.name == name:
+                return o
+        raise KeyError(name)
+
+    def pack(self) -> dict:
+        """A msgpack-ready description: plain fields plus one cloudpickle blob of all functions."""
+        fns = []
+        for o in self.operators:
+            fns.extend([o.fn, o.key])
+        return {"name": self.name, "sources": self.sources,
+                "operators": [{"index": o.index, "name": o.name, "stateful": o.stateful, "async": o.is_async,
+                               "collect": o.collect, "successors": o.successors} for o in self.operators],
+                "functions": _pickle_functions(fns)}
+
+    @classmethod
+    def unpack(cls, d: dict) -> DagSpec:
+        """Rebuild from `pack()`; raises DagError on anything malformed (it comes off the wire)."""
+        try:
+            fns = cloudpickle.loads(d["functions"])
+            raw = d["operators"]
+            if len(fns) != 2 * len(raw):
+                raise DagError("function blob does not match the operator list")
+            ops = []
+            for i, o in enumerate(raw):
+                if o["index"] != i:
+                    raise DagError(f"operator {i} has index {o['index']}")
+                succ = [int(s) for s in o["successors"]]
+                if any(not 0 <= s < len(raw) for s in succ):
+                    raise DagError(f"operator {o['name']!r} has a successor out of range")
+                ops.append(OperatorSpec(i, str(o["name"]), bool(o["stateful"]), bool(o["async"]), succ,
+                                        fns[2 * i], fns[2 * i + 1], bool(o.get("collect", False))))
+            sources = [int(s) for s in d["sources"]]
+            return cls(str(d["name"]), ops, sources)
+        except DagError:
+            raise
+        except Exception as e:  # anything else from an untrusted description becomes a DagError
+            raise DagError(f"cannot rebuild the dag: {type(e).__name__}: {e}") from e

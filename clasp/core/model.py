@@ -1,0 +1,217 @@
+"""CLASP's worker capacity model: Eq. (1) from observed metrics, Eq. (8) for a candidate placement.
+
+All quantities are in µs of work per second (µs/s); rates are requests per second. Pure functions: no
+clock, no I/O.
+
+The paper's Eq. (1) charges a remote chained request to its sender only (β) and has one capacity W̄ for
+every worker. This runtime's receivers pay a share of each remote request too, and every batch of remote
+requests costs a message at both ends (docs/SIMULATOR.md), and workers may differ (a CPU quota,
+a shared host). The extended model (docs/POLICY.md, "Extended model") adds β_r per received remote
+request, μ per message, and a capacity W_w per worker. Messages follow from how the engine batches: a
+saturated worker flushes each destination's batch once per flush delay of its CPU time, so a pair of
+workers exchanges min(rows, F_w) messages per second, F_w = W_w / 10⁶ / flush delay. A local request
+that takes the runtime's table route costs α_split. With β_r = 0, μ = 0, no α_split and no per-worker
+capacities it is the paper's model exactly (`CapacityModel.paper()`, policy `clasp-paper`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+Edge = tuple[str, str]
+
+# Paper's converged values (Faasm, 8-core workers, ~400 µs operators); defaults until the runtime measures.
+DEFAULT_ALPHA = 38.5
+DEFAULT_BETA = 275.0
+DEFAULT_GAMMA = 51500.0
+DEFAULT_CAPACITY = 850000.0
+
+
+def execution_cost(rates: Mapping[str, float], tau_us: Mapping[str, float]) -> float:
+    """E_w = Σ_o N[w,o]·τ̄[w,o], the execution term of Eq. (1)."""
+    return sum(float(n) * float(tau_us.get(o, 0.0)) for o, n in rates.items())
+
+
+def worker_capacity(execution: float, r_local: float, r_remote: float, delta: float,
+                    alpha: float, beta: float, gamma: float, r_received: float = 0.0, messages: float = 0.0,
+                    beta_receive: float = 0.0, mu: float = 0.0) -> float:
+    """Eq. (1), extended: W_w = E_w + α·R^l_w + β_s·R^r,out_w + β_r·R^r,in_w + μ·M_w + γ·δ_w.
+
+    The paper's form is β_r = μ = 0 (its β is the sender's β_s)."""
+    return (execution + alpha * r_local + beta * r_remote + beta_receive * r_received + mu * messages
+            + gamma * delta)
+
+
+def remote_destinations(fractions: Mapping[str, Mapping[int, float]],
+                        edge_rates: Mapping[Edge, float]) -> dict[int, set[int]]:
+    """δ_w(Φ) as sets: the remote workers each worker's outgoing chained requests reach under Φ (Eq. 8)."""
+    reach: dict[int, set[int]] = {}
+    for (src, dst), rate in edge_rates.items():
+        if rate <= 0:
+            continue  # an edge that carries nothing opens no connection
+        hosts = [w for w, f in fractions.get(dst, {}).items() if f > 0]
+        for w, f in fractions.get(src, {}).items():
+            if f > 0:
+                reach.setdefault(w, set()).update(h for h in hosts if h != w)
+    return reach
+
+
+def pair_rates(fractions: Mapping[str, Mapping[int, float]], edge_rates: Mapping[Edge, float],
+               ) -> dict[tuple[int, int], float]:
+    """Remote chained requests per second from worker w to worker d ≠ w under proportional routing."""
+    rows: dict[tuple[int, int], float] = {}
+    for (src, dst), rate in edge_rates.items():
+        if rate <= 0:
+            continue
+        hosts = [(d, f) for d, f in fractions.get(dst, {}).items() if f > 0]
+        for w, fs in fractions.get(src, {}).items():
+            if fs > 0:
+                for d, fd in hosts:
+                    if d != w:
+                        rows[(w, d)] = rows.get((w, d), 0.0) + rate * fs * fd
+    return rows
+
+
+def message_load(fractions: Mapping[str, Mapping[int, float]], edge_rates: Mapping[Edge, float], mu: float,
+                 flush_rate) -> dict[int, float]:
+    """μ·M_w: each pair exchanges min(rows, F_w) messages per second (F_w = `flush_rate(w)` of the
+    sender), paid by the sender and by the receiver."""
+    load: dict[int, float] = {}
+    if not mu:
+        return load
+    for (w, d), rows in pair_rates(fractions, edge_rates).items():
+        cost = mu * min(rows, flush_rate(w))
+        load[w] = load.get(w, 0.0) + cost
+        load[d] = load.get(d, 0.0) + cost
+    return load
+
+
+def local_cost(alpha: float, alpha_split: float | None, table_routed: frozenset, dst: str, local: float) -> float:
+    """α for a local chained request, or α_split where it takes the runtime's table route: to a stateless
+    successor also held by other workers (0 < σ_s(w) < 1)."""
+    if alpha_split is not None and 0.0 < local < 1.0 and dst in table_routed:
+        return alpha_split
+    return alpha
+
+
+TERMS = ("execution", "local", "remote_out", "remote_in", "messages", "destinations")
+
+
+def load_terms(fractions: Mapping[str, Mapping[int, float]], demand: Mapping[str, float],
+               edge_rates: Mapping[Edge, float], alpha: float, beta: float,
+               gamma: float, beta_receive: float = 0.0, alpha_split: float | None = None,
+               table_routed: frozenset = frozenset()) -> dict[int, dict[str, float]]:
+    """Eq. (8) term by term per worker (`TERMS`, messages 0 here: `message_load` adds them):
+    execution Σ_o φ[o,w]; local Σ Ẽ·σ_o(w)·σ_s(w)·α (α_split on the table route); remote_out
+    Σ Ẽ·σ_o(w)·(1 − σ_s(w))·β_s; remote_in Σ Ẽ·σ_s(w)·(1 − σ_o(w))·β_r; destinations γ·δ_w(Φ)."""
+    terms: dict[int, dict[str, float]] = {}
+
+    def at(w: int) -> dict[str, float]:
+        t = terms.get(w)
+        if t is None:
+            t = terms[w] = dict.fromkeys(TERMS, 0.0)
+        return t
+
+    for o, per_worker in fractions.items():
+        d = float(demand.get(o, 0.0))
+        for w, f in per_worker.items():
+            at(w)["execution"] += f * d
+    for (src, dst), rate in edge_rates.items():
+        if rate <= 0:
+            continue
+        dst_fractions = fractions.get(dst, {})
+        src_fractions = fractions.get(src, {})
+        for w, f in src_fractions.items():
+            local = dst_fractions.get(w, 0.0)
+            t = at(w)
+            t["local"] += rate * f * local * local_cost(alpha, alpha_split, table_routed, dst, local)
+            t["remote_out"] += rate * f * (1.0 - local) * beta
+        if beta_receive:
+            for w, fd in dst_fractions.items():
+                at(w)["remote_in"] += rate * fd * (1.0 - src_fractions.get(w, 0.0)) * beta_receive
+    for w, remote in remote_destinations(fractions, edge_rates).items():
+        at(w)["destinations"] += gamma * len(remote)
+    return terms
+
+
+def placement_load(fractions: Mapping[str, Mapping[int, float]], demand: Mapping[str, float],
+                   edge_rates: Mapping[Edge, float], alpha: float, beta: float,
+                   gamma: float, beta_receive: float = 0.0, alpha_split: float | None = None,
+                   table_routed: frozenset = frozenset()) -> dict[int, float]:
+    """Eq. (8), extended: L_w(Φ) = Σ_o φ[o,w] + γ·δ_w(Φ) + Σ_(o→o_s) Ẽ·σ_o(w)·(α·σ_s(w) + β_s·(1 − σ_s(w)))
+    + Σ_(o→o_s) Ẽ·σ_s(w)·(1 − σ_o(w))·β_r, the last term the requests w receives from other workers.
+
+    With `beta_receive` 0 and no `alpha_split` this is the paper's Eq. (8); the message term is
+    `message_load`."""
+    return {w: sum(t.values()) for w, t in load_terms(fractions, demand, edge_rates, alpha, beta, gamma,
+                                                      beta_receive, alpha_split, table_routed).items()}
+
+
+@dataclass(frozen=True)
+class CapacityModel:
+    """The coefficients of Eq. (1) and the smoothed maximum worker capacity W̄ of Eq. (4).
+
+    `beta` is β_s, what the sender pays per remote request. Extensions (0 / None: the paper's model):
+    `beta_receive` β_r per remote request received; `mu` µs per message, sent or received; `flush_delay`
+    the engine's flush delay (s), which sets F_w; `capacities` W_w per worker index (placement indices;
+    workers beyond the tuple have W̄); `alpha_split` α of a local request that takes the table route,
+    to an operator of `table_routed` (the DAG's stateless ones) held by other workers too."""
+
+    alpha: float = DEFAULT_ALPHA
+    beta: float = DEFAULT_BETA
+    gamma: float = DEFAULT_GAMMA
+    capacity: float = DEFAULT_CAPACITY
+    beta_receive: float = 0.0
+    mu: float = 0.0
+    flush_delay: float = 0.001
+    capacities: tuple[float, ...] | None = None
+    alpha_split: float | None = None
+    table_routed: frozenset = frozenset()
+
+    def flush_rate(self, worker: int) -> float:
+        """F_w: messages per second to one peer of a saturated worker (one batch per flush delay of CPU)."""
+        return self.capacity_of(worker) / 1e6 / self.flush_delay
+
+    def peer_cost(self, worker: int) -> float:
+        """The most one more peer can cost a worker in messages per second: μ·F_w."""
+        return self.mu * self.flush_rate(worker)
+
+    def capacity_of(self, worker: int) -> float:
+        """W_w of placement index `worker` (W̄ where no per-worker capacity is known)."""
+        caps = self.capacities
+        return caps[worker] if caps is not None and 0 <= worker < len(caps) else self.capacity
+
+    def paper(self) -> CapacityModel:
+        """The paper's model with this one's α, γ, W̄: a remote request's whole β (β_s + β_r) charged to
+        its sender, no message term, one capacity."""
+        return CapacityModel(self.alpha, self.beta + self.beta_receive, self.gamma, self.capacity,
+                             flush_delay=self.flush_delay)
+
+    @property
+    def extended(self) -> bool:
+        return bool(self.beta_receive or self.mu or self.capacities or self.alpha_split is not None)
+
+    def worker_load(self, execution: float, r_local: float, r_remote: float, delta: float,
+                    r_received: float = 0.0, messages: float = 0.0) -> float:
+        """Eq. (1) with this model's coefficients."""
+        return worker_capacity(execution, r_local, r_remote, delta, self.alpha, self.beta, self.gamma,
+                               r_received, messages, self.beta_receive, self.mu)
+
+    def load_terms(self, fractions: Mapping[str, Mapping[int, float]], demand: Mapping[str, float],
+                   edge_rates: Mapping[Edge, float]) -> dict[int, dict[str, float]]:
+        """Eq. (8) term by term per worker (`TERMS`) with this model's coefficients."""
+        terms = load_terms(fractions, demand, edge_rates, self.alpha, self.beta, self.gamma, self.beta_receive,
+                           self.alpha_split, self.table_routed)
+        for w, v in message_load(fractions, edge_rates, self.mu, self.flush_rate).items():
+            terms.setdefault(w, dict.fromkeys(TERMS, 0.0))["messages"] += v
+        return terms
+
+    def placement_load(self, fractions: Mapping[str, Mapping[int, float]], demand: Mapping[str, float],
+                       edge_rates: Mapping[Edge, float]) -> dict[int, float]:
+        """Eq. (8) with this model's coefficients, the message term included."""
+        return {w: sum(t.values()) for w, t in self.load_terms(fractions, demand, edge_rates).items()}
+
+    def fits(self, load: Mapping[int, float], slack: float = 1e-9) -> bool:
+        """L_w ≤ W_w for every worker (with a relative slack for floating-point rounding)."""
+        return all(v <= self.capacity_of(w) * (1.0 + slack) for w, v in load.items())

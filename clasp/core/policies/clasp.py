@@ -1,0 +1,134 @@
+"""The CLASP policy (paper §4.3) and its paper-exact variant, over `clasp.core.placement`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from clasp.core.model import CapacityModel, Edge
+from clasp.core.parallelism import placement_parallelism
+from clasp.core.placement import (
+    FractionalPlacement,
+    LoadError,
+    NoPlacementError,
+    WorkerLimitCache,
+    place,
+)
+from clasp.core.policies.base import Decision, PlacementResult, Policy, Stats, uniform_placement
+
+
+@dataclass
+class ClaspConfig:
+    """CLASP policy settings: the worker-limit search tolerance (req/s), the relative tolerance within
+    which a cached worker-limit placement is reused, and a standing worker limit (None: unlimited)."""
+
+    search_tolerance: float = 50.0
+    cache_tolerance: float = 0.05
+    max_workers: int | None = None
+
+
+@dataclass
+class ClaspPolicy(Policy):
+    """CLASP: reverse-topological next-fit placement under the Eq. (8) capacity model (paper §4.3), with
+    the extended model (receivers, messages, per-worker W_w; `clasp.core.model`) and next-fit refined over
+    other admissible orders (`clasp.core.placement.place(refine=True)`). `ClaspPaperPolicy` is the paper's."""
+
+    config: ClaspConfig = field(default_factory=ClaspConfig)
+    cache: WorkerLimitCache = field(default_factory=WorkerLimitCache)
+    name: str = "clasp"
+    refine: bool = True
+
+    def __post_init__(self) -> None:
+        self.cache.tolerance = self.config.cache_tolerance
+
+    def model_of(self, stats: Stats) -> CapacityModel:
+        """The capacity model this policy places with."""
+        return stats.model
+
+    def _result(self, p: FractionalPlacement, stats: Stats, rate: float, reason: str, workers: int | None = None,
+                ) -> PlacementResult:
+        n = max(p.workers, workers or 0)
+        scale = rate / stats.throughput if stats.throughput > 0 else 1.0
+        parallelism = placement_parallelism(p.fractions, p.demand, scale, stats.instances, stats.p_max)
+        load = p.load(self.model_of(stats)) + [0.0] * (n - p.workers)
+        return PlacementResult(p.order, n, p.shares, p.fractions, parallelism, load, stats.capacity, rate,
+                               self.name, reason)
+
+    def plan(self, stats: Stats, max_workers: int | None = None) -> PlacementResult:
+        """The placement CLASP wants for `stats.input_rate` (the worker-limit placement if it needs more)."""
+        operators = list(stats.operators)
+        edges = [(e.src, e.dst) for e in stats.edges]
+        limit = max_workers if max_workers is not None else self.config.max_workers
+        load = stats.load_at(stats.input_rate)
+        model = self.model_of(stats)
+        try:
+            p = place(operators, edges, load, model, limit, refine=self.refine)
+            return self._result(p, stats, stats.input_rate,
+                                f"{p.workers} worker(s) sustain {stats.input_rate:g} req/s")
+        except NoPlacementError as exc:
+            if limit is None:
+                raise
+            found = self.cache.get_or_search(operators, edges, stats.observed_load(), stats.throughput, model,
+                                             limit, self.config.search_tolerance, self.refine)
+            return self._result(found.placement, stats, found.rate,
+                                f"worker limit {limit} reached ({exc}); highest rate that fits: "
+                                f"{found.rate:.0f} req/s", workers=None)
+
+    def decide(self, operators: Sequence[str], edges: Sequence[Edge], current: PlacementResult | None,
+               stats: Stats, *, max_workers: int | None = None) -> Decision:
+        edges = [tuple(e) for e in edges]
+        stats = stats.aligned(operators, edges)
+        if not stats.throughput > 0:
+            return Decision.no_change(f"throughput is {stats.throughput:g}: nothing to scale from")
+        if sum(s.rate * s.tau_us for s in stats.operators.values()) <= 0:
+            return Decision.no_change("no processing demand observed: nothing to scale from")
+        try:
+            new = self.plan(stats, max_workers)
+        except NoPlacementError as exc:
+            return Decision.no_change(f"no placement fits: {exc}")
+        if current is not None and current.workers == new.workers and self._still_fits(current, stats):
+            return Decision.no_change(f"the current placement on {current.workers} worker(s) still sustains "
+                                      f"{stats.input_rate:g} req/s")
+        return Decision(new, new.reason)
+
+    def _still_fits(self, current: PlacementResult, stats: Stats) -> bool:
+        """Does the current placement keep every worker's Eq. (8) load within W̄ at the new rate?"""
+        if set(current.fractions) != set(stats.operators):
+            return False
+        load = stats.load_at(stats.input_rate)
+        model = self.model_of(stats)
+        return model.fits(model.placement_load(current.fractions, load.demand, load.edge_rates))
+
+    def place_on(self, operators: Sequence[str], edges: Sequence[Edge], stats: Stats,
+                 workers: int) -> PlacementResult:
+        """The worker-limit placement for `workers`: the highest rate that fits (uniform without data)."""
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, not {workers}")
+        edges = [tuple(e) for e in edges]
+        stats = stats.aligned(operators, edges)
+        demand = sum(s.rate * s.tau_us for s in stats.operators.values())
+        if not stats.throughput > 0 or demand <= 0:
+            return uniform_placement(list(operators), edges, workers, stats.p_max, stats.capacity,
+                                     "no throughput observed: operators spread evenly", self.name)
+        try:
+            found = self.cache.get_or_search(list(stats.operators), edges, stats.observed_load(),
+                                             stats.throughput, self.model_of(stats), workers,
+                                             self.config.search_tolerance, self.refine)
+        except (NoPlacementError, LoadError) as exc:
+            return uniform_placement(list(operators), edges, workers, stats.p_max, stats.capacity,
+                                     f"no placement fits {workers} worker(s) ({exc}): spread evenly",
+                                     self.name)
+        return self._result(found.placement, stats, found.rate,
+                            f"highest rate that fits {workers} worker(s): {found.rate:.0f} req/s",
+                            workers=workers)
+
+
+@dataclass
+class ClaspPaperPolicy(ClaspPolicy):
+    """CLASP exactly as the paper has it: Eq. (1), (8), (9) with sender-only β, one W̄, no refinement."""
+
+    name: str = "clasp-paper"
+    refine: bool = False
+
+    def model_of(self, stats: Stats) -> CapacityModel:
+        return stats.model.paper()

@@ -1,0 +1,225 @@
+"""Placements as the runtime carries them out, and the pure pieces of routing: key groups, weighted tables.
+
+A placement names, per operator, the fraction `sigma_o(w)` of its requests each worker takes, the executor
+instances it gets there, and for a stateful operator the owner of each of its key groups. The planner
+builds one, ships it with `to_wire()`, and every worker's scheduling engine routes by it.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import msgpack
+
+from clasp.core.dag import DagSpec
+from clasp.core.keygroups import assign_key_groups
+from clasp.core.parallelism import largest_remainder
+
+NUM_KEY_GROUPS = 128  # as Flink's default max parallelism: the unit of state ownership and migration
+
+
+class PlacementError(ValueError):
+    """A placement that does not fit the DAG or the workers; clients see its name in the error text (the
+    placement algorithm's own failure is `clasp.core.placement.NoPlacementError`)."""
+
+
+def key_group(key, num_groups: int = NUM_KEY_GROUPS) -> int:
+    """The key group of a key, the same in every process (Python's hash() of str is salted per process)."""
+    t = key.__class__
+    if t is str:
+        return zlib.crc32(key.encode()) % num_groups
+    if t is int:
+        return key % num_groups
+    if t is bytes:
+        return zlib.crc32(key) % num_groups
+    return zlib.crc32(msgpack.packb(key, use_bin_type=True)) % num_groups
+
+
+def weighted_table(shares: Mapping[str, float], size: int = 120) -> list[str]:
+    """A cyclic destination table with each worker's frequency proportional to its share.
+
+    Smooth weighted round-robin (nginx's), so consecutive requests interleave workers instead of bursting.
+    """
+    ids = sorted(w for w, s in shares.items() if s > 0)
+    if not ids:
+        raise PlacementError("an operator has no worker with a positive share")
+    counts = largest_remainder([shares[w] for w in ids], size)
+    ids = [w for w, c in zip(ids, counts, strict=True) if c > 0]
+    counts = [c for c in counts if c > 0]
+    current = [0] * len(ids)
+    table = []
+    total = sum(counts)
+    for _ in range(total):
+        for i, c in enumerate(counts):
+            current[i] += c
+        best = max(range(len(ids)), key=lambda i: (current[i], -i))
+        current[best] -= total
+        table.append(ids[best])
+    return table
+
+
+def key_groups_for_shares(shares: Mapping[str, float], num_groups: int = NUM_KEY_GROUPS,
+                          previous: Sequence[str] | None = None, weights: Sequence[float] | None = None,
+                          ) -> list[str]:
+    """Key-group owners proportional to shares (by measured `weights` per group, when given), moving as
+    few groups as possible from `previous`."""
+    ids = sorted(w for w, s in shares.items() if s > 0)
+    index = {w: i for i, w in enumerate(ids)}
+    prev = None
+    if previous is not None:
+        # Owners that are no longer placed get an index outside `ids`, so their groups move.
+        prev = [index.get(w, len(ids)) for w in previous]
+    owners = assign_key_groups({i: shares[w] for i, w in enumerate(ids)}, num_groups, prev, weights)
+    return [ids[i] for i in owners]
+
+
+@dataclass
+class OperatorPlacement:
+    """Where one operator runs: sigma per worker, executor instances per worker, key-group owners."""
+
+    shares: dict[str, float]
+    instances: dict[str, int]
+    key_groups: list[str] | None = None
+
+    def workers(self) -> list[str]:
+        return sorted(w for w, s in self.shares.items() if s > 0)
+
+
+@dataclass
+class Placement:
+    """A whole job's placement at one epoch; epochs increase with every change."""
+
+    operators: dict[str, OperatorPlacement]
+    epoch: int = 0
+    workers: list[str] = field(default_factory=list)
+
+    def to_wire(self) -> dict:
+        return {"epoch": self.epoch, "workers": self.workers,
+                "operators": {n: {"shares": p.shares, "instances": p.instances, "key_groups": p.key_groups}
+                              for n, p in self.operators.items()}}
+
+    @classmethod
+    def from_wire(cls, d: dict, spec: DagSpec) -> Placement:
+        """Rebuild and validate against the DAG; raises PlacementError."""
+        try:
+            ops = {}
+            for name, p in d["operators"].items():
+                shares = {str(w): float(s) for w, s in p["shares"].items()}
+                instances = {str(w): int(n) for w, n in p["instances"].items()}
+                kg = p.get("key_groups")
+                ops[str(name)] = OperatorPlacement(shares, instances, [str(w) for w in kg] if kg is not None else None)
+            placement = cls(ops, int(d["epoch"]), [str(w) for w in d["workers"]])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise PlacementError(f"malformed placement: {type(e).__name__}: {e}") from None
+        placement.check(spec)
+        return placement
+
+    def check(self, spec: DagSpec) -> None:
+        names = {o.name for o in spec.operators}
+        if set(self.operators) != names:
+            raise PlacementError(f"placement covers {sorted(self.operators)}, the dag has {sorted(names)}")
+        for o in spec.operators:
+            p = self.operators[o.name]
+            if not p.workers():
+                raise PlacementError(f"operator {o.name!r} is placed on no worker")
+            if any(s < 0 for s in p.shares.values()):
+                raise PlacementError(f"operator {o.name!r} has a negative share")
+            if o.stateful:
+                if p.key_groups is None or len(p.key_groups) != NUM_KEY_GROUPS:
+                    raise PlacementError(f"stateful operator {o.name!r} needs {NUM_KEY_GROUPS} key-group owners")
+                if not set(p.key_groups) <= set(p.workers()):
+                    raise PlacementError(f"operator {o.name!r} has key groups on a worker without a share")
+
+    def active_workers(self) -> list[str]:
+        return sorted({w for p in self.operators.values() for w in p.workers()})
+
+
+def _instances(spec: DagSpec, on: dict[str, list[str]], p_max: int) -> dict[str, dict[str, int]]:
+    """Split each worker's P_max slots equally among the operators placed on it (at least one each)."""
+    per_worker: dict[str, list[str]] = {}
+    for op, ws in on.items():
+        for w in ws:
+            per_worker.setdefault(w, []).append(op)
+    out: dict[str, dict[str, int]] = {op: {} for op in on}
+    for w, ops in per_worker.items():
+        counts = largest_remainder([1.0] * len(ops), max(p_max, len(ops)))
+        for op, c in zip(ops, counts, strict=True):
+            out[op][w] = max(1, c)
+    return out
+
+
+def build_placement(spec: DagSpec, workers: Sequence[str], shares_by_index: Mapping[str, Mapping[int, float]],
+                    p_max: int, epoch: int = 0, previous: Placement | None = None,
+                    weights: Mapping[str, Sequence[float]] | None = None) -> Placement:
+    """A placement from operator -> {worker index -> share} (the policies' and `submit(placement=)` form);
+    key groups move as little as possible from `previous`, owned by their request `weights` where given."""
+    names = {o.name for o in spec.operators}
+    unknown = set(shares_by_index) - names
+    if unknown:
+        raise PlacementError(f"placement names unknown operators {sorted(unknown)}")
+    missing = names - set(shares_by_index)
+    if missing:
+        raise PlacementError(f"placement leaves operators {sorted(missing)} unplaced")
+    ops: dict[str, OperatorPlacement] = {}
+    on: dict[str, list[str]] = {}
+    for o in spec.operators:
+        raw = shares_by_index[o.name]
+        shares: dict[str, float] = {}
+        for idx, s in raw.items():
+            i = int(idx)
+            if not 0 <= i < len(workers):
+                raise PlacementError(f"operator {o.name!r}: worker index {i} but only {len(workers)} workers")
+            if s < 0:
+                raise PlacementError(f"operator {o.name!r}: negative share {s}")
+            if s > 0:
+                shares[workers[i]] = shares.get(workers[i], 0.0) + float(s)
+        total = sum(shares.values())
+        if total <= 0:
+            raise PlacementError(f"operator {o.name!r} is placed on no worker")
+        shares = {w: s / total for w, s in shares.items()}
+        on[o.name] = sorted(shares)
+        prev = previous.operators[o.name].key_groups if previous is not None else None
+        ops[o.name] = OperatorPlacement(shares, {}, key_groups_for_shares(shares, NUM_KEY_GROUPS, prev,
+                                                                          (weights or {}).get(o.name))
+                                        if o.stateful else None)
+    for name, inst in _instances(spec, on, p_max).items():
+        ops[name].instances = inst
+    return Placement(ops, epoch, list(workers))
+
+
+def spread_placement(spec: DagSpec, workers: Sequence[str], p_max: int, epoch: int = 0) -> Placement:
+    """The placement used at submission: every operator on every worker, key groups spread evenly."""
+    if not workers:
+        raise PlacementError("no live workers to place the job on")
+    even = {i: 1.0 for i in range(len(workers))}
+    return build_placement(spec, workers, {o.name: even for o in spec.operators}, p_max, epoch)
+
+
+# Route kinds from one operator to one successor, as seen from one process (`me`; None for the planner).
+ROUTE_LOCAL = 0  # stateless successor entirely in this process
+ROUTE_TABLE = 1  # stateless successor on several workers: cyclic weighted table (None = this process)
+ROUTE_KEYED = 2  # stateful successor: key -> key group -> owner (None = this process)
+
+
+@dataclass
+class Route:
+    """How requests for successor `succ` leave a process: locally, by weighted table, or by key owner."""
+
+    kind: int
+    succ: int
+    table: list[str | None] | None = None
+    owners: list[str | None] | None = None
+
+
+def route_to(spec: DagSpec, placement: Placement, succ: int, me: str | None) -> Route:
+    """The route from process `me` to operator `succ` under `placement`."""
+    op = spec.operators[succ]
+    p = placement.operators[op.name]
+    local = lambda w: None if w == me else w  # noqa: E731
+    if op.stateful:  # keyed even when every owner is local: the request must carry its key
+        return Route(ROUTE_KEYED, succ, owners=[local(w) for w in p.key_groups])
+    if p.workers() == [me]:
+        return Route(ROUTE_LOCAL, succ)
+    return Route(ROUTE_TABLE, succ, table=[local(w) for w in weighted_table(p.shares)])

@@ -1,0 +1,2 @@
+"""Running a cluster on this machine: planner and worker processes (`cluster`), per-worker network
+namespaces (`netns`) and CPU quotas (`cpulimit`)."""

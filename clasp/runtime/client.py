@@ -1,0 +1,385 @@
+"""The user's handle on a cluster: `clasp.connect(addr)` → Client → `submit(dag)` → Job.
+
+Synchronous on purpose (scripts, notebooks, tests): one DEALER socket to the planner, requests tagged
+with ids, pushes pipelined with a bounded window of unacknowledged chunks.
+
+A planner that has gone away fails every call within seconds, not after its timeout: a socket monitor
+sees the connection close (the planner process exited) or ZeroMQ heartbeats time it out (the planner's
+host or network went silent); the calls waiting on it raise `PlannerUnavailable` at once, and a call
+made while no connection has been up for `liveness` seconds (or none ever came up) raises it too.
+Heartbeats are answered by libzmq's I/O thread, so a planner that is busy, but alive, never trips them.
+
+Keys (`docs/SECURITY.md`): `connect(addr, keys=DIR)`, else the keys of a cluster this process started at
+`addr` (`LocalCluster`), else `CLASP_KEYS`, else plaintext. A failed CURVE handshake (this client's key
+refused, plaintext against a CURVE planner or the reverse, another cluster's server key) raises
+`AuthError` instead of waiting for an answer that cannot come.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import msgpack
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from clasp.core import limits, protocol
+from clasp.core.dag import Dag, DagError
+from clasp.core.protocol import ProtocolError
+from clasp.runtime.security import Keys, Security, resolve
+
+
+class ClaspError(RuntimeError):
+    """A request the cluster refused or could not answer."""
+
+
+class ClaspTimeout(ClaspError, TimeoutError):
+    """The cluster did not answer, or did not finish, in time."""
+
+
+class PlannerUnavailable(ClaspError, ConnectionError):
+    """No planner answers at the address: nothing accepts connections there, or the connection to it
+    closed (the planner exited) or went silent, so no answer can come. `why` is the reason alone."""
+
+    def __init__(self, message: str, why: str = ""):
+        super().__init__(message)
+        self.why = why or message
+
+
+class AuthError(ClaspError, ConnectionError):
+    """The planner and this client could not authenticate each other (CURVE): no answer can come."""
+
+
+LIVENESS = 2.0  # seconds without a connection to the planner before a call fails
+HEARTBEAT_IVL = 1.0  # ZeroMQ heartbeats on the client's socket: a ping every second,
+HEARTBEAT_TIMEOUT = 3.0  # and a connection that answers nothing for 3 s is closed (a silent host)
+_POLL_SLICE = 0.5
+
+
+class Client:
+    """A connection to a planner. Use as a context manager, or call close().
+
+    `timeout`: how long a call waits for its answer (longer calls have their own, larger, timeouts);
+    `liveness`: how long a call waits while no connection to the planner is up (never connected, or
+    closed and not back) before it raises PlannerUnavailable."""
+
+    def __init__(self, address: str, timeout: float = 10.0, liveness: float = LIVENESS,
+                 keys: Keys | str | None = None, insecure: bool = False):
+        self.address = address
+        self.timeout = timeout
+        self.liveness = liveness
+        self.keys = None if insecure else resolve(keys, address)
+        self.security = Security(self.keys)
+        self._ctx = zmq.Context()
+        self._sock = self.security.client(self._ctx.socket(zmq.DEALER))
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.HEARTBEAT_IVL, int(HEARTBEAT_IVL * 1000))
+        self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(HEARTBEAT_TIMEOUT * 1000))
+        # Before connect(), so the first handshake is seen.
+        self._monitor = self._sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+        self._handshake_failed: str | None = None  # why the last handshake failed, while none ever succeeded
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+        self._up = False  # a connection to the planner is up (ZMTP handshake done)
+        self._ever_up = False
+        self._down_since = time.monotonic()
+        self._pending: set[int] = set()  # sent, not answered
+        self._lost: set[int] = set()  # sent, and the connection closed before the answer came
+        self._sock.connect(address)
+        self._ids = itertools.count(1)
+        self._replies: dict[int, dict] = {}
+        self.last_job: Job | None = None
+        try:
+            self._call("jobs", {}, timeout)
+        except AuthError:
+            self.close()
+            raise
+        except PlannerUnavailable as e:
+            self.close()
+            raise PlannerUnavailable(f"no clasp planner answers at {address}: {e.why}", e.why) from None
+        except ClaspTimeout:
+            self.close()
+            hint = "" if self.keys else " (if it requires keys: pass keys=DIR or set CLASP_KEYS)"
+            raise ClaspTimeout(f"no clasp planner answers at {address} within {timeout} s{hint}") from None
+
+    # ----------------------------------------------------------------- plumbing
+    def _send(self, mtype: str, body: dict) -> int:
+        req = next(self._ids)
+        frame = protocol.encode(mtype, {**body, "req": req})
+        try:
+            limits.check_message(len(frame), mtype)
+        except limits.LimitError as e:
+            raise ClaspError(str(e)) from None
+        self._sock.send(frame)
+        self._pending.add(req)
+        return req
+
+    def _wait(self, req: int, timeout: float, what: str) -> Any:
+        deadline = time.monotonic() + timeout
+        while req not in self._replies:
+            self._watch()
+            if req in self._replies:
+                break
+            if req in self._lost:
+                self._lost.discard(req)
+                raise self._gone(what, "the connection to it closed before it answered")
+            now = time.monotonic()
+            if not self._up and now - self._down_since >= self.liveness:
+                self._pending.discard(req)
+                if self._handshake_failed and not self._ever_up:
+                    raise self._auth_error(what)
+                if self._ever_up:
+                    raise self._gone(what, f"no connection to it for {now - self._down_since:.1f} s")
+                raise self._gone(what, f"nothing accepted a connection there within {self.liveness:g} s")
+            left = deadline - now
+            if left <= 0:
+                self._pending.discard(req)
+                raise ClaspTimeout(f"{what}: no answer from {self.address} within {timeout} s")
+            self._poller.poll(int(min(left, _POLL_SLICE) * 1000) + 1)
+        reply = self._replies.pop(req)
+        if not reply["ok"]:
+            err = reply.get("error") or "unknown error"
+            if err.startswith("timeout"):
+                raise ClaspTimeout(err)
+            raise ClaspError(err)
+        return reply.get("result")
+
+    def _why_refused(self, event: int, value: int) -> str:
+        where = f"keys {self.keys.dir}" if self.keys else "no keys"
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return f"the planner refused this client's key ({where}): it is not among the planner's allowed keys"
+        if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            if self.keys is None:
+                return ("the planner requires CURVE keys and this client speaks plaintext: pass keys=DIR, set "
+                        "CLASP_KEYS=DIR, or use the \"keys\" of the cluster's --info file")
+            return f"the planner does not use CURVE (it runs --insecure) and this client has {where}"
+        return f"the CURVE handshake failed ({where}): ZMTP error {value:#x}"
+
+    def _auth_error(self, what: str) -> AuthError:
+        return AuthError(f"{what}: cannot authenticate with the clasp planner at {self.address}: "
+                         f"{self._handshake_failed}")
+
+    def _gone(self, what: str, why: str) -> PlannerUnavailable:
+        if self._ever_up:
+            return PlannerUnavailable(f"{what}: the clasp planner at {self.address} has gone away: {why}", why)
+        return PlannerUnavailable(f"{what}: no clasp planner at {self.address}: {why}", why)
+
+    def _watch(self) -> None:
+        """Take the connection's events, then the replies that have come."""
+        while self._monitor.get(zmq.EVENTS) & zmq.POLLIN:
+            msg = recv_monitor_message(self._monitor)
+            event, value = msg["event"], msg["value"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._up = self._ever_up = True
+                self._handshake_failed = None
+            elif event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
+                self._handshake_failed = self._why_refused(event, value)
+                self._pending.clear()
+                raise self._auth_error("connect")
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                # Also a dropped connection; an auth problem once it keeps happening with no handshake done.
+                self._handshake_failed = ("every connection closed during the CURVE handshake: the planner may use "
+                                          "another cluster's keys" if self.keys else
+                                          "every connection closed during the handshake")
+            elif event == zmq.EVENT_DISCONNECTED and self._up:
+                self._up = False
+                self._down_since = time.monotonic()
+                # The planner routes a reply to the connection the request came on: once that is closed,
+                # nothing still outstanding can be answered (a new connection is a new peer to it).
+                self._take()
+                self._lost |= self._pending
+                self._pending.clear()
+        self._take()
+
+    def _take(self) -> None:
+        while True:
+            try:
+                frame = self._sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                mtype, body = protocol.decode(frame)
+            except ProtocolError as e:
+                raise ClaspError(f"the planner sent a bad message: {e}") from None
+            if mtype == "reply":
+                self._replies[body["req"]] = body
+                self._pending.discard(body["req"])
+            elif mtype == "error":
+                raise ClaspError(f"the planner rejected a message: {body['reason']}: {body['detail']}")
+
+    def _call(self, mtype: str, body: dict, timeout: float | None = None) -> Any:
+        return self._wait(self._send(mtype, body), timeout or self.timeout, mtype)
+
+    # ----------------------------------------------------------------- API
+    def submit(self, dag: Dag, placement: dict[str, dict[int, float]] | None = None, *,
+               autoscale: bool | None = None, policy: str | None = None, state: str | None = None,
+               key_weights: dict[str, list[float]] | None = None) -> Job:
+        """Deploy `dag` on the cluster.
+
+        `placement` (operator -> {worker index -> share}) fixes the placement; worker indices count the
+        live workers in registration order. `autoscale` (default: the planner's setting, off with an
+        explicit placement) lets the control loop re-place the job as its load changes; `policy` picks
+        the scaling policy (default: the planner's, `clasp`); `state` is where stateful operators keep
+        their state: "local" (on the worker owning the key, the default) or "remote" (the planner's state
+        server, one round trip per micro-batch: the paper's Fig. 4 baseline). `key_weights` (stateful
+        operator -> 128 numbers, the share of its requests in each key group) lets an explicit placement
+        give each owner its share of the requests rather than of the groups, before the planner has
+        measured them itself."""
+        options = {"autoscale": autoscale, "policy": policy, "state": state}
+        if not isinstance(dag, Dag):
+            raise DagError(f"submit expects a clasp.Dag, not {type(dag).__name__}")
+        spec = dag.to_spec()
+        body: dict = {"dag": spec.pack(), "options": {k: v for k, v in options.items() if v is not None}}
+        try:
+            limits.check_dag(len(protocol.encode("submit", body)), body["dag"]["functions"])
+        except limits.LimitError as e:
+            raise ClaspError(str(e)) from None
+        if placement is not None:
+            body["placement"] = {name: {int(i): float(s) for i, s in shares.items()}
+                                 for name, shares in placement.items()}
+        if key_weights:
+            body["key_weights"] = {op: [float(v) for v in row] for op, row in key_weights.items()}
+        result = self._call("submit", body, max(self.timeout, 30.0))
+        self.last_job = Job(self, result["job"], dag.name, result)
+        return self.last_job
+
+    def job(self, job_id: int) -> Job:
+        """A handle on a job submitted by any client (e.g. to scale it while another client pushes)."""
+        for j in self.jobs():
+            if j["job"] == job_id:
+                return Job(self, job_id, j["name"], j)
+        raise ClaspError(f"no job {job_id}")
+
+    def scale(self, workers: int, job: Job | None = None) -> dict:
+        """Re-place the running job (default: the last submitted) with the policy's placement for `workers`
+        workers and migrate; returns when the migration is done. A call while one runs waits its turn."""
+        return (job or self._last()).scale(workers)
+
+    def autoscale(self, enabled: bool, job: Job | None = None) -> bool:
+        """Turn the control loop on or off for the job (default: the last submitted)."""
+        return (job or self._last()).autoscale(enabled)
+
+    def _last(self) -> Job:
+        if self.last_job is None:
+            raise ClaspError("no job submitted from this client")
+        return self.last_job
+
+    def workers(self) -> list[dict]:
+        return self._call("workers", {})
+
+    def jobs(self) -> list[dict]:
+        return self._call("jobs", {})
+
+    def close(self) -> None:
+        if self._sock.closed:
+            return
+        self._sock.disable_monitor()
+        self._monitor.close(0)
+        self._sock.close(0)
+        self._ctx.term()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Job:
+    """A running job: push records, wait for it to go idle, read its state and statistics."""
+
+    def __init__(self, client: Client, job_id: int, name: str, info: dict):
+        self.client = client
+        self.id = job_id
+        self.name = name
+        self.info = info
+
+    def push(self, records: Iterable, chunk: int = 5000, window: int = 8) -> int:
+        """Send records to the planner's incoming queue; returns when all are accepted."""
+        c = self.client
+        outstanding: list[int] = []
+        batch: list = []
+        n = 0
+        for r in records:
+            batch.append(r)
+            if len(batch) >= chunk:
+                outstanding.append(self._send_chunk(batch))
+                n += len(batch)
+                batch = []
+                while len(outstanding) >= window:
+                    c._wait(outstanding.pop(0), max(c.timeout, 60.0), "push")
+        if batch:
+            outstanding.append(self._send_chunk(batch))
+            n += len(batch)
+        for req in outstanding:
+            c._wait(req, max(c.timeout, 60.0), "push")
+        return n
+
+    def _send_chunk(self, batch: list) -> int:
+        try:
+            return self.client._send("push", {"job": self.id, "records": batch})
+        except (TypeError, ValueError, OverflowError) as e:
+            bad = next((r for r in batch if not _packable(r)), None)
+            raise ClaspError(f"record {bad!r:.100} of type {type(bad).__name__} is not msgpack-serializable: "
+                             f"{e}") from None
+
+    def wait_idle(self, timeout: float = 60.0) -> dict:
+        """Block until every pushed record and all its chained requests are done."""
+        c = self.client
+        return c._wait(c._send("wait_idle", {"job": self.id, "timeout": float(timeout)}), timeout + 10.0,
+                       "wait_idle")
+
+    def state(self, operator: str) -> dict:
+        """The keyed state of a stateful operator, gathered from every worker."""
+        return self.client._call("state", {"job": self.id, "op": operator}, max(self.client.timeout, 60.0))
+
+    def collected(self, operator: str) -> list:
+        """The outputs of an operator declared with collect=True, from every worker (order unspecified)."""
+        return self.client._call("collected", {"job": self.id, "op": operator}, max(self.client.timeout, 60.0))
+
+    def stats(self, fresh: bool = False) -> dict:
+        """Throughput, input rate, latency p50/p95/p99, errors, and per-worker metrics.
+
+        `fresh=True` asks every worker for its exact counters now, instead of the last heartbeat's."""
+        return self.client._call("stats", {"job": self.id, "fresh": bool(fresh)})
+
+    def scale(self, workers: int) -> dict:
+        """Re-place with the policy's placement for `workers` workers and migrate; returns the migration record."""
+        return self.client._call("scale", {"job": self.id, "workers": int(workers)}, max(self.client.timeout, 120.0))
+
+    def place(self, placement: dict[str, dict[int, float]]) -> dict:
+        """Migrate to an explicit placement, operator -> {worker index -> share}; worker indices count the
+        job's live workers, those active now first. Returns the migration's record."""
+        body = {name: {int(i): float(s) for i, s in shares.items()} for name, shares in placement.items()}
+        return self.client._call("place", {"job": self.id, "placement": body}, max(self.client.timeout, 120.0))
+
+    def autoscale(self, enabled: bool) -> bool:
+        return self.client._call("autoscale", {"job": self.id, "enabled": bool(enabled)})
+
+    def cancel(self) -> None:
+        self.client._call("cancel", {"job": self.id})
+
+
+def _packable(obj) -> bool:
+    try:
+        msgpack.packb(obj, use_bin_type=True)
+        return True
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def connect(address: str, timeout: float = 10.0, liveness: float = LIVENESS, keys: Keys | str | None = None,
+            insecure: bool = False) -> Client:
+    """Connect to the planner at `address` (tcp://HOST:PORT); fails within `timeout` if none answers, and
+    with PlannerUnavailable within `liveness` seconds if nothing accepts a connection there.
+
+    `keys`: a key directory (`clasp keys init`; a client's own from `clasp keys add-client`) or Keys; by
+    default those of a cluster this process started at `address`, else CLASP_KEYS. `insecure=True`:
+    plaintext. A key the planner refuses, or plaintext against a CURVE planner, raises AuthError."""
+    return Client(address, timeout, liveness, keys=keys, insecure=insecure)

@@ -1,0 +1,805 @@
+"""A worker's local scheduling engine and executor pool for one job: the hot path.
+
+Requests are 5-tuples `(op, value, key, rid, weight)`. Each operator has a FIFO queue; executors run
+micro-batches of it in a tight loop and hand every output to the successor's route: a local chained
+request is appended to the successor's queue in memory (no serialization, no socket); a remote one is
+appended to the per-destination batch that the worker flushes within the flush delay.
+
+Termination detection is weight throwing: every input record carries ROOT_WEIGHT; a request splits its
+weight among its children and a request with no children returns its weight to the planner, which
+declares the record complete when all of it is back. No per-request message, no global counter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import traceback
+from collections import deque
+from time import perf_counter
+
+import msgpack
+
+from clasp.core.dag import DagSpec
+from clasp.core.outputs import ITEMS_EXACT, ONE_EXACT, as_outputs
+from clasp.core.protocol import ROOT_WEIGHT
+from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE, Placement, key_group, route_to
+
+HOLD = "\x00hold"  # the route of a key group whose state is on its way here: its requests wait
+KEYED_HERE = 3  # a keyed route whose key groups are all owned by this worker
+# A scheduling round gives each executor slot about SLOT_TIME_US of work, sized from the operator's mean
+# execution time plus the runtime's own per-request cost: cheap operators then run long enough between
+# event-loop turns, and a round (≈ P_max × SLOT_TIME_US) stays within the 1 ms flush delay.
+SLOT_TIME_US = 100.0
+REQUEST_OVERHEAD_US = 1.5
+MIN_BATCH = 16
+# Two clock reads cost ~10% of a cheap request here, so one request in TIMING_SAMPLE (the first of each
+# micro-batch among them) is timed; τ̄ is the sample's mean and histogram counts are scaled by it.
+# (The thread's CPU clock would not count a CPU quota's throttled periods, but a read of it costs 0.6 µs
+# and disturbs the timed call by another 0.2-0.5 µs, more than this runtime's cheapest operators take.)
+TIMING_SAMPLE = 8
+TIMING_MASK = TIMING_SAMPLE - 1
+KEY_CACHE_MAX = 1 << 20
+HIT_SAMPLE = 8  # one output in this many weighs the key groups on a keyed route that is all local
+# Upper bounds (seconds) of the execution-time histogram buckets.
+EXEC_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 0.1, 1.0)
+
+
+def _estimate(op: OpRuntime, t_exec: float, timed: int, n: int) -> float:
+    """Execution time of `n` requests from the `timed` of them that took `t_exec`; when every timed one
+    was stalled, the operator's mean so far."""
+    if timed:
+        return t_exec * n / timed
+    return op.exec_time / op.processed * n if op.processed else 0.0
+
+
+class OperatorError(Exception):
+    """An operator's function raised or returned something unusable."""
+
+
+class OpRuntime:
+    """One operator on this worker: its queue, state, routes and counters."""
+
+    __slots__ = ("index", "name", "fn", "key_fn", "stateful", "is_async", "collect", "queue", "state",
+                 "instances", "routes", "successors", "processed", "exec_time", "errors", "edge_counts",
+                 "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_keys", "group_hits")
+
+    def __init__(self, spec_op):
+        self.index = spec_op.index
+        self.name = spec_op.name
+        self.fn = spec_op.fn
+        self.key_fn = spec_op.key
+        self.stateful = spec_op.stateful
+        self.is_async = spec_op.is_async
+        self.collect = spec_op.collect
+        self.successors = list(spec_op.successors)
+        self.queue: deque = deque()
+        self.state: dict = {}
+        self.instances = 0
+        self.routes: list[tuple] = []
+        self.processed = 0  # cumulative, for Prometheus and exactly-once checks
+        self.exec_time = 0.0  # cumulative seconds inside fn
+        self.exec_total = 0.0
+        self.errors = 0
+        self.edge_counts = [0] * len(self.successors)
+        self.dts: list[float] = []
+        self.hist = [0] * (len(EXEC_BUCKETS) + 1)
+        self.collected: list = []
+        self.key_cache: dict = {}
+        # The keys of `state` by key group, kept as keys appear and vanish (once per key, not per
+        # request), so a migration moves whole groups without hashing every key.
+        self.group_keys: list[set] = [set() for _ in range(NUM_KEY_GROUPS)] if spec_op.stateful else []
+        # Requests routed to each key group of this (stateful) operator by this worker, cumulative: the
+        # planner sums them over the senders into the groups' weights (keygroups.assign_weighted).
+        self.group_hits: list[int] = [0] * NUM_KEY_GROUPS if spec_op.stateful else []
+        self.busy = False
+
+    def group_of(self, key) -> int:
+        g = self.key_cache.get(key)
+        if g is None:
+            g = key_group(key, NUM_KEY_GROUPS)
+            if len(self.key_cache) < KEY_CACHE_MAX:
+                self.key_cache[key] = g
+        return g
+
+    def set_state(self, key, new, old) -> None:
+        """Store `new` for `key` (None deletes), keeping the group index; `old` is the previous state."""
+        if new is None:
+            if old is not None:
+                del self.state[key]
+                self.group_keys[self.group_of(key)].discard(key)
+        else:
+            self.state[key] = new
+            if old is None:
+                self.group_keys[self.group_of(key)].add(key)
+
+
+class JobEngine:
+    """The state of one job on one worker; `run_round()` executes, the worker process does the I/O."""
+
+    def __init__(self, job: int, spec: DagSpec, me: str, placement: Placement, p_max: int = 10,
+                 max_errors_kept: int = 20):
+        self.job = job
+        self.spec = spec
+        self.me = me
+        self.p_max = p_max
+        self.ops = [OpRuntime(o) for o in spec.operators]
+        self.order = [self.ops[i] for i in spec.topological()]
+        self.pending: dict[str, list] = {}  # destination worker -> rows of remote chained requests
+        self.pending_since: float | None = None
+        self.returns: dict[int, int] = {}  # rid -> weight finished here, not yet reported
+        self.extends: list[list[int]] = []  # [rid, amount, token] asked of the planner
+        self.parked: dict[int, tuple] = {}  # token -> (op, outputs, rid) waiting for extend_ack
+        self._token = 0
+        self.local_requests = 0  # chained requests handed over in memory (R^l), cumulative
+        self.remote_requests = 0  # chained requests batched for another worker (R^r), cumulative
+        self.received_requests = 0  # chained requests that came from other workers, cumulative
+        # A timed request longer than this (s) was stalled, not executing: under a CPU quota a throttled
+        # period lands inside whichever request was running. The worker sets it from its quota.
+        self.stall = math.inf
+        self.failed = 0
+        self.error_samples: deque = deque(maxlen=max_errors_kept)
+        self.async_tasks: set[asyncio.Task] = set()
+        self.on_work = lambda: None  # the worker's wake-up, called when async executions produce work
+        # During a migration: op index -> key group -> requests held until the group's state arrives.
+        self.held: dict[int, dict[int, list]] = {}
+        self.future: list[tuple[int, list]] = []  # rows of an epoch whose plan has not arrived yet
+        # The migration in progress (clasp.core.migration.WorkerMigration) and what the worker keeps for it.
+        self.migration = None
+        self.migration_req = 0
+        self.migration_t0 = 0.0
+        self.migration_stats: dict = {}
+        self.migration_inbox: list = []
+        self.early: list = []  # markers and migrate messages that overtook their plan
+        self.queued_plans: list = []  # plans that arrived while one was still running
+        # The remote-state baseline (paper Fig. 4): an object with `async get_many(job, op, keys) -> dict`
+        # and `async put_many(job, op, {key: state or None})`; None keeps state in this worker.
+        self.remote_state = None
+        self.placement = placement
+        self.before: Placement | None = None  # the placement the migration in progress started from
+        self.epoch = placement.epoch
+        self.apply_placement(placement)
+
+    # ----------------------------------------------------------------- placement and routing
+    def apply_placement(self, placement: Placement) -> None:
+        """Rebuild every route and instance count for a new placement; key groups still on their way
+        here (`self.held`) route to the HOLD destination, which `take_pending` keeps back."""
+        self.placement = placement
+        self.epoch = placement.epoch
+        for op in self.ops:
+            op.instances = placement.operators[op.name].instances.get(self.me, 0)
+            routes = []
+            for s in op.successors:
+                r = route_to(self.spec, placement, s, self.me)
+                target = self.ops[s]
+                if r.kind == ROUTE_LOCAL:
+                    routes.append((ROUTE_LOCAL, s, target.queue.append, None, None, None))
+                elif r.kind == ROUTE_TABLE:
+                    routes.append((ROUTE_TABLE, s, target.queue.append, r.table, [0], None))
+                else:
+                    owners = list(r.owners)
+                    for g in self.held.get(s, ()):
+                        owners[g] = HOLD
+                    # Every key group here: the key is all a request needs (no group lookup per request).
+                    kind = KEYED_HERE if all(w is None for w in owners) else ROUTE_KEYED
+                    routes.append((kind, s, target.queue.append, owners, target.key_cache, target))
+            op.routes = routes
+
+    def queue_length(self) -> int:
+        return sum(len(op.queue) for op in self.ops) + sum(len(r) for h in self.held.values() for r in h.values())
+
+    def holds_below(self, fence: int) -> bool:
+        """Whether anything here still belongs to a record below `fence`: a queued, held, early, batched
+        or parked request, weight not yet reported, or an execution in progress. O(requests held), asked
+        only while the planner looks for records lost with a dead worker."""
+        if self.async_tasks or any(rid < fence for rid in self.returns):
+            return True
+        if any(p[2] < fence for p in self.parked.values()):
+            return True
+        rows = [op.queue for op in self.ops]
+        rows += [r for h in self.held.values() for r in h.values()]
+        rows += [r for _, r in self.future]
+        rows += list(self.pending.values())
+        return any(r[3] < fence for part in rows for r in part)
+
+    def idle(self) -> bool:
+        return (not self.async_tasks and not self.held and not self.future and not self.pending
+                and all(not op.queue for op in self.ops))
+
+    # ----------------------------------------------------------------- input
+    def enqueue_rows(self, rows: list) -> None:
+        """Append validated rows [op, value, key, rid, weight] to their operators' queues."""
+        ops = self.ops
+        for r in rows:
+            ops[r[0]].queue.append(r)
+
+    def receive(self, epoch: int, rows: list) -> None:
+        """Rows from the network, sent under `epoch`: queued, held for a key group on its way here, kept
+        until our plan for `epoch` arrives, or forwarded to the owner of a newer epoch."""
+        if epoch > self.epoch:
+            self.future.append((epoch, rows))  # the sender switched before our plan arrived
+        elif self.held or epoch < self.epoch:
+            self._place(rows, forward=epoch < self.epoch)
+        else:
+            self.enqueue_rows(rows)
+
+    def _place(self, rows, forward: bool) -> None:
+        """Row by row (only during or just after a migration): hold, forward or queue."""
+        held, ops = self.held, self.ops
+        for r in rows:
+            op = ops[r[0]]
+            h = held.get(op.index)
+            if h is not None:
+                waiting = h.get(op.group_of(r[2]))
+                if waiting is not None:
+                    waiting.append(r)
+                    continue
+            d = self._owner(op, r, self.placement) if forward else None
+            if d is not None and self._extracting_later(op, r):
+                d = None
+            if d is None:
+                op.queue.append(r)
+            else:
+                self.pending.setdefault(d, []).append(r)
+                if self.pending_since is None:
+                    self.pending_since = perf_counter()
+
+    def _extracting_later(self, op: OpRuntime, row) -> bool:
+        """An old-epoch row for something this worker is giving away but has not taken out yet: it queues
+        here and leaves with the group, behind the rows queued before it. Forwarded at once, it could
+        reach the new owner after rows of the new epoch that the new owner holds for the same key."""
+        mig = self.migration
+        return (self.before is not None and mig is not None and not mig.sent
+                and self._owner(op, row, self.before) is None)
+
+    def _owner(self, op: OpRuntime, row, placement: Placement) -> str | None:
+        """The worker that should run `row` under `placement`; None when it is this one."""
+        p = placement.operators[op.name]
+        if op.stateful:
+            w = p.key_groups[op.group_of(row[2])]
+        elif p.shares.get(self.me, 0.0) > 0:
+            return None
+        else:
+            w = min(p.workers(), key=lambda x: (-p.shares[x], x))
+        return None if w == self.me else w
+
+    # ----------------------------------------------------------------- migration
+    def begin_migration(self, placement: Placement, incoming: dict[int, set[int]]) -> None:
+        """Switch to the new epoch's routing. Requests for the key groups in `incoming` (op index -> groups
+        whose state is on its way here) are held, in arrival order, until `release_groups`; the rest run on."""
+        self.held = {op: {g: [] for g in groups} for op, groups in incoming.items() if groups}
+        self.before = self.placement
+        self.apply_placement(placement)
+        future, self.future = self.future, []
+        for epoch, rows in future:
+            self.receive(epoch, rows)
+
+    def release_groups(self, groups: dict[int, list[int]]) -> None:
+        """The state of these key groups is installed: their held requests join the queues after what
+        came with the state. When nothing is held any more, routing stops holding."""
+        self._hold_local()
+        for op_index, gs in groups.items():
+            h = self.held.get(op_index)
+            if h is None:
+                continue
+            queue = self.ops[op_index].queue
+            for g in gs:
+                queue.extend(h.pop(g, ()))
+            if not h:
+                del self.held[op_index]
+        if not self.held:
+            self.apply_placement(self.placement)
+
+    def _hold_local(self) -> None:
+        """Requests this worker routed to a held group itself join that group's held rows."""
+        rows = self.pending.pop(HOLD, None)
+        if rows:
+            self._place(rows, forward=False)
+
+    def extract(self):
+        """Take out every state object and queued request this worker no longer owns, group by group.
+
+        Yields (destination, unit, None) with unit = [op index, key group, {key: state}, rows of that
+        group], then (destination, None, rows) for the requests of stateless operators handed over. Queues are scanned
+        first, so the caller may yield to the event loop between units: no request of a group being taken
+        out can be run here any more (they are out of the queues, and markers guarantee no more come)."""
+        placement, me = self.placement, self.me
+        loose: dict[str, list] = {}
+        pending_units = []
+        for op in self.ops:
+            p = placement.operators[op.name]
+            rows_of: dict[int, list] = {}
+            if op.queue:
+                keep = deque()
+                for r in op.queue:
+                    d = self._owner(op, r, placement)
+                    if d is None:
+                        keep.append(r)
+                    elif op.stateful:
+                        rows_of.setdefault(op.group_of(r[2]), []).append(r)
+                    else:
+                        loose.setdefault(d, []).append(r)
+                op.queue.clear()
+                op.queue.extend(keep)
+            if op.stateful:
+                for g, d in enumerate(p.key_groups):
+                    if d != me and (op.group_keys[g] or g in rows_of):
+                        pending_units.append((d, op, g, rows_of.get(g, [])))
+        for d, op, g, rows in pending_units:
+            keys, op.group_keys[g] = op.group_keys[g], set()
+            state = op.state
+            yield d, [op.index, g, {k: state.pop(k) for k in keys}, rows], None
+        for d, rows in loose.items():
+            yield d, None, rows
+
+    def install(self, units: list, rows: list) -> int:
+        """Take over key groups (state, then their queued requests) and handed-over requests from a peer;
+        returns the number of state objects installed."""
+        n = 0
+        for op_index, g, items, group_rows in units:
+            op = self.ops[op_index]
+            op.state.update(items)
+            op.group_keys[g].update(items)
+            op.queue.extend(group_rows)
+            n += len(items)
+        self.enqueue_rows(rows)
+        return n
+
+    # ----------------------------------------------------------------- execution
+    def run_round(self) -> int:
+        """One scheduling round: each operator with work runs about instances × SLOT_TIME_US of requests."""
+        done = 0
+        for op in self.order:
+            if op.queue and not op.busy:
+                cost = (op.exec_time / op.processed * 1e6 if op.processed else 10.0) + REQUEST_OVERHEAD_US
+                budget = max(MIN_BATCH, int(max(1, op.instances) * SLOT_TIME_US / cost))
+                if op.is_async:
+                    done += self._start_async(op, budget)
+                elif op.stateful and self.remote_state is not None:
+                    done += self._start_remote(op, budget)
+                elif op.stateful:
+                    done += self._run_stateful(op, budget)
+                else:
+                    done += self._run_stateless(op, budget)
+        return done
+
+    def _leaf(self, rid: int, w: int) -> None:
+        r = self.returns
+        r[rid] = r.get(rid, 0) + w
+
+    def _fail(self, op: OpRuntime, exc: BaseException, value, rid: int, w: int) -> None:
+        op.errors += 1
+        self.failed += 1
+        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        self.error_samples.append({"operator": op.name, "error": text[:300], "value": repr(value)[:200]})
+        self._leaf(rid, w)
+
+    def _run_stateless(self, op: OpRuntime, budget: int) -> int:
+        q = op.queue
+        n = min(budget, len(q))
+        popleft = q.popleft
+        fn = op.fn
+        pc = perf_counter
+        dts = op.dts
+        dts_append = dts.append
+        returns = self.returns
+        routes = op.routes
+        one, items = ONE_EXACT, ITEMS_EXACT
+        fast = routes[0][2] if len(routes) == 1 and routes[0][0] == ROUTE_LOCAL else None
+        succ0 = routes[0][1] if routes else -1
+        collect = op.collected.extend if op.collect else None
+        t_exec = 0.0
+        timed = 0
+        stall = self.stall
+        emitted = 0  # children handed over by the fast path; the general path counts in _send
+        for i in range(n):
+            _, value, _k, rid, w = popleft()
+            if i & TIMING_MASK:
+                try:
+                    out = fn(value)
+                except Exception as e:
+                    self._fail(op, e, value, rid, w)
+                    continue
+            else:  # one request in TIMING_SAMPLE is timed: τ̄ and the histogram come from the sample
+                t0 = pc()
+                try:
+                    out = fn(value)
+                except Exception as e:
+                    self._fail(op, e, value, rid, w)
+                    continue
+                dt = pc() - t0
+                if dt < stall:
+                    t_exec += dt
+                    timed += 1
+                    dts_append(dt)
+            if out is None:
+                returns[rid] = returns.get(rid, 0) + w
+                continue
+            # clasp.core.outputs' rule: its exact-type fast path inline (no call for the common returns),
+            # the rest by the shared function.
+            cls = type(out)  # not __class__, which a proxy can fake: the same test as as_outputs
+            if cls is list or cls is tuple:
+                outs = out
+            elif cls in one:
+                outs = (out,)
+            else:
+                try:
+                    outs = list(out) if cls in items else as_outputs(out)
+                except Exception as e:  # a generator's body raised: the request fails
+                    self._fail(op, e, value, rid, w)
+                    continue
+            if collect is not None:
+                collect(outs)
+            if fast is not None:
+                k = len(outs)
+                if k == 1:
+                    fast((succ0, outs[0], None, rid, w))
+                    emitted += 1
+                    continue
+                if k == 0:
+                    returns[rid] = returns.get(rid, 0) + w
+                    continue
+                wc, r = divmod(w, k)
+                if wc:
+                    if r:
+                        returns[rid] = returns.get(rid, 0) + r
+                    for o in outs:
+                        fast((succ0, o, None, rid, wc))
+                    emitted += k
+                    continue
+            self._emit(op, outs, rid, w)
+        op.exec_time += _estimate(op, t_exec, timed, n)
+        op.processed += n
+        if emitted:
+            self.local_requests += emitted
+            op.edge_counts[0] += emitted
+        if len(dts) > 20_000:
+            self._fold_histogram(op)
+        return n
+
+    def _run_stateful(self, op: OpRuntime, budget: int) -> int:
+        q = op.queue
+        n = min(budget, len(q))
+        popleft = q.popleft
+        fn = op.fn
+        pc = perf_counter
+        dts_append = op.dts.append
+        returns = self.returns
+        state = op.state
+        get = state.get
+        set_state = op.set_state
+        routes = op.routes
+        collect = op.collected.extend if op.collect else None
+        one, items = ONE_EXACT, ITEMS_EXACT
+        t_exec = 0.0
+        timed = 0
+        stall = self.stall
+        last_rid, acc = -1, 0
+        for i in range(n):
+            _, value, key, rid, w = popleft()
+            old = get(key)
+            if i & TIMING_MASK:
+                try:
+                    new, out = fn(old, value)
+                except Exception as e:
+                    self._fail(op, e, value, rid, w)
+                    continue
+            else:
+                t0 = pc()
+                try:
+                    new, out = fn(old, value)
+                except Exception as e:
+                    self._fail(op, e, value, rid, w)
+                    continue
+                dt = pc() - t0
+                if dt < stall:
+                    t_exec += dt
+                    timed += 1
+                    dts_append(dt)
+            if new is not None and old is not None:
+                state[key] = new
+            else:
+                set_state(key, new, old)
+            if out is None or not routes and collect is None:
+                if rid == last_rid:
+                    acc += w  # a line's words arrive together: one dict update per run, not per word
+                else:
+                    if acc:
+                        returns[last_rid] = returns.get(last_rid, 0) + acc
+                    last_rid, acc = rid, w
+                continue
+            cls = type(out)  # as in _run_stateless: clasp.core.outputs' fast path inline
+            if cls is list or cls is tuple:
+                outs = out
+            elif cls in one:
+                outs = (out,)
+            else:
+                try:
+                    outs = list(out) if cls in items else as_outputs(out)
+                except Exception as e:  # a generator's body raised: the request fails, the loop goes on
+                    self._fail(op, e, value, rid, w)
+                    continue
+            if collect is not None:
+                collect(outs)
+            if not routes or not outs:
+                returns[rid] = returns.get(rid, 0) + w
+                continue
+            self._emit(op, outs, rid, w)
+        if acc:
+            returns[last_rid] = returns.get(last_rid, 0) + acc
+        op.exec_time += _estimate(op, t_exec, timed, n)
+        op.processed += n
+        if len(op.dts) > 20_000:
+            self._fold_histogram(op)
+        return n
+
+    def _emit(self, op: OpRuntime, outs, rid: int, w: int) -> int:
+        """Send every output to every successor with its share of weight `w`; returns the count sent."""
+        routes = op.routes
+        k = len(outs) * len(routes)
+        if k == 0:
+            self._leaf(rid, w)
+            return 0
+        wc, r = divmod(w, k)
+        if wc == 0:
+            # The record's weight is exhausted by deep fan-out: ask the planner for more, and hold the
+            # children until it has added it, so the planner can never see the record complete early.
+            self._token += 1
+            self.extends.append([rid, ROOT_WEIGHT, self._token])
+            self.parked[self._token] = (op, list(outs), rid)
+            self._leaf(rid, w)
+            return 0
+        if r:
+            self._leaf(rid, r)
+        return self._send(op, outs, rid, wc)
+
+    def _send(self, op: OpRuntime, outs, rid: int, wc: int) -> int:
+        local = remote = 0
+        pending = self.pending
+        for j, (kind, succ, append, table, aux, target) in enumerate(op.routes):
+            if kind == ROUTE_LOCAL:
+                for o in outs:
+                    append((succ, o, None, rid, wc))
+                local += len(outs)
+            elif kind == ROUTE_TABLE:
+                n = len(table)
+                for o in outs:
+                    i = aux[0]
+                    aux[0] = i + 1
+                    d = table[i % n]
+                    if d is None:
+                        append((succ, o, None, rid, wc))
+                        local += 1
+                    else:
+                        pending.setdefault(d, []).append((succ, o, None, rid, wc))
+                        remote += 1
+            elif kind == KEYED_HERE:
+                key_fn = target.key_fn
+                for o in outs:
+                    try:
+                        key = key_fn(o)
+                    except Exception as e:
+                        self._fail(target, OperatorError(f"key function of {target.name!r} failed: {e!r}"),
+                                   o, rid, wc)
+                        continue
+                    append((succ, o, key, rid, wc))
+                    local += 1
+                # Every group is here, so none is computed to route: weigh the groups from a sample.
+                hits = target.group_hits
+                for o in outs[::HIT_SAMPLE]:
+                    try:
+                        hits[target.group_of(key_fn(o))] += HIT_SAMPLE
+                    except Exception:  # the key function's failure was reported above, once
+                        continue
+            else:
+                key_fn = target.key_fn
+                hits = target.group_hits
+                for o in outs:
+                    try:
+                        key = key_fn(o)
+                        g = aux.get(key)
+                        if g is None:
+                            g = key_group(key, NUM_KEY_GROUPS)
+                            if len(aux) < KEY_CACHE_MAX:
+                                aux[key] = g
+                    except Exception as e:
+                        self._fail(target, OperatorError(f"key function of {target.name!r} failed: {e!r}"),
+                                   o, rid, wc)
+                        continue
+                    hits[g] += 1
+                    d = table[g]
+                    if d is None:
+                        append((succ, o, key, rid, wc))
+                        local += 1
+                    else:
+                        pending.setdefault(d, []).append((succ, o, key, rid, wc))
+                        remote += 1
+            op.edge_counts[j] += len(outs)
+        if remote and self.pending_since is None:
+            self.pending_since = perf_counter()
+        self.local_requests += local
+        self.remote_requests += remote
+        return local + remote
+
+    def release_parked(self, token: int) -> None:
+        """The planner acknowledged an extension: send the parked children with fresh weight."""
+        parked = self.parked.pop(token, None)
+        if parked is None:
+            return
+        op, outs, rid = parked
+        k = len(outs) * len(op.routes)
+        wc, r = divmod(ROOT_WEIGHT, k)
+        if r:
+            self._leaf(rid, r)
+        self._send(op, outs, rid, wc)
+
+    # ----------------------------------------------------------------- async operators
+    def _start_async(self, op: OpRuntime, budget: int) -> int:
+        """Run up to `instances` requests of an async operator concurrently, one per distinct key."""
+        batch = []
+        keys = set()
+        q = op.queue
+        limit = min(budget, max(1, op.instances))
+        while q and len(batch) < limit:
+            key = q[0][2]
+            if op.stateful and key in keys:
+                break  # a second request for a key waits, so per-key order holds
+            keys.add(key)
+            batch.append(q.popleft())
+        return self._launch(op, self._run_async(op, batch), len(batch))
+
+    def _launch(self, op: OpRuntime, coro, n: int) -> int:
+        """Run one batch of `op` as a task; the operator is busy (no second batch) until it ends."""
+        op.busy = True
+        task = asyncio.ensure_future(coro)
+        self.async_tasks.add(task)
+        task.add_done_callback(self.async_tasks.discard)
+        return n
+
+    async def _run_async(self, op: OpRuntime, batch: list) -> None:
+        async def one(row):
+            _, value, key, rid, w = row
+            t0 = perf_counter()
+            try:
+                if op.stateful:
+                    new, out = await op.fn(op.state.get(key), value)
+                    op.set_state(key, new, op.state.get(key))
+                else:
+                    out = await op.fn(value)
+                outs = as_outputs(out)
+            except Exception as e:
+                op.exec_time += perf_counter() - t0
+                self._fail(op, e, value, rid, w)
+                return
+            dt = perf_counter() - t0
+            op.exec_time += dt
+            op.dts.append(dt)
+            if op.collect:
+                op.collected.extend(outs)
+            self._emit(op, outs, rid, w)
+
+        try:
+            await asyncio.gather(*(one(r) for r in batch))
+        finally:
+            op.processed += len(batch)
+            op.busy = False
+            self.on_work()
+
+    # ----------------------------------------------------------------- remote state (baseline)
+    def _start_remote(self, op: OpRuntime, budget: int) -> int:
+        """Run a micro-batch of a stateful operator against the remote state server: one read of its
+        keys, the requests in order, one write back. One batch per operator at a time, so per-key order
+        holds (a key group still has one owner worker, which alone touches its keys)."""
+        q = op.queue
+        batch = [q.popleft() for _ in range(min(budget, len(q)))]
+        return self._launch(op, self._run_remote(op, batch), len(batch))
+
+    async def _run_remote(self, op: OpRuntime, batch: list) -> None:
+        try:
+            keys = list(dict.fromkeys(r[2] for r in batch))
+            try:
+                states = await self.remote_state.get_many(self.job, op.name, keys)
+            except Exception as e:  # nothing ran yet: every request of the batch fails, the worker goes on
+                for _, value, _key, rid, w in batch:
+                    self._fail(op, e, value, rid, w)
+                return
+            t0 = perf_counter()
+            emits = []
+            for _, value, key, rid, w in batch:
+                try:
+                    new, out = op.fn(states.get(key), value)
+                    outs = as_outputs(out)
+                except Exception as e:
+                    self._fail(op, e, value, rid, w)
+                    continue
+                states[key] = new
+                if op.collect:
+                    op.collected.extend(outs)
+                emits.append((outs, rid, w))
+            op.exec_time += perf_counter() - t0
+            try:
+                await self.remote_state.put_many(self.job, op.name, {k: states.get(k) for k in keys})
+            except Exception as e:  # the outputs still go out; the lost write is an error to report
+                op.errors += 1
+                self.error_samples.append({"operator": op.name, "error": f"remote state write failed: {e!r}"[:300],
+                                           "value": f"{len(keys)} keys"})
+            # Outputs and returned weight only after the write: a record is never complete before the
+            # state server holds what its requests wrote.
+            for outs, rid, w in emits:
+                self._emit(op, outs, rid, w)
+        finally:
+            op.processed += len(batch)
+            op.busy = False
+            self.on_work()
+
+    # ----------------------------------------------------------------- flushing and metrics
+    def take_pending(self) -> dict[str, list]:
+        """The remote batches to send now, per destination; resets the flush timer."""
+        self._hold_local()
+        p = self.pending
+        self.pending = {}
+        self.pending_since = None
+        return p
+
+    def take_returns(self) -> tuple[dict[int, int], list[list[int]]]:
+        r, e = self.returns, self.extends
+        self.returns, self.extends = {}, []
+        return r, e
+
+    def _fold_histogram(self, op: OpRuntime) -> None:
+        import numpy as np
+
+        if op.dts:
+            idx = np.searchsorted(np.asarray(EXEC_BUCKETS), np.asarray(op.dts), side="left")
+            counts = np.bincount(idx, minlength=len(EXEC_BUCKETS) + 1) * TIMING_SAMPLE
+            for i, c in enumerate(counts.tolist()):
+                op.hist[i] += c
+            op.exec_total += float(np.sum(op.dts)) * TIMING_SAMPLE
+            op.dts.clear()
+
+    def fold_histograms(self) -> None:
+        for op in self.ops:
+            self._fold_histogram(op)
+
+    def counters(self) -> dict:
+        """Cumulative counts, exact at the moment of asking (heartbeat samples are up to 1 s old)."""
+        return {"operators": {op.name: {"processed": op.processed, "exec_s": op.exec_time, "errors": op.errors,
+                                        "queue": len(op.queue), "keys": len(op.state),
+                                        "edges": dict(zip((self.ops[s].name for s in op.successors),
+                                                          op.edge_counts, strict=True))}
+                              for op in self.ops},
+                "local": self.local_requests, "remote": self.remote_requests, "failed": self.failed,
+                "queue": self.queue_length(), "idle": self.idle()}
+
+    # ----------------------------------------------------------------- state server
+    def state_dump(self, name: str) -> dict:
+        """The keyed state of operator `name` held here, checked to be msgpack-serializable."""
+        op = self.op(name)
+        if not op.stateful:
+            raise OperatorError(f"operator {name!r} is stateless: it has no state")
+        check_serializable(op)
+        return dict(op.state)
+
+    def op(self, name: str) -> OpRuntime:
+        for op in self.ops:
+            if op.name == name:
+                return op
+        raise OperatorError(f"job {self.job} has no operator {name!r}")
+
+
+def check_serializable(op: OpRuntime) -> None:
+    """Raise OperatorError naming the first key whose state (or key) msgpack cannot carry."""
+    try:
+        msgpack.packb(op.state, use_bin_type=True)
+        return
+    except (TypeError, ValueError, OverflowError):
+        pass
+    for key, value in op.state.items():
+        for what, obj in (("key", key), ("state", value)):
+            try:
+                msgpack.packb(obj, use_bin_type=True)
+            except (TypeError, ValueError, OverflowError) as e:
+                raise OperatorError(
+                    f"operator {op.name!r}: the {what} of key {key!r} is a {type(obj).__name__}, which is not "
+                    f"msgpack-serializable ({e}); state must be None, bool, int, float, str, bytes, list or dict"
+                ) from None

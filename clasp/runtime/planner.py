@@ -1,0 +1,1022 @@
+"""The planner process: worker registry, jobs, the incoming request queue and its scheduling engine.
+
+One ROUTER socket serves workers (register, heartbeat, done, replies) and clients (submit, push, ...);
+a PUSH per worker carries input records to the workers holding the DAG's source operators. The planner
+never executes an operator and never relays chained requests between workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from clasp.core import protocol
+from clasp.core.control import (
+    ControlConfig,
+    Controller,
+    key_weights,
+    observation,
+    pool_order,
+    to_runtime_placement,
+)
+from clasp.core.dag import DagError, DagSpec
+from clasp.core.limits import LimitError, check_client_pending, check_dag, check_message
+from clasp.core.migration import PLANNER, plan_migration
+from clasp.core.policies import POLICIES
+from clasp.core.protocol import ROOT_WEIGHT, ProtocolError
+from clasp.core.routing import (
+    NUM_KEY_GROUPS,
+    ROUTE_KEYED,
+    ROUTE_LOCAL,
+    OperatorPlacement,
+    Placement,
+    PlacementError,
+    build_placement,
+    key_group,
+    key_groups_for_shares,
+    route_to,
+    spread_placement,
+)
+from clasp.core.tracking import CHUNK_BITS, LatencyHistogram, Tracker
+from clasp.runtime.net import advertised, bind, start_metrics_server
+from clasp.runtime.security import Security
+from clasp.runtime.state_server import StateServer
+
+log = logging.getLogger("clasp.planner")
+
+PlacementFn = Callable[[DagSpec, list[str], int], Placement]
+STATE_MODES = ("local", "remote")  # where stateful operators keep their state (remote: the paper's Fig. 4 baseline)
+
+
+class RequestError(Exception):
+    """A client request that cannot be served; the message goes back to the client."""
+
+
+@dataclass
+class WorkerInfo:
+    id: str
+    host: str
+    data: str
+    state: str
+    metrics: str
+    p_max: int
+    pid: int
+    registered: float
+    last_seen: float
+    alive: bool = True
+    sample: dict = field(default_factory=dict)
+
+
+@dataclass
+class PlannerJob:
+    """A submitted job as the planner holds it."""
+
+    id: int
+    spec: DagSpec
+    placement: Placement
+    tracker: Tracker
+    workers: list[str]
+    queue: deque = field(default_factory=deque)  # [base_rid, records, offset] not yet dispatched (Q_p)
+    queued: int = 0
+    counters: dict = field(default_factory=lambda: {"pushed": 0, "dispatched": 0, "source_errors": 0})
+    series: deque = field(default_factory=lambda: deque(maxlen=3600))
+    last: dict = field(default_factory=dict)
+    waiters: list = field(default_factory=list)  # [ident, req, deadline]
+    deferred_acks: deque = field(default_factory=deque)
+    cancelled: bool = False
+    routes: list = field(default_factory=list)
+    weight: int = ROOT_WEIGHT
+    created: float = field(default_factory=time.time)
+    errors: deque = field(default_factory=lambda: deque(maxlen=50))
+    autoscale: bool = False
+    controller: Controller | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    migrating: bool = False
+    migrations: list = field(default_factory=list)
+    decisions: deque = field(default_factory=lambda: deque(maxlen=200))
+    estimate: dict = field(default_factory=dict)
+    key_weights: dict = field(default_factory=dict)  # stateful operator -> requests/s per key group (smoothed)
+    lost_workers: set = field(default_factory=set)  # every worker that died while serving the job
+    retired: set = field(default_factory=set)  # of those, the ones not serving it again (no redeploy yet)
+    sweep: tuple | None = None  # (suspects, clean checks in a row) while looking for records lost with a worker
+    settled: Placement | None = None  # the placement of the last migration every worker completed
+    state: str = "local"  # "remote": stateful operators keep their state in the planner's state server
+
+    @property
+    def inflight(self) -> int:
+        """Records in the window: dispatched, not complete, and not suspected lost with a dead worker."""
+        t = self.tracker
+        return self.counters["dispatched"] - t.completed - t.lost - t.suspects
+
+
+def _key_weights(spec: DagSpec, raw: dict) -> dict[str, list[float]]:
+    """`submit`'s optional key-group weights: stateful operator -> NUM_KEY_GROUPS non-negative numbers."""
+    stateful = {o.name for o in spec.operators if o.stateful}
+    out = {}
+    for op, row in raw.items():
+        if op not in stateful:
+            raise RequestError(f"key_weights names {op!r}, which is not a stateful operator of the DAG")
+        if (not isinstance(row, list) or len(row) != NUM_KEY_GROUPS
+                or not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                           for v in row)):
+            raise RequestError(f"key_weights[{op!r}] must be {NUM_KEY_GROUPS} non-negative numbers")
+        out[op] = [float(v) for v in row]
+    return out
+
+
+class Planner:
+    """The planner. `await Planner(...).serve()` runs until cancelled."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, metrics_port: int = 0, advertise: str | None = None,
+                 heartbeat: float = 1.0, dead_after: float = 5.0, max_inflight: int = 5000,
+                 max_queue: int = 2_000_000, dispatch_batch: int = 2000, p_max: int = 10,
+                 placement_fn: PlacementFn = spread_placement, rpc_timeout: float = 10.0,
+                 autoscale: bool = True, policy: str = "clasp", migration_timeout: float = 5.0,
+                 control: ControlConfig | None = None, state: str = "local", state_port: int = 0,
+                 security: Security | None = None, metrics_host: str | None = None):
+        self.host, self.port, self.metrics_port = host, port, metrics_port
+        self.metrics_host = metrics_host or host
+        self.security = security or Security()
+        self.client_tasks: dict[bytes, int] = {}  # slow requests being served, per client
+        self.advertise = advertised(host, advertise)
+        self.heartbeat = heartbeat
+        self.dead_after = dead_after
+        self.max_inflight = max_inflight
+        self.max_queue = max_queue
+        self.dispatch_batch = dispatch_batch
+        self.p_max = p_max
+        self.placement_fn = placement_fn
+        self.rpc_timeout = rpc_timeout
+        self.autoscale = autoscale
+        self.policy = policy
+        self.migration_timeout = migration_timeout
+        self.control = control or ControlConfig()
+        if state not in STATE_MODES:
+            raise ValueError(f"state must be one of {', '.join(STATE_MODES)}, not {state!r}")
+        self.state, self.state_port = state, state_port
+        self.rescales = 0
+        self.records_lost = 0  # cumulative over every job, for clasp_records_lost_total
+        self.migration_hist = {"planner": LatencyHistogram(), "worker": LatencyHistogram()}
+        self.id = f"p-{uuid.uuid4().hex[:8]}"
+        self.ctx = zmq.asyncio.Context()
+        self.workers: dict[str, WorkerInfo] = {}
+        self.pushers: dict[str, zmq.asyncio.Socket] = {}
+        self.jobs: dict[int, PlannerJob] = {}
+        self._job_ids = itertools.count(1)
+        self._req_ids = itertools.count(1)
+        self.pending_rpcs: dict[int, asyncio.Future] = {}
+        self.bad_messages: dict[str, int] = {}
+        self.latency = LatencyHistogram()
+        self.last_rates = {"input_rate": 0.0, "throughput": 0.0}
+        self.dispatch_wake = asyncio.Event()
+
+    # ----------------------------------------------------------------- lifecycle
+    async def serve(self) -> None:
+        self.security.start_zap(self.ctx)
+        self.router = self.security.server(self.ctx.socket(zmq.ROUTER), "planner")
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.router.setsockopt(zmq.SNDHWM, 0)
+        self.router.setsockopt(zmq.RCVHWM, self.security.limits.router_rcvhwm)
+        self.port = bind(self.router, self.host, self.port)
+        self.endpoint = f"tcp://{self.advertise}:{self.port}"
+        registry = CollectorRegistry()
+        registry.register(_PlannerCollector(self))
+        registry.register(self.security.collector())
+        self.metrics_url = start_metrics_server(registry, self.metrics_host, self.metrics_port,
+                                                self.advertise if self.metrics_host == self.host
+                                                else advertised(self.metrics_host, None))
+        self.state_server = StateServer(self.ctx, self._remote_state_check, self._bad, self.security)
+        self.state_server.bind(self.host, self.state_port, self.advertise)
+        print(f"clasp planner {self.id} endpoint={self.endpoint} metrics={self.metrics_url} "
+              f"state={self.state_server.endpoint} curve={'on' if self.security.enabled else 'off'}", flush=True)
+        tasks = [asyncio.create_task(c) for c in (self._recv_loop(), self._dispatch_loop(), self._tick_loop(),
+                                                  self.state_server.serve(), self.security.run())]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.ctx.destroy(linger=200)
+
+    def _remote_state_check(self, job_id: int, op: str) -> str | None:
+        job = self.jobs.get(job_id)
+        if job is None or job.state != "remote":
+            return f"no job {job_id} with remote state"
+        if not any(o.name == op and o.stateful for o in job.spec.operators):
+            return f"job {job_id} has no stateful operator {op!r}"
+        return None
+
+    def live_workers(self) -> list[str]:
+        """Alive workers in registration order: index i of a placement is the i-th of these."""
+        return [w.id for w in sorted(self.workers.values(), key=lambda w: w.registered) if w.alive]
+
+    # ----------------------------------------------------------------- receiving
+    def _bad(self, reason: str) -> None:
+        self.bad_messages[reason] = self.bad_messages.get(reason, 0) + 1
+
+    async def _send(self, ident: bytes, frame: bytes) -> None:
+        try:
+            await self.router.send_multipart([ident, frame], copy=False)
+        except zmq.ZMQError as e:  # EHOSTUNREACH: the peer is gone
+            log.debug("could not send to %r: %s", ident, e)
+
+    async def _recv_loop(self) -> None:
+        handlers = {
+            "register": self._on_register, "heartbeat": self._on_heartbeat, "done": self._on_done,
+            "reply": self._on_reply, "error": self._on_error_msg, "submit": self._on_submit, "push": self._on_push,
+            "wait_idle": self._on_wait_idle, "state": self._on_state, "collected": self._on_collected,
+            "stats": self._on_stats, "cancel": self._on_cancel, "jobs": self._on_jobs, "workers": self._on_workers,
+            "scale": self._on_scale, "place": self._on_place, "autoscale": self._on_autoscale,
+        }
+        while True:
+            frames = await self.router.recv_multipart()
+            ident = frames[0]
+            try:
+                if len(frames) != 2:
+                    raise ProtocolError("bad_envelope", f"{len(frames) - 1} payload frames")
+                mtype, body = protocol.decode(frames[1])
+                handler = handlers.get(mtype)
+                if handler is None:
+                    raise ProtocolError("unexpected_type", f"{mtype} is not for the planner")
+            except ProtocolError as e:
+                self._bad(e.reason)
+                log.warning("dropped a bad message from %r: %s", ident[:16], e)
+                await self._send(ident, protocol.error(e.reason, e.detail))
+                continue
+            try:
+                if mtype == "submit":
+                    check_dag(len(frames[1]), body["dag"].get("functions"), self.security.limits)
+                tasks = self.client_tasks.get(ident, 0)
+                if tasks:
+                    check_client_pending(tasks, self.security.limits)
+                result = handler(ident, body)
+                if asyncio.iscoroutine(result):
+                    # Slow handlers (they wait on workers) run on their own so the loop keeps receiving.
+                    self.client_tasks[ident] = tasks + 1
+                    asyncio.create_task(self._finish(ident, body, result))
+            except Exception as e:  # a failing handler answers its request; it never stops the planner
+                if isinstance(e, LimitError):
+                    self.security.rejected(e.limit)
+                    log.warning("refused %s from %r: %s", mtype, ident[:16], e)
+                elif not isinstance(e, (RequestError, DagError, PlacementError, KeyError, TypeError, ValueError)):
+                    log.exception("handling %s failed", mtype)
+                self._reply_error(ident, body, e)
+
+    def _background(self, coro, what: str) -> None:
+        """Run a coroutine on its own; a failure is logged, never lost silently."""
+        def done(task: asyncio.Task) -> None:
+            if not task.cancelled() and task.exception() is not None:
+                log.error("%s failed", what, exc_info=task.exception())
+        asyncio.ensure_future(coro).add_done_callback(done)
+
+    async def _finish(self, ident, body, coro) -> None:
+        try:
+            await coro
+        except (RequestError, DagError, PlacementError, KeyError, TypeError, ValueError, TimeoutError) as e:
+            self._reply_error(ident, body, e)
+        except Exception as e:
+            log.exception("handler failed")
+            self._reply_error(ident, body, e)
+        finally:
+            n = self.client_tasks.pop(ident, 1) - 1
+            if n > 0:
+                self.client_tasks[ident] = n
+
+    def _reply_error(self, ident, body, e: BaseException) -> None:
+        req = body.get("req", 0) if isinstance(body, dict) else 0
+        text = str(e) if isinstance(e, RequestError) else f"{type(e).__name__}: {e}"
+        asyncio.ensure_future(self._send(ident, protocol.reply_error(req, text)))
+
+    def _reply(self, ident, req: int, result) -> None:
+        frame = protocol.reply(req, result)
+        if len(frame) > self.security.limits.max_message:  # the peer's socket would drop the connection
+            try:
+                check_message(len(frame), "the answer")
+            except LimitError as e:
+                self.security.rejected(e.limit)
+                frame = protocol.reply_error(req, str(e))
+        asyncio.ensure_future(self._send(ident, frame))
+
+    # ----------------------------------------------------------------- workers
+    def _on_register(self, ident: bytes, body: dict) -> None:
+        wid = body["id"]
+        if ident != wid.encode():
+            raise RequestError("a worker registers from a socket whose identity is its id")
+        now = time.monotonic()
+        prev = self.workers.get(wid)
+        restarted = prev is not None and (prev.pid, prev.data) != (body["pid"], body["data"])
+        if restarted and not self._old_incarnation_gone(prev, body["pid"]):
+            return  # no welcome yet: the worker registers again in 2 s
+        info = WorkerInfo(wid, body["host"], body["data"], body["state"], body["metrics"], body["p_max"],
+                          body["pid"], prev.registered if prev else now, now)
+        self.workers[wid] = info
+        old = self.pushers.get(wid)
+        if old is not None and prev is not None and prev.data != info.data:
+            old.close(0)  # a restarted worker on another port: what was queued for the old one is lost anyway
+            del self.pushers[wid]
+        if wid not in self.pushers:
+            sock = self.security.peer(self.ctx.socket(zmq.PUSH))
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.connect(info.data)
+            self.pushers[wid] = sock
+        log.info("worker %s registered (data %s, metrics %s, pid %d)", wid, info.data, info.metrics, info.pid)
+        asyncio.ensure_future(self._send(ident, protocol.encode("welcome", {"planner": self.id,
+                                                                             "heartbeat": self.heartbeat})))
+        if restarted:
+            for job in list(self.jobs.values()):
+                if wid in job.workers:
+                    self._background(self._redeploy(job, wid), f"deploying job {job.id} on restarted worker {wid}")
+
+    def _old_incarnation_gone(self, prev: WorkerInfo, pid: int) -> bool:
+        """A worker registers with the id of one known here, from another process: the old process died
+        (a supervisor restarted it). The old one is declared dead first, and its jobs recovered as when
+        heartbeats stop (its key groups restart empty); True once that is over and the new one may join."""
+        if prev.alive:
+            prev.alive = False
+            log.warning("worker %s registers from a new process (pid %d, was %d): the old one died", prev.id, pid,
+                        prev.pid)
+            for job in list(self.jobs.values()):
+                if prev.id in job.workers:
+                    self._background(self._recover(job, prev.id), f"recovery of job {job.id}")
+            return False
+        # Recovery (or a migration it waits behind) holds the job's lock.
+        return not any(prev.id in job.workers and job.lock.locked() for job in self.jobs.values())
+
+    async def _redeploy(self, job: PlannerJob, wid: str) -> None:
+        """Deploy `job` on a restarted worker of its pool, holding nothing (its share was re-placed when the old
+        process died), so that it answers for the job and can take part in the job's next placement."""
+        async with job.lock:
+            if self.jobs.get(job.id) is not job or job.cancelled:
+                return
+            peers = {w: self.workers[w].data for w in job.workers if w in self.workers}
+            await self.rpc(wid, "deploy", {"job": job.id, "dag": job.spec.pack(), "placement": job.placement.to_wire(),
+                                           "peers": peers, "state": job.state,
+                                           "state_server": self.state_server.endpoint})
+            job.retired.discard(wid)  # a new process with nothing of the job: it may be placed on again
+            log.info("job %d deployed on restarted worker %s (epoch %d, holding nothing)", job.id, wid,
+                     job.placement.epoch)
+
+    def _on_heartbeat(self, ident: bytes, body: dict) -> None:
+        w = self.workers.get(body["id"])
+        if w is None or ident != w.id.encode():
+            asyncio.ensure_future(self._send(ident, protocol.error("unknown_worker", "register first")))
+            return
+        if not w.alive:
+            log.info("worker %s is back", w.id)
+        w.last_seen = time.monotonic()
+        w.alive = True
+        w.sample = body["sample"]
+        for job_id, js in w.sample.get("jobs", {}).items():
+            job = self.jobs.get(int(job_id))
+            if job is not None:
+                for err in js.get("new_errors", []):
+                    job.errors.append({"worker": w.id, **err})
+
+    def _on_done(self, ident: bytes, body: list) -> None:
+        protocol.check_returns(body)
+        job = self.jobs.get(body[0])
+        if job is None:
+            return
+        now = time.monotonic()
+        for rid, amount, token in body[2]:
+            job.tracker.extend(rid, amount)
+            asyncio.ensure_future(self._send(ident, protocol.encode("extend_ack", [job.id, token])))
+        if job.tracker.returned(body[1], now):
+            self.dispatch_wake.set()
+            if job.tracker.outstanding == 0 and job.queued == 0:
+                self._wake_waiters(job)
+
+    def _on_reply(self, ident: bytes, body: dict) -> None:
+        fut = self.pending_rpcs.pop(body["req"], None)
+        if fut is not None and not fut.done():
+            fut.set_result(body)
+
+    def _on_error_msg(self, ident: bytes, body: dict) -> None:
+        log.warning("%r reports a bad message from us: %s %s", ident[:16], body["reason"], body["detail"])
+
+    async def rpc(self, wid: str, mtype: str, body: dict, timeout: float | None = None) -> object:
+        """Ask worker `wid` and wait for its reply's result; raises RequestError on failure or timeout."""
+        req = next(self._req_ids)
+        fut = asyncio.get_running_loop().create_future()
+        self.pending_rpcs[req] = fut
+        await self._send(wid.encode(), protocol.encode(mtype, {**body, "req": req}))
+        try:
+            reply = await asyncio.wait_for(fut, timeout or self.rpc_timeout)
+        except TimeoutError:
+            raise RequestError(f"worker {wid} did not answer {mtype} within {timeout or self.rpc_timeout} s") from None
+        finally:
+            self.pending_rpcs.pop(req, None)
+        if not reply["ok"]:
+            raise RequestError(f"worker {wid}: {reply.get('error')}")
+        return reply.get("result")
+
+    # ----------------------------------------------------------------- jobs
+    def _job(self, body: dict) -> PlannerJob:
+        job = self.jobs.get(body["job"])
+        if job is None:
+            raise RequestError(f"no job {body['job']}")
+        return job
+
+    async def _on_submit(self, ident: bytes, body: dict) -> None:
+        spec = DagSpec.unpack(body["dag"])
+        workers = self.live_workers()
+        if not workers:
+            raise RequestError("no live workers: start some with `clasp worker --planner ADDR`")
+        options = body.get("options") or {}
+        policy = options.get("policy") or self.policy
+        if policy not in POLICIES:
+            raise RequestError(f"unknown policy {policy!r}; accepted: {', '.join(sorted(POLICIES))}")
+        state = options.get("state") or self.state
+        if state not in STATE_MODES:
+            raise RequestError(f"unknown state mode {state!r}; accepted: {', '.join(STATE_MODES)}")
+        explicit = body.get("placement")
+        weights = _key_weights(spec, body.get("key_weights") or {})
+        autoscale = options.get("autoscale")
+        autoscale = (self.autoscale and not explicit) if autoscale is None else bool(autoscale)
+        if explicit:
+            placement = build_placement(spec, workers, explicit, self.p_max, weights=weights)
+        elif autoscale:
+            # Eq. (12)'s starting point: everything on one worker until statistics say otherwise.
+            placement = build_placement(spec, workers, {o.name: {0: 1.0} for o in spec.operators}, self.p_max)
+        else:
+            placement = self.placement_fn(spec, workers, self.p_max)
+        placement.check(spec)
+        job_id = next(self._job_ids)
+        job = PlannerJob(job_id, spec, placement, Tracker(), workers, autoscale=autoscale, settled=placement,
+                         state=state, key_weights=weights)
+        edges = spec.edges()
+        job.controller = Controller([o.name for o in spec.operators], edges, POLICIES[policy](), self.p_max,
+                                    len(workers), self.control)
+        self._set_routes(job)
+        peers = {w: self.workers[w].data for w in workers}
+        packed = body["dag"]
+        deploy = {"job": job_id, "dag": packed, "placement": placement.to_wire(), "peers": peers, "state": state,
+                  "state_server": self.state_server.endpoint}
+        await asyncio.gather(*(self.rpc(w, "deploy", deploy) for w in workers))
+        self.jobs[job_id] = job
+        log.info("job %d (%s) placed on %d workers: %s", job_id, spec.name, len(placement.active_workers()),
+                 {n: p.shares for n, p in placement.operators.items()})
+        self._reply(ident, body["req"], {"job": job_id, "workers": workers, "placement": placement.to_wire(),
+                                         "autoscale": autoscale, "policy": policy, "state": state,
+                                         "state_server": self.state_server.endpoint})
+
+    def _set_routes(self, job: PlannerJob) -> None:
+        n = len(job.spec.sources)
+        job.weight = (ROOT_WEIGHT // n) * n
+        job.tracker.root = job.weight
+        job.routes = [route_to(job.spec, job.placement, s, None) for s in job.spec.sources]
+
+    def _on_push(self, ident: bytes, body: dict) -> None:
+        job = self._job(body)
+        if job.cancelled:
+            raise RequestError(f"job {job.id} is cancelled")
+        records = body["records"]
+        if job.deferred_acks:  # a client that pushes on without waiting for its acks: bounded, refused
+            check_client_pending(sum(1 for i, _ in job.deferred_acks if i == ident), self.security.limits)
+        now = time.monotonic()
+        for i in range(0, len(records), 1 << CHUNK_BITS):
+            part = records[i:i + (1 << CHUNK_BITS)]
+            base = job.tracker.admit(len(part), now)
+            job.queue.append([base, part, 0])
+            job.queued += len(part)
+        job.counters["pushed"] += len(records)
+        self.dispatch_wake.set()
+        ack = protocol.reply(body["req"], {"accepted": len(records)})
+        if job.queued > self.max_queue:
+            job.deferred_acks.append((ident, ack))  # backpressure: the client waits for this ack
+        else:
+            asyncio.ensure_future(self._send(ident, ack))
+
+    def _on_wait_idle(self, ident: bytes, body: dict) -> None:
+        job = self._job(body)
+        if job.tracker.outstanding == 0 and job.queued == 0:
+            self._reply(ident, body["req"], self._idle_summary(job))
+        else:
+            check_client_pending(sum(1 for w in job.waiters if w[0] == ident), self.security.limits)
+            job.waiters.append([ident, body["req"], time.monotonic() + float(body["timeout"])])
+
+    def _idle_summary(self, job: PlannerJob) -> dict:
+        return {"pushed": job.counters["pushed"], "completed": job.tracker.completed, "lost": job.tracker.lost}
+
+    def _wake_waiters(self, job: PlannerJob) -> None:
+        for ident, req, _ in job.waiters:
+            self._reply(ident, req, self._idle_summary(job))
+        job.waiters.clear()
+
+    def _job_workers(self, job: PlannerJob) -> list[str]:
+        """The job's workers still serving it: alive, and not retired (declared dead while serving it: one
+        that comes back has lost the job's state and takes no part in it; a new process with its id does
+        once `_redeploy` gave it the job)."""
+        return [w for w in job.workers
+                if w not in job.retired and self.workers.get(w) and self.workers[w].alive]
+
+    async def _on_state(self, ident: bytes, body: dict) -> None:
+        job = self._job(body)
+        op = job.spec.by_name(body["op"]) if body["op"] in {o.name for o in job.spec.operators} else None
+        if op is None:
+            raise RequestError(f"job {job.id} has no operator {body['op']!r}")
+        if not op.stateful:
+            raise RequestError(f"operator {op.name!r} is stateless: it has no state")
+        if job.state == "remote":
+            self._reply(ident, body["req"], self.state_server.dump(job.id, op.name))
+            return
+        owners = sorted(set(job.placement.operators[op.name].key_groups))
+        parts = await asyncio.gather(*(self.rpc(w, "state_dump", {"job": job.id, "op": op.name}) for w in owners))
+        merged: dict = {}
+        for p in parts:
+            merged.update(p)
+        self._reply(ident, body["req"], merged)
+
+    async def _on_collected(self, ident: bytes, body: dict) -> None:
+        job = self._job(body)
+        if body["op"] not in {o.name for o in job.spec.operators}:
+            raise RequestError(f"job {job.id} has no operator {body['op']!r}")
+        parts = await asyncio.gather(*(self.rpc(w, "collected_dump", {"job": job.id, "op": body["op"]})
+                                       for w in self._job_workers(job)))
+        self._reply(ident, body["req"], [x for p in parts for x in p])
+
+    def _on_stats(self, ident: bytes, body: dict):
+        job = self._job(body)
+        if body.get("fresh"):
+            return self._fresh_stats(ident, body, job)
+        self._reply(ident, body["req"], self.job_stats(job))
+        return None
+
+    async def _fresh_stats(self, ident: bytes, body: dict, job: PlannerJob) -> None:
+        """Stats with exact cumulative counters asked of every worker now."""
+        workers = self._job_workers(job)
+        counters = await asyncio.gather(*(self.rpc(w, "counters", {"job": job.id}) for w in workers))
+        self._reply(ident, body["req"], self.job_stats(job, dict(zip(workers, counters, strict=True))))
+
+    async def _on_cancel(self, ident: bytes, body: dict) -> None:
+        job = self._job(body)
+        job.cancelled = True
+        job.queue.clear()
+        job.queued = 0
+        await asyncio.gather(*(self.rpc(w, "stop_job", {"job": job.id}) for w in self._job_workers(job)),
+                             return_exceptions=True)
+        self.jobs.pop(job.id, None)
+        self.state_server.drop(job.id)
+        self._reply(ident, body["req"], True)
+
+    def _on_jobs(self, ident: bytes, body: dict) -> None:
+        self._reply(ident, body["req"], [{"job": j.id, "name": j.spec.name, "pushed": j.counters["pushed"],
+                                          "completed": j.tracker.completed} for j in self.jobs.values()])
+
+    def _on_workers(self, ident: bytes, body: dict) -> None:
+        self._reply(ident, body["req"], [{"id": w.id, "alive": w.alive, "data": w.data, "state": w.state,
+                                          "metrics": w.metrics, "pid": w.pid, "host": w.host}
+                                         for w in self.workers.values()])
+
+    # ----------------------------------------------------------------- scaling and migration
+    async def _on_scale(self, ident: bytes, body: dict) -> None:
+        job = self._job(body)
+        n = body["workers"]
+        pool = self._job_workers(job)
+        if not 1 <= n <= len(pool):
+            raise RequestError(f"scale to {n} workers: the job's pool has {len(pool)} live workers")
+        async with job.lock:
+            pool = self._pool(job)
+            result = job.controller.place_on(n, pool)
+            record = await self._place_result(job, result, f"manual scale to {n} workers", pool)
+        self._reply(ident, body["req"], record)
+
+    async def _on_place(self, ident: bytes, body: dict) -> None:
+        """Migrate to an explicit placement, operator -> {pool index -> share} (pool: active workers first)."""
+        job = self._job(body)
+        async with job.lock:
+            pool = pool_order(job.placement, self._job_workers(job))
+            new = build_placement(job.spec, pool, body["placement"], self.p_max, job.placement.epoch + 1,
+                                  previous=job.placement, weights=job.key_weights)
+            record = await self._run_migration(job, new, "manual placement")
+        self._reply(ident, body["req"], record)
+
+    def _on_autoscale(self, ident: bytes, body: dict) -> None:
+        job = self._job(body)
+        job.autoscale = body["enabled"]
+        log.info("job %d: autoscaling %s", job.id, "on" if job.autoscale else "off")
+        self._reply(ident, body["req"], job.autoscale)
+
+    async def _apply_decision_locked(self, job: PlannerJob, result, reason: str, pool: list[str]) -> None:
+        """A control-loop decision, taken in the background: `_place_result` under the job's lock."""
+        async with job.lock:
+            serving = set(self._job_workers(job))
+            # A worker of the decision's pool that died since: its indices mean nothing now; re-map to today's.
+            await self._place_result(job, result, reason, pool if serving.issuperset(pool) else None)
+
+    def _pool(self, job: PlannerJob) -> list[str]:
+        """The worker ids behind the policy's indices: larger CPU allowances first (`pool_order`)."""
+        return pool_order(job.placement, self._job_workers(job),
+                          {w: self.workers[w].sample.get("cpus") for w in job.workers if w in self.workers})
+
+    async def _place_result(self, job: PlannerJob, result, reason: str, pool: list[str] | None = None) -> dict:
+        """Carry out a policy's placement with the decentralized protocol; returns the migration record.
+        `pool`: the ids the policy's indices meant when it decided (default: the pool now)."""
+        pool = self._pool(job) if pool is None else pool
+        new = to_runtime_placement(job.spec, result, pool, job.placement, job.placement.epoch + 1, job.key_weights)
+        record = await self._run_migration(job, new, reason)
+        job.controller.placed(result)
+        return record
+
+    async def _run_migration(self, job: PlannerJob, new: Placement, reason: str) -> dict:
+        """Steps 1, 2 and 7 of the protocol: plan, broadcast, wait for every participant's completion."""
+        serving = set(self._job_workers(job))
+        dead = sorted(w for w in job.workers if w not in serving)
+        old = job.placement
+        plan = plan_migration(job.spec, old, new, job.workers, dead)
+        t0 = time.monotonic()
+        job.migrating = True
+        marker = protocol.encode("marker", [job.id, new.epoch, PLANNER])
+        for w in plan.markers_to_send(PLANNER):
+            self.pushers[w].send(marker)
+        job.placement = new
+        self._set_routes(job)  # records dispatched from now on follow the new epoch
+        body = {"job": job.id, "plan": plan.to_wire(), "placement": new.to_wire()}
+        replies = await asyncio.gather(*(self.rpc(w, "migrate_plan", body, self.migration_timeout)
+                                         for w in plan.participants), return_exceptions=True)
+        duration = time.monotonic() - t0
+        job.migrating = False
+        self.dispatch_wake.set()
+        ok = [r for r in replies if isinstance(r, dict)]
+        failed = {w: str(r) for w, r in zip(plan.participants, replies, strict=True) if not isinstance(r, dict)}
+        record = {"epoch": new.epoch, "reason": reason, "t": round(time.time() - job.created, 3),
+                  "from_workers": len(old.active_workers()), "to_workers": len(new.active_workers()),
+                  "active": new.active_workers(), "duration_s": duration,
+                  "max_pause_s": max((r["pause"] for r in ok), default=0.0),
+                  "max_hold_s": max((r["hold"] for r in ok), default=0.0),
+                  "pauses": {r["worker"]: r["pause"] for r in ok},
+                  "phases_ms": {r["worker"]: {k: round(v, 2) for k, v in r.items() if k.endswith("_ms")} for r in ok},
+                  "bytes": sum(r["bytes"] for r in ok), "objects": sum(r["objects"] for r in ok),
+                  "rows": sum(r["rows"] for r in ok), "key_groups_moved": plan.moved_groups(),
+                  "dead": dead, "failed": failed}
+        job.migrations.append(record)
+        if not failed:
+            job.settled = new
+        self.rescales += 1
+        self.migration_hist["planner"].add(duration)
+        for r in ok:
+            self.migration_hist["worker"].add(r["pause"])
+        if failed:
+            log.error("job %d migration to epoch %d failed on %s after %.3f s: %s", job.id, new.epoch,
+                      sorted(failed), duration, failed)
+        log.info("job %d migrated to epoch %d: %d -> %d workers in %.1f ms (max worker pause %.1f ms, "
+                 "%d bytes, %d state objects, %d requests): %s", job.id, new.epoch, record["from_workers"],
+                 record["to_workers"], duration * 1e3, record["max_pause_s"] * 1e3, record["bytes"],
+                 record["objects"], record["rows"], reason)
+        return record
+
+    async def _recover(self, job: PlannerJob, wid: str) -> None:
+        """A worker of the job died: re-place its share on the workers that remain (its state is lost)."""
+        async with job.lock:
+            old = job.placement
+            if wid not in job.workers or wid in job.retired:
+                return
+            # Even when it held nothing any more, a plan naming it dead releases peers waiting for it.
+            job.lost_workers.add(wid)
+            job.retired.add(wid)
+            alive = self._job_workers(job)
+            if not alive:
+                log.error("job %d lost its last worker %s", job.id, wid)
+                return
+            ops = {}
+            for o in job.spec.operators:
+                p = old.operators[o.name]
+                shares = {w: s for w, s in p.shares.items() if w in alive}
+                if not shares:
+                    shares = {pool_order(old, alive)[0]: 1.0}
+                total = sum(shares.values())
+                shares = {w: v / total for w, v in shares.items()}
+                kg = (key_groups_for_shares(shares, NUM_KEY_GROUPS, p.key_groups, job.key_weights.get(o.name))
+                      if o.stateful else None)
+                ops[o.name] = OperatorPlacement(shares, {w: p.instances.get(w, 1) for w in shares}, kg)
+            settled = job.settled or old
+            lost_groups = sum(1 for o in job.spec.operators if o.stateful
+                              for g in settled.operators[o.name].key_groups if g == wid)
+            reason = f"worker {wid} died: its {lost_groups} key groups restart empty (their state is lost)"
+            job.decisions.append({"t": round(time.time() - job.created, 3), "trigger": f"worker {wid} died",
+                                  "reason": reason, "change": True})
+            # Records dispatched until now may have had weight on the dead worker: they leave the in-flight
+            # window (which would otherwise stay full of records that never complete) and are counted as
+            # lost once no survivor holds anything of them. `_run_migration` switches the routes in this same step,
+            # so every record from the fence on goes to survivors only.
+            fence = job.queue[0][0] + job.queue[0][2] if job.queue else job.tracker.next_chunk << CHUNK_BITS
+            job.tracker.suspect_below(fence)
+            self.dispatch_wake.set()
+            await self._run_migration(job, Placement(ops, old.epoch + 1, old.workers), reason)
+
+    def _sweep_lost(self, job: PlannerJob, clean: bool) -> None:
+        """After a worker died, records whose weight died with it never complete. A check is clean when
+        no survivor holds anything of a suspect record; after two clean checks a tick apart with no suspect
+        completing in between (a request on the wire between survivors shows up in one of them), count
+        the suspects still open as lost."""
+        t = job.tracker
+        if not t.suspects or job.migrating or not clean:
+            job.sweep = None
+            return
+        if job.sweep is None or job.sweep[0] != t.suspects:
+            job.sweep = (t.suspects, 1)
+            return
+        n = t.lose_suspects()
+        job.sweep = None
+        self.records_lost += n
+        dead = ",".join(sorted(job.lost_workers))
+        log.error("job %d: %d records lost with worker(s) %s", job.id, n, dead)
+        job.errors.append({"worker": dead, "operator": "", "value": "",
+                           "error": f"{n} records lost with dead worker(s) {dead}: they had requests or "
+                                    f"state there; their key groups restarted empty"})
+        if t.outstanding == 0 and job.queued == 0:
+            self._wake_waiters(job)
+
+    async def _check_idle(self, job: PlannerJob) -> None:
+        workers = self._job_workers(job)
+        body = {"job": job.id, "below": job.tracker.fence}
+        try:
+            counters = await asyncio.gather(*(self.rpc(w, "counters", body, 2.0) for w in workers))
+        except RequestError:
+            return
+        self._sweep_lost(job, not any(c["holds_below"] for c in counters))
+
+    def _control(self, job: PlannerJob, rate_in: float, rate_out: float) -> None:
+        """One control-loop tick for one job: feed the estimator, and re-plan when a trigger fires."""
+        pool = self._pool(job)
+        samples = {w: self.workers[w].sample for w in job.workers if w in self.workers}
+        job.key_weights = key_weights(job.spec, samples, job.id, job.key_weights)
+        obs = observation(job.spec, samples, job.id, rate_in, rate_out, job.tracker.completed, job.queued,
+                          job.placement, pool)
+        step = job.controller.observe(obs, decide=job.autoscale and not job.migrating)
+        e = step.estimate
+        job.estimate = {"alpha": e.alpha, "beta": e.beta, "beta_receive": e.beta_receive, "mu": e.mu,
+                        "gamma": e.gamma, "capacity": e.capacity, "flush_delay": e.flush_delay,
+                        "capacities": {w: round(c, 1) for w, c in e.capacities.items()}, "terms": dict(e.terms),
+                        "observations": job.controller.estimator.observations,
+                        "saturated": list(e.saturated), "reason": e.reason}
+        if step.trigger is None:
+            return
+        d = step.decision
+        entry = {"t": round(time.time() - job.created, 3), "trigger": step.trigger, "reason": d.reason,
+                 "change": d.change, "workers": d.workers}
+        job.decisions.append(entry)
+        log.info("job %d: %s -> %s", job.id, step.trigger, d.reason if d.change else f"no change: {d.reason}")
+        if d.change:
+            self._background(self._apply_decision_locked(job, d.placement, f"{step.trigger}: {d.reason}", pool),
+                             f"re-placement of job {job.id}")
+
+    # ----------------------------------------------------------------- the scheduling engine
+    async def _dispatch_loop(self) -> None:
+        while True:
+            sent = 0
+            for job in list(self.jobs.values()):
+                sent += self._dispatch(job)
+            if sent:
+                await asyncio.sleep(0)
+                continue
+            self.dispatch_wake.clear()
+            await self.dispatch_wake.wait()
+
+    def _dispatch(self, job: PlannerJob) -> int:
+        """Send queued records to the source operators' workers while the in-flight window has room."""
+        room = min(self.max_inflight - job.inflight, self.dispatch_batch)
+        if room <= 0 or not job.queue:
+            return 0
+        head = job.queue[0]
+        base, records, offset = head
+        n = min(room, len(records) - offset)
+        part = records[offset:offset + n]
+        head[2] = offset + n
+        if head[2] >= len(records):
+            job.queue.popleft()
+        job.queued -= n
+        job.counters["dispatched"] += n
+        first = base + offset
+        w = job.weight // len(job.routes)
+        out: dict[str, list] = {}
+        runs: dict[str, list] = {}
+        failed = []
+        for route in job.routes:
+            s = route.succ
+            if route.kind == ROUTE_KEYED:
+                key_fn = job.spec.operators[s].key
+                owners = route.owners
+                for i, v in enumerate(part):
+                    try:
+                        key = key_fn(v)
+                        g = key_group(key, NUM_KEY_GROUPS)
+                    except Exception as e:
+                        failed.append(first + i)
+                        job.errors.append({"worker": "planner", "operator": job.spec.operators[s].name,
+                                           "error": f"key function failed: {e!r}"[:300], "value": repr(v)[:200]})
+                        continue
+                    out.setdefault(owners[g], []).append((s, v, key, first + i, w))
+            elif route.kind == ROUTE_LOCAL:  # cannot happen from the planner: it holds no operator
+                raise PlacementError("a source routed to the planner")
+            else:
+                table = route.table
+                tn = len(table)
+                # Consecutive blocks per table slot travel as runs (first rid, one weight, the values), so
+                # the planner builds and packs no row per record.
+                block = max(1, n // tn) if n >= tn else 1
+                for start in range(0, n, block):
+                    dest = table[(first + start) // block % tn]
+                    runs.setdefault(dest, []).append([s, first + start, w, part[start:start + block]])
+        epoch = job.placement.epoch
+        for dest, rows in out.items():
+            self.pushers[dest].send(protocol.encode("data", [job.id, epoch, rows]), copy=False)
+        for dest, rs in runs.items():
+            self.pushers[dest].send(protocol.encode("runs", [job.id, epoch, rs]), copy=False)
+        if failed:
+            job.counters["source_errors"] += len(failed)
+            job.tracker.complete_now(failed, time.monotonic())
+        while job.deferred_acks and job.queued <= self.max_queue:
+            ident, ack = job.deferred_acks.popleft()
+            asyncio.ensure_future(self._send(ident, ack))
+        return n
+
+    # ----------------------------------------------------------------- once a second
+    async def _tick_loop(self) -> None:
+        last = time.monotonic()
+        prev: dict[int, tuple[int, int]] = {}
+        while True:
+            await asyncio.sleep(self.heartbeat)
+            now = time.monotonic()
+            dt = max(now - last, 1e-6)
+            last = now
+            for w in self.workers.values():
+                if w.alive and now - w.last_seen > self.dead_after:
+                    w.alive = False
+                    log.warning("worker %s missed heartbeats for %.1f s: marked dead", w.id, now - w.last_seen)
+                    for job in list(self.jobs.values()):
+                        if w.id in job.workers:
+                            self._background(self._recover(job, w.id), f"recovery of job {job.id}")
+            total_in = total_out = 0.0
+            for job in list(self.jobs.values()):
+                p_in, p_out = prev.get(job.id, (0, 0))
+                rate_in = (job.counters["pushed"] - p_in) / dt
+                rate_out = (job.tracker.completed - p_out) / dt
+                prev[job.id] = (job.counters["pushed"], job.tracker.completed)
+                interval = job.tracker.interval
+                self.latency.merge(interval)
+                lat = job.tracker.take_interval()
+                job.last = {"t": round(time.time() - job.created, 3), "input_rate": rate_in, "throughput": rate_out,
+                            "queue": job.queued, "inflight": job.inflight, "p50": lat["p50"], "p95": lat["p95"],
+                            "p99": lat["p99"], "workers": len(job.placement.active_workers())}
+                job.series.append(job.last)
+                self._control(job, rate_in, rate_out)
+                if job.tracker.suspects and not job.migrating:
+                    self._background(self._check_idle(job), f"idle check of job {job.id}")
+                total_in += rate_in
+                total_out += rate_out
+                for waiter in [x for x in job.waiters if x[2] <= now]:
+                    job.waiters.remove(waiter)
+                    self._reply_error(waiter[0], {"req": waiter[1]}, RequestError(
+                        f"timeout: job {job.id} still has {job.tracker.outstanding} records in flight "
+                        f"({job.queued} queued at the planner)"))
+            self.last_rates = {"input_rate": total_in, "throughput": total_out}
+
+    def job_stats(self, job: PlannerJob, counters: dict | None = None) -> dict:
+        """Throughput, input rate, latency, and the Table 2 metrics of every worker, for one job.
+
+        With `counters` (worker -> its exact cumulative counters), processed counts, errors and mean
+        execution times come from those instead of the last heartbeats."""
+        per_worker = {}
+        operators: dict[str, dict] = {o.name: {"rate": 0.0, "tau_us": 0.0, "processed": 0, "errors": 0,
+                                               "queue": 0} for o in job.spec.operators}
+        edges: dict[tuple[str, str], float] = {}
+        failed = 0
+        for wid in job.workers:
+            w = self.workers.get(wid)
+            js = (w.sample.get("jobs", {}).get(job.id) if w else None) or {}
+            per_worker[wid] = {"alive": bool(w and w.alive), "queue": js.get("queue", 0),
+                               "r_local": js.get("r_local", 0.0), "r_remote": js.get("r_remote", 0.0),
+                               "delta": w.sample.get("delta", 0) if w else 0, "exec_us": js.get("exec_us", 0.0),
+                               "cpu_us": w.sample.get("cpu_us") if w else None,
+                               "queue_delay": js.get("queue_delay", 0.0), "operators": js.get("operators", {}),
+                               "metrics": w.metrics if w else None}
+            failed += js.get("failed", 0)
+            for name, o in js.get("operators", {}).items():
+                agg = operators[name]
+                busy = agg["rate"] * agg["tau_us"] + o["rate"] * o["tau_us"]
+                agg["rate"] += o["rate"]
+                agg["tau_us"] = busy / agg["rate"] if agg["rate"] else 0.0
+                agg["processed"] += o["processed"]
+                agg["errors"] += o["errors"]
+                agg["queue"] += o["queue"]
+            for e in js.get("edges", []):
+                edges[(e["src"], e["dst"])] = edges.get((e["src"], e["dst"]), 0.0) + e["rate"]
+        if counters is not None:
+            failed = 0
+            for o in operators.values():
+                o["processed"], o["errors"], o["queue"], o["exec_s"] = 0, 0, 0, 0.0
+            totals = {"local": 0, "remote": 0}
+            for wid, c in counters.items():
+                failed += c["failed"]
+                totals["local"] += c["local"]
+                totals["remote"] += c["remote"]
+                per_worker[wid]["counters"] = c
+                for name, o in c["operators"].items():
+                    agg = operators[name]
+                    agg["processed"] += o["processed"]
+                    agg["errors"] += o["errors"]
+                    agg["queue"] += o["queue"]
+                    agg["exec_s"] += o["exec_s"]
+            for o in operators.values():
+                o["tau_us_mean"] = o["exec_s"] / o["processed"] * 1e6 if o["processed"] else 0.0
+        t = job.tracker
+        return {
+            "job": job.id, "name": job.spec.name,
+            "input_rate": job.last.get("input_rate", 0.0), "throughput": job.last.get("throughput", 0.0),
+            "latency": {"last": {k: job.last.get(k) for k in ("p50", "p95", "p99")}, **t.cumulative.summary()},
+            "pushed": job.counters["pushed"], "completed": t.completed, "outstanding": t.outstanding,
+            "queued": job.queued, "lost": t.lost, "suspected_lost": t.suspects,
+            "failed": failed + job.counters["source_errors"],
+            "errors": list(job.errors), "workers": per_worker, "operators": operators,
+            "edges": [{"src": s, "dst": d, "rate": r} for (s, d), r in edges.items()],
+            "placement": job.placement.to_wire(), "workers_active": len(job.placement.active_workers()),
+            "active_workers": job.placement.active_workers(), "epoch": job.placement.epoch,
+            "autoscale": job.autoscale, "model": dict(job.estimate), "decisions": list(job.decisions),
+            "migrations": list(job.migrations), "lost_workers": sorted(job.lost_workers),
+            "workers_alive": len(self.live_workers()), "series": list(job.series)[-120:],
+        }
+
+
+class _PlannerCollector:
+    """Prometheus view of the planner, read at scrape time."""
+
+    def __init__(self, planner: Planner):
+        self.p = planner
+
+    def collect(self):
+        p = self.p
+        g = GaugeMetricFamily("clasp_planner_queue_length", "Records waiting in the planner's queue (Q_p)")
+        g.add_metric([], sum(j.queued for j in list(p.jobs.values())))
+        yield g
+        for name, key, doc in (("clasp_input_rate", "input_rate", "Records entering per second (lambda_p)"),
+                               ("clasp_throughput", "throughput", "Records completed end to end per second (Lambda)")):
+            m = GaugeMetricFamily(name, doc)
+            m.add_metric([], p.last_rates[key])
+            yield m
+        a = GaugeMetricFamily("clasp_workers_alive", "Registered workers sending heartbeats")
+        a.add_metric([], len(p.live_workers()))
+        yield a
+        jobs = list(p.jobs.values())
+        act = GaugeMetricFamily("clasp_workers_active", "Workers holding operators of the job", labels=["job"])
+        for j in jobs:
+            act.add_metric([str(j.id)], len(j.placement.active_workers()))
+        yield act
+        for key, doc in (("alpha", "µs per local chained request (α)"), ("beta", "µs per remote chained request (β)"),
+                         ("gamma", "µs/s per remote destination (γ)"), ("capacity", "Worker capacity W̄, µs/s")):
+            m = GaugeMetricFamily(f"clasp_model_{key}", f"Current estimate: {doc}", labels=["job"])
+            for j in jobs:
+                if key in j.estimate:
+                    m.add_metric([str(j.id)], j.estimate[key])
+            yield m
+        r = CounterMetricFamily("clasp_rescales", "Migrations carried out")
+        r.add_metric([], p.rescales)
+        yield r
+        lost = CounterMetricFamily("clasp_records_lost", "Records given up on because a worker holding "
+                                   "part of them died")
+        lost.add_metric([], p.records_lost)
+        yield lost
+        mh = HistogramMetricFamily("clasp_migration_duration_seconds",
+                                   "Planner: plan issued to last completion; worker: plan received to resumed",
+                                   labels=["role"])
+        for role, hist in p.migration_hist.items():
+            mh.add_metric([role], _buckets(hist, (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0,
+                                                  2.5, 5.0, 10.0)), hist.sum)
+        yield mh
+        h = HistogramMetricFamily("clasp_end_to_end_latency_seconds",
+                                  "From entering the planner until the record and all its chained requests are done")
+        h.add_metric([], _buckets(p.latency, (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                              1.0, 2.5, 5.0, 10.0, 30.0)), p.latency.sum)
+        yield h
+        b = CounterMetricFamily("clasp_bad_messages", "Malformed, truncated or unknown messages dropped",
+                                labels=["reason"])
+        for reason, n in list(p.bad_messages.items()):
+            b.add_metric([reason], n)
+        if not p.bad_messages:
+            b.add_metric(["none"], 0)
+        yield b
+
+
+def _buckets(hist: LatencyHistogram, edges: tuple[float, ...]) -> list[tuple[str, int]]:
+    """Cumulative Prometheus buckets at `edges` from the fine internal histogram."""
+    import numpy as np
+
+    idx = np.searchsorted(hist.bounds, edges, side="right")
+    cumsum = np.cumsum(hist.counts)
+    out = [(repr(e), int(cumsum[i - 1]) if i > 0 else 0) for e, i in zip(edges, idx, strict=True)]
+    out.append(("+Inf", int(hist.total)))
+    return out

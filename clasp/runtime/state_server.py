@@ -1,0 +1,125 @@
+"""The remote-state server of the paper's Fig. 4 baseline, run by the planner on its own ROUTER port.
+
+With `state="remote"` a job's stateful operators keep no state on the workers: each micro-batch reads its
+keys here (`rstate_get_many`) and writes them back (`rstate_put_many`), one round trip each over ZeroMQ.
+State is a dict per (job, operator). Every message is validated; a bad one is counted in the planner's
+bad-message counter and answered with an `error` (or, when its request id is known, an error reply), so
+a worker never waits for an answer to a message that was refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import zmq
+import zmq.asyncio
+
+from clasp.core import protocol
+from clasp.core.protocol import ProtocolError
+from clasp.runtime.net import bind
+from clasp.runtime.security import Security
+
+log = logging.getLogger("clasp.planner.state")
+
+# Key types a state dict can hold (what msgpack gives back as hashable values).
+_KEY_TYPES = frozenset({str, int, float, bool, bytes, type(None)})
+
+# check(job, op) -> None when the job exists and `op` is one of its stateful operators, else why not.
+Check = Callable[[int, str], str | None]
+
+
+class StateServer:
+    """Keyed state per (job, operator), served on a ROUTER. `await serve()` runs until cancelled."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, check: Check, bad: Callable[[str], None], security=None):
+        self.ctx = ctx
+        self.security = security or Security()
+        self.check = check
+        self.bad = bad
+        self.states: dict[tuple[int, str], dict] = {}
+        self.counters = {"get_many": 0, "put_many": 0, "keys_read": 0, "keys_written": 0}
+        self.endpoint: str | None = None
+        self.router: zmq.asyncio.Socket | None = None
+
+    def bind(self, host: str, port: int, advertise: str) -> str:
+        """Bind the ROUTER (port 0: a free one); returns the endpoint workers dial."""
+        self.router = self.security.server(self.ctx.socket(zmq.ROUTER), "planner_state")
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.router.setsockopt(zmq.SNDHWM, 0)
+        self.router.setsockopt(zmq.RCVHWM, 0)
+        self.endpoint = f"tcp://{advertise}:{bind(self.router, host, port)}"
+        return self.endpoint
+
+    # ----------------------------------------------------------------- the planner's own view
+    def dump(self, job: int, op: str) -> dict:
+        """Every key's state of one operator of one job (a copy)."""
+        return dict(self.states.get((job, op), {}))
+
+    def drop(self, job: int) -> None:
+        """Forget a cancelled job's state."""
+        for k in [k for k in self.states if k[0] == job]:
+            del self.states[k]
+
+    # ----------------------------------------------------------------- serving
+    def handle(self, frame: bytes) -> bytes:
+        """The answer to one frame; raises nothing (bad messages are counted and answered)."""
+        req = None
+        try:
+            mtype, body = protocol.decode(frame)
+            if mtype not in ("rstate_get_many", "rstate_put_many"):
+                raise ProtocolError("unexpected_type", f"{mtype} is not served by the remote-state server")
+            req = body["req"]
+            why = self.check(body["job"], body["op"])
+            if why is not None:
+                raise ProtocolError("unknown_job", why)
+            if mtype == "rstate_get_many":
+                return protocol.reply(req, self._get_many(body))
+            return protocol.reply(req, self._put_many(body))
+        except ProtocolError as e:
+            self.bad(e.reason)
+            log.warning("remote state: dropped a bad message: %s", e)
+            if req is None:
+                return protocol.error(e.reason, e.detail)
+            return protocol.reply_error(req, f"{e.reason}: {e.detail}")
+
+    def _get_many(self, body: dict) -> dict:
+        keys = body["keys"]
+        _check_keys(keys, "rstate_get_many.keys")
+        table = self.states.get((body["job"], body["op"]), {})
+        self.counters["get_many"] += 1
+        self.counters["keys_read"] += len(keys)
+        return {k: table[k] for k in keys if k in table}
+
+    def _put_many(self, body: dict) -> bool:
+        states = body["states"]
+        _check_keys(states, "rstate_put_many.states")
+        table = self.states.setdefault((body["job"], body["op"]), {})
+        for k, v in states.items():
+            if v is None:
+                table.pop(k, None)
+            else:
+                table[k] = v
+        self.counters["put_many"] += 1
+        self.counters["keys_written"] += len(states)
+        return True
+
+    async def serve(self) -> None:
+        router = self.router
+        while True:
+            frames = await router.recv_multipart()
+            if len(frames) != 2:
+                self.bad("bad_envelope")
+                out = protocol.error("bad_envelope", f"{len(frames) - 1} payload frames")
+            else:
+                out = self.handle(frames[1])
+            try:
+                await router.send_multipart([frames[0], out])
+            except zmq.ZMQError:
+                pass  # the asker is gone
+
+
+def _check_keys(keys, where: str) -> None:
+    if not set(map(type, keys)) <= _KEY_TYPES:
+        bad = next(k for k in keys if type(k) not in _KEY_TYPES)
+        raise ProtocolError("bad_field", f"{where}: a key of type {type(bad).__name__}")

@@ -1,0 +1,538 @@
+"""The worker process: sockets, registration and heartbeats around the engines of its jobs.
+
+Sockets: a DEALER to the planner (control, heartbeats, returned weight); a PULL bound for data from the
+planner and from peers; a PUSH per peer it sends to; a ROUTER bound as its state server, which any
+process may ask for a key's state or a whole operator's. Metrics are served over HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import time
+import uuid
+from time import perf_counter
+
+import zmq
+import zmq.asyncio
+from prometheus_client import CollectorRegistry
+
+from clasp.core import protocol
+from clasp.core.dag import DagError, DagSpec
+from clasp.core.migration import MigrationPlan, WorkerMigration
+from clasp.core.protocol import ProtocolError
+from clasp.core.routing import Placement, PlacementError
+from clasp.runtime.cpuquota import process_cpu_max
+from clasp.runtime.engine import JobEngine, OperatorError
+from clasp.runtime.monitor import Monitor, WorkerCollector
+from clasp.runtime.net import advertised, bind, start_metrics_server
+from clasp.runtime.remote_state import RemoteState
+from clasp.runtime.security import Security
+
+log = logging.getLogger("clasp.worker")
+MIGRATE_CHUNK = 2000  # state objects and requests taken out between two turns of the event loop
+
+
+class Worker:
+    """One worker process. `await Worker(...).serve()` runs until cancelled."""
+
+    def __init__(self, planner: str, host: str = "127.0.0.1", data_port: int = 0, state_port: int = 0,
+                 metrics_port: int = 0, advertise: str | None = None, worker_id: str | None = None,
+                 p_max: int = 10, heartbeat: float = 1.0, flush_delay: float = 0.001, max_batch: int = 2000,
+                 cpus: float | None = None, security: Security | None = None, metrics_host: str | None = None):
+        self.planner_addr = planner
+        self.host = host
+        self.metrics_host = metrics_host or host
+        self.security = security or Security()
+        self.advertise = advertised(host, advertise)
+        self.id = worker_id or f"w-{uuid.uuid4().hex[:8]}"
+        self.p_max = p_max
+        self.heartbeat = heartbeat
+        self.flush_delay = flush_delay
+        self.max_batch = max_batch
+        self.stall = math.inf  # JobEngine.stall: set from this process's CPU quota
+        self.ctx = zmq.asyncio.Context()
+        self.monitor = Monitor(self.id)
+        self.monitor.cpus = cpus
+        self.jobs = self.monitor.jobs
+        self.peers: dict[str, zmq.asyncio.Socket] = {}
+        self.peer_addrs: dict[str, str] = {}
+        self.wake = asyncio.Event()
+        self.welcomed = asyncio.Event()
+        self.stopping = False
+        self._ports = (data_port, state_port, metrics_port)
+        self._returns_since: float | None = None
+        self.remote_states: dict[str, RemoteState] = {}  # state-server endpoint -> its client (remote state)
+
+    # ----------------------------------------------------------------- lifecycle
+    async def serve(self) -> None:
+        data_port, state_port, metrics_port = self._ports
+        sec = self.security
+        sec.start_zap(self.ctx)
+        self.pull = sec.server(self.ctx.socket(zmq.PULL), "worker_data")
+        self.pull.setsockopt(zmq.RCVHWM, 0)
+        self.data_endpoint = f"tcp://{self.advertise}:{bind(self.pull, self.host, data_port)}"
+        self.router = sec.server(self.ctx.socket(zmq.ROUTER), "worker_state")
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.state_endpoint = f"tcp://{self.advertise}:{bind(self.router, self.host, state_port)}"
+        self.dealer = sec.peer(self.ctx.socket(zmq.DEALER), "worker_control")
+        self.dealer.setsockopt(zmq.IDENTITY, self.id.encode())
+        self.dealer.setsockopt(zmq.SNDHWM, 0)
+        self.dealer.setsockopt(zmq.LINGER, 1000)
+        self.dealer.connect(self.planner_addr)
+        registry = CollectorRegistry()
+        registry.register(WorkerCollector(self.monitor))
+        registry.register(sec.collector())
+        self.metrics_url = start_metrics_server(registry, self.metrics_host, metrics_port,
+                                                self.advertise if self.metrics_host == self.host
+                                                else advertised(self.metrics_host, None))
+        print(f"clasp worker {self.id} data={self.data_endpoint} state={self.state_endpoint} "
+              f"metrics={self.metrics_url} planner={self.planner_addr}", flush=True)
+        tasks = [asyncio.create_task(c) for c in (self._control_loop(), self._data_loop(), self._state_loop(),
+                                                  self._executor_loop(), self._heartbeat_loop(),
+                                                  self._register_loop(), sec.run())]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            self.stopping = True
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.ctx.destroy(linger=200)
+
+    async def _register_loop(self) -> None:
+        while True:
+            if not self.welcomed.is_set():
+                await self.dealer.send(protocol.encode("register", {
+                    "id": self.id, "host": self.advertise, "data": self.data_endpoint, "state": self.state_endpoint,
+                    "metrics": self.metrics_url, "p_max": self.p_max, "pid": os.getpid()}))
+            try:
+                await asyncio.wait_for(self._wait_unwelcomed(), timeout=2.0)
+            except TimeoutError:
+                pass
+
+    async def _wait_unwelcomed(self) -> None:
+        await self.welcomed.wait()
+        while self.welcomed.is_set():
+            await asyncio.sleep(0.5)
+
+    def _bad(self, e: ProtocolError, where: str) -> None:
+        self.monitor.bad_messages[e.reason] += 1
+        log.warning("dropped a bad message on %s: %s", where, e)
+
+    # ----------------------------------------------------------------- control channel (planner)
+    async def _control_loop(self) -> None:
+        handlers = {"welcome": self._on_welcome, "deploy": self._on_deploy, "extend_ack": self._on_extend_ack,
+                    "state_dump": self._on_state_dump, "collected_dump": self._on_collected_dump,
+                    "stop_job": self._on_stop_job, "error": self._on_error, "state_get": self._on_state_get,
+                    "state_put": self._on_state_put, "counters": self._on_counters,
+                    "migrate_plan": self._on_migrate_plan}
+        while True:
+            frames = await self.dealer.recv_multipart()
+            try:
+                mtype, body = protocol.decode(frames[-1])
+                handler = handlers.get(mtype)
+                if handler is None:
+                    raise ProtocolError("unexpected_type", f"{mtype} is not for a worker's control channel")
+            except ProtocolError as e:
+                self._bad(e, "control")
+                await self.dealer.send(protocol.error(e.reason, e.detail))
+                continue
+            try:
+                answer = handler(body)
+                if asyncio.iscoroutine(answer):
+                    answer = await answer
+            except Exception as e:  # a failing handler answers its request; it never stops the worker
+                if not isinstance(e, (OperatorError, DagError, PlacementError, KeyError, TypeError, ValueError)):
+                    log.exception("handling %s failed", mtype)
+                if isinstance(body, dict) and "req" in body:
+                    await self.dealer.send(protocol.reply_error(body["req"], f"{type(e).__name__}: {e}"))
+                continue
+            if answer is not None:
+                await self.dealer.send(answer)
+
+    def _on_welcome(self, body) -> None:
+        self.heartbeat = float(body["heartbeat"]) or self.heartbeat
+        self.welcomed.set()
+        log.info("registered with planner %s", body["planner"])
+
+    def _on_error(self, body) -> None:
+        if body["reason"] == "unknown_worker":
+            self.welcomed.clear()  # the planner restarted or declared us dead: register again
+        log.warning("planner reports %s: %s", body["reason"], body["detail"])
+
+    def _on_deploy(self, body) -> bytes:
+        spec = DagSpec.unpack(body["dag"])
+        placement = Placement.from_wire(body["placement"], spec)
+        for wid, addr in body["peers"].items():
+            wid, addr = str(wid), str(addr)
+            if self.peer_addrs.get(wid) != addr and wid in self.peers:
+                self.peers.pop(wid).close(linger=0)  # a restarted peer with the same id: new ports
+            self.peer_addrs[wid] = addr
+            if wid != self.id:
+                # Connected now, not on the first send: a first send waits for the TCP and ZMTP handshakes,
+                # long enough for a new owner's outputs, sent later on a ready socket, to overtake it.
+                self._peer(wid)
+        job = body["job"]
+        if job in self.jobs:
+            raise ValueError(f"job {job} is already deployed here")
+        eng = JobEngine(job, spec, self.id, placement, self.p_max)
+        eng.stall = self.stall
+        eng.on_work = self.wake.set
+        if body.get("state") == "remote":
+            eng.remote_state = self._remote_state(body["state_server"])
+        self.jobs[job] = eng
+        log.info("deployed job %d (%s), %d operators, epoch %d", job, spec.name, len(spec.operators), placement.epoch)
+        return protocol.reply(body["req"], {"worker": self.id})
+
+    def _remote_state(self, endpoint: str) -> RemoteState:
+        """The client of the planner's remote-state server at `endpoint`, one per endpoint."""
+        rs = self.remote_states.get(endpoint)
+        if rs is None:
+            rs = RemoteState(self.ctx, endpoint, self.id, on_bad=lambda e: self._bad(e, "remote state"),
+                             security=self.security)
+            self.remote_states[endpoint] = rs
+        return rs
+
+    def _on_extend_ack(self, body) -> None:
+        eng = self.jobs.get(body[0])
+        if eng is not None:
+            eng.release_parked(body[1])
+            self.wake.set()
+
+    def _engine(self, body) -> JobEngine:
+        eng = self.jobs.get(body["job"])
+        if eng is None:
+            raise OperatorError(f"no job {body['job']} on worker {self.id}")
+        return eng
+
+    def _on_state_dump(self, body) -> bytes:
+        return protocol.reply(body["req"], self._engine(body).state_dump(body["op"]))
+
+    def _on_collected_dump(self, body) -> bytes:
+        return protocol.reply(body["req"], list(self._engine(body).op(body["op"]).collected))
+
+    def _on_counters(self, body) -> bytes:
+        eng = self._engine(body)
+        out = {**eng.counters(), "messages": self.monitor.message_counts(eng.job)}
+        if body.get("below") is not None:
+            out["holds_below"] = eng.holds_below(body["below"])
+        return protocol.reply(body["req"], out)
+
+    def _on_state_get(self, body) -> bytes:
+        op = self._engine(body).op(body["op"])
+        return protocol.reply(body["req"], op.state.get(body["key"]))
+
+    def _on_state_put(self, body) -> bytes:
+        op = self._engine(body).op(body["op"])
+        op.set_state(body["key"], body["value"], op.state.get(body["key"]))
+        return protocol.reply(body["req"], True)
+
+    # ----------------------------------------------------------------- migration (paper §4.4)
+    def _on_migrate_plan(self, body) -> None:
+        """Steps 3-7 for one plan; the reply to the planner is sent when this worker is done."""
+        eng = self._engine(body)
+        plan = MigrationPlan.from_wire(body["plan"])
+        placement = Placement.from_wire(body["placement"], eng.spec)
+        if placement.epoch <= eng.epoch:
+            raise ValueError(f"plan for epoch {placement.epoch}, job {eng.job} is at {eng.epoch}")
+        if eng.migration is not None:
+            # The planner sends a newer plan while this one waits when a peer died: stop waiting for the
+            # dead (their key groups restart empty), finish this one, then run the next.
+            self._forget(eng, plan.dead)
+            eng.queued_plans.append(body)
+            asyncio.ensure_future(self._progress(eng))
+            return
+        eng.migration = WorkerMigration(plan, self.id)
+        eng.migration_req = body["req"]
+        eng.migration_t0 = perf_counter()
+        eng.migration_stats = {"bytes": 0, "objects": 0, "rows": 0, "received_objects": 0, "busy_ms": 0.0,
+                               "pause_ms": 0.0}
+        # Step 3: what was batched under the old epoch leaves first, then the markers that close it.
+        self._flush_data(eng)
+        marker = protocol.encode("marker", [eng.job, placement.epoch, self.id])
+        for wid in plan.markers_to_send(self.id):
+            self._peer(wid).send(marker)
+        index = {o.name: o.index for o in eng.spec.operators}
+        incoming: dict[int, set[int]] = {}
+        for op, moves in plan.moves.items():
+            for (src, dst), groups in moves.items():
+                if dst == self.id and src not in plan.dead:  # a dead worker's groups restart empty at once
+                    incoming.setdefault(index[op], set()).update(groups)
+        eng.begin_migration(placement, incoming)
+        early, eng.early = eng.early, []
+        for mtype, m in early:
+            self._on_migration_message(eng, mtype, m)
+        asyncio.ensure_future(self._progress(eng))
+
+    def _groups_from(self, eng: JobEngine, sender: str) -> dict[int, list[int]]:
+        """The key groups the current plan moves from `sender` to this worker, by operator index."""
+        index = {o.name: o.index for o in eng.spec.operators}
+        out: dict[int, list[int]] = {}
+        for op, moves in eng.migration.plan.moves.items():
+            groups = moves.get((sender, self.id))
+            if groups:
+                out[index[op]] = groups
+        return out
+
+    def _forget(self, eng: JobEngine, dead) -> None:
+        mig = eng.migration
+        for w in dead:
+            if w in mig.awaiting_state:
+                eng.release_groups(self._groups_from(eng, w))
+        mig.forget(dead)
+
+    def _on_migration_message(self, eng: JobEngine, mtype: str, body: list, decode_s: float = 0.0) -> None:
+        """A marker or a migrate message (`decode_s`: the time its decoding took, part of the work)."""
+        mig = eng.migration
+        epoch, sender = body[1], body[2]
+        if epoch > eng.epoch:
+            eng.early.append((mtype, body))  # it overtook our plan
+            return
+        if mig is None or epoch < mig.plan.epoch:
+            self._bad(ProtocolError("stale_migration", f"{mtype} for epoch {epoch} at epoch {eng.epoch}"), "data")
+            return
+        if mtype == "marker":
+            mig.marker(sender)
+        else:
+            # Steps 5-6, group by group: install the state and requests that came, release what was held.
+            t = perf_counter()
+            _, _, _, units, rows, more = body
+            eng.migration_stats["received_objects"] += eng.install(units, rows)
+            released: dict[int, list[int]] = {}
+            for op_index, g, _items, _rows in units:
+                released.setdefault(op_index, []).append(g)
+            if not more:  # the last message from this sender: groups it had nothing of are ours now too
+                released = self._groups_from(eng, sender)
+                mig.received(sender)
+            eng.release_groups(released)
+            self._slice(eng.migration_stats, t - decode_s)
+            self.wake.set()
+        asyncio.ensure_future(self._progress(eng))
+
+    async def _progress(self, eng: JobEngine) -> None:
+        mig = eng.migration
+        if mig is None:
+            return
+        if mig.ready_to_send:
+            mig.sent = True
+            stats = eng.migration_stats
+            stats["markers_ms"] = (perf_counter() - eng.migration_t0) * 1e3
+            if eng.async_tasks:  # drain: let running executions finish before their state moves
+                await asyncio.gather(*list(eng.async_tasks), return_exceptions=True)
+            # Whole key groups in chunks of about MIGRATE_CHUNK objects, yielding to the event loop in
+            # between: the worker keeps running everything else, and no single step holds it long.
+            epoch = mig.plan.epoch
+            # What this worker's own executions batched goes first: a new owner must not run a moved
+            # group, and send its outputs on, before the outputs this worker made of that group left.
+            self._flush_data(eng)
+            chunks: dict[str, list] = {}
+            loose: dict[str, list] = {}
+            size = 0
+            t = perf_counter()
+            for wid, unit, rows in eng.extract():
+                if wid in mig.plan.dead:
+                    continue
+                if unit is None:
+                    loose[wid] = rows
+                    stats["rows"] += len(rows)
+                    continue
+                chunks.setdefault(wid, []).append(unit)
+                size += len(unit[2]) + len(unit[3])
+                stats["objects"] += len(unit[2])
+                stats["rows"] += len(unit[3])
+                if size >= MIGRATE_CHUNK:
+                    for peer, units in chunks.items():
+                        self._send_migrate(eng, peer, epoch, units, [], True)
+                    chunks, size = {}, 0
+                    self._slice(stats, t)
+                    await asyncio.sleep(0)
+                    t = perf_counter()
+            for wid in set(mig.plan.sends_to.get(self.id, [])) - set(mig.plan.dead):
+                self._send_migrate(eng, wid, epoch, chunks.pop(wid, []), loose.pop(wid, []), False)
+            self._slice(stats, t)
+            stats["sent_ms"] = (perf_counter() - eng.migration_t0) * 1e3
+        if mig.done and eng.migration is mig:
+            self._finish_migration(eng)
+
+    def _send_migrate(self, eng: JobEngine, wid: str, epoch: int, units: list, rows: list, more: bool) -> None:
+        """Step 4's message to one peer; the last one carries `more=False`."""
+        frame = protocol.encode("migrate", [eng.job, epoch, self.id, units, rows, more])
+        self._peer(wid).send(frame, copy=False)
+        eng.migration_stats["bytes"] += len(frame)
+
+    @staticmethod
+    def _slice(stats: dict, t0: float) -> None:
+        """Account one uninterrupted stretch of migration work: its total, and the longest (the pause)."""
+        ms = (perf_counter() - t0) * 1e3
+        stats["busy_ms"] += ms
+        stats["pause_ms"] = max(stats.get("pause_ms", 0.0), ms)
+
+    def _finish_migration(self, eng: JobEngine) -> None:
+        hold = perf_counter() - eng.migration_t0
+        stats = eng.migration_stats
+        pause = stats.get("pause_ms", 0.0) / 1e3
+        reply = {"worker": self.id, "epoch": eng.epoch, "pause": pause, "hold": hold, **stats}
+        self.dealer.send(protocol.reply(eng.migration_req, reply))
+        eng.migration = None
+        self.wake.set()
+        if eng.queued_plans:
+            self._on_migrate_plan(eng.queued_plans.pop(0))
+
+    def _on_stop_job(self, body) -> bytes:
+        self.jobs.pop(body["job"], None)
+        return protocol.reply(body["req"], True)
+
+    # ----------------------------------------------------------------- state server (any process)
+    async def _state_loop(self) -> None:
+        handlers = {"state_get": self._on_state_get, "state_put": self._on_state_put,
+                    "state_dump": self._on_state_dump, "collected_dump": self._on_collected_dump,
+                    "counters": self._on_counters}
+        while True:
+            frames = await self.router.recv_multipart()
+            ident = frames[0]
+            try:
+                if len(frames) < 2:
+                    raise ProtocolError("bad_envelope", "no payload frame")
+                mtype, body = protocol.decode(frames[-1])
+                handler = handlers.get(mtype)
+                if handler is None:
+                    raise ProtocolError("unexpected_type", f"{mtype} is not served by a state server")
+                out = handler(body)
+            except ProtocolError as e:
+                self._bad(e, "state")
+                out = protocol.error(e.reason, e.detail)
+            except Exception as e:  # answered, never fatal to the state server
+                if not isinstance(e, (OperatorError, KeyError, TypeError, ValueError)):
+                    log.exception("state server: %s failed", mtype)
+                out = protocol.reply_error(body.get("req", 0) if isinstance(body, dict) else 0, str(e))
+            try:
+                await self.router.send_multipart([ident, out])
+            except zmq.ZMQError:
+                pass  # the asker is gone
+
+    # ----------------------------------------------------------------- data path
+    async def _data_loop(self) -> None:
+        recv = self.pull.recv
+        job_messages = self.monitor.job_messages
+        while True:
+            frame = await recv(copy=False)
+            t0 = perf_counter()
+            try:
+                mtype, body = protocol.decode(frame.bytes)
+                if mtype not in ("data", "runs", "marker", "migrate"):
+                    raise ProtocolError("unexpected_type", f"{mtype} on the data socket")
+                eng = self.jobs.get(body[0])
+                if eng is None:
+                    raise ProtocolError("unknown_job", f"{mtype} for job {body[0]}")
+                if mtype == "data":
+                    protocol.check_rows(body[2], len(eng.ops))
+                elif mtype == "runs":
+                    protocol.check_runs(body[2], len(eng.ops))
+                else:
+                    protocol.check_migrate(body, len(eng.ops))
+            except ProtocolError as e:
+                self._bad(e, "data")
+                continue
+            if mtype == "data":
+                msgs = job_messages(body[0])
+                msgs[2] += 1
+                msgs[3] += len(body[2])
+                eng.received_requests += len(body[2])
+                eng.receive(body[1], body[2])
+                self.wake.set()
+            elif mtype == "runs":
+                rows = protocol.expand_runs(body[2])
+                msgs = job_messages(body[0])
+                msgs[2] += 1
+                msgs[3] += len(rows)
+                eng.receive(body[1], rows)
+                self.wake.set()
+            else:
+                self._on_migration_message(eng, mtype, body, perf_counter() - t0)
+
+    def _peer(self, wid: str) -> zmq.asyncio.Socket:
+        sock = self.peers.get(wid)
+        if sock is None:
+            sock = self.security.peer(self.ctx.socket(zmq.PUSH))
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.LINGER, 2000)
+            sock.connect(self.peer_addrs[wid])
+            self.peers[wid] = sock
+        return sock
+
+    def _flush_data(self, eng: JobEngine) -> None:
+        encode = protocol.encode
+        dests = self.monitor.destinations_interval
+        msgs = self.monitor.job_messages(eng.job)
+        for wid, rows in eng.take_pending().items():
+            self._peer(wid).send(encode("data", [eng.job, eng.epoch, rows]), copy=False)
+            dests.add(wid)
+            msgs[0] += 1
+            msgs[1] += len(rows)
+
+    def _flush_returns(self, eng: JobEngine) -> None:
+        if eng.returns or eng.extends:
+            returns, extends = eng.take_returns()
+            self.dealer.send(protocol.encode("done", [eng.job, returns, extends]), copy=False)
+
+    async def _executor_loop(self) -> None:
+        flush_delay, max_batch = self.flush_delay, self.max_batch
+        sleep = asyncio.sleep
+        while True:
+            done = 0
+            now = perf_counter()
+            for eng in list(self.jobs.values()):
+                done += eng.run_round()
+                if eng.pending:
+                    now = perf_counter()
+                    if now - eng.pending_since >= flush_delay or any(len(r) >= max_batch for r in eng.pending.values()):
+                        self._flush_data(eng)
+            if done:
+                if self._returns_since is None:
+                    self._returns_since = now
+                elif now - self._returns_since >= flush_delay:
+                    for eng in self.jobs.values():
+                        self._flush_returns(eng)
+                    self._returns_since = None
+                await sleep(0)
+                continue
+            # Nothing runnable: send whatever is batched now, then wait for work.
+            for eng in list(self.jobs.values()):
+                if eng.pending:
+                    self._flush_data(eng)
+                self._flush_returns(eng)
+            self._returns_since = None
+            self.wake.clear()
+            if any(any(o.queue for o in e.ops) and not any(o.busy for o in e.ops) for e in self.jobs.values()):
+                continue
+            self.monitor.idle_waits += 1
+            await self.wake.wait()
+
+    # ----------------------------------------------------------------- heartbeats
+    def _read_quota(self) -> None:
+        """This process's CPU quota (it can be placed in a cgroup after it started): the monitor's CPU limit,
+        and the engines' stall threshold, half of the longest throttled stretch of a period."""
+        cpu_max = process_cpu_max()
+        self.monitor.cpu_limit = None if cpu_max is None else cpu_max[0] / cpu_max[1]
+        stall = math.inf if cpu_max is None else max(1e-3, 0.5 * (cpu_max[1] - cpu_max[0]))
+        if stall != self.stall:
+            log.info("CPU quota %s: timed executions over %.1f ms count as stalled", cpu_max, stall * 1e3)
+            self.stall = stall
+            for eng in self.jobs.values():
+                eng.stall = stall
+
+    async def _heartbeat_loop(self) -> None:
+        self._read_quota()
+        await self.welcomed.wait()
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(self.heartbeat)
+            now = time.monotonic()
+            self._read_quota()
+            sample = self.monitor.sample(now - last)
+            last = now
+            if self.welcomed.is_set():
+                await self.dealer.send(protocol.encode("heartbeat", {"id": self.id, "sample": sample}))
