@@ -16,7 +16,7 @@ import pytest
 import zmq
 
 import clasp
-from clasp import protocol
+from clasp.core import protocol
 from clasp.runtime.client import AuthError, ClaspError
 from clasp.runtime.security import Keys, KeysError, Security, add_client, init_keys
 from tests.conftest import start_cluster, wait_for
