@@ -34,11 +34,12 @@ def beta(mode: str, n: int) -> float:
     return (r["cpu"] - n * CHAIN * tau * 1e-6) / (n * (CHAIN - 1)) * 1e6
 
 
-def word_count(mode: str, text: list[str]) -> float:
+def word_count(mode: str, text: list[str]) -> tuple[float, float]:
+    """Lines per second, and both workers' CPU µs per line (less sensitive to a shared machine's noise)."""
     r = _run(MODES[mode], wordcount_dag(), text)
     if r["state"] != dict(collections.Counter(w for line in text[:2000] + text for w in line.split())):
         raise SystemExit(f"word count was wrong ({mode})")
-    return len(text) / r["wall"]
+    return len(text) / r["wall"], r["cpu"] / len(text) * 1e6
 
 
 def main(argv=None) -> int:
@@ -49,19 +50,21 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the result here")
     args = ap.parse_args(argv)
     text = lines(args.lines)
-    runs: dict = {m: {"beta_us": [], "wc_lines_per_s": []} for m in MODES}
+    runs: dict = {m: {"beta_us": [], "wc_lines_per_s": [], "wc_cpu_us_per_line": []} for m in MODES}
     for r in range(args.rounds):
         for mode in ("curve", "insecure") if r % 2 == 0 else ("insecure", "curve"):
-            b, wc = beta(mode, args.records), word_count(mode, text)
+            b, (wc, wc_cpu) = beta(mode, args.records), word_count(mode, text)
             runs[mode]["beta_us"].append(round(b, 2))
             runs[mode]["wc_lines_per_s"].append(round(wc, 1))
-            print(f"round {r + 1}/{args.rounds} {mode}: beta {b:.1f} us, wc {wc:.0f} lines/s", file=sys.stderr,
-                  flush=True)
+            runs[mode]["wc_cpu_us_per_line"].append(round(wc_cpu, 2))
+            print(f"round {r + 1}/{args.rounds} {mode}: beta {b:.1f} us, wc {wc:.0f} lines/s, {wc_cpu:.1f} us CPU "
+                  "per line", file=sys.stderr, flush=True)
     med = {m: {k: statistics.median(v) for k, v in xs.items()} for m, xs in runs.items()}
     c, p = med["curve"], med["insecure"]
     out = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}, "rounds": args.rounds,
            "records": args.records, "lines": args.lines, "runs": runs, "median": med,
            "overhead": {"wc_throughput": round(1 - c["wc_lines_per_s"] / p["wc_lines_per_s"], 4),
+                        "wc_cpu_per_line": round(c["wc_cpu_us_per_line"] / p["wc_cpu_us_per_line"] - 1, 4),
                         "beta": round(c["beta_us"] / p["beta_us"] - 1, 4)}}
     return emit(out, args.json)
 
