@@ -5,6 +5,7 @@ The top layer, the only one that may import every other (docs/ARCHITECTURE.md)."
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import signal
 import sys
@@ -278,6 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # `kill -USR1 PID` prints every thread's stack of a clasp process to its stderr: what a hung one waits on.
+    try:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    except (AttributeError, ValueError, OSError):  # called in-process with a stderr that has no file (tests)
+        pass
     if argv[:1] == ["place"]:
         return _place(None, argv[1:])
     if argv[:1] == ["simulate"]:
