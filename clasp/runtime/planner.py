@@ -22,7 +22,7 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from clasp.core import protocol
+from clasp.core import protocol, scheduler
 from clasp.core.control import (
     ControlConfig,
     Controller,
@@ -37,17 +37,13 @@ from clasp.core.policies import POLICIES
 from clasp.core.protocol import ROOT_WEIGHT, ProtocolError
 from clasp.core.routing import (
     NUM_KEY_GROUPS,
-    ROUTE_KEYED,
-    ROUTE_LOCAL,
-    OperatorPlacement,
     Placement,
     PlacementError,
     build_placement,
-    key_group,
-    key_groups_for_shares,
     route_to,
     spread_placement,
 )
+from clasp.core.scheduler import WorkerInfo
 from clasp.core.tracking import CHUNK_BITS, LatencyHistogram, Tracker
 from clasp.runtime.net import advertised, bind, start_metrics_server
 from clasp.runtime.state_server import StateServer
@@ -60,21 +56,6 @@ STATE_MODES = ("local", "remote")  # where stateful operators keep their state (
 
 class RequestError(Exception):
     """A client request that cannot be served; the message goes back to the client."""
-
-
-@dataclass
-class WorkerInfo:
-    id: str
-    host: str
-    data: str
-    state: str
-    metrics: str
-    p_max: int
-    pid: int
-    registered: float
-    last_seen: float
-    alive: bool = True
-    sample: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -618,25 +599,17 @@ class Planner:
         duration = time.monotonic() - t0
         job.migrating = False
         self.dispatch_wake.set()
-        ok = [r for r in replies if isinstance(r, dict)]
-        failed = {w: str(r) for w, r in zip(plan.participants, replies, strict=True) if not isinstance(r, dict)}
-        record = {"epoch": new.epoch, "reason": reason, "t": round(time.time() - job.created, 3),
-                  "from_workers": len(old.active_workers()), "to_workers": len(new.active_workers()),
-                  "active": new.active_workers(), "duration_s": duration,
-                  "max_pause_s": max((r["pause"] for r in ok), default=0.0),
-                  "max_hold_s": max((r["hold"] for r in ok), default=0.0),
-                  "pauses": {r["worker"]: r["pause"] for r in ok},
-                  "phases_ms": {r["worker"]: {k: round(v, 2) for k, v in r.items() if k.endswith("_ms")} for r in ok},
-                  "bytes": sum(r["bytes"] for r in ok), "objects": sum(r["objects"] for r in ok),
-                  "rows": sum(r["rows"] for r in ok), "key_groups_moved": plan.moved_groups(),
-                  "dead": dead, "failed": failed}
+        record = scheduler.migration_record(old, new, reason, time.time() - job.created, duration,
+                                            plan.participants, replies, plan.moved_groups(), dead)
+        failed = record["failed"]
         job.migrations.append(record)
         if not failed:
             job.settled = new
         self.rescales += 1
         self.migration_hist["planner"].add(duration)
-        for r in ok:
-            self.migration_hist["worker"].add(r["pause"])
+        for r in replies:
+            if isinstance(r, dict):
+                self.migration_hist["worker"].add(r["pause"])
         if failed:
             log.error("job %d migration to epoch %d failed on %s after %.3f s: %s", job.id, new.epoch,
                       sorted(failed), duration, failed)
@@ -659,31 +632,12 @@ class Planner:
             if not alive:
                 log.error("job %d lost its last worker %s", job.id, wid)
                 return
-            ops = {}
-            for o in job.spec.operators:
-                p = old.operators[o.name]
-                shares = {w: s for w, s in p.shares.items() if w in alive}
-                if not shares:
-                    shares = {pool_order(old, alive)[0]: 1.0}
-                total = sum(shares.values())
-                shares = {w: v / total for w, v in shares.items()}
-                kg = (key_groups_for_shares(shares, NUM_KEY_GROUPS, p.key_groups, job.key_weights.get(o.name))
-                      if o.stateful else None)
-                ops[o.name] = OperatorPlacement(shares, {w: p.instances.get(w, 1) for w in shares}, kg)
-            settled = job.settled or old
-            lost_groups = sum(1 for o in job.spec.operators if o.stateful
-                              for g in settled.operators[o.name].key_groups if g == wid)
-            reason = f"worker {wid} died: its {lost_groups} key groups restart empty (their state is lost)"
-            job.decisions.append({"t": round(time.time() - job.created, 3), "trigger": f"worker {wid} died",
-                                  "reason": reason, "change": True})
-            # Records dispatched until now may have had weight on the dead worker: they leave the in-flight
-            # window (which would otherwise stay full of records that never complete) and are counted as
-            # lost once no survivor holds anything of them. `_run_migration` switches the routes in this same step,
-            # so every record from the fence on goes to survivors only.
-            fence = job.queue[0][0] + job.queue[0][2] if job.queue else job.tracker.next_chunk << CHUNK_BITS
-            job.tracker.suspect_below(fence)
+            r = scheduler.plan_recovery(job.spec, old, job.settled, wid, alive, job.queue, job.tracker.next_chunk,
+                                        job.key_weights, time.time() - job.created)
+            job.decisions.append(r.decision)
+            job.tracker.suspect_below(r.fence)
             self.dispatch_wake.set()
-            await self._run_migration(job, Placement(ops, old.epoch + 1, old.workers), reason)
+            await self._run_migration(job, r.placement, r.reason)
 
     def _sweep_lost(self, job: PlannerJob, clean: bool) -> None:
         """After a worker died, records whose weight died with it never complete. A check is clean when
@@ -691,20 +645,13 @@ class Planner:
         completing in between (a request on the wire between survivors shows up in one of them), count
         the suspects still open as lost."""
         t = job.tracker
-        if not t.suspects or job.migrating or not clean:
-            job.sweep = None
-            return
-        if job.sweep is None or job.sweep[0] != t.suspects:
-            job.sweep = (t.suspects, 1)
+        job.sweep, lose = scheduler.sweep_step(job.sweep, t.suspects, job.migrating, clean)
+        if not lose:
             return
         n = t.lose_suspects()
-        job.sweep = None
         self.records_lost += n
-        dead = ",".join(sorted(job.lost_workers))
-        log.error("job %d: %d records lost with worker(s) %s", job.id, n, dead)
-        job.errors.append({"worker": dead, "operator": "", "value": "",
-                           "error": f"{n} records lost with dead worker(s) {dead}: they had requests or "
-                                    f"state there; their key groups restarted empty"})
+        log.error("job %d: %d records lost with worker(s) %s", job.id, n, ",".join(sorted(job.lost_workers)))
+        job.errors.append(scheduler.lost_error(n, job.lost_workers))
         if t.outstanding == 0 and job.queued == 0:
             self._wake_waiters(job)
 
@@ -756,57 +703,22 @@ class Planner:
 
     def _dispatch(self, job: PlannerJob) -> int:
         """Send queued records to the source operators' workers while the in-flight window has room."""
-        room = min(self.max_inflight - job.inflight, self.dispatch_batch)
-        if room <= 0 or not job.queue:
+        d = scheduler.dispatch(job.queue, job.spec, job.routes, job.weight,
+                               scheduler.window_room(self.max_inflight, job.inflight, self.dispatch_batch))
+        if d is None:
             return 0
-        head = job.queue[0]
-        base, records, offset = head
-        n = min(room, len(records) - offset)
-        part = records[offset:offset + n]
-        head[2] = offset + n
-        if head[2] >= len(records):
-            job.queue.popleft()
+        n = d.count
         job.queued -= n
         job.counters["dispatched"] += n
-        first = base + offset
-        w = job.weight // len(job.routes)
-        out: dict[str, list] = {}
-        runs: dict[str, list] = {}
-        failed = []
-        for route in job.routes:
-            s = route.succ
-            if route.kind == ROUTE_KEYED:
-                key_fn = job.spec.operators[s].key
-                owners = route.owners
-                for i, v in enumerate(part):
-                    try:
-                        key = key_fn(v)
-                        g = key_group(key, NUM_KEY_GROUPS)
-                    except Exception as e:
-                        failed.append(first + i)
-                        job.errors.append({"worker": "planner", "operator": job.spec.operators[s].name,
-                                           "error": f"key function failed: {e!r}"[:300], "value": repr(v)[:200]})
-                        continue
-                    out.setdefault(owners[g], []).append((s, v, key, first + i, w))
-            elif route.kind == ROUTE_LOCAL:  # cannot happen from the planner: it holds no operator
-                raise PlacementError("a source routed to the planner")
-            else:
-                table = route.table
-                tn = len(table)
-                # Consecutive blocks per table slot travel as runs (first rid, one weight, the values), so
-                # the planner builds and packs no row per record.
-                block = max(1, n // tn) if n >= tn else 1
-                for start in range(0, n, block):
-                    dest = table[(first + start) // block % tn]
-                    runs.setdefault(dest, []).append([s, first + start, w, part[start:start + block]])
         epoch = job.placement.epoch
-        for dest, rows in out.items():
+        for dest, rows in d.data.items():
             self.pushers[dest].send(protocol.encode("data", [job.id, epoch, rows]), copy=False)
-        for dest, rs in runs.items():
+        for dest, rs in d.runs.items():
             self.pushers[dest].send(protocol.encode("runs", [job.id, epoch, rs]), copy=False)
-        if failed:
-            job.counters["source_errors"] += len(failed)
-            job.tracker.complete_now(failed, time.monotonic())
+        if d.failed:
+            job.errors.extend(d.errors)
+            job.counters["source_errors"] += len(d.failed)
+            job.tracker.complete_now(d.failed, time.monotonic())
         while job.deferred_acks and job.queued <= self.max_queue:
             ident, ack = job.deferred_acks.popleft()
             asyncio.ensure_future(self._send(ident, ack))
@@ -854,69 +766,9 @@ class Planner:
             self.last_rates = {"input_rate": total_in, "throughput": total_out}
 
     def job_stats(self, job: PlannerJob, counters: dict | None = None) -> dict:
-        """Throughput, input rate, latency, and the Table 2 metrics of every worker, for one job.
-
-        With `counters` (worker -> its exact cumulative counters), processed counts, errors and mean
-        execution times come from those instead of the last heartbeats."""
-        per_worker = {}
-        operators: dict[str, dict] = {o.name: {"rate": 0.0, "tau_us": 0.0, "processed": 0, "errors": 0,
-                                               "queue": 0} for o in job.spec.operators}
-        edges: dict[tuple[str, str], float] = {}
-        failed = 0
-        for wid in job.workers:
-            w = self.workers.get(wid)
-            js = (w.sample.get("jobs", {}).get(job.id) if w else None) or {}
-            per_worker[wid] = {"alive": bool(w and w.alive), "queue": js.get("queue", 0),
-                               "r_local": js.get("r_local", 0.0), "r_remote": js.get("r_remote", 0.0),
-                               "delta": w.sample.get("delta", 0) if w else 0, "exec_us": js.get("exec_us", 0.0),
-                               "cpu_us": w.sample.get("cpu_us") if w else None,
-                               "queue_delay": js.get("queue_delay", 0.0), "operators": js.get("operators", {}),
-                               "metrics": w.metrics if w else None}
-            failed += js.get("failed", 0)
-            for name, o in js.get("operators", {}).items():
-                agg = operators[name]
-                busy = agg["rate"] * agg["tau_us"] + o["rate"] * o["tau_us"]
-                agg["rate"] += o["rate"]
-                agg["tau_us"] = busy / agg["rate"] if agg["rate"] else 0.0
-                agg["processed"] += o["processed"]
-                agg["errors"] += o["errors"]
-                agg["queue"] += o["queue"]
-            for e in js.get("edges", []):
-                edges[(e["src"], e["dst"])] = edges.get((e["src"], e["dst"]), 0.0) + e["rate"]
-        if counters is not None:
-            failed = 0
-            for o in operators.values():
-                o["processed"], o["errors"], o["queue"], o["exec_s"] = 0, 0, 0, 0.0
-            totals = {"local": 0, "remote": 0}
-            for wid, c in counters.items():
-                failed += c["failed"]
-                totals["local"] += c["local"]
-                totals["remote"] += c["remote"]
-                per_worker[wid]["counters"] = c
-                for name, o in c["operators"].items():
-                    agg = operators[name]
-                    agg["processed"] += o["processed"]
-                    agg["errors"] += o["errors"]
-                    agg["queue"] += o["queue"]
-                    agg["exec_s"] += o["exec_s"]
-            for o in operators.values():
-                o["tau_us_mean"] = o["exec_s"] / o["processed"] * 1e6 if o["processed"] else 0.0
-        t = job.tracker
-        return {
-            "job": job.id, "name": job.spec.name,
-            "input_rate": job.last.get("input_rate", 0.0), "throughput": job.last.get("throughput", 0.0),
-            "latency": {"last": {k: job.last.get(k) for k in ("p50", "p95", "p99")}, **t.cumulative.summary()},
-            "pushed": job.counters["pushed"], "completed": t.completed, "outstanding": t.outstanding,
-            "queued": job.queued, "lost": t.lost, "suspected_lost": t.suspects,
-            "failed": failed + job.counters["source_errors"],
-            "errors": list(job.errors), "workers": per_worker, "operators": operators,
-            "edges": [{"src": s, "dst": d, "rate": r} for (s, d), r in edges.items()],
-            "placement": job.placement.to_wire(), "workers_active": len(job.placement.active_workers()),
-            "active_workers": job.placement.active_workers(), "epoch": job.placement.epoch,
-            "autoscale": job.autoscale, "model": dict(job.estimate), "decisions": list(job.decisions),
-            "migrations": list(job.migrations), "lost_workers": sorted(job.lost_workers),
-            "workers_alive": len(self.live_workers()), "series": list(job.series)[-120:],
-        }
+        """Throughput, input rate, latency, and the Table 2 metrics of every worker, for one job
+        (`scheduler.job_stats`; `counters`: worker -> its exact cumulative counters)."""
+        return scheduler.job_stats(job, self.workers, len(self.live_workers()), counters)
 
 
 class _PlannerCollector:
