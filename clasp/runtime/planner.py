@@ -33,6 +33,7 @@ from clasp.core.control import (
 )
 from clasp.core.dag import DagError, DagSpec
 from clasp.core.migration import PLANNER, plan_migration
+from clasp.core.placement import NoPlacementError
 from clasp.core.policies import POLICIES
 from clasp.core.protocol import ROOT_WEIGHT, ProtocolError
 from clasp.core.routing import (
@@ -47,6 +48,7 @@ from clasp.core.scheduler import WorkerInfo
 from clasp.core.tracking import CHUNK_BITS, LatencyHistogram, Tracker
 from clasp.runtime.net import advertised, bind, start_metrics_server
 from clasp.runtime.state_server import StateServer
+from clasp.runtime.tasks import ProcessTasks, internal_error
 
 log = logging.getLogger("clasp.planner")
 
@@ -56,6 +58,11 @@ STATE_MODES = ("local", "remote")  # where stateful operators keep their state (
 
 class RequestError(Exception):
     """A client request that cannot be served; the message goes back to the client."""
+
+
+# Errors whose text is meant for the client (a bad request); any other exception in a handler is a bug:
+# logged with its traceback, and the client gets an error id (`clasp.runtime.tasks.internal_error`).
+CLIENT_ERRORS = (RequestError, DagError, PlacementError, NoPlacementError, ProtocolError, TimeoutError)
 
 
 @dataclass
@@ -156,6 +163,7 @@ class Planner:
         self.latency = LatencyHistogram()
         self.last_rates = {"input_rate": 0.0, "throughput": 0.0}
         self.dispatch_wake = asyncio.Event()
+        self.tasks = ProcessTasks(log)  # every task of this process; cancelled together when serve() ends
 
     # ----------------------------------------------------------------- lifecycle
     async def serve(self) -> None:
@@ -172,14 +180,9 @@ class Planner:
         self.state_server.bind(self.host, self.state_port, self.advertise)
         print(f"clasp planner {self.id} endpoint={self.endpoint} metrics={self.metrics_url} "
               f"state={self.state_server.endpoint}", flush=True)
-        tasks = [asyncio.create_task(c) for c in (self._recv_loop(), self._dispatch_loop(), self._tick_loop(),
-                                                  self.state_server.serve())]
         try:
-            await asyncio.gather(*tasks)
+            await self.tasks.run(self._recv_loop(), self._dispatch_loop(), self._tick_loop(), self.state_server.serve())
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
             self.ctx.destroy(linger=200)
 
     def _remote_state_check(self, job_id: int, op: str) -> str | None:
@@ -231,35 +234,38 @@ class Planner:
                 result = handler(ident, body)
                 if asyncio.iscoroutine(result):
                     # Slow handlers (they wait on workers) run on their own so the loop keeps receiving.
-                    asyncio.create_task(self._finish(ident, body, result))
+                    self._background(self._finish(ident, mtype, body, result), f"handling {mtype}")
             except Exception as e:  # a failing handler answers its request; it never stops the planner
-                if not isinstance(e, (RequestError, DagError, PlacementError, KeyError, TypeError, ValueError)):
-                    log.exception("handling %s failed", mtype)
-                self._reply_error(ident, body, e)
+                self._reply_error(ident, body, e, mtype)
 
     def _background(self, coro, what: str) -> None:
-        """Run a coroutine on its own; a failure is logged, never lost silently."""
-        def done(task: asyncio.Task) -> None:
-            if not task.cancelled() and task.exception() is not None:
-                log.error("%s failed", what, exc_info=task.exception())
-        asyncio.ensure_future(coro).add_done_callback(done)
+        """Run a coroutine on its own, owned by the planner's task group; a failure is logged."""
+        self.tasks.spawn(coro, what)
 
-    async def _finish(self, ident, body, coro) -> None:
+    def _post(self, ident: bytes, frame: bytes) -> None:
+        """Send without waiting (from a handler that does not await)."""
+        self.tasks.spawn(self._send(ident, frame), "a send")
+
+    async def _finish(self, ident, mtype: str, body, coro) -> None:
         try:
             await coro
-        except (RequestError, DagError, PlacementError, KeyError, TypeError, ValueError, TimeoutError) as e:
-            self._reply_error(ident, body, e)
         except Exception as e:
-            log.exception("handler failed")
-            self._reply_error(ident, body, e)
+            self._reply_error(ident, body, e, mtype)
 
-    def _reply_error(self, ident, body, e: BaseException) -> None:
-        req = body.get("req", 0) if isinstance(body, dict) else 0
-        text = str(e) if isinstance(e, RequestError) else f"{type(e).__name__}: {e}"
-        asyncio.ensure_future(self._send(ident, protocol.reply_error(req, text)))
+    def _reply_error(self, ident, body, e: BaseException, mtype: str = "a request") -> None:
+        """Answer a request that failed: with the error's text when it is meant for the client (a bad
+        request), else (a bug here) with an error id, the traceback in the planner's log under it."""
+        req = body.get("req", 0) if isinstance(body, dict) else getattr(body, "req", 0)
+        if isinstance(e, RequestError):
+            text = str(e)
+        elif isinstance(e, CLIENT_ERRORS):
+            text = f"{type(e).__name__}: {e}"
+        else:
+            text = internal_error(log, f"handling {mtype}", e, "the planner log")
+        self._post(ident, protocol.reply_error(req, text))
 
     def _reply(self, ident, req: int, result) -> None:
-        asyncio.ensure_future(self._send(ident, protocol.reply(req, result)))
+        self._post(ident, protocol.reply(req, result))
 
     # ----------------------------------------------------------------- workers
     def _on_register(self, ident: bytes, body: dict) -> None:
@@ -285,8 +291,7 @@ class Planner:
             sock.connect(info.data)
             self.pushers[wid] = sock
         log.info("worker %s registered (data %s, metrics %s, pid %d)", wid, info.data, info.metrics, info.pid)
-        asyncio.ensure_future(self._send(ident, protocol.encode("welcome", {"planner": self.id,
-                                                                             "heartbeat": self.heartbeat})))
+        self._post(ident, protocol.encode("welcome", {"planner": self.id, "heartbeat": self.heartbeat}))
         if restarted:
             for job in list(self.jobs.values()):
                 if wid in job.workers:
@@ -324,7 +329,7 @@ class Planner:
     def _on_heartbeat(self, ident: bytes, body: dict) -> None:
         w = self.workers.get(body["id"])
         if w is None or ident != w.id.encode():
-            asyncio.ensure_future(self._send(ident, protocol.error("unknown_worker", "register first")))
+            self._post(ident, protocol.error("unknown_worker", "register first"))
             return
         if not w.alive:
             log.info("worker %s is back", w.id)
@@ -345,7 +350,7 @@ class Planner:
         now = time.monotonic()
         for rid, amount, token in body[2]:
             job.tracker.extend(rid, amount)
-            asyncio.ensure_future(self._send(ident, protocol.encode("extend_ack", [job.id, token])))
+            self._post(ident, protocol.encode("extend_ack", [job.id, token]))
         if job.tracker.returned(body[1], now):
             self.dispatch_wake.set()
             if job.tracker.outstanding == 0 and job.queued == 0:
@@ -448,7 +453,7 @@ class Planner:
         if job.queued > self.max_queue:
             job.deferred_acks.append((ident, ack))  # backpressure: the client waits for this ack
         else:
-            asyncio.ensure_future(self._send(ident, ack))
+            self._post(ident, ack)
 
     def _on_wait_idle(self, ident: bytes, body: dict) -> None:
         job = self._job(body)
@@ -721,7 +726,7 @@ class Planner:
             job.tracker.complete_now(d.failed, time.monotonic())
         while job.deferred_acks and job.queued <= self.max_queue:
             ident, ack = job.deferred_acks.popleft()
-            asyncio.ensure_future(self._send(ident, ack))
+            self._post(ident, ack)
         return n
 
     # ----------------------------------------------------------------- once a second
