@@ -16,6 +16,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -221,7 +222,7 @@ class Planner:
             try:
                 if len(frames) != 2:
                     raise ProtocolError("bad_envelope", f"{len(frames) - 1} payload frames")
-                mtype, body = protocol.decode(frames[1])
+                mtype, body = protocol.decode_message(frames[1])  # a typed message (or a done list), checked
                 handler = handlers.get(mtype)
                 if handler is None:
                     raise ProtocolError("unexpected_type", f"{mtype} is not for the planner")
@@ -236,7 +237,7 @@ class Planner:
                     # Slow handlers (they wait on workers) run on their own so the loop keeps receiving.
                     self._background(self._finish(ident, mtype, body, result), f"handling {mtype}")
             except Exception as e:  # a failing handler answers its request; it never stops the planner
-                self._reply_error(ident, body, e, mtype)
+                self._reply_error(ident, getattr(body, "req", 0), e, mtype)
 
     def _background(self, coro, what: str) -> None:
         """Run a coroutine on its own, owned by the planner's task group; a failure is logged."""
@@ -250,12 +251,11 @@ class Planner:
         try:
             await coro
         except Exception as e:
-            self._reply_error(ident, body, e, mtype)
+            self._reply_error(ident, getattr(body, "req", 0), e, mtype)
 
-    def _reply_error(self, ident, body, e: BaseException, mtype: str = "a request") -> None:
-        """Answer a request that failed: with the error's text when it is meant for the client (a bad
+    def _reply_error(self, ident, req: int, e: BaseException, mtype: str = "a request") -> None:
+        """Answer request `req` that failed: with the error's text when it is meant for the client (a bad
         request), else (a bug here) with an error id, the traceback in the planner's log under it."""
-        req = body.get("req", 0) if isinstance(body, dict) else getattr(body, "req", 0)
         if isinstance(e, RequestError):
             text = str(e)
         elif isinstance(e, CLIENT_ERRORS):
@@ -268,17 +268,17 @@ class Planner:
         self._post(ident, protocol.reply(req, result))
 
     # ----------------------------------------------------------------- workers
-    def _on_register(self, ident: bytes, body: dict) -> None:
-        wid = body["id"]
+    def _on_register(self, ident: bytes, msg: protocol.Register) -> None:
+        wid = msg.id
         if ident != wid.encode():
             raise RequestError("a worker registers from a socket whose identity is its id")
         now = time.monotonic()
         prev = self.workers.get(wid)
-        restarted = prev is not None and (prev.pid, prev.data) != (body["pid"], body["data"])
-        if restarted and not self._old_incarnation_gone(prev, body["pid"]):
+        restarted = prev is not None and (prev.pid, prev.data) != (msg.pid, msg.data)
+        if restarted and not self._old_incarnation_gone(prev, msg.pid):
             return  # no welcome yet: the worker registers again in 2 s
-        info = WorkerInfo(wid, body["host"], body["data"], body["state"], body["metrics"], body["p_max"],
-                          body["pid"], prev.registered if prev else now, now)
+        info = WorkerInfo(wid, msg.host, msg.data, msg.state, msg.metrics, msg.p_max,
+                          msg.pid, prev.registered if prev else now, now)
         self.workers[wid] = info
         old = self.pushers.get(wid)
         if old is not None and prev is not None and prev.data != info.data:
@@ -326,8 +326,8 @@ class Planner:
             log.info("job %d deployed on restarted worker %s (epoch %d, holding nothing)", job.id, wid,
                      job.placement.epoch)
 
-    def _on_heartbeat(self, ident: bytes, body: dict) -> None:
-        w = self.workers.get(body["id"])
+    def _on_heartbeat(self, ident: bytes, msg: protocol.Heartbeat) -> None:
+        w = self.workers.get(msg.id)
         if w is None or ident != w.id.encode():
             self._post(ident, protocol.error("unknown_worker", "register first"))
             return
@@ -335,7 +335,7 @@ class Planner:
             log.info("worker %s is back", w.id)
         w.last_seen = time.monotonic()
         w.alive = True
-        w.sample = body["sample"]
+        w.sample = msg.sample
         for job_id, js in w.sample.get("jobs", {}).items():
             job = self.jobs.get(int(job_id))
             if job is not None:
@@ -343,7 +343,6 @@ class Planner:
                     job.errors.append({"worker": w.id, **err})
 
     def _on_done(self, ident: bytes, body: list) -> None:
-        protocol.check_returns(body)
         job = self.jobs.get(body[0])
         if job is None:
             return
@@ -356,13 +355,13 @@ class Planner:
             if job.tracker.outstanding == 0 and job.queued == 0:
                 self._wake_waiters(job)
 
-    def _on_reply(self, ident: bytes, body: dict) -> None:
-        fut = self.pending_rpcs.pop(body["req"], None)
+    def _on_reply(self, ident: bytes, msg: protocol.Reply) -> None:
+        fut = self.pending_rpcs.pop(msg.req, None)
         if fut is not None and not fut.done():
-            fut.set_result(body)
+            fut.set_result(msg)
 
-    def _on_error_msg(self, ident: bytes, body: dict) -> None:
-        log.warning("%r reports a bad message from us: %s %s", ident[:16], body["reason"], body["detail"])
+    def _on_error_msg(self, ident: bytes, msg: protocol.Error) -> None:
+        log.warning("%r reports a bad message from us: %s %s", ident[:16], msg.reason, msg.detail)
 
     async def rpc(self, wid: str, mtype: str, body: dict, timeout: float | None = None) -> object:
         """Ask worker `wid` and wait for its reply's result; raises RequestError on failure or timeout."""
@@ -376,33 +375,31 @@ class Planner:
             raise RequestError(f"worker {wid} did not answer {mtype} within {timeout or self.rpc_timeout} s") from None
         finally:
             self.pending_rpcs.pop(req, None)
-        if not reply["ok"]:
-            raise RequestError(f"worker {wid}: {reply.get('error')}")
-        return reply.get("result")
+        if not reply.ok:
+            raise RequestError(f"worker {wid}: {reply.error}")
+        return reply.result
 
     # ----------------------------------------------------------------- jobs
-    def _job(self, body: dict) -> PlannerJob:
-        job = self.jobs.get(body["job"])
+    def _job(self, msg: Any) -> PlannerJob:
+        job = self.jobs.get(msg.job)
         if job is None:
-            raise RequestError(f"no job {body['job']}")
+            raise RequestError(f"no job {msg.job}")
         return job
 
-    async def _on_submit(self, ident: bytes, body: dict) -> None:
-        spec = DagSpec.unpack(body["dag"])
+    async def _on_submit(self, ident: bytes, msg: protocol.Submit) -> None:
+        spec = DagSpec.unpack(msg.dag)
         workers = self.live_workers()
         if not workers:
             raise RequestError("no live workers: start some with `clasp worker --planner ADDR`")
-        options = body.get("options") or {}
-        policy = options.get("policy") or self.policy
+        policy = msg.policy or self.policy
         if policy not in POLICIES:
             raise RequestError(f"unknown policy {policy!r}; accepted: {', '.join(sorted(POLICIES))}")
-        state = options.get("state") or self.state
+        state = msg.state or self.state
         if state not in STATE_MODES:
             raise RequestError(f"unknown state mode {state!r}; accepted: {', '.join(STATE_MODES)}")
-        explicit = body.get("placement")
-        weights = _key_weights(spec, body.get("key_weights") or {})
-        autoscale = options.get("autoscale")
-        autoscale = (self.autoscale and not explicit) if autoscale is None else bool(autoscale)
+        explicit = msg.placement
+        weights = _key_weights(spec, msg.key_weights or {})
+        autoscale = (self.autoscale and not explicit) if msg.autoscale is None else msg.autoscale
         if explicit:
             placement = build_placement(spec, workers, explicit, self.p_max, weights=weights)
         elif autoscale:
@@ -419,14 +416,14 @@ class Planner:
                                     len(workers), self.control)
         self._set_routes(job)
         peers = {w: self.workers[w].data for w in workers}
-        packed = body["dag"]
+        packed = msg.dag
         deploy = {"job": job_id, "dag": packed, "placement": placement.to_wire(), "peers": peers, "state": state,
                   "state_server": self.state_server.endpoint}
         await asyncio.gather(*(self.rpc(w, "deploy", deploy) for w in workers))
         self.jobs[job_id] = job
         log.info("job %d (%s) placed on %d workers: %s", job_id, spec.name, len(placement.active_workers()),
                  {n: p.shares for n, p in placement.operators.items()})
-        self._reply(ident, body["req"], {"job": job_id, "workers": workers, "placement": placement.to_wire(),
+        self._reply(ident, msg.req, {"job": job_id, "workers": workers, "placement": placement.to_wire(),
                                          "autoscale": autoscale, "policy": policy, "state": state,
                                          "state_server": self.state_server.endpoint})
 
@@ -436,11 +433,11 @@ class Planner:
         job.tracker.root = job.weight
         job.routes = [route_to(job.spec, job.placement, s, None) for s in job.spec.sources]
 
-    def _on_push(self, ident: bytes, body: dict) -> None:
-        job = self._job(body)
+    def _on_push(self, ident: bytes, msg: protocol.Push) -> None:
+        job = self._job(msg)
         if job.cancelled:
             raise RequestError(f"job {job.id} is cancelled")
-        records = body["records"]
+        records = msg.records
         now = time.monotonic()
         for i in range(0, len(records), 1 << CHUNK_BITS):
             part = records[i:i + (1 << CHUNK_BITS)]
@@ -449,18 +446,18 @@ class Planner:
             job.queued += len(part)
         job.counters["pushed"] += len(records)
         self.dispatch_wake.set()
-        ack = protocol.reply(body["req"], {"accepted": len(records)})
+        ack = protocol.reply(msg.req, {"accepted": len(records)})
         if job.queued > self.max_queue:
             job.deferred_acks.append((ident, ack))  # backpressure: the client waits for this ack
         else:
             self._post(ident, ack)
 
-    def _on_wait_idle(self, ident: bytes, body: dict) -> None:
-        job = self._job(body)
+    def _on_wait_idle(self, ident: bytes, msg: protocol.WaitIdle) -> None:
+        job = self._job(msg)
         if job.tracker.outstanding == 0 and job.queued == 0:
-            self._reply(ident, body["req"], self._idle_summary(job))
+            self._reply(ident, msg.req, self._idle_summary(job))
         else:
-            job.waiters.append([ident, body["req"], time.monotonic() + float(body["timeout"])])
+            job.waiters.append([ident, msg.req, time.monotonic() + float(msg.timeout)])
 
     def _idle_summary(self, job: PlannerJob) -> dict:
         return {"pushed": job.counters["pushed"], "completed": job.tracker.completed, "lost": job.tracker.lost}
@@ -477,46 +474,46 @@ class Planner:
         return [w for w in job.workers
                 if w not in job.retired and self.workers.get(w) and self.workers[w].alive]
 
-    async def _on_state(self, ident: bytes, body: dict) -> None:
-        job = self._job(body)
-        op = job.spec.by_name(body["op"]) if body["op"] in {o.name for o in job.spec.operators} else None
+    async def _on_state(self, ident: bytes, msg: protocol.StateRequest) -> None:
+        job = self._job(msg)
+        op = job.spec.by_name(msg.op) if msg.op in {o.name for o in job.spec.operators} else None
         if op is None:
-            raise RequestError(f"job {job.id} has no operator {body['op']!r}")
+            raise RequestError(f"job {job.id} has no operator {msg.op!r}")
         if not op.stateful:
             raise RequestError(f"operator {op.name!r} is stateless: it has no state")
         if job.state == "remote":
-            self._reply(ident, body["req"], self.state_server.dump(job.id, op.name))
+            self._reply(ident, msg.req, self.state_server.dump(job.id, op.name))
             return
         owners = sorted(set(job.placement.operators[op.name].key_groups))
         parts = await asyncio.gather(*(self.rpc(w, "state_dump", {"job": job.id, "op": op.name}) for w in owners))
         merged: dict = {}
         for p in parts:
             merged.update(p)
-        self._reply(ident, body["req"], merged)
+        self._reply(ident, msg.req, merged)
 
-    async def _on_collected(self, ident: bytes, body: dict) -> None:
-        job = self._job(body)
-        if body["op"] not in {o.name for o in job.spec.operators}:
-            raise RequestError(f"job {job.id} has no operator {body['op']!r}")
-        parts = await asyncio.gather(*(self.rpc(w, "collected_dump", {"job": job.id, "op": body["op"]})
+    async def _on_collected(self, ident: bytes, msg: protocol.Collected) -> None:
+        job = self._job(msg)
+        if msg.op not in {o.name for o in job.spec.operators}:
+            raise RequestError(f"job {job.id} has no operator {msg.op!r}")
+        parts = await asyncio.gather(*(self.rpc(w, "collected_dump", {"job": job.id, "op": msg.op})
                                        for w in self._job_workers(job)))
-        self._reply(ident, body["req"], [x for p in parts for x in p])
+        self._reply(ident, msg.req, [x for p in parts for x in p])
 
-    def _on_stats(self, ident: bytes, body: dict):
-        job = self._job(body)
-        if body.get("fresh"):
-            return self._fresh_stats(ident, body, job)
-        self._reply(ident, body["req"], self.job_stats(job))
+    def _on_stats(self, ident: bytes, msg: protocol.Stats):
+        job = self._job(msg)
+        if msg.fresh:
+            return self._fresh_stats(ident, msg, job)
+        self._reply(ident, msg.req, self.job_stats(job))
         return None
 
-    async def _fresh_stats(self, ident: bytes, body: dict, job: PlannerJob) -> None:
+    async def _fresh_stats(self, ident: bytes, msg: protocol.Stats, job: PlannerJob) -> None:
         """Stats with exact cumulative counters asked of every worker now."""
         workers = self._job_workers(job)
         counters = await asyncio.gather(*(self.rpc(w, "counters", {"job": job.id}) for w in workers))
-        self._reply(ident, body["req"], self.job_stats(job, dict(zip(workers, counters, strict=True))))
+        self._reply(ident, msg.req, self.job_stats(job, dict(zip(workers, counters, strict=True))))
 
-    async def _on_cancel(self, ident: bytes, body: dict) -> None:
-        job = self._job(body)
+    async def _on_cancel(self, ident: bytes, msg: protocol.Cancel) -> None:
+        job = self._job(msg)
         job.cancelled = True
         job.queue.clear()
         job.queued = 0
@@ -524,21 +521,21 @@ class Planner:
                              return_exceptions=True)
         self.jobs.pop(job.id, None)
         self.state_server.drop(job.id)
-        self._reply(ident, body["req"], True)
+        self._reply(ident, msg.req, True)
 
-    def _on_jobs(self, ident: bytes, body: dict) -> None:
-        self._reply(ident, body["req"], [{"job": j.id, "name": j.spec.name, "pushed": j.counters["pushed"],
+    def _on_jobs(self, ident: bytes, msg: protocol.Jobs) -> None:
+        self._reply(ident, msg.req, [{"job": j.id, "name": j.spec.name, "pushed": j.counters["pushed"],
                                           "completed": j.tracker.completed} for j in self.jobs.values()])
 
-    def _on_workers(self, ident: bytes, body: dict) -> None:
-        self._reply(ident, body["req"], [{"id": w.id, "alive": w.alive, "data": w.data, "state": w.state,
+    def _on_workers(self, ident: bytes, msg: protocol.Workers) -> None:
+        self._reply(ident, msg.req, [{"id": w.id, "alive": w.alive, "data": w.data, "state": w.state,
                                           "metrics": w.metrics, "pid": w.pid, "host": w.host}
                                          for w in self.workers.values()])
 
     # ----------------------------------------------------------------- scaling and migration
-    async def _on_scale(self, ident: bytes, body: dict) -> None:
-        job = self._job(body)
-        n = body["workers"]
+    async def _on_scale(self, ident: bytes, msg: protocol.Scale) -> None:
+        job = self._job(msg)
+        n = msg.workers
         pool = self._job_workers(job)
         if not 1 <= n <= len(pool):
             raise RequestError(f"scale to {n} workers: the job's pool has {len(pool)} live workers")
@@ -546,23 +543,23 @@ class Planner:
             pool = self._pool(job)
             result = job.controller.place_on(n, pool)
             record = await self._place_result(job, result, f"manual scale to {n} workers", pool)
-        self._reply(ident, body["req"], record)
+        self._reply(ident, msg.req, record)
 
-    async def _on_place(self, ident: bytes, body: dict) -> None:
+    async def _on_place(self, ident: bytes, msg: protocol.Place) -> None:
         """Migrate to an explicit placement, operator -> {pool index -> share} (pool: active workers first)."""
-        job = self._job(body)
+        job = self._job(msg)
         async with job.lock:
             pool = pool_order(job.placement, self._job_workers(job))
-            new = build_placement(job.spec, pool, body["placement"], self.p_max, job.placement.epoch + 1,
+            new = build_placement(job.spec, pool, msg.placement, self.p_max, job.placement.epoch + 1,
                                   previous=job.placement, weights=job.key_weights)
             record = await self._run_migration(job, new, "manual placement")
-        self._reply(ident, body["req"], record)
+        self._reply(ident, msg.req, record)
 
-    def _on_autoscale(self, ident: bytes, body: dict) -> None:
-        job = self._job(body)
-        job.autoscale = body["enabled"]
+    def _on_autoscale(self, ident: bytes, msg: protocol.Autoscale) -> None:
+        job = self._job(msg)
+        job.autoscale = msg.enabled
         log.info("job %d: autoscaling %s", job.id, "on" if job.autoscale else "off")
-        self._reply(ident, body["req"], job.autoscale)
+        self._reply(ident, msg.req, job.autoscale)
 
     async def _apply_decision_locked(self, job: PlannerJob, result, reason: str, pool: list[str]) -> None:
         """A control-loop decision, taken in the background: `_place_result` under the job's lock."""
@@ -765,7 +762,7 @@ class Planner:
                 total_out += rate_out
                 for waiter in [x for x in job.waiters if x[2] <= now]:
                     job.waiters.remove(waiter)
-                    self._reply_error(waiter[0], {"req": waiter[1]}, RequestError(
+                    self._reply_error(waiter[0], waiter[1], RequestError(
                         f"timeout: job {job.id} still has {job.tracker.outstanding} records in flight "
                         f"({job.queued} queued at the planner)"))
             self.last_rates = {"input_rate": total_in, "throughput": total_out}

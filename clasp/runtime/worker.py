@@ -98,9 +98,9 @@ class Worker:
     async def _register_loop(self) -> None:
         while True:
             if not self.welcomed.is_set():
-                await self.dealer.send(protocol.encode("register", {
-                    "id": self.id, "host": self.advertise, "data": self.data_endpoint, "state": self.state_endpoint,
-                    "metrics": self.metrics_url, "p_max": self.p_max, "pid": os.getpid()}))
+                await self.dealer.send(protocol.pack(protocol.Register(
+                    self.id, self.advertise, self.data_endpoint, self.state_endpoint, self.metrics_url, self.p_max,
+                    os.getpid())))
             try:
                 await asyncio.wait_for(self._wait_unwelcomed(), timeout=2.0)
             except TimeoutError:
@@ -533,4 +533,4 @@ class Worker:
             sample = self.monitor.sample(now - last)
             last = now
             if self.welcomed.is_set():
-                await self.dealer.send(protocol.encode("heartbeat", {"id": self.id, "sample": sample}))
+                await self.dealer.send(protocol.pack(protocol.Heartbeat(self.id, sample)))
