@@ -133,9 +133,22 @@ def _check_shares(mtype: str, name: str, placement: dict | None) -> None:
 
 # Client -> planner
 @dataclass(slots=True)
-class Submit(Message):
-    TYPE: ClassVar[str] = "submit"
+class Request(Message):
+    """A request that is answered with a `reply` carrying its `req`."""
+
     req: int = _req(_INT)
+
+
+@dataclass(slots=True)
+class JobRequest(Request):
+    """A client's request about one of its jobs."""
+
+    job: int = _req(_INT)
+
+
+@dataclass(slots=True)
+class Submit(Request):
+    TYPE: ClassVar[str] = "submit"
     dag: dict = _req(_DICT)
     placement: dict | None = _opt(_DICT)  # {operator: {worker index: share}}
     options: dict | None = _opt(_DICT)  # policy, state, autoscale
@@ -164,18 +177,14 @@ class Submit(Message):
 
 
 @dataclass(slots=True)
-class Push(Message):
+class Push(JobRequest):
     TYPE: ClassVar[str] = "push"
-    req: int = _req(_INT)
-    job: int = _req(_INT)
     records: list = _req(_LIST)
 
 
 @dataclass(slots=True)
-class WaitIdle(Message):
+class WaitIdle(JobRequest):
     TYPE: ClassVar[str] = "wait_idle"
-    req: int = _req(_INT)
-    job: int = _req(_INT)
     timeout: float = _req(_NUM)  # seconds
 
     def check(self) -> None:
@@ -184,63 +193,50 @@ class WaitIdle(Message):
 
 
 @dataclass(slots=True)
-class StateRequest(Message):
+class StateRequest(JobRequest):
     """The whole state of one stateful operator (wire type `state`)."""
 
     TYPE: ClassVar[str] = "state"
-    req: int = _req(_INT)
-    job: int = _req(_INT)
     op: str = _req(_STR)
 
 
 @dataclass(slots=True)
-class Collected(Message):
+class Collected(StateRequest):
+    """What a collecting operator kept, from every worker."""
+
     TYPE: ClassVar[str] = "collected"
-    req: int = _req(_INT)
-    job: int = _req(_INT)
-    op: str = _req(_STR)
 
 
 @dataclass(slots=True)
-class Stats(Message):
+class Stats(JobRequest):
     TYPE: ClassVar[str] = "stats"
-    req: int = _req(_INT)
-    job: int = _req(_INT)
     fresh: bool | None = _opt(_BOOL)  # exact counters asked of every worker now
 
 
 @dataclass(slots=True)
-class Cancel(Message):
+class Cancel(JobRequest):
     TYPE: ClassVar[str] = "cancel"
-    req: int = _req(_INT)
-    job: int = _req(_INT)
 
 
 @dataclass(slots=True)
-class Jobs(Message):
+class Jobs(Request):
     TYPE: ClassVar[str] = "jobs"
-    req: int = _req(_INT)
 
 
 @dataclass(slots=True)
-class Workers(Message):
+class Workers(Request):
     TYPE: ClassVar[str] = "workers"
-    req: int = _req(_INT)
 
 
 @dataclass(slots=True)
-class Scale(Message):
+class Scale(JobRequest):
     TYPE: ClassVar[str] = "scale"
-    req: int = _req(_INT)
-    job: int = _req(_INT)
     workers: int = _req(_INT)
 
 
 @dataclass(slots=True)
-class Place(Message):
+class Place(JobRequest):
     TYPE: ClassVar[str] = "place"
-    req: int = _req(_INT)
-    job: int = _req(_INT)
     placement: dict = _req(_DICT)  # {operator: {worker index: share}}
 
     def check(self) -> None:
@@ -248,10 +244,8 @@ class Place(Message):
 
 
 @dataclass(slots=True)
-class Autoscale(Message):
+class Autoscale(JobRequest):
     TYPE: ClassVar[str] = "autoscale"
-    req: int = _req(_INT)
-    job: int = _req(_INT)
     enabled: bool = _req(_BOOL)
 
 
@@ -276,9 +270,8 @@ class Heartbeat(Message):
 
 
 @dataclass(slots=True)
-class Reply(Message):
+class Reply(Request):
     TYPE: ClassVar[str] = "reply"
-    req: int = _req(_INT)
     ok: bool = _req(_BOOL)
     result: Any = _opt(_ANY)
     error: str | None = _opt(_STR)
