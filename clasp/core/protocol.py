@@ -28,6 +28,10 @@ Message types and who sends them (C client, P planner, W worker):
 | reply | any → requester | req, ok, result or error |
 | error | any → sender of a bad message | reason, detail |
 
+The client's requests and the worker's register and heartbeat (and reply, error) are typed: dataclasses
+(`MESSAGES`) that `decode_message` builds and checks; the rest are checked maps (`SCHEMAS`) or, on the data
+path, plain lists (docs/ARCHITECTURE.md, "Typed control messages").
+
 `deploy` has two optional fields: `state` is "local" or "remote" (then `state_server` is the planner's remote-state
 endpoint, which serves `rstate_get_many` and `rstate_put_many`: `clasp/runtime/state_server.py`).
 """
