@@ -97,11 +97,17 @@ def test_every_task_of_the_planner_is_cancelled_when_it_stops():
         await asyncio.sleep(3600)
 
     holder = []
-    p.loop.call_soon_threadsafe(lambda: holder.append(p.planner.tasks.spawn(forever(), "a long task")))
+
+    def spawn():  # on the planner's loop
+        holder.append(p.planner.tasks.spawn(forever(), "a long task"))
+        holder.append(list(p.planner.tasks.tasks))  # the main loops (recv, dispatch, tick, ...) and this one
+
+    p.loop.call_soon_threadsafe(spawn)
     assert started.wait(10)
-    assert len(p.planner.tasks) == 5  # recv, dispatch, tick, state server, and this one
+    running = holder[1]
+    assert len(running) >= 5 and holder[0] in running and not any(t.done() for t in running)
     p.stop()
-    assert holder[0].cancelled() and len(p.planner.tasks) == 0
+    assert all(t.done() for t in running) and holder[0].cancelled() and len(p.planner.tasks) == 0
 
 
 async def test_background_failures_are_logged_and_closed_groups_start_nothing(caplog):

@@ -1,13 +1,45 @@
-"""The `clasp` command: planner, worker, cluster, place, run (and, in submodules, simulate and bench).
+"""The `clasp` command: planner, worker, cluster, run, keys, place (and, in submodules, simulate and bench).
 
 The top layer, the only one that may import every other (docs/ARCHITECTURE.md)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
+
+
+def _security(args, what: str):
+    """The process's Security from --keys / CLASP_KEYS / --insecure, or an exit code (2) after saying why."""
+    from clasp.runtime.security import ENV, Keys, KeysError, Security, check_exposure
+
+    if args.keys and args.insecure:
+        print(f"clasp {what}: --keys and --insecure exclude each other", file=sys.stderr)
+        return 2
+    directory = None if args.insecure else (args.keys or os.environ.get(ENV))
+    try:
+        keys = Keys(directory) if directory else None
+        if keys is not None:
+            keys.server_pair  # noqa: B018 - a missing or readable secret key stops the process here
+    except KeysError as e:
+        print(f"clasp {what}: {e}", file=sys.stderr)
+        return 2
+    why = check_exposure(args.host, keys, args.insecure, what)  # the metrics endpoint carries no code
+    if why:
+        print(why, file=sys.stderr)
+        return 2
+    return Security(keys)
+
+
+def add_security_options(p: argparse.ArgumentParser, cluster: bool = False) -> None:
+    """--keys, --insecure and --metrics-host (planner, worker, cluster, run)."""
+    p.add_argument("--keys", help="CURVE key directory from `clasp keys init` (default: CLASP_KEYS; "
+                   + ("none: ephemeral keys made for this cluster)" if cluster else "none: plaintext, loopback only)"))
+    p.add_argument("--insecure", action="store_true",
+                   help="no CURVE: plaintext, unauthenticated (needed to bind a non-loopback address without keys)")
+    p.add_argument("--metrics-host", help="address the plaintext Prometheus endpoint binds (default: --host)")
 
 
 def _planner(args) -> int:
@@ -15,12 +47,15 @@ def _planner(args) -> int:
     from clasp.runtime.net import run, setup_logging
     from clasp.runtime.planner import Planner
 
+    security = _security(args, "planner")
+    if isinstance(security, int):
+        return security
     setup_logging("planner", args.log_level)
     p = Planner(host=args.host, port=args.port, metrics_port=args.metrics_port, advertise=args.advertise,
                 heartbeat=args.heartbeat, dead_after=args.dead_after, max_inflight=args.max_inflight,
                 p_max=args.p_max, autoscale=args.autoscale, policy=args.policy,
                 migration_timeout=args.migration_timeout, control=ControlConfig(warmup_requests=args.warmup),
-                state=args.state, state_port=args.state_port)
+                state=args.state, state_port=args.state_port, security=security, metrics_host=args.metrics_host)
     return run(p.serve)
 
 
@@ -28,10 +63,14 @@ def _worker(args) -> int:
     from clasp.runtime.net import run, setup_logging
     from clasp.runtime.worker import Worker
 
+    security = _security(args, "worker")
+    if isinstance(security, int):
+        return security
     setup_logging(f"worker {args.id or ''}".strip(), args.log_level)
     w = Worker(args.planner, host=args.host, data_port=args.data_port, state_port=args.state_port,
                metrics_port=args.metrics_port, advertise=args.advertise, worker_id=args.id, p_max=args.p_max,
-               flush_delay=args.flush_delay_ms / 1000.0, cpus=args.cpus)
+               flush_delay=args.flush_delay_ms / 1000.0, cpus=args.cpus, security=security,
+               metrics_host=args.metrics_host)
     return run(w.serve)
 
 
@@ -49,13 +88,22 @@ def _cluster(args) -> int:
     from clasp.local.netns import NetnsError
 
     # SIGTERM takes the Ctrl-C path, so a killed `clasp cluster` still removes its cgroups and namespaces.
+    from clasp.runtime.security import KeysError
+
     signal.signal(signal.SIGTERM, _on_term)
+    if args.keys and args.insecure:
+        print("clasp cluster: --keys and --insecure exclude each other", file=sys.stderr)
+        return 2
     cluster = LocalCluster(workers=args.workers, host=args.host, port=args.port, p_max=args.p_max,
                            log_dir=args.log_dir, planner_args=planner_options(args),
                            cpu_per_worker=args.cpu_per_worker, hosts=args.hosts,
-                           restart_workers=args.restart_workers, on_event=_say)
+                           restart_workers=args.restart_workers, on_event=_say, keys=args.keys,
+                           insecure=args.insecure, metrics_host=args.metrics_host)
     try:
         cluster.start()
+    except KeysError as e:
+        print(f"clasp cluster: {e}", file=sys.stderr)
+        return 2
     except (ClusterError, CpuLimitError, NetnsError, OSError) as e:
         print(f"clasp cluster: {e}", file=sys.stderr)
         return 1
@@ -64,12 +112,15 @@ def _cluster(args) -> int:
     if args.info:
         cluster.write_info(args.info)
     print(f"clasp cluster up: planner {cluster.planner}, {args.workers} workers; metrics {cluster.metrics['planner']}"
-          " — Ctrl-C stops every process", flush=True)
+          + (f"; keys {cluster.keys_dir} (clients: CLASP_KEYS={cluster.keys_dir})" if cluster.keys_dir else
+             "; plaintext (--insecure)") + " — Ctrl-C stops every process", flush=True)
     try:
         # A worker that exits is the supervisor's (it logs it and restarts it); the planner's exit ends the
         # cluster: the supervisor has logged it and stopped every process.
         while cluster.planner_running():
             time.sleep(0.5)
+        if cluster._supervisor is not None:  # it logs the planner's exit and stops the rest: let it say so
+            cluster._supervisor.join(timeout=5)
         return 1
     except KeyboardInterrupt:
         return 0
@@ -98,6 +149,29 @@ def add_control_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=10_000, help="requests completed before the first re-plan")
     p.add_argument("--state", default="local", choices=["local", "remote"],
                    help="jobs' default state: on the workers, or remote on the planner's state server (Fig. 4)")
+
+
+def _keys(args) -> int:
+    from clasp.runtime.security import KeysError, add_client, init_keys
+
+    try:
+        if args.action == "init":
+            d = init_keys(args.dir)
+            print(f"keys for a cluster in {d}: give --keys {d} to `clasp planner|worker|cluster` (the whole "
+                  f"directory), and clients keys={d!s} or CLASP_KEYS={d}; `clasp keys add-client {d} NAME` adds "
+                  "a client with its own key")
+        else:
+            if not args.name:
+                print("clasp keys add-client: a NAME is needed", file=sys.stderr)
+                return 2
+            b = add_client(args.dir, args.name)
+            print(f"client {args.name!r} allowed ({args.dir}/public/{args.name}.key; delete that file to revoke it). "
+                  f"Give the client {b} (it holds its secret key): clasp.connect(addr, keys=\"{b}\") or "
+                  f"CLASP_KEYS={b}")
+    except KeysError as e:
+        print(f"clasp keys: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _place(args, rest) -> int:
@@ -141,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--migration-timeout", type=_positive(float), default=5.0,
                    help="seconds a migration waits for its workers before it is reported failed")
     add_control_options(p)
+    add_security_options(p)
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(fn=_planner)
 
@@ -158,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--cpus", type=_positive(float),
                    help="the CPUs this worker may use (default: its cgroup quota, if any): the placement's "
                         "starting estimate of its capacity W_w, refined online")
+    add_security_options(w)
     w.add_argument("--log-level", default="INFO")
     w.set_defaults(fn=_worker)
 
@@ -178,8 +254,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start a worker that exits again, same id and ports, at most 5 times a minute (with "
                         "backoff); without, it stays down. Either way the rest of the cluster keeps running")
     add_control_options(c)
+    add_security_options(c, cluster=True)
     c.set_defaults(fn=_cluster)
-    add_run_parser(sub)
+    add_security_options(add_run_parser(sub), cluster=True)
+
+    k = sub.add_parser("keys", help="make CURVE keys: `init DIR` (a cluster's and one client's), `add-client DIR NAME`")
+    k.add_argument("action", choices=["init", "add-client"])
+    k.add_argument("dir", help="the key directory")
+    k.add_argument("name", nargs="?", help="add-client: the new client's name")
+    k.set_defaults(fn=_keys)
 
     pl = sub.add_parser("place", help="print CLASP's placement for a profile of observed statistics",
                         add_help=False)

@@ -33,6 +33,7 @@ from clasp.core.control import (
     to_runtime_placement,
 )
 from clasp.core.dag import DagError, DagSpec
+from clasp.core.limits import LimitError, check_client_pending, check_dag, check_message
 from clasp.core.migration import PLANNER, plan_migration
 from clasp.core.placement import NoPlacementError
 from clasp.core.policies import POLICIES
@@ -48,6 +49,7 @@ from clasp.core.routing import (
 from clasp.core.scheduler import WorkerInfo
 from clasp.core.tracking import CHUNK_BITS, LatencyHistogram, Tracker
 from clasp.runtime.net import advertised, bind, start_metrics_server
+from clasp.runtime.security import Security
 from clasp.runtime.state_server import StateServer
 from clasp.runtime.tasks import ProcessTasks, internal_error
 
@@ -63,7 +65,7 @@ class RequestError(Exception):
 
 # Errors whose text is meant for the client (a bad request); any other exception in a handler is a bug:
 # logged with its traceback, and the client gets an error id (`clasp.runtime.tasks.internal_error`).
-CLIENT_ERRORS = (RequestError, DagError, PlacementError, NoPlacementError, ProtocolError, TimeoutError)
+CLIENT_ERRORS = (RequestError, DagError, PlacementError, NoPlacementError, ProtocolError, LimitError, TimeoutError)
 
 
 @dataclass
@@ -131,8 +133,12 @@ class Planner:
                  max_queue: int = 2_000_000, dispatch_batch: int = 2000, p_max: int = 10,
                  placement_fn: PlacementFn = spread_placement, rpc_timeout: float = 10.0,
                  autoscale: bool = True, policy: str = "clasp", migration_timeout: float = 5.0,
-                 control: ControlConfig | None = None, state: str = "local", state_port: int = 0):
+                 control: ControlConfig | None = None, state: str = "local", state_port: int = 0,
+                 security: Security | None = None, metrics_host: str | None = None):
         self.host, self.port, self.metrics_port = host, port, metrics_port
+        self.metrics_host = metrics_host or host
+        self.security = security or Security()
+        self.client_tasks: dict[bytes, int] = {}  # slow requests being served, per client
         self.advertise = advertised(host, advertise)
         self.heartbeat = heartbeat
         self.dead_after = dead_after
@@ -168,21 +174,26 @@ class Planner:
 
     # ----------------------------------------------------------------- lifecycle
     async def serve(self) -> None:
-        self.router = self.ctx.socket(zmq.ROUTER)
+        self.security.start_zap(self.ctx)
+        self.router = self.security.server(self.ctx.socket(zmq.ROUTER), "planner")
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.router.setsockopt(zmq.SNDHWM, 0)
-        self.router.setsockopt(zmq.RCVHWM, 0)
+        self.router.setsockopt(zmq.RCVHWM, self.security.limits.router_rcvhwm)
         self.port = bind(self.router, self.host, self.port)
         self.endpoint = f"tcp://{self.advertise}:{self.port}"
         registry = CollectorRegistry()
         registry.register(_PlannerCollector(self))
-        self.metrics_url = start_metrics_server(registry, self.host, self.metrics_port, self.advertise)
-        self.state_server = StateServer(self.ctx, self._remote_state_check, self._bad)
+        registry.register(self.security.collector())
+        self.metrics_url = start_metrics_server(registry, self.metrics_host, self.metrics_port,
+                                                self.advertise if self.metrics_host == self.host
+                                                else advertised(self.metrics_host, None))
+        self.state_server = StateServer(self.ctx, self._remote_state_check, self._bad, self.security)
         self.state_server.bind(self.host, self.state_port, self.advertise)
         print(f"clasp planner {self.id} endpoint={self.endpoint} metrics={self.metrics_url} "
-              f"state={self.state_server.endpoint}", flush=True)
+              f"state={self.state_server.endpoint} curve={'on' if self.security.enabled else 'off'}", flush=True)
         try:
-            await self.tasks.run(self._recv_loop(), self._dispatch_loop(), self._tick_loop(), self.state_server.serve())
+            await self.tasks.run(self._recv_loop(), self._dispatch_loop(), self._tick_loop(), self.state_server.serve(),
+                                 self.security.run())
         finally:
             self.ctx.destroy(linger=200)
 
@@ -232,11 +243,20 @@ class Planner:
                 await self._send(ident, protocol.error(e.reason, e.detail))
                 continue
             try:
+                if mtype == "submit":
+                    check_dag(len(frames[1]), body.dag.get("functions"), self.security.limits)
+                tasks = self.client_tasks.get(ident, 0)
+                if tasks:
+                    check_client_pending(tasks, self.security.limits)
                 result = handler(ident, body)
                 if asyncio.iscoroutine(result):
                     # Slow handlers (they wait on workers) run on their own so the loop keeps receiving.
+                    self.client_tasks[ident] = tasks + 1
                     self._background(self._finish(ident, mtype, body, result), f"handling {mtype}")
             except Exception as e:  # a failing handler answers its request; it never stops the planner
+                if isinstance(e, LimitError):
+                    self.security.rejected(e.limit)
+                    log.warning("refused %s from %r: %s", mtype, ident[:16], e)
                 self._reply_error(ident, getattr(body, "req", 0), e, mtype)
 
     def _background(self, coro, what: str) -> None:
@@ -252,6 +272,10 @@ class Planner:
             await coro
         except Exception as e:
             self._reply_error(ident, getattr(body, "req", 0), e, mtype)
+        finally:
+            n = self.client_tasks.pop(ident, 1) - 1
+            if n > 0:
+                self.client_tasks[ident] = n
 
     def _reply_error(self, ident, req: int, e: BaseException, mtype: str = "a request") -> None:
         """Answer request `req` that failed: with the error's text when it is meant for the client (a bad
@@ -265,7 +289,14 @@ class Planner:
         self._post(ident, protocol.reply_error(req, text))
 
     def _reply(self, ident, req: int, result) -> None:
-        self._post(ident, protocol.reply(req, result))
+        frame = protocol.reply(req, result)
+        if len(frame) > self.security.limits.max_message:  # the peer's socket would drop the connection
+            try:
+                check_message(len(frame), "the answer")
+            except LimitError as e:
+                self.security.rejected(e.limit)
+                frame = protocol.reply_error(req, str(e))
+        self._post(ident, frame)
 
     # ----------------------------------------------------------------- workers
     def _on_register(self, ident: bytes, msg: protocol.Register) -> None:
@@ -285,7 +316,7 @@ class Planner:
             old.close(0)  # a restarted worker on another port: what was queued for the old one is lost anyway
             del self.pushers[wid]
         if wid not in self.pushers:
-            sock = self.ctx.socket(zmq.PUSH)
+            sock = self.security.peer(self.ctx.socket(zmq.PUSH))
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.LINGER, 1000)
             sock.connect(info.data)
@@ -438,6 +469,8 @@ class Planner:
         if job.cancelled:
             raise RequestError(f"job {job.id} is cancelled")
         records = msg.records
+        if job.deferred_acks:  # a client that pushes on without waiting for its acks: bounded, refused
+            check_client_pending(sum(1 for i, _ in job.deferred_acks if i == ident), self.security.limits)
         now = time.monotonic()
         for i in range(0, len(records), 1 << CHUNK_BITS):
             part = records[i:i + (1 << CHUNK_BITS)]
@@ -457,6 +490,7 @@ class Planner:
         if job.tracker.outstanding == 0 and job.queued == 0:
             self._reply(ident, msg.req, self._idle_summary(job))
         else:
+            check_client_pending(sum(1 for w in job.waiters if w[0] == ident), self.security.limits)
             job.waiters.append([ident, msg.req, time.monotonic() + float(msg.timeout)])
 
     def _idle_summary(self, job: PlannerJob) -> dict:

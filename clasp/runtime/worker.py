@@ -29,6 +29,7 @@ from clasp.runtime.engine import JobEngine, OperatorError
 from clasp.runtime.monitor import Monitor, WorkerCollector
 from clasp.runtime.net import advertised, bind, start_metrics_server
 from clasp.runtime.remote_state import RemoteState
+from clasp.runtime.security import Security
 from clasp.runtime.tasks import ProcessTasks, internal_error
 
 log = logging.getLogger("clasp.worker")
@@ -43,9 +44,11 @@ class Worker:
     def __init__(self, planner: str, host: str = "127.0.0.1", data_port: int = 0, state_port: int = 0,
                  metrics_port: int = 0, advertise: str | None = None, worker_id: str | None = None,
                  p_max: int = 10, heartbeat: float = 1.0, flush_delay: float = 0.001, max_batch: int = 2000,
-                 cpus: float | None = None):
+                 cpus: float | None = None, security: Security | None = None, metrics_host: str | None = None):
         self.planner_addr = planner
         self.host = host
+        self.metrics_host = metrics_host or host
+        self.security = security or Security()
         self.advertise = advertised(host, advertise)
         self.id = worker_id or f"w-{uuid.uuid4().hex[:8]}"
         self.p_max = p_max
@@ -70,26 +73,31 @@ class Worker:
     # ----------------------------------------------------------------- lifecycle
     async def serve(self) -> None:
         data_port, state_port, metrics_port = self._ports
-        self.pull = self.ctx.socket(zmq.PULL)
+        sec = self.security
+        sec.start_zap(self.ctx)
+        self.pull = sec.server(self.ctx.socket(zmq.PULL), "worker_data")
         self.pull.setsockopt(zmq.RCVHWM, 0)
         self.data_endpoint = f"tcp://{self.advertise}:{bind(self.pull, self.host, data_port)}"
-        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router = sec.server(self.ctx.socket(zmq.ROUTER), "worker_state")
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.state_endpoint = f"tcp://{self.advertise}:{bind(self.router, self.host, state_port)}"
-        self.dealer = self.ctx.socket(zmq.DEALER)
+        self.dealer = sec.peer(self.ctx.socket(zmq.DEALER), "worker_control")
         self.dealer.setsockopt(zmq.IDENTITY, self.id.encode())
         self.dealer.setsockopt(zmq.SNDHWM, 0)
         self.dealer.setsockopt(zmq.LINGER, 1000)
         self.dealer.connect(self.planner_addr)
         registry = CollectorRegistry()
         registry.register(WorkerCollector(self.monitor))
-        self.metrics_url = start_metrics_server(registry, self.host, metrics_port, self.advertise)
+        registry.register(sec.collector())
+        self.metrics_url = start_metrics_server(registry, self.metrics_host, metrics_port,
+                                                self.advertise if self.metrics_host == self.host
+                                                else advertised(self.metrics_host, None))
         print(f"clasp worker {self.id} data={self.data_endpoint} state={self.state_endpoint} "
               f"metrics={self.metrics_url} planner={self.planner_addr}", flush=True)
         try:
             # The job engines' operator tasks are theirs (JobEngine.async_tasks); they end with the rest.
             await self.tasks.run(self._control_loop(), self._data_loop(), self._state_loop(), self._executor_loop(),
-                                 self._heartbeat_loop(), self._register_loop(),
+                                 self._heartbeat_loop(), self._register_loop(), sec.run(),
                                  also=lambda: [t for e in self.jobs.values() for t in e.async_tasks])
         finally:
             self.stopping = True
@@ -191,7 +199,8 @@ class Worker:
         """The client of the planner's remote-state server at `endpoint`, one per endpoint."""
         rs = self.remote_states.get(endpoint)
         if rs is None:
-            rs = RemoteState(self.ctx, endpoint, self.id, on_bad=lambda e: self._bad(e, "remote state"))
+            rs = RemoteState(self.ctx, endpoint, self.id, on_bad=lambda e: self._bad(e, "remote state"),
+                             security=self.security)
             self.remote_states[endpoint] = rs
         return rs
 
@@ -454,7 +463,7 @@ class Worker:
     def _peer(self, wid: str) -> zmq.asyncio.Socket:
         sock = self.peers.get(wid)
         if sock is None:
-            sock = self.ctx.socket(zmq.PUSH)
+            sock = self.security.peer(self.ctx.socket(zmq.PUSH))
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.LINGER, 2000)
             sock.connect(self.peer_addrs[wid])
