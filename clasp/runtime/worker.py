@@ -30,8 +30,11 @@ from clasp.runtime.monitor import Monitor, WorkerCollector
 from clasp.runtime.net import advertised, bind, start_metrics_server
 from clasp.runtime.remote_state import RemoteState
 from clasp.runtime.security import Security
+from clasp.runtime.tasks import ProcessTasks, internal_error
 
 log = logging.getLogger("clasp.worker")
+# Errors whose text is meant for the asker; any other exception in a handler is a bug (an error id, logged).
+CLIENT_ERRORS = (OperatorError, DagError, PlacementError, ProtocolError)
 MIGRATE_CHUNK = 2000  # state objects and requests taken out between two turns of the event loop
 
 
@@ -65,6 +68,7 @@ class Worker:
         self._ports = (data_port, state_port, metrics_port)
         self._returns_since: float | None = None
         self.remote_states: dict[str, RemoteState] = {}  # state-server endpoint -> its client (remote state)
+        self.tasks = ProcessTasks(log)  # every task of this process; cancelled together when serve() ends
 
     # ----------------------------------------------------------------- lifecycle
     async def serve(self) -> None:
@@ -90,24 +94,21 @@ class Worker:
                                                 else advertised(self.metrics_host, None))
         print(f"clasp worker {self.id} data={self.data_endpoint} state={self.state_endpoint} "
               f"metrics={self.metrics_url} planner={self.planner_addr}", flush=True)
-        tasks = [asyncio.create_task(c) for c in (self._control_loop(), self._data_loop(), self._state_loop(),
-                                                  self._executor_loop(), self._heartbeat_loop(),
-                                                  self._register_loop(), sec.run())]
         try:
-            await asyncio.gather(*tasks)
+            # The job engines' operator tasks are theirs (JobEngine.async_tasks); they end with the rest.
+            await self.tasks.run(self._control_loop(), self._data_loop(), self._state_loop(), self._executor_loop(),
+                                 self._heartbeat_loop(), self._register_loop(), sec.run(),
+                                 also=lambda: [t for e in self.jobs.values() for t in e.async_tasks])
         finally:
             self.stopping = True
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
             self.ctx.destroy(linger=200)
 
     async def _register_loop(self) -> None:
         while True:
             if not self.welcomed.is_set():
-                await self.dealer.send(protocol.encode("register", {
-                    "id": self.id, "host": self.advertise, "data": self.data_endpoint, "state": self.state_endpoint,
-                    "metrics": self.metrics_url, "p_max": self.p_max, "pid": os.getpid()}))
+                await self.dealer.send(protocol.pack(protocol.Register(
+                    self.id, self.advertise, self.data_endpoint, self.state_endpoint, self.metrics_url, self.p_max,
+                    os.getpid())))
             try:
                 await asyncio.wait_for(self._wait_unwelcomed(), timeout=2.0)
             except TimeoutError:
@@ -117,6 +118,13 @@ class Worker:
         await self.welcomed.wait()
         while self.welcomed.is_set():
             await asyncio.sleep(0.5)
+
+    def _error_text(self, what: str, e: BaseException) -> str:
+        """What the asker is told of a failed request: the error when it is about the request (an
+        operator's failure, a bad DAG or placement), else an error id, the traceback logged under it."""
+        if isinstance(e, CLIENT_ERRORS):
+            return f"{type(e).__name__}: {e}"
+        return internal_error(log, f"handling {what}", e, f"the log of worker {self.id}")
 
     def _bad(self, e: ProtocolError, where: str) -> None:
         self.monitor.bad_messages[e.reason] += 1
@@ -145,10 +153,10 @@ class Worker:
                 if asyncio.iscoroutine(answer):
                     answer = await answer
             except Exception as e:  # a failing handler answers its request; it never stops the worker
-                if not isinstance(e, (OperatorError, DagError, PlacementError, KeyError, TypeError, ValueError)):
-                    log.exception("handling %s failed", mtype)
                 if isinstance(body, dict) and "req" in body:
-                    await self.dealer.send(protocol.reply_error(body["req"], f"{type(e).__name__}: {e}"))
+                    await self.dealer.send(protocol.reply_error(body["req"], self._error_text(mtype, e)))
+                else:
+                    self._error_text(mtype, e)
                 continue
             if answer is not None:
                 await self.dealer.send(answer)
@@ -243,7 +251,7 @@ class Worker:
             # dead (their key groups restart empty), finish this one, then run the next.
             self._forget(eng, plan.dead)
             eng.queued_plans.append(body)
-            asyncio.ensure_future(self._progress(eng))
+            self.tasks.spawn(self._progress(eng), f"migration of job {eng.job}")
             return
         eng.migration = WorkerMigration(plan, self.id)
         eng.migration_req = body["req"]
@@ -265,7 +273,7 @@ class Worker:
         early, eng.early = eng.early, []
         for mtype, m in early:
             self._on_migration_message(eng, mtype, m)
-        asyncio.ensure_future(self._progress(eng))
+        self.tasks.spawn(self._progress(eng), f"migration of job {eng.job}")
 
     def _groups_from(self, eng: JobEngine, sender: str) -> dict[int, list[int]]:
         """The key groups the current plan moves from `sender` to this worker, by operator index."""
@@ -310,7 +318,7 @@ class Worker:
             eng.release_groups(released)
             self._slice(eng.migration_stats, t - decode_s)
             self.wake.set()
-        asyncio.ensure_future(self._progress(eng))
+        self.tasks.spawn(self._progress(eng), f"migration of job {eng.job}")
 
     async def _progress(self, eng: JobEngine) -> None:
         mig = eng.migration
@@ -405,9 +413,8 @@ class Worker:
                 self._bad(e, "state")
                 out = protocol.error(e.reason, e.detail)
             except Exception as e:  # answered, never fatal to the state server
-                if not isinstance(e, (OperatorError, KeyError, TypeError, ValueError)):
-                    log.exception("state server: %s failed", mtype)
-                out = protocol.reply_error(body.get("req", 0) if isinstance(body, dict) else 0, str(e))
+                out = protocol.reply_error(body.get("req", 0) if isinstance(body, dict) else 0,
+                                           self._error_text(f"state server: {mtype}", e))
             try:
                 await self.router.send_multipart([ident, out])
             except zmq.ZMQError:
@@ -535,4 +542,4 @@ class Worker:
             sample = self.monitor.sample(now - last)
             last = now
             if self.welcomed.is_set():
-                await self.dealer.send(protocol.encode("heartbeat", {"id": self.id, "sample": sample}))
+                await self.dealer.send(protocol.pack(protocol.Heartbeat(self.id, sample)))
