@@ -64,7 +64,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from clasp.bench import cluster_engine as ce
-from clasp.core.model import remote_destinations
+from clasp.core.model import FLUSH_PEER_FACTOR, remote_destinations
 from clasp.sim.simulator import MEASURED_COSTS_FILE
 
 # The calibrated file is package data of clasp.sim, where `clasp bench` and `clasp simulate` look for it.
@@ -229,12 +229,15 @@ def fit_message_us(groups: Mapping[str, list[Mapping]]) -> tuple[float, list[dic
     return (max(0.0, sxy / sxx) if sxx > 0 else 0.0), points
 
 
-def fit_flush_delay(groups: Mapping[str, tuple[Mapping, list[Mapping]]]) -> tuple[float | None, list[dict]]:
-    """The effective flush delay (s of a worker's CPU per batch to one peer) the engine achieves at
-    saturation: per sending worker whose batches held more than one row, its CPU seconds per second over
-    the messages per second it sent to each of its peers; the median over `groups` ({name: (SYN placement,
-    runs at the default flush delay)}). The simulator's and the extended model's message count F_w follow
-    from it. Also the points it used."""
+def fit_flush_delay(groups: Mapping[str, tuple[Mapping, list[Mapping]]], quota: float | None = None,
+                    ) -> tuple[float | None, float, list[dict]]:
+    """The effective flush delay the engine achieves at saturation and how it grows with the peers: per
+    sending worker whose batches held more than one row and (with `quota`) that used at least 90 % of it,
+    its CPU seconds per second over the messages per second it sent to each peer, d(n) for n peers; then
+    d(n) = d₁·(1 + c·(n − 1)) by least squares where the points have more than one peer count (else c
+    is clasp.core.model.FLUSH_PEER_FACTOR). ({name: (SYN placement, runs at the default flush delay)}.)
+    Returns (d₁ or None without points, c, the points). The simulator's and the extended model's message
+    count per pair follow from them."""
     edges = {(a, b): 1.0 for a, b in zip(SYN_OPS, SYN_OPS[1:], strict=False)}
     points = []
     for name, (placement, rs) in groups.items():
@@ -247,14 +250,25 @@ def fit_flush_delay(groups: Mapping[str, tuple[Mapping, list[Mapping]]]) -> tupl
                 cpu = (r.get("cpu_s") or {}).get(i, (r.get("cpu_s") or {}).get(str(i)))
                 if not (win > 0 and sent > 0 and rows > 2 * sent and cpu and peers.get(i)):
                     continue
+                if quota is not None and cpu / win < 0.9 * quota:
+                    continue
                 per_peer = sent / win / len(peers[i])
                 points.append({"placement": name, "worker": i, "peers": len(peers[i]),
                                "rows_per_message": round(rows / sent, 2), "cpu_share": round(cpu / win, 4),
                                "messages_per_s_per_peer": round(per_peer, 1),
                                "flush_delay_s": round(cpu / win / per_peer, 6)})
     if not points:
-        return None, points
-    return statistics.median(p["flush_delay_s"] for p in points), points
+        return None, FLUSH_PEER_FACTOR, points
+    xs = [p["peers"] - 1 for p in points]
+    ys = [p["flush_delay_s"] for p in points]
+    if len(set(xs)) > 1:
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+        base = my - slope * mx
+        if base > 0 and slope >= 0:
+            return base, slope / base, points
+    c = FLUSH_PEER_FACTOR
+    return statistics.median(y / (1 + c * x) for x, y in zip(xs, ys, strict=True)), c, points
 
 
 def solve(f, lo: float, hi: float, target: float, iters: int = 30) -> float:
@@ -468,9 +482,10 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
     if message_fitted:
         message_us, message_points = fit_message_us({"alt": list(runs["alt"]) + list(runs.get("alt_fast") or []),
                                                      "fan": list(runs["fan"]) + list(runs.get("fan_fast") or [])})
-    flush, flush_points = fit_flush_delay({"alt": (ALT, list(runs["alt"])), "fan": (FAN, list(runs["fan"]))})
+    flush, peer_factor, flush_points = fit_flush_delay({"alt": (ALT, list(runs["alt"])),
+                                                        "fan": (FAN, list(runs["fan"]))}, cpu)
     base = Costs(alpha, alpha, 0.0, w, tau_file, RECEIVE_SHARE, message_us=message_us,
-                 flush_delay_s=flush if flush is not None else 0.001)
+                 flush_delay_s=flush if flush is not None else 0.001, flush_peer_factor=peer_factor)
     lam_alt, lam_fan = _mean_tput(runs["alt"]), _mean_tput(runs["fan"])
     gamma_zero = message_fitted and not gamma_with_messages
     gamma_rule = ("fixed 0 (message_us fitted: the per-destination cost is carried by the messages)" if gamma_zero
@@ -561,7 +576,9 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
         doc["message_us"] = round(message_us, 3)
     if flush is not None:
         doc["flush_delay_s"] = round(flush, 6)
-        measured["flush_fit"] = {"flush_delay_s": round(flush, 6), "points": flush_points}
+        doc["flush_peer_factor"] = round(peer_factor, 4)
+        measured["flush_fit"] = {"flush_delay_s": round(flush, 6), "flush_peer_factor": round(peer_factor, 4),
+                                 "points": flush_points}
     doc["tau_us"] = {a: {o: round(v, 4) for o, v in t.items()} for a, t in tau_file.items()}
     doc["measured"] = measured
     return doc

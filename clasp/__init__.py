@@ -2,13 +2,13 @@
 
 from clasp.core.dag import Dag, DagError, Operator
 
-__all__ = ["Dag", "DagError", "Operator", "connect", "ClaspError", "ClaspTimeout", "PlannerUnavailable"]
+__all__ = ["Dag", "DagError", "Operator", "connect", "ClaspError", "ClaspTimeout", "PlannerUnavailable", "AuthError"]
 __version__ = "0.1.0"
 
 
 def __getattr__(name):
     # The client pulls in pyzmq; keep `import clasp` light for the pure core and for workers.
-    if name in ("connect", "ClaspError", "ClaspTimeout", "PlannerUnavailable", "Client", "Job"):
+    if name in ("connect", "ClaspError", "ClaspTimeout", "PlannerUnavailable", "Client", "Job", "AuthError"):
         from clasp.runtime import client
 
         return getattr(client, name)

@@ -20,9 +20,11 @@ ROWS = [
     [("clasp.local", "processes on this machine:\ncluster, netns, cpulimit"),
      ("clasp.sim", "the simulator\n+ cost files (package data)"),
      ("clasp.apps", "the seven apps, on the\npublic API only")],
-    [("clasp.runtime", "asyncio + ZeroMQ shells: planner, worker + job engine, state server, client, driver")],
+    [("clasp.runtime", "asyncio + ZeroMQ shells: planner, worker + job engine, state server, client, driver,\n"
+                       "one task group per process (tasks)")],
     [("clasp.core", "pure: dag, protocol, routing, tracking, model, estimator, placement, parallelism,\n"
-                    "keygroups, control, migration, profiles, policies/ (base, clasp, baselines, registry)")],
+                    "keygroups, control, migration, profiles, scheduler,"
+                    " policies/ (base, clasp, baselines, registry)")],
 ]
 COLOURS = ["#f4cccc", "#fce5cd", "#d9ead3", "#cfe2f3", "#d9d2e9"]
 

@@ -14,6 +14,7 @@ import zmq
 
 import clasp
 from clasp.core import protocol
+from clasp.runtime.security import Security
 from tests.conftest import start_cluster
 from tests.test_runtime import make_lines, wordcount_dag
 
@@ -55,13 +56,14 @@ def test_random_bytes_on_every_socket(cluster2):
         ctx = zmq.Context()
         socks = []
         try:
-            planner = ctx.socket(zmq.DEALER)
+            sec = Security(cluster2.keys_dir)  # garbage from an authenticated peer: past CURVE, to the handlers
+            planner = sec.client(ctx.socket(zmq.DEALER))
             planner.connect(cluster2.planner)
             socks.append(planner)
             for w in workers:
-                data = ctx.socket(zmq.PUSH)
+                data = sec.client(ctx.socket(zmq.PUSH))
                 data.connect(w["data"])
-                state = ctx.socket(zmq.DEALER)
+                state = sec.client(ctx.socket(zmq.DEALER))
                 state.connect(w["state"])
                 socks += [data, state]
             for sock in socks:
@@ -104,7 +106,7 @@ def test_state_server_serves_other_processes(cluster2):
         try:
             socks = []
             for w in client.workers():
-                s = ctx.socket(zmq.DEALER)
+                s = Security(cluster2.keys_dir).client(ctx.socket(zmq.DEALER))
                 s.connect(w["state"])
                 socks.append(s)
                 part = _ask(s, "state_dump", {"job": job.id, "op": "count"})

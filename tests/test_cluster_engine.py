@@ -169,19 +169,26 @@ def test_fit_message_us_recovers_a_common_slope():
     assert cal.fit_message_us({"alt": [run(200.0, 20.0), run(800.0, 18.0)]})[0] == 0.0
 
 
-def test_fit_flush_delay_is_cpu_seconds_per_batch_to_one_peer():
+def test_fit_flush_delay_is_cpu_seconds_per_batch_to_one_peer_growing_with_the_peers():
     """FAN's worker 0 sends to 2 peers: 0.25 CPU and 200 messages/s of 10 rows, 100 per peer, is one batch
-    per 2.5 ms of its CPU; a worker whose messages hold one row each (not timer-bound) is left out."""
+    per 2.5 ms of its CPU; ALT's senders (1 peer) 125 per peer, one per 2 ms: d₁ = 2 ms, c = 0.25. A worker
+    whose messages hold one row each (not timer-bound), or below 90 % of its quota, is left out."""
     from bench import calibrate as cal
 
-    def run(w0_sent, w0_rows, win=4.0):
-        return {"cpu_window_s": win, "cpu_s": {0: 0.25 * win, 1: 0.25 * win, 2: 0.25 * win},
+    def run(w0_sent, w0_rows, w1_sent=50.0, w1_cpu=0.25, win=4.0):
+        return {"cpu_window_s": win, "cpu_s": {0: 0.25 * win, 1: w1_cpu * win, 2: 0.25 * win},
                 "per_worker": {0: {"window": {"messages": {"sent": w0_sent * win, "sent_rows": w0_rows * win}}},
-                               1: {"window": {"messages": {"sent": 50.0 * win, "sent_rows": 50.0 * win}}}}}
+                               1: {"window": {"messages": {"sent": w1_sent * win,
+                                                           "sent_rows": 10 * w1_sent * win}}}}}
 
-    flush, points = cal.fit_flush_delay({"fan": (cal.FAN, [run(200.0, 2000.0)])})
-    assert flush == pytest.approx(0.0025) and [(p["worker"], p["peers"]) for p in points] == [(0, 2)]
-    assert cal.fit_flush_delay({"fan": (cal.FAN, [run(200.0, 200.0)])}) == (None, [])
+    flush, c, points = cal.fit_flush_delay({"fan": (cal.FAN, [run(200.0, 2000.0, w1_cpu=0.1)]),
+                                            "alt": (cal.ALT, [run(125.0, 1250.0, 125.0)])}, quota=0.25)
+    assert (flush, c) == (pytest.approx(0.002), pytest.approx(0.25))
+    assert sorted((p["placement"], p["worker"], p["peers"]) for p in points) == [
+        ("alt", 0, 1), ("alt", 1, 1), ("fan", 0, 2)]
+    one_count = cal.fit_flush_delay({"fan": (cal.FAN, [run(200.0, 2000.0, w1_cpu=0.1)])}, quota=0.25)
+    assert one_count[0] == pytest.approx(0.0025 / (1 + cal.FLUSH_PEER_FACTOR))
+    assert cal.fit_flush_delay({"fan": (cal.FAN, [run(200.0, 200.0, w1_cpu=0.1)])}, quota=0.25)[0] is None
 
 
 def test_monitor_counts_data_messages_per_interval():

@@ -140,8 +140,11 @@ def independent_load(fractions, demand, edge_rates, m: CapacityModel) -> dict[in
                     reach.setdefault(w, set()).add(v)
     for w, r in reach.items():
         load[w] += m.gamma * len(r)
+    peers = {}
+    for w, _ in rows:
+        peers[w] = peers.get(w, 0) + 1
     for (w, v), n in rows.items():
-        msgs = min(n, m.capacity_of(w) / 1e6 / m.flush_delay)
+        msgs = min(n, m.capacity_of(w) / 1e6 / m.flush_delay / (1 + m.flush_peer_factor * (peers[w] - 1)))
         load[w] += m.mu * msgs
         load[v] += m.mu * msgs
     return load

@@ -148,9 +148,10 @@ def test_clasp_cluster_hosts_cleans_up_on_sigterm(namespaces_work, tmp_path):
         while not info.exists():
             assert p.poll() is None and time.monotonic() < deadline, "clasp cluster --hosts did not come up"
             time.sleep(0.05)
-        planner = json.loads(info.read_text())["planner"]
+        published = json.loads(info.read_text())
+        planner = published["planner"]
         assert not planner.startswith("tcp://127.")
-        with clasp.connect(planner, timeout=10) as c:
+        with clasp.connect(planner, timeout=10, keys=published["keys"]) as c:
             assert [w["alive"] for w in c.workers()] == [True]
         assert len(leftovers(p.pid)) == 2 + 2 + 1
         p.send_signal(signal.SIGTERM)

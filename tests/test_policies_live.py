@@ -13,6 +13,7 @@ import zmq
 import clasp
 from clasp.apps import wc
 from clasp.core import protocol
+from clasp.runtime.security import Security
 from tests.conftest import start_cluster
 
 POLICY_NAMES = ["clasp", "faasflow", "faasflow-sp", "zhang24", "zhang24-sp"]
@@ -84,7 +85,7 @@ def test_remote_state_server_validates(live3, client):
     job = client.submit(wc.build_dag(), autoscale=False, state="remote")
     endpoint = job.info["state_server"]
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
+    sock = Security(live3.keys_dir).client(ctx.socket(zmq.DEALER))
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
 

@@ -119,3 +119,37 @@ def test_weighted_table_and_key_groups_follow_shares(shares):
     ids = sorted(shares)
     expected_groups = group_counts({i: shares[w] for i, w in enumerate(ids)}, NUM_KEY_GROUPS)
     assert {w: n for w, n in collections.Counter(owners).items()} == {ids[i]: n for i, n in expected_groups.items()}
+
+
+def test_control_messages_are_typed_and_checked_in_one_place():
+    frame = protocol.encode("submit", {"req": 2, "dag": {"x": 1}, "options": {"policy": "clasp", "autoscale": False},
+                                       "extra": "ignored"})
+    mtype, msg = protocol.decode_message(frame)
+    assert mtype == "submit" and isinstance(msg, protocol.Submit)
+    assert (msg.req, msg.dag, msg.placement, msg.policy, msg.state, msg.autoscale) == (2, {"x": 1}, None, "clasp",
+                                                                                       None, False)
+    reg = protocol.Register("w1", "h", "tcp://d", "tcp://s", "http://m", 10, 77)
+    assert protocol.decode_message(protocol.pack(reg)) == ("register", reg)
+    assert protocol.parse("heartbeat", {"id": "w1", "sample": {"a": 1}}) == protocol.Heartbeat("w1", {"a": 1})
+    assert protocol.SCHEMAS["register"] == {"id": (str,), "host": (str,), "data": (str,), "state": (str,),
+                                            "metrics": (str,), "p_max": (int,), "pid": (int,)}
+    assert protocol.pack(protocol.Stats(3, 1)) == protocol.encode("stats", {"req": 3, "job": 1})
+    # The data path's list bodies stay lists.
+    assert protocol.parse("data", [1, 0, []]) == [1, 0, []]
+    with pytest.raises(AttributeError):
+        msg.unknown = 1  # slots: no stray attributes
+    bad = [
+        ("place", {"req": 1, "job": 1, "placement": {"a": {0: "half"}}}, "place.placement"),
+        ("place", {"req": 1, "job": 1, "placement": {"a": [1]}}, "place.placement"),
+        ("submit", {"req": 1, "dag": {}, "placement": {"a": {"0": 1.0}}}, "submit.placement"),
+        ("submit", {"req": 1, "dag": {}, "options": {"autoscale": "yes"}}, "submit.options.autoscale"),
+        ("wait_idle", {"req": 1, "job": 1, "timeout": -1}, "wait_idle.timeout"),
+        ("scale", {"req": 1, "job": 1, "workers": True}, "scale.workers"),
+    ]
+    for mtype, body, where in bad:
+        with pytest.raises(ProtocolError, match=where) as e:
+            protocol.decode_message(protocol.encode(mtype, body))
+        assert e.value.reason == "bad_field"
+    with pytest.raises(ProtocolError, match="rids and weights") as e:
+        protocol.decode_message(protocol.encode("done", [1, {"a": "b"}, []]))
+    assert e.value.reason == "bad_body"

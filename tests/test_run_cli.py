@@ -98,7 +98,14 @@ def test_ctrl_c_stops_the_cluster_and_prints_the_partial_summary(tmp_path):
         kids = _children(p.pid)
         assert len(kids) == 2  # the planner and the worker
         p.send_signal(signal.SIGINT)
-        stdout, _ = p.communicate(timeout=30)
+        try:
+            stdout, _ = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.send_signal(signal.SIGUSR1)  # the CLI's faulthandler: where it hangs, into the failure
+            time.sleep(1.0)
+            p.kill()
+            out_, err = p.communicate()
+            pytest.fail(f"clasp run did not stop within 30 s of Ctrl-C; its stacks:\n{err[-6000:]}")
     finally:
         if p.poll() is None:
             p.kill()

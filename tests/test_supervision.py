@@ -154,8 +154,9 @@ def test_clasp_cluster_logs_a_dead_worker_keeps_running_and_stops_when_the_plann
     reader.start()
     try:
         wait_for(info.exists, timeout=40, what="the cluster's --info file")
-        planner = json.loads(info.read_text())["planner"]
-        with clasp.connect(planner) as client:
+        published = json.loads(info.read_text())
+        planner = published["planner"]
+        with clasp.connect(planner, keys=published["keys"]) as client:
             before = _pids(wait_for(lambda: len(_pids(client)) == 2 and client, what="two workers"))
             os.kill(before["w0"], signal.SIGKILL)
             wait_for(lambda: _pids(client).get("w0") not in (None, before["w0"]), timeout=40,

@@ -43,9 +43,10 @@ def lines(n: int) -> list[str]:
     return [" ".join(rng.choices(words, k=rng.randint(10, 20))) for _ in range(n)]
 
 
-def _run(hosts: bool, dag: clasp.Dag, records: list, placement=None, singles: int = 0) -> dict:
+def _run(cluster: dict, dag: clasp.Dag, records: list, placement=None, singles: int = 0) -> dict:
+    """One job on a fresh 2-worker LocalCluster(**cluster) (`bench.curve` uses it too)."""
     logs = tempfile.mkdtemp(prefix="clasp-bench-hosts-")
-    with LocalCluster(workers=2, log_dir=logs, hosts=hosts) as cl, clasp.connect(cl.planner) as c:
+    with LocalCluster(workers=2, log_dir=logs, **cluster) as cl, clasp.connect(cl.planner) as c:
         pids = {w["id"]: w["pid"] for w in c.workers()}
         job = c.submit(dag, placement=placement, autoscale=False)
         job.push(records[:2000])  # warm-up: imports, connections, first allocations
@@ -69,7 +70,7 @@ def _run(hosts: bool, dag: clasp.Dag, records: list, placement=None, singles: in
 
 
 def remote_chain(hosts: bool, n: int) -> dict:
-    r = _run(hosts, chain_dag(), list(range(n)), placement={f"op{i}": {i % 2: 1.0} for i in range(CHAIN)},
+    r = _run({"hosts": hosts}, chain_dag(), list(range(n)), placement={f"op{i}": {i % 2: 1.0} for i in range(CHAIN)},
              singles=200)
     return {"executions_per_s": n * CHAIN / r["wall"],
             "worker_cpu_us_per_remote_request": r["cpu"] / (n * (CHAIN - 1)) * 1e6,
@@ -79,7 +80,7 @@ def remote_chain(hosts: bool, n: int) -> dict:
 
 
 def word_count(hosts: bool, text: list[str]) -> dict:
-    r = _run(hosts, wordcount_dag(), text)
+    r = _run({"hosts": hosts}, wordcount_dag(), text)
     # The warm-up counted its lines too.
     expected = collections.Counter(w for line in text[:2000] + text for w in line.split())
     if r["state"] != dict(expected):

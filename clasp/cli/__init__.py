@@ -1,13 +1,46 @@
-"""The `clasp` command: planner, worker, cluster, place, run (and, in submodules, simulate and bench).
+"""The `clasp` command: planner, worker, cluster, run, keys, place (and, in submodules, simulate and bench).
 
 The top layer, the only one that may import every other (docs/ARCHITECTURE.md)."""
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import os
 import signal
 import sys
 import time
+
+
+def _security(args, what: str):
+    """The process's Security from --keys / CLASP_KEYS / --insecure, or an exit code (2) after saying why."""
+    from clasp.runtime.security import ENV, Keys, KeysError, Security, check_exposure
+
+    if args.keys and args.insecure:
+        print(f"clasp {what}: --keys and --insecure exclude each other", file=sys.stderr)
+        return 2
+    directory = None if args.insecure else (args.keys or os.environ.get(ENV))
+    try:
+        keys = Keys(directory) if directory else None
+        if keys is not None:
+            keys.server_pair  # noqa: B018 - a missing or readable secret key stops the process here
+    except KeysError as e:
+        print(f"clasp {what}: {e}", file=sys.stderr)
+        return 2
+    why = check_exposure(args.host, keys, args.insecure, what)  # the metrics endpoint carries no code
+    if why:
+        print(why, file=sys.stderr)
+        return 2
+    return Security(keys)
+
+
+def add_security_options(p: argparse.ArgumentParser, cluster: bool = False) -> None:
+    """--keys, --insecure and --metrics-host (planner, worker, cluster, run)."""
+    p.add_argument("--keys", help="CURVE key directory from `clasp keys init` (default: CLASP_KEYS; "
+                   + ("none: ephemeral keys made for this cluster)" if cluster else "none: plaintext, loopback only)"))
+    p.add_argument("--insecure", action="store_true",
+                   help="no CURVE: plaintext, unauthenticated (needed to bind a non-loopback address without keys)")
+    p.add_argument("--metrics-host", help="address the plaintext Prometheus endpoint binds (default: --host)")
 
 
 def _planner(args) -> int:
@@ -16,6 +49,9 @@ def _planner(args) -> int:
     from clasp.runtime.planner import Planner
     from clasp.runtime.state_store import StateStoreError, check_state_dir
 
+    security = _security(args, "planner")
+    if isinstance(security, int):
+        return security
     setup_logging("planner", args.log_level)
     if args.checkpoint_interval > 0:
         try:
@@ -27,7 +63,8 @@ def _planner(args) -> int:
                 heartbeat=args.heartbeat, dead_after=args.dead_after, max_inflight=args.max_inflight,
                 p_max=args.p_max, autoscale=args.autoscale, policy=args.policy,
                 migration_timeout=args.migration_timeout, control=ControlConfig(warmup_requests=args.warmup),
-                state=args.state, state_port=args.state_port, checkpoint_interval=args.checkpoint_interval,
+                state=args.state, state_port=args.state_port, security=security, metrics_host=args.metrics_host,
+                checkpoint_interval=args.checkpoint_interval,
                 state_dir=args.state_dir if args.checkpoint_interval > 0 else None)
     return run(p.serve)
 
@@ -37,6 +74,9 @@ def _worker(args) -> int:
     from clasp.runtime.state_store import StateStoreError, check_state_dir
     from clasp.runtime.worker import Worker
 
+    security = _security(args, "worker")
+    if isinstance(security, int):
+        return security
     setup_logging(f"worker {args.id or ''}".strip(), args.log_level)
     if args.state_dir:
         try:
@@ -46,7 +86,8 @@ def _worker(args) -> int:
             return 2
     w = Worker(args.planner, host=args.host, data_port=args.data_port, state_port=args.state_port,
                metrics_port=args.metrics_port, advertise=args.advertise, worker_id=args.id, p_max=args.p_max,
-               flush_delay=args.flush_delay_ms / 1000.0, cpus=args.cpus, state_dir=args.state_dir)
+               flush_delay=args.flush_delay_ms / 1000.0, cpus=args.cpus, security=security,
+               metrics_host=args.metrics_host, state_dir=args.state_dir)
     return run(w.serve)
 
 
@@ -74,16 +115,25 @@ def _cluster(args) -> int:
     from clasp.local.netns import NetnsError
 
     # SIGTERM takes the Ctrl-C path, so a killed `clasp cluster` still removes its cgroups and namespaces.
+    from clasp.runtime.security import KeysError
+
     signal.signal(signal.SIGTERM, _on_term)
+    if args.keys and args.insecure:
+        print("clasp cluster: --keys and --insecure exclude each other", file=sys.stderr)
+        return 2
     code = check_state_option(args, "clasp cluster")
     if code:
         return code
     cluster = LocalCluster(workers=args.workers, host=args.host, port=args.port, p_max=args.p_max,
                            log_dir=args.log_dir, planner_args=planner_options(args),
                            cpu_per_worker=args.cpu_per_worker, hosts=args.hosts,
-                           restart_workers=args.restart_workers, on_event=_say)
+                           restart_workers=args.restart_workers, on_event=_say, keys=args.keys,
+                           insecure=args.insecure, metrics_host=args.metrics_host)
     try:
         cluster.start()
+    except KeysError as e:
+        print(f"clasp cluster: {e}", file=sys.stderr)
+        return 2
     except (ClusterError, CpuLimitError, NetnsError, OSError) as e:
         print(f"clasp cluster: {e}", file=sys.stderr)
         return 1
@@ -92,12 +142,15 @@ def _cluster(args) -> int:
     if args.info:
         cluster.write_info(args.info)
     print(f"clasp cluster up: planner {cluster.planner}, {args.workers} workers; metrics {cluster.metrics['planner']}"
-          " — Ctrl-C stops every process", flush=True)
+          + (f"; keys {cluster.keys_dir} (clients: CLASP_KEYS={cluster.keys_dir})" if cluster.keys_dir else
+             "; plaintext (--insecure)") + " — Ctrl-C stops every process", flush=True)
     try:
         # A worker that exits is the supervisor's (it logs it and restarts it); the planner's exit ends the
         # cluster: the supervisor has logged it and stopped every process.
         while cluster.planner_running():
             time.sleep(0.5)
+        if cluster._supervisor is not None:  # it logs the planner's exit and stops the rest: let it say so
+            cluster._supervisor.join(timeout=5)
         return 1
     except KeyboardInterrupt:
         return 0
@@ -149,6 +202,29 @@ def add_control_options(p: argparse.ArgumentParser, default_state_dir: str | Non
                         "for `clasp planner`, under the log directory for `clasp cluster` and `clasp run`")
 
 
+def _keys(args) -> int:
+    from clasp.runtime.security import KeysError, add_client, init_keys
+
+    try:
+        if args.action == "init":
+            d = init_keys(args.dir)
+            print(f"keys for a cluster in {d}: give --keys {d} to `clasp planner|worker|cluster` (the whole "
+                  f"directory), and clients keys={d!s} or CLASP_KEYS={d}; `clasp keys add-client {d} NAME` adds "
+                  "a client with its own key")
+        else:
+            if not args.name:
+                print("clasp keys add-client: a NAME is needed", file=sys.stderr)
+                return 2
+            b = add_client(args.dir, args.name)
+            print(f"client {args.name!r} allowed ({args.dir}/public/{args.name}.key; delete that file to revoke it). "
+                  f"Give the client {b} (it holds its secret key): clasp.connect(addr, keys=\"{b}\") or "
+                  f"CLASP_KEYS={b}")
+    except KeysError as e:
+        print(f"clasp keys: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _place(args, rest) -> int:
     from clasp.cli.place import main as place_main
 
@@ -190,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--migration-timeout", type=_positive(float), default=5.0,
                    help="seconds a migration waits for its workers before it is reported failed")
     add_control_options(p, default_state_dir="clasp-state")
+    add_security_options(p)
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(fn=_planner)
 
@@ -208,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the CPUs this worker may use (default: its cgroup quota, if any): the placement's "
                         "starting estimate of its capacity W_w, refined online")
     w.add_argument("--state-dir", help="where checkpoints are (default: the directory the planner names)")
+    add_security_options(w)
     w.add_argument("--log-level", default="INFO")
     w.set_defaults(fn=_worker)
 
@@ -228,8 +306,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start a worker that exits again, same id and ports, at most 5 times a minute (with "
                         "backoff); without, it stays down. Either way the rest of the cluster keeps running")
     add_control_options(c)
+    add_security_options(c, cluster=True)
     c.set_defaults(fn=_cluster)
-    add_run_parser(sub)
+    add_security_options(add_run_parser(sub), cluster=True)
+
+    k = sub.add_parser("keys", help="make CURVE keys: `init DIR` (a cluster's and one client's), `add-client DIR NAME`")
+    k.add_argument("action", choices=["init", "add-client"])
+    k.add_argument("dir", help="the key directory")
+    k.add_argument("name", nargs="?", help="add-client: the new client's name")
+    k.set_defaults(fn=_keys)
 
     pl = sub.add_parser("place", help="print CLASP's placement for a profile of observed statistics",
                         add_help=False)
@@ -245,6 +330,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # `kill -USR1 PID` prints every thread's stack of a clasp process to its stderr: what a hung one waits on.
+    try:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    except (AttributeError, ValueError, OSError):  # called in-process with a stderr that has no file (tests)
+        pass
     if argv[:1] == ["place"]:
         return _place(None, argv[1:])
     if argv[:1] == ["simulate"]:

@@ -312,8 +312,9 @@ def main(args) -> int:
         from clasp.local.cluster import ClusterError
         from clasp.local.netns import NetnsError
         from clasp.runtime.client import ClaspError
+        from clasp.runtime.security import KeysError
 
-        if not isinstance(e, (ClaspError, ClusterError, NetnsError, OSError)):
+        if not isinstance(e, (ClaspError, ClusterError, NetnsError, OSError, KeysError)):
             raise
         console.print(f"[red]clasp run: {e}[/]")
         code = 1
@@ -334,6 +335,10 @@ class _cluster:
 
     def __enter__(self) -> str:
         if self.args.planner:
+            if self.args.keys:
+                from clasp.runtime.security import Keys, remember
+
+                remember(self.args.planner, Keys(self.args.keys).dir)  # what clasp.connect(planner) uses
             return self.args.planner
         import tempfile
 
@@ -349,7 +354,8 @@ class _cluster:
                                + ["--checkpoint-interval", str(self.args.checkpoint_interval)],
                                state_dir=self.args.state_dir,
                                restart_workers=self.cfg["restart_workers"],
-                               on_event=self._say)
+                               on_event=self._say, keys=self.args.keys, insecure=self.args.insecure,
+                               metrics_host=self.args.metrics_host)
         self.cl.start()
         return self.cl.planner
 

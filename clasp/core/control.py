@@ -188,7 +188,7 @@ class Controller:
                      e.alpha, e.beta, e.gamma, e.capacity, obs.throughput, target, self.p_max,
                      max(obs.instances, 1), max(obs.active, 1), beta_receive=e.beta_receive, mu=e.mu,
                      flush_delay=e.flush_delay, capacities=capacities, alpha_split=e.config.alpha_split,
-                     stateless=list(self.stateless))
+                     stateless=list(self.stateless), flush_peer_factor=e.config.flush_peer_factor)
 
     def place_on(self, workers: int, pool: list | None = None) -> PlacementResult:
         """The policy's placement for `workers` workers (`Policy.place_on`), from the latest observation;

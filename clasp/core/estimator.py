@@ -53,6 +53,7 @@ from clasp.core.model import (
     DEFAULT_BETA,
     DEFAULT_CAPACITY,
     DEFAULT_GAMMA,
+    FLUSH_PEER_FACTOR,
     CapacityModel,
     worker_capacity,
 )
@@ -126,6 +127,7 @@ class EstimatorConfig:
     receive_share: float = 0.0
     mu: float = 0.0
     flush_delay: float = 0.001
+    flush_peer_factor: float = FLUSH_PEER_FACTOR
     alpha_split: float | None = None
     rho: float = 0.99
     eta: float = 0.05
@@ -291,7 +293,7 @@ class Estimator:
     @property
     def model(self) -> CapacityModel:
         return CapacityModel(self.alpha, self.beta, self.gamma, self.capacity, self.beta_receive, self.mu,
-                             self.flush_delay)
+                             self.flush_delay, flush_peer_factor=self.config.flush_peer_factor)
 
     def capacity_of(self, worker: Hashable) -> float:
         """W_w: the worker's own smoothed capacity, W̄ for a worker never seen."""
@@ -390,7 +392,8 @@ class Estimator:
         per second in U / 10⁶ CPU-seconds."""
         if not (s.messages_out and s.delta and s.cpu) or s.r_remote < 2.0 * s.messages_out:
             return
-        observed = (s.cpu / 1e6) / (s.messages_out / s.delta)
+        # Normalized to one peer: the flush round of a sender with δ peers is 1 + c·(δ − 1) times longer.
+        observed = (s.cpu / 1e6) / (s.messages_out / s.delta) / (1.0 + self.config.flush_peer_factor * (s.delta - 1))
         if math.isfinite(observed) and observed > 0:
             self.flush_delay = (1.0 - self.config.eta) * self.flush_delay + self.config.eta * observed
 

@@ -73,15 +73,25 @@ def pair_rates(fractions: Mapping[str, Mapping[int, float]], edge_rates: Mapping
     return rows
 
 
+# How much a sender's flush interval grows per peer beyond the first (the flush round sends to every peer):
+# measured by `bench.calibrate` (`flush_peer_factor`, 0.21 on 2026-12-03; Word Count's splitter sending to
+# 4 peers batched each once per 2.8 ms of its CPU against 1.9 ms for one peer, 0.17).
+FLUSH_PEER_FACTOR = 0.2
+
+
 def message_load(fractions: Mapping[str, Mapping[int, float]], edge_rates: Mapping[Edge, float], mu: float,
-                 flush_rate) -> dict[int, float]:
-    """μ·M_w: each pair exchanges min(rows, F_w) messages per second (F_w = `flush_rate(w)` of the
-    sender), paid by the sender and by the receiver."""
+                 flush_rate, peer_factor: float = 0.0) -> dict[int, float]:
+    """μ·M_w: each pair exchanges min(rows, F_w / (1 + c·(n_w − 1))) messages per second (F_w =
+    `flush_rate(w)` of the sender, n_w its peers, c `peer_factor`), paid by the sender and the receiver."""
     load: dict[int, float] = {}
     if not mu:
         return load
-    for (w, d), rows in pair_rates(fractions, edge_rates).items():
-        cost = mu * min(rows, flush_rate(w))
+    pairs = pair_rates(fractions, edge_rates)
+    peers: dict[int, int] = {}
+    for w, _ in pairs:
+        peers[w] = peers.get(w, 0) + 1
+    for (w, d), rows in pairs.items():
+        cost = mu * min(rows, flush_rate(w) / (1.0 + peer_factor * (peers[w] - 1)))
         load[w] = load.get(w, 0.0) + cost
         load[d] = load.get(d, 0.0) + cost
     return load
@@ -154,9 +164,10 @@ class CapacityModel:
 
     `beta` is β_s, what the sender pays per remote request. Extensions (0 / None: the paper's model):
     `beta_receive` β_r per remote request received; `mu` µs per message, sent or received; `flush_delay`
-    the engine's flush delay (s), which sets F_w; `capacities` W_w per worker index (placement indices;
-    workers beyond the tuple have W̄); `alpha_split` α of a local request that takes the table route,
-    to an operator of `table_routed` (the DAG's stateless ones) held by other workers too."""
+    the engine's flush delay (s), which sets F_w, and `flush_peer_factor` how it grows per extra peer;
+    `capacities` W_w per worker index (placement indices; workers beyond the tuple have W̄); `alpha_split`
+    α of a local request that takes the table route, to an operator of `table_routed` (the DAG's stateless
+    ones) held by other workers too."""
 
     alpha: float = DEFAULT_ALPHA
     beta: float = DEFAULT_BETA
@@ -168,6 +179,7 @@ class CapacityModel:
     capacities: tuple[float, ...] | None = None
     alpha_split: float | None = None
     table_routed: frozenset = frozenset()
+    flush_peer_factor: float = FLUSH_PEER_FACTOR
 
     def flush_rate(self, worker: int) -> float:
         """F_w: messages per second to one peer of a saturated worker (one batch per flush delay of CPU)."""
@@ -203,7 +215,7 @@ class CapacityModel:
         """Eq. (8) term by term per worker (`TERMS`) with this model's coefficients."""
         terms = load_terms(fractions, demand, edge_rates, self.alpha, self.beta, self.gamma, self.beta_receive,
                            self.alpha_split, self.table_routed)
-        for w, v in message_load(fractions, edge_rates, self.mu, self.flush_rate).items():
+        for w, v in message_load(fractions, edge_rates, self.mu, self.flush_rate, self.flush_peer_factor).items():
             terms.setdefault(w, dict.fromkeys(TERMS, 0.0))["messages"] += v
         return terms
 

@@ -32,14 +32,20 @@ Message types and who sends them (C client, P planner, W worker):
 | reply | any → requester | req, ok, result or error |
 | error | any → sender of a bad message | reason, detail |
 
+The client's requests and the worker's register and heartbeat (and reply, error) are typed: dataclasses
+(`MESSAGES`) that `decode_message` builds and checks; the rest are checked maps (`SCHEMAS`) or, on the data
+path, plain lists (docs/ARCHITECTURE.md, "Typed control messages").
+
 `deploy` has two optional fields: `state` is "local" or "remote" (then `state_server` is the planner's remote-state
 endpoint, which serves `rstate_get_many` and `rstate_put_many`: `clasp/runtime/state_server.py`).
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field, fields
 from operator import itemgetter
-from typing import Any
+from typing import Any, ClassVar
 
 import msgpack
 
@@ -63,20 +69,10 @@ _STR, _INT, _NUM, _BYTES, _DICT, _LIST, _BOOL = (str,), (int,), (int, float), (b
 _ANY = None
 
 # Required fields of the map-bodied messages and their accepted types; optional fields are in _OPTIONAL.
+# The typed messages (`MESSAGES`, below) add theirs from their dataclass fields.
 SCHEMAS: dict[str, dict[str, tuple | None]] = {
-    "register": {"id": _STR, "host": _STR, "data": _STR, "state": _STR, "metrics": _STR, "p_max": _INT, "pid": _INT},
     "welcome": {"planner": _STR, "heartbeat": _NUM},
-    "heartbeat": {"id": _STR, "sample": _DICT},
     "deploy": {"req": _INT, "job": _INT, "dag": _DICT, "placement": _DICT, "peers": _DICT},
-    "submit": {"req": _INT, "dag": _DICT},
-    "push": {"req": _INT, "job": _INT, "records": _LIST},
-    "wait_idle": {"req": _INT, "job": _INT, "timeout": _NUM},
-    "state": {"req": _INT, "job": _INT, "op": _STR},
-    "collected": {"req": _INT, "job": _INT, "op": _STR},
-    "stats": {"req": _INT, "job": _INT},
-    "cancel": {"req": _INT, "job": _INT},
-    "jobs": {"req": _INT},
-    "workers": {"req": _INT},
     "state_get": {"req": _INT, "job": _INT, "op": _STR, "key": _ANY},
     "state_put": {"req": _INT, "job": _INT, "op": _STR, "key": _ANY, "value": _ANY},
     "state_dump": {"req": _INT, "job": _INT, "op": _STR},
@@ -84,11 +80,6 @@ SCHEMAS: dict[str, dict[str, tuple | None]] = {
     "stop_job": {"req": _INT, "job": _INT},
     "counters": {"req": _INT, "job": _INT},
     "migrate_plan": {"req": _INT, "job": _INT, "plan": _DICT, "placement": _DICT},
-    "scale": {"req": _INT, "job": _INT, "workers": _INT},
-    "place": {"req": _INT, "job": _INT, "placement": _DICT},
-    "autoscale": {"req": _INT, "job": _INT, "enabled": _BOOL},
-    "reply": {"req": _INT, "ok": _BOOL},
-    "error": {"reason": _STR, "detail": _STR},
     "ckpt_begin": {"req": _INT, "job": _INT, "ckpt": _INT, "boundary": _INT},
     "ckpt_snapshot": {"req": _INT, "job": _INT, "ckpt": _INT, "boundary": _INT, "dir": _STR},
     "ckpt_abort": {"req": _INT, "job": _INT, "ckpt": _INT},
@@ -98,15 +89,225 @@ SCHEMAS: dict[str, dict[str, tuple | None]] = {
     "rstate_put_many": {"req": _INT, "job": _INT, "op": _STR, "states": _DICT},
 }
 _OPTIONAL: dict[str, dict[str, tuple | None]] = {
-    "submit": {"placement": _DICT, "options": _DICT, "key_weights": _DICT},
-    "stats": {"fresh": _BOOL},
     "counters": {"below": _INT},  # also answer `holds_below`: anything of a record below this id here
-    "reply": {"result": _ANY, "error": _STR},
     "deploy": {"state": _STR, "state_server": _STR},
     "restore": {"state": _STR, "state_server": _STR},
 }
 # List-bodied messages on the data path; the first element is always the job id.
 _LIST_BODIES = {"data": 3, "runs": 3, "done": 3, "extend_ack": 2, "marker": 3, "migrate": 6}
+
+
+# ----------------------------------------------------------------- typed control messages
+# A typed message is a dataclass: its fields are the body's, `_req(types)` required and `_opt(types)`
+# optional (None when absent); `decode` checks their types, `parse` builds the dataclass and runs its
+# `check` (what a type cannot say: a share is a number, a timeout is not negative). Handlers read
+# attributes, never a raw body. The data path's list bodies (rows, runs, returned weight) stay lists.
+def _req(types: tuple | None) -> Any:
+    return field(metadata={"types": types})
+
+
+def _opt(types: tuple | None) -> Any:
+    return field(default=None, metadata={"types": types, "optional": True})
+
+
+class Message:
+    """Base of the typed control messages; `TYPE` is the message type on the wire."""
+
+    __slots__ = ()
+    TYPE: ClassVar[str]
+
+    def check(self) -> None:
+        """Raise ProtocolError("bad_field", ...) for a value its type allows but the message does not."""
+
+    def body(self) -> dict:
+        """The wire body: every field, the optional ones only when set."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if not (f.metadata.get("optional") and getattr(self, f.name) is None)}
+
+
+def _bad_field(mtype: str, name: str, what: str) -> ProtocolError:
+    return ProtocolError("bad_field", f"{mtype}.{name}: {what}")
+
+
+def _is_number(v: Any) -> bool:
+    return type(v) in _NUM and math.isfinite(v)
+
+
+def _check_shares(mtype: str, name: str, placement: dict | None) -> None:
+    """A placement by index: operator name -> {worker index -> share}."""
+    if placement is None:
+        return
+    for op, shares in placement.items():
+        if type(op) is not str or type(shares) is not dict:
+            raise _bad_field(mtype, name, "expected {operator: {worker index: share}}")
+        for i, v in shares.items():
+            if type(i) is not int or not _is_number(v):
+                raise _bad_field(mtype, name, f"{op!r}: expected {{worker index: share}}, got {i!r}: {v!r}")
+
+
+# Client -> planner
+@dataclass(slots=True)
+class Request(Message):
+    """A request that is answered with a `reply` carrying its `req`."""
+
+    req: int = _req(_INT)
+
+
+@dataclass(slots=True)
+class JobRequest(Request):
+    """A client's request about one of its jobs."""
+
+    job: int = _req(_INT)
+
+
+@dataclass(slots=True)
+class Submit(Request):
+    TYPE: ClassVar[str] = "submit"
+    dag: dict = _req(_DICT)
+    placement: dict | None = _opt(_DICT)  # {operator: {worker index: share}}
+    options: dict | None = _opt(_DICT)  # policy, state, autoscale
+    key_weights: dict | None = _opt(_DICT)  # {stateful operator: NUM_KEY_GROUPS numbers}
+
+    def check(self) -> None:
+        _check_shares(self.TYPE, "placement", self.placement)
+        for name, types in (("policy", _STR), ("state", _STR), ("autoscale", _BOOL)):
+            v = (self.options or {}).get(name)
+            if v is not None and type(v) not in types:
+                raise _bad_field(self.TYPE, f"options.{name}", type(v).__name__)
+        if self.key_weights is not None and not all(type(k) is str for k in self.key_weights):
+            raise _bad_field(self.TYPE, "key_weights", "expected {operator: weights}")
+
+    @property
+    def policy(self) -> str | None:
+        return (self.options or {}).get("policy")
+
+    @property
+    def state(self) -> str | None:
+        return (self.options or {}).get("state")
+
+    @property
+    def autoscale(self) -> bool | None:
+        return (self.options or {}).get("autoscale")
+
+
+@dataclass(slots=True)
+class Push(JobRequest):
+    TYPE: ClassVar[str] = "push"
+    records: list = _req(_LIST)
+
+
+@dataclass(slots=True)
+class WaitIdle(JobRequest):
+    TYPE: ClassVar[str] = "wait_idle"
+    timeout: float = _req(_NUM)  # seconds
+
+    def check(self) -> None:
+        if not (self.timeout >= 0 and math.isfinite(self.timeout)):
+            raise _bad_field(self.TYPE, "timeout", f"{self.timeout!r} s")
+
+
+@dataclass(slots=True)
+class StateRequest(JobRequest):
+    """The whole state of one stateful operator (wire type `state`)."""
+
+    TYPE: ClassVar[str] = "state"
+    op: str = _req(_STR)
+
+
+@dataclass(slots=True)
+class Collected(StateRequest):
+    """What a collecting operator kept, from every worker."""
+
+    TYPE: ClassVar[str] = "collected"
+
+
+@dataclass(slots=True)
+class Stats(JobRequest):
+    TYPE: ClassVar[str] = "stats"
+    fresh: bool | None = _opt(_BOOL)  # exact counters asked of every worker now
+
+
+@dataclass(slots=True)
+class Cancel(JobRequest):
+    TYPE: ClassVar[str] = "cancel"
+
+
+@dataclass(slots=True)
+class Jobs(Request):
+    TYPE: ClassVar[str] = "jobs"
+
+
+@dataclass(slots=True)
+class Workers(Request):
+    TYPE: ClassVar[str] = "workers"
+
+
+@dataclass(slots=True)
+class Scale(JobRequest):
+    TYPE: ClassVar[str] = "scale"
+    workers: int = _req(_INT)
+
+
+@dataclass(slots=True)
+class Place(JobRequest):
+    TYPE: ClassVar[str] = "place"
+    placement: dict = _req(_DICT)  # {operator: {worker index: share}}
+
+    def check(self) -> None:
+        _check_shares(self.TYPE, "placement", self.placement)
+
+
+@dataclass(slots=True)
+class Autoscale(JobRequest):
+    TYPE: ClassVar[str] = "autoscale"
+    enabled: bool = _req(_BOOL)
+
+
+# Worker -> planner (and any answer to a request)
+@dataclass(slots=True)
+class Register(Message):
+    TYPE: ClassVar[str] = "register"
+    id: str = _req(_STR)
+    host: str = _req(_STR)
+    data: str = _req(_STR)  # its PULL endpoint
+    state: str = _req(_STR)  # its state server's ROUTER endpoint
+    metrics: str = _req(_STR)  # its /metrics URL
+    p_max: int = _req(_INT)
+    pid: int = _req(_INT)
+
+
+@dataclass(slots=True)
+class Heartbeat(Message):
+    TYPE: ClassVar[str] = "heartbeat"
+    id: str = _req(_STR)
+    sample: dict = _req(_DICT)  # the worker's Table 2 metrics of the last interval (Monitor.sample)
+
+
+@dataclass(slots=True)
+class Reply(Request):
+    TYPE: ClassVar[str] = "reply"
+    ok: bool = _req(_BOOL)
+    result: Any = _opt(_ANY)
+    error: str | None = _opt(_STR)
+
+
+@dataclass(slots=True)
+class Error(Message):
+    """The answer to a bad message: why it was dropped."""
+
+    TYPE: ClassVar[str] = "error"
+    reason: str = _req(_STR)
+    detail: str = _req(_STR)
+
+
+MESSAGES: dict[str, type[Message]] = {cls.TYPE: cls for cls in (
+    Submit, Push, WaitIdle, StateRequest, Collected, Stats, Cancel, Jobs, Workers, Scale, Place, Autoscale,
+    Register, Heartbeat, Reply, Error)}
+for _mtype, _cls in MESSAGES.items():
+    SCHEMAS[_mtype] = {f.name: f.metadata["types"] for f in fields(_cls) if not f.metadata.get("optional")}
+    _opts = {f.name: f.metadata["types"] for f in fields(_cls) if f.metadata.get("optional")}
+    if _opts:
+        _OPTIONAL[_mtype] = _opts
 TYPES = frozenset(SCHEMAS) | frozenset(_LIST_BODIES)
 
 _packer = msgpack.Packer(use_bin_type=True)
@@ -147,6 +348,30 @@ def decode(frame: bytes) -> tuple[str, Any]:
         if name in body and types is not None and body[name] is not None and type(body[name]) not in types:
             raise ProtocolError("bad_field", f"{mtype}.{name}: {type(body[name]).__name__}")
     return mtype, body
+
+
+def parse(mtype: str, body: Any) -> Any:
+    """A decoded body as its typed message (`MESSAGES`), checked; other bodies as they are, except that
+    a `done` body is checked here too. Raises ProtocolError."""
+    cls = MESSAGES.get(mtype)
+    if cls is None:
+        if mtype == "done":
+            check_returns(body)
+        return body
+    msg = cls(**{f.name: body.get(f.name) for f in fields(cls)})
+    msg.check()
+    return msg
+
+
+def decode_message(frame: bytes) -> tuple[str, Any]:
+    """`decode` then `parse`: (type, typed message or list body); raises ProtocolError."""
+    mtype, body = decode(frame)
+    return mtype, parse(mtype, body)
+
+
+def pack(msg: Message) -> bytes:
+    """One frame holding a typed message."""
+    return encode(msg.TYPE, msg.body())
 
 
 def check_rows(rows: Any, n_ops: int) -> None:

@@ -4,6 +4,11 @@ While it runs, a supervisor thread watches the processes. A worker that exits is
 exit code or signal) and, by default, started again with the same id and arguments on the endpoints
 it had, so the planner's and its peers' sockets reconnect to it; `restart_delay` (pure) rations the
 restarts. The planner exiting is the end of the cluster: that is logged, and every process stopped.
+
+Secure by default: without `keys` (and without CLASP_KEYS) the cluster makes ephemeral CURVE keys in its
+log directory (or a private temporary one, removed by `stop()`), gives them to every process, publishes
+them in `info()["keys"]`, and tells `clasp.connect` in this process to use them for its planner address.
+`insecure=True` runs every process in plaintext.
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ import logging
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -95,6 +102,7 @@ class LocalCluster:
                  cpu_per_worker: float | Sequence[float] | None = None, hosts: bool = False,
                  restart_workers: bool = True,
                  restart_policy: RestartPolicy | None = None, on_event: Callable[[str], None] | None = None,
+                 keys: str | os.PathLike | None = None, insecure: bool = False, metrics_host: str | None = None,
                  state_dir: str | os.PathLike | None = None):
         if workers < 1:
             raise ValueError(f"a cluster needs at least one worker, not {workers}")
@@ -141,6 +149,13 @@ class LocalCluster:
         self._stopping = threading.Event()
         self._supervisor: threading.Thread | None = None
         self._info_path: str | os.PathLike | None = None
+        if keys is not None and insecure:
+            raise ValueError("keys and insecure exclude each other")
+        self.insecure = insecure
+        self.metrics_host = metrics_host
+        self._keys_arg = keys
+        self.keys_dir: Path | None = None  # the CURVE key directory every process uses (None: plaintext)
+        self._ephemeral: Path | None = None  # keys this cluster made, and removes when it stops
 
     def _spawn(self, name: str, args: list[str], netns: str | None = None, index: int | None = None
                ) -> subprocess.Popen:
@@ -170,9 +185,33 @@ class LocalCluster:
                                + (f" (see {self.log_dir / (name + '.log')})" if self.log_dir else ""))
         return dict(_FIELDS.findall(line))
 
+    def _security_args(self) -> list[str]:
+        out = ["--insecure"] if self.keys_dir is None else ["--keys", str(self.keys_dir)]
+        return out + (["--metrics-host", self.metrics_host] if self.metrics_host else [])
+
+    def _make_keys(self) -> None:
+        """The keys every process gets: the given directory, CLASP_KEYS, or ephemeral ones made here."""
+        from clasp.runtime.security import ENV, Keys, init_keys
+
+        if self.insecure:
+            self.keys_dir = None
+            return
+        given = self._keys_arg or os.environ.get(ENV)
+        if given:
+            self.keys_dir = Keys(given).dir
+            return
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            d = Path(tempfile.mkdtemp(prefix="keys-", dir=self.log_dir))
+        else:
+            d = Path(tempfile.mkdtemp(prefix="clasp-keys-"))
+            self._ephemeral = d
+        self.keys_dir = Keys(init_keys(d)).dir
+
     def _worker_args(self, wid: str) -> list[str]:
         return ["worker", "--planner", self.planner, "--host", self._addresses[wid], "--p-max", str(self.p_max),
-                "--id", wid, *self._pinned.get(wid, []), *self._cpus_args(wid), "--state-dir", str(self.state_dir),
+                "--id", wid, *self._pinned.get(wid, []), *self._cpus_args(wid), *self._security_args(),
+                "--state-dir", str(self.state_dir),
                 *self.worker_args]
 
     def _cpus_args(self, wid: str) -> list[str]:
@@ -184,6 +223,7 @@ class LocalCluster:
     def start(self) -> LocalCluster:
         self._stopping.clear()
         try:
+            self._make_keys()
             self.worker_ids = [f"w{i}" for i in range(self.n_workers)]
             addresses = self._addresses = {name: self.host for name in ["planner", *self.worker_ids]}
             if self.hosts:
@@ -193,11 +233,15 @@ class LocalCluster:
                 self.netns = Hosts()
                 addresses = self._addresses = {name: self.netns.add(name) for name in addresses}
             proc = self._spawn("planner", ["planner", "--host", addresses["planner"], "--port", str(self.port),
-                                           "--p-max", str(self.p_max), *self.planner_args],
+                                           "--p-max", str(self.p_max), *self._security_args(), *self.planner_args],
                                "planner" if self.hosts else None)
             info = self._announced("planner", proc)
             self.planner = info["endpoint"]
             self.metrics["planner"] = info["metrics"]
+            if self.keys_dir is not None:
+                from clasp.runtime.security import remember
+
+                remember(self.planner, self.keys_dir)
             if self.cpu_quotas is not None:
                 from clasp.local.cpulimit import CpuLimits
 
@@ -353,8 +397,11 @@ class LocalCluster:
                 time.sleep(0.05)
 
     def info(self) -> dict:
+        """{"planner": endpoint, "metrics": URLs, "keys": the key directory clients use (None: plaintext),
+        "state_dir": checkpoints, "pids": {"planner": pid, "workers": [pid, ...]}}."""
         procs = list(self.procs)
-        return {"planner": self.planner, "metrics": self.metrics, "state_dir": str(self.state_dir),
+        return {"planner": self.planner, "metrics": self.metrics,
+                "keys": str(self.keys_dir) if self.keys_dir else None, "state_dir": str(self.state_dir),
                 "pids": {"planner": procs[0].pid if procs else None, "workers": [p.pid for p in procs[1:]]}}
 
     def write_info(self, path: str | os.PathLike) -> None:
@@ -391,6 +438,13 @@ class LocalCluster:
                         self.netns.release()
                     if self.cpu_limits is not None:
                         self.cpu_limits.release()
+                    if self.planner is not None:
+                        from clasp.runtime.security import forget
+
+                        forget(self.planner)
+                    if self._ephemeral is not None:
+                        shutil.rmtree(self._ephemeral, ignore_errors=True)
+                        self._ephemeral = None
 
     def alive(self) -> bool:
         """Every process of the cluster is running now (a restarted worker counts once it is started)."""

@@ -8,6 +8,11 @@ sees the connection close (the planner process exited) or ZeroMQ heartbeats time
 host or network went silent); the calls waiting on it raise `PlannerUnavailable` at once, and a call
 made while no connection has been up for `liveness` seconds (or none ever came up) raises it too.
 Heartbeats are answered by libzmq's I/O thread, so a planner that is busy, but alive, never trips them.
+
+Keys (`docs/SECURITY.md`): `connect(addr, keys=DIR)`, else the keys of a cluster this process started at
+`addr` (`LocalCluster`), else `CLASP_KEYS`, else plaintext. A failed CURVE handshake (this client's key
+refused, plaintext against a CURVE planner or the reverse, another cluster's server key) raises
+`AuthError` instead of waiting for an answer that cannot come.
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ import msgpack
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from clasp.core import protocol
+from clasp.core import limits, protocol
 from clasp.core.dag import Dag, DagError
 from clasp.core.protocol import ProtocolError
+from clasp.runtime.security import Keys, Security, resolve
 
 
 class ClaspError(RuntimeError):
@@ -43,6 +49,10 @@ class PlannerUnavailable(ClaspError, ConnectionError):
         self.why = why or message
 
 
+class AuthError(ClaspError, ConnectionError):
+    """The planner and this client could not authenticate each other (CURVE): no answer can come."""
+
+
 LIVENESS = 2.0  # seconds without a connection to the planner before a call fails
 HEARTBEAT_IVL = 1.0  # ZeroMQ heartbeats on the client's socket: a ping every second,
 HEARTBEAT_TIMEOUT = 3.0  # and a connection that answers nothing for 3 s is closed (a silent host)
@@ -56,17 +66,23 @@ class Client:
     `liveness`: how long a call waits while no connection to the planner is up (never connected, or
     closed and not back) before it raises PlannerUnavailable."""
 
-    def __init__(self, address: str, timeout: float = 10.0, liveness: float = LIVENESS):
+    def __init__(self, address: str, timeout: float = 10.0, liveness: float = LIVENESS,
+                 keys: Keys | str | None = None, insecure: bool = False):
         self.address = address
         self.timeout = timeout
         self.liveness = liveness
+        self.keys = None if insecure else resolve(keys, address)
+        self.security = Security(self.keys)
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock = self.security.client(self._ctx.socket(zmq.DEALER))
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.HEARTBEAT_IVL, int(HEARTBEAT_IVL * 1000))
         self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(HEARTBEAT_TIMEOUT * 1000))
         # Before connect(), so the first handshake is seen.
-        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self._monitor = self._sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+        self._handshake_failed: str | None = None  # why the last handshake failed, while none ever succeeded
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
@@ -81,17 +97,26 @@ class Client:
         self.last_job: Job | None = None
         try:
             self._call("jobs", {}, timeout)
+        except AuthError:
+            self.close()
+            raise
         except PlannerUnavailable as e:
             self.close()
             raise PlannerUnavailable(f"no clasp planner answers at {address}: {e.why}", e.why) from None
         except ClaspTimeout:
             self.close()
-            raise ClaspTimeout(f"no clasp planner answers at {address} within {timeout} s") from None
+            hint = "" if self.keys else " (if it requires keys: pass keys=DIR or set CLASP_KEYS)"
+            raise ClaspTimeout(f"no clasp planner answers at {address} within {timeout} s{hint}") from None
 
     # ----------------------------------------------------------------- plumbing
     def _send(self, mtype: str, body: dict) -> int:
         req = next(self._ids)
-        self._sock.send(protocol.encode(mtype, {**body, "req": req}))
+        frame = protocol.encode(mtype, {**body, "req": req})
+        try:
+            limits.check_message(len(frame), mtype)
+        except limits.LimitError as e:
+            raise ClaspError(str(e)) from None
+        self._sock.send(frame)
         self._pending.add(req)
         return req
 
@@ -107,6 +132,8 @@ class Client:
             now = time.monotonic()
             if not self._up and now - self._down_since >= self.liveness:
                 self._pending.discard(req)
+                if self._handshake_failed and not self._ever_up:
+                    raise self._auth_error(what)
                 if self._ever_up:
                     raise self._gone(what, f"no connection to it for {now - self._down_since:.1f} s")
                 raise self._gone(what, f"nothing accepted a connection there within {self.liveness:g} s")
@@ -123,6 +150,21 @@ class Client:
             raise ClaspError(err)
         return reply.get("result")
 
+    def _why_refused(self, event: int, value: int) -> str:
+        where = f"keys {self.keys.dir}" if self.keys else "no keys"
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return f"the planner refused this client's key ({where}): it is not among the planner's allowed keys"
+        if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            if self.keys is None:
+                return ("the planner requires CURVE keys and this client speaks plaintext: pass keys=DIR, set "
+                        "CLASP_KEYS=DIR, or use the \"keys\" of the cluster's --info file")
+            return f"the planner does not use CURVE (it runs --insecure) and this client has {where}"
+        return f"the CURVE handshake failed ({where}): ZMTP error {value:#x}"
+
+    def _auth_error(self, what: str) -> AuthError:
+        return AuthError(f"{what}: cannot authenticate with the clasp planner at {self.address}: "
+                         f"{self._handshake_failed}")
+
     def _gone(self, what: str, why: str) -> PlannerUnavailable:
         if self._ever_up:
             return PlannerUnavailable(f"{what}: the clasp planner at {self.address} has gone away: {why}", why)
@@ -131,9 +173,20 @@ class Client:
     def _watch(self) -> None:
         """Take the connection's events, then the replies that have come."""
         while self._monitor.get(zmq.EVENTS) & zmq.POLLIN:
-            event = recv_monitor_message(self._monitor)["event"]
+            msg = recv_monitor_message(self._monitor)
+            event, value = msg["event"], msg["value"]
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._up = self._ever_up = True
+                self._handshake_failed = None
+            elif event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
+                self._handshake_failed = self._why_refused(event, value)
+                self._pending.clear()
+                raise self._auth_error("connect")
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                # Also a dropped connection; an auth problem once it keeps happening with no handshake done.
+                self._handshake_failed = ("every connection closed during the CURVE handshake: the planner may use "
+                                          "another cluster's keys" if self.keys else
+                                          "every connection closed during the handshake")
             elif event == zmq.EVENT_DISCONNECTED and self._up:
                 self._up = False
                 self._down_since = time.monotonic()
@@ -183,6 +236,10 @@ class Client:
             raise DagError(f"submit expects a clasp.Dag, not {type(dag).__name__}")
         spec = dag.to_spec()
         body: dict = {"dag": spec.pack(), "options": {k: v for k, v in options.items() if v is not None}}
+        try:
+            limits.check_dag(len(protocol.encode("submit", body)), body["dag"]["functions"])
+        except limits.LimitError as e:
+            raise ClaspError(str(e)) from None
         if placement is not None:
             body["placement"] = {name: {int(i): float(s) for i, s in shares.items()}
                                  for name, shares in placement.items()}
@@ -317,7 +374,12 @@ def _packable(obj) -> bool:
         return False
 
 
-def connect(address: str, timeout: float = 10.0, liveness: float = LIVENESS) -> Client:
+def connect(address: str, timeout: float = 10.0, liveness: float = LIVENESS, keys: Keys | str | None = None,
+            insecure: bool = False) -> Client:
     """Connect to the planner at `address` (tcp://HOST:PORT); fails within `timeout` if none answers, and
-    with PlannerUnavailable within `liveness` seconds if nothing accepts a connection there."""
-    return Client(address, timeout, liveness)
+    with PlannerUnavailable within `liveness` seconds if nothing accepts a connection there.
+
+    `keys`: a key directory (`clasp keys init`; a client's own from `clasp keys add-client`) or Keys; by
+    default those of a cluster this process started at `address`, else CLASP_KEYS. `insecure=True`:
+    plaintext. A key the planner refuses, or plaintext against a CURVE planner, raises AuthError."""
+    return Client(address, timeout, liveness, keys=keys, insecure=insecure)

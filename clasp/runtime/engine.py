@@ -27,10 +27,13 @@ from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_T
 
 HOLD = "\x00hold"  # the route of a key group whose state is on its way here: its requests wait
 KEYED_HERE = 3  # a keyed route whose key groups are all owned by this worker
-# A scheduling round gives each executor slot about SLOT_TIME_US of work, sized from the operator's mean
-# execution time plus the runtime's own per-request cost: cheap operators then run long enough between
-# event-loop turns, and a round (≈ P_max × SLOT_TIME_US) stays within the 1 ms flush delay.
-SLOT_TIME_US = 100.0
+# A scheduling round is about ROUND_TIME_US of work, shared by the worker's operators in proportion to
+# their executor instances and sized from each one's mean execution time plus the runtime's own per-request
+# cost: cheap operators then run long enough between event-loop turns, and a round stays within the 1 ms
+# flush delay. The round's length does not follow the instance count: one single-threaded process runs
+# every instance, so instances set an operator's share of the round, not how long the round is, and a
+# share its operator has no work for goes to the others (docs/RUNTIME.md, "Scheduling rounds").
+ROUND_TIME_US = 1000.0
 REQUEST_OVERHEAD_US = 1.5
 MIN_BATCH = 16
 # Two clock reads cost ~10% of a cheap request here, so one request in TIMING_SAMPLE (the first of each
@@ -440,21 +443,33 @@ class JobEngine:
 
     # ----------------------------------------------------------------- execution
     def run_round(self) -> int:
-        """One scheduling round: each operator with work runs about instances × SLOT_TIME_US of requests."""
+        """One scheduling round, about ROUND_TIME_US of work: passes over the operators with work, each
+        running its instances' share of the round per pass, until the round's work is done or none is left
+        (work-conserving: an operator whose share is idle leaves it to the others)."""
         done = 0
-        for op in self.order:
-            if op.queue and not op.busy:
-                cost = (op.exec_time / op.processed * 1e6 if op.processed else 10.0) + REQUEST_OVERHEAD_US
-                budget = max(MIN_BATCH, int(max(1, op.instances) * SLOT_TIME_US / cost))
-                if op.is_async:
-                    done += self._start_async(op, budget)
-                elif op.stateful and self.remote_state is not None:
-                    done += self._start_remote(op, budget)
-                elif op.stateful:
-                    done += self._run_stateful(op, budget)
-                else:
-                    done += self._run_stateless(op, budget)
-        return done
+        spent = 0.0
+        # The worker's slots, not only those with work now: an operator handed work during this pass by
+        # its predecessor runs in it too, with the same share.
+        slots = sum(op.instances for op in self.order if op.instances > 0) or 1
+        while True:
+            ran = 0
+            for op in self.order:
+                if op.queue and not op.busy:
+                    cost = (op.exec_time / op.processed * 1e6 if op.processed else 10.0) + REQUEST_OVERHEAD_US
+                    budget = max(MIN_BATCH, int(max(1, op.instances) / slots * ROUND_TIME_US / cost))
+                    if op.is_async:
+                        n = self._start_async(op, budget)
+                    elif op.stateful and self.remote_state is not None:
+                        n = self._start_remote(op, budget)
+                    elif op.stateful:
+                        n = self._run_stateful(op, budget)
+                    else:
+                        n = self._run_stateless(op, budget)
+                    ran += n
+                    spent += n * cost
+            done += ran
+            if not ran or spent >= ROUND_TIME_US:
+                return done
 
     def _leaf(self, rid: int, w: int) -> None:
         r = self.returns

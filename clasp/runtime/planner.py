@@ -16,6 +16,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -23,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from zmq.utils.monitor import parse_monitor_message
 
-from clasp.core import protocol
+from clasp.core import protocol, scheduler
 from clasp.core.control import (
     ControlConfig,
     Controller,
@@ -33,27 +34,27 @@ from clasp.core.control import (
     to_runtime_placement,
 )
 from clasp.core.dag import DagError, DagSpec
+from clasp.core.limits import LimitError, check_client_pending, check_dag, check_message
 from clasp.core.migration import PLANNER, plan_migration
+from clasp.core.placement import NoPlacementError
 from clasp.core.policies import POLICIES
 from clasp.core.protocol import ROOT_WEIGHT, ProtocolError
 from clasp.core.routing import (
     NUM_KEY_GROUPS,
-    ROUTE_KEYED,
-    ROUTE_LOCAL,
-    OperatorPlacement,
     Placement,
     PlacementError,
     build_placement,
-    key_group,
-    key_groups_for_shares,
     route_to,
     spread_placement,
 )
+from clasp.core.scheduler import WorkerInfo
 from clasp.core.tracking import CHUNK_BITS, LatencyHistogram, Tracker
 from clasp.runtime.net import advertised, bind, start_metrics_server
 from clasp.runtime.planner_recovery import CheckpointState, PlannerRecoveryMixin
+from clasp.runtime.security import Security
 from clasp.runtime.state_server import StateServer
 from clasp.runtime.state_store import FileStore, check_state_dir
+from clasp.runtime.tasks import ProcessTasks, internal_error
 
 log = logging.getLogger("clasp.planner")
 
@@ -65,20 +66,9 @@ class RequestError(Exception):
     """A client request that cannot be served; the message goes back to the client."""
 
 
-@dataclass
-class WorkerInfo:
-    id: str
-    host: str
-    data: str
-    state: str
-    metrics: str
-    p_max: int
-    pid: int
-    registered: float
-    last_seen: float
-    alive: bool = True
-    sample: dict = field(default_factory=dict)
-    disconnected: float | None = None  # when the planner's data connection to it dropped (None: it is up)
+# Errors whose text is meant for the client (a bad request); any other exception in a handler is a bug:
+# logged with its traceback, and the client gets an error id (`clasp.runtime.tasks.internal_error`).
+CLIENT_ERRORS = (RequestError, DagError, PlacementError, NoPlacementError, ProtocolError, LimitError, TimeoutError)
 
 
 @dataclass
@@ -150,9 +140,13 @@ class Planner(PlannerRecoveryMixin):
                  placement_fn: PlacementFn = spread_placement, rpc_timeout: float = 10.0,
                  autoscale: bool = True, policy: str = "clasp", migration_timeout: float = 5.0,
                  control: ControlConfig | None = None, state: str = "local", state_port: int = 0,
+                 security: Security | None = None, metrics_host: str | None = None,
                  checkpoint_interval: float = 1.0, state_dir: str | None = None,
                  input_log_records: int = 1_000_000):
         self.host, self.port, self.metrics_port = host, port, metrics_port
+        self.metrics_host = metrics_host or host
+        self.security = security or Security()
+        self.client_tasks: dict[bytes, int] = {}  # slow requests being served, per client
         self.advertise = advertised(host, advertise)
         self.heartbeat = heartbeat
         self.dead_after = dead_after
@@ -160,6 +154,7 @@ class Planner(PlannerRecoveryMixin):
         # that sent no heartbeat for this long is dead, without waiting out `dead_after` (which covers a
         # frozen process or a silent network, whose connections stay up).
         self.dead_after_disconnect = dead_after_disconnect
+        self.disconnected: dict[str, float] = {}  # worker -> when the data connection to it dropped
         self.max_inflight = max_inflight
         self.max_queue = max_queue
         self.dispatch_batch = dispatch_batch
@@ -196,33 +191,34 @@ class Planner(PlannerRecoveryMixin):
         self.latency = LatencyHistogram()
         self.last_rates = {"input_rate": 0.0, "throughput": 0.0}
         self.dispatch_wake = asyncio.Event()
+        self.tasks = ProcessTasks(log)  # every task of this process; cancelled together when serve() ends
 
     # ----------------------------------------------------------------- lifecycle
     async def serve(self) -> None:
-        self.router = self.ctx.socket(zmq.ROUTER)
+        self.security.start_zap(self.ctx)
+        self.router = self.security.server(self.ctx.socket(zmq.ROUTER), "planner")
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.router.setsockopt(zmq.SNDHWM, 0)
-        self.router.setsockopt(zmq.RCVHWM, 0)
+        self.router.setsockopt(zmq.RCVHWM, self.security.limits.router_rcvhwm)
         self.port = bind(self.router, self.host, self.port)
         self.endpoint = f"tcp://{self.advertise}:{self.port}"
         registry = CollectorRegistry()
         registry.register(_PlannerCollector(self))
-        self.metrics_url = start_metrics_server(registry, self.host, self.metrics_port, self.advertise)
-        self.state_server = StateServer(self.ctx, self._remote_state_check, self._bad)
+        registry.register(self.security.collector())
+        self.metrics_url = start_metrics_server(registry, self.metrics_host, self.metrics_port,
+                                                self.advertise if self.metrics_host == self.host
+                                                else advertised(self.metrics_host, None))
+        self.state_server = StateServer(self.ctx, self._remote_state_check, self._bad, self.security)
         self.state_server.bind(self.host, self.state_port, self.advertise)
         print(f"clasp planner {self.id} endpoint={self.endpoint} metrics={self.metrics_url} "
-              f"state={self.state_server.endpoint}", flush=True)
-        loops = [self._recv_loop(), self._dispatch_loop(), self._tick_loop(), self.state_server.serve(),
-                 self._liveness_loop()]
-        if self.store is not None:
-            loops.append(self._checkpoint_loop())
-        tasks = [asyncio.create_task(c) for c in loops]
+              f"state={self.state_server.endpoint} curve={'on' if self.security.enabled else 'off'}", flush=True)
         try:
-            await asyncio.gather(*tasks)
+            loops = [self._recv_loop(), self._dispatch_loop(), self._tick_loop(), self.state_server.serve(),
+                     self.security.run(), self._liveness_loop()]
+            if self.store is not None:
+                loops.append(self._checkpoint_loop())
+            await self.tasks.run(*loops)
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
             self.ctx.destroy(linger=200)
 
     def _remote_state_check(self, job_id: int, op: str) -> str | None:
@@ -261,7 +257,7 @@ class Planner(PlannerRecoveryMixin):
             try:
                 if len(frames) != 2:
                     raise ProtocolError("bad_envelope", f"{len(frames) - 1} payload frames")
-                mtype, body = protocol.decode(frames[1])
+                mtype, body = protocol.decode_message(frames[1])  # a typed message (or a done list), checked
                 handler = handlers.get(mtype)
                 if handler is None:
                     raise ProtocolError("unexpected_type", f"{mtype} is not for the planner")
@@ -271,66 +267,87 @@ class Planner(PlannerRecoveryMixin):
                 await self._send(ident, protocol.error(e.reason, e.detail))
                 continue
             try:
+                if mtype == "submit":
+                    check_dag(len(frames[1]), body.dag.get("functions"), self.security.limits)
+                tasks = self.client_tasks.get(ident, 0)
+                if tasks:
+                    check_client_pending(tasks, self.security.limits)
                 result = handler(ident, body)
                 if asyncio.iscoroutine(result):
                     # Slow handlers (they wait on workers) run on their own so the loop keeps receiving.
-                    asyncio.create_task(self._finish(ident, body, result))
+                    self.client_tasks[ident] = tasks + 1
+                    self._background(self._finish(ident, mtype, body, result), f"handling {mtype}")
             except Exception as e:  # a failing handler answers its request; it never stops the planner
-                if not isinstance(e, (RequestError, DagError, PlacementError, KeyError, TypeError, ValueError)):
-                    log.exception("handling %s failed", mtype)
-                self._reply_error(ident, body, e)
+                if isinstance(e, LimitError):
+                    self.security.rejected(e.limit)
+                    log.warning("refused %s from %r: %s", mtype, ident[:16], e)
+                self._reply_error(ident, getattr(body, "req", 0), e, mtype)
 
     def _background(self, coro, what: str) -> None:
-        """Run a coroutine on its own; a failure is logged, never lost silently."""
-        def done(task: asyncio.Task) -> None:
-            if not task.cancelled() and task.exception() is not None:
-                log.error("%s failed", what, exc_info=task.exception())
-        asyncio.ensure_future(coro).add_done_callback(done)
+        """Run a coroutine on its own, owned by the planner's task group; a failure is logged."""
+        self.tasks.spawn(coro, what)
 
-    async def _finish(self, ident, body, coro) -> None:
+    def _post(self, ident: bytes, frame: bytes) -> None:
+        """Send without waiting (from a handler that does not await)."""
+        self.tasks.spawn(self._send(ident, frame), "a send")
+
+    async def _finish(self, ident, mtype: str, body, coro) -> None:
         try:
             await coro
-        except (RequestError, DagError, PlacementError, KeyError, TypeError, ValueError, TimeoutError) as e:
-            self._reply_error(ident, body, e)
         except Exception as e:
-            log.exception("handler failed")
-            self._reply_error(ident, body, e)
+            self._reply_error(ident, getattr(body, "req", 0), e, mtype)
+        finally:
+            n = self.client_tasks.pop(ident, 1) - 1
+            if n > 0:
+                self.client_tasks[ident] = n
 
-    def _reply_error(self, ident, body, e: BaseException) -> None:
-        req = body.get("req", 0) if isinstance(body, dict) else 0
-        text = str(e) if isinstance(e, RequestError) else f"{type(e).__name__}: {e}"
-        asyncio.ensure_future(self._send(ident, protocol.reply_error(req, text)))
+    def _reply_error(self, ident, req: int, e: BaseException, mtype: str = "a request") -> None:
+        """Answer request `req` that failed: with the error's text when it is meant for the client (a bad
+        request), else (a bug here) with an error id, the traceback in the planner's log under it."""
+        if isinstance(e, RequestError):
+            text = str(e)
+        elif isinstance(e, CLIENT_ERRORS):
+            text = f"{type(e).__name__}: {e}"
+        else:
+            text = internal_error(log, f"handling {mtype}", e, "the planner log")
+        self._post(ident, protocol.reply_error(req, text))
 
     def _reply(self, ident, req: int, result) -> None:
-        asyncio.ensure_future(self._send(ident, protocol.reply(req, result)))
+        frame = protocol.reply(req, result)
+        if len(frame) > self.security.limits.max_message:  # the peer's socket would drop the connection
+            try:
+                check_message(len(frame), "the answer")
+            except LimitError as e:
+                self.security.rejected(e.limit)
+                frame = protocol.reply_error(req, str(e))
+        self._post(ident, frame)
 
     # ----------------------------------------------------------------- workers
-    def _on_register(self, ident: bytes, body: dict) -> None:
-        wid = body["id"]
+    def _on_register(self, ident: bytes, msg: protocol.Register) -> None:
+        wid = msg.id
         if ident != wid.encode():
             raise RequestError("a worker registers from a socket whose identity is its id")
         now = time.monotonic()
         prev = self.workers.get(wid)
-        restarted = prev is not None and ((prev.pid, prev.data) != (body["pid"], body["data"]) or not prev.alive)
-        if restarted and not self._old_incarnation_gone(prev, body["pid"]):
+        restarted = prev is not None and ((prev.pid, prev.data) != (msg.pid, msg.data) or not prev.alive)
+        if restarted and not self._old_incarnation_gone(prev, msg.pid):
             return  # no welcome yet: the worker registers again in 2 s
-        info = WorkerInfo(wid, body["host"], body["data"], body["state"], body["metrics"], body["p_max"],
-                          body["pid"], prev.registered if prev else now, now)
+        info = WorkerInfo(wid, msg.host, msg.data, msg.state, msg.metrics, msg.p_max,
+                          msg.pid, prev.registered if prev else now, now)
         self.workers[wid] = info
         old = self.pushers.get(wid)
         if old is not None and prev is not None and prev.data != info.data:
             old.close(0)  # a restarted worker on another port: what was queued for the old one is lost anyway
             del self.pushers[wid]
         if wid not in self.pushers:
-            sock = self.ctx.socket(zmq.PUSH)
+            sock = self.security.peer(self.ctx.socket(zmq.PUSH))
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.LINGER, 1000)
             sock.connect(info.data)
             self.pushers[wid] = sock
-            asyncio.ensure_future(self._watch_connection(wid, sock))
+            self._background(self._watch_connection(wid, sock), f"watching the connection to {wid}")
         log.info("worker %s registered (data %s, metrics %s, pid %d)", wid, info.data, info.metrics, info.pid)
-        asyncio.ensure_future(self._send(ident, protocol.encode("welcome", {"planner": self.id,
-                                                                             "heartbeat": self.heartbeat})))
+        self._post(ident, protocol.encode("welcome", {"planner": self.id, "heartbeat": self.heartbeat}))
         if restarted:
             for job in list(self.jobs.values()):
                 if wid in job.workers:
@@ -367,48 +384,19 @@ class Planner(PlannerRecoveryMixin):
             log.info("job %d deployed on restarted worker %s (epoch %d, holding nothing)", job.id, wid,
                      job.placement.epoch)
 
-    async def _watch_connection(self, wid: str, sock) -> None:
-        """Follow the data connection to worker `wid`: when it drops, the worker may have died."""
-        mon = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
-        try:
-            while self.pushers.get(wid) is sock:
-                event = parse_monitor_message(await mon.recv_multipart())["event"]
-                w = self.workers.get(wid)
-                if w is None:
-                    continue
-                w.disconnected = time.monotonic() if event == zmq.EVENT_DISCONNECTED else None
-        except (zmq.ZMQError, asyncio.CancelledError):
-            pass
-        finally:
-            mon.close(0)
-
-    async def _liveness_loop(self) -> None:
-        """Every quarter second: a worker whose connection dropped and who fell silent is dead."""
-        while True:
-            await asyncio.sleep(0.25)
-            now = time.monotonic()
-            for w in list(self.workers.values()):
-                if (w.alive and w.disconnected is not None and now - w.disconnected >= self.dead_after_disconnect / 2
-                        and now - w.last_seen >= self.dead_after_disconnect):
-                    w.alive = False
-                    log.warning("worker %s: its connection dropped and it sent nothing for %.1f s: marked dead",
-                                w.id, now - w.last_seen)
-                    self._worker_died(w.id)
-
-    def _on_heartbeat(self, ident: bytes, body: dict) -> None:
-        w = self.workers.get(body["id"])
+    def _on_heartbeat(self, ident: bytes, msg: protocol.Heartbeat) -> None:
+        w = self.workers.get(msg.id)
         if w is None or ident != w.id.encode():
-            asyncio.ensure_future(self._send(ident, protocol.error("unknown_worker", "register first")))
+            self._post(ident, protocol.error("unknown_worker", "register first"))
             return
         if not w.alive:
             # Declared dead: its jobs were recovered without it. It is told so, and registers again as new.
             log.info("worker %s is back after it was declared dead: it re-registers as a new worker", w.id)
-            asyncio.ensure_future(self._send(ident, protocol.error("declared_dead", "you were declared dead: "
-                                                                  "register again")))
+            self._post(ident, protocol.error("declared_dead", "you were declared dead: register again"))
             return
         w.last_seen = time.monotonic()
         w.alive = True
-        w.sample = body["sample"]
+        w.sample = msg.sample
         for job_id, js in w.sample.get("jobs", {}).items():
             job = self.jobs.get(int(job_id))
             if job is not None:
@@ -416,26 +404,25 @@ class Planner(PlannerRecoveryMixin):
                     job.errors.append({"worker": w.id, **err})
 
     def _on_done(self, ident: bytes, body: list) -> None:
-        protocol.check_returns(body)
         job = self.jobs.get(body[0])
         if job is None or (job.ckpt is not None and self._ckpt_stale_done(job, ident)):
             return
         now = time.monotonic()
         for rid, amount, token in body[2]:
             job.tracker.extend(rid, amount)
-            asyncio.ensure_future(self._send(ident, protocol.encode("extend_ack", [job.id, token])))
+            self._post(ident, protocol.encode("extend_ack", [job.id, token]))
         if job.tracker.returned(body[1], now):
             self.dispatch_wake.set()
             if job.tracker.outstanding == 0 and job.queued == 0:
                 self._wake_waiters(job)
 
-    def _on_reply(self, ident: bytes, body: dict) -> None:
-        fut = self.pending_rpcs.pop(body["req"], None)
+    def _on_reply(self, ident: bytes, msg: protocol.Reply) -> None:
+        fut = self.pending_rpcs.pop(msg.req, None)
         if fut is not None and not fut.done():
-            fut.set_result(body)
+            fut.set_result(msg)
 
-    def _on_error_msg(self, ident: bytes, body: dict) -> None:
-        log.warning("%r reports a bad message from us: %s %s", ident[:16], body["reason"], body["detail"])
+    def _on_error_msg(self, ident: bytes, msg: protocol.Error) -> None:
+        log.warning("%r reports a bad message from us: %s %s", ident[:16], msg.reason, msg.detail)
 
     async def rpc(self, wid: str, mtype: str, body: dict, timeout: float | None = None) -> object:
         """Ask worker `wid` and wait for its reply's result; raises RequestError on failure or timeout."""
@@ -451,9 +438,9 @@ class Planner(PlannerRecoveryMixin):
         finally:
             self.pending_rpcs.pop(req, None)
             self.rpc_meta.pop(req, None)
-        if not reply["ok"]:
-            raise RequestError(f"worker {wid}: {reply.get('error')}")
-        return reply.get("result")
+        if not reply.ok:
+            raise RequestError(f"worker {wid}: {reply.error}")
+        return reply.result
 
     @staticmethod
     def _rpc_failure(message: str) -> Exception:
@@ -467,29 +454,56 @@ class Planner(PlannerRecoveryMixin):
                 recover = self._restore if job.ckpt is not None else self._recover
                 self._background(recover(job, wid), f"recovery of job {job.id}")
 
+    async def _watch_connection(self, wid: str, sock) -> None:
+        """Follow the data connection to worker `wid`: when it drops, the worker may have died."""
+        mon = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        try:
+            while self.pushers.get(wid) is sock:
+                event = parse_monitor_message(await mon.recv_multipart())["event"]
+                if event == zmq.EVENT_DISCONNECTED:
+                    self.disconnected[wid] = time.monotonic()
+                else:
+                    self.disconnected.pop(wid, None)
+        except zmq.ZMQError:
+            pass
+        finally:
+            mon.close(0)
+
+    async def _liveness_loop(self) -> None:
+        """Every quarter second: a worker whose connection dropped and who fell silent is dead."""
+        while True:
+            await asyncio.sleep(0.25)
+            now = time.monotonic()
+            for w in list(self.workers.values()):
+                since = self.disconnected.get(w.id)
+                if (w.alive and since is not None and now - since >= self.dead_after_disconnect / 2
+                        and now - w.last_seen >= self.dead_after_disconnect):
+                    w.alive = False
+                    log.warning("worker %s: its connection dropped and it sent nothing for %.1f s: marked dead",
+                                w.id, now - w.last_seen)
+                    self._worker_died(w.id)
+
     # ----------------------------------------------------------------- jobs
-    def _job(self, body: dict) -> PlannerJob:
-        job = self.jobs.get(body["job"])
+    def _job(self, msg: Any) -> PlannerJob:
+        job = self.jobs.get(msg.job)
         if job is None:
-            raise RequestError(f"no job {body['job']}")
+            raise RequestError(f"no job {msg.job}")
         return job
 
-    async def _on_submit(self, ident: bytes, body: dict) -> None:
-        spec = DagSpec.unpack(body["dag"])
+    async def _on_submit(self, ident: bytes, msg: protocol.Submit) -> None:
+        spec = DagSpec.unpack(msg.dag)
         workers = self.live_workers()
         if not workers:
             raise RequestError("no live workers: start some with `clasp worker --planner ADDR`")
-        options = body.get("options") or {}
-        policy = options.get("policy") or self.policy
+        policy = msg.policy or self.policy
         if policy not in POLICIES:
             raise RequestError(f"unknown policy {policy!r}; accepted: {', '.join(sorted(POLICIES))}")
-        state = options.get("state") or self.state
+        state = msg.state or self.state
         if state not in STATE_MODES:
             raise RequestError(f"unknown state mode {state!r}; accepted: {', '.join(STATE_MODES)}")
-        explicit = body.get("placement")
-        weights = _key_weights(spec, body.get("key_weights") or {})
-        autoscale = options.get("autoscale")
-        autoscale = (self.autoscale and not explicit) if autoscale is None else bool(autoscale)
+        explicit = msg.placement
+        weights = _key_weights(spec, msg.key_weights or {})
+        autoscale = (self.autoscale and not explicit) if msg.autoscale is None else msg.autoscale
         if explicit:
             placement = build_placement(spec, workers, explicit, self.p_max, weights=weights)
         elif autoscale:
@@ -500,22 +514,22 @@ class Planner(PlannerRecoveryMixin):
         placement.check(spec)
         job_id = next(self._job_ids)
         job = PlannerJob(job_id, spec, placement, Tracker(), workers, autoscale=autoscale, settled=placement,
-                         state=state, key_weights=weights, spec_wire=body["dag"])
-        if self._ckpt_enabled(state) and options.get("checkpoints", True):
+                         state=state, key_weights=weights, spec_wire=msg.dag)
+        if self._ckpt_enabled(state):
             job.ckpt = self._new_ckpt_state(job_id)
         edges = spec.edges()
         job.controller = Controller([o.name for o in spec.operators], edges, POLICIES[policy](), self.p_max,
                                     len(workers), self.control)
         self._set_routes(job)
         peers = {w: self.workers[w].data for w in workers}
-        packed = body["dag"]
+        packed = msg.dag
         deploy = {"job": job_id, "dag": packed, "placement": placement.to_wire(), "peers": peers, "state": state,
                   "state_server": self.state_server.endpoint}
         await asyncio.gather(*(self.rpc(w, "deploy", deploy) for w in workers))
         self.jobs[job_id] = job
         log.info("job %d (%s) placed on %d workers: %s", job_id, spec.name, len(placement.active_workers()),
                  {n: p.shares for n, p in placement.operators.items()})
-        self._reply(ident, body["req"], {"job": job_id, "workers": workers, "placement": placement.to_wire(),
+        self._reply(ident, msg.req, {"job": job_id, "workers": workers, "placement": placement.to_wire(),
                                          "autoscale": autoscale, "policy": policy, "state": state,
                                          "state_server": self.state_server.endpoint})
 
@@ -525,11 +539,13 @@ class Planner(PlannerRecoveryMixin):
         job.tracker.root = job.weight
         job.routes = [route_to(job.spec, job.placement, s, None) for s in job.spec.sources]
 
-    def _on_push(self, ident: bytes, body: dict) -> None:
-        job = self._job(body)
+    def _on_push(self, ident: bytes, msg: protocol.Push) -> None:
+        job = self._job(msg)
         if job.cancelled:
             raise RequestError(f"job {job.id} is cancelled")
-        records = body["records"]
+        records = msg.records
+        if job.deferred_acks:  # a client that pushes on without waiting for its acks: bounded, refused
+            check_client_pending(sum(1 for i, _ in job.deferred_acks if i == ident), self.security.limits)
         now = time.monotonic()
         for i in range(0, len(records), 1 << CHUNK_BITS):
             part = records[i:i + (1 << CHUNK_BITS)]
@@ -540,18 +556,19 @@ class Planner(PlannerRecoveryMixin):
             job.queued += len(part)
         job.counters["pushed"] += len(records)
         self.dispatch_wake.set()
-        ack = protocol.reply(body["req"], {"accepted": len(records)})
+        ack = protocol.reply(msg.req, {"accepted": len(records)})
         if job.queued > self.max_queue:
             job.deferred_acks.append((ident, ack))  # backpressure: the client waits for this ack
         else:
-            asyncio.ensure_future(self._send(ident, ack))
+            self._post(ident, ack)
 
-    def _on_wait_idle(self, ident: bytes, body: dict) -> None:
-        job = self._job(body)
+    def _on_wait_idle(self, ident: bytes, msg: protocol.WaitIdle) -> None:
+        job = self._job(msg)
         if job.tracker.outstanding == 0 and job.queued == 0:
-            self._reply(ident, body["req"], self._idle_summary(job))
+            self._reply(ident, msg.req, self._idle_summary(job))
         else:
-            job.waiters.append([ident, body["req"], time.monotonic() + float(body["timeout"])])
+            check_client_pending(sum(1 for w in job.waiters if w[0] == ident), self.security.limits)
+            job.waiters.append([ident, msg.req, time.monotonic() + float(msg.timeout)])
 
     def _idle_summary(self, job: PlannerJob) -> dict:
         return {"pushed": job.counters["pushed"], "completed": job.tracker.completed, "lost": job.tracker.lost}
@@ -568,47 +585,47 @@ class Planner(PlannerRecoveryMixin):
         return [w for w in job.workers
                 if w not in job.retired and self.workers.get(w) and self.workers[w].alive]
 
-    async def _on_state(self, ident: bytes, body: dict) -> None:
-        job = self._job(body)
-        op = job.spec.by_name(body["op"]) if body["op"] in {o.name for o in job.spec.operators} else None
+    async def _on_state(self, ident: bytes, msg: protocol.StateRequest) -> None:
+        job = self._job(msg)
+        op = job.spec.by_name(msg.op) if msg.op in {o.name for o in job.spec.operators} else None
         if op is None:
-            raise RequestError(f"job {job.id} has no operator {body['op']!r}")
+            raise RequestError(f"job {job.id} has no operator {msg.op!r}")
         if not op.stateful:
             raise RequestError(f"operator {op.name!r} is stateless: it has no state")
         if job.state == "remote":
-            self._reply(ident, body["req"], self.state_server.dump(job.id, op.name))
+            self._reply(ident, msg.req, self.state_server.dump(job.id, op.name))
             return
         owners = sorted(set(job.placement.operators[op.name].key_groups))
         parts = await asyncio.gather(*(self.rpc(w, "state_dump", {"job": job.id, "op": op.name}) for w in owners))
         merged: dict = {}
         for p in parts:
             merged.update(p)
-        self._reply(ident, body["req"], merged)
+        self._reply(ident, msg.req, merged)
 
-    async def _on_collected(self, ident: bytes, body: dict) -> None:
-        job = self._job(body)
-        if body["op"] not in {o.name for o in job.spec.operators}:
-            raise RequestError(f"job {job.id} has no operator {body['op']!r}")
-        parts = await asyncio.gather(*(self.rpc(w, "collected_dump", {"job": job.id, "op": body["op"]})
+    async def _on_collected(self, ident: bytes, msg: protocol.Collected) -> None:
+        job = self._job(msg)
+        if msg.op not in {o.name for o in job.spec.operators}:
+            raise RequestError(f"job {job.id} has no operator {msg.op!r}")
+        parts = await asyncio.gather(*(self.rpc(w, "collected_dump", {"job": job.id, "op": msg.op})
                                        for w in self._job_workers(job)))
-        released = job.ckpt.released.get(body["op"], []) if job.ckpt is not None else []
-        self._reply(ident, body["req"], [*released, *(x for p in parts for x in p)])
+        released = job.ckpt.released.get(msg.op, []) if job.ckpt is not None else []
+        self._reply(ident, msg.req, [*released, *(x for p in parts for x in p)])
 
-    def _on_stats(self, ident: bytes, body: dict):
-        job = self._job(body)
-        if body.get("fresh"):
-            return self._fresh_stats(ident, body, job)
-        self._reply(ident, body["req"], self.job_stats(job))
+    def _on_stats(self, ident: bytes, msg: protocol.Stats):
+        job = self._job(msg)
+        if msg.fresh:
+            return self._fresh_stats(ident, msg, job)
+        self._reply(ident, msg.req, self.job_stats(job))
         return None
 
-    async def _fresh_stats(self, ident: bytes, body: dict, job: PlannerJob) -> None:
+    async def _fresh_stats(self, ident: bytes, msg: protocol.Stats, job: PlannerJob) -> None:
         """Stats with exact cumulative counters asked of every worker now."""
         workers = self._job_workers(job)
         counters = await asyncio.gather(*(self.rpc(w, "counters", {"job": job.id}) for w in workers))
-        self._reply(ident, body["req"], self.job_stats(job, dict(zip(workers, counters, strict=True))))
+        self._reply(ident, msg.req, self.job_stats(job, dict(zip(workers, counters, strict=True))))
 
-    async def _on_cancel(self, ident: bytes, body: dict) -> None:
-        job = self._job(body)
+    async def _on_cancel(self, ident: bytes, msg: protocol.Cancel) -> None:
+        job = self._job(msg)
         job.cancelled = True
         job.queue.clear()
         job.queued = 0
@@ -618,21 +635,21 @@ class Planner(PlannerRecoveryMixin):
         self.state_server.drop(job.id)
         if job.ckpt is not None:
             await asyncio.to_thread(self.store.delete_job, job.id)
-        self._reply(ident, body["req"], True)
+        self._reply(ident, msg.req, True)
 
-    def _on_jobs(self, ident: bytes, body: dict) -> None:
-        self._reply(ident, body["req"], [{"job": j.id, "name": j.spec.name, "pushed": j.counters["pushed"],
+    def _on_jobs(self, ident: bytes, msg: protocol.Jobs) -> None:
+        self._reply(ident, msg.req, [{"job": j.id, "name": j.spec.name, "pushed": j.counters["pushed"],
                                           "completed": j.tracker.completed} for j in self.jobs.values()])
 
-    def _on_workers(self, ident: bytes, body: dict) -> None:
-        self._reply(ident, body["req"], [{"id": w.id, "alive": w.alive, "data": w.data, "state": w.state,
+    def _on_workers(self, ident: bytes, msg: protocol.Workers) -> None:
+        self._reply(ident, msg.req, [{"id": w.id, "alive": w.alive, "data": w.data, "state": w.state,
                                           "metrics": w.metrics, "pid": w.pid, "host": w.host}
                                          for w in self.workers.values()])
 
     # ----------------------------------------------------------------- scaling and migration
-    async def _on_scale(self, ident: bytes, body: dict) -> None:
-        job = self._job(body)
-        n = body["workers"]
+    async def _on_scale(self, ident: bytes, msg: protocol.Scale) -> None:
+        job = self._job(msg)
+        n = msg.workers
         pool = self._job_workers(job)
         if not 1 <= n <= len(pool):
             raise RequestError(f"scale to {n} workers: the job's pool has {len(pool)} live workers")
@@ -640,23 +657,23 @@ class Planner(PlannerRecoveryMixin):
             pool = self._pool(job)
             result = job.controller.place_on(n, pool)
             record = await self._place_result(job, result, f"manual scale to {n} workers", pool)
-        self._reply(ident, body["req"], record)
+        self._reply(ident, msg.req, record)
 
-    async def _on_place(self, ident: bytes, body: dict) -> None:
+    async def _on_place(self, ident: bytes, msg: protocol.Place) -> None:
         """Migrate to an explicit placement, operator -> {pool index -> share} (pool: active workers first)."""
-        job = self._job(body)
+        job = self._job(msg)
         async with job.lock:
             pool = pool_order(job.placement, self._job_workers(job))
-            new = build_placement(job.spec, pool, body["placement"], self.p_max, job.placement.epoch + 1,
+            new = build_placement(job.spec, pool, msg.placement, self.p_max, job.placement.epoch + 1,
                                   previous=job.placement, weights=job.key_weights)
             record = await self._run_migration(job, new, "manual placement")
-        self._reply(ident, body["req"], record)
+        self._reply(ident, msg.req, record)
 
-    def _on_autoscale(self, ident: bytes, body: dict) -> None:
-        job = self._job(body)
-        job.autoscale = body["enabled"]
+    def _on_autoscale(self, ident: bytes, msg: protocol.Autoscale) -> None:
+        job = self._job(msg)
+        job.autoscale = msg.enabled
         log.info("job %d: autoscaling %s", job.id, "on" if job.autoscale else "off")
-        self._reply(ident, body["req"], job.autoscale)
+        self._reply(ident, msg.req, job.autoscale)
 
     async def _apply_decision_locked(self, job: PlannerJob, result, reason: str, pool: list[str]) -> None:
         """A control-loop decision, taken in the background: `_place_result` under the job's lock."""
@@ -698,25 +715,17 @@ class Planner(PlannerRecoveryMixin):
         duration = time.monotonic() - t0
         job.migrating = False
         self.dispatch_wake.set()
-        ok = [r for r in replies if isinstance(r, dict)]
-        failed = {w: str(r) for w, r in zip(plan.participants, replies, strict=True) if not isinstance(r, dict)}
-        record = {"epoch": new.epoch, "reason": reason, "t": round(time.time() - job.created, 3),
-                  "from_workers": len(old.active_workers()), "to_workers": len(new.active_workers()),
-                  "active": new.active_workers(), "duration_s": duration,
-                  "max_pause_s": max((r["pause"] for r in ok), default=0.0),
-                  "max_hold_s": max((r["hold"] for r in ok), default=0.0),
-                  "pauses": {r["worker"]: r["pause"] for r in ok},
-                  "phases_ms": {r["worker"]: {k: round(v, 2) for k, v in r.items() if k.endswith("_ms")} for r in ok},
-                  "bytes": sum(r["bytes"] for r in ok), "objects": sum(r["objects"] for r in ok),
-                  "rows": sum(r["rows"] for r in ok), "key_groups_moved": plan.moved_groups(),
-                  "dead": dead, "failed": failed}
+        record = scheduler.migration_record(old, new, reason, time.time() - job.created, duration,
+                                            plan.participants, replies, plan.moved_groups(), dead)
+        failed = record["failed"]
         job.migrations.append(record)
         if not failed:
             job.settled = new
         self.rescales += 1
         self.migration_hist["planner"].add(duration)
-        for r in ok:
-            self.migration_hist["worker"].add(r["pause"])
+        for r in replies:
+            if isinstance(r, dict):
+                self.migration_hist["worker"].add(r["pause"])
         if failed:
             log.error("job %d migration to epoch %d failed on %s after %.3f s: %s", job.id, new.epoch,
                       sorted(failed), duration, failed)
@@ -739,31 +748,12 @@ class Planner(PlannerRecoveryMixin):
             if not alive:
                 log.error("job %d lost its last worker %s", job.id, wid)
                 return
-            ops = {}
-            for o in job.spec.operators:
-                p = old.operators[o.name]
-                shares = {w: s for w, s in p.shares.items() if w in alive}
-                if not shares:
-                    shares = {pool_order(old, alive)[0]: 1.0}
-                total = sum(shares.values())
-                shares = {w: v / total for w, v in shares.items()}
-                kg = (key_groups_for_shares(shares, NUM_KEY_GROUPS, p.key_groups, job.key_weights.get(o.name))
-                      if o.stateful else None)
-                ops[o.name] = OperatorPlacement(shares, {w: p.instances.get(w, 1) for w in shares}, kg)
-            settled = job.settled or old
-            lost_groups = sum(1 for o in job.spec.operators if o.stateful
-                              for g in settled.operators[o.name].key_groups if g == wid)
-            reason = f"worker {wid} died: its {lost_groups} key groups restart empty (their state is lost)"
-            job.decisions.append({"t": round(time.time() - job.created, 3), "trigger": f"worker {wid} died",
-                                  "reason": reason, "change": True})
-            # Records dispatched until now may have had weight on the dead worker: they leave the in-flight
-            # window (which would otherwise stay full of records that never complete) and are counted as
-            # lost once no survivor holds anything of them. `_run_migration` switches the routes in this same step,
-            # so every record from the fence on goes to survivors only.
-            fence = job.queue[0][0] + job.queue[0][2] if job.queue else job.tracker.next_chunk << CHUNK_BITS
-            job.tracker.suspect_below(fence)
+            r = scheduler.plan_recovery(job.spec, old, job.settled, wid, alive, job.queue, job.tracker.next_chunk,
+                                        job.key_weights, time.time() - job.created)
+            job.decisions.append(r.decision)
+            job.tracker.suspect_below(r.fence)
             self.dispatch_wake.set()
-            await self._run_migration(job, Placement(ops, old.epoch + 1, old.workers), reason)
+            await self._run_migration(job, r.placement, r.reason)
 
     def _sweep_lost(self, job: PlannerJob, clean: bool) -> None:
         """After a worker died, records whose weight died with it never complete. A check is clean when
@@ -771,20 +761,13 @@ class Planner(PlannerRecoveryMixin):
         completing in between (a request on the wire between survivors shows up in one of them), count
         the suspects still open as lost."""
         t = job.tracker
-        if not t.suspects or job.migrating or not clean:
-            job.sweep = None
-            return
-        if job.sweep is None or job.sweep[0] != t.suspects:
-            job.sweep = (t.suspects, 1)
+        job.sweep, lose = scheduler.sweep_step(job.sweep, t.suspects, job.migrating, clean)
+        if not lose:
             return
         n = t.lose_suspects()
-        job.sweep = None
         self.records_lost += n
-        dead = ",".join(sorted(job.lost_workers))
-        log.error("job %d: %d records lost with worker(s) %s", job.id, n, dead)
-        job.errors.append({"worker": dead, "operator": "", "value": "",
-                           "error": f"{n} records lost with dead worker(s) {dead}: they had requests or "
-                                    f"state there; their key groups restarted empty"})
+        log.error("job %d: %d records lost with worker(s) %s", job.id, n, ",".join(sorted(job.lost_workers)))
+        job.errors.append(scheduler.lost_error(n, job.lost_workers))
         if t.outstanding == 0 and job.queued == 0:
             self._wake_waiters(job)
 
@@ -836,60 +819,27 @@ class Planner(PlannerRecoveryMixin):
 
     def _dispatch(self, job: PlannerJob) -> int:
         """Send queued records to the source operators' workers while the in-flight window has room."""
-        room = min(self.max_inflight - job.inflight, self.dispatch_batch)
-        if room <= 0 or not job.queue or (job.ckpt is not None and not self._ckpt_may_dispatch(job)):
+        if job.ckpt is not None and not self._ckpt_may_dispatch(job):
             return 0
-        head = job.queue[0]
-        base, records, offset = head
-        n = min(room, len(records) - offset)
-        part = records[offset:offset + n]
-        head[2] = offset + n
-        if head[2] >= len(records):
-            job.queue.popleft()
+        d = scheduler.dispatch(job.queue, job.spec, job.routes, job.weight,
+                               scheduler.window_room(self.max_inflight, job.inflight, self.dispatch_batch))
+        if d is None:
+            return 0
+        n = d.count
         job.queued -= n
         job.counters["dispatched"] += n
-        first = base + offset
-        w = job.weight // len(job.routes)
-        out: dict[str, list] = {}
-        runs: dict[str, list] = {}
-        failed = []
-        for route in job.routes:
-            s = route.succ
-            if route.kind == ROUTE_KEYED:
-                key_fn = job.spec.operators[s].key
-                owners = route.owners
-                for i, v in enumerate(part):
-                    try:
-                        key = key_fn(v)
-                        g = key_group(key, NUM_KEY_GROUPS)
-                    except Exception as e:
-                        failed.append(first + i)
-                        job.errors.append({"worker": "planner", "operator": job.spec.operators[s].name,
-                                           "error": f"key function failed: {e!r}"[:300], "value": repr(v)[:200]})
-                        continue
-                    out.setdefault(owners[g], []).append((s, v, key, first + i, w))
-            elif route.kind == ROUTE_LOCAL:  # cannot happen from the planner: it holds no operator
-                raise PlacementError("a source routed to the planner")
-            else:
-                table = route.table
-                tn = len(table)
-                # Consecutive blocks per table slot travel as runs (first rid, one weight, the values), so
-                # the planner builds and packs no row per record.
-                block = max(1, n // tn) if n >= tn else 1
-                for start in range(0, n, block):
-                    dest = table[(first + start) // block % tn]
-                    runs.setdefault(dest, []).append([s, first + start, w, part[start:start + block]])
         epoch = job.placement.epoch
-        for dest, rows in out.items():
+        for dest, rows in d.data.items():
             self.pushers[dest].send(protocol.encode("data", [job.id, epoch, rows]), copy=False)
-        for dest, rs in runs.items():
+        for dest, rs in d.runs.items():
             self.pushers[dest].send(protocol.encode("runs", [job.id, epoch, rs]), copy=False)
-        if failed:
-            job.counters["source_errors"] += len(failed)
-            job.tracker.complete_now(failed, time.monotonic())
+        if d.failed:
+            job.errors.extend(d.errors)
+            job.counters["source_errors"] += len(d.failed)
+            job.tracker.complete_now(d.failed, time.monotonic())
         while job.deferred_acks and job.queued <= self.max_queue:
             ident, ack = job.deferred_acks.popleft()
-            asyncio.ensure_future(self._send(ident, ack))
+            self._post(ident, ack)
         return n
 
     # ----------------------------------------------------------------- once a second
@@ -926,76 +876,16 @@ class Planner(PlannerRecoveryMixin):
                 total_out += rate_out
                 for waiter in [x for x in job.waiters if x[2] <= now]:
                     job.waiters.remove(waiter)
-                    self._reply_error(waiter[0], {"req": waiter[1]}, RequestError(
+                    self._reply_error(waiter[0], waiter[1], RequestError(
                         f"timeout: job {job.id} still has {job.tracker.outstanding} records in flight "
                         f"({job.queued} queued at the planner)"))
             self.last_rates = {"input_rate": total_in, "throughput": total_out}
 
     def job_stats(self, job: PlannerJob, counters: dict | None = None) -> dict:
-        """Throughput, input rate, latency, and the Table 2 metrics of every worker, for one job.
-
-        With `counters` (worker -> its exact cumulative counters), processed counts, errors and mean
-        execution times come from those instead of the last heartbeats."""
-        per_worker = {}
-        operators: dict[str, dict] = {o.name: {"rate": 0.0, "tau_us": 0.0, "processed": 0, "errors": 0,
-                                               "queue": 0} for o in job.spec.operators}
-        edges: dict[tuple[str, str], float] = {}
-        failed = 0
-        for wid in job.workers:
-            w = self.workers.get(wid)
-            js = (w.sample.get("jobs", {}).get(job.id) if w else None) or {}
-            per_worker[wid] = {"alive": bool(w and w.alive), "queue": js.get("queue", 0),
-                               "r_local": js.get("r_local", 0.0), "r_remote": js.get("r_remote", 0.0),
-                               "delta": w.sample.get("delta", 0) if w else 0, "exec_us": js.get("exec_us", 0.0),
-                               "cpu_us": w.sample.get("cpu_us") if w else None,
-                               "queue_delay": js.get("queue_delay", 0.0), "operators": js.get("operators", {}),
-                               "metrics": w.metrics if w else None}
-            failed += js.get("failed", 0)
-            for name, o in js.get("operators", {}).items():
-                agg = operators[name]
-                busy = agg["rate"] * agg["tau_us"] + o["rate"] * o["tau_us"]
-                agg["rate"] += o["rate"]
-                agg["tau_us"] = busy / agg["rate"] if agg["rate"] else 0.0
-                agg["processed"] += o["processed"]
-                agg["errors"] += o["errors"]
-                agg["queue"] += o["queue"]
-            for e in js.get("edges", []):
-                edges[(e["src"], e["dst"])] = edges.get((e["src"], e["dst"]), 0.0) + e["rate"]
-        if counters is not None:
-            failed = 0
-            for o in operators.values():
-                o["processed"], o["errors"], o["queue"], o["exec_s"] = 0, 0, 0, 0.0
-            totals = {"local": 0, "remote": 0}
-            for wid, c in counters.items():
-                failed += c["failed"]
-                totals["local"] += c["local"]
-                totals["remote"] += c["remote"]
-                per_worker[wid]["counters"] = c
-                for name, o in c["operators"].items():
-                    agg = operators[name]
-                    agg["processed"] += o["processed"]
-                    agg["errors"] += o["errors"]
-                    agg["queue"] += o["queue"]
-                    agg["exec_s"] += o["exec_s"]
-            for o in operators.values():
-                o["tau_us_mean"] = o["exec_s"] / o["processed"] * 1e6 if o["processed"] else 0.0
-        t = job.tracker
-        return {
-            "job": job.id, "name": job.spec.name,
-            "input_rate": job.last.get("input_rate", 0.0), "throughput": job.last.get("throughput", 0.0),
-            "latency": {"last": {k: job.last.get(k) for k in ("p50", "p95", "p99")}, **t.cumulative.summary()},
-            "pushed": job.counters["pushed"], "completed": t.completed, "outstanding": t.outstanding,
-            "queued": job.queued, "lost": t.lost, "suspected_lost": t.suspects,
-            "failed": failed + job.counters["source_errors"],
-            "errors": list(job.errors), "workers": per_worker, "operators": operators,
-            "edges": [{"src": s, "dst": d, "rate": r} for (s, d), r in edges.items()],
-            "placement": job.placement.to_wire(), "workers_active": len(job.placement.active_workers()),
-            "active_workers": job.placement.active_workers(), "epoch": job.placement.epoch,
-            "autoscale": job.autoscale, "model": dict(job.estimate), "decisions": list(job.decisions),
-            "migrations": list(job.migrations), "lost_workers": sorted(job.lost_workers),
-            "workers_alive": len(self.live_workers()), "series": list(job.series)[-120:],
-            "checkpoints": self.ckpt_stats(job),
-        }
+        """Throughput, input rate, latency, and the Table 2 metrics of every worker, for one job
+        (`scheduler.job_stats`; `counters`: worker -> its exact cumulative counters)."""
+        return {**scheduler.job_stats(job, self.workers, len(self.live_workers()), counters),
+                "checkpoints": self.ckpt_stats(job)}
 
 
 class _PlannerCollector:
@@ -1036,26 +926,7 @@ class _PlannerCollector:
                                    "part of them died")
         lost.add_metric([], p.records_lost)
         yield lost
-        jobs_c = [j for j in jobs if j.ckpt is not None]
-        ck = CounterMetricFamily("clasp_checkpoints", "Checkpoints by outcome", labels=["outcome"])
-        for outcome in ("completed", "failed"):
-            ck.add_metric([outcome], sum(j.ckpt.coord.counts[outcome] for j in jobs_c))
-        yield ck
-        cd = HistogramMetricFamily("clasp_checkpoint_duration_seconds", "Barrier sent to last worker's ack")
-        cd.add_metric([], _buckets(p.checkpoint_hist, (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                                                       10.0)), p.checkpoint_hist.sum)
-        yield cd
-        cb = GaugeMetricFamily("clasp_checkpoint_bytes", "Bytes written by the job's last complete checkpoint",
-                               labels=["job"])
-        for j in jobs_c:
-            cb.add_metric([str(j.id)], j.ckpt.coord.last_bytes)
-        yield cb
-        rc = CounterMetricFamily("clasp_recoveries", "Jobs rolled back to a checkpoint after a worker died")
-        rc.add_metric([], p.recoveries)
-        yield rc
-        rr = CounterMetricFamily("clasp_records_replayed", "Records dispatched again from the input log")
-        rr.add_metric([], p.records_replayed)
-        yield rr
+        yield from p.ckpt_metrics(jobs, _buckets)
         mh = HistogramMetricFamily("clasp_migration_duration_seconds",
                                    "Planner: plan issued to last completion; worker: plan received to resumed",
                                    labels=["role"])

@@ -9,7 +9,6 @@ dies rolls the job back (`_restore`) to the newest complete checkpoint and repla
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 
@@ -262,6 +261,31 @@ class PlannerRecoveryMixin:
             c.restoring = False
             self.dispatch_wake.set()
 
+    def ckpt_metrics(self, jobs: list, _buckets):
+        """The checkpoint families of the planner's Prometheus collector (`_buckets`: its histogram folding)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        jobs_c = [j for j in jobs if j.ckpt is not None]
+        ck = CounterMetricFamily("clasp_checkpoints", "Checkpoints by outcome", labels=["outcome"])
+        for outcome in ("completed", "failed"):
+            ck.add_metric([outcome], sum(j.ckpt.coord.counts[outcome] for j in jobs_c))
+        yield ck
+        cd = HistogramMetricFamily("clasp_checkpoint_duration_seconds", "Barrier sent to last worker's ack")
+        cd.add_metric([], _buckets(self.checkpoint_hist, (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                                                          10.0)), self.checkpoint_hist.sum)
+        yield cd
+        cb = GaugeMetricFamily("clasp_checkpoint_bytes", "Bytes written by the job's last complete checkpoint",
+                               labels=["job"])
+        for j in jobs_c:
+            cb.add_metric([str(j.id)], j.ckpt.coord.last_bytes)
+        yield cb
+        rc = CounterMetricFamily("clasp_recoveries", "Jobs rolled back to a checkpoint after a worker died")
+        rc.add_metric([], self.recoveries)
+        yield rc
+        rr = CounterMetricFamily("clasp_records_replayed", "Records dispatched again from the input log")
+        rr.add_metric([], self.records_replayed)
+        yield rr
+
     def ckpt_stats(self, job) -> dict | None:
         c = job.ckpt
         if c is None:
@@ -276,5 +300,3 @@ class PlannerRecoveryMixin:
                 "interval_s": self.checkpoint_interval}
 
 
-def write_meta(store: FileStore, rel: str, meta: dict) -> None:
-    store.write_file(rel, json.dumps(meta).encode())

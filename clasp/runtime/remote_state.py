@@ -29,11 +29,13 @@ class RemoteState:
     """get_many / put_many against the state server at `endpoint`."""
 
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, identity: str, timeout: float = 10.0,
-                 on_bad=None):
+                 on_bad=None, security=None):
         self.endpoint = endpoint
         self.timeout = timeout
         self.on_bad = on_bad or (lambda e: None)
         self.sock = ctx.socket(zmq.DEALER)
+        if security is not None:
+            security.peer(self.sock)
         self.sock.setsockopt(zmq.IDENTITY, identity.encode())
         self.sock.setsockopt(zmq.SNDHWM, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)

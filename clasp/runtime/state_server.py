@@ -18,6 +18,7 @@ import zmq.asyncio
 from clasp.core import protocol
 from clasp.core.protocol import ProtocolError
 from clasp.runtime.net import bind
+from clasp.runtime.security import Security
 
 log = logging.getLogger("clasp.planner.state")
 
@@ -31,8 +32,9 @@ Check = Callable[[int, str], str | None]
 class StateServer:
     """Keyed state per (job, operator), served on a ROUTER. `await serve()` runs until cancelled."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, check: Check, bad: Callable[[str], None]):
+    def __init__(self, ctx: zmq.asyncio.Context, check: Check, bad: Callable[[str], None], security=None):
         self.ctx = ctx
+        self.security = security or Security()
         self.check = check
         self.bad = bad
         self.states: dict[tuple[int, str], dict] = {}
@@ -42,7 +44,7 @@ class StateServer:
 
     def bind(self, host: str, port: int, advertise: str) -> str:
         """Bind the ROUTER (port 0: a free one); returns the endpoint workers dial."""
-        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router = self.security.server(self.ctx.socket(zmq.ROUTER), "planner_state")
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.router.setsockopt(zmq.SNDHWM, 0)
         self.router.setsockopt(zmq.RCVHWM, 0)

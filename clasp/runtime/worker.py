@@ -29,9 +29,13 @@ from clasp.runtime.engine import JobEngine, OperatorError
 from clasp.runtime.monitor import Monitor, WorkerCollector
 from clasp.runtime.net import advertised, bind, start_metrics_server
 from clasp.runtime.remote_state import RemoteState
+from clasp.runtime.security import Security
+from clasp.runtime.tasks import ProcessTasks, internal_error
 from clasp.runtime.worker_recovery import RecoveryMixin
 
 log = logging.getLogger("clasp.worker")
+# Errors whose text is meant for the asker; any other exception in a handler is a bug (an error id, logged).
+CLIENT_ERRORS = (OperatorError, DagError, PlacementError, ProtocolError)
 MIGRATE_CHUNK = 2000  # state objects and requests taken out between two turns of the event loop
 
 
@@ -41,11 +45,14 @@ class Worker(RecoveryMixin):
     def __init__(self, planner: str, host: str = "127.0.0.1", data_port: int = 0, state_port: int = 0,
                  metrics_port: int = 0, advertise: str | None = None, worker_id: str | None = None,
                  p_max: int = 10, heartbeat: float = 1.0, flush_delay: float = 0.001, max_batch: int = 2000,
-                 cpus: float | None = None, state_dir: str | None = None):
+                 cpus: float | None = None, security: Security | None = None, metrics_host: str | None = None,
+                 state_dir: str | None = None):
         self.planner_addr = planner
         self.state_dir = state_dir  # checkpoints; None: the directory the planner names
         self.checkpoint_failures = 0
         self.host = host
+        self.metrics_host = metrics_host or host
+        self.security = security or Security()
         self.advertise = advertised(host, advertise)
         self.id = worker_id or f"w-{uuid.uuid4().hex[:8]}"
         self.p_max = p_max
@@ -65,44 +72,47 @@ class Worker(RecoveryMixin):
         self._ports = (data_port, state_port, metrics_port)
         self._returns_since: float | None = None
         self.remote_states: dict[str, RemoteState] = {}  # state-server endpoint -> its client (remote state)
+        self.tasks = ProcessTasks(log)  # every task of this process; cancelled together when serve() ends
 
     # ----------------------------------------------------------------- lifecycle
     async def serve(self) -> None:
         data_port, state_port, metrics_port = self._ports
-        self.pull = self.ctx.socket(zmq.PULL)
+        sec = self.security
+        sec.start_zap(self.ctx)
+        self.pull = sec.server(self.ctx.socket(zmq.PULL), "worker_data")
         self.pull.setsockopt(zmq.RCVHWM, 0)
         self.data_endpoint = f"tcp://{self.advertise}:{bind(self.pull, self.host, data_port)}"
-        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router = sec.server(self.ctx.socket(zmq.ROUTER), "worker_state")
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.state_endpoint = f"tcp://{self.advertise}:{bind(self.router, self.host, state_port)}"
-        self.dealer = self.ctx.socket(zmq.DEALER)
+        self.dealer = sec.peer(self.ctx.socket(zmq.DEALER), "worker_control")
         self.dealer.setsockopt(zmq.IDENTITY, self.id.encode())
         self.dealer.setsockopt(zmq.SNDHWM, 0)
         self.dealer.setsockopt(zmq.LINGER, 1000)
         self.dealer.connect(self.planner_addr)
         registry = CollectorRegistry()
         registry.register(WorkerCollector(self.monitor))
-        self.metrics_url = start_metrics_server(registry, self.host, metrics_port, self.advertise)
+        registry.register(sec.collector())
+        self.metrics_url = start_metrics_server(registry, self.metrics_host, metrics_port,
+                                                self.advertise if self.metrics_host == self.host
+                                                else advertised(self.metrics_host, None))
         print(f"clasp worker {self.id} data={self.data_endpoint} state={self.state_endpoint} "
               f"metrics={self.metrics_url} planner={self.planner_addr}", flush=True)
-        tasks = [asyncio.create_task(c) for c in (self._control_loop(), self._data_loop(), self._state_loop(),
-                                                  self._executor_loop(), self._heartbeat_loop(),
-                                                  self._register_loop())]
         try:
-            await asyncio.gather(*tasks)
+            # The job engines' operator tasks are theirs (JobEngine.async_tasks); they end with the rest.
+            await self.tasks.run(self._control_loop(), self._data_loop(), self._state_loop(), self._executor_loop(),
+                                 self._heartbeat_loop(), self._register_loop(), sec.run(),
+                                 also=lambda: [t for e in self.jobs.values() for t in e.async_tasks])
         finally:
             self.stopping = True
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
             self.ctx.destroy(linger=200)
 
     async def _register_loop(self) -> None:
         while True:
             if not self.welcomed.is_set():
-                await self.dealer.send(protocol.encode("register", {
-                    "id": self.id, "host": self.advertise, "data": self.data_endpoint, "state": self.state_endpoint,
-                    "metrics": self.metrics_url, "p_max": self.p_max, "pid": os.getpid()}))
+                await self.dealer.send(protocol.pack(protocol.Register(
+                    self.id, self.advertise, self.data_endpoint, self.state_endpoint, self.metrics_url, self.p_max,
+                    os.getpid())))
             try:
                 await asyncio.wait_for(self._wait_unwelcomed(), timeout=2.0)
             except TimeoutError:
@@ -112,6 +122,13 @@ class Worker(RecoveryMixin):
         await self.welcomed.wait()
         while self.welcomed.is_set():
             await asyncio.sleep(0.5)
+
+    def _error_text(self, what: str, e: BaseException) -> str:
+        """What the asker is told of a failed request: the error when it is about the request (an
+        operator's failure, a bad DAG or placement), else an error id, the traceback logged under it."""
+        if isinstance(e, CLIENT_ERRORS):
+            return f"{type(e).__name__}: {e}"
+        return internal_error(log, f"handling {what}", e, f"the log of worker {self.id}")
 
     def _bad(self, e: ProtocolError, where: str) -> None:
         self.monitor.bad_messages[e.reason] += 1
@@ -142,10 +159,10 @@ class Worker(RecoveryMixin):
                 if asyncio.iscoroutine(answer):
                     answer = await answer
             except Exception as e:  # a failing handler answers its request; it never stops the worker
-                if not isinstance(e, (OperatorError, DagError, PlacementError, KeyError, TypeError, ValueError)):
-                    log.exception("handling %s failed", mtype)
                 if isinstance(body, dict) and "req" in body:
-                    await self.dealer.send(protocol.reply_error(body["req"], f"{type(e).__name__}: {e}"))
+                    await self.dealer.send(protocol.reply_error(body["req"], self._error_text(mtype, e)))
+                else:
+                    self._error_text(mtype, e)
                 continue
             if answer is not None:
                 await self.dealer.send(answer)
@@ -196,7 +213,8 @@ class Worker(RecoveryMixin):
         """The client of the planner's remote-state server at `endpoint`, one per endpoint."""
         rs = self.remote_states.get(endpoint)
         if rs is None:
-            rs = RemoteState(self.ctx, endpoint, self.id, on_bad=lambda e: self._bad(e, "remote state"))
+            rs = RemoteState(self.ctx, endpoint, self.id, on_bad=lambda e: self._bad(e, "remote state"),
+                             security=self.security)
             self.remote_states[endpoint] = rs
         return rs
 
@@ -247,7 +265,7 @@ class Worker(RecoveryMixin):
             # dead (their key groups restart empty), finish this one, then run the next.
             self._forget(eng, plan.dead)
             eng.queued_plans.append(body)
-            asyncio.ensure_future(self._progress(eng))
+            self.tasks.spawn(self._progress(eng), f"migration of job {eng.job}")
             return
         eng.migration = WorkerMigration(plan, self.id)
         eng.migration_req = body["req"]
@@ -269,7 +287,7 @@ class Worker(RecoveryMixin):
         early, eng.early = eng.early, []
         for mtype, m in early:
             self._on_migration_message(eng, mtype, m)
-        asyncio.ensure_future(self._progress(eng))
+        self.tasks.spawn(self._progress(eng), f"migration of job {eng.job}")
 
     def _groups_from(self, eng: JobEngine, sender: str) -> dict[int, list[int]]:
         """The key groups the current plan moves from `sender` to this worker, by operator index."""
@@ -314,7 +332,7 @@ class Worker(RecoveryMixin):
             eng.release_groups(released)
             self._slice(eng.migration_stats, t - decode_s)
             self.wake.set()
-        asyncio.ensure_future(self._progress(eng))
+        self.tasks.spawn(self._progress(eng), f"migration of job {eng.job}")
 
     async def _progress(self, eng: JobEngine) -> None:
         mig = eng.migration
@@ -411,9 +429,8 @@ class Worker(RecoveryMixin):
                 self._bad(e, "state")
                 out = protocol.error(e.reason, e.detail)
             except Exception as e:  # answered, never fatal to the state server
-                if not isinstance(e, (OperatorError, KeyError, TypeError, ValueError)):
-                    log.exception("state server: %s failed", mtype)
-                out = protocol.reply_error(body.get("req", 0) if isinstance(body, dict) else 0, str(e))
+                out = protocol.reply_error(body.get("req", 0) if isinstance(body, dict) else 0,
+                                           self._error_text(f"state server: {mtype}", e))
             try:
                 await self.router.send_multipart([ident, out])
             except zmq.ZMQError:
@@ -464,7 +481,7 @@ class Worker(RecoveryMixin):
     def _peer(self, wid: str) -> zmq.asyncio.Socket:
         sock = self.peers.get(wid)
         if sock is None:
-            sock = self.ctx.socket(zmq.PUSH)
+            sock = self.security.peer(self.ctx.socket(zmq.PUSH))
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.LINGER, 2000)
             sock.connect(self.peer_addrs[wid])
@@ -543,4 +560,4 @@ class Worker(RecoveryMixin):
             sample = self.monitor.sample(now - last)
             last = now
             if self.welcomed.is_set():
-                await self.dealer.send(protocol.encode("heartbeat", {"id": self.id, "sample": sample}))
+                await self.dealer.send(protocol.pack(protocol.Heartbeat(self.id, sample)))

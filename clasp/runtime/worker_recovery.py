@@ -41,7 +41,7 @@ class RecoveryMixin:
 
     def _on_ckpt_snapshot(self, body) -> None:
         eng = self._engine(body)
-        asyncio.ensure_future(self._snapshot(eng, body))
+        self.tasks.spawn(self._snapshot(eng, body), f"checkpoint {body['ckpt']} of job {eng.job}")
 
     async def _snapshot(self, eng: JobEngine, body: dict) -> None:
         try:

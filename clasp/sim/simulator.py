@@ -34,7 +34,7 @@ import numpy as np
 from clasp.core.control import Controller, Observation, runtime_estimator_config
 from clasp.core.estimator import Estimator, WorkerSample
 from clasp.core.keygroups import assign_key_groups
-from clasp.core.model import Edge, remote_destinations
+from clasp.core.model import FLUSH_PEER_FACTOR, Edge, remote_destinations
 from clasp.core.placement import topological_order
 from clasp.core.policies import POLICIES, OperatorStats, PlacementResult, uniform_placement
 
@@ -72,6 +72,9 @@ class Costs:
     message_us: float = 0.0
     flush_delay_s: float = 0.001
     max_batch: int = 2000
+    # A sender's flush round serves every peer, so each peer's batches come 1 + c·(peers − 1) times as far
+    # apart (clasp.core.model.FLUSH_PEER_FACTOR; `bench.calibrate` fits it).
+    flush_peer_factor: float = FLUSH_PEER_FACTOR
 
     @classmethod
     def from_json_dict(cls, d: Any) -> Costs:
@@ -112,8 +115,11 @@ class Costs:
         batch = d.get("max_batch", 2000)
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise CostError(f"costs field 'max_batch' must be an integer ≥ 1, not {batch!r}")
+        peer = d.get("flush_peer_factor", FLUSH_PEER_FACTOR)
+        if isinstance(peer, bool) or not isinstance(peer, int | float) or not math.isfinite(peer) or peer < 0:
+            raise CostError(f"costs field 'flush_peer_factor' must be a finite number ≥ 0, not {peer!r}")
         return cls(values["alpha"], values["beta"], values["gamma"], values["capacity"], table, float(share),
-                   None if split is None else float(split), float(msg), float(flush), batch)
+                   None if split is None else float(split), float(msg), float(flush), batch, float(peer))
 
     @classmethod
     def load(cls, path: str | Path) -> Costs:
@@ -129,7 +135,7 @@ class Costs:
 
     def with_coefficients(self, alpha: float, beta: float, gamma: float) -> Costs:
         return Costs(alpha, beta, gamma, self.capacity, self.tau_us, self.receive_share, self.alpha_split,
-                     self.message_us, self.flush_delay_s, self.max_batch)
+                     self.message_us, self.flush_delay_s, self.max_batch, self.flush_peer_factor)
 
 
 # The cost files are package data of clasp.sim (pyproject.toml), found wherever clasp is installed. A wheel
@@ -517,7 +523,9 @@ class Simulator:
         np.fill_diagonal(rate, 0.0)
         # The flush timer fires every flush_delay_s of wall time while the sender runs: a CPU share
         # capacity / 10⁶ when saturated, times its utilization when not.
-        floor = (c.capacity / 1e6 / c.flush_delay_s) * running[:, None]
+        peers = (rate > 0).sum(axis=1, keepdims=True)
+        floor = (c.capacity / 1e6 / c.flush_delay_s) * running[:, None] / (1.0 + c.flush_peer_factor
+                                                                         * np.maximum(peers - 1, 0))
         return np.minimum(rate, np.maximum(rate / c.max_batch, floor))
 
     def messages_per_second(self, served: np.ndarray, running: np.ndarray | None = None) -> np.ndarray:
@@ -591,6 +599,7 @@ def make_controller(dag: SimDag, costs: Costs, policy: str, pool: int, p_max: in
     estimator = Estimator(runtime_estimator_config(alpha=costs.alpha, beta=costs.beta, gamma=costs.gamma,
                                                    capacity=costs.capacity, receive_share=costs.receive_share,
                                                    mu=costs.message_us, flush_delay=costs.flush_delay_s,
+                                                   flush_peer_factor=costs.flush_peer_factor,
                                                    alpha_split=costs.alpha_split))
     return Controller(list(dag.operators), list(dag.edges), POLICIES[policy](), p_max, pool,
                       estimator=estimator, stateless=tuple(o for o in dag.operators if o not in dag.stateful))

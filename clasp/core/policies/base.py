@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clasp.core.model import CapacityModel, Edge
+from clasp.core.model import FLUSH_PEER_FACTOR, CapacityModel, Edge
 from clasp.core.parallelism import placement_parallelism
 from clasp.core.placement import (
     Load,
@@ -26,7 +26,7 @@ from clasp.core.placement import (
 
 PROFILE_FIELDS = ("operators", "edges", "alpha", "beta", "gamma", "capacity", "throughput", "input_rate",
                   "p_max", "instances", "workers", "beta_receive", "mu", "flush_delay", "capacities", "alpha_split",
-                  "stateless")
+                  "stateless", "flush_peer_factor")
 
 
 class StatsError(ValueError):
@@ -81,7 +81,8 @@ class Stats:
     `instances`: the current total P_tot; `workers`: the current number of active workers. Optional
     (the extended model, `clasp.core.model`; absent: the paper's): `beta_receive` β_r, `mu` µs per message,
     `flush_delay` the engine's (s), `capacities` W_w per worker index, `alpha_split` α on the table
-    route, `stateless` the operators whose local requests can take it.
+    route, `stateless` the operators whose local requests can take it, `flush_peer_factor` how a sender's
+    flush interval grows per extra peer.
     """
 
     operators: dict[str, OperatorStats]
@@ -101,6 +102,7 @@ class Stats:
     capacities: list[float] | None = None
     alpha_split: float | None = None
     stateless: list[str] | None = None
+    flush_peer_factor: float = FLUSH_PEER_FACTOR
 
     @classmethod
     def from_json_dict(cls, d: Any) -> Stats:
@@ -149,6 +151,7 @@ class Stats:
             workers=_number(d, "workers", "", minimum=1, integer=True, default=1),
             beta_receive=_number(d, "beta_receive", "", default=0.0), mu=_number(d, "mu", "", default=0.0),
             flush_delay=_number(d, "flush_delay", "", strict=True, default=0.001),
+            flush_peer_factor=_number(d, "flush_peer_factor", "", default=FLUSH_PEER_FACTOR),
             capacities=_capacities(d),
             alpha_split=None if d.get("alpha_split") is None else _number(d, "alpha_split", ""),
             stateless=_names(d, "stateless", operators))
@@ -160,7 +163,7 @@ class Stats:
                 "alpha": self.alpha, "beta": self.beta, "gamma": self.gamma, "capacity": self.capacity,
                 "throughput": self.throughput, "input_rate": self.input_rate, "p_max": self.p_max,
                 "instances": self.instances, "workers": self.workers, "beta_receive": self.beta_receive,
-                "mu": self.mu, "flush_delay": self.flush_delay,
+                "mu": self.mu, "flush_delay": self.flush_delay, "flush_peer_factor": self.flush_peer_factor,
                 "capacities": None if self.capacities is None else list(self.capacities),
                 "alpha_split": self.alpha_split, "stateless": self.stateless}
 
@@ -169,7 +172,7 @@ class Stats:
         """The capacity model these statistics carry (the extended one where they have its terms)."""
         return CapacityModel(self.alpha, self.beta, self.gamma, self.capacity, self.beta_receive, self.mu,
                              self.flush_delay, None if self.capacities is None else tuple(self.capacities),
-                             self.alpha_split, frozenset(self.stateless or ()))
+                             self.alpha_split, frozenset(self.stateless or ()), self.flush_peer_factor)
 
     def edge_rates(self) -> dict[Edge, float]:
         return {(e.src, e.dst): e.rate for e in self.edges}
@@ -199,7 +202,7 @@ class Stats:
                      [EdgeStats(s, d, rates.get((s, d), 0.0)) for s, d in edges],
                      self.alpha, self.beta, self.gamma, self.capacity, self.throughput, self.input_rate,
                      self.p_max, self.instances, self.workers, self.beta_receive, self.mu, self.flush_delay,
-                     self.capacities, self.alpha_split, self.stateless)
+                     self.capacities, self.alpha_split, self.stateless, self.flush_peer_factor)
 
 
 def _names(d: Mapping, key: str, operators: Mapping) -> list[str] | None:

@@ -1,0 +1,324 @@
+"""The planner's decisions, with no sockets and no event loop.
+
+`clasp.runtime.planner.Planner` holds the sockets and the handler table; what it decides it asks of the
+functions here, and then carries out (sends the frames, awaits the workers), the way dask's
+`WorkerState.handle_stimulus` returns instructions and h11's `Connection` never touches a socket:
+
+- `dispatch`: which queued records leave now (the in-flight window's arithmetic) and which worker's
+  source operator gets each (`Dispatch`: keyed rows and stateless runs per destination).
+- `plan_recovery`: a dead worker's share re-placed on the survivors, the fence below which records are
+  suspected lost with it, and the decision recorded for the job.
+- `sweep_step`: whether the suspects still open are now counted as lost (two clean checks in a row).
+- `job_stats`: a job's statistics, aggregated over its workers' samples or exact counters.
+- `migration_record`: what one migration did, from the workers' replies.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from clasp.core.control import pool_order
+from clasp.core.dag import DagSpec
+from clasp.core.routing import (
+    NUM_KEY_GROUPS,
+    ROUTE_KEYED,
+    ROUTE_LOCAL,
+    OperatorPlacement,
+    Placement,
+    PlacementError,
+    Route,
+    key_group,
+    key_groups_for_shares,
+)
+from clasp.core.tracking import CHUNK_BITS, Tracker
+
+PLANNER_WORKER = "planner"  # the "worker" named in errors that happened at the planner
+
+
+@dataclass
+class WorkerInfo:
+    """A registered worker as the planner knows it; `sample` is its last heartbeat's metrics."""
+
+    id: str
+    host: str
+    data: str
+    state: str
+    metrics: str
+    p_max: int
+    pid: int
+    registered: float
+    last_seen: float
+    alive: bool = True
+    sample: dict = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------- dispatch
+@dataclass(slots=True)
+class Dispatch:
+    """One dispatch step: records `first .. first + count - 1` leave the planner's queue.
+
+    `data`: destination -> rows `(op, value, key, rid, weight)` for keyed sources; `runs`: destination
+    -> runs `[op, first rid, weight, values]` for stateless sources; `failed`: rids whose key function
+    raised (they complete at once), with one `errors` entry each for the job's error list."""
+
+    first: int
+    count: int
+    data: dict[str, list] = field(default_factory=dict)
+    runs: dict[str, list] = field(default_factory=dict)
+    failed: list[int] = field(default_factory=list)
+    errors: list[dict] = field(default_factory=list)
+
+
+def window_room(max_inflight: int, inflight: int, batch: int) -> int:
+    """How many records may leave now: what the in-flight window has room for, at most one batch."""
+    return min(max_inflight - inflight, batch)
+
+
+def take(queue: deque, room: int) -> tuple[int, list]:
+    """Take up to `room` records from the head chunk of the queue `[base rid, records, offset]` (Q_p);
+    returns (first rid, records). A chunk leaves the queue when all its records did."""
+    head = queue[0]
+    base, records, offset = head
+    n = min(room, len(records) - offset)
+    part = records[offset:offset + n]
+    head[2] = offset + n
+    if head[2] >= len(records):
+        queue.popleft()
+    return base + offset, part
+
+
+def route_records(spec: DagSpec, routes: Sequence[Route], first: int, part: list, weight: int) -> Dispatch:
+    """Send every record of `part` (rids from `first`) to each source operator, `weight // len(routes)`
+    each: keyed sources by the owner of the key's group, stateless ones in consecutive blocks per slot of
+    the weighted table (runs, so the planner builds and packs no row per record)."""
+    n = len(part)
+    d = Dispatch(first, n)
+    w = weight // len(routes)
+    out, runs = d.data, d.runs
+    for route in routes:
+        s = route.succ
+        if route.kind == ROUTE_KEYED:
+            key_fn = spec.operators[s].key
+            owners = route.owners
+            for i, v in enumerate(part):
+                try:
+                    key = key_fn(v)
+                    g = key_group(key, NUM_KEY_GROUPS)
+                except Exception as e:
+                    d.failed.append(first + i)
+                    d.errors.append({"worker": PLANNER_WORKER, "operator": spec.operators[s].name,
+                                     "error": f"key function failed: {e!r}"[:300], "value": repr(v)[:200]})
+                    continue
+                out.setdefault(owners[g], []).append((s, v, key, first + i, w))
+        elif route.kind == ROUTE_LOCAL:  # cannot happen from the planner: it holds no operator
+            raise PlacementError("a source routed to the planner")
+        else:
+            table = route.table
+            tn = len(table)
+            block = max(1, n // tn) if n >= tn else 1
+            for start in range(0, n, block):
+                dest = table[(first + start) // block % tn]
+                runs.setdefault(dest, []).append([s, first + start, w, part[start:start + block]])
+    return d
+
+
+def dispatch(queue: deque, spec: DagSpec, routes: Sequence[Route], weight: int, room: int) -> Dispatch | None:
+    """One step of the planner's scheduling engine: None when the window is full or the queue empty."""
+    if room <= 0 or not queue:
+        return None
+    first, part = take(queue, room)
+    return route_records(spec, routes, first, part, weight)
+
+
+# ----------------------------------------------------------------- recovery of a dead worker
+@dataclass(slots=True)
+class Recovery:
+    """What to do when worker `dead` of a job died: migrate to `placement` (the survivors take its
+    share), suspect every record below `fence`, and record `decision`."""
+
+    placement: Placement
+    fence: int
+    lost_groups: int
+    reason: str
+    decision: dict
+
+
+def survivor_placement(spec: DagSpec, old: Placement, alive: Sequence[str],
+                       key_weights: Mapping[str, list[float]] | None = None) -> Placement:
+    """`old` without the workers not in `alive`, at the next epoch: each operator keeps its shares on the
+    survivors (scaled to sum to 1; one with none left goes whole to the first of `pool_order`), and a
+    stateful one's key groups move off the dead with minimal moves (by `key_weights` where measured)."""
+    if not alive:
+        raise ValueError("no survivors to re-place on")
+    key_weights = key_weights or {}
+    ops = {}
+    for o in spec.operators:
+        p = old.operators[o.name]
+        shares = {w: s for w, s in p.shares.items() if w in alive}
+        if not shares:
+            shares = {pool_order(old, list(alive))[0]: 1.0}
+        total = sum(shares.values())
+        shares = {w: v / total for w, v in shares.items()}
+        kg = (key_groups_for_shares(shares, NUM_KEY_GROUPS, p.key_groups, key_weights.get(o.name))
+              if o.stateful else None)
+        ops[o.name] = OperatorPlacement(shares, {w: p.instances.get(w, 1) for w in shares}, kg)
+    return Placement(ops, old.epoch + 1, old.workers)
+
+
+def dispatch_fence(queue: deque, next_chunk: int) -> int:
+    """The first record id not dispatched yet: the queue head's next record, or the next chunk's first."""
+    return queue[0][0] + queue[0][2] if queue else next_chunk << CHUNK_BITS
+
+
+def plan_recovery(spec: DagSpec, old: Placement, settled: Placement | None, dead: str, alive: Sequence[str],
+                  queue: deque, next_chunk: int, key_weights: Mapping[str, list[float]] | None = None,
+                  t: float = 0.0) -> Recovery:
+    """Recovery of a job from the death of worker `dead` (`alive`: its workers still serving it, not
+    empty; `settled`: the placement of the last migration every worker completed; `t`: seconds since the
+    job started). Records dispatched until now may have had weight on the dead worker: they leave the
+    in-flight window (which would otherwise stay full of records that never complete) and are counted
+    as lost once no survivor holds anything of them; the migration switches the routes in the same step,
+    so every record from the fence on goes to survivors only."""
+    settled = settled or old
+    lost_groups = sum(1 for o in spec.operators if o.stateful for g in settled.operators[o.name].key_groups
+                      if g == dead)
+    reason = f"worker {dead} died: its {lost_groups} key groups restart empty (their state is lost)"
+    decision = {"t": round(t, 3), "trigger": f"worker {dead} died", "reason": reason, "change": True}
+    return Recovery(survivor_placement(spec, old, alive, key_weights), dispatch_fence(queue, next_chunk),
+                    lost_groups, reason, decision)
+
+
+# ----------------------------------------------------------------- the lost-record sweep
+def sweep_step(sweep: tuple[int, int] | None, suspects: int, migrating: bool,
+               clean: bool) -> tuple[tuple[int, int] | None, bool]:
+    """One check for records lost with a dead worker: returns (the sweep's new state, lose the suspects
+    now). A check is clean when no survivor holds anything of a suspect record; after two clean checks a
+    tick apart with no suspect completing in between (a request on the wire between survivors shows up
+    in one of them), the suspects still open are lost. `sweep`: (suspects at the last clean check,
+    clean checks in a row), None after anything else."""
+    if not suspects or migrating or not clean:
+        return None, False
+    if sweep is None or sweep[0] != suspects:
+        return (suspects, 1), False
+    return None, True
+
+
+def lost_error(n: int, lost_workers: set[str] | Sequence[str]) -> dict:
+    """The job's error entry for `n` records given up on with the dead workers."""
+    dead = ",".join(sorted(lost_workers))
+    return {"worker": dead, "operator": "", "value": "",
+            "error": f"{n} records lost with dead worker(s) {dead}: they had requests or "
+                     f"state there; their key groups restarted empty"}
+
+
+# ----------------------------------------------------------------- job statistics
+class JobView(Protocol):
+    """What `job_stats` reads of a job (the planner's `PlannerJob`)."""
+
+    id: int
+    spec: DagSpec
+    tracker: Tracker
+    workers: list[str]
+    placement: Placement
+    queued: int
+    counters: dict
+    last: dict
+    errors: Any
+    autoscale: bool
+    estimate: dict
+    decisions: Any
+    migrations: list
+    lost_workers: set
+    series: Any
+
+
+def worker_row(w: WorkerInfo | None, js: dict) -> dict:
+    """One worker's part of a job's statistics, from its last heartbeat (`js`: its sample of the job)."""
+    return {"alive": bool(w and w.alive), "queue": js.get("queue", 0),
+            "r_local": js.get("r_local", 0.0), "r_remote": js.get("r_remote", 0.0),
+            "delta": w.sample.get("delta", 0) if w else 0, "exec_us": js.get("exec_us", 0.0),
+            "cpu_us": w.sample.get("cpu_us") if w else None,
+            "queue_delay": js.get("queue_delay", 0.0), "operators": js.get("operators", {}),
+            "metrics": w.metrics if w else None}
+
+
+def job_stats(job: JobView, workers: Mapping[str, WorkerInfo], workers_alive: int,
+              counters: Mapping[str, dict] | None = None) -> dict:
+    """Throughput, input rate, latency, and the Table 2 metrics of every worker, for one job.
+
+    With `counters` (worker -> its exact cumulative counters), processed counts, errors and mean
+    execution times come from those instead of the last heartbeats."""
+    per_worker = {}
+    operators: dict[str, dict] = {o.name: {"rate": 0.0, "tau_us": 0.0, "processed": 0, "errors": 0,
+                                           "queue": 0} for o in job.spec.operators}
+    edges: dict[tuple[str, str], float] = {}
+    failed = 0
+    for wid in job.workers:
+        w = workers.get(wid)
+        js = (w.sample.get("jobs", {}).get(job.id) if w else None) or {}
+        per_worker[wid] = worker_row(w, js)
+        failed += js.get("failed", 0)
+        for name, o in js.get("operators", {}).items():
+            agg = operators[name]
+            busy = agg["rate"] * agg["tau_us"] + o["rate"] * o["tau_us"]
+            agg["rate"] += o["rate"]
+            agg["tau_us"] = busy / agg["rate"] if agg["rate"] else 0.0
+            agg["processed"] += o["processed"]
+            agg["errors"] += o["errors"]
+            agg["queue"] += o["queue"]
+        for e in js.get("edges", []):
+            edges[(e["src"], e["dst"])] = edges.get((e["src"], e["dst"]), 0.0) + e["rate"]
+    if counters is not None:
+        failed = 0
+        for o in operators.values():
+            o["processed"], o["errors"], o["queue"], o["exec_s"] = 0, 0, 0, 0.0
+        for wid, c in counters.items():
+            failed += c["failed"]
+            per_worker[wid]["counters"] = c
+            for name, o in c["operators"].items():
+                agg = operators[name]
+                agg["processed"] += o["processed"]
+                agg["errors"] += o["errors"]
+                agg["queue"] += o["queue"]
+                agg["exec_s"] += o["exec_s"]
+        for o in operators.values():
+            o["tau_us_mean"] = o["exec_s"] / o["processed"] * 1e6 if o["processed"] else 0.0
+    t = job.tracker
+    return {
+        "job": job.id, "name": job.spec.name,
+        "input_rate": job.last.get("input_rate", 0.0), "throughput": job.last.get("throughput", 0.0),
+        "latency": {"last": {k: job.last.get(k) for k in ("p50", "p95", "p99")}, **t.cumulative.summary()},
+        "pushed": job.counters["pushed"], "completed": t.completed, "outstanding": t.outstanding,
+        "queued": job.queued, "lost": t.lost, "suspected_lost": t.suspects,
+        "failed": failed + job.counters["source_errors"],
+        "errors": list(job.errors), "workers": per_worker, "operators": operators,
+        "edges": [{"src": s, "dst": d, "rate": r} for (s, d), r in edges.items()],
+        "placement": job.placement.to_wire(), "workers_active": len(job.placement.active_workers()),
+        "active_workers": job.placement.active_workers(), "epoch": job.placement.epoch,
+        "autoscale": job.autoscale, "model": dict(job.estimate), "decisions": list(job.decisions),
+        "migrations": list(job.migrations), "lost_workers": sorted(job.lost_workers),
+        "workers_alive": workers_alive, "series": list(job.series)[-120:],
+    }
+
+
+# ----------------------------------------------------------------- migration records
+def migration_record(old: Placement, new: Placement, reason: str, t: float, duration: float,
+                     participants: Sequence[str], replies: Sequence[object], moved_groups: int,
+                     dead: Sequence[str]) -> dict:
+    """What one migration to `new` did: `replies[i]` is participant i's reply (a dict) or what went wrong
+    (anything else: an exception, a timeout); `t`: seconds since the job started."""
+    ok = [r for r in replies if isinstance(r, dict)]
+    failed = {w: str(r) for w, r in zip(participants, replies, strict=True) if not isinstance(r, dict)}
+    return {"epoch": new.epoch, "reason": reason, "t": round(t, 3),
+            "from_workers": len(old.active_workers()), "to_workers": len(new.active_workers()),
+            "active": new.active_workers(), "duration_s": duration,
+            "max_pause_s": max((r["pause"] for r in ok), default=0.0),
+            "max_hold_s": max((r["hold"] for r in ok), default=0.0),
+            "pauses": {r["worker"]: r["pause"] for r in ok},
+            "phases_ms": {r["worker"]: {k: round(v, 2) for k, v in r.items() if k.endswith("_ms")} for r in ok},
+            "bytes": sum(r["bytes"] for r in ok), "objects": sum(r["objects"] for r in ok),
+            "rows": sum(r["rows"] for r in ok), "key_groups_moved": moved_groups,
+            "dead": list(dead), "failed": failed}
