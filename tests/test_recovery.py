@@ -202,3 +202,56 @@ def test_cluster_info_names_every_pid(tmp_path):
     finally:
         p.send_signal(signal.SIGINT)
         p.wait(timeout=30)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(argv: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "clasp", *argv], stdout=open(log, "a"), stderr=subprocess.STDOUT)
+
+
+def test_planner_sigkilled_and_restarted_resumes_the_job_exactly(tmp_path):
+    port = _free_port()
+    addr = f"tcp://127.0.0.1:{port}"
+    state = tmp_path / "state"
+    planner = ["planner", "--port", str(port), "--state-dir", str(state), "--no-autoscale",
+               "--checkpoint-interval", "0.5"]
+    procs = [_start(planner, tmp_path / "planner.log")]
+    procs += [_start(["worker", "--planner", addr, "--id", f"w{i}"], tmp_path / f"w{i}.log") for i in range(3)]
+    rng = random.Random(7)
+    records = generate(30_000, rng)
+    try:
+        with clasp.connect(addr, timeout=30) as client:
+            wait_for(lambda: len([w for w in client.workers() if w["alive"]]) == 3, timeout=60, what="3 workers")
+            job = client.submit(build_dag(), autoscale=False)
+            job.scale(3)
+            job_id = job.id
+            half = len(records) // 2
+            job.push(records[:half])
+            job.wait_idle(timeout=60)
+            wait_for(lambda: job.stats()["checkpoints"]["completed"] >= 1, timeout=60, what="a checkpoint")
+            job.push(records[half:half + 5000])  # accepted, then the planner dies before it is all done
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait(timeout=10)
+        procs[0] = _start(planner, tmp_path / "planner.log")
+        with clasp.connect(addr, timeout=30) as client:
+            job = client.job(job_id)
+            wait_for(lambda: job.stats()["checkpoints"]["recoveries"] >= 1, timeout=60, what="the job resumed")
+            job.push(records[half + 5000:])
+            summary = job.wait_idle(timeout=120)
+            assert summary["completed"] == len(records) and summary["lost"] == 0, summary
+            src, inner, counts = reference(records)
+            assert job.state("count") == counts
+            assert job.state("source_order") == src and job.state("inner_order") == inner
+            collected = job.collected("inner_order")
+            assert sorted(collected) == list(range(len(records))), "every collected output exactly once"
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(timeout=10)

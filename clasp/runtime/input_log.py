@@ -1,7 +1,8 @@
 """The planner's input log: every admitted chunk since the oldest kept checkpoint, for replay on recovery.
 
-Chunks stay in memory up to `memory_records` records; beyond that the oldest are spilled to the state
-directory (`job-J/input/CHUNK.log`, written atomically) and read back only when replayed.
+Every chunk is written to the state directory when it is admitted (`job-J/input/CHUNK.log`, atomically,
+before the push is acknowledged), so a restarted planner has it. Chunks also stay in memory up to
+`memory_records` records; beyond that the oldest are dropped from memory and read back only when replayed.
 """
 
 from __future__ import annotations
@@ -28,21 +29,28 @@ class InputLog:
     def append(self, chunk: int, t: float, records: list) -> None:
         self.entries[chunk] = [t, len(records), records]
         self.in_memory += len(records)
-        if self.in_memory > self.memory_records and self.store is not None:
+        durable = False
+        if self.store is not None:
+            try:
+                self.store.write_file(self._rel(chunk), encode_blob(records, compress=False))
+                durable = True
+            except OSError as err:  # it stays in memory: a worker's death still replays it
+                self.spill_errors += 1
+                log.error("job %d: could not write input chunk %d: %s", self.job, chunk, err)
+        self.entries[chunk].append(durable)
+        if self.in_memory > self.memory_records:
             self._spill()
 
+    def load(self, chunk: int, size: int, t: float) -> None:
+        """A chunk found on disk by a restarted planner (read back when replayed)."""
+        self.entries[chunk] = [t, size, None, True]
+
     def _spill(self) -> None:
-        for chunk, e in self.entries.items():
+        for e in self.entries.values():
             if self.in_memory <= self.memory_records // 2:
                 break
-            if e[2] is None:
+            if e[2] is None or not e[3]:
                 continue
-            try:
-                self.store.write_file(self._rel(chunk), encode_blob(e[2]))
-            except OSError as err:  # the log stays in memory: nothing accepted is lost
-                self.spill_errors += 1
-                log.error("job %d: could not spill input chunk %d: %s", self.job, chunk, err)
-                return
             self.in_memory -= e[1]
             e[2] = None
             self.spilled += 1
@@ -68,13 +76,12 @@ class InputLog:
         """Forget the chunks below `chunk` (a kept checkpoint covers them); returns how many records."""
         n = 0
         for c in [c for c in self.entries if c < chunk]:
-            t, size, recs = self.entries.pop(c)
+            t, size, recs, _durable = self.entries.pop(c)
             n += size
-            if recs is None:
-                if self.store is not None:
-                    self.store.remove_file(self._rel(c))
-            else:
+            if recs is not None:
                 self.in_memory -= size
+            if self.store is not None:
+                self.store.remove_file(self._rel(c))
         return n
 
     @property

@@ -107,6 +107,7 @@ class PlannerJob:
     state: str = "local"  # "remote": stateful operators keep their state in the planner's state server
     ckpt: CheckpointState | None = None  # checkpoints and the input log (None: checkpoints off)
     spec_wire: dict = field(default_factory=dict)  # the DAG as submitted (DagSpec.pack())
+    policy: str = "clasp"
 
     @property
     def inflight(self) -> int:
@@ -215,11 +216,40 @@ class Planner(PlannerRecoveryMixin):
         try:
             loops = [self._recv_loop(), self._dispatch_loop(), self._tick_loop(), self.state_server.serve(),
                      self.security.run(), self._liveness_loop()]
+            self._load_stored_jobs()
             if self.store is not None:
                 loops.append(self._checkpoint_loop())
             await self.tasks.run(*loops)
         finally:
             self.ctx.destroy(linger=200)
+
+    def _load_stored_jobs(self) -> None:
+        """A planner restarted on a state directory takes up the jobs it finds there (docs/RECOVERY.md)."""
+        top = 0
+        for stored in self._stored_jobs():
+            rec = stored["rec"]
+            try:
+                spec = DagSpec.unpack(rec["dag"])
+                placement = Placement.from_wire(rec["placement"], spec)
+            except Exception as e:
+                log.error("job %s in %s cannot be taken up: %s", rec.get("id"), self.store.root, e)
+                continue
+            workers = [str(w) for w in rec["workers"]]
+            job = PlannerJob(int(rec["id"]), spec, placement, Tracker(), workers, autoscale=bool(rec["autoscale"]),
+                             settled=placement, state=rec["state"], key_weights=rec["key_weights"] or {},
+                             spec_wire=rec["dag"], policy=rec["policy"], created=float(rec["created"]))
+            job.controller = Controller([o.name for o in spec.operators], spec.edges(), POLICIES[job.policy](),
+                                        self.p_max, len(workers), self.control)
+            job.ckpt = self._new_ckpt_state(job.id)
+            self._revive(job, stored)
+            self._set_routes(job)
+            self.jobs[job.id] = job
+            top = max(top, job.id)
+            log.warning("job %d (%s) taken up from %s: %d complete checkpoints, %d records to replay", job.id,
+                        spec.name, self.store.root, len(stored["complete"]), job.tracker.outstanding)
+            self._background(self._resume(job), f"resuming job {job.id}")
+        if top:
+            self._job_ids = itertools.count(top + 1)
 
     def _remote_state_check(self, job_id: int, op: str) -> str | None:
         job = self.jobs.get(job_id)
@@ -514,7 +544,7 @@ class Planner(PlannerRecoveryMixin):
         placement.check(spec)
         job_id = next(self._job_ids)
         job = PlannerJob(job_id, spec, placement, Tracker(), workers, autoscale=autoscale, settled=placement,
-                         state=state, key_weights=weights, spec_wire=msg.dag)
+                         state=state, key_weights=weights, spec_wire=msg.dag, policy=policy)
         if self._ckpt_enabled(state):
             job.ckpt = self._new_ckpt_state(job_id)
         edges = spec.edges()
@@ -527,6 +557,7 @@ class Planner(PlannerRecoveryMixin):
                   "state_server": self.state_server.endpoint}
         await asyncio.gather(*(self.rpc(w, "deploy", deploy) for w in workers))
         self.jobs[job_id] = job
+        self._persist_job(job)
         log.info("job %d (%s) placed on %d workers: %s", job_id, spec.name, len(placement.active_workers()),
                  {n: p.shares for n, p in placement.operators.items()})
         self._reply(ident, msg.req, {"job": job_id, "workers": workers, "placement": placement.to_wire(),

@@ -9,11 +9,14 @@ dies rolls the job back (`_restore`) to the newest complete checkpoint and repla
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 
 from clasp.core.checkpoint import (
+    KEEP_COMPLETE,
     CheckpointError,
+    CompleteCheckpoint,
     Coordinator,
     boundary_reached,
     dispatch_boundary,
@@ -22,7 +25,7 @@ from clasp.core.checkpoint import (
 )
 from clasp.core.tracking import CHUNK_BITS
 from clasp.runtime.input_log import InputLog
-from clasp.runtime.state_store import FileStore
+from clasp.runtime.state_store import FileStore, decode_blob, encode_blob
 
 log = logging.getLogger("clasp.planner")
 ALIGN_TIMEOUT = 30.0  # s for every record below a barrier to complete before the checkpoint is given up
@@ -157,9 +160,13 @@ class PlannerRecoveryMixin:
             for r in replies:
                 c.coord.ack(p.id, r["worker"], r["groups"], r["bytes"], r["collected"])
             done, dropped, collected = c.coord.finish(time.monotonic())
+            below = job.tracker.admitted - sum(n for _, n in c.log.sizes_from(done.boundary).values())
             meta = {"job": job.id, "ckpt": done.id, "boundary": done.boundary, "groups": done.groups,
-                    "bytes": done.bytes, "workers": workers, "t": time.time()}
+                    "bytes": done.bytes, "workers": workers, "t": time.time(), "records_below": below}
             try:
+                if collected:
+                    await asyncio.to_thread(self.store.write_file, f"job-{job.id}/collected/{done.id}.kg",
+                                            encode_blob(collected))
                 await asyncio.to_thread(self.store.commit, job.id, done.id, meta)
             except OSError as e:
                 c.coord.discard(done.id)
@@ -171,6 +178,7 @@ class PlannerRecoveryMixin:
             for d in dropped:
                 await asyncio.to_thread(self.store.delete, job.id, d)
             c.log.drop_below(c.coord.log_floor())
+            self._persist_job(job)
             self.checkpoint_hist.add(done.duration_s)
             log.debug("job %d: checkpoint %d complete at chunk %d: %d bytes in %.1f ms (max pause %.1f ms)",
                       job.id, done.id, done.boundary, done.bytes, done.duration_s * 1e3,
@@ -192,18 +200,18 @@ class PlannerRecoveryMixin:
             job.retired.add(wid)
             c.restoring = True
             try:
-                await self._roll_back(job, wid, t0)
+                await self._roll_back(job, f"worker {wid} died", t0)
             finally:
                 c.restoring = False
                 self.dispatch_wake.set()
 
-    async def _roll_back(self, job, wid: str, t0: float) -> None:
+    async def _roll_back(self, job, cause: str, t0: float) -> None:
         c = job.ckpt
         while True:
             alive = self._job_workers(job)
             if not alive:
-                log.error("job %d lost its last worker %s: it waits for a worker to recover on", job.id, wid)
-                c.orphaned = wid
+                log.error("job %d (%s) has no worker left: it waits for a worker to recover on", job.id, cause)
+                c.orphaned = cause
                 return
             c.orphaned = None
             new = recovery_placement(job.spec, job.placement, alive, job.key_weights, job.placement.epoch + 1)
@@ -241,14 +249,15 @@ class PlannerRecoveryMixin:
             c.coord.counts["recoveries"] += 1
             self.recoveries += 1
             took = time.monotonic() - t0
-            reason = (f"worker {wid} died: job rolled back to checkpoint {target.id if target else 0} "
+            reason = (f"{cause}: job rolled back to checkpoint {target.id if target else 0} "
                       f"on {len(alive)} workers, {replayed} records replayed")
-            c.last_recovery = {"t": round(time.time() - job.created, 3), "worker": wid,
+            c.last_recovery = {"t": round(time.time() - job.created, 3), "cause": cause,
                                "checkpoint": target.id if target else 0, "replayed": replayed,
                                "duration_s": took, "epoch": new.epoch}
-            job.decisions.append({"t": round(time.time() - job.created, 3), "trigger": f"worker {wid} died",
+            job.decisions.append({"t": round(time.time() - job.created, 3), "trigger": cause,
                                   "reason": reason, "change": True})
             log.warning("job %d: %s (%.0f ms)", job.id, reason, took * 1e3)
+            self._persist_job(job)
             return
 
     async def _resume_orphan(self, job) -> None:
@@ -260,6 +269,101 @@ class PlannerRecoveryMixin:
         finally:
             c.restoring = False
             self.dispatch_wake.set()
+
+    # ----------------------------------------------------------------- planner restart
+    def _persist_job(self, job) -> None:
+        """The job's record in the state directory, for a planner restarted on it."""
+        if self.store is None or job.ckpt is None:
+            return
+        rec = {"id": job.id, "dag": job.spec_wire, "placement": job.placement.to_wire(), "workers": job.workers,
+               "autoscale": job.autoscale, "policy": job.policy, "state": job.state, "key_weights": job.key_weights,
+               "created": job.created}
+        try:
+            self.store.write_file(f"job-{job.id}/job.kg", encode_blob(rec))
+        except OSError as e:
+            log.error("job %d: its record could not be written: %s", job.id, e)
+
+    def _stored_jobs(self) -> list[dict]:
+        """Every job record a previous planner left in the state directory, with its checkpoints and input."""
+        out = []
+        if self.store is None:
+            return out
+        for d in sorted(self.store.root.glob("job-*"), key=lambda p: p.name):
+            data = self.store.read_file(f"{d.name}/job.kg")
+            if data is None:
+                continue
+            try:
+                rec = decode_blob(data, str(d / "job.kg"))
+            except Exception as e:
+                log.error("%s", e)
+                continue
+            complete = []
+            for ck in d.glob("ckpt-*"):
+                try:
+                    meta = json.loads((ck / "COMPLETE.json").read_text())
+                except (OSError, ValueError):
+                    continue  # never completed (or its marker is unreadable): not a checkpoint
+                complete.append(meta)
+            complete.sort(key=lambda m: m["ckpt"])
+            chunks = {}
+            for f in (d / "input").glob("*.log"):
+                try:
+                    chunks[int(f.stem)] = len(decode_blob(f.read_bytes(), str(f)))
+                except Exception as e:
+                    log.error("input chunk %s is unreadable and skipped: %s", f, e)
+            released: dict[str, list] = {}
+            last = complete[-1]["ckpt"] if complete else 0
+            for f in sorted((d / "collected").glob("*.kg"), key=lambda p: int(p.stem)):
+                if int(f.stem) <= last:
+                    for op, outs in decode_blob(f.read_bytes(), str(f)).items():
+                        released.setdefault(op, []).extend(outs)
+            out.append({"rec": rec, "complete": complete[-KEEP_COMPLETE:], "chunks": dict(sorted(chunks.items())),
+                        "released": released})
+        return out
+
+    def _revive(self, job, stored: dict) -> None:
+        """Fill a job rebuilt from its record: checkpoints, input log, tracker and queue as of its newest
+        complete checkpoint; it resumes once its workers registered again (`_resume`)."""
+        c = job.ckpt
+        for m in stored["complete"]:
+            c.coord.complete.append(CompleteCheckpoint(m["ckpt"], m["boundary"], m["groups"], m["bytes"]))
+        c.coord.next_id = max([m["ckpt"] for m in stored["complete"]], default=0) + 1
+        c.released = stored["released"]
+        newest = stored["complete"][-1] if stored["complete"] else None
+        boundary, below = (newest["boundary"], newest["records_below"]) if newest else (0, 0)
+        floor = c.coord.log_floor()
+        now = time.monotonic()
+        for chunk, size in stored["chunks"].items():
+            if chunk >= floor:
+                c.log.load(chunk, size, now)
+        t = job.tracker
+        t.next_chunk = max([*c.log.entries, boundary - 1]) + 1
+        sizes = c.log.sizes_from(boundary)
+        t.chunks = {ch: [now, n, n] for ch, (_, n) in sizes.items()}
+        t.admitted = below + sum(n for _, n in sizes.values())
+        t.completed = below
+        job.counters["pushed"] = t.admitted
+        job.counters["dispatched"] = t.admitted
+        c.restoring = True  # nothing is dispatched until `_resume` rolled the workers back
+        job.placement.epoch += 1000  # past any epoch the workers reached under the previous planner
+
+    async def _resume(self, job) -> None:
+        """A restarted planner: wait for the job's workers to register again, then roll back onto them."""
+        c = job.ckpt
+        deadline = time.monotonic() + max(10.0, 2 * self.dead_after)
+        while time.monotonic() < deadline:
+            if all(w in self.workers and self.workers[w].alive for w in job.workers):
+                break
+            await asyncio.sleep(0.1)
+        async with job.lock:
+            for w in job.workers:
+                if not (w in self.workers and self.workers[w].alive):
+                    job.retired.add(w)  # not back in time: what it still holds of the job is ignored
+            try:
+                await self._roll_back(job, "planner restarted", time.monotonic())
+            finally:
+                c.restoring = False
+                self.dispatch_wake.set()
 
     def ckpt_metrics(self, jobs: list, _buckets):
         """The checkpoint families of the planner's Prometheus collector (`_buckets`: its histogram folding)."""

@@ -52,10 +52,10 @@ class StateStore(Protocol):
     def delete(self, job: int, ckpt: int) -> None: ...
 
 
-def encode_blob(obj) -> bytes:
+def encode_blob(obj, compress: bool = True) -> bytes:
     raw = msgpack.packb(obj, use_bin_type=True)
     codec, payload = RAW, raw
-    if len(raw) >= COMPRESS_MIN:
+    if compress and len(raw) >= COMPRESS_MIN:
         z = zlib.compress(raw, 1)
         if len(z) <= 0.9 * len(raw):
             codec, payload = ZLIB, z
