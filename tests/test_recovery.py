@@ -255,3 +255,36 @@ def test_planner_sigkilled_and_restarted_resumes_the_job_exactly(tmp_path):
         for p in procs:
             p.kill()
             p.wait(timeout=10)
+
+
+def test_a_corrupt_checkpoint_file_falls_back_to_the_one_before(tmp_path_factory):
+    cluster = start_cluster(tmp_path_factory, 3, planner_args=["--no-autoscale", "--checkpoint-interval", "0.3"],
+                            restart_workers=False)
+    records = generate(12_000, random.Random(3))
+    parts = [records[:4000], records[4000:8000], records[8000:]]
+    try:
+        with clasp.connect(cluster.planner) as client:
+            job = client.submit(build_dag(), autoscale=False)
+            job.scale(3)
+            for i, part in enumerate(parts[:2]):
+                job.push(part)
+                job.wait_idle(timeout=60)
+                wait_for(lambda i=i: job.stats()["checkpoints"]["completed"] >= i + 1, timeout=30, what="checkpoint")
+            newest = job.stats()["checkpoints"]["last_id"]
+            ckdir = cluster.state_dir / f"job-{job.id}" / f"ckpt-{newest}"
+            victim_file = sorted(ckdir.glob("count.*.kg"))[0]
+            victim_file.write_bytes(victim_file.read_bytes()[:10])  # truncated
+            job.push(parts[2])
+            w = next(w for w in client.workers() if w["id"] == "w1")
+            os.kill(w["pid"], signal.SIGKILL)
+            summary = job.wait_idle(timeout=90)
+            stats = job.stats()
+            assert summary["completed"] == len(records) and summary["lost"] == 0
+            assert stats["checkpoints"]["last_recovery"]["checkpoint"] < newest, stats["checkpoints"]
+            assert any(str(victim_file) in e["error"] for e in stats["errors"]), stats["errors"]
+            src, inner, counts = reference(records)
+            assert job.state("count") == counts
+            assert job.state("inner_order") == inner
+            assert sorted(job.collected("inner_order")) == list(range(len(records)))
+    finally:
+        cluster.stop()

@@ -230,8 +230,12 @@ class PlannerRecoveryMixin:
                                    "error": f"checkpoint {target.id} unreadable: {bad[0]}"[:300]})
                 c.coord.discard(target.id)
                 continue
-            if bad:
-                log.warning("job %d: restore failed on some workers (%s); their recovery follows", job.id, bad)
+            failed = [w for w, r in zip(alive, replies, strict=True) if isinstance(r, Exception)]
+            if failed:
+                # A worker that could not restore holds nothing of the job now: roll back without it.
+                log.error("job %d: restore failed on %s (%s): rolling back without them", job.id, failed, bad)
+                job.retired.update(failed)
+                continue
             job.placement = new
             job.settled = new
             self._set_routes(job)

@@ -130,7 +130,7 @@ class RecoveryMixin:
                 parts = await asyncio.to_thread(_read_all, store, job, body["ckpt"], mine)
             except CorruptCheckpoint as e:
                 log.error("job %d: %s", job, e)
-                raise
+                raise OperatorError(str(e)) from None  # told to the planner as is: it falls back
             for op, g, items in parts:
                 eng.install_group(op, g, items)
                 loaded += len(items)
