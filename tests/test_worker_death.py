@@ -40,7 +40,7 @@ def test_a_killed_worker_costs_nothing_with_checkpoints(tmp_path_factory):
             assert summary == {"pushed": len(lines), "completed": len(lines), "lost": 0}
             assert stats["lost_workers"] == ["w2"] and "w2" not in stats["active_workers"]
             ck = stats["checkpoints"]
-            assert ck["recoveries"] == 1 and ck["last_recovery"]["worker"] == "w2", ck
+            assert ck["recoveries"] == 1 and ck["last_recovery"]["cause"] == "worker w2 died", ck
             assert job.state("count") == dict(wc.expected(lines))
             metrics = urllib.request.urlopen(cluster.metrics["planner"], timeout=5).read().decode()
             assert "clasp_recoveries_total 1.0" in metrics

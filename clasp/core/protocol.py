@@ -90,7 +90,7 @@ SCHEMAS: dict[str, dict[str, tuple | None]] = {
 }
 _OPTIONAL: dict[str, dict[str, tuple | None]] = {
     "counters": {"below": _INT},  # also answer `holds_below`: anything of a record below this id here
-    "deploy": {"state": _STR, "state_server": _STR},
+    "deploy": {"state": _STR, "state_server": _STR, "floor": _INT},
     "restore": {"state": _STR, "state_server": _STR},
 }
 # List-bodied messages on the data path; the first element is always the job id.

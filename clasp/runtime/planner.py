@@ -409,7 +409,8 @@ class Planner(PlannerRecoveryMixin):
             peers = {w: self.workers[w].data for w in job.workers if w in self.workers}
             await self.rpc(wid, "deploy", {"job": job.id, "dag": job.spec.pack(), "placement": job.placement.to_wire(),
                                            "peers": peers, "state": job.state,
-                                           "state_server": self.state_server.endpoint})
+                                           "state_server": self.state_server.endpoint,
+                                           "floor": job.placement.epoch if job.ckpt is not None else 0})
             job.retired.discard(wid)  # a new process with nothing of the job: it may be placed on again
             log.info("job %d deployed on restarted worker %s (epoch %d, holding nothing)", job.id, wid,
                      job.placement.epoch)
@@ -637,9 +638,14 @@ class Planner(PlannerRecoveryMixin):
         job = self._job(msg)
         if msg.op not in {o.name for o in job.spec.operators}:
             raise RequestError(f"job {job.id} has no operator {msg.op!r}")
-        parts = await asyncio.gather(*(self.rpc(w, "collected_dump", {"job": job.id, "op": msg.op})
-                                       for w in self._job_workers(job)))
-        released = job.ckpt.released.get(msg.op, []) if job.ckpt is not None else []
+        if job.ckpt is not None:
+            async with job.lock:  # not while a checkpoint carries outputs from the workers to the planner
+                parts = await asyncio.gather(*(self.rpc(w, "collected_dump", {"job": job.id, "op": msg.op})
+                                               for w in self._job_workers(job)))
+        else:
+            parts = await asyncio.gather(*(self.rpc(w, "collected_dump", {"job": job.id, "op": msg.op})
+                                           for w in self._job_workers(job)))
+        released = job.ckpt.released(msg.op) if job.ckpt is not None else []
         self._reply(ident, msg.req, [*released, *(x for p in parts for x in p)])
 
     def _on_stats(self, ident: bytes, msg: protocol.Stats):

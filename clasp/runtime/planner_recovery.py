@@ -41,12 +41,16 @@ class CheckpointState:
         self.want = False  # stop dispatching at the next chunk boundary
         self.hold = False  # dispatching stopped for a barrier
         self.restoring = False  # a rollback is under way: dispatch stops, returned weight is stale
-        self.released: dict[str, list] = {}  # operator -> collected outputs of complete checkpoints
+        # checkpoint id -> operator -> the collected outputs that complete checkpoint released
+        self.released_by: dict[int, dict[str, list]] = {}
         self.replayed = 0
         self.last_recovery: dict | None = None
         self.dying: set[str] = set()  # workers declared dead whose recovery has not run yet
         self.last_pause = 0.0
         self.orphaned: str | None = None  # the job lost its last worker (this one): it waits for a new one
+
+    def released(self, op: str) -> list:
+        return [x for k in sorted(self.released_by) for x in self.released_by[k].get(op, ())]
 
 
 class PlannerRecoveryMixin:
@@ -173,8 +177,8 @@ class PlannerRecoveryMixin:
                 c.coord.counts["failed"] += 1
                 log.error("job %d: checkpoint %d could not be committed: %s", job.id, done.id, e)
                 return None
-            for op, outs in collected.items():
-                c.released.setdefault(op, []).extend(outs)
+            if collected:
+                c.released_by[done.id] = collected
             for d in dropped:
                 await asyncio.to_thread(self.store.delete, job.id, d)
             c.log.drop_below(c.coord.log_floor())
@@ -239,6 +243,10 @@ class PlannerRecoveryMixin:
             job.placement = new
             job.settled = new
             self._set_routes(job)
+            upto = target.id if target else 0
+            for k in [k for k in c.released_by if k > upto]:  # released by a checkpoint rolled back over
+                del c.released_by[k]
+                self.store.remove_file(f"job-{job.id}/collected/{k}.kg")
             boundary = target.boundary if target else 0
             dispatched_before = job.counters["dispatched"]
             reopened, _ = rollback(job.tracker, boundary, c.log.sizes_from(boundary))
@@ -302,25 +310,28 @@ class PlannerRecoveryMixin:
                 log.error("%s", e)
                 continue
             complete = []
+            top = 0
             for ck in d.glob("ckpt-*"):
+                top = max(top, int(ck.name.split("-", 1)[1]))
                 try:
                     meta = json.loads((ck / "COMPLETE.json").read_text())
-                except (OSError, ValueError):
-                    continue  # never completed (or its marker is unreadable): not a checkpoint
+                except (OSError, ValueError):  # never completed (or its marker is unreadable): not a checkpoint
+                    self.store.delete(int(rec["id"]), int(ck.name.split("-", 1)[1]))
+                    continue
                 complete.append(meta)
             complete.sort(key=lambda m: m["ckpt"])
+            rec["next_ckpt"] = top + 1
             chunks = {}
             for f in (d / "input").glob("*.log"):
                 try:
                     chunks[int(f.stem)] = len(decode_blob(f.read_bytes(), str(f)))
                 except Exception as e:
                     log.error("input chunk %s is unreadable and skipped: %s", f, e)
-            released: dict[str, list] = {}
+            released: dict[int, dict] = {}
             last = complete[-1]["ckpt"] if complete else 0
-            for f in sorted((d / "collected").glob("*.kg"), key=lambda p: int(p.stem)):
+            for f in (d / "collected").glob("*.kg"):
                 if int(f.stem) <= last:
-                    for op, outs in decode_blob(f.read_bytes(), str(f)).items():
-                        released.setdefault(op, []).extend(outs)
+                    released[int(f.stem)] = decode_blob(f.read_bytes(), str(f))
             out.append({"rec": rec, "complete": complete[-KEEP_COMPLETE:], "chunks": dict(sorted(chunks.items())),
                         "released": released})
         return out
@@ -331,8 +342,8 @@ class PlannerRecoveryMixin:
         c = job.ckpt
         for m in stored["complete"]:
             c.coord.complete.append(CompleteCheckpoint(m["ckpt"], m["boundary"], m["groups"], m["bytes"]))
-        c.coord.next_id = max([m["ckpt"] for m in stored["complete"]], default=0) + 1
-        c.released = stored["released"]
+        c.coord.next_id = stored["rec"].get("next_ckpt", 1)
+        c.released_by = stored["released"]
         newest = stored["complete"][-1] if stored["complete"] else None
         boundary, below = (newest["boundary"], newest["records_below"]) if newest else (0, 0)
         floor = c.coord.log_floor()

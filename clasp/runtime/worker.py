@@ -194,6 +194,7 @@ class Worker(RecoveryMixin):
         eng.on_work = self.wake.set
         if body.get("state") == "remote":
             eng.remote_state = self._remote_state(body["state_server"])
+        eng.floor = body.get("floor") or 0  # rows of an older epoch belong to an era a recovery rolled back
         self.jobs[job] = eng
         log.info("deployed job %d (%s), %d operators, epoch %d", job, spec.name, len(spec.operators), placement.epoch)
         return protocol.reply(body["req"], {"worker": self.id})
