@@ -108,7 +108,8 @@ def _kill(client, wid: str) -> None:
 def test_chaos_five_worker_kills_exact_results(tmp_path_factory, seed):
     rng = random.Random(seed)
     records = generate(RECORDS, rng)
-    cluster = start_cluster(tmp_path_factory, 4, planner_args=["--no-autoscale", "--checkpoint-interval", "0.5"])
+    cluster = start_cluster(tmp_path_factory, 4, planner_args=["--no-autoscale", "--checkpoint-interval", "0.5",
+                                                                   *os.environ.get("CLASP_CHAOS_PLANNER_ARGS", "").split()])
     try:
         with clasp.connect(cluster.planner) as client:
             job = client.submit(build_dag(), autoscale=False)

@@ -393,8 +393,11 @@ class Planner(PlannerRecoveryMixin):
                         prev.pid)
             self._worker_died(prev.id)
             return False
-        # Recovery (or a migration it waits behind) holds the job's lock.
-        return not any(prev.id in job.workers and job.lock.locked() for job in self.jobs.values())
+        # Recovery (or a migration it waits behind) holds the job's lock; with checkpoints, a recovery is
+        # over once the job retired the old process (checkpoints hold the lock too, every interval).
+        return not any(prev.id in job.workers and (job.lock.locked() if job.ckpt is None
+                                                   else prev.id in job.ckpt.dying or prev.id not in job.retired)
+                       for job in self.jobs.values())
 
     async def _redeploy(self, job: PlannerJob, wid: str) -> None:
         """Deploy `job` on a restarted worker of its pool, holding nothing (its share was re-placed when the old
