@@ -108,8 +108,9 @@ def _kill(client, wid: str) -> None:
 def test_chaos_five_worker_kills_exact_results(tmp_path_factory, seed):
     rng = random.Random(seed)
     records = generate(RECORDS, rng)
-    cluster = start_cluster(tmp_path_factory, 4, planner_args=["--no-autoscale", "--checkpoint-interval", "0.5",
-                                                                   *os.environ.get("CLASP_CHAOS_PLANNER_ARGS", "").split()])
+    extra = os.environ.get("CLASP_CHAOS_PLANNER_ARGS", "").split()
+    cluster = start_cluster(tmp_path_factory, 4,
+                            planner_args=["--no-autoscale", "--checkpoint-interval", "0.5", *extra])
     try:
         with clasp.connect(cluster.planner) as client:
             job = client.submit(build_dag(), autoscale=False)
@@ -213,6 +214,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _connect(addr: str):
+    try:
+        return clasp.connect(addr, timeout=30)
+    except clasp.PlannerUnavailable:
+        return None
+
+
 def _start(argv: list[str], log: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "clasp", *argv], stdout=open(log, "a"), stderr=subprocess.STDOUT)
 
@@ -228,7 +236,8 @@ def test_planner_sigkilled_and_restarted_resumes_the_job_exactly(tmp_path):
     rng = random.Random(7)
     records = generate(30_000, rng)
     try:
-        with clasp.connect(addr, timeout=30) as client:
+        client = wait_for(lambda: _connect(addr), timeout=60, interval=0.5, what="the planner")
+        with client:
             wait_for(lambda: len([w for w in client.workers() if w["alive"]]) == 3, timeout=60, what="3 workers")
             job = client.submit(build_dag(), autoscale=False)
             job.scale(3)
@@ -241,7 +250,8 @@ def test_planner_sigkilled_and_restarted_resumes_the_job_exactly(tmp_path):
         procs[0].send_signal(signal.SIGKILL)
         procs[0].wait(timeout=10)
         procs[0] = _start(planner, tmp_path / "planner.log")
-        with clasp.connect(addr, timeout=30) as client:
+        client = wait_for(lambda: _connect(addr), timeout=60, interval=0.5, what="the restarted planner")
+        with client:
             job = client.job(job_id)
             wait_for(lambda: job.stats()["checkpoints"]["recoveries"] >= 1, timeout=60, what="the job resumed")
             job.push(records[half + 5000:])
