@@ -159,7 +159,7 @@ class LocalCluster:
         if netns is not None:
             argv = self.netns.command(netns, argv)
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_die_with_parent)
         if err is not None:
             err.close()
         if index is None:
@@ -443,6 +443,18 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the process that started it dies (Linux), so a cluster whose
+    owner was SIGKILLed (a `clasp run` killed, a test's timeout) does not leave its planner and workers
+    running. Elsewhere nothing: they stop with `LocalCluster.stop()` only."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 class _signals_deferred:
