@@ -175,7 +175,7 @@ def job_view(job: JobView, workers: Mapping[str, WorkerInfo], workers_alive: int
     names = [o.name for o in job.spec.operators]
     split = edge_split({wid: {"edges": ((workers[wid].sample.get("jobs") or {}).get(job.id) or {}).get("edges", ())}
                         for wid in job.workers if wid in workers and workers[wid].sample}, stats["placement"])
-    sources = set(job.spec.sources)
+    sources = {job.spec.operators[i].name for i in job.spec.sources}
     ops = stats["operators"]
     graph_ops = [{"name": o.name, "stateful": o.stateful, "source": o.name in sources, **ops.get(o.name, {})}
                  for o in job.spec.operators]
