@@ -155,7 +155,7 @@ function renderRecovery(r) {
 }
 
 // The DAG: operators in layers by longest path from a source, drawn once per shape; labels updated in place.
-const NODE_W = 150, NODE_H = 54, GAP_X = 70, GAP_Y = 16;
+const NODE_W = 150, NODE_H = 54, GAP_X = 120, GAP_Y = 16;
 function renderDag(g) {
   if (!g) return;
   const key = g.operators.map((o) => o.name).join("|") + "#" + g.edges.map((e) => e.src + ">" + e.dst).join("|");
@@ -203,7 +203,8 @@ function drawDag(g) {
     path.setAttribute("d", x2 > x1 ? `M${x1},${y1} C${mx},${y1} ${mx},${y2} ${x2},${y2}` : `M${x1},${y1} C${x1 + 60},${y1 - 60} ${x2 - 60},${y2 - 60} ${x2},${y2}`);
     svg.appendChild(path);
     const t = document.createElementNS(ns, "text");
-    t.setAttribute("class", "elabel"); t.setAttribute("x", mx - 20); t.setAttribute("y", (y1 + y2) / 2 - 4);
+    t.setAttribute("class", "elabel"); t.setAttribute("text-anchor", "middle");
+    t.setAttribute("x", mx); t.setAttribute("y", (y1 + y2) / 2 - 5);
     const title = document.createElementNS(ns, "title"); title.textContent = `${e.src} → ${e.dst}: local / remote requests per second`;
     svg.appendChild(t); t.appendChild(document.createTextNode("")); t.appendChild(title);
     state.dagEdges[e.src + ">" + e.dst] = t.firstChild;
