@@ -26,7 +26,6 @@ from clasp.bench import emit
 from clasp.bench.runtime import cpu_seconds
 from clasp.local.cluster import LocalCluster
 
-
 SETTLE = 1.0  # seconds before each run, A and B alike
 
 
