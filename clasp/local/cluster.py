@@ -129,6 +129,7 @@ class LocalCluster:
         self.procs: list[subprocess.Popen] = []
         self.planner: str | None = None
         self.metrics: dict = {"planner": None, "workers": []}
+        self.dashboard: str | None = None
         self.worker_ids: list[str] = []
         self.restart_workers = restart_workers
         self.restart_policy = restart_policy or RestartPolicy()
@@ -229,6 +230,7 @@ class LocalCluster:
             info = self._announced("planner", proc)
             self.planner = info["endpoint"]
             self.metrics["planner"] = info["metrics"]
+            self.dashboard = info.get("dashboard")  # the planner's web dashboard (its metrics server, at /)
             if self.keys_dir is not None:
                 from clasp.runtime.security import remember
 
@@ -388,8 +390,9 @@ class LocalCluster:
                 time.sleep(0.05)
 
     def info(self) -> dict:
-        """{"planner": endpoint, "metrics": URLs, "keys": the key directory clients use (None: plaintext)}."""
-        return {"planner": self.planner, "metrics": self.metrics,
+        """{"planner": endpoint, "metrics": URLs, "dashboard": URL, "keys": the key directory clients use
+        (None: plaintext)}."""
+        return {"planner": self.planner, "metrics": self.metrics, "dashboard": self.dashboard,
                 "keys": str(self.keys_dir) if self.keys_dir else None}
 
     def write_info(self, path: str | os.PathLike) -> None:
