@@ -141,7 +141,8 @@ def _cluster(args) -> int:
         return 130
     if args.info:
         cluster.write_info(args.info)
-    print(f"clasp cluster up: planner {cluster.planner}, {args.workers} workers; metrics {cluster.metrics['planner']}"
+    print(f"clasp cluster up: planner {cluster.planner}, {args.workers} workers; metrics {cluster.metrics['planner']}; "
+          f"dashboard {cluster.dashboard}"
           + (f"; keys {cluster.keys_dir} (clients: CLASP_KEYS={cluster.keys_dir})" if cluster.keys_dir else
              "; plaintext (--insecure)") + " — Ctrl-C stops every process", flush=True)
     try:

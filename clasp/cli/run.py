@@ -357,6 +357,7 @@ class _cluster:
                                on_event=self._say, keys=self.args.keys, insecure=self.args.insecure,
                                metrics_host=self.args.metrics_host)
         self.cl.start()
+        self.console.print(f"dashboard: {self.cl.dashboard}", highlight=False)
         return self.cl.planner
 
     def _say(self, message: str) -> None:

@@ -27,11 +27,23 @@ def advertised(host: str, advertise: str | None) -> str:
     return host
 
 
-def start_metrics_server(registry, host: str, port: int, advertise: str) -> str:
-    """Serve `registry` at http://host:port/metrics in a thread; returns the URL to scrape."""
-    from prometheus_client import start_http_server
+def start_metrics_server(registry, host: str, port: int, advertise: str, app=None) -> str:
+    """Serve `registry` at http://host:port/metrics in a thread; returns the URL to scrape.
 
-    server, _thread = start_http_server(port, addr=host, registry=registry)
+    `app(metrics_app)`, if given, is the WSGI app served instead, which passes /metrics to `metrics_app`
+    (the planner's dashboard, `clasp.runtime.dashboard`)."""
+    import threading
+    from wsgiref.simple_server import make_server
+
+    from prometheus_client import make_wsgi_app
+    from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
+
+    class Server(ThreadingWSGIServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    metrics = make_wsgi_app(registry)
+    server = make_server(host, port, metrics if app is None else app(metrics), Server, handler_class=_SilentHandler)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return f"http://{advertise}:{server.server_port}/metrics"
 
 

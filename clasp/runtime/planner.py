@@ -49,6 +49,7 @@ from clasp.core.routing import (
 )
 from clasp.core.scheduler import WorkerInfo
 from clasp.core.tracking import CHUNK_BITS, LatencyHistogram, Tracker
+from clasp.runtime.dashboard import Dashboard, planner_view
 from clasp.runtime.net import advertised, bind, start_metrics_server
 from clasp.runtime.planner_recovery import CheckpointState, PlannerRecoveryMixin
 from clasp.runtime.security import Security
@@ -193,6 +194,7 @@ class Planner(PlannerRecoveryMixin):
         self.last_rates = {"input_rate": 0.0, "throughput": 0.0}
         self.dispatch_wake = asyncio.Event()
         self.tasks = ProcessTasks(log)  # every task of this process; cancelled together when serve() ends
+        self.started = time.monotonic()
 
     # ----------------------------------------------------------------- lifecycle
     async def serve(self) -> None:
@@ -206,13 +208,17 @@ class Planner(PlannerRecoveryMixin):
         registry = CollectorRegistry()
         registry.register(_PlannerCollector(self))
         registry.register(self.security.collector())
+        # The dashboard (docs/RUNTIME.md): its views are built on this loop, at most once a second.
+        self.dashboard = Dashboard(asyncio.get_running_loop(), lambda key: planner_view(self, key))
         self.metrics_url = start_metrics_server(registry, self.metrics_host, self.metrics_port,
                                                 self.advertise if self.metrics_host == self.host
-                                                else advertised(self.metrics_host, None))
+                                                else advertised(self.metrics_host, None), self.dashboard.app)
+        self.dashboard_url = self.metrics_url.removesuffix("metrics")
         self.state_server = StateServer(self.ctx, self._remote_state_check, self._bad, self.security)
         self.state_server.bind(self.host, self.state_port, self.advertise)
         print(f"clasp planner {self.id} endpoint={self.endpoint} metrics={self.metrics_url} "
-              f"state={self.state_server.endpoint} curve={'on' if self.security.enabled else 'off'}", flush=True)
+              f"dashboard={self.dashboard_url} state={self.state_server.endpoint} "
+              f"curve={'on' if self.security.enabled else 'off'}", flush=True)
         try:
             loops = [self._recv_loop(), self._dispatch_loop(), self._tick_loop(), self.state_server.serve(),
                      self.security.run(), self._liveness_loop()]
@@ -696,6 +702,9 @@ class Planner(PlannerRecoveryMixin):
         async with job.lock:
             pool = self._pool(job)
             result = job.controller.place_on(n, pool)
+            job.decisions.append({"t": round(time.time() - job.created, 3), "trigger": f"job.scale({n})",
+                                  "reason": result.reason or f"manual scale to {n} workers", "change": True,
+                                  "workers": result.workers, "predicted_rate": result.rate})
             record = await self._place_result(job, result, f"manual scale to {n} workers", pool)
         self._reply(ident, msg.req, record)
 
@@ -838,7 +847,7 @@ class Planner(PlannerRecoveryMixin):
             return
         d = step.decision
         entry = {"t": round(time.time() - job.created, 3), "trigger": step.trigger, "reason": d.reason,
-                 "change": d.change, "workers": d.workers}
+                 "change": d.change, "workers": d.workers, "predicted_rate": d.placement.rate if d.change else None}
         job.decisions.append(entry)
         log.info("job %d: %s -> %s", job.id, step.trigger, d.reason if d.change else f"no change: {d.reason}")
         if d.change:
