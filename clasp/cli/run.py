@@ -188,10 +188,11 @@ def _fmt(v, unit: str = "", digits: int = 0) -> str:
     return f"{v:,.{digits}f}{unit}"
 
 
-def progress_text(row: dict, elapsed: float, sent: int, total: int) -> str:
+def progress_text(row: dict, elapsed: float, sent: int, total: int, recoveries: int = 0) -> str:
     return (f"t={elapsed:5.1f}s  in {_fmt(row['input_rate'])}/s  out {_fmt(row['throughput'])}/s  "
             f"workers {row['workers']}  p50 {_fmt(row['p50_ms'], ' ms', 1)}  "
-            f"p95 {_fmt(row['p95_ms'], ' ms', 1)}  sent {sent:,}/{total:,}")
+            f"p95 {_fmt(row['p95_ms'], ' ms', 1)}  sent {sent:,}/{total:,}"
+            + (f"  recovered from {recoveries} worker death(s)" if recoveries else ""))
 
 
 _CORRECT = {True: "[green]true[/]", False: "[red]false[/]", None: "not checked"}
@@ -386,7 +387,7 @@ def _drive(planner: str, app, records: list, profile: Profile, console, box: dic
         job = client.submit(app.build_dag(), **{k: v for k, v in (options or {}).items() if v is not None})
 
         def on_sample(row, d):
-            line = progress_text(row, d.elapsed(), d.sent, len(records))
+            line = progress_text(row, d.elapsed(), d.sent, len(records), d.recoveries)
             if console.is_terminal:
                 live_line.plain = line
             elif time.monotonic() - last_print[0] >= 5.0:  # a log, not a progress bar, when piped
