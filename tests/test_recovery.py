@@ -1,10 +1,10 @@
 """Crash recovery with checkpoints (issue "4/8"): real processes, SIGKILL, exact results.
 
 The chaos test runs Word Count plus order-sensitive keyed operators on 4 workers while input flows, and
-SIGKILLs a worker 5 times at random moments: once while a migration runs, once while a checkpoint is
-pending. The supervisor restarts each killed worker (it re-registers as new). At the end: every count
-exact, every key's order-sensitive hash equal to the sequential reference, every collected output seen
-exactly once.
+SIGKILLs workers 5 times at random moments: once while a migration runs, once while a checkpoint is
+pending, once two workers at once. The supervisor restarts each killed worker (it re-registers as new).
+At the end: every count exact, every key's order-sensitive hash equal to the sequential reference, every
+collected output seen exactly once.
 
 CLASP_CHAOS_SEEDS=N runs N seeds (default 1); CLASP_CHAOS_RECORDS=M records per seed (default 40000).
 """
@@ -144,13 +144,18 @@ def test_chaos_five_worker_kills_exact_results(tmp_path_factory, seed):
                              what="a pending checkpoint")
                     _kill(client, victim)
                     kills.append((victim, "checkpoint"))
+                elif k == 3:  # two workers at once
+                    other = rng.choice([w for w in alive if w != victim])
+                    _kill(client, victim)
+                    _kill(client, other)
+                    kills.append((f"{victim}+{other}", "two at once"))
                 else:
                     _kill(client, victim)
                     kills.append((victim, "random"))
                 wait_for(lambda b=before: job.stats()["checkpoints"]["recoveries"] > b, timeout=30,
                          what=f"recovery from kill {k} of {victim}")
-                wait_for(lambda: len([w for w in client.workers() if w["alive"]]) == 4, timeout=30,
-                         what="the killed worker back")
+                wait_for(lambda: len(job.stats()["checkpoints"]["serving"]) == 4, timeout=30,
+                         what="the killed worker back, serving the job")
             feeder.join()
             summary = job.wait_idle(timeout=120)
             src, inner, counts = reference(records)

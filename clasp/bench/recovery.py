@@ -49,28 +49,53 @@ def cluster(workers: int, interval: float, logs: str, restart: bool = True) -> L
                         planner_args=["--no-autoscale", "--checkpoint-interval", str(interval)]).start()
 
 
+def _cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except OSError:
+            pass
+    return total
+
+
 def throughput(records: int, rounds: int, logs: str) -> dict:
+    """Alternating A B, B A per round, each on a fresh 2-worker cluster: lines/s and CPU µs per line."""
     lines = wc.generate(records, seed=5)
-    out: dict[str, list[float]] = {"checkpoints_1s": [], "checkpoints_off": []}
+    out: dict[str, list[float]] = {"checkpoints_1s": [], "checkpoints_off": [], "cpu_us_per_line_1s": [],
+                                   "cpu_us_per_line_off": [], "checkpoints_taken": []}
     for r in range(rounds):
-        for name, interval in (("checkpoints_off", 0), ("checkpoints_1s", 1.0)):
+        order = (("off", 0), ("1s", 1.0)) if r % 2 == 0 else (("1s", 1.0), ("off", 0))
+        for name, interval in order:
             cl = cluster(2, interval, os.path.join(logs, f"tp-{name}-{r}"))
             try:
                 with clasp.connect(cl.planner) as c:
                     job = c.submit(wc.build_dag(), autoscale=False)
                     job.scale(2)
-                    t0 = time.monotonic()
+                    pids = [p.pid for p in cl.procs]
+                    cpu0, t0 = _cpu_s(pids), time.monotonic()
                     job.push(lines)
                     job.wait_idle(timeout=600)
-                    out[name].append(len(lines) / (time.monotonic() - t0))
+                    wall, cpu = time.monotonic() - t0, _cpu_s(pids) - cpu0
+                    out[f"checkpoints_{name}"].append(len(lines) / wall)
+                    out[f"cpu_us_per_line_{name}"].append(cpu / len(lines) * 1e6)
                     if interval:
-                        ck = job.stats()["checkpoints"]
-                        out.setdefault("checkpoints_taken", []).append(ck["completed"])
+                        out["checkpoints_taken"].append(job.stats()["checkpoints"]["completed"])
             finally:
                 cl.stop()
-    res = {k: [round(v) for v in vs] for k, vs in out.items()}
-    on, off = sum(out["checkpoints_1s"]) / rounds, sum(out["checkpoints_off"]) / rounds
-    res.update({"mean_on": round(on), "mean_off": round(off), "ratio": round(on / off, 3), "records": records})
+
+    def med(v):
+        return sorted(v)[len(v) // 2]
+
+    res = {k: [round(v, 1) for v in vs] for k, vs in out.items()}
+    on, off = med(out["checkpoints_1s"]), med(out["checkpoints_off"])
+    con, coff = med(out["cpu_us_per_line_1s"]), med(out["cpu_us_per_line_off"])
+    res.update({"median_on": round(on), "median_off": round(off), "ratio": round(on / off, 3),
+                "cpu_median_on": round(con, 2), "cpu_median_off": round(coff, 2),
+                "cpu_ratio": round(con / coff, 3), "records": records, "rounds": rounds})
     return res
 
 

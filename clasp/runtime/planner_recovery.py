@@ -416,6 +416,6 @@ class PlannerRecoveryMixin:
                 "pending": c.coord.pending.id if c.coord.pending else None,
                 "input_log_records": c.log.records_kept, "input_log_spilled": c.log.spilled,
                 "failures": list(c.coord.failures), "last_recovery": c.last_recovery,
-                "interval_s": self.checkpoint_interval}
+                "interval_s": self.checkpoint_interval, "serving": self._job_workers(job)}
 
 
