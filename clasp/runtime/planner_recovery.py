@@ -47,6 +47,7 @@ class CheckpointState:
         self.last_recovery: dict | None = None
         self.dying: set[str] = set()  # workers declared dead whose recovery has not run yet
         self.last_pause = 0.0
+        self.last_pause_cpu = 0.0
         self.orphaned: str | None = None  # the job lost its last worker (this one): it waits for a new one
 
     def released(self, op: str) -> list:
@@ -161,6 +162,7 @@ class PlannerRecoveryMixin:
                     await asyncio.to_thread(self.store.delete, job.id, failed)
                 return None
             c.last_pause = max((r["pause"] for r in replies), default=0.0)
+            c.last_pause_cpu = max((r.get("pause_cpu", 0.0) for r in replies), default=0.0)
             for r in replies:
                 c.coord.ack(p.id, r["worker"], r["groups"], r["bytes"], r["collected"])
             done, dropped, collected = c.coord.finish(time.monotonic())
@@ -412,7 +414,7 @@ class PlannerRecoveryMixin:
         last = c.coord.restore_target()
         return {**c.coord.counts, "replayed": c.replayed, "last_id": last.id if last else 0,
                 "last_duration_s": c.coord.last_duration, "last_bytes": c.coord.last_bytes,
-                "last_pause_s": c.last_pause,
+                "last_pause_s": c.last_pause, "last_pause_cpu_s": c.last_pause_cpu,
                 "pending": c.coord.pending.id if c.coord.pending else None,
                 "input_log_records": c.log.records_kept, "input_log_spilled": c.log.spilled,
                 "failures": list(c.coord.failures), "last_recovery": c.last_recovery,
