@@ -35,15 +35,16 @@ def start_metrics_server(registry, host: str, port: int, advertise: str) -> str:
     return f"http://{advertise}:{server.server_port}/metrics"
 
 
-def run(main_coro_factory) -> int:
-    """Run an async main under uvloop, stopping it cleanly on SIGINT/SIGTERM."""
+def run(main_coro_factory, on_term=None) -> int:
+    """Run an async main under uvloop, stopping it cleanly on SIGINT/SIGTERM (`on_term`: called on SIGTERM
+    instead, e.g. a worker's graceful drain). The main's return value is the exit code."""
     import uvloop
 
     async def _main():
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
+        loop.add_signal_handler(signal.SIGINT, task.cancel)
+        loop.add_signal_handler(signal.SIGTERM, task.cancel if on_term is None else on_term)
         try:
             return await main_coro_factory()
         except asyncio.CancelledError:
