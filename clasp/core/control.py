@@ -182,10 +182,14 @@ class Controller:
         # W_w per policy index: only where the estimator knows workers apart (one W̄ for all otherwise keeps
         # the policy on the paper's single capacity).
         capacities = [e.capacity_of(w) for w in pool]
+        capacity = e.capacity
         if len(set(capacities)) <= 1:
+            # Equal workers: their one W_w is W̄, also for workers a provider starts (like the ones there:
+            # e.g. the same CPU quota), which the policy may plan for beyond the pool's live workers.
+            capacity = capacities[0] if capacities else capacity
             capacities = None
         return Stats(operators, [EdgeStats(s, d, r) for (s, d), r in edges.items()],
-                     e.alpha, e.beta, e.gamma, e.capacity, obs.throughput, target, self.p_max,
+                     e.alpha, e.beta, e.gamma, capacity, obs.throughput, target, self.p_max,
                      max(obs.instances, 1), max(obs.active, 1), beta_receive=e.beta_receive, mu=e.mu,
                      flush_delay=e.flush_delay, capacities=capacities, alpha_split=e.config.alpha_split,
                      stateless=list(self.stateless), flush_peer_factor=e.config.flush_peer_factor)
