@@ -123,6 +123,13 @@ class Controller:
         step.trigger = trigger
         step.decision = self.policy.decide(self.operators, self.edges, self.current, self.stats(obs),
                                            max_workers=self.pool)
+        d = step.decision
+        lagging = obs.throughput < (1 - self.config.lag_tolerance) * obs.input_rate
+        if d.change and lagging and d.placement is not None and d.placement.workers < obs.active:
+            # A worker-limit placement at the highest rate that fits may need fewer workers than run now;
+            # a job that cannot keep up is not scaled in.
+            step.decision = Decision.no_change(f"{d.reason}: not scaling in from {obs.active} workers while the "
+                                               "throughput trails the input")
         self._reset(obs)
         return step
 
