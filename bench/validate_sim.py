@@ -401,6 +401,8 @@ def compare_policies(args, apps: list[str], workers: list[int], costs, cpu: floa
                 points.append(p)
                 row[policy] = p
                 print(json.dumps(p), flush=True)
+                # The planner's online estimate at the end of each run (what it identified and what it held).
+                p["online"] = [r.get("model") for r in emu[(policy, app, n)]]
             em, sm = _tiers(row, "emulated"), _tiers(row, "simulated")
             pos = {q: i for i, g in enumerate(em) for q in g}
             spos = {q: i for i, g in enumerate(sm) for q in g}

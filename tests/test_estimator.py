@@ -343,7 +343,8 @@ def test_each_worker_has_its_own_capacity_starting_from_its_cpu_allowance():
     est = Estimator(EstimatorConfig(alpha=ALPHA, beta=BETA, gamma=GAMMA, capacity=W, eta=0.5))
     idle = {"small": WorkerSample(0, cpus=0.2), "large": WorkerSample(0, cpus=0.6), "plain": WorkerSample(0)}
     u = est.update(idle)
-    assert u.capacities == pytest.approx({"small": 0.2 * W, "large": 0.6 * W, "plain": W})
+    assert u.capacities == pytest.approx({"small": 0.2 * W, "large": 0.6 * W})  # "plain" has W̄
+    assert est.capacity_of("plain") == est.capacity
     for _ in range(30):  # the large one saturates at 0.5 W of work
         u = est.update({"small": WorkerSample(0, cpus=0.2),
                         "large": WorkerSample(0, 0.0, 0.5 * W, busy=True, cpu=0.5 * W, cpus=0.6)})

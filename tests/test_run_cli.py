@@ -87,9 +87,12 @@ def _alive(pid: int) -> bool:
 
 def test_ctrl_c_stops_the_cluster_and_prints_the_partial_summary(tmp_path):
     out = tmp_path / "partial.json"
+    # SIGINT back to its default in the child: a suite started in the background (`make test &`) ignores
+    # it, the child would inherit that, and Python keeps an ignored SIGINT ignored.
     p = subprocess.Popen([sys.executable, "-m", "clasp", "run", "wc", "--profile", "constant:500",
                           "--duration", "60", "--workers", "1", "--json", str(out)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         # The first progress line means the cluster is up and records are flowing.
         deadline = time.monotonic() + 40

@@ -165,7 +165,8 @@ class EstimatorUpdate:
     """What one interval's samples did to the estimate; `reason` says why, also when nothing changed.
 
     `beta` is β_s; `terms` says for each coefficient of `TERMS` whether the observations identify it
-    ("estimated") or why it keeps its value; `capacities`: W_w per worker seen so far."""
+    ("estimated") or why it keeps its value; `capacities`: W_w of the workers with an estimate of their own
+    (from their saturated samples or their CPU allowance); the others have W̄."""
 
     alpha: float
     beta: float
@@ -296,7 +297,8 @@ class Estimator:
                              self.flush_delay, flush_peer_factor=self.config.flush_peer_factor)
 
     def capacity_of(self, worker: Hashable) -> float:
-        """W_w: the worker's own smoothed capacity, W̄ for a worker never seen."""
+        """W_w: the worker's own smoothed capacity, or the pooled W̄ while it has neither a saturated
+        sample nor a CPU allowance of its own."""
         return self.capacities.get(worker, self.capacity)
 
     def terms(self) -> dict[str, str]:
@@ -409,9 +411,9 @@ class Estimator:
                 invalid += 1
                 self._history.pop(w, None)
                 continue
-            if w not in self.capacities:
+            if w not in self.capacities and sample.cpus:
                 per_cpu = c.capacity_per_cpu if c.capacity_per_cpu is not None else c.capacity
-                self.capacities[w] = sample.cpus * per_cpu if sample.cpus else self.capacity
+                self.capacities[w] = sample.cpus * per_cpu
             h = self._history.get(w)
             if h is None:
                 h = self._history[w] = _History(deque(maxlen=c.growth_intervals + 1))
@@ -468,7 +470,8 @@ class Estimator:
                 new = (1.0 - c.eta) * self.capacity + c.eta * w_hat
                 capacity_changed = capacity_changed or new != self.capacity
                 self.capacity = new
-                self.capacities[w] = (1.0 - c.eta) * self.capacities[w] + c.eta * w_hat
+                # Its own W_w starts from the pooled W̄ (or its allowance) at its first saturated sample.
+                self.capacities[w] = (1.0 - c.eta) * self.capacities.get(w, self.capacity) + c.eta * w_hat
             self._smooth_flush(s)
         if saturated and not capacity_changed:
             reasons.append("saturated samples give no positive Ŵ: W̄ unchanged")

@@ -505,7 +505,8 @@ def whole_fit(order: Sequence[str], load: Load, model: CapacityModel, workers: i
         fractions[o] = {current: 1.0}
         if fits():
             continue
-        first = current + 1
+        del fractions[o]
+        first = current + 1 if any(current in f for f in fractions.values()) else current
         for k in range(1, workers - first + 1):
             fractions[o] = {first + i: 1.0 / k for i in range(k)}
             if fits():
