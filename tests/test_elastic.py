@@ -136,3 +136,30 @@ def test_clasp_drain_moves_a_worker_off_and_it_exits_zero(tmp_path_factory):
             assert cluster.procs[1].poll() is None
     finally:
         cluster.stop()
+
+
+# ----------------------------------------------------------------- the local provider
+def test_the_local_provider_takes_make_runs_job_from_one_worker_to_several_and_back(tmp_path):
+    import json
+
+    import pytest
+
+    from clasp.local.cpulimit import available
+
+    why = available()
+    if why is not None:
+        pytest.skip(f"make run's workers have CPU quotas: {why}")
+    out = tmp_path / "run.json"
+    # make run's command line (Makefile): one worker at the start, none started beforehand.
+    r = subprocess.run([sys.executable, "-m", "clasp", "run", "wc", "--workers", "1", "--max-workers", "4",
+                        "--cpu-per-worker", "0.3", "--profile", "gradual", "--max-rate", "20000",
+                        "--json", str(out), "--log-dir", str(tmp_path / "logs")],
+                       capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    procs = [row["processes"] for row in doc["series"]]
+    s = doc["summary"]
+    assert procs[0] == 1 and max(procs) >= 3 and procs[-1] == 1, procs
+    assert s["workers_max"] >= 3 and s["correct"] is True
+    assert s["provider_started"] >= 2 and s["provider_stopped"] >= 2, s
+    assert "provider: started worker" in r.stderr and "released" in r.stderr
