@@ -20,17 +20,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 from clasp.core import protocol
 from clasp.core.pool import PoolState, PoolWish, demand, max_pool, pool_wish, update_idle
 from clasp.core.scheduler import survivor_placement
 from clasp.runtime.providers import Provider
 
-if TYPE_CHECKING:
-    from clasp.runtime.planner import Planner, PlannerJob
-
 log = logging.getLogger("clasp.planner")
+Planner = PlannerJob = Any  # clasp.runtime.planner's, which imports this module
+
+
+class PoolError(Exception):
+    """A drain that cannot be done (an unknown worker, the last worker of a job): the client sees the text."""
 
 
 class ElasticPool:
@@ -117,17 +119,13 @@ class ElasticPool:
     # ----------------------------------------------------------------- leave
     def on_drain(self, ident: bytes, msg: protocol.Drain):
         if msg.worker not in self.p.workers:
-            from clasp.runtime.planner import RequestError
-
-            raise RequestError(f"no worker {msg.worker!r}")
+            raise PoolError(f"no worker {msg.worker!r}")
         return self._drain_reply(ident, msg)
 
     async def _drain_reply(self, ident: bytes, msg: protocol.Drain) -> None:
         ok, detail = await self.drain(msg.worker, "clasp drain")
         if not ok:
-            from clasp.runtime.planner import RequestError
-
-            raise RequestError(detail)
+            raise PoolError(detail)
         self.p._reply(ident, msg.req, {"worker": msg.worker, "detail": detail})
 
     def on_leave(self, ident: bytes, msg: protocol.Leave) -> None:

@@ -48,7 +48,7 @@ from clasp.core.routing import (
 )
 from clasp.core.scheduler import WorkerInfo
 from clasp.core.tracking import CHUNK_BITS, LatencyHistogram, Tracker
-from clasp.runtime.elastic import ElasticPool
+from clasp.runtime.elastic import ElasticPool, PoolError
 from clasp.runtime.net import advertised, bind, start_metrics_server
 from clasp.runtime.providers import Provider
 from clasp.runtime.security import Security
@@ -67,7 +67,8 @@ class RequestError(Exception):
 
 # Errors whose text is meant for the client (a bad request); any other exception in a handler is a bug:
 # logged with its traceback, and the client gets an error id (`clasp.runtime.tasks.internal_error`).
-CLIENT_ERRORS = (RequestError, DagError, PlacementError, NoPlacementError, ProtocolError, LimitError, TimeoutError)
+CLIENT_ERRORS = (RequestError, DagError, PlacementError, NoPlacementError, ProtocolError, LimitError, TimeoutError,
+                 PoolError)
 
 
 @dataclass
