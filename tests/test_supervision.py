@@ -259,3 +259,44 @@ def test_connecting_where_no_planner_listens_fails_fast():
         clasp.connect(f"tcp://127.0.0.1:{port}")  # the default timeout is 10 s
     assert time.monotonic() - t < 3.0
     assert issubclass(PlannerUnavailable, clasp.ClaspError)
+
+
+def test_a_cluster_whose_owner_is_sigkilled_does_not_outlive_it(tmp_path):
+    """The planner and workers die with the process that started them (PR_SET_PDEATHSIG): a SIGKILLed
+    `clasp run` or test leaves nothing running."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pids = tmp_path / "pids"
+    code = ("import sys, time; from clasp.local.cluster import LocalCluster; "
+            "cl = LocalCluster(workers=2, port=0, insecure=True).start(); "
+            f"open({str(pids)!r}, 'w').write(' '.join(str(p.pid) for p in cl.procs)); time.sleep(600)")
+    owner = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 60
+        while not (pids.exists() and pids.read_text()):
+            assert time.monotonic() < deadline and owner.poll() is None, "the cluster did not start"
+            time.sleep(0.1)
+        children = [int(p) for p in pids.read_text().split()]
+        assert len(children) == 3
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+
+    def running(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 15
+    while any(running(p) for p in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in children if running(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"still running after their owner was SIGKILLed: {left}"

@@ -136,7 +136,7 @@ def _cluster(args) -> int:
     print(f"clasp cluster up: planner {cluster.planner}, {args.workers} workers"
           + (f" ({args.provider} provider: {min(args.min_workers, args.workers)} to {cluster.max_workers})"
              if args.provider == "local" else " (static)")
-          + f"; metrics {cluster.metrics['planner']}"
+          + f"; metrics {cluster.metrics['planner']}; dashboard {cluster.dashboard}"
           + (f"; keys {cluster.keys_dir} (clients: CLASP_KEYS={cluster.keys_dir})" if cluster.keys_dir else
              "; plaintext (--insecure)") + " — Ctrl-C stops every process", flush=True)
     try:

@@ -367,6 +367,7 @@ class _cluster:
                                min_workers=c["min_workers"], max_workers=c["max_workers"],
                                pool_cooldown=c["pool_cooldown"])
         self.cl.start()
+        self.console.print(f"dashboard: {self.cl.dashboard}", highlight=False)
         return self.cl.planner, self.cl
 
     def _say(self, message: str) -> None:

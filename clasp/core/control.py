@@ -32,11 +32,18 @@ RUNTIME_ALPHA = 1.3
 RUNTIME_BETA = 7.0
 RUNTIME_GAMMA = 20000.0
 RUNTIME_CAPACITY = 800000.0
+# The extended model's priors, from `bench.calibrate` on this machine (docs/POLICY.md, "Extended model"):
+# the receiver's share of β, µs per data message at either end, and the CPU seconds a saturated sender
+# takes per batch to one peer (the engine's flush delay is 1 ms of wall time).
+RUNTIME_RECEIVE_SHARE = 0.5
+RUNTIME_MU = 120.0
+RUNTIME_FLUSH_DELAY = 0.00184
 
 
 def runtime_estimator_config(**overrides) -> EstimatorConfig:
     """The estimator's configuration with this runtime's measured initial values."""
     base = {"alpha": RUNTIME_ALPHA, "beta": RUNTIME_BETA, "gamma": RUNTIME_GAMMA, "capacity": RUNTIME_CAPACITY,
+            "receive_share": RUNTIME_RECEIVE_SHARE, "mu": RUNTIME_MU, "flush_delay": RUNTIME_FLUSH_DELAY,
             "scale_local": 100000.0, "scale_remote": 50000.0}
     return EstimatorConfig(**{**base, **overrides})
 

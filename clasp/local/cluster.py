@@ -141,6 +141,7 @@ class LocalCluster:
         self.procs: list[subprocess.Popen] = []
         self.planner: str | None = None
         self.metrics: dict = {"planner": None, "workers": []}
+        self.dashboard: str | None = None
         self.worker_ids: list[str] = []
         self.restart_workers = restart_workers
         self.restart_policy = restart_policy or RestartPolicy()
@@ -171,7 +172,7 @@ class LocalCluster:
         if netns is not None:
             argv = self.netns.command(netns, argv)
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_die_with_parent)
         if err is not None:
             err.close()
         if index is None:
@@ -246,6 +247,7 @@ class LocalCluster:
             info = self._announced("planner", proc)
             self.planner = info["endpoint"]
             self.metrics["planner"] = info["metrics"]
+            self.dashboard = info.get("dashboard")  # the planner's web dashboard (its metrics server, at /)
             if self.keys_dir is not None:
                 from clasp.runtime.security import remember
 
@@ -515,8 +517,9 @@ class LocalCluster:
                 time.sleep(0.05)
 
     def info(self) -> dict:
-        """{"planner": endpoint, "metrics": URLs, "keys": the key directory clients use (None: plaintext)}."""
-        return {"planner": self.planner, "metrics": self.metrics,
+        """{"planner": endpoint, "metrics": URLs, "dashboard": URL, "keys": the key directory clients use
+        (None: plaintext)}."""
+        return {"planner": self.planner, "metrics": self.metrics, "dashboard": self.dashboard,
                 "keys": str(self.keys_dir) if self.keys_dir else None}
 
     def write_info(self, path: str | os.PathLike) -> None:
@@ -579,6 +582,18 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the process that started it dies (Linux), so a cluster whose
+    owner was SIGKILLed (a `clasp run` killed, a test's timeout) does not leave its planner and workers
+    running. Elsewhere nothing: they stop with `LocalCluster.stop()` only."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 class _signals_deferred:

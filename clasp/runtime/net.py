@@ -27,31 +27,35 @@ def advertised(host: str, advertise: str | None) -> str:
     return host
 
 
-def start_metrics_server(registry, host: str, port: int, advertise: str, ready=None) -> str:
-    """Serve `registry` at http://host:port/metrics in a thread, and the probes `/healthz` (the process
-    answers: 200) and `/readyz` (200 once `ready()` is true, e.g. a worker registered; else 503), for
-    Kubernetes (deploy/kubernetes.yaml). Returns the URL to scrape."""
+def start_metrics_server(registry, host: str, port: int, advertise: str, app=None, ready=None) -> str:
+    """Serve `registry` at http://host:port/metrics in a thread; returns the URL to scrape.
+
+    `app(metrics_app)`, if given, is the WSGI app served instead, which passes /metrics to `metrics_app`
+    (the planner's dashboard, `clasp.runtime.dashboard`). In front of either, the probes for Kubernetes
+    (deploy/kubernetes.yaml): `/healthz` (the process answers: 200) and `/readyz` (200 once `ready()` is
+    true, e.g. a worker registered with the planner; else 503)."""
     import threading
     from wsgiref.simple_server import make_server
 
     from prometheus_client import make_wsgi_app
     from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
 
-    metrics = make_wsgi_app(registry)
+    class Server(ThreadingWSGIServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
-    def app(environ, start_response):
+    metrics = make_wsgi_app(registry)
+    inner = metrics if app is None else app(metrics)
+
+    def probes(environ, start_response):
         path = environ.get("PATH_INFO", "")
         if path in ("/healthz", "/readyz"):
             ok = path == "/healthz" or ready is None or bool(ready())
             start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
             return [b"ok\n" if ok else b"not ready\n"]
-        return metrics(environ, start_response)
+        return inner(environ, start_response)
 
-    class Server(ThreadingWSGIServer):
-        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-
-    server = make_server(host, port, app, Server, handler_class=_SilentHandler)
-    threading.Thread(target=server.serve_forever, name="clasp-metrics", daemon=True).start()
+    server = make_server(host, port, probes, Server, handler_class=_SilentHandler)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return f"http://{advertise}:{server.server_port}/metrics"
 
 

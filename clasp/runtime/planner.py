@@ -48,6 +48,7 @@ from clasp.core.routing import (
 )
 from clasp.core.scheduler import WorkerInfo
 from clasp.core.tracking import CHUNK_BITS, LatencyHistogram, Tracker
+from clasp.runtime.dashboard import Dashboard, planner_view
 from clasp.runtime.elastic import ElasticPool, PoolError
 from clasp.runtime.net import advertised, bind, start_metrics_server
 from clasp.runtime.providers import Provider
@@ -176,6 +177,7 @@ class Planner:
         self.dispatch_wake = asyncio.Event()
         self.tasks = ProcessTasks(log)  # every task of this process; cancelled together when serve() ends
         self.elastic = ElasticPool(self, provider)  # join, drain, the provider (clasp/runtime/elastic.py)
+        self.started = time.monotonic()
 
     # ----------------------------------------------------------------- lifecycle
     async def serve(self) -> None:
@@ -189,13 +191,17 @@ class Planner:
         registry = CollectorRegistry()
         registry.register(_PlannerCollector(self))
         registry.register(self.security.collector())
+        # The dashboard (docs/RUNTIME.md): its views are built on this loop, at most once a second.
+        self.dashboard = Dashboard(asyncio.get_running_loop(), lambda key: planner_view(self, key))
         self.metrics_url = start_metrics_server(registry, self.metrics_host, self.metrics_port,
                                                 self.advertise if self.metrics_host == self.host
-                                                else advertised(self.metrics_host, None))
+                                                else advertised(self.metrics_host, None), self.dashboard.app)
+        self.dashboard_url = self.metrics_url.removesuffix("metrics")
         self.state_server = StateServer(self.ctx, self._remote_state_check, self._bad, self.security)
         self.state_server.bind(self.host, self.state_port, self.advertise)
         print(f"clasp planner {self.id} endpoint={self.endpoint} metrics={self.metrics_url} "
-              f"state={self.state_server.endpoint} curve={'on' if self.security.enabled else 'off'}", flush=True)
+              f"dashboard={self.dashboard_url} state={self.state_server.endpoint} "
+              f"curve={'on' if self.security.enabled else 'off'}", flush=True)
         try:
             await self.tasks.run(self._recv_loop(), self._dispatch_loop(), self._tick_loop(), self.state_server.serve(),
                                  self.security.run())
@@ -591,6 +597,9 @@ class Planner:
         async with job.lock:
             pool = self._pool(job)
             result = job.controller.place_on(n, pool)
+            job.decisions.append({"t": round(time.time() - job.created, 3), "trigger": f"job.scale({n})",
+                                  "reason": result.reason or f"manual scale to {n} workers", "change": True,
+                                  "workers": result.workers, "predicted_rate": result.rate})
             record = await self._place_result(job, result, f"manual scale to {n} workers", pool)
         self._reply(ident, msg.req, record)
 
@@ -735,7 +744,7 @@ class Planner:
             return
         d = step.decision
         entry = {"t": round(time.time() - job.created, 3), "trigger": step.trigger, "reason": d.reason,
-                 "change": d.change, "workers": d.workers}
+                 "change": d.change, "workers": d.workers, "predicted_rate": d.placement.rate if d.change else None}
         job.decisions.append(entry)
         log.info("job %d: %s -> %s", job.id, step.trigger, d.reason if d.change else f"no change: {d.reason}")
         if d.change and d.placement.workers > len(pool):

@@ -96,7 +96,7 @@ class Worker:
         registry.register(sec.collector())
         self.metrics_url = start_metrics_server(registry, self.metrics_host, metrics_port,
                                                 self.advertise if self.metrics_host == self.host
-                                                else advertised(self.metrics_host, None), self.welcomed.is_set)
+                                                else advertised(self.metrics_host, None), ready=self.welcomed.is_set)
         print(f"clasp worker {self.id} data={self.data_endpoint} state={self.state_endpoint} "
               f"metrics={self.metrics_url} planner={self.planner_addr}", flush=True)
         self._main = asyncio.current_task()
