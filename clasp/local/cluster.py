@@ -585,13 +585,14 @@ class LocalCluster:
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the process that started it dies (Linux), so a cluster whose
+    """In the child before exec: SIGINT when the process that started it dies (Linux), so a cluster whose
     owner was SIGKILLed (a `clasp run` killed, a test's timeout) does not leave its planner and workers
-    running. Elsewhere nothing: they stop with `LocalCluster.stop()` only."""
+    running (SIGINT, not SIGTERM: a worker's SIGTERM asks the planner to drain it, docs/DEPLOY.md).
+    Elsewhere nothing: they stop with `LocalCluster.stop()` only."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGINT)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
