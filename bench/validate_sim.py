@@ -347,14 +347,24 @@ def emulated(apps: list[str], workers: list[int], cpu: float, repeat: int, secon
     return out
 
 
+REFERENCE = "one-worker reference"
+
+
 def emulated_policies(apps: list[str], workers: list[int], cpu: float | None, repeat: int, seconds: float,
-                      placed: dict[str, dict]) -> dict[tuple[str, str, int], list[dict]]:
+                      placed: dict[str, dict], reference: bool = False) -> dict[tuple[str, str, int], list[dict]]:
     """Every policy's placement on one cluster per worker count, policies and apps interleaved within each
-    repeat, so that the host's drift hits every policy alike."""
+    repeat, so that the host's drift hits every policy alike. With `reference`, each repeat of an app starts
+    with the app on one of the cluster's workers (key REFERENCE): the host's speed at that moment."""
     out: dict[tuple[str, str, int], list[dict]] = {}
     for n in workers:
         for _ in range(repeat):
             for app in apps:
+                if reference:
+                    one = {o: {0: 1.0} for o in _operators(app)}
+                    r = ce.unthrottled(app, n, placement=one, cpu_per_worker=cpu, seconds=seconds)
+                    out.setdefault((REFERENCE, app, n), []).append(r)
+                    print(json.dumps({"measured": app, "policy": REFERENCE, "workers": n,
+                                      "throughput": round(r["throughput"], 1)}), file=sys.stderr, flush=True)
                 for policy, by_point in placed.items():
                     r = ce.unthrottled(app, n, placement=_fractions(by_point, app, n), cpu_per_worker=cpu,
                                        seconds=seconds)
@@ -387,7 +397,8 @@ def compare_policies(args, apps: list[str], workers: list[int], costs, cpu: floa
     # Planned on the file being validated: each policy plans with the costs the simulator charges.
     placed = {p: placements(apps, workers, p, Path(args.costs), costs) for p in policies}
     sim = {p: simulated(apps, workers, costs, placed[p]) for p in policies}
-    emu = emulated_policies(apps, workers, cpu, args.repeat, args.seconds, placed)
+    emu = emulated_policies(apps, workers, cpu, args.repeat, args.seconds, placed, args.speed_reference)
+    one = simulated(apps, [1], costs) if args.speed_reference else {}
     points, rankings = [], []
     for app in apps:
         for n in workers:
@@ -398,6 +409,11 @@ def compare_policies(args, apps: list[str], workers: list[int], costs, cpu: floa
                 p = {"app": app, "workers": n, "policy": policy, "emulated": round(mean, 1),
                      "emulated_runs": [round(x, 1) for x in t], "simulated": round(sim[policy][(app, n)], 1),
                      "ratio": round(sim[policy][(app, n)] / mean, 4)}
+                if args.speed_reference:
+                    # Scaled to the host's speed at the time: the reference runs' mean over the simulated one worker.
+                    ref = statistics.fmean(r["throughput"] for r in emu[(REFERENCE, app, n)])
+                    p["reference"] = round(ref, 1)
+                    p["ratio_speed_reference"] = round(sim[policy][(app, n)] / one[(app, 1)] * ref / mean, 4)
                 points.append(p)
                 row[policy] = p
                 print(json.dumps(p), flush=True)
@@ -416,6 +432,8 @@ def compare_policies(args, apps: list[str], workers: list[int], costs, cpu: floa
                "repeat": args.repeat, "seconds": args.seconds, "max_abs_error": round(abs(worst["ratio"] - 1), 4),
                "worst": {k: worst[k] for k in ("app", "workers", "policy")},
                "within_20pct": all(abs(p["ratio"] - 1) <= POLICY_TOLERANCE for p in points),
+               "within_20pct_speed_reference": (all(abs(p["ratio_speed_reference"] - 1) <= POLICY_TOLERANCE
+                                                    for p in points) if args.speed_reference else None),
                "same_rankings": all(r["same_ranking"] for r in rankings)}
     print(json.dumps(summary), flush=True)
     if args.json:
@@ -483,8 +501,9 @@ def main(argv=None) -> int:
     ap.add_argument("--alpha-split-from", choices=("split", "mix"), default="split",
                     help="interleaved: the run α_split is fitted on (mix: a check only, docs/SIMULATOR.md)")
     ap.add_argument("--speed-reference", action="store_true",
-                    help="interleaved: before each validation run of n ≥ 2 workers, the app on one of them, and "
-                         "report ratio_speed_reference: the simulation scaled to the host's speed at the time")
+                    help="interleaved: before each validation run of n ≥ 2 workers, the app on one of them (with "
+                         "--costs and several --placement policies: before each app's repeat), and report "
+                         "ratio_speed_reference: the simulation scaled to the host's speed at the time")
     ap.add_argument("--plot", default="out/validate_sim.png")
     ap.add_argument("--json", help="also write every point here")
     args = ap.parse_args(argv)

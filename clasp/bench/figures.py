@@ -225,7 +225,11 @@ def fig10_summary(ctx: Context, rows: list[dict]) -> dict:
     return {"clasp_over": {p: {a: round(by[(a, "clasp")] / by[(a, p)], 2) if by[(a, p)] else None for a in apps}
                            for p in FIG10_PLACERS[1:]},
             "clasp_best_everywhere": all(by[(a, "clasp")] >= max(by[(a, p)] for p in FIG10_PLACERS) * 0.99
-                                         for a in apps)}
+                                         for a in apps),
+            # Per placer, on every app (1 % slack): the -SP variants run CLASP's own placement, so on the
+            # emulated cluster they differ from it by the run-to-run noise only.
+            "clasp_at_or_above": {p: all(by[(a, "clasp")] >= by[(a, p)] * 0.99 for a in apps)
+                                  for p in FIG10_PLACERS[1:]}}
 
 
 # ---------------------------------------------------------------- Figs. 11-13: worker-count prediction

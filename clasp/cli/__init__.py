@@ -59,12 +59,17 @@ def _planner(args) -> int:
         except StateStoreError as e:
             print(f"clasp planner: {e}", file=sys.stderr)
             return 2
+    from clasp.core.pool import PoolConfig
+    from clasp.runtime.providers import make_provider
+
+    provider = make_provider(args.provider, PoolConfig(args.min_workers, args.max_workers, args.pool_cooldown),
+                             args.statefulset)
     p = Planner(host=args.host, port=args.port, metrics_port=args.metrics_port, advertise=args.advertise,
                 heartbeat=args.heartbeat, dead_after=args.dead_after, max_inflight=args.max_inflight,
                 p_max=args.p_max, autoscale=args.autoscale, policy=args.policy,
                 migration_timeout=args.migration_timeout, control=ControlConfig(warmup_requests=args.warmup),
                 state=args.state, state_port=args.state_port, security=security, metrics_host=args.metrics_host,
-                checkpoint_interval=args.checkpoint_interval,
+                provider=provider, checkpoint_interval=args.checkpoint_interval,
                 state_dir=args.state_dir if args.checkpoint_interval > 0 else None)
     return run(p.serve)
 
@@ -87,8 +92,21 @@ def _worker(args) -> int:
     w = Worker(args.planner, host=args.host, data_port=args.data_port, state_port=args.state_port,
                metrics_port=args.metrics_port, advertise=args.advertise, worker_id=args.id, p_max=args.p_max,
                flush_delay=args.flush_delay_ms / 1000.0, cpus=args.cpus, security=security,
-               metrics_host=args.metrics_host, state_dir=args.state_dir)
-    return run(w.serve)
+               metrics_host=args.metrics_host, leave_timeout=args.leave_timeout, state_dir=args.state_dir)
+    return run(w.serve, on_term=w.leave)
+
+
+def _drain(args) -> int:
+    from clasp.runtime.client import ClaspError, connect
+
+    try:
+        with connect(args.planner, keys=args.keys, insecure=args.insecure) as c:
+            result = c.drain(args.worker, timeout=args.timeout)
+    except ClaspError as e:
+        print(f"clasp drain: {e}", file=sys.stderr)
+        return 1
+    print(result["detail"])
+    return 0
 
 
 def _non_negative(text: str) -> float:
@@ -128,7 +146,9 @@ def _cluster(args) -> int:
                            log_dir=args.log_dir, planner_args=planner_options(args),
                            cpu_per_worker=args.cpu_per_worker, hosts=args.hosts,
                            restart_workers=args.restart_workers, on_event=_say, keys=args.keys,
-                           insecure=args.insecure, metrics_host=args.metrics_host)
+                           insecure=args.insecure, metrics_host=args.metrics_host, provider=args.provider,
+                           min_workers=min(args.min_workers, args.workers), max_workers=args.max_workers,
+                           pool_cooldown=args.pool_cooldown, prometheus_sd=args.prometheus_sd)
     try:
         cluster.start()
     except KeysError as e:
@@ -141,8 +161,10 @@ def _cluster(args) -> int:
         return 130
     if args.info:
         cluster.write_info(args.info)
-    print(f"clasp cluster up: planner {cluster.planner}, {args.workers} workers; metrics {cluster.metrics['planner']}; "
-          f"dashboard {cluster.dashboard}"
+    print(f"clasp cluster up: planner {cluster.planner}, {args.workers} workers"
+          + (f" ({args.provider} provider: {min(args.min_workers, args.workers)} to {cluster.max_workers})"
+             if args.provider == "local" else " (static)")
+          + f"; metrics {cluster.metrics['planner']}; dashboard {cluster.dashboard}"
           + (f"; keys {cluster.keys_dir} (clients: CLASP_KEYS={cluster.keys_dir})" if cluster.keys_dir else
              "; plaintext (--insecure)") + " — Ctrl-C stops every process", flush=True)
     try:
@@ -184,6 +206,17 @@ def planner_options(args) -> list[str]:
     if not args.autoscale:
         out.append("--no-autoscale")
     return out
+
+
+def add_pool_options(p: argparse.ArgumentParser, cluster: bool = False) -> None:
+    """The elastic pool's bounds (planner, cluster)."""
+    p.add_argument("--min-workers", type=_positive(int), default=1,
+                   help="the fewest workers the provider keeps when idle ones are given back")
+    p.add_argument("--max-workers", type=_positive(int), default=None,
+                   help="the most workers the provider may start" + (" (default: --workers)" if cluster else
+                                                                     " (default: none are started)"))
+    p.add_argument("--pool-cooldown", type=_positive(float), default=10.0,
+                   help="seconds a worker holds nothing before it is given back")
 
 
 def add_control_options(p: argparse.ArgumentParser, default_state_dir: str | None = None) -> None:
@@ -267,6 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--migration-timeout", type=_positive(float), default=5.0,
                    help="seconds a migration waits for its workers before it is reported failed")
     add_control_options(p, default_state_dir="clasp-state")
+    add_pool_options(p)
+    p.add_argument("--provider", default="static", choices=["static", "local", "kubernetes"],
+                   help="what starts and stops workers (docs/DEPLOY.md): static (whatever registers), local (the "
+                        "local cluster polls the planner's wish), kubernetes (scales --statefulset)")
+    p.add_argument("--statefulset", default="clasp-worker", help="kubernetes provider: the worker StatefulSet")
     add_security_options(p)
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(fn=_planner)
@@ -282,6 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--p-max", type=_positive(int), default=10, help="executor slots (P_max)")
     w.add_argument("--flush-delay-ms", type=_positive(float), default=1.0,
                    help="longest a remote chained request waits for its batch")
+    w.add_argument("--leave-timeout", type=_positive(float), default=300.0,
+                   help="after SIGTERM, the longest wait for the planner to drain this worker before exiting 1")
     w.add_argument("--cpus", type=_positive(float),
                    help="the CPUs this worker may use (default: its cgroup quota, if any): the placement's "
                         "starting estimate of its capacity W_w, refined online")
@@ -307,9 +347,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start a worker that exits again, same id and ports, at most 5 times a minute (with "
                         "backoff); without, it stays down. Either way the rest of the cluster keeps running")
     add_control_options(c)
+    add_pool_options(c, cluster=True)
+    c.add_argument("--provider", default="local", choices=["local", "static"],
+                   help="local (default): start workers on demand up to --max-workers and stop idle ones down to "
+                        "--min-workers; static: exactly --workers")
+    c.add_argument("--prometheus-sd", help="write Prometheus file-based service discovery JSON for every process's "
+                   "metrics endpoint to this file, rewritten as workers come and go")
     add_security_options(c, cluster=True)
     c.set_defaults(fn=_cluster)
     add_security_options(add_run_parser(sub), cluster=True)
+
+    d = sub.add_parser("drain", help="live-migrate a worker's shares and key groups to the others, then stop it")
+    d.add_argument("worker", help="the worker's id (`clasp.connect(ADDR).workers()`)")
+    d.add_argument("--planner", default="tcp://127.0.0.1:5555", help="the planner's endpoint")
+    d.add_argument("--timeout", type=_positive(float), default=300.0, help="seconds to wait for the drain")
+    d.add_argument("--keys", help="CURVE key directory (default: CLASP_KEYS)")
+    d.add_argument("--insecure", action="store_true", help="plaintext")
+    d.set_defaults(fn=_drain)
 
     k = sub.add_parser("keys", help="make CURVE keys: `init DIR` (a cluster's and one client's), `add-client DIR NAME`")
     k.add_argument("action", choices=["init", "add-client"])

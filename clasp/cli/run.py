@@ -64,7 +64,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               help="run an app on a local cluster at a rate profile and check its answer")
     # Numbers are taken as text and checked here, so every bad value gets the same one-line error.
     r.add_argument("app", help="wc, sd, aa, pl, nwm, etl or syn")
-    r.add_argument("--workers", default="1", help="workers of the local cluster (default 1)")
+    r.add_argument("--workers", default="1", help="workers the local cluster starts with (default 1)")
+    r.add_argument("--max-workers", help="the most workers the local provider starts on demand (default: --workers)")
+    r.add_argument("--min-workers", default="1", help="the fewest it keeps when it stops idle ones (default 1)")
+    r.add_argument("--pool-cooldown", default="3", help="seconds a worker holds nothing before the provider "
+                                                         "stops it (default 3)")
+    r.add_argument("--provider", default="local", help="local (default): workers started and stopped on demand; "
+                                                       "static: exactly --workers")
     r.add_argument("--profile", default="gradual", help=f"input rate profile: {ACCEPTED} (default gradual)")
     r.add_argument("--duration", help="seconds the profile lasts (burst/gradual: 60, constant: 30)")
     r.add_argument("--records", help="input records to generate (default: the profile's volume)")
@@ -116,6 +122,12 @@ def plan(args) -> dict:
     except ValueError as e:
         raise UsageError(str(e)) from None
     workers = _number(args.workers, "--workers", int, 1, strict=False, what="a whole number")
+    max_workers = _number(args.max_workers, "--max-workers", int, 1, strict=False, what="a whole number")
+    min_workers = _number(args.min_workers, "--min-workers", int, 1, strict=False, what="a whole number")
+    cooldown = _number(args.pool_cooldown, "--pool-cooldown", what="a number of seconds")
+    if args.provider not in ("local", "static"):
+        raise UsageError(f"--provider must be local or static, got {args.provider!r}")
+    max_workers = max(workers, max_workers or workers)
     seed = _number(args.seed, "--seed", int, 0, strict=False, what="a whole number")
     duration = _number(args.duration, "--duration", what="a number of seconds")
     records = _number(args.records, "--records", int, 1, strict=False, what="a whole number")
@@ -177,7 +189,8 @@ def plan(args) -> dict:
             raise UsageError(f"profile {text!r} has no end: give --duration or --records")
     return {"app": app, "workers": workers, "seed": seed, "profile": profile, "profile_text": text,
             "cpu_per_worker": cpu, "hosts": args.hosts, "submit": {"policy": args.policy, "state": args.state},
-            "restart_workers": args.restart_workers,
+            "restart_workers": args.restart_workers, "provider": args.provider, "max_workers": max_workers,
+            "min_workers": min(min_workers, workers), "pool_cooldown": cooldown,
             "records": records, "max_rate": reference if kind in ("burst", "gradual") else None}
 
 
@@ -189,8 +202,9 @@ def _fmt(v, unit: str = "", digits: int = 0) -> str:
 
 
 def progress_text(row: dict, elapsed: float, sent: int, total: int, recoveries: int = 0) -> str:
+    procs = f" of {row['processes']} running" if row.get("processes") is not None else ""
     return (f"t={elapsed:5.1f}s  in {_fmt(row['input_rate'])}/s  out {_fmt(row['throughput'])}/s  "
-            f"workers {row['workers']}  p50 {_fmt(row['p50_ms'], ' ms', 1)}  "
+            f"workers {row['workers']}{procs}  p50 {_fmt(row['p50_ms'], ' ms', 1)}  "
             f"p95 {_fmt(row['p95_ms'], ' ms', 1)}  sent {sent:,}/{total:,}"
             + (f"  recovered from {recoveries} worker death(s)" if recoveries else ""))
 
@@ -214,6 +228,10 @@ def summary_table(summary: dict, title: str):
              f"{_fmt(summary['throughput_mean'])} / {_fmt(summary['throughput_max'])}"),
             ("latency p50 / p95 / p99", " / ".join(_fmt(lat[k], " ms", 1) for k in ("p50", "p95", "p99"))),
             ("workers min / max", f"{summary['workers_min']} / {summary['workers_max']}"),
+            *([("worker processes start / max / end", f"{summary['processes_first']} / {summary['processes_max']} / "
+                                                      f"{summary['processes_last']}"),
+               ("provider started / stopped", f"{summary['provider_started']} / {summary['provider_stopped']}")]
+              if "processes_max" in summary else []),
             ("correct", _CORRECT[summary["correct"]])]
     if summary.get("interrupted"):
         rows.append(("interrupted", "[yellow]yes (partial)[/]"))
@@ -243,10 +261,15 @@ def plot(path: str, rows: list[dict], title: str) -> None:
     ax1.set_ylabel("records/s")
     ax1.legend(loc="upper right")
     ax1.set_title(title)
-    ax2.step(t, [r["workers"] for r in rows], where="pre", color="C2")
-    ax2.set_ylabel("workers in use")
+    ax2.step(t, [r["workers"] for r in rows], where="pre", color="C2", label="in use by the job")
+    procs = [r.get("processes") for r in rows]
+    if any(p is not None for p in procs):
+        ax2.step(t, [p if p is not None else float("nan") for p in procs], where="pre", color="C4", ls="--",
+                 label="worker processes (provider)")
+        ax2.legend(loc="upper right")
+    ax2.set_ylabel("workers")
     ax2.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax2.set_ylim(bottom=0, top=max([r["workers"] for r in rows] + [1]) + 1)
+    ax2.set_ylim(bottom=0, top=max([r["workers"] for r in rows] + [p or 0 for p in procs] + [1]) + 1)
     for k, c in (("p50_ms", "C0"), ("p95_ms", "C1"), ("p99_ms", "C3")):
         ax3.plot(t, [r[k] if r[k] is not None else float("nan") for r in rows], color=c, label=k[:3])
     ax3.set_yscale("log")
@@ -302,8 +325,11 @@ def main(args) -> int:
     try:
         console.print(f"{title}: generating {cfg['records']:,} records (seed {cfg['seed']}) ...")
         records = app.generate(cfg["records"], cfg["seed"])
-        with _cluster(args, cfg, console) as planner:
-            summary, code = _drive(planner, app, records, profile, console, box, cfg["submit"])
+        with _cluster(args, cfg, console) as (planner, cl):
+            pool = (lambda: len(cl.running_workers())) if cl is not None else None
+            summary, code = _drive(planner, app, records, profile, console, box, cfg["submit"], pool)
+            if cl is not None:
+                _provider_summary(summary, box["driver"].series.rows, cl)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping the processes this run started[/]")
         code = 130
@@ -334,20 +360,23 @@ class _cluster:
     def __init__(self, args, cfg, console):
         self.args, self.cfg, self.console, self.cl = args, cfg, console, None
 
-    def __enter__(self) -> str:
+    def __enter__(self) -> tuple[str, object]:
         if self.args.planner:
             if self.args.keys:
                 from clasp.runtime.security import Keys, remember
 
                 remember(self.args.planner, Keys(self.args.keys).dir)  # what clasp.connect(planner) uses
-            return self.args.planner
+            return self.args.planner, None
         import tempfile
 
         from clasp.local.cluster import LocalCluster
 
         logs = self.args.log_dir or tempfile.mkdtemp(prefix="clasp-run-")
         n = self.cfg["workers"]
-        self.console.print(f"starting a local cluster: 1 planner, {n} worker(s); logs in {logs}")
+        c = self.cfg
+        grow = (f", {c['provider']} provider: {c['min_workers']} to {c['max_workers']} workers on demand"
+                if c["provider"] == "local" else "")
+        self.console.print(f"starting a local cluster: 1 planner, {n} worker(s){grow}; logs in {logs}")
         sub = self.cfg["submit"]
         self.cl = LocalCluster(workers=self.cfg["workers"], port=0, log_dir=logs,
                                cpu_per_worker=self.cfg["cpu_per_worker"], hosts=self.cfg["hosts"],
@@ -356,10 +385,12 @@ class _cluster:
                                state_dir=self.args.state_dir,
                                restart_workers=self.cfg["restart_workers"],
                                on_event=self._say, keys=self.args.keys, insecure=self.args.insecure,
-                               metrics_host=self.args.metrics_host)
+                               metrics_host=self.args.metrics_host, provider=c["provider"],
+                               min_workers=c["min_workers"], max_workers=c["max_workers"],
+                               pool_cooldown=c["pool_cooldown"])
         self.cl.start()
         self.console.print(f"dashboard: {self.cl.dashboard}", highlight=False)
-        return self.cl.planner
+        return self.cl.planner, self.cl
 
     def _say(self, message: str) -> None:
         from rich.markup import escape
@@ -371,8 +402,18 @@ class _cluster:
             self.cl.stop()
 
 
+def _provider_summary(summary: dict, rows: list[dict], cl) -> None:
+    """Worker processes over the run, and what the provider did (the cluster's events)."""
+    procs = [r["processes"] for r in rows if r.get("processes") is not None]
+    if procs:
+        summary.update(processes_first=procs[0], processes_max=max(procs), processes_last=procs[-1])
+    actions = [e.get("action") for e in cl.events]
+    summary["provider_started"] = actions.count("start")
+    summary["provider_stopped"] = actions.count("released")
+
+
 def _drive(planner: str, app, records: list, profile: Profile, console, box: dict,
-           options: dict | None = None) -> tuple[dict, int]:
+           options: dict | None = None, pool=None) -> tuple[dict, int]:
     from rich.live import Live
     from rich.text import Text
 
@@ -387,6 +428,8 @@ def _drive(planner: str, app, records: list, profile: Profile, console, box: dic
         job = client.submit(app.build_dag(), **{k: v for k, v in (options or {}).items() if v is not None})
 
         def on_sample(row, d):
+            if pool is not None:
+                row["processes"] = pool()
             line = progress_text(row, d.elapsed(), d.sent, len(records), d.recoveries)
             if console.is_terminal:
                 live_line.plain = line

@@ -130,6 +130,13 @@ class Controller:
         step.trigger = trigger
         step.decision = self.policy.decide(self.operators, self.edges, self.current, self.stats(obs),
                                            max_workers=self.pool)
+        d = step.decision
+        lagging = obs.throughput < (1 - self.config.lag_tolerance) * obs.input_rate
+        if d.change and lagging and d.placement is not None and d.placement.workers < obs.active:
+            # A worker-limit placement at the highest rate that fits may need fewer workers than run now;
+            # a job that cannot keep up is not scaled in.
+            step.decision = Decision.no_change(f"{d.reason}: not scaling in from {obs.active} workers while the "
+                                               "throughput trails the input")
         self._reset(obs)
         return step
 
@@ -189,10 +196,14 @@ class Controller:
         # W_w per policy index: only where the estimator knows workers apart (one W̄ for all otherwise keeps
         # the policy on the paper's single capacity).
         capacities = [e.capacity_of(w) for w in pool]
+        capacity = e.capacity
         if len(set(capacities)) <= 1:
+            # Equal workers: their one W_w is W̄, also for workers a provider starts (like the ones there:
+            # e.g. the same CPU quota), which the policy may plan for beyond the pool's live workers.
+            capacity = capacities[0] if capacities else capacity
             capacities = None
         return Stats(operators, [EdgeStats(s, d, r) for (s, d), r in edges.items()],
-                     e.alpha, e.beta, e.gamma, e.capacity, obs.throughput, target, self.p_max,
+                     e.alpha, e.beta, e.gamma, capacity, obs.throughput, target, self.p_max,
                      max(obs.instances, 1), max(obs.active, 1), beta_receive=e.beta_receive, mu=e.mu,
                      flush_delay=e.flush_delay, capacities=capacities, alpha_split=e.config.alpha_split,
                      stateless=list(self.stateless), flush_peer_factor=e.config.flush_peer_factor)

@@ -21,6 +21,10 @@ Message types and who sends them (C client, P planner, W worker):
 | marker | P/W → W | [job, epoch, sender]: the sender's last message under the previous epoch |
 | migrate | W → W | [job, epoch, sender, units, rows, more]: key groups and requests changing owner |
 | scale, place, autoscale | C → P | req, job, workers / placement {op: {worker index: share}} / enabled |
+| drain, pool | C → P | req, worker (migrate its shares away, then it exits) / nothing (the pool wish) |
+| leave | W → P | id: the worker got SIGTERM and asks to be drained |
+| peers | P → W | req, job, peers {id: data endpoint}: workers that joined the job's pool (connect now) |
+| shutdown | P → W | ok, detail: drained (exit 0), or why it could not be (exit 1) |
 | submit, push, wait_idle, state, collected, stats, cancel, jobs, workers | C → P | req plus the call's fields |
 | state_get, state_put, state_dump, collected_dump, counters, stop_job | P/any → W | req plus fields |
 | ckpt_begin | P → W | req, job, ckpt, boundary (record id): hold requests at or above it out of stateful operators |
@@ -85,6 +89,8 @@ SCHEMAS: dict[str, dict[str, tuple | None]] = {
     "ckpt_abort": {"req": _INT, "job": _INT, "ckpt": _INT},
     "restore": {"req": _INT, "job": _INT, "dag": _DICT, "placement": _DICT, "peers": _DICT, "ckpt": _INT,
                 "groups": _DICT, "dir": _STR},
+    "peers": {"req": _INT, "job": _INT, "peers": _DICT},
+    "shutdown": {"ok": _BOOL, "detail": _STR},
     "rstate_get_many": {"req": _INT, "job": _INT, "op": _STR, "keys": _LIST},
     "rstate_put_many": {"req": _INT, "job": _INT, "op": _STR, "states": _DICT},
 }
@@ -263,6 +269,17 @@ class Autoscale(JobRequest):
     enabled: bool = _req(_BOOL)
 
 
+@dataclass(slots=True)
+class Drain(Request):
+    TYPE: ClassVar[str] = "drain"
+    worker: str = _req(_STR)
+
+
+@dataclass(slots=True)
+class Pool(Request):
+    TYPE: ClassVar[str] = "pool"
+
+
 # Worker -> planner (and any answer to a request)
 @dataclass(slots=True)
 class Register(Message):
@@ -274,6 +291,14 @@ class Register(Message):
     metrics: str = _req(_STR)  # its /metrics URL
     p_max: int = _req(_INT)
     pid: int = _req(_INT)
+
+
+@dataclass(slots=True)
+class Leave(Message):
+    """A worker asks to be drained (it got SIGTERM); the planner answers with `shutdown`."""
+
+    TYPE: ClassVar[str] = "leave"
+    id: str = _req(_STR)
 
 
 @dataclass(slots=True)
@@ -302,7 +327,7 @@ class Error(Message):
 
 MESSAGES: dict[str, type[Message]] = {cls.TYPE: cls for cls in (
     Submit, Push, WaitIdle, StateRequest, Collected, Stats, Cancel, Jobs, Workers, Scale, Place, Autoscale,
-    Register, Heartbeat, Reply, Error)}
+    Drain, Pool, Register, Leave, Heartbeat, Reply, Error)}
 for _mtype, _cls in MESSAGES.items():
     SCHEMAS[_mtype] = {f.name: f.metadata["types"] for f in fields(_cls) if not f.metadata.get("optional")}
     _opts = {f.name: f.metadata["types"] for f in fields(_cls) if f.metadata.get("optional")}

@@ -103,9 +103,21 @@ class LocalCluster:
                  restart_workers: bool = True,
                  restart_policy: RestartPolicy | None = None, on_event: Callable[[str], None] | None = None,
                  keys: str | os.PathLike | None = None, insecure: bool = False, metrics_host: str | None = None,
+                 provider: str = "static", min_workers: int = 1, max_workers: int | None = None,
+                 pool_cooldown: float = 10.0, prometheus_sd: str | os.PathLike | None = None,
                  state_dir: str | os.PathLike | None = None):
         if workers < 1:
             raise ValueError(f"a cluster needs at least one worker, not {workers}")
+        if provider not in ("static", "local"):
+            raise ValueError(f"a local cluster's provider is static or local, not {provider!r}")
+        # The local provider (docs/DEPLOY.md): the planner wishes, the supervisor starts and stops workers.
+        self.provider = provider
+        self.min_workers = min_workers
+        self.max_workers = max(workers, max_workers or workers)
+        self.pool_cooldown = pool_cooldown
+        self.prometheus_sd = Path(prometheus_sd) if prometheus_sd else None
+        self._released: set[int] = set()  # worker indices the provider stopped (SIGTERM: drained, exit 0)
+        self._pool_client = None
         self.n_workers = workers
         self.host = host
         self.port = port
@@ -233,8 +245,13 @@ class LocalCluster:
                 # Before the CPU limits: its sweep kills a dead owner's processes, which empties their cgroups.
                 self.netns = Hosts()
                 addresses = self._addresses = {name: self.netns.add(name) for name in addresses}
+            pool_args = []
+            if self.provider == "local":
+                pool_args = ["--provider", "local", "--min-workers", str(self.min_workers), "--max-workers",
+                             str(self.max_workers), "--pool-cooldown", str(self.pool_cooldown)]
             proc = self._spawn("planner", ["planner", "--host", addresses["planner"], "--port", str(self.port),
-                                           "--p-max", str(self.p_max), *self._security_args(), *self.planner_args],
+                                           "--p-max", str(self.p_max), *self._security_args(), *pool_args,
+                                           *self.planner_args],
                                "planner" if self.hosts else None)
             info = self._announced("planner", proc)
             self.planner = info["endpoint"]
@@ -258,6 +275,7 @@ class LocalCluster:
                 self.metrics["workers"].append(fields["metrics"])
                 self._pinned[self.worker_ids[i]] = _ports(fields)
             self._wait_registered()
+            self._write_sd()
         except BaseException:
             self.stop()
             raise
@@ -297,6 +315,11 @@ class LocalCluster:
                 self.stop()
                 return
             now = time.monotonic()
+            if self.provider == "local":
+                self._reconcile(due, down)
+                procs = self.procs
+                if len(procs) != 1 + len(self.worker_ids):
+                    return  # stopped meanwhile
             for i in range(len(self.worker_ids)):
                 p = procs[1 + i]
                 if i in due or i in down or p.poll() is None:
@@ -314,6 +337,14 @@ class LocalCluster:
         wid = self.worker_ids[i]
         if p.stdout:
             p.stdout.close()
+        if i in self._released:
+            down.add(i)
+            self.metrics["workers"][i] = None
+            self._write_sd()
+            self._event(logging.INFO if p.returncode == 0 else logging.WARNING,
+                        f"provider: worker {wid} (pid {p.pid}) {describe_exit(p.returncode)} after its drain; "
+                        "released", process=wid, pid=p.pid, code=p.returncode, action="released")
+            return
         what = f"worker {wid} (pid {p.pid}) {describe_exit(p.returncode)}"
         if not announced:
             what += " before announcing its endpoints"
@@ -369,8 +400,104 @@ class LocalCluster:
             self.metrics["workers"][i] = fields["metrics"]
             if self._info_path is not None:
                 self.write_info(self._info_path)
+        self._write_sd()
         self._event(logging.INFO, f"worker {wid} restarted (pid {p.pid}); it registers with the planner again",
                     process=wid, pid=p.pid, action="restarted")
+
+    # ----------------------------------------------------------------- the local provider
+    def _reconcile(self, due: dict, down: set) -> None:
+        """Read the planner's pool wish and make it so: start workers up to it (at most `max_workers`),
+        SIGTERM those it releases (the planner drains them; they exit 0). Like dask's SpecCluster, a
+        declarative wish reconciled with what runs."""
+        now = time.monotonic()
+        if now < getattr(self, "_next_poll", 0.0):
+            return
+        self._next_poll = now + 0.5
+        try:
+            if self._pool_client is None:
+                from clasp.runtime.client import connect
+
+                self._pool_client = connect(self.planner, timeout=5.0)
+            pool = self._pool_client.pool()
+        except Exception as e:  # the planner is busy or going away: try again at the next poll
+            log.debug("pool poll failed: %s", e)
+            return
+        wish = pool["wish"]
+        release = set(wish["release"])
+        running = [i for i in range(len(self.worker_ids))
+                   if i not in down and i not in self._released and (i in due or self.procs[1 + i].poll() is None)]
+        for i in running:
+            wid = self.worker_ids[i]
+            if wid in release:
+                self._released.add(i)
+                self._event(logging.INFO, f"provider: stopping worker {wid} (pid {self.procs[1 + i].pid}): "
+                            f"{wish['reason']}", process=wid, action="release")
+                try:
+                    self.procs[1 + i].send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        keep = [i for i in running if self.worker_ids[i] not in release]
+        for _ in range(min(wish["workers"], self.max_workers) - len(keep)):
+            if self._stopping.is_set() or not self._add_worker(wish["reason"]):
+                return
+
+    def _add_worker(self, reason: str) -> bool:
+        """Start one more worker (the provider): a new id, free ports; it registers and joins the jobs."""
+        with self._lock:
+            if self._stopping.is_set():
+                return False
+            n = len(self.worker_ids)
+            used = {int(w[1:]) for w in self.worker_ids if w[1:].isdigit()}
+            wid = f"w{max(used, default=-1) + 1}"
+            self.worker_ids.append(wid)
+            self._addresses[wid] = self.netns.add(wid) if self.netns is not None else self.host
+            if self.cpu_quotas is not None:
+                self.cpu_quotas.append(self.cpu_quotas[-1])
+            self.metrics["workers"].append(None)
+            self.procs.append(None)
+            p = self._spawn(f"worker-{n}", self._worker_args(wid), wid if self.hosts else None, index=1 + n)
+        if self.cpu_limits is not None:
+            try:
+                self.cpu_limits.limit(p.pid, wid, self.cpu_quotas[n])
+            except OSError as e:
+                self._event(logging.WARNING, f"worker {wid}: could not put it under its CPU quota: {e}", process=wid)
+        fields = self._announced_within(p, self.start_timeout) or {}
+        self._pinned[wid] = _ports(fields)
+        self.metrics["workers"][n] = fields.get("metrics")
+        self._event(logging.INFO, f"provider: started worker {wid} (pid {p.pid}): {reason}", process=wid,
+                    pid=p.pid, action="start")
+        if self._info_path is not None:
+            self.write_info(self._info_path)
+        self._write_sd()
+        return True
+
+    def running_workers(self) -> list[str]:
+        """The ids of the worker processes running now."""
+        procs = self.procs
+        return [w for i, w in enumerate(self.worker_ids) if 1 + i < len(procs) and procs[1 + i] is not None
+                and procs[1 + i].poll() is None]
+
+    def _write_sd(self) -> None:
+        """Prometheus file-based service discovery: one target group per process's metrics endpoint,
+        rewritten atomically (Prometheus watches the file) as workers come and go."""
+        if self.prometheus_sd is None:
+            return
+        groups = []
+        procs = self.procs
+        entries = [("planner", "planner", self.metrics.get("planner"), procs[0] if procs else None)]
+        entries += [(wid, "worker", self.metrics["workers"][i] if i < len(self.metrics["workers"]) else None,
+                     procs[1 + i] if 1 + i < len(procs) else None) for i, wid in enumerate(self.worker_ids)]
+        for name, role, url, proc in entries:
+            if not url or proc is None or proc.poll() is not None:
+                continue
+            m = re.match(r"https?://([^/]+)(/.*)?$", url)
+            if not m:
+                continue
+            groups.append({"targets": [m.group(1)], "labels": {"clasp_process": name, "clasp_role": role,
+                                                               "__metrics_path__": m.group(2) or "/metrics"}})
+        tmp = self.prometheus_sd.with_name(self.prometheus_sd.name + ".tmp")
+        tmp.write_text(json.dumps(groups, indent=2))
+        os.replace(tmp, self.prometheus_sd)
 
     def _announced_within(self, proc: subprocess.Popen, timeout: float) -> dict | None:
         """The fields of a restarted worker's first line, or None if it exits, hangs or the cluster stops."""
@@ -421,11 +548,14 @@ class LocalCluster:
                 sup.join(timeout=timeout)
             with self._lock:
                 try:
-                    for p in self.procs:
-                        if p.poll() is None:
-                            p.send_signal(signal.SIGTERM)
+                    # Workers get SIGINT: SIGTERM would ask the planner to drain them, one by one.
+                    for k, p in enumerate(self.procs):
+                        if p is not None and p.poll() is None:
+                            p.send_signal(signal.SIGTERM if k == 0 else signal.SIGINT)
                     deadline = time.monotonic() + timeout
                     for p in self.procs:
+                        if p is None:
+                            continue
                         try:
                             p.wait(timeout=max(0.1, deadline - time.monotonic()))
                         except subprocess.TimeoutExpired:
@@ -434,6 +564,12 @@ class LocalCluster:
                         if p.stdout:
                             p.stdout.close()
                     self.procs = []
+                    if self._pool_client is not None:
+                        try:
+                            self._pool_client.close()
+                        except Exception:
+                            pass
+                        self._pool_client = None
                 finally:
                     # Namespaces after the processes: releasing kills whatever is still inside one.
                     if self.netns is not None:
@@ -460,13 +596,14 @@ class LocalCluster:
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the process that started it dies (Linux), so a cluster whose
+    """In the child before exec: SIGINT when the process that started it dies (Linux), so a cluster whose
     owner was SIGKILLed (a `clasp run` killed, a test's timeout) does not leave its planner and workers
-    running. Elsewhere nothing: they stop with `LocalCluster.stop()` only."""
+    running (SIGINT, not SIGTERM: a worker's SIGTERM asks the planner to drain it, docs/DEPLOY.md).
+    Elsewhere nothing: they stop with `LocalCluster.stop()` only."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGINT)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 

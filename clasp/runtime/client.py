@@ -276,6 +276,15 @@ class Client:
     def jobs(self) -> list[dict]:
         return self._call("jobs", {})
 
+    def drain(self, worker: str, timeout: float = 300.0) -> dict:
+        """Live-migrate every share and key group of `worker` to the others, then let it exit (code 0);
+        returns when it is done (what `clasp drain WORKER` and SIGTERM to the worker do)."""
+        return self._call("drain", {"worker": str(worker)}, max(self.timeout, timeout))
+
+    def pool(self) -> dict:
+        """The elastic pool: the provider, what the planner wishes for (workers, release), who is leaving."""
+        return self._call("pool", {})
+
     def close(self) -> None:
         if self._sock.closed:
             return

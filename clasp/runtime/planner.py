@@ -50,8 +50,10 @@ from clasp.core.routing import (
 from clasp.core.scheduler import WorkerInfo
 from clasp.core.tracking import CHUNK_BITS, LatencyHistogram, Tracker
 from clasp.runtime.dashboard import Dashboard, planner_view
+from clasp.runtime.elastic import ElasticPool, PoolError
 from clasp.runtime.net import advertised, bind, start_metrics_server
 from clasp.runtime.planner_recovery import CheckpointState, PlannerRecoveryMixin
+from clasp.runtime.providers import Provider
 from clasp.runtime.security import Security
 from clasp.runtime.state_server import StateServer
 from clasp.runtime.state_store import FileStore, check_state_dir
@@ -69,7 +71,8 @@ class RequestError(Exception):
 
 # Errors whose text is meant for the client (a bad request); any other exception in a handler is a bug:
 # logged with its traceback, and the client gets an error id (`clasp.runtime.tasks.internal_error`).
-CLIENT_ERRORS = (RequestError, DagError, PlacementError, NoPlacementError, ProtocolError, LimitError, TimeoutError)
+CLIENT_ERRORS = (RequestError, DagError, PlacementError, NoPlacementError, ProtocolError, LimitError, TimeoutError,
+                 PoolError)
 
 
 @dataclass
@@ -143,7 +146,7 @@ class Planner(PlannerRecoveryMixin):
                  autoscale: bool = True, policy: str = "clasp", migration_timeout: float = 5.0,
                  control: ControlConfig | None = None, state: str = "local", state_port: int = 0,
                  security: Security | None = None, metrics_host: str | None = None,
-                 checkpoint_interval: float = 1.0, state_dir: str | None = None,
+                 provider: Provider | None = None, checkpoint_interval: float = 1.0, state_dir: str | None = None,
                  input_log_records: int = 1_000_000):
         self.host, self.port, self.metrics_port = host, port, metrics_port
         self.metrics_host = metrics_host or host
@@ -194,6 +197,7 @@ class Planner(PlannerRecoveryMixin):
         self.last_rates = {"input_rate": 0.0, "throughput": 0.0}
         self.dispatch_wake = asyncio.Event()
         self.tasks = ProcessTasks(log)  # every task of this process; cancelled together when serve() ends
+        self.elastic = ElasticPool(self, provider)  # join, drain, the provider (clasp/runtime/elastic.py)
         self.started = time.monotonic()
 
     # ----------------------------------------------------------------- lifecycle
@@ -286,6 +290,7 @@ class Planner(PlannerRecoveryMixin):
             "wait_idle": self._on_wait_idle, "state": self._on_state, "collected": self._on_collected,
             "stats": self._on_stats, "cancel": self._on_cancel, "jobs": self._on_jobs, "workers": self._on_workers,
             "scale": self._on_scale, "place": self._on_place, "autoscale": self._on_autoscale,
+            "drain": self.elastic.on_drain, "leave": self.elastic.on_leave, "pool": self.elastic.on_pool,
         }
         while True:
             frames = await self.router.recv_multipart()
@@ -365,6 +370,8 @@ class Planner(PlannerRecoveryMixin):
             raise RequestError("a worker registers from a socket whose identity is its id")
         now = time.monotonic()
         prev = self.workers.get(wid)
+        if self.elastic.refuses(wid, msg.pid):
+            return  # drained: this process is exiting
         restarted = prev is not None and ((prev.pid, prev.data) != (msg.pid, msg.data) or not prev.alive)
         if restarted and not self._old_incarnation_gone(prev, msg.pid):
             return  # no welcome yet: the worker registers again in 2 s
@@ -388,6 +395,8 @@ class Planner(PlannerRecoveryMixin):
             for job in list(self.jobs.values()):
                 if wid in job.workers:
                     self._background(self._redeploy(job, wid), f"deploying job {job.id} on restarted worker {wid}")
+        elif prev is None:
+            self.elastic.joined(wid)  # a newcomer joins the running jobs' pools at once
 
     def _old_incarnation_gone(self, prev: WorkerInfo, pid: int) -> bool:
         """A worker registers with the id of one known here, from another process: the old process died
@@ -532,7 +541,7 @@ class Planner(PlannerRecoveryMixin):
 
     async def _on_submit(self, ident: bytes, msg: protocol.Submit) -> None:
         spec = DagSpec.unpack(msg.dag)
-        workers = self.live_workers()
+        workers = self.elastic.pool_ids(self.live_workers())
         if not workers:
             raise RequestError("no live workers: start some with `clasp worker --planner ADDR`")
         policy = msg.policy or self.policy
@@ -696,9 +705,14 @@ class Planner(PlannerRecoveryMixin):
     async def _on_scale(self, ident: bytes, msg: protocol.Scale) -> None:
         job = self._job(msg)
         n = msg.workers
-        pool = self._job_workers(job)
-        if not 1 <= n <= len(pool):
+        pool = self._pool(job)
+        if not 1 <= n <= self.elastic.max_pool(len(pool)):
             raise RequestError(f"scale to {n} workers: the job's pool has {len(pool)} live workers")
+        if n > len(pool):
+            pool = await self.elastic.acquire(job, n)  # the provider starts them; they join the pool
+            if n > len(pool):
+                raise RequestError(f"scale to {n} workers: asked the {self.elastic.provider.name} provider, "
+                                   f"{len(pool)} are in the job's pool after {self.elastic.config.join_timeout:g} s")
         async with job.lock:
             pool = self._pool(job)
             result = job.controller.place_on(n, pool)
@@ -712,7 +726,7 @@ class Planner(PlannerRecoveryMixin):
         """Migrate to an explicit placement, operator -> {pool index -> share} (pool: active workers first)."""
         job = self._job(msg)
         async with job.lock:
-            pool = pool_order(job.placement, self._job_workers(job))
+            pool = pool_order(job.placement, self.elastic.pool_ids(self._job_workers(job)))
             new = build_placement(job.spec, pool, msg.placement, self.p_max, job.placement.epoch + 1,
                                   previous=job.placement, weights=job.key_weights)
             record = await self._run_migration(job, new, "manual placement")
@@ -733,7 +747,7 @@ class Planner(PlannerRecoveryMixin):
 
     def _pool(self, job: PlannerJob) -> list[str]:
         """The worker ids behind the policy's indices: larger CPU allowances first (`pool_order`)."""
-        return pool_order(job.placement, self._job_workers(job),
+        return pool_order(job.placement, self.elastic.pool_ids(self._job_workers(job)),
                           {w: self.workers[w].sample.get("cpus") for w in job.workers if w in self.workers})
 
     async def _place_result(self, job: PlannerJob, result, reason: str, pool: list[str] | None = None) -> dict:
@@ -836,7 +850,9 @@ class Planner(PlannerRecoveryMixin):
         job.key_weights = key_weights(job.spec, samples, job.id, job.key_weights)
         obs = observation(job.spec, samples, job.id, rate_in, rate_out, job.tracker.completed, job.queued,
                           job.placement, pool)
-        step = job.controller.observe(obs, decide=job.autoscale and not job.migrating)
+        job.controller.pool = self.elastic.max_pool(len(pool))  # the provider's ceiling: workers that may join
+        step = job.controller.observe(obs, decide=job.autoscale and not job.migrating
+                                      and job.id not in self.elastic.waiting)
         e = step.estimate
         job.estimate = {"alpha": e.alpha, "beta": e.beta, "beta_receive": e.beta_receive, "mu": e.mu,
                         "gamma": e.gamma, "capacity": e.capacity, "flush_delay": e.flush_delay,
@@ -850,7 +866,10 @@ class Planner(PlannerRecoveryMixin):
                  "change": d.change, "workers": d.workers, "predicted_rate": d.placement.rate if d.change else None}
         job.decisions.append(entry)
         log.info("job %d: %s -> %s", job.id, step.trigger, d.reason if d.change else f"no change: {d.reason}")
-        if d.change:
+        if d.change and d.placement.workers > len(pool):
+            self._background(self.elastic.decide_later(job, d.placement.workers, f"{step.trigger}: {d.reason}"),
+                             f"re-placement of job {job.id} on workers asked for")
+        elif d.change:
             self._background(self._apply_decision_locked(job, d.placement, f"{step.trigger}: {d.reason}", pool),
                              f"re-placement of job {job.id}")
 
@@ -929,6 +948,7 @@ class Planner(PlannerRecoveryMixin):
                         f"timeout: job {job.id} still has {job.tracker.outstanding} records in flight "
                         f"({job.queued} queued at the planner)"))
             self.last_rates = {"input_rate": total_in, "throughput": total_out}
+            self.elastic.tick()
 
     def job_stats(self, job: PlannerJob, counters: dict | None = None) -> dict:
         """Throughput, input rate, latency, and the Table 2 metrics of every worker, for one job

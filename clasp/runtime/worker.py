@@ -46,7 +46,7 @@ class Worker(RecoveryMixin):
                  metrics_port: int = 0, advertise: str | None = None, worker_id: str | None = None,
                  p_max: int = 10, heartbeat: float = 1.0, flush_delay: float = 0.001, max_batch: int = 2000,
                  cpus: float | None = None, security: Security | None = None, metrics_host: str | None = None,
-                 state_dir: str | None = None):
+                 leave_timeout: float = 300.0, state_dir: str | None = None):
         self.planner_addr = planner
         self.state_dir = state_dir  # checkpoints; None: the directory the planner names
         self.checkpoint_failures = 0
@@ -73,6 +73,10 @@ class Worker(RecoveryMixin):
         self._returns_since: float | None = None
         self.remote_states: dict[str, RemoteState] = {}  # state-server endpoint -> its client (remote state)
         self.tasks = ProcessTasks(log)  # every task of this process; cancelled together when serve() ends
+        self.leave_timeout = leave_timeout  # after SIGTERM: longest wait for the planner's drain, then exit 1
+        self.exit_code: int | None = None  # set when the planner's `shutdown` (or a failed drain) ends serve()
+        self._leaving = False
+        self._main: asyncio.Task | None = None
 
     # ----------------------------------------------------------------- lifecycle
     async def serve(self) -> None:
@@ -95,21 +99,26 @@ class Worker(RecoveryMixin):
         registry.register(sec.collector())
         self.metrics_url = start_metrics_server(registry, self.metrics_host, metrics_port,
                                                 self.advertise if self.metrics_host == self.host
-                                                else advertised(self.metrics_host, None))
+                                                else advertised(self.metrics_host, None), ready=self.welcomed.is_set)
         print(f"clasp worker {self.id} data={self.data_endpoint} state={self.state_endpoint} "
               f"metrics={self.metrics_url} planner={self.planner_addr}", flush=True)
+        self._main = asyncio.current_task()
         try:
             # The job engines' operator tasks are theirs (JobEngine.async_tasks); they end with the rest.
             await self.tasks.run(self._control_loop(), self._data_loop(), self._state_loop(), self._executor_loop(),
                                  self._heartbeat_loop(), self._register_loop(), sec.run(),
                                  also=lambda: [t for e in self.jobs.values() for t in e.async_tasks])
+        except asyncio.CancelledError:
+            if self.exit_code is None:
+                raise
+            return self.exit_code
         finally:
             self.stopping = True
             self.ctx.destroy(linger=200)
 
     async def _register_loop(self) -> None:
         while True:
-            if not self.welcomed.is_set():
+            if not self.welcomed.is_set() and self.exit_code is None and not self._leaving:
                 await self.dealer.send(protocol.pack(protocol.Register(
                     self.id, self.advertise, self.data_endpoint, self.state_endpoint, self.metrics_url, self.p_max,
                     os.getpid())))
@@ -140,9 +149,9 @@ class Worker(RecoveryMixin):
                     "state_dump": self._on_state_dump, "collected_dump": self._on_collected_dump,
                     "stop_job": self._on_stop_job, "error": self._on_error, "state_get": self._on_state_get,
                     "state_put": self._on_state_put, "counters": self._on_counters,
-                    "migrate_plan": self._on_migrate_plan, "ckpt_begin": self._on_ckpt_begin,
-                    "ckpt_snapshot": self._on_ckpt_snapshot, "ckpt_abort": self._on_ckpt_abort,
-                    "restore": self._on_restore}
+                    "migrate_plan": self._on_migrate_plan, "peers": self._on_peers, "shutdown": self._on_shutdown,
+                    "ckpt_begin": self._on_ckpt_begin, "ckpt_snapshot": self._on_ckpt_snapshot,
+                    "ckpt_abort": self._on_ckpt_abort, "restore": self._on_restore}
         while True:
             frames = await self.dealer.recv_multipart()
             try:
@@ -182,10 +191,50 @@ class Worker(RecoveryMixin):
             self.welcomed.clear()
         log.warning("planner reports %s: %s", body["reason"], body["detail"])
 
+    # ----------------------------------------------------------------- joining and leaving (docs/DEPLOY.md)
+    def _on_peers(self, body) -> bytes:
+        """Workers that joined a job's pool: connect to them now (a first send must not wait for a handshake)."""
+        self._connect_peers(body["peers"])
+        return protocol.reply(body["req"], {"worker": self.id})
+
+    def leave(self) -> None:
+        """SIGTERM: ask the planner to drain this worker; it answers `shutdown` once nothing is left here.
+        A second SIGTERM, or no answer within `leave_timeout`, exits at once (code 1)."""
+        if self._leaving or not self.welcomed.is_set():
+            log.warning("SIGTERM%s: exiting now", " again" if self._leaving else " before registering")
+            self._exit(1 if self._leaving else 0)
+            return
+        self._leaving = True
+        log.info("SIGTERM: asking the planner to drain this worker")
+        self.tasks.spawn(self._leave(), "leaving")
+
+    async def _leave(self) -> None:
+        await self.dealer.send(protocol.pack(protocol.Leave(self.id)))
+        await asyncio.sleep(self.leave_timeout)
+        log.error("the planner did not drain this worker within %g s: exiting", self.leave_timeout)
+        self._exit(1)
+
+    async def _on_shutdown(self, body) -> None:
+        if body["ok"]:
+            log.info("drained: %s; exiting", body["detail"])
+        else:
+            log.error("the planner could not drain this worker: %s; exiting", body["detail"])
+        for eng in self.jobs.values():  # what is batched leaves before the sockets close
+            self._flush_data(eng)
+            self._flush_returns(eng)
+        await asyncio.sleep(0.05)
+        self._exit(0 if body["ok"] else 1)
+
+    def _exit(self, code: int) -> None:
+        self.exit_code = code
+        self.welcomed.clear()
+        if self._main is not None:
+            self._main.cancel()
+
     def _on_deploy(self, body) -> bytes:
         spec = DagSpec.unpack(body["dag"])
         placement = Placement.from_wire(body["placement"], spec)
-        self._set_peers(body["peers"])
+        self._connect_peers(body["peers"])
         job = body["job"]
         if job in self.jobs:
             raise ValueError(f"job {job} is already deployed here")
@@ -199,7 +248,7 @@ class Worker(RecoveryMixin):
         log.info("deployed job %d (%s), %d operators, epoch %d", job, spec.name, len(spec.operators), placement.epoch)
         return protocol.reply(body["req"], {"worker": self.id})
 
-    def _set_peers(self, peers: dict) -> None:
+    def _connect_peers(self, peers: dict) -> None:
         for wid, addr in peers.items():
             wid, addr = str(wid), str(addr)
             if self.peer_addrs.get(wid) != addr and wid in self.peers:

@@ -124,7 +124,7 @@ class RecoveryMixin:
         old = self.jobs.pop(job, None)
         spec = old.spec if old is not None else DagSpec.unpack(body["dag"])
         placement = Placement.from_wire(body["placement"], spec)
-        self._set_peers(body["peers"])
+        self._connect_peers(body["peers"])
         eng = JobEngine(job, spec, self.id, placement, self.p_max)
         eng.stall = self.stall
         eng.on_work = self.wake.set

@@ -1,0 +1,219 @@
+"""The planner's elastic pool: workers join running jobs, leave them gracefully, and are asked for and given back.
+
+- **Join.** A worker that registers while jobs run joins every job's pool at once: the job's workers are
+  told its data endpoint (`peers`, so they connect before any send, as at deploy), it is deployed each
+  job holding nothing, and the job's next re-plan or `job.scale(n)` may place on it.
+- **Leave.** `clasp drain WORKER` (the `drain` request) or SIGTERM to the worker (it sends `leave`) marks
+  it leaving: no placement uses it again; each job it holds part of is live-migrated off it (the
+  migration protocol: nothing lost, per-key order kept), it leaves the jobs' pools, and the planner tells
+  it `shutdown`: it exits 0.
+- **Ask and give back.** Each tick the pure `clasp.core.pool.pool_wish` says how many workers the cluster
+  should have and which idle ones to release (after a cooldown); the provider (`clasp.runtime.providers`)
+  carries that out. A decision that needs more workers than the pool has asks for them and waits for them
+  to join (`acquire`), up to `join_timeout`, then places on those that came.
+
+The planner's part is a handful of calls (`joined`, `on_drain`, `on_leave`, `on_pool`, `tick`, `acquire`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from clasp.core import protocol
+from clasp.core.pool import PoolState, PoolWish, demand, max_pool, pool_wish, update_idle
+from clasp.core.scheduler import survivor_placement
+from clasp.runtime.providers import Provider
+
+log = logging.getLogger("clasp.planner")
+Planner = PlannerJob = Any  # clasp.runtime.planner's, which imports this module
+
+
+class PoolError(Exception):
+    """A drain that cannot be done (an unknown worker, the last worker of a job): the client sees the text."""
+
+
+class ElasticPool:
+    def __init__(self, planner: Planner, provider: Provider | None = None):
+        self.p = planner
+        self.provider = provider or Provider()
+        self.config = self.provider.config
+        self.state = PoolState()
+        self.leaving: set[str] = set()  # draining, or released to the provider: no placement uses them
+        self.departed: set[tuple[str, int]] = set()  # (id, pid) of processes drained: not welcomed again
+        self.waiting: set[int] = set()  # jobs whose decision waits for workers to join
+        self.wish: PoolWish | None = None
+        self.joins = 0
+        self.drains: list[dict] = []  # what each drain did (worker, seconds, jobs migrated)
+
+    # ----------------------------------------------------------------- what the planner asks
+    def pool_ids(self, ids: list[str]) -> list[str]:
+        """`ids` without the workers leaving."""
+        return [w for w in ids if w not in self.leaving]
+
+    def max_pool(self, live: int) -> int:
+        return max_pool(self.config, live)
+
+    def refuses(self, wid: str, pid: int) -> bool:
+        return (wid, pid) in self.departed
+
+    # ----------------------------------------------------------------- join
+    def joined(self, wid: str) -> None:
+        """A worker registered for the first time (or again after it was drained): join every job."""
+        self.leaving.discard(wid)
+        for job in list(self.p.jobs.values()):
+            self.p._background(self._join(job, wid), f"worker {wid} joining job {job.id}")
+
+    async def _join(self, job: PlannerJob, wid: str) -> None:
+        p = self.p
+        async with job.lock:
+            info = p.workers.get(wid)
+            if p.jobs.get(job.id) is not job or job.cancelled or wid in job.workers or info is None or not info.alive:
+                return
+            serving = p._job_workers(job)
+            await asyncio.gather(*(p.rpc(w, "peers", {"job": job.id, "peers": {wid: info.data}})
+                                   for w in serving))
+            peers = {w: p.workers[w].data for w in [*serving, wid]}
+            await p.rpc(wid, "deploy", {"job": job.id, "dag": job.spec.pack(), "placement": job.placement.to_wire(),
+                                        "peers": peers, "state": job.state,
+                                        "state_server": p.state_server.endpoint,
+                                        "floor": job.placement.epoch if job.ckpt is not None else 0})
+            job.workers.append(wid)
+            job.retired.discard(wid)
+            self.joins += 1
+            log.info("worker %s joined job %d's pool (now %d workers)", wid, job.id, len(p._job_workers(job)))
+
+    # ----------------------------------------------------------------- acquire
+    async def acquire(self, job: PlannerJob, n: int) -> list[str]:
+        """Ask the provider for `n` workers for `job` and wait (up to join_timeout) until they joined the
+        job's pool; returns the pool then (possibly smaller than `n`)."""
+        pool = self.p._pool(job)
+        want = demand(self.config, n, len(pool))
+        if want is None:
+            return pool
+        self.state.demands[job.id] = want
+        self.tick()
+        log.info("job %d needs %d workers, its pool has %d: asked the %s provider", job.id, n, len(pool),
+                 self.provider.name)
+        deadline = time.monotonic() + self.config.join_timeout
+        try:
+            while len(pool := self.p._pool(job)) < want and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+        finally:
+            self.state.demands.pop(job.id, None)
+        return pool
+
+    async def decide_later(self, job: PlannerJob, needed: int, reason: str) -> None:
+        """A control-loop decision for more workers than the pool has: acquire them, then place on them."""
+        self.waiting.add(job.id)
+        try:
+            pool = await self.acquire(job, needed)
+            if self.p.jobs.get(job.id) is not job:
+                return
+            result = job.controller.place_on(min(needed, len(pool)), pool)
+            await self.p._apply_decision_locked(job, result, reason, pool)
+        finally:
+            self.waiting.discard(job.id)
+
+    # ----------------------------------------------------------------- leave
+    def on_drain(self, ident: bytes, msg: protocol.Drain):
+        if msg.worker not in self.p.workers:
+            raise PoolError(f"no worker {msg.worker!r}")
+        return self._drain_reply(ident, msg)
+
+    async def _drain_reply(self, ident: bytes, msg: protocol.Drain) -> None:
+        ok, detail = await self.drain(msg.worker, "clasp drain")
+        if not ok:
+            raise PoolError(detail)
+        self.p._reply(ident, msg.req, {"worker": msg.worker, "detail": detail})
+
+    def on_leave(self, ident: bytes, msg: protocol.Leave) -> None:
+        if ident != msg.id.encode() or msg.id not in self.p.workers:
+            return
+        self.p._background(self.drain(msg.id, "SIGTERM"), f"drain of worker {msg.id}")
+
+    async def drain(self, wid: str, why: str) -> tuple[bool, str]:
+        """Migrate everything of every job off `wid`, drop it from the pools, tell it to exit."""
+        p = self.p
+        info = p.workers.get(wid)
+        if info is None:
+            return False, f"no worker {wid!r}"
+        self.leaving.add(wid)
+        t0 = time.monotonic()
+        moved = []
+        log.info("draining worker %s (%s)", wid, why)
+        for job in list(p.jobs.values()):
+            async with job.lock:
+                if wid not in job.workers:
+                    continue
+                if wid in job.placement.active_workers():
+                    others = p._pool(job)
+                    if not others:
+                        self.leaving.discard(wid)
+                        detail = (f"cannot drain worker {wid}: it is the last worker of job {job.id} "
+                                  "(start another worker first)")
+                        log.error("%s", detail)
+                        if why == "SIGTERM":
+                            await p._send(wid.encode(), protocol.encode("shutdown", {"ok": False, "detail": detail}))
+                        return False, detail
+                    new = survivor_placement(job.spec, job.placement, others, job.key_weights)
+                    record = await p._run_migration(job, new, f"worker {wid} drained ({why})")
+                    if record["failed"]:
+                        self.leaving.discard(wid)
+                        return False, f"the migration off {wid} failed on {sorted(record['failed'])}"
+                    job.controller.current = None  # the policy's placement no longer describes the job
+                    job.controller._cooldown = job.controller.config.cooldown_seconds
+                    moved.append(job.id)
+                job.workers.remove(wid)
+                job.retired.discard(wid)
+        seconds = time.monotonic() - t0
+        self.drains.append({"worker": wid, "seconds": seconds, "jobs": moved, "why": why})
+        detail = f"worker {wid} drained in {seconds * 1e3:.0f} ms ({len(moved)} job(s) migrated off it)"
+        log.info("%s", detail)
+        self.departed.add((wid, info.pid))
+        await p._send(wid.encode(), protocol.encode("shutdown", {"ok": True, "detail": detail}))
+        p.workers.pop(wid, None)
+        pusher = p.pushers.pop(wid, None)
+        if pusher is not None:
+            pusher.close(linger=1000)
+        self.leaving.discard(wid)
+        self.state.idle_since.pop(wid, None)
+        self.tick()
+        return True, detail
+
+    # ----------------------------------------------------------------- the provider
+    def on_pool(self, ident: bytes, msg: protocol.Pool) -> None:
+        self.tick()
+        wish = self.wish or PoolWish(len(self.p.live_workers()))
+        self.p._reply(ident, msg.req, {"provider": self.provider.name, "wish": wish.to_wire(),
+                                       "workers": self.p.live_workers(), "leaving": sorted(self.leaving),
+                                       "min_workers": self.config.min_workers,
+                                       "max_workers": self.config.max_workers, "joins": self.joins,
+                                       "drains": self.drains[-20:]})
+
+    def tick(self) -> None:
+        """Recompute the wish (once a tick, and when something changed); hand a new one to the provider."""
+        p = self.p
+        now = time.monotonic()
+        live = self.pool_ids(p.live_workers())
+        busy = set()
+        for job in p.jobs.values():
+            busy.update(job.placement.active_workers())
+        update_idle(self.state, live, busy, now)
+        wish = pool_wish(self.config, self.state, live, now, self.provider.release_order(live))
+        release = self.provider.restrict(live, wish.release)
+        if release != wish.release:
+            wish = PoolWish(len(live) - len(release), release, wish.reason)
+        for w in release:
+            self.leaving.add(w)
+        # Released earlier and still registered: keep asking for them to stop.
+        gone = tuple(w for w in sorted(self.leaving) if w in p.workers and w not in release)
+        wish = PoolWish(wish.workers, (*release, *gone), wish.reason)
+        if wish != self.wish:
+            if self.wish is None or (wish.workers, wish.release) != (self.wish.workers, self.wish.release):
+                log.info("pool: %d workers wanted, releasing %s (%s; %s provider)", wish.workers,
+                         ",".join(wish.release) or "none", wish.reason, self.provider.name)
+            self.wish = wish
+            self.provider.apply(wish)
