@@ -290,6 +290,27 @@ def place(operators: Sequence[str], edges: Sequence[Edge], load: Load, model: Ca
             best = p
     if best is None:
         raise failure
+    if refine:
+        best = _fewer_workers(operators, edges, load, model, best)
+    return best
+
+
+def _fewer_workers(operators: Sequence[str], edges: Sequence[Edge], load: Load, model: CapacityModel,
+                   best: FractionalPlacement) -> FractionalPlacement:
+    """The refinement's other candidates, for the planned rate: the fewest workers on which a whole-operator
+    cut (`whole_fit`) or the even spread fits, where that is fewer than next-fit needs (the same candidates
+    as at the worker limit, so the count planned for a rate and the rate found for a count agree)."""
+    order = topological_order(operators, edges)
+    for n in range(1, best.workers):
+        if len(operators) * n > WHOLE_LIMIT:
+            break
+        cut = whole_fit(order, load, model, n)
+        if cut is not None:
+            return cut
+        fractions = {o: {w: 1.0 / n for w in range(n)} for o in operators}
+        spread = FractionalPlacement(list(reversed(order)), n, fractions, dict(load.demand), dict(load.edge_rates))
+        if model.fits(spread.load_map(model)):
+            return spread
     return best
 
 
@@ -514,7 +535,8 @@ def whole_fit(order: Sequence[str], load: Load, model: CapacityModel, workers: i
                 break
         else:
             return None
-    p = FractionalPlacement(list(order), current + 1, fractions, demand, rates)
+    # Reported in reverse, successors first, like every placement's order (the admissible next-fit form).
+    p = FractionalPlacement(list(reversed(order)), current + 1, fractions, demand, rates)
     return p if fits() else None
 
 
