@@ -46,8 +46,17 @@ def browser():
 
 
 def text(driver, css: str) -> str:
-    els = driver.find_elements(By.CSS_SELECTOR, css)
-    return els[0].text if els else ""
+    """The element's text; the page re-renders parts every second, so an element found can be replaced
+    before it is read: then it is looked up again."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for _ in range(20):
+        try:
+            els = driver.find_elements(By.CSS_SELECTOR, css)
+            return els[0].text if els else ""
+        except StaleElementReferenceException:
+            time.sleep(0.05)
+    return ""
 
 
 def number(driver, css: str) -> float | None:
@@ -90,7 +99,7 @@ def test_the_page_shows_a_running_job_and_a_forced_scale(cluster3, client3, brow
         wait.until(lambda d: number(d, "#job-workers") == 2)
         wait.until(lambda d: "manual scale to 2 workers" in text(d, "#migrations"))
         # the placement matrix: the operator column and one per worker holding a share
-        assert len(browser.find_elements(By.CSS_SELECTOR, "#matrix-table thead th")) == 3
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#matrix-table thead th")) == 3)
         out = os.environ.get("CLASP_SCREENSHOTS")
         if out:
             time.sleep(6)  # a few seconds of timeline after the scale

@@ -385,6 +385,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # SIGINT stops every clasp command (LocalCluster stops its planner and workers with it), also when it was
+    # started from a shell's background job, which ignores SIGINT and hands that on (Python keeps it ignored).
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     # `kill -USR1 PID` prints every thread's stack of a clasp process to its stderr: what a hung one waits on.
     try:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
