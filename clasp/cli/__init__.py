@@ -11,6 +11,8 @@ import signal
 import sys
 import time
 
+from clasp.core.credit import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES
+
 
 def _security(args, what: str):
     """The process's Security from --keys / CLASP_KEYS / --insecure, or an exit code (2) after saying why."""
@@ -59,7 +61,8 @@ def _planner(args) -> int:
                              args.statefulset)
     p = Planner(host=args.host, port=args.port, metrics_port=args.metrics_port, advertise=args.advertise,
                 heartbeat=args.heartbeat, dead_after=args.dead_after, max_inflight=args.max_inflight,
-                p_max=args.p_max, autoscale=args.autoscale, policy=args.policy,
+                max_queue=args.max_queued, max_queued_bytes=args.max_queued_bytes, p_max=args.p_max,
+                autoscale=args.autoscale, policy=args.policy,
                 migration_timeout=args.migration_timeout, control=ControlConfig(warmup_requests=args.warmup),
                 state=args.state, state_port=args.state_port, security=security, metrics_host=args.metrics_host,
                 provider=provider)
@@ -158,7 +161,8 @@ def _cluster(args) -> int:
 
 def planner_options(args) -> list[str]:
     """The planner flags that `clasp cluster` (and `clasp run`) pass through."""
-    out = ["--policy", args.policy, "--warmup", str(args.warmup), "--state", args.state]
+    out = ["--policy", args.policy, "--warmup", str(args.warmup), "--state", args.state,
+           "--max-queued-bytes", str(args.max_queued_bytes), "--max-queued", str(args.max_queued)]
     if not args.autoscale:
         out.append("--no-autoscale")
     return out
@@ -185,6 +189,16 @@ def add_control_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=10_000, help="requests completed before the first re-plan")
     p.add_argument("--state", default="local", choices=["local", "remote"],
                    help="jobs' default state: on the workers, or remote on the planner's state server (Fig. 4)")
+    add_queue_options(p)
+
+
+def add_queue_options(p: argparse.ArgumentParser) -> None:
+    """The bound on each job's planner queue (planner, cluster, run): pushes wait while it is reached."""
+    p.add_argument("--max-queued-bytes", type=byte_size, default=DEFAULT_MAX_QUEUED_BYTES,
+                   help="per job: bytes of input accepted and not yet dispatched (push frames' bytes plus 64 per "
+                        "record), N or NK/NM/NG; push() blocks while it is reached (default 128M)")
+    p.add_argument("--max-queued", type=_positive(int), default=DEFAULT_MAX_QUEUED,
+                   help="per job: records accepted and not yet dispatched (default 2000000)")
 
 
 def _keys(args) -> int:
@@ -214,6 +228,19 @@ def _place(args, rest) -> int:
     from clasp.cli.place import main as place_main
 
     return place_main(rest)
+
+
+def byte_size(text: str) -> int:
+    """A size in bytes, > 0: `N`, or with a suffix K, M or G (powers of 1024), e.g. 128M."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    try:
+        v = int(float(t[:-1] if mult > 1 else t) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size in bytes (N, NK, NM or NG): {text}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, not {text}")
+    return v
 
 
 def _quotas(text: str) -> float | list[float]:
