@@ -130,3 +130,18 @@ def test_one_client_keeps_the_queue_within_the_bound_plus_one_chunk(max_bytes, c
         if not wire and not acks and not deferred and client.inflight and not (pending and client.may_send(pending[0])):
             break  # everything acked that can be (nothing stuck)
     assert not pending
+
+
+def test_parse_size():
+    from clasp.core.credit import parse_size
+
+    assert parse_size("128M") == 128 << 20
+    assert parse_size("256k") == 256 << 10
+    assert parse_size("1GiB") == 1 << 30
+    assert parse_size("4096") == 4096
+    for bad in ("0", "-1", "x", "M"):
+        try:
+            parse_size(bad)
+        except ValueError:
+            continue
+        raise AssertionError(bad)

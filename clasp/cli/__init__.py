@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 
-from clasp.core.credit import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES
+from clasp.core.credit import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, parse_size
 
 
 def _security(args, what: str):
@@ -232,15 +232,10 @@ def _place(args, rest) -> int:
 
 def byte_size(text: str) -> int:
     """A size in bytes, > 0: `N`, or with a suffix K, M or G (powers of 1024), e.g. 128M."""
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
     try:
-        v = int(float(t[:-1] if mult > 1 else t) * mult)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size in bytes (N, NK, NM or NG): {text}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, not {text}")
-    return v
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _quotas(text: str) -> float | list[float]:

@@ -101,11 +101,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _queued_bytes(text: str | None) -> str | None:
     if text is None:
         return None
-    from clasp.cli import byte_size
+    from clasp.core.credit import parse_size
 
     try:
-        return str(byte_size(text))
-    except argparse.ArgumentTypeError as e:
+        return str(parse_size(text))
+    except ValueError as e:
         raise UsageError(f"--max-queued-bytes: {e}") from None
 
 

@@ -28,6 +28,19 @@ CHUNK_RECORDS = 5000  # the most records in one push
 FIRST_CHUNK = 64  # records in a client's first push, before it knows their size
 
 
+def parse_size(text: str) -> int:
+    """A size in bytes, > 0: `N`, or with a suffix K, M or G (powers of 1024), e.g. `128M`; ValueError else."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    try:
+        v = int(float(t[:-1] if mult > 1 else t) * mult)
+    except ValueError:
+        raise ValueError(f"not a size in bytes (N, NK, NM or NG): {text}") from None
+    if v <= 0:
+        raise ValueError(f"must be > 0, not {text}")
+    return v
+
+
 def charge(frame_bytes: int, records: int) -> int:
     """The bytes a push of `records` records arriving in a frame of `frame_bytes` bytes costs the queue."""
     return frame_bytes + records * RECORD_OVERHEAD
