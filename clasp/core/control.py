@@ -29,12 +29,13 @@ from clasp.core.routing import NUM_KEY_GROUPS, OperatorPlacement, Placement, key
 # (docs/RUNTIME.md): µs per local / remote chained request, µs/s per remote destination, and the
 # µs/s of operator work one single-threaded worker process sustains. The estimator refines them online.
 RUNTIME_ALPHA = 1.3
-RUNTIME_BETA = 7.0
-RUNTIME_GAMMA = 20000.0
 RUNTIME_CAPACITY = 800000.0
 # The extended model's priors, from `bench.calibrate` on this machine (docs/POLICY.md, "Extended model"):
-# the receiver's share of β, µs per data message at either end, and the CPU seconds a saturated sender
-# takes per batch to one peer (the engine's flush delay is 1 ms of wall time).
+# β (sender and receiver together; `bench.runtime`'s 7.0 counted the messages too), γ 0 (with the messages
+# priced, a destination costs its messages), the receiver's share of β, µs per data message at either end,
+# and the CPU seconds a saturated sender takes per batch to one peer (the flush delay is 1 ms of wall time).
+RUNTIME_BETA = 1.73
+RUNTIME_GAMMA = 0.0
 RUNTIME_RECEIVE_SHARE = 0.5
 RUNTIME_MU = 120.0
 RUNTIME_FLUSH_DELAY = 0.00184
