@@ -145,3 +145,10 @@ def test_parse_size():
         except ValueError:
             continue
         raise AssertionError(bad)
+
+
+def test_forget_drops_what_was_in_flight():
+    c = PushCredit()
+    c.sent(1, 100, 1)
+    c.forget()
+    assert c.inflight_bytes == 0 and not c.inflight and c.may_send(10**9)

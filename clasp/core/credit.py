@@ -156,6 +156,11 @@ class PushCredit:
         if bound:
             self.target = max(1, min(CHUNK_BYTES, bound // 8))
 
+    def forget(self) -> None:
+        """Drop what is in flight (a push call that failed); the credit and record size stay."""
+        self.inflight.clear()
+        self.inflight_bytes = 0
+
     def next_records(self, most: int = CHUNK_RECORDS) -> int:
         return chunk_records(self.target, self.per_record, most)
 

@@ -314,6 +314,7 @@ class Job:
         self.id = job_id
         self.name = name
         self.info = info
+        self._credit = PushCredit()
 
     def push(self, records: Iterable, chunk: int = CHUNK_RECORDS, window: int = 8) -> int:
         """Send records to the planner's incoming queue; returns when all are accepted.
@@ -323,20 +324,25 @@ class Job:
         megabyte (an eighth of the bound, if smaller) go while they fit the credit of the planner's
         last acknowledgement, at most `window` at a time (`clasp.core.credit`). Any iterable, an
         endless generator too: it is read one chunk ahead of what the planner accepted."""
-        credit = PushCredit(window)
+        credit = self._credit  # the last call's credit and measured record size carry over
+        credit.window = window
         n = 0
         batch: list = []
         limit = credit.next_records(chunk)
-        for r in records:
-            batch.append(r)
-            if len(batch) >= limit:
+        try:
+            for r in records:
+                batch.append(r)
+                if len(batch) >= limit:
+                    n += self._push_chunk(credit, batch)
+                    batch = []
+                    limit = credit.next_records(chunk)
+            if batch:
                 n += self._push_chunk(credit, batch)
-                batch = []
-                limit = credit.next_records(chunk)
-        if batch:
-            n += self._push_chunk(credit, batch)
-        while credit.inflight:
-            self._take_ack(credit)
+            while credit.inflight:
+                self._take_ack(credit)
+        except BaseException:
+            credit.forget()  # what was in flight is the failed call's: the next call starts with nothing
+            raise
         return n
 
     def _push_chunk(self, credit: PushCredit, batch: list) -> int:
