@@ -161,8 +161,8 @@ def _cluster(args) -> int:
 
 def planner_options(args) -> list[str]:
     """The planner flags that `clasp cluster` (and `clasp run`) pass through."""
-    out = ["--policy", args.policy, "--warmup", str(args.warmup), "--state", args.state,
-           "--max-queued-bytes", str(args.max_queued_bytes), "--max-queued", str(args.max_queued)]
+    out = ["--max-queued-bytes", str(args.max_queued_bytes), "--max-queued", str(args.max_queued),
+           "--policy", args.policy, "--warmup", str(args.warmup), "--state", args.state]
     if not args.autoscale:
         out.append("--no-autoscale")
     return out
