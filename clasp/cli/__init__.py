@@ -49,11 +49,18 @@ def _planner(args) -> int:
     from clasp.core.control import ControlConfig
     from clasp.runtime.net import run, setup_logging
     from clasp.runtime.planner import Planner
+    from clasp.runtime.state_store import StateStoreError, check_state_dir
 
     security = _security(args, "planner")
     if isinstance(security, int):
         return security
     setup_logging("planner", args.log_level)
+    if args.checkpoint_interval > 0:
+        try:
+            check_state_dir(args.state_dir)
+        except StateStoreError as e:
+            print(f"clasp planner: {e}", file=sys.stderr)
+            return 2
     from clasp.core.pool import PoolConfig
     from clasp.runtime.providers import make_provider
 
@@ -65,22 +72,30 @@ def _planner(args) -> int:
                 autoscale=args.autoscale, policy=args.policy,
                 migration_timeout=args.migration_timeout, control=ControlConfig(warmup_requests=args.warmup),
                 state=args.state, state_port=args.state_port, security=security, metrics_host=args.metrics_host,
-                provider=provider)
+                provider=provider, checkpoint_interval=args.checkpoint_interval,
+                state_dir=args.state_dir if args.checkpoint_interval > 0 else None)
     return run(p.serve)
 
 
 def _worker(args) -> int:
     from clasp.runtime.net import run, setup_logging
+    from clasp.runtime.state_store import StateStoreError, check_state_dir
     from clasp.runtime.worker import Worker
 
     security = _security(args, "worker")
     if isinstance(security, int):
         return security
     setup_logging(f"worker {args.id or ''}".strip(), args.log_level)
+    if args.state_dir:
+        try:
+            check_state_dir(args.state_dir)
+        except StateStoreError as e:
+            print(f"clasp worker: {e}", file=sys.stderr)
+            return 2
     w = Worker(args.planner, host=args.host, data_port=args.data_port, state_port=args.state_port,
                metrics_port=args.metrics_port, advertise=args.advertise, worker_id=args.id, p_max=args.p_max,
                flush_delay=args.flush_delay_ms / 1000.0, cpus=args.cpus, security=security,
-               metrics_host=args.metrics_host, leave_timeout=args.leave_timeout)
+               metrics_host=args.metrics_host, leave_timeout=args.leave_timeout, state_dir=args.state_dir)
     return run(w.serve, on_term=w.leave)
 
 
@@ -95,6 +110,16 @@ def _drain(args) -> int:
         return 1
     print(result["detail"])
     return 0
+
+
+def _non_negative(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a non-negative number")
+    return v
 
 
 def _on_term(signum, frame):
@@ -117,6 +142,9 @@ def _cluster(args) -> int:
     if args.keys and args.insecure:
         print("clasp cluster: --keys and --insecure exclude each other", file=sys.stderr)
         return 2
+    code = check_state_option(args, "clasp cluster")
+    if code:
+        return code
     cluster = LocalCluster(workers=args.workers, host=args.host, port=args.port, p_max=args.p_max,
                            log_dir=args.log_dir, planner_args=planner_options(args),
                            cpu_per_worker=args.cpu_per_worker, hosts=args.hosts,
@@ -159,10 +187,26 @@ def _cluster(args) -> int:
             pass
 
 
+def check_state_option(args, who: str) -> int:
+    """`--state-dir` of `clasp cluster` / `clasp run` must be usable before anything starts: 0, or exit 2."""
+    from clasp.runtime.state_store import StateStoreError, check_state_dir
+
+    if args.checkpoint_interval > 0 and args.state_dir:
+        try:
+            check_state_dir(args.state_dir)
+        except StateStoreError as e:
+            print(f"{who}: {e}", file=sys.stderr)
+            return 2
+    return 0
+
+
 def planner_options(args) -> list[str]:
     """The planner flags that `clasp cluster` (and `clasp run`) pass through."""
     out = ["--max-queued-bytes", str(args.max_queued_bytes), "--max-queued", str(args.max_queued),
-           "--policy", args.policy, "--warmup", str(args.warmup), "--state", args.state]
+           "--checkpoint-interval", str(args.checkpoint_interval)]
+    if getattr(args, "state_dir", None):
+        out += ["--state-dir", args.state_dir]
+    out += ["--policy", args.policy, "--warmup", str(args.warmup), "--state", args.state]
     if not args.autoscale:
         out.append("--no-autoscale")
     return out
@@ -179,7 +223,7 @@ def add_pool_options(p: argparse.ArgumentParser, cluster: bool = False) -> None:
                    help="seconds a worker holds nothing before it is given back")
 
 
-def add_control_options(p: argparse.ArgumentParser) -> None:
+def add_control_options(p: argparse.ArgumentParser, default_state_dir: str | None = None) -> None:
     """Scaling options shared by `clasp planner`, `clasp cluster` and `clasp run`."""
     from clasp.core.policies import POLICIES
 
@@ -189,6 +233,11 @@ def add_control_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=10_000, help="requests completed before the first re-plan")
     p.add_argument("--state", default="local", choices=["local", "remote"],
                    help="jobs' default state: on the workers, or remote on the planner's state server (Fig. 4)")
+    p.add_argument("--checkpoint-interval", type=_non_negative, default=1.0,
+                   help="seconds between checkpoints of keyed state (0: off; a dead worker's state is then lost)")
+    p.add_argument("--state-dir", default=default_state_dir,
+                   help="checkpoints and the input log (a shared volume across hosts); default: ./clasp-state "
+                        "for `clasp planner`, under the log directory for `clasp cluster` and `clasp run`")
     add_queue_options(p)
 
 
@@ -267,12 +316,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--advertise", help="address others dial, when --host is a wildcard")
     p.add_argument("--heartbeat", type=_positive(float), default=1.0, help="metrics interval, seconds")
     p.add_argument("--dead-after", type=_positive(float), default=5.0,
-                   help="heartbeat silence that marks a worker dead")
+                   help="heartbeat silence that marks a worker dead (one whose connection dropped: 1 s)")
     p.add_argument("--max-inflight", type=_positive(int), default=5000, help="records in flight per job")
     p.add_argument("--p-max", type=_positive(int), default=10, help="executor slots per worker (P_max)")
     p.add_argument("--migration-timeout", type=_positive(float), default=5.0,
                    help="seconds a migration waits for its workers before it is reported failed")
-    add_control_options(p)
+    add_control_options(p, default_state_dir="clasp-state")
     add_pool_options(p)
     p.add_argument("--provider", default="static", choices=["static", "local", "kubernetes"],
                    help="what starts and stops workers (docs/DEPLOY.md): static (whatever registers), local (the "
@@ -298,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--cpus", type=_positive(float),
                    help="the CPUs this worker may use (default: its cgroup quota, if any): the placement's "
                         "starting estimate of its capacity W_w, refined online")
+    w.add_argument("--state-dir", help="where checkpoints are (default: the directory the planner names)")
     add_security_options(w)
     w.add_argument("--log-level", default="INFO")
     w.set_defaults(fn=_worker)

@@ -93,6 +93,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    "namespace and address, like separate hosts (needs root and iproute2)")
     r.add_argument("--restart-workers", action=argparse.BooleanOptionalAction, default=True,
                    help="start a worker of the local cluster that exits again (default), or leave it down")
+    r.add_argument("--checkpoint-interval", default="1",
+                   help="seconds between checkpoints of keyed state (default 1; 0: off)")
+    r.add_argument("--state-dir", help="checkpoints and the input log (default: under the log directory)")
     r.set_defaults(fn=main)
     return r
 
@@ -213,11 +216,12 @@ def _fmt(v, unit: str = "", digits: int = 0) -> str:
     return f"{v:,.{digits}f}{unit}"
 
 
-def progress_text(row: dict, elapsed: float, sent: int, total: int) -> str:
+def progress_text(row: dict, elapsed: float, sent: int, total: int, recoveries: int = 0) -> str:
     procs = f" of {row['processes']} running" if row.get("processes") is not None else ""
     return (f"t={elapsed:5.1f}s  in {_fmt(row['input_rate'])}/s  out {_fmt(row['throughput'])}/s  "
             f"workers {row['workers']}{procs}  p50 {_fmt(row['p50_ms'], ' ms', 1)}  "
-            f"p95 {_fmt(row['p95_ms'], ' ms', 1)}  sent {sent:,}/{total:,}")
+            f"p95 {_fmt(row['p95_ms'], ' ms', 1)}  sent {sent:,}/{total:,}"
+            + (f"  recovered from {recoveries} worker death(s)" if recoveries else ""))
 
 
 _CORRECT = {True: "[green]true[/]", False: "[red]false[/]", None: "not checked"}
@@ -304,6 +308,22 @@ def main(args) -> int:
     except UsageError as e:
         print(f"clasp run: {e}", file=sys.stderr)
         return 2
+    try:
+        interval = float(args.checkpoint_interval)
+        if not 0 <= interval < float("inf"):
+            raise ValueError
+    except ValueError:
+        print(f"clasp run: --checkpoint-interval must be a non-negative number, not {args.checkpoint_interval!r}",
+              file=sys.stderr)
+        return 2
+    if args.state_dir and interval > 0:
+        from clasp.runtime.state_store import StateStoreError, check_state_dir
+
+        try:
+            check_state_dir(args.state_dir)
+        except StateStoreError as e:
+            print(f"clasp run: {e}", file=sys.stderr)
+            return 2
     # SIGTERM takes the Ctrl-C path, so a killed `clasp run` still stops its cluster.
     signal.signal(signal.SIGTERM, _on_term)
     from rich.console import Console
@@ -376,7 +396,9 @@ class _cluster:
         self.cl = LocalCluster(workers=self.cfg["workers"], port=0, log_dir=logs,
                                cpu_per_worker=self.cfg["cpu_per_worker"], hosts=self.cfg["hosts"],
                                planner_args=[a for k, v in {**sub, **self.cfg.get("planner", {})}.items()
-                                             if v is not None for a in (f"--{k}", v)],
+                                             if v is not None for a in (f"--{k}", v)]
+                               + ["--checkpoint-interval", str(self.args.checkpoint_interval)],
+                               state_dir=self.args.state_dir,
                                restart_workers=self.cfg["restart_workers"],
                                on_event=self._say, keys=self.args.keys, insecure=self.args.insecure,
                                metrics_host=self.args.metrics_host, provider=c["provider"],
@@ -424,7 +446,7 @@ def _drive(planner: str, app, records: list, profile: Profile, console, box: dic
         def on_sample(row, d):
             if pool is not None:
                 row["processes"] = pool()
-            line = progress_text(row, d.elapsed(), d.sent, len(records))
+            line = progress_text(row, d.elapsed(), d.sent, len(records), d.recoveries)
             if console.is_terminal:
                 live_line.plain = line
             elif time.monotonic() - last_print[0] >= 5.0:  # a log, not a progress bar, when piped

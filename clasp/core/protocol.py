@@ -27,6 +27,10 @@ Message types and who sends them (C client, P planner, W worker):
 | shutdown | P → W | ok, detail: drained (exit 0), or why it could not be (exit 1) |
 | submit, push, wait_idle, state, collected, stats, cancel, jobs, workers | C → P | req plus the call's fields |
 | state_get, state_put, state_dump, collected_dump, counters, stop_job | P/any → W | req plus fields |
+| ckpt_begin | P → W | req, job, ckpt, boundary (record id): hold requests at or above it out of stateful operators |
+| ckpt_snapshot | P → W | req, job, ckpt, boundary, dir: all below the boundary complete; write owned groups |
+| ckpt_abort | P → W | req, job, ckpt: the checkpoint failed; release what the barrier holds |
+| restore | P → W | req, job, dag, placement, peers, ckpt, groups {op: [g]}, dir: roll back to ckpt (0: empty) |
 | rstate_get_many | W → P state server | req, job, op, keys — reply {key: state} for the keys that have one |
 | rstate_put_many | W → P state server | req, job, op, states {key: state, None deletes} — reply true |
 | reply | any → requester | req, ok, result or error |
@@ -80,6 +84,11 @@ SCHEMAS: dict[str, dict[str, tuple | None]] = {
     "stop_job": {"req": _INT, "job": _INT},
     "counters": {"req": _INT, "job": _INT},
     "migrate_plan": {"req": _INT, "job": _INT, "plan": _DICT, "placement": _DICT},
+    "ckpt_begin": {"req": _INT, "job": _INT, "ckpt": _INT, "boundary": _INT},
+    "ckpt_snapshot": {"req": _INT, "job": _INT, "ckpt": _INT, "boundary": _INT, "dir": _STR},
+    "ckpt_abort": {"req": _INT, "job": _INT, "ckpt": _INT},
+    "restore": {"req": _INT, "job": _INT, "dag": _DICT, "placement": _DICT, "peers": _DICT, "ckpt": _INT,
+                "groups": _DICT, "dir": _STR},
     "peers": {"req": _INT, "job": _INT, "peers": _DICT},
     "shutdown": {"ok": _BOOL, "detail": _STR},
     "rstate_get_many": {"req": _INT, "job": _INT, "op": _STR, "keys": _LIST},
@@ -87,7 +96,8 @@ SCHEMAS: dict[str, dict[str, tuple | None]] = {
 }
 _OPTIONAL: dict[str, dict[str, tuple | None]] = {
     "counters": {"below": _INT},  # also answer `holds_below`: anything of a record below this id here
-    "deploy": {"state": _STR, "state_server": _STR},
+    "deploy": {"state": _STR, "state_server": _STR, "floor": _INT},
+    "restore": {"state": _STR, "state_server": _STR},
 }
 # List-bodied messages on the data path; the first element is always the job id.
 _LIST_BODIES = {"data": 3, "runs": 3, "done": 3, "extend_ack": 2, "marker": 3, "migrate": 6}

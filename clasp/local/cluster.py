@@ -104,7 +104,8 @@ class LocalCluster:
                  restart_policy: RestartPolicy | None = None, on_event: Callable[[str], None] | None = None,
                  keys: str | os.PathLike | None = None, insecure: bool = False, metrics_host: str | None = None,
                  provider: str = "static", min_workers: int = 1, max_workers: int | None = None,
-                 pool_cooldown: float = 10.0, prometheus_sd: str | os.PathLike | None = None):
+                 pool_cooldown: float = 10.0, prometheus_sd: str | os.PathLike | None = None,
+                 state_dir: str | os.PathLike | None = None):
         if workers < 1:
             raise ValueError(f"a cluster needs at least one worker, not {workers}")
         if provider not in ("static", "local"):
@@ -122,7 +123,14 @@ class LocalCluster:
         self.port = port
         self.p_max = p_max
         self.log_dir = Path(log_dir) if log_dir else None
-        self.planner_args = planner_args or []
+        self.planner_args = list(planner_args or [])
+        # Checkpoints: one directory for the planner and every worker (default: under the log directory, or
+        # the working directory), unless the planner's arguments name one.
+        if "--state-dir" in self.planner_args:
+            self.state_dir = Path(self.planner_args[self.planner_args.index("--state-dir") + 1])
+        else:
+            self.state_dir = Path(state_dir) if state_dir else (self.log_dir or Path.cwd()) / "clasp-state"
+            self.planner_args += ["--state-dir", str(self.state_dir)]
         self.worker_args = worker_args or []
         self.start_timeout = start_timeout
         self.cpu_per_worker = cpu_per_worker
@@ -216,6 +224,7 @@ class LocalCluster:
     def _worker_args(self, wid: str) -> list[str]:
         return ["worker", "--planner", self.planner, "--host", self._addresses[wid], "--p-max", str(self.p_max),
                 "--id", wid, *self._pinned.get(wid, []), *self._cpus_args(wid), *self._security_args(),
+                "--state-dir", str(self.state_dir),
                 *self.worker_args]
 
     def _cpus_args(self, wid: str) -> list[str]:
@@ -518,9 +527,11 @@ class LocalCluster:
 
     def info(self) -> dict:
         """{"planner": endpoint, "metrics": URLs, "dashboard": URL, "keys": the key directory clients use
-        (None: plaintext)}."""
+        (None: plaintext), "state_dir": checkpoints, "pids": {"planner": pid, "workers": [pid, ...]}}."""
+        procs = list(self.procs)
         return {"planner": self.planner, "metrics": self.metrics, "dashboard": self.dashboard,
-                "keys": str(self.keys_dir) if self.keys_dir else None}
+                "keys": str(self.keys_dir) if self.keys_dir else None, "state_dir": str(self.state_dir),
+                "pids": {"planner": procs[0].pid if procs else None, "workers": [p.pid for p in procs[1:]]}}
 
     def write_info(self, path: str | os.PathLike) -> None:
         """Write info() as JSON to `path`; written again when a restarted worker's metrics URL changes."""

@@ -169,6 +169,7 @@ class Driver:
         self.correct: bool | None = None
         self.error: str | None = None
         self._last_poll = -math.inf
+        self.recoveries = 0
 
     # -- sampling
     def poll(self, force: bool = False) -> dict | None:
@@ -177,6 +178,7 @@ class Driver:
             return None
         self._last_poll = now
         st = self.job.stats()
+        self.recoveries = (st.get("checkpoints") or {}).get("recoveries", 0)  # the live line shows them
         for row in self.series.add(st.get("series", [])):
             if self.on_sample is not None:
                 self.on_sample(row, self)

@@ -78,7 +78,8 @@ class ElasticPool:
             peers = {w: p.workers[w].data for w in [*serving, wid]}
             await p.rpc(wid, "deploy", {"job": job.id, "dag": job.spec.pack(), "placement": job.placement.to_wire(),
                                         "peers": peers, "state": job.state,
-                                        "state_server": p.state_server.endpoint})
+                                        "state_server": p.state_server.endpoint,
+                                        "floor": job.placement.epoch if job.ckpt is not None else 0})
             job.workers.append(wid)
             job.retired.discard(wid)
             self.joins += 1

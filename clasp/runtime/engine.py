@@ -65,7 +65,8 @@ class OpRuntime:
 
     __slots__ = ("index", "name", "fn", "key_fn", "stateful", "is_async", "collect", "queue", "state",
                  "instances", "routes", "successors", "processed", "exec_time", "errors", "edge_counts",
-                 "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_keys", "group_hits")
+                 "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_keys", "group_hits",
+                 "collected_rids")
 
     def __init__(self, spec_op):
         self.index = spec_op.index
@@ -88,6 +89,7 @@ class OpRuntime:
         self.dts: list[float] = []
         self.hist = [0] * (len(EXEC_BUCKETS) + 1)
         self.collected: list = []
+        self.collected_rids: list[int] = []  # the record of each collected output (checkpoints release by it)
         self.key_cache: dict = {}
         # The keys of `state` by key group, kept as keys appear and vanish (once per key, not per
         # request), so a migration moves whole groups without hashing every key.
@@ -104,6 +106,10 @@ class OpRuntime:
             if len(self.key_cache) < KEY_CACHE_MAX:
                 self.key_cache[key] = g
         return g
+
+    def add_collected(self, outs, rid: int) -> None:
+        self.collected.extend(outs)
+        self.collected_rids.extend([rid] * len(outs))
 
     def set_state(self, key, new, old) -> None:
         """Store `new` for `key` (None deletes), keeping the group index; `old` is the previous state."""
@@ -158,6 +164,12 @@ class JobEngine:
         # The remote-state baseline (paper Fig. 4): an object with `async get_many(job, op, keys) -> dict`
         # and `async put_many(job, op, {key: state or None})`; None keeps state in this worker.
         self.remote_state = None
+        # Checkpoints (clasp.core.checkpoint): while a barrier is up, requests of records at or above its
+        # boundary wait here, per stateful operator, out of the queues; `floor`: rows of an epoch below it
+        # belong to an era a recovery rolled back, and are dropped.
+        self.barrier: int | None = None
+        self.barrier_held: dict[int, list] = {}
+        self.floor = 0
         self.placement = placement
         self.before: Placement | None = None  # the placement the migration in progress started from
         self.epoch = placement.epoch
@@ -176,20 +188,90 @@ class JobEngine:
                 r = route_to(self.spec, placement, s, self.me)
                 target = self.ops[s]
                 if r.kind == ROUTE_LOCAL:
-                    routes.append((ROUTE_LOCAL, s, target.queue.append, None, None, None))
+                    routes.append((ROUTE_LOCAL, s, self._appender(target), None, None, None))
                 elif r.kind == ROUTE_TABLE:
-                    routes.append((ROUTE_TABLE, s, target.queue.append, r.table, [0], None))
+                    routes.append((ROUTE_TABLE, s, self._appender(target), r.table, [0], None))
                 else:
                     owners = list(r.owners)
                     for g in self.held.get(s, ()):
                         owners[g] = HOLD
                     # Every key group here: the key is all a request needs (no group lookup per request).
                     kind = KEYED_HERE if all(w is None for w in owners) else ROUTE_KEYED
-                    routes.append((kind, s, target.queue.append, owners, target.key_cache, target))
+                    routes.append((kind, s, self._appender(target), owners, target.key_cache, target))
             op.routes = routes
 
+    def _appender(self, target: OpRuntime):
+        """How requests join `target`'s queue: directly, or past the barrier's filter while one is up."""
+        if self.barrier is None or not target.stateful:
+            return target.queue.append
+        boundary, append, held = self.barrier, target.queue.append, self.barrier_held.setdefault(target.index, [])
+        hold = held.append
+
+        def admit(row):
+            if row[3] >= boundary:
+                hold(row)
+            else:
+                append(row)
+        return admit
+
+    # ----------------------------------------------------------------- checkpoints
+    def begin_barrier(self, boundary: int) -> None:
+        """Hold every request of a record at or above `boundary` out of the stateful operators until
+        `release_barrier` (nothing of those records is here yet: the planner dispatches them after this)."""
+        self.barrier = boundary
+        self.barrier_held = {op.index: [] for op in self.ops if op.stateful}
+        self.apply_placement(self.placement)
+
+    def release_barrier(self) -> int:
+        """The snapshot is taken: held requests join their queues in arrival order; returns how many."""
+        if self.barrier is None:
+            return 0
+        held, self.barrier_held, self.barrier = self.barrier_held, {}, None
+        n = 0
+        for op_index, rows in held.items():
+            self.ops[op_index].queue.extend(rows)
+            n += len(rows)
+        self.apply_placement(self.placement)
+        return n
+
+    def snapshot_groups(self):
+        """(operator, group, {key: state}) for every non-empty key group this worker owns, one at a time."""
+        me = self.me
+        for op in self.ops:
+            if not op.stateful:
+                continue
+            owners = self.placement.operators[op.name].key_groups
+            state = op.state
+            for g, keys in enumerate(op.group_keys):
+                if keys and owners[g] == me:
+                    yield op.name, g, {k: state[k] for k in keys}
+
+    def install_group(self, name: str, g: int, items: dict) -> None:
+        op = self.op(name)
+        op.state.update(items)
+        op.group_keys[g].update(items)
+
+    def take_collected_below(self, boundary: int) -> dict[str, list]:
+        """The collected outputs of records below `boundary`, taken out (the planner releases them)."""
+        out = {}
+        for op in self.ops:
+            if not op.collect or not op.collected:
+                continue
+            lo, keep, keep_r = [], [], []
+            for o, r in zip(op.collected, op.collected_rids, strict=True):
+                if r < boundary:
+                    lo.append(o)
+                else:
+                    keep.append(o)
+                    keep_r.append(r)
+            if lo:
+                out[op.name] = lo
+                op.collected, op.collected_rids = keep, keep_r
+        return out
+
     def queue_length(self) -> int:
-        return sum(len(op.queue) for op in self.ops) + sum(len(r) for h in self.held.values() for r in h.values())
+        return (sum(len(op.queue) for op in self.ops) + sum(len(r) for h in self.held.values() for r in h.values())
+                + sum(len(r) for r in self.barrier_held.values()))
 
     def holds_below(self, fence: int) -> bool:
         """Whether anything here still belongs to a record below `fence`: a queued, held, early, batched
@@ -207,12 +289,20 @@ class JobEngine:
 
     def idle(self) -> bool:
         return (not self.async_tasks and not self.held and not self.future and not self.pending
-                and all(not op.queue for op in self.ops))
+                and all(not op.queue for op in self.ops) and not any(self.barrier_held.values()))
 
     # ----------------------------------------------------------------- input
     def enqueue_rows(self, rows: list) -> None:
         """Append validated rows [op, value, key, rid, weight] to their operators' queues."""
         ops = self.ops
+        if self.barrier is not None:
+            boundary, held = self.barrier, self.barrier_held
+            for r in rows:
+                if r[3] >= boundary and r[0] in held:
+                    held[r[0]].append(r)
+                else:
+                    ops[r[0]].queue.append(r)
+            return
         for r in rows:
             ops[r[0]].queue.append(r)
 
@@ -241,7 +331,10 @@ class JobEngine:
             if d is not None and self._extracting_later(op, r):
                 d = None
             if d is None:
-                op.queue.append(r)
+                if self.barrier is not None and op.stateful and r[3] >= self.barrier:
+                    self.barrier_held[op.index].append(r)
+                else:
+                    op.queue.append(r)
             else:
                 self.pending.setdefault(d, []).append(r)
                 if self.pending_since is None:
@@ -402,7 +495,7 @@ class JobEngine:
         one, items = ONE_EXACT, ITEMS_EXACT
         fast = routes[0][2] if len(routes) == 1 and routes[0][0] == ROUTE_LOCAL else None
         succ0 = routes[0][1] if routes else -1
-        collect = op.collected.extend if op.collect else None
+        collect = op.add_collected if op.collect else None
         t_exec = 0.0
         timed = 0
         stall = self.stall
@@ -444,7 +537,7 @@ class JobEngine:
                     self._fail(op, e, value, rid, w)
                     continue
             if collect is not None:
-                collect(outs)
+                collect(outs, rid)
             if fast is not None:
                 k = len(outs)
                 if k == 1:
@@ -484,7 +577,7 @@ class JobEngine:
         get = state.get
         set_state = op.set_state
         routes = op.routes
-        collect = op.collected.extend if op.collect else None
+        collect = op.add_collected if op.collect else None
         one, items = ONE_EXACT, ITEMS_EXACT
         t_exec = 0.0
         timed = 0
@@ -535,7 +628,7 @@ class JobEngine:
                     self._fail(op, e, value, rid, w)
                     continue
             if collect is not None:
-                collect(outs)
+                collect(outs, rid)
             if not routes or not outs:
                 returns[rid] = returns.get(rid, 0) + w
                 continue
@@ -690,7 +783,7 @@ class JobEngine:
             op.exec_time += dt
             op.dts.append(dt)
             if op.collect:
-                op.collected.extend(outs)
+                op.add_collected(outs, rid)
             self._emit(op, outs, rid, w)
 
         try:
@@ -729,7 +822,7 @@ class JobEngine:
                     continue
                 states[key] = new
                 if op.collect:
-                    op.collected.extend(outs)
+                    op.add_collected(outs, rid)
                 emits.append((outs, rid, w))
             op.exec_time += perf_counter() - t0
             try:

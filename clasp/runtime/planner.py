@@ -22,6 +22,7 @@ import zmq
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from zmq.utils.monitor import parse_monitor_message
 
 from clasp.core import protocol, scheduler
 from clasp.core.control import (
@@ -52,9 +53,11 @@ from clasp.core.tracking import CHUNK_BITS, LatencyHistogram, Tracker
 from clasp.runtime.dashboard import Dashboard, planner_view
 from clasp.runtime.elastic import ElasticPool, PoolError
 from clasp.runtime.net import advertised, bind, start_metrics_server
+from clasp.runtime.planner_recovery import CheckpointState, PlannerRecoveryMixin
 from clasp.runtime.providers import Provider
 from clasp.runtime.security import Security
 from clasp.runtime.state_server import StateServer
+from clasp.runtime.state_store import FileStore, check_state_dir
 from clasp.runtime.tasks import ProcessTasks, internal_error
 
 log = logging.getLogger("clasp.planner")
@@ -108,6 +111,9 @@ class PlannerJob:
     sweep: tuple | None = None  # (suspects, clean checks in a row) while looking for records lost with a worker
     settled: Placement | None = None  # the placement of the last migration every worker completed
     state: str = "local"  # "remote": stateful operators keep their state in the planner's state server
+    ckpt: CheckpointState | None = None  # checkpoints and the input log (None: checkpoints off)
+    spec_wire: dict = field(default_factory=dict)  # the DAG as submitted (DagSpec.pack())
+    policy: str = "clasp"
 
     @property
     def queued_bytes(self) -> int:
@@ -135,18 +141,20 @@ def _key_weights(spec: DagSpec, raw: dict) -> dict[str, list[float]]:
     return out
 
 
-class Planner:
+class Planner(PlannerRecoveryMixin):
     """The planner. `await Planner(...).serve()` runs until cancelled."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, metrics_port: int = 0, advertise: str | None = None,
-                 heartbeat: float = 1.0, dead_after: float = 5.0, max_inflight: int = 5000,
+                 heartbeat: float = 1.0, dead_after: float = 5.0, dead_after_disconnect: float = 1.0,
+                 max_inflight: int = 5000,
                  max_queue: int = 2_000_000, max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
                  dispatch_batch: int = 2000, p_max: int = 10,
                  placement_fn: PlacementFn = spread_placement, rpc_timeout: float = 10.0,
                  autoscale: bool = True, policy: str = "clasp", migration_timeout: float = 5.0,
                  control: ControlConfig | None = None, state: str = "local", state_port: int = 0,
                  security: Security | None = None, metrics_host: str | None = None,
-                 provider: Provider | None = None):
+                 provider: Provider | None = None, checkpoint_interval: float = 1.0, state_dir: str | None = None,
+                 input_log_records: int = 1_000_000):
         self.host, self.port, self.metrics_port = host, port, metrics_port
         self.metrics_host = metrics_host or host
         self.security = security or Security()
@@ -154,6 +162,11 @@ class Planner:
         self.advertise = advertised(host, advertise)
         self.heartbeat = heartbeat
         self.dead_after = dead_after
+        # A worker whose data connection dropped (a process that died: the kernel closes its sockets) and
+        # that sent no heartbeat for this long is dead, without waiting out `dead_after` (which covers a
+        # frozen process or a silent network, whose connections stay up).
+        self.dead_after_disconnect = dead_after_disconnect
+        self.disconnected: dict[str, float] = {}  # worker -> when the data connection to it dropped
         self.max_inflight = max_inflight
         self.max_queue = max_queue
         self.bound = QueueBound(max_queue, max_queued_bytes)  # per job, on Q_p: records and bytes
@@ -168,6 +181,14 @@ class Planner:
         if state not in STATE_MODES:
             raise ValueError(f"state must be one of {', '.join(STATE_MODES)}, not {state!r}")
         self.state, self.state_port = state, state_port
+        self.checkpoint_interval = checkpoint_interval
+        self.state_dir = state_dir
+        self.store = FileStore(check_state_dir(state_dir)) if state_dir and checkpoint_interval > 0 else None
+        self.input_log_records = input_log_records
+        self.recoveries = 0
+        self.records_replayed = 0
+        self.checkpoint_hist = LatencyHistogram()
+        self.rpc_meta: dict[int, tuple[str, int | None, str]] = {}
         self.rescales = 0
         self.records_lost = 0  # cumulative over every job, for clasp_records_lost_total
         self.migration_hist = {"planner": LatencyHistogram(), "worker": LatencyHistogram()}
@@ -211,10 +232,42 @@ class Planner:
               f"dashboard={self.dashboard_url} state={self.state_server.endpoint} "
               f"curve={'on' if self.security.enabled else 'off'}", flush=True)
         try:
-            await self.tasks.run(self._recv_loop(), self._dispatch_loop(), self._tick_loop(), self.state_server.serve(),
-                                 self.security.run())
+            loops = [self._recv_loop(), self._dispatch_loop(), self._tick_loop(), self.state_server.serve(),
+                     self.security.run(), self._liveness_loop()]
+            self._load_stored_jobs()
+            if self.store is not None:
+                loops.append(self._checkpoint_loop())
+            await self.tasks.run(*loops)
         finally:
             self.ctx.destroy(linger=200)
+
+    def _load_stored_jobs(self) -> None:
+        """A planner restarted on a state directory takes up the jobs it finds there (docs/RECOVERY.md)."""
+        top = 0
+        for stored in self._stored_jobs():
+            rec = stored["rec"]
+            try:
+                spec = DagSpec.unpack(rec["dag"])
+                placement = Placement.from_wire(rec["placement"], spec)
+            except Exception as e:
+                log.error("job %s in %s cannot be taken up: %s", rec.get("id"), self.store.root, e)
+                continue
+            workers = [str(w) for w in rec["workers"]]
+            job = PlannerJob(int(rec["id"]), spec, placement, Tracker(), workers, autoscale=bool(rec["autoscale"]),
+                             settled=placement, state=rec["state"], key_weights=rec["key_weights"] or {},
+                             spec_wire=rec["dag"], policy=rec["policy"], created=float(rec["created"]))
+            job.controller = Controller([o.name for o in spec.operators], spec.edges(), POLICIES[job.policy](),
+                                        self.p_max, len(workers), self.control)
+            job.ckpt = self._new_ckpt_state(job.id)
+            self._revive(job, stored)
+            self._set_routes(job)
+            self.jobs[job.id] = job
+            top = max(top, job.id)
+            log.warning("job %d (%s) taken up from %s: %d complete checkpoints, %d records to replay", job.id,
+                        spec.name, self.store.root, len(stored["complete"]), job.tracker.outstanding)
+            self._background(self._resume(job), f"resuming job {job.id}")
+        if top:
+            self._job_ids = itertools.count(top + 1)
 
     def _remote_state_check(self, job_id: int, op: str) -> str | None:
         job = self.jobs.get(job_id)
@@ -327,7 +380,7 @@ class Planner:
         prev = self.workers.get(wid)
         if self.elastic.refuses(wid, msg.pid):
             return  # drained: this process is exiting
-        restarted = prev is not None and (prev.pid, prev.data) != (msg.pid, msg.data)
+        restarted = prev is not None and ((prev.pid, prev.data) != (msg.pid, msg.data) or not prev.alive)
         if restarted and not self._old_incarnation_gone(prev, msg.pid):
             return  # no welcome yet: the worker registers again in 2 s
         info = WorkerInfo(wid, msg.host, msg.data, msg.state, msg.metrics, msg.p_max,
@@ -343,6 +396,7 @@ class Planner:
             sock.setsockopt(zmq.LINGER, 1000)
             sock.connect(info.data)
             self.pushers[wid] = sock
+            self._background(self._watch_connection(wid, sock), f"watching the connection to {wid}")
         log.info("worker %s registered (data %s, metrics %s, pid %d)", wid, info.data, info.metrics, info.pid)
         self._post(ident, protocol.encode("welcome", {"planner": self.id, "heartbeat": self.heartbeat}))
         if restarted:
@@ -360,12 +414,13 @@ class Planner:
             prev.alive = False
             log.warning("worker %s registers from a new process (pid %d, was %d): the old one died", prev.id, pid,
                         prev.pid)
-            for job in list(self.jobs.values()):
-                if prev.id in job.workers:
-                    self._background(self._recover(job, prev.id), f"recovery of job {job.id}")
+            self._worker_died(prev.id)
             return False
-        # Recovery (or a migration it waits behind) holds the job's lock.
-        return not any(prev.id in job.workers and job.lock.locked() for job in self.jobs.values())
+        # Recovery (or a migration it waits behind) holds the job's lock; with checkpoints, a recovery is
+        # over once the job retired the old process (checkpoints hold the lock too, every interval).
+        return not any(prev.id in job.workers and (job.lock.locked() if job.ckpt is None
+                                                   else prev.id in job.ckpt.dying or prev.id not in job.retired)
+                       for job in self.jobs.values())
 
     async def _redeploy(self, job: PlannerJob, wid: str) -> None:
         """Deploy `job` on a restarted worker of its pool, holding nothing (its share was re-placed when the old
@@ -373,10 +428,15 @@ class Planner:
         async with job.lock:
             if self.jobs.get(job.id) is not job or job.cancelled:
                 return
+            if job.ckpt is not None and job.ckpt.orphaned is not None:
+                job.retired.discard(wid)
+                await self._resume_orphan(job)  # it had no worker left: it recovers onto this one
+                return
             peers = {w: self.workers[w].data for w in job.workers if w in self.workers}
             await self.rpc(wid, "deploy", {"job": job.id, "dag": job.spec.pack(), "placement": job.placement.to_wire(),
                                            "peers": peers, "state": job.state,
-                                           "state_server": self.state_server.endpoint})
+                                           "state_server": self.state_server.endpoint,
+                                           "floor": job.placement.epoch if job.ckpt is not None else 0})
             job.retired.discard(wid)  # a new process with nothing of the job: it may be placed on again
             log.info("job %d deployed on restarted worker %s (epoch %d, holding nothing)", job.id, wid,
                      job.placement.epoch)
@@ -387,7 +447,10 @@ class Planner:
             self._post(ident, protocol.error("unknown_worker", "register first"))
             return
         if not w.alive:
-            log.info("worker %s is back", w.id)
+            # Declared dead: its jobs were recovered without it. It is told so, and registers again as new.
+            log.info("worker %s is back after it was declared dead: it re-registers as a new worker", w.id)
+            self._post(ident, protocol.error("declared_dead", "you were declared dead: register again"))
+            return
         w.last_seen = time.monotonic()
         w.alive = True
         w.sample = msg.sample
@@ -399,7 +462,7 @@ class Planner:
 
     def _on_done(self, ident: bytes, body: list) -> None:
         job = self.jobs.get(body[0])
-        if job is None:
+        if job is None or (job.ckpt is not None and self._ckpt_stale_done(job, ident)):
             return
         now = time.monotonic()
         for rid, amount, token in body[2]:
@@ -423,6 +486,7 @@ class Planner:
         req = next(self._req_ids)
         fut = asyncio.get_running_loop().create_future()
         self.pending_rpcs[req] = fut
+        self.rpc_meta[req] = (wid, body.get("job"), mtype)
         await self._send(wid.encode(), protocol.encode(mtype, {**body, "req": req}))
         try:
             reply = await asyncio.wait_for(fut, timeout or self.rpc_timeout)
@@ -430,9 +494,51 @@ class Planner:
             raise RequestError(f"worker {wid} did not answer {mtype} within {timeout or self.rpc_timeout} s") from None
         finally:
             self.pending_rpcs.pop(req, None)
+            self.rpc_meta.pop(req, None)
         if not reply.ok:
             raise RequestError(f"worker {wid}: {reply.error}")
         return reply.result
+
+    @staticmethod
+    def _rpc_failure(message: str) -> Exception:
+        return RequestError(message)
+
+    def _worker_died(self, wid: str) -> None:
+        """Worker `wid` is declared dead: fail what waits on it and recover each of its jobs."""
+        self._fail_rpcs_of(wid)
+        for job in list(self.jobs.values()):
+            if wid in job.workers:
+                recover = self._restore if job.ckpt is not None else self._recover
+                self._background(recover(job, wid), f"recovery of job {job.id}")
+
+    async def _watch_connection(self, wid: str, sock) -> None:
+        """Follow the data connection to worker `wid`: when it drops, the worker may have died."""
+        mon = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        try:
+            while self.pushers.get(wid) is sock:
+                event = parse_monitor_message(await mon.recv_multipart())["event"]
+                if event == zmq.EVENT_DISCONNECTED:
+                    self.disconnected[wid] = time.monotonic()
+                else:
+                    self.disconnected.pop(wid, None)
+        except zmq.ZMQError:
+            pass
+        finally:
+            mon.close(0)
+
+    async def _liveness_loop(self) -> None:
+        """Every quarter second: a worker whose connection dropped and who fell silent is dead."""
+        while True:
+            await asyncio.sleep(0.25)
+            now = time.monotonic()
+            for w in list(self.workers.values()):
+                since = self.disconnected.get(w.id)
+                if (w.alive and since is not None and now - since >= self.dead_after_disconnect / 2
+                        and now - w.last_seen >= self.dead_after_disconnect):
+                    w.alive = False
+                    log.warning("worker %s: its connection dropped and it sent nothing for %.1f s: marked dead",
+                                w.id, now - w.last_seen)
+                    self._worker_died(w.id)
 
     # ----------------------------------------------------------------- jobs
     def _job(self, msg: Any) -> PlannerJob:
@@ -465,7 +571,9 @@ class Planner:
         placement.check(spec)
         job_id = next(self._job_ids)
         job = PlannerJob(job_id, spec, placement, Tracker(), workers, autoscale=autoscale, settled=placement,
-                         state=state, key_weights=weights)
+                         state=state, key_weights=weights, spec_wire=msg.dag, policy=policy)
+        if self._ckpt_enabled(state):
+            job.ckpt = self._new_ckpt_state(job_id)
         edges = spec.edges()
         job.controller = Controller([o.name for o in spec.operators], edges, POLICIES[policy](), self.p_max,
                                     len(workers), self.control)
@@ -476,6 +584,7 @@ class Planner:
                   "state_server": self.state_server.endpoint}
         await asyncio.gather(*(self.rpc(w, "deploy", deploy) for w in workers))
         self.jobs[job_id] = job
+        self._persist_job(job)
         log.info("job %d (%s) placed on %d workers: %s", job_id, spec.name, len(placement.active_workers()),
                  {n: p.shares for n, p in placement.operators.items()})
         self._reply(ident, msg.req, {"job": job_id, "workers": workers, "placement": placement.to_wire(),
@@ -503,6 +612,8 @@ class Planner:
             base = job.tracker.admit(len(part), now)
             job.queue.append([base, part, 0])
             job.queue_bytes.admit(share(total, len(records), i, len(part)))
+            if job.ckpt is not None:
+                self._ckpt_on_push(job, base, now, part)
             job.queued += len(part)
         job.counters["pushed"] += len(records)
         self.dispatch_wake.set()
@@ -560,9 +671,15 @@ class Planner:
         job = self._job(msg)
         if msg.op not in {o.name for o in job.spec.operators}:
             raise RequestError(f"job {job.id} has no operator {msg.op!r}")
-        parts = await asyncio.gather(*(self.rpc(w, "collected_dump", {"job": job.id, "op": msg.op})
-                                       for w in self._job_workers(job)))
-        self._reply(ident, msg.req, [x for p in parts for x in p])
+        if job.ckpt is not None:
+            async with job.lock:  # not while a checkpoint carries outputs from the workers to the planner
+                parts = await asyncio.gather(*(self.rpc(w, "collected_dump", {"job": job.id, "op": msg.op})
+                                               for w in self._job_workers(job)))
+        else:
+            parts = await asyncio.gather(*(self.rpc(w, "collected_dump", {"job": job.id, "op": msg.op})
+                                           for w in self._job_workers(job)))
+        released = job.ckpt.released(msg.op) if job.ckpt is not None else []
+        self._reply(ident, msg.req, [*released, *(x for p in parts for x in p)])
 
     def _on_stats(self, ident: bytes, msg: protocol.Stats):
         job = self._job(msg)
@@ -587,6 +704,8 @@ class Planner:
                              return_exceptions=True)
         self.jobs.pop(job.id, None)
         self.state_server.drop(job.id)
+        if job.ckpt is not None:
+            await asyncio.to_thread(self.store.delete_job, job.id)
         self._reply(ident, msg.req, True)
 
     def _on_jobs(self, ident: bytes, msg: protocol.Jobs) -> None:
@@ -784,6 +903,8 @@ class Planner:
 
     def _dispatch(self, job: PlannerJob) -> int:
         """Send queued records to the source operators' workers while the in-flight window has room."""
+        if job.ckpt is not None and not self._ckpt_may_dispatch(job):
+            return 0
         head = job.queue[0] if job.queue else None
         size, offset = (len(head[1]), head[2]) if head else (0, 0)
         d = scheduler.dispatch(job.queue, job.spec, job.routes, job.weight,
@@ -821,9 +942,7 @@ class Planner:
                 if w.alive and now - w.last_seen > self.dead_after:
                     w.alive = False
                     log.warning("worker %s missed heartbeats for %.1f s: marked dead", w.id, now - w.last_seen)
-                    for job in list(self.jobs.values()):
-                        if w.id in job.workers:
-                            self._background(self._recover(job, w.id), f"recovery of job {job.id}")
+                    self._worker_died(w.id)
             total_in = total_out = 0.0
             for job in list(self.jobs.values()):
                 p_in, p_out = prev.get(job.id, (0, 0))
@@ -854,9 +973,9 @@ class Planner:
     def job_stats(self, job: PlannerJob, counters: dict | None = None) -> dict:
         """Throughput, input rate, latency, and the Table 2 metrics of every worker, for one job
         (`scheduler.job_stats`; `counters`: worker -> its exact cumulative counters)."""
-        out = scheduler.job_stats(job, self.workers, len(self.live_workers()), counters)
-        out["queue_bound"] = {"records": self.bound.max_records, "bytes": self.bound.max_bytes}
-        return out
+        return {**scheduler.job_stats(job, self.workers, len(self.live_workers()), counters),
+                "queue_bound": {"records": self.bound.max_records, "bytes": self.bound.max_bytes},
+                "checkpoints": self.ckpt_stats(job)}
 
 
 class _PlannerCollector:
@@ -911,6 +1030,7 @@ class _PlannerCollector:
                                    "part of them died")
         lost.add_metric([], p.records_lost)
         yield lost
+        yield from p.ckpt_metrics(jobs, _buckets)
         mh = HistogramMetricFamily("clasp_migration_duration_seconds",
                                    "Planner: plan issued to last completion; worker: plan received to resumed",
                                    labels=["role"])

@@ -31,6 +31,7 @@ from clasp.runtime.net import advertised, bind, start_metrics_server
 from clasp.runtime.remote_state import RemoteState
 from clasp.runtime.security import Security
 from clasp.runtime.tasks import ProcessTasks, internal_error
+from clasp.runtime.worker_recovery import RecoveryMixin
 
 log = logging.getLogger("clasp.worker")
 # Errors whose text is meant for the asker; any other exception in a handler is a bug (an error id, logged).
@@ -38,15 +39,17 @@ CLIENT_ERRORS = (OperatorError, DagError, PlacementError, ProtocolError)
 MIGRATE_CHUNK = 2000  # state objects and requests taken out between two turns of the event loop
 
 
-class Worker:
+class Worker(RecoveryMixin):
     """One worker process. `await Worker(...).serve()` runs until cancelled."""
 
     def __init__(self, planner: str, host: str = "127.0.0.1", data_port: int = 0, state_port: int = 0,
                  metrics_port: int = 0, advertise: str | None = None, worker_id: str | None = None,
                  p_max: int = 10, heartbeat: float = 1.0, flush_delay: float = 0.001, max_batch: int = 2000,
                  cpus: float | None = None, security: Security | None = None, metrics_host: str | None = None,
-                 leave_timeout: float = 300.0):
+                 leave_timeout: float = 300.0, state_dir: str | None = None):
         self.planner_addr = planner
+        self.state_dir = state_dir  # checkpoints; None: the directory the planner names
+        self.checkpoint_failures = 0
         self.host = host
         self.metrics_host = metrics_host or host
         self.security = security or Security()
@@ -146,7 +149,9 @@ class Worker:
                     "state_dump": self._on_state_dump, "collected_dump": self._on_collected_dump,
                     "stop_job": self._on_stop_job, "error": self._on_error, "state_get": self._on_state_get,
                     "state_put": self._on_state_put, "counters": self._on_counters,
-                    "migrate_plan": self._on_migrate_plan, "peers": self._on_peers, "shutdown": self._on_shutdown}
+                    "migrate_plan": self._on_migrate_plan, "peers": self._on_peers, "shutdown": self._on_shutdown,
+                    "ckpt_begin": self._on_ckpt_begin, "ckpt_snapshot": self._on_ckpt_snapshot,
+                    "ckpt_abort": self._on_ckpt_abort, "restore": self._on_restore}
         while True:
             frames = await self.dealer.recv_multipart()
             try:
@@ -179,6 +184,11 @@ class Worker:
     def _on_error(self, body) -> None:
         if body["reason"] == "unknown_worker":
             self.welcomed.clear()  # the planner restarted or declared us dead: register again
+        elif body["reason"] == "declared_dead":
+            # We were silent too long: the planner recovered our jobs without us. Nothing here is current
+            # any more; register again as a new worker holding nothing.
+            self.jobs.clear()
+            self.welcomed.clear()
         log.warning("planner reports %s: %s", body["reason"], body["detail"])
 
     # ----------------------------------------------------------------- joining and leaving (docs/DEPLOY.md)
@@ -233,6 +243,7 @@ class Worker:
         eng.on_work = self.wake.set
         if body.get("state") == "remote":
             eng.remote_state = self._remote_state(body["state_server"])
+        eng.floor = body.get("floor") or 0  # rows of an older epoch belong to an era a recovery rolled back
         self.jobs[job] = eng
         log.info("deployed job %d (%s), %d operators, epoch %d", job, spec.name, len(spec.operators), placement.epoch)
         return protocol.reply(body["req"], {"worker": self.id})
@@ -411,6 +422,8 @@ class Worker:
                     self._slice(stats, t)
                     await asyncio.sleep(0)
                     t = perf_counter()
+                    if self.jobs.get(eng.job) is not eng:
+                        return  # a recovery replaced this engine: its migration is void
             for wid in set(mig.plan.sends_to.get(self.id, [])) - set(mig.plan.dead):
                 self._send_migrate(eng, wid, epoch, chunks.pop(wid, []), loose.pop(wid, []), False)
             self._slice(stats, t)
@@ -439,7 +452,7 @@ class Worker:
         self.dealer.send(protocol.reply(eng.migration_req, reply))
         eng.migration = None
         self.wake.set()
-        if eng.queued_plans:
+        if eng.queued_plans and self.jobs.get(eng.job) is eng:
             self._on_migrate_plan(eng.queued_plans.pop(0))
 
     def _on_stop_job(self, body) -> bytes:
@@ -496,6 +509,8 @@ class Worker:
             except ProtocolError as e:
                 self._bad(e, "data")
                 continue
+            if body[1] < eng.floor:
+                continue  # sent before a recovery rolled the job back: that era's requests are void
             if mtype == "data":
                 msgs = job_messages(body[0])
                 msgs[2] += 1

@@ -1,0 +1,218 @@
+"""Checkpoints of keyed state and recovery, as pure state (no sockets, no event loop, no files).
+
+A checkpoint `k` is a cut through the stream at a record-id *boundary*: its state holds the effect of every
+record below the boundary and of none above it. Boundaries fall on admission chunks (`tracking.CHUNK_BITS`):
+the planner stops dispatching at a chunk boundary, tells every worker of the job the boundary (the
+barrier), and dispatches on. A worker holding a barrier keeps every request of a record at or above the
+boundary out of its stateful operators' queues (stateless operators run on: they have no state). Weight
+throwing tells the planner when every record below the boundary is complete, anywhere in the cluster:
+that is the alignment (the barrier "has arrived on every input" of every operator, since no request below
+it is left anywhere). The planner then asks for the snapshot; each worker writes the key groups it owns,
+releases what it held and acknowledges. The checkpoint is complete when every worker of the job acked.
+
+Recovery rolls the whole job back to the newest complete checkpoint: survivors (and new workers) restore
+the groups they own in the recovery placement, every request of the aborted era is dropped (its epoch is
+below the recovery epoch), the planner resets the tracker for every record at or above the boundary and
+replays them from its input log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from clasp.core.control import pool_order
+from clasp.core.dag import DagSpec
+from clasp.core.routing import NUM_KEY_GROUPS, OperatorPlacement, Placement, key_groups_for_shares
+from clasp.core.tracking import CHUNK_BITS, Tracker
+
+KEEP_COMPLETE = 2  # complete checkpoints kept on disk (and input kept back to the older one)
+
+
+@dataclass
+class CompleteCheckpoint:
+    id: int
+    boundary: int  # first chunk *not* in the checkpoint; record ids below boundary << CHUNK_BITS are in it
+    groups: dict[str, list[int]]  # stateful operator -> key groups that have a file
+    bytes: int = 0
+    duration_s: float = 0.0
+
+
+@dataclass
+class PendingCheckpoint:
+    id: int
+    boundary: int
+    t0: float
+    workers: set[str]
+    acked: set[str] = field(default_factory=set)
+    groups: dict[str, list[int]] = field(default_factory=dict)
+    bytes: int = 0
+    collected: dict[str, list] = field(default_factory=dict)  # operator -> outputs of records below boundary
+    snapshot_asked: bool = False
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot complete (a worker failed to write, died, or timed out)."""
+
+
+class Coordinator:
+    """The planner's checkpoint bookkeeping for one job: the pending checkpoint, the complete ones kept."""
+
+    def __init__(self, keep: int = KEEP_COMPLETE):
+        self.keep = keep
+        self.next_id = 1
+        self.pending: PendingCheckpoint | None = None
+        self.complete: list[CompleteCheckpoint] = []  # oldest first, at most `keep`
+        self.counts = {"completed": 0, "failed": 0, "recoveries": 0, "replayed": 0}
+        self.last_duration = 0.0
+        self.last_bytes = 0
+        self.failures: list[str] = []
+
+    def begin(self, boundary: int, workers: Sequence[str], now: float) -> PendingCheckpoint:
+        if self.pending is not None:
+            raise CheckpointError(f"checkpoint {self.pending.id} is still pending")
+        if self.complete and boundary < self.complete[-1].boundary:
+            raise CheckpointError(f"boundary {boundary} behind checkpoint {self.complete[-1].id}")
+        p = PendingCheckpoint(self.next_id, boundary, now, set(workers))
+        self.next_id += 1
+        self.pending = p
+        return p
+
+    def ack(self, ckpt: int, worker: str, groups: Mapping[str, Sequence[int]], nbytes: int,
+            collected: Mapping[str, list] | None = None) -> bool:
+        """One worker wrote its groups of `ckpt`; True when that completes the checkpoint (call `finish`)."""
+        p = self.pending
+        if p is None or p.id != ckpt or worker not in p.workers:
+            return False
+        if worker in p.acked:
+            return p.acked == p.workers
+        p.acked.add(worker)
+        for op, gs in groups.items():
+            p.groups.setdefault(op, []).extend(int(g) for g in gs)
+        p.bytes += nbytes
+        for op, outs in (collected or {}).items():
+            p.collected.setdefault(op, []).extend(outs)
+        return p.acked == p.workers
+
+    def finish(self, now: float) -> tuple[CompleteCheckpoint, list[int], dict[str, list]]:
+        """The pending checkpoint is complete: returns it, the ids of checkpoints to delete, and the outputs
+        it releases to clients."""
+        p = self.pending
+        if p is None or p.acked != p.workers:
+            raise CheckpointError("no checkpoint has every ack")
+        for op, gs in p.groups.items():
+            if len(gs) != len(set(gs)):
+                raise CheckpointError(f"checkpoint {p.id}: a key group of {op!r} written twice")
+        done = CompleteCheckpoint(p.id, p.boundary, {op: sorted(gs) for op, gs in p.groups.items()}, p.bytes,
+                                  now - p.t0)
+        self.pending = None
+        self.complete.append(done)
+        dropped = [c.id for c in self.complete[:-self.keep]]
+        self.complete = self.complete[-self.keep:]
+        self.counts["completed"] += 1
+        self.last_duration, self.last_bytes = done.duration_s, done.bytes
+        return done, dropped, p.collected
+
+    def fail(self, reason: str) -> int | None:
+        """The pending checkpoint failed; returns its id (its files may be deleted) or None."""
+        p, self.pending = self.pending, None
+        if p is None:
+            return None
+        self.counts["failed"] += 1
+        self.failures = [*self.failures[-9:], f"checkpoint {p.id}: {reason}"]
+        return p.id
+
+    def discard(self, ckpt: int) -> None:
+        """A complete checkpoint found unreadable (a corrupt file): recovery falls back to the one before."""
+        self.complete = [c for c in self.complete if c.id != ckpt]
+
+    def restore_target(self) -> CompleteCheckpoint | None:
+        """The checkpoint to roll back to: the newest complete one; None means the job's start (empty state)."""
+        return self.complete[-1] if self.complete else None
+
+    def log_floor(self) -> int:
+        """The first chunk the input log must still hold: the oldest kept checkpoint's boundary, so that
+        recovery can fall back to it when the newest one turns out unreadable."""
+        return self.complete[0].boundary if self.complete else 0
+
+
+def boundary_reached(tracker: Tracker, boundary: int) -> bool:
+    """Every record of the chunks below `boundary` is complete (or was given up on)."""
+    for c in tracker.chunks:  # in admission order: the first is the oldest still open
+        return c >= boundary
+    return True
+
+
+def dispatch_boundary(queue: Sequence, tracker: Tracker) -> int | None:
+    """The chunk at which dispatching may stop for a barrier: the head of the queue when nothing of it was
+    dispatched yet, the next chunk to be admitted when the queue is empty; None in the middle of a chunk."""
+    if not queue:
+        return tracker.next_chunk
+    base, _records, offset = queue[0]
+    return base >> CHUNK_BITS if offset == 0 else None
+
+
+def rollback(tracker: Tracker, boundary: int, chunks: Mapping[int, tuple[float, int]]) -> tuple[int, int]:
+    """Make every record of the chunks at or above `boundary` open again, as admitted (`chunks`: chunk ->
+    (admission time, size), every chunk admitted from `boundary` on). Returns (records reopened, of those
+    the ones that had completed)."""
+    first = boundary << CHUNK_BITS
+    uncompleted = reopened = 0
+    for c, (t, size) in chunks.items():
+        if c < boundary:
+            continue
+        old = tracker.chunks.get(c)
+        open_now = old[1] if old is not None else 0
+        uncompleted += size - open_now
+        reopened += size
+        tracker.chunks[c] = [t, size, size]
+    tracker.chunks = dict(sorted(tracker.chunks.items()))
+    tracker.partial = {rid: w for rid, w in tracker.partial.items() if rid < first}
+    tracker.completed -= uncompleted
+    return reopened, uncompleted
+
+
+def recovery_placement(spec: DagSpec, old: Placement, alive: Sequence[str], key_weights: Mapping[str, list],
+                       epoch: int) -> Placement:
+    """`old` with every share and key group of the workers not in `alive` moved onto those that are."""
+    if not alive:
+        raise CheckpointError("no live worker to recover on")
+    ops = {}
+    for o in spec.operators:
+        p = old.operators[o.name]
+        shares = {w: s for w, s in p.shares.items() if w in alive}
+        if not shares:
+            shares = {pool_order(old, alive)[0]: 1.0}
+        total = sum(shares.values())
+        shares = {w: v / total for w, v in shares.items()}
+        kg = (key_groups_for_shares(shares, NUM_KEY_GROUPS, p.key_groups, key_weights.get(o.name))
+              if o.stateful else None)
+        ops[o.name] = OperatorPlacement(shares, {w: p.instances.get(w, 1) for w in shares}, kg)
+    return Placement(ops, epoch, list(old.workers))
+
+
+def groups_to_restore(spec: DagSpec, placement: Placement, worker: str,
+                      written: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
+    """The key groups `worker` owns under `placement` that the checkpoint has a file for, per operator."""
+    out = {}
+    for o in spec.operators:
+        if not o.stateful:
+            continue
+        have = set(written.get(o.name, ()))
+        mine = [g for g, w in enumerate(placement.operators[o.name].key_groups) if w == worker and g in have]
+        if mine:
+            out[o.name] = mine
+    return out
+
+
+def split_collected(outputs: Sequence, rids: Sequence[int], boundary_rid: int) -> tuple[list, list, list, list]:
+    """Collected outputs and their record ids split at a boundary: (below, their rids, at or above, rids)."""
+    lo, lo_r, hi, hi_r = [], [], [], []
+    for out, rid in zip(outputs, rids, strict=True):
+        if rid < boundary_rid:
+            lo.append(out)
+            lo_r.append(rid)
+        else:
+            hi.append(out)
+            hi_r.append(rid)
+    return lo, lo_r, hi, hi_r

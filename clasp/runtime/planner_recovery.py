@@ -1,0 +1,428 @@
+"""The planner's side of checkpoints and recovery (clasp.core.checkpoint), mixed into `Planner`.
+
+Every `checkpoint_interval` seconds, per job with local state: stop dispatching at a chunk boundary, send
+the barrier (`ckpt_begin`) to every worker of the job, dispatch on; once every record below the boundary
+is complete, ask for the snapshot (`ckpt_snapshot`); complete when every worker answered. A worker that
+dies rolls the job back (`_restore`) to the newest complete checkpoint and replays the input log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+import msgpack
+
+from clasp.core.checkpoint import (
+    KEEP_COMPLETE,
+    CheckpointError,
+    CompleteCheckpoint,
+    Coordinator,
+    boundary_reached,
+    dispatch_boundary,
+    recovery_placement,
+    rollback,
+)
+from clasp.core.credit import charge
+from clasp.core.tracking import CHUNK_BITS
+from clasp.runtime.input_log import InputLog
+from clasp.runtime.state_store import FileStore, decode_blob, encode_blob
+
+log = logging.getLogger("clasp.planner")
+ALIGN_TIMEOUT = 30.0  # s for every record below a barrier to complete before the checkpoint is given up
+SNAPSHOT_TIMEOUT = 60.0
+
+
+class CheckpointState:
+    """What a job carries for checkpoints (on `PlannerJob.ckpt`)."""
+
+    def __init__(self, store: FileStore, job: int, memory_records: int):
+        self.coord = Coordinator()
+        self.log = InputLog(store, job, memory_records)
+        self.want = False  # stop dispatching at the next chunk boundary
+        self.hold = False  # dispatching stopped for a barrier
+        self.restoring = False  # a rollback is under way: dispatch stops, returned weight is stale
+        # checkpoint id -> operator -> the collected outputs that complete checkpoint released
+        self.released_by: dict[int, dict[str, list]] = {}
+        self.replayed = 0
+        self.last_recovery: dict | None = None
+        self.dying: set[str] = set()  # workers declared dead whose recovery has not run yet
+        self.last_pause = 0.0
+        self.last_pause_cpu = 0.0
+        self.orphaned: str | None = None  # the job lost its last worker (this one): it waits for a new one
+
+    def released(self, op: str) -> list:
+        return [x for k in sorted(self.released_by) for x in self.released_by[k].get(op, ())]
+
+
+class PlannerRecoveryMixin:
+    checkpoint_interval: float
+    store: FileStore | None
+
+    def _ckpt_enabled(self, state: str) -> bool:
+        return self.checkpoint_interval > 0 and self.store is not None and state == "local"
+
+    def _new_ckpt_state(self, job_id: int) -> CheckpointState:
+        return CheckpointState(self.store, job_id, self.input_log_records)
+
+    # ----------------------------------------------------------------- hooks the planner calls
+    def _ckpt_may_dispatch(self, job) -> bool:
+        c = job.ckpt
+        if c is None:
+            return True
+        if c.hold or c.restoring:
+            return False
+        if c.want and job.queue and job.queue[0][2] == 0:
+            return False  # at a chunk boundary: the barrier goes in here
+        return True
+
+    def _ckpt_on_push(self, job, base: int, t: float, records: list) -> None:
+        if job.ckpt is not None:
+            job.ckpt.log.append(base >> CHUNK_BITS, t, records)
+
+    def _ckpt_stale_done(self, job, ident: bytes) -> bool:
+        """Returned weight that belongs to a rolled-back era: during a restore, or from a retired worker."""
+        c = job.ckpt
+        if c is None:
+            return False
+        return c.restoring or ident.decode(errors="replace") in job.retired
+
+    def _fail_rpcs_of(self, wid: str) -> None:
+        """A worker was declared dead: its outstanding requests fail now, and so do the migrations and
+        checkpoint requests of its jobs that use checkpoints (the recovery rolls those back anyway)."""
+        jobs = {j.id for j in self.jobs.values() if wid in j.workers and j.ckpt is not None}
+        for j in self.jobs.values():
+            if j.id in jobs:
+                j.ckpt.dying.add(wid)  # a checkpoint waiting under the job's lock gives up at once
+        for req, (w, job, mtype) in list(self.rpc_meta.items()):
+            if w == wid or (job in jobs and mtype in ("migrate_plan", "ckpt_begin", "ckpt_snapshot")):
+                fut = self.pending_rpcs.get(req)
+                if fut is not None and not fut.done():
+                    fut.set_exception(self._rpc_failure(f"worker {wid} died before it answered {mtype}"))
+
+    # ----------------------------------------------------------------- checkpoints
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.checkpoint_interval)
+            for job in list(self.jobs.values()):
+                c = job.ckpt
+                if (c is None or job.cancelled or c.restoring or c.orphaned is not None or c.dying
+                        or c.coord.pending is not None or job.lock.locked()):
+                    continue
+                last = c.coord.restore_target()
+                if (last is not None and not job.queue and job.tracker.next_chunk == last.boundary):
+                    continue  # nothing admitted since the last checkpoint
+                self._background(self._checkpoint(job), f"checkpoint of job {job.id}")
+
+    async def _checkpoint(self, job) -> dict | None:
+        c = job.ckpt
+        async with job.lock:
+            if self.jobs.get(job.id) is not job or job.cancelled or c.restoring:
+                return None
+            if c.dying or c.orphaned is not None or not self._job_workers(job):
+                return None
+            c.want = True
+            try:
+                deadline = time.monotonic() + ALIGN_TIMEOUT
+                while (boundary := dispatch_boundary(job.queue, job.tracker)) is None:
+                    if time.monotonic() > deadline or c.dying:
+                        c.coord.counts["failed"] += 1
+                        log.warning("job %d: checkpoint given up: %s", job.id,
+                                    "a worker died" if c.dying else "dispatch never reached a chunk boundary")
+                        return None
+                    await asyncio.sleep(0.001)
+                c.hold = True
+            finally:
+                c.want = False
+            workers = self._job_workers(job)
+            p = c.coord.begin(boundary, workers, time.monotonic())
+            rid = boundary << CHUNK_BITS
+            try:
+                try:
+                    await asyncio.gather(*(self.rpc(w, "ckpt_begin", {"job": job.id, "ckpt": p.id, "boundary": rid})
+                                           for w in workers))
+                finally:
+                    c.hold = False
+                    self.dispatch_wake.set()
+                deadline = time.monotonic() + ALIGN_TIMEOUT
+                while not boundary_reached(job.tracker, boundary):
+                    if c.dying or any(w not in self._job_workers(job) for w in workers):
+                        raise CheckpointError("a worker died")
+                    if time.monotonic() > deadline:
+                        raise CheckpointError(f"records below the barrier still open after {ALIGN_TIMEOUT} s")
+                    await asyncio.sleep(0.002)
+                body = {"job": job.id, "ckpt": p.id, "boundary": rid, "dir": str(self.store.root)}
+                replies = await asyncio.gather(*(self.rpc(w, "ckpt_snapshot", body, SNAPSHOT_TIMEOUT)
+                                                 for w in workers))
+            except Exception as e:
+                failed = c.coord.fail(str(e))
+                log.warning("job %d: checkpoint %d failed: %s", job.id, p.id, e)
+                await asyncio.gather(*(self.rpc(w, "ckpt_abort", {"job": job.id, "ckpt": p.id}, 2.0)
+                                       for w in self._job_workers(job)), return_exceptions=True)
+                if failed is not None:
+                    await asyncio.to_thread(self.store.delete, job.id, failed)
+                return None
+            c.last_pause = max((r["pause"] for r in replies), default=0.0)
+            c.last_pause_cpu = max((r.get("pause_cpu", 0.0) for r in replies), default=0.0)
+            for r in replies:
+                c.coord.ack(p.id, r["worker"], r["groups"], r["bytes"], r["collected"])
+            done, dropped, collected = c.coord.finish(time.monotonic())
+            below = job.tracker.admitted - sum(n for _, n in c.log.sizes_from(done.boundary).values())
+            meta = {"job": job.id, "ckpt": done.id, "boundary": done.boundary, "groups": done.groups,
+                    "bytes": done.bytes, "workers": workers, "t": time.time(), "records_below": below}
+            try:
+                if collected:
+                    await asyncio.to_thread(self.store.write_file, f"job-{job.id}/collected/{done.id}.kg",
+                                            encode_blob(collected))
+                await asyncio.to_thread(self.store.commit, job.id, done.id, meta)
+            except OSError as e:
+                c.coord.discard(done.id)
+                c.coord.counts["failed"] += 1
+                log.error("job %d: checkpoint %d could not be committed: %s", job.id, done.id, e)
+                return None
+            if collected:
+                c.released_by[done.id] = collected
+            for d in dropped:
+                await asyncio.to_thread(self.store.delete, job.id, d)
+            c.log.drop_below(c.coord.log_floor())
+            self._persist_job(job)
+            self.checkpoint_hist.add(done.duration_s)
+            log.debug("job %d: checkpoint %d complete at chunk %d: %d bytes in %.1f ms (max pause %.1f ms)",
+                      job.id, done.id, done.boundary, done.bytes, done.duration_s * 1e3,
+                      max(r["pause"] for r in replies) * 1e3 if replies else 0.0)
+            return meta
+
+    # ----------------------------------------------------------------- recovery
+    async def _restore(self, job, wid: str) -> None:
+        """Worker `wid` of the job died: roll the job back to its last complete checkpoint on the workers
+        left, and replay the input from there."""
+        c = job.ckpt
+        async with job.lock:
+            if wid not in job.workers or wid in job.retired or self.jobs.get(job.id) is not job:
+                c.dying.discard(wid)
+                return
+            t0 = time.monotonic()
+            c.dying.discard(wid)
+            job.lost_workers.add(wid)
+            job.retired.add(wid)
+            c.restoring = True
+            try:
+                await self._roll_back(job, f"worker {wid} died", t0)
+            finally:
+                c.restoring = False
+                self.dispatch_wake.set()
+
+    async def _roll_back(self, job, cause: str, t0: float) -> None:
+        c = job.ckpt
+        while True:
+            alive = self._job_workers(job)
+            if not alive:
+                log.error("job %d (%s) has no worker left: it waits for a worker to recover on", job.id, cause)
+                c.orphaned = cause
+                return
+            c.orphaned = None
+            new = recovery_placement(job.spec, job.placement, alive, job.key_weights, job.placement.epoch + 1)
+            target = c.coord.restore_target()
+            body = {"job": job.id, "dag": job.spec_wire, "placement": new.to_wire(),
+                    "peers": {w: self.workers[w].data for w in job.workers if w in self.workers},
+                    "ckpt": target.id if target else 0, "groups": target.groups if target else {},
+                    "dir": str(self.store.root), "state": job.state, "state_server": self.state_server.endpoint}
+            replies = await asyncio.gather(*(self.rpc(w, "restore", body, 30.0) for w in alive),
+                                           return_exceptions=True)
+            bad = [str(r) for r in replies if isinstance(r, Exception)]
+            if target is not None and any("unreadable" in b for b in bad):
+                log.error("job %d: checkpoint %d cannot be restored (%s): falling back to the one before",
+                          job.id, target.id, "; ".join(b for b in bad if "unreadable" in b))
+                job.errors.append({"worker": "planner", "operator": "", "value": "",
+                                   "error": f"checkpoint {target.id} unreadable: {bad[0]}"[:300]})
+                c.coord.discard(target.id)
+                continue
+            failed = [w for w, r in zip(alive, replies, strict=True) if isinstance(r, Exception)]
+            if failed:
+                # A worker that could not restore holds nothing of the job now: roll back without it.
+                log.error("job %d: restore failed on %s (%s): rolling back without them", job.id, failed, bad)
+                job.retired.update(failed)
+                continue
+            job.placement = new
+            job.settled = new
+            self._set_routes(job)
+            upto = target.id if target else 0
+            for k in [k for k in c.released_by if k > upto]:  # released by a checkpoint rolled back over
+                del c.released_by[k]
+                self.store.remove_file(f"job-{job.id}/collected/{k}.kg")
+            boundary = target.boundary if target else 0
+            dispatched_before = job.counters["dispatched"]
+            reopened, _ = rollback(job.tracker, boundary, c.log.sizes_from(boundary))
+            job.queue.clear()
+            job.queue_bytes.clear()
+            for chunk, records in c.log.chunks_from(boundary):
+                job.queue.append([chunk << CHUNK_BITS, records, 0])
+                job.queue_bytes.admit(charge(len(msgpack.packb(records, use_bin_type=True)), len(records)))
+            job.queued = reopened
+            job.counters["dispatched"] = job.tracker.admitted - reopened
+            replayed = max(0, dispatched_before - job.counters["dispatched"])
+            c.replayed += replayed
+            self.records_replayed += replayed
+            c.coord.counts["recoveries"] += 1
+            self.recoveries += 1
+            took = time.monotonic() - t0
+            reason = (f"{cause}: job rolled back to checkpoint {target.id if target else 0} "
+                      f"on {len(alive)} workers, {replayed} records replayed")
+            c.last_recovery = {"t": round(time.time() - job.created, 3), "cause": cause,
+                               "checkpoint": target.id if target else 0, "replayed": replayed,
+                               "duration_s": took, "epoch": new.epoch}
+            job.decisions.append({"t": round(time.time() - job.created, 3), "trigger": cause,
+                                  "reason": reason, "change": True})
+            log.warning("job %d: %s (%.0f ms)", job.id, reason, took * 1e3)
+            self._persist_job(job)
+            return
+
+    async def _resume_orphan(self, job) -> None:
+        """Under the job's lock: a worker joined a job that had lost every worker; roll back onto it."""
+        c = job.ckpt
+        c.restoring = True
+        try:
+            await self._roll_back(job, c.orphaned, time.monotonic())
+        finally:
+            c.restoring = False
+            self.dispatch_wake.set()
+
+    # ----------------------------------------------------------------- planner restart
+    def _persist_job(self, job) -> None:
+        """The job's record in the state directory, for a planner restarted on it."""
+        if self.store is None or job.ckpt is None:
+            return
+        rec = {"id": job.id, "dag": job.spec_wire, "placement": job.placement.to_wire(), "workers": job.workers,
+               "autoscale": job.autoscale, "policy": job.policy, "state": job.state, "key_weights": job.key_weights,
+               "created": job.created}
+        try:
+            self.store.write_file(f"job-{job.id}/job.kg", encode_blob(rec))
+        except OSError as e:
+            log.error("job %d: its record could not be written: %s", job.id, e)
+
+    def _stored_jobs(self) -> list[dict]:
+        """Every job record a previous planner left in the state directory, with its checkpoints and input."""
+        out = []
+        if self.store is None:
+            return out
+        for d in sorted(self.store.root.glob("job-*"), key=lambda p: p.name):
+            data = self.store.read_file(f"{d.name}/job.kg")
+            if data is None:
+                continue
+            try:
+                rec = decode_blob(data, str(d / "job.kg"))
+            except Exception as e:
+                log.error("%s", e)
+                continue
+            complete = []
+            top = 0
+            for ck in d.glob("ckpt-*"):
+                top = max(top, int(ck.name.split("-", 1)[1]))
+                try:
+                    meta = json.loads((ck / "COMPLETE.json").read_text())
+                except (OSError, ValueError):  # never completed (or its marker is unreadable): not a checkpoint
+                    self.store.delete(int(rec["id"]), int(ck.name.split("-", 1)[1]))
+                    continue
+                complete.append(meta)
+            complete.sort(key=lambda m: m["ckpt"])
+            rec["next_ckpt"] = top + 1
+            chunks = {}
+            for f in (d / "input").glob("*.log"):
+                try:
+                    chunks[int(f.stem)] = len(decode_blob(f.read_bytes(), str(f)))
+                except Exception as e:
+                    log.error("input chunk %s is unreadable and skipped: %s", f, e)
+            released: dict[int, dict] = {}
+            last = complete[-1]["ckpt"] if complete else 0
+            for f in (d / "collected").glob("*.kg"):
+                if int(f.stem) <= last:
+                    released[int(f.stem)] = decode_blob(f.read_bytes(), str(f))
+            out.append({"rec": rec, "complete": complete[-KEEP_COMPLETE:], "chunks": dict(sorted(chunks.items())),
+                        "released": released})
+        return out
+
+    def _revive(self, job, stored: dict) -> None:
+        """Fill a job rebuilt from its record: checkpoints, input log, tracker and queue as of its newest
+        complete checkpoint; it resumes once its workers registered again (`_resume`)."""
+        c = job.ckpt
+        for m in stored["complete"]:
+            c.coord.complete.append(CompleteCheckpoint(m["ckpt"], m["boundary"], m["groups"], m["bytes"]))
+        c.coord.next_id = stored["rec"].get("next_ckpt", 1)
+        c.released_by = stored["released"]
+        newest = stored["complete"][-1] if stored["complete"] else None
+        boundary, below = (newest["boundary"], newest["records_below"]) if newest else (0, 0)
+        floor = c.coord.log_floor()
+        now = time.monotonic()
+        for chunk, size in stored["chunks"].items():
+            if chunk >= floor:
+                c.log.load(chunk, size, now)
+        t = job.tracker
+        t.next_chunk = max([*c.log.entries, boundary - 1]) + 1
+        sizes = c.log.sizes_from(boundary)
+        t.chunks = {ch: [now, n, n] for ch, (_, n) in sizes.items()}
+        t.admitted = below + sum(n for _, n in sizes.values())
+        t.completed = below
+        job.counters["pushed"] = t.admitted
+        job.counters["dispatched"] = t.admitted
+        c.restoring = True  # nothing is dispatched until `_resume` rolled the workers back
+        job.placement.epoch += 1000  # past any epoch the workers reached under the previous planner
+
+    async def _resume(self, job) -> None:
+        """A restarted planner: wait for the job's workers to register again, then roll back onto them."""
+        c = job.ckpt
+        deadline = time.monotonic() + max(10.0, 2 * self.dead_after)
+        while time.monotonic() < deadline:
+            if all(w in self.workers and self.workers[w].alive for w in job.workers):
+                break
+            await asyncio.sleep(0.1)
+        async with job.lock:
+            for w in job.workers:
+                if not (w in self.workers and self.workers[w].alive):
+                    job.retired.add(w)  # not back in time: what it still holds of the job is ignored
+            try:
+                await self._roll_back(job, "planner restarted", time.monotonic())
+            finally:
+                c.restoring = False
+                self.dispatch_wake.set()
+
+    def ckpt_metrics(self, jobs: list, _buckets):
+        """The checkpoint families of the planner's Prometheus collector (`_buckets`: its histogram folding)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        jobs_c = [j for j in jobs if j.ckpt is not None]
+        ck = CounterMetricFamily("clasp_checkpoints", "Checkpoints by outcome", labels=["outcome"])
+        for outcome in ("completed", "failed"):
+            ck.add_metric([outcome], sum(j.ckpt.coord.counts[outcome] for j in jobs_c))
+        yield ck
+        cd = HistogramMetricFamily("clasp_checkpoint_duration_seconds", "Barrier sent to last worker's ack")
+        cd.add_metric([], _buckets(self.checkpoint_hist, (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                                                          10.0)), self.checkpoint_hist.sum)
+        yield cd
+        cb = GaugeMetricFamily("clasp_checkpoint_bytes", "Bytes written by the job's last complete checkpoint",
+                               labels=["job"])
+        for j in jobs_c:
+            cb.add_metric([str(j.id)], j.ckpt.coord.last_bytes)
+        yield cb
+        rc = CounterMetricFamily("clasp_recoveries", "Jobs rolled back to a checkpoint after a worker died")
+        rc.add_metric([], self.recoveries)
+        yield rc
+        rr = CounterMetricFamily("clasp_records_replayed", "Records dispatched again from the input log")
+        rr.add_metric([], self.records_replayed)
+        yield rr
+
+    def ckpt_stats(self, job) -> dict | None:
+        c = job.ckpt
+        if c is None:
+            return None
+        last = c.coord.restore_target()
+        return {**c.coord.counts, "replayed": c.replayed, "last_id": last.id if last else 0,
+                "last_duration_s": c.coord.last_duration, "last_bytes": c.coord.last_bytes,
+                "last_pause_s": c.last_pause, "last_pause_cpu_s": c.last_pause_cpu,
+                "pending": c.coord.pending.id if c.coord.pending else None,
+                "input_log_records": c.log.records_kept, "input_log_spilled": c.log.spilled,
+                "failures": list(c.coord.failures), "last_recovery": c.last_recovery,
+                "interval_s": self.checkpoint_interval, "serving": self._job_workers(job)}
+
+

@@ -1,0 +1,178 @@
+"""Where checkpoints live: a small interface and its embedded implementation, files in a directory.
+
+Layout under the state directory (a shared volume when processes run on several hosts):
+
+    job-<J>/ckpt-<K>/<op>.<group>.kg     one key group's state of checkpoint K (written by its owner)
+    job-<J>/ckpt-<K>/COMPLETE.json       written by the planner once every worker acked: the checkpoint exists
+    job-<J>/input/<chunk>.log            input chunks spilled by the planner's input log
+    planner/...                          the planner's own tables
+
+A group file is `MAGIC, codec byte, crc32 of the payload (4 bytes, big endian), payload`: the payload is
+msgpack of {key: state}, zlib-compressed when that saves at least a tenth. Every file is written to a
+temporary name, fsynced and renamed, so a crash leaves either the old file or the new one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import struct
+import zlib
+from pathlib import Path
+from typing import Protocol
+
+import msgpack
+
+log = logging.getLogger("clasp.state_store")
+MAGIC = b"CLSPKG1"
+RAW, ZLIB = 0, 1
+COMPRESS_MIN = 1024  # bytes: below this compression never pays for its CPU
+
+
+class CorruptCheckpoint(Exception):
+    """A checkpoint file that is missing, truncated or fails its checksum; `path` names it."""
+
+    def __init__(self, path: str, why: str):
+        super().__init__(f"checkpoint file {path} is unreadable: {why}")
+        self.path = path
+
+
+class StateStoreError(Exception):
+    """The state directory cannot be used (created, written)."""
+
+
+class StateStore(Protocol):
+    """What the runtime needs of a checkpoint store; an object store can implement the same."""
+
+    def write_group(self, job: int, ckpt: int, op: str, group: int, state: dict) -> int: ...
+    def read_group(self, job: int, ckpt: int, op: str, group: int) -> dict: ...
+    def commit(self, job: int, ckpt: int, meta: dict) -> None: ...
+    def delete(self, job: int, ckpt: int) -> None: ...
+
+
+def encode_blob(obj, compress: bool = True) -> bytes:
+    raw = msgpack.packb(obj, use_bin_type=True)
+    codec, payload = RAW, raw
+    if compress and len(raw) >= COMPRESS_MIN:
+        z = zlib.compress(raw, 1)
+        if len(z) <= 0.9 * len(raw):
+            codec, payload = ZLIB, z
+    return MAGIC + bytes([codec]) + struct.pack(">I", zlib.crc32(payload)) + payload
+
+
+def decode_blob(data: bytes, path: str):
+    head = len(MAGIC) + 5
+    if len(data) < head or not data.startswith(MAGIC):
+        raise CorruptCheckpoint(path, f"truncated or not a checkpoint file ({len(data)} bytes)")
+    codec = data[len(MAGIC)]
+    (crc,) = struct.unpack(">I", data[len(MAGIC) + 1:head])
+    payload = data[head:]
+    if zlib.crc32(payload) != crc:
+        raise CorruptCheckpoint(path, "checksum mismatch (truncated or corrupted)")
+    try:
+        raw = zlib.decompress(payload) if codec == ZLIB else payload
+        return msgpack.unpackb(raw, raw=False, strict_map_key=False, use_list=True)
+    except Exception as e:
+        raise CorruptCheckpoint(path, f"{type(e).__name__}: {e}") from None
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write, fsync, rename; the directory is fsynced too so the rename survives a power cut."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+    try:
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def check_state_dir(path: str | os.PathLike) -> Path:
+    """Create the directory if needed and prove it writable; raises StateStoreError with the reason."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / f".probe.{os.getpid()}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise StateStoreError(f"the state directory {p} cannot be used: {e.strerror or e}") from None
+    return p
+
+
+class FileStore:
+    """Checkpoints as files in one directory (see the module docstring)."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+
+    def ckpt_dir(self, job: int, ckpt: int) -> Path:
+        return self.root / f"job-{job}" / f"ckpt-{ckpt}"
+
+    def group_path(self, job: int, ckpt: int, op: str, group: int) -> Path:
+        return self.ckpt_dir(job, ckpt) / f"{op}.{group}.kg"
+
+    def write_group(self, job: int, ckpt: int, op: str, group: int, state: dict) -> int:
+        return self.write_blob(job, ckpt, op, group, encode_blob(state))
+
+    def write_blob(self, job: int, ckpt: int, op: str, group: int, blob: bytes) -> int:
+        path = self.group_path(job, ckpt, op, group)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, blob)
+        return len(blob)
+
+    def read_group(self, job: int, ckpt: int, op: str, group: int) -> dict:
+        path = self.group_path(job, ckpt, op, group)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise CorruptCheckpoint(str(path), e.strerror or str(e)) from None
+        state = decode_blob(data, str(path))
+        if not isinstance(state, dict):
+            raise CorruptCheckpoint(str(path), "not a map of keys to states")
+        return state
+
+    def commit(self, job: int, ckpt: int, meta: dict) -> None:
+        d = self.ckpt_dir(job, ckpt)
+        d.mkdir(parents=True, exist_ok=True)
+        atomic_write(d / "COMPLETE.json", json.dumps(meta).encode())
+
+    def delete(self, job: int, ckpt: int) -> None:
+        shutil.rmtree(self.ckpt_dir(job, ckpt), ignore_errors=True)
+
+    def delete_job(self, job: int) -> None:
+        shutil.rmtree(self.root / f"job-{job}", ignore_errors=True)
+
+    def write_file(self, rel: str, data: bytes) -> int:
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, data)
+        return len(data)
+
+    def read_file(self, rel: str) -> bytes | None:
+        try:
+            return (self.root / rel).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def remove_file(self, rel: str) -> None:
+        try:
+            (self.root / rel).unlink()
+        except FileNotFoundError:
+            pass

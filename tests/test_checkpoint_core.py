@@ -1,0 +1,124 @@
+"""The checkpoint and recovery protocol as pure state (clasp.core.checkpoint): no processes."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import clasp
+from clasp.core.checkpoint import (
+    CheckpointError,
+    Coordinator,
+    boundary_reached,
+    dispatch_boundary,
+    groups_to_restore,
+    recovery_placement,
+    rollback,
+    split_collected,
+)
+from clasp.core.protocol import ROOT_WEIGHT
+from clasp.core.routing import NUM_KEY_GROUPS, build_placement
+from clasp.core.tracking import CHUNK_BITS, Tracker
+
+
+def _spec():
+    dag = clasp.Dag("t")
+    a = dag.operator("split", lambda x: x)
+    b = dag.operator("count", lambda s, x: ((s or 0) + 1, None), stateful=True, key=lambda x: x)
+    a >> b
+    return dag.to_spec()
+
+
+def test_coordinator_completes_on_every_ack_and_keeps_two():
+    c = Coordinator()
+    p = c.begin(3, ["w0", "w1"], now=10.0)
+    assert p.id == 1
+    with pytest.raises(CheckpointError):
+        c.begin(4, ["w0"], now=10.0)
+    assert not c.ack(1, "w0", {"count": [0, 1]}, 100, {"out": ["a"]})
+    assert not c.ack(2, "w1", {"count": [2]}, 50)  # another checkpoint's ack: ignored
+    assert not c.ack(1, "w9", {"count": [2]}, 50)  # not a worker of it
+    assert c.ack(1, "w1", {"count": [2]}, 50, {"out": ["b"]})
+    done, dropped, collected = c.finish(now=10.5)
+    assert done.groups == {"count": [0, 1, 2]} and done.bytes == 150 and done.duration_s == 0.5
+    assert dropped == [] and collected == {"out": ["a", "b"]}
+    for k in (2, 3):
+        c.begin(3 + k, ["w0"], now=11.0)
+        c.ack(k, "w0", {}, 1)
+        _, dropped, _ = c.finish(now=11.0)
+    assert dropped == [1] and [x.id for x in c.complete] == [2, 3]
+    assert c.restore_target().id == 3 and c.log_floor() == 5
+    c.discard(3)
+    assert c.restore_target().id == 2
+    c.begin(9, ["w0"], now=12.0)
+    assert c.fail("w0 died") == 4 and c.pending is None and c.counts["failed"] == 1
+
+
+def test_a_group_written_twice_fails_the_checkpoint():
+    c = Coordinator()
+    c.begin(1, ["w0", "w1"], 0.0)
+    c.ack(1, "w0", {"count": [5]}, 1)
+    c.ack(1, "w1", {"count": [5]}, 1)
+    with pytest.raises(CheckpointError):
+        c.finish(1.0)
+
+
+def test_boundaries_fall_on_chunks():
+    t = Tracker()
+    assert dispatch_boundary([], t) == 0
+    b0 = t.admit(10, 0.0)
+    b1 = t.admit(10, 0.0)
+    assert dispatch_boundary([[b0, list(range(10)), 0]], t) == 0
+    assert dispatch_boundary([[b0, list(range(10)), 4]], t) is None
+    assert dispatch_boundary([[b1, list(range(10)), 0]], t) == 1
+    assert boundary_reached(t, 0) and not boundary_reached(t, 1)
+    t.returned({b0 + i: ROOT_WEIGHT for i in range(10)}, 1.0)
+    assert boundary_reached(t, 1) and not boundary_reached(t, 2)
+
+
+@given(st.lists(st.integers(1, 20), min_size=1, max_size=6), st.data())
+@settings(max_examples=200, deadline=None)
+def test_rollback_then_replay_completes_every_record_once(sizes, data):
+    t = Tracker()
+    bases = [t.admit(n, float(i)) for i, n in enumerate(sizes)]
+    log = {b >> CHUNK_BITS: (float(i), n) for i, (b, n) in enumerate(zip(bases, sizes, strict=True))}
+    rids = [b + j for b, n in zip(bases, sizes, strict=True) for j in range(n)]
+    done = data.draw(st.sets(st.sampled_from(rids)))
+    halves = data.draw(st.sets(st.sampled_from(rids)))
+    t.returned({r: ROOT_WEIGHT for r in done}, 5.0)
+    t.returned({r: ROOT_WEIGHT // 2 for r in halves - done}, 5.0)
+    boundary = data.draw(st.integers(0, len(sizes)))
+    # only records of chunks below the boundary are complete when a checkpoint exists there
+    t.returned({r: ROOT_WEIGHT for r in rids if r >> CHUNK_BITS < boundary and r not in done
+                and r not in halves}, 6.0)
+    t.returned({r: ROOT_WEIGHT - ROOT_WEIGHT // 2 for r in rids if r >> CHUNK_BITS < boundary
+                and r in halves - done}, 6.0)
+    assert boundary_reached(t, boundary)
+    reopened, _ = rollback(t, boundary, log)
+    replay = [r for r in rids if r >> CHUNK_BITS >= boundary]
+    assert reopened == len(replay)
+    assert t.outstanding == len(replay)
+    t.returned({r: ROOT_WEIGHT for r in replay}, 7.0)
+    assert t.completed == len(rids) and t.outstanding == 0 and t.overreturned == 0
+
+
+def test_recovery_placement_moves_the_dead_workers_groups_only():
+    spec = _spec()
+    workers = ["w0", "w1", "w2"]
+    old = build_placement(spec, workers, {"split": {0: 0.5, 1: 0.5}, "count": {0: 0.3, 1: 0.3, 2: 0.4}}, 10)
+    new = recovery_placement(spec, old, ["w0", "w2"], {}, old.epoch + 1)
+    new.check(spec)
+    assert new.epoch == old.epoch + 1
+    assert set(new.operators["split"].shares) == {"w0"}
+    kg_old, kg_new = old.operators["count"].key_groups, new.operators["count"].key_groups
+    assert "w1" not in kg_new and len(kg_new) == NUM_KEY_GROUPS
+    assert all(a == b for a, b in zip(kg_old, kg_new, strict=True) if a != "w1")
+    with pytest.raises(CheckpointError):
+        recovery_placement(spec, old, [], {}, 9)
+    mine = groups_to_restore(spec, new, "w2", {"count": list(range(0, NUM_KEY_GROUPS, 2))})
+    assert mine["count"] == [g for g in range(0, NUM_KEY_GROUPS, 2) if kg_new[g] == "w2"]
+
+
+def test_split_collected():
+    assert split_collected(["a", "b", "c"], [1, 9, 3], 4) == (["a", "c"], [1, 3], ["b"], [9])

@@ -1,0 +1,74 @@
+"""The checkpoint store (clasp.runtime.state_store) and the input log: files, checksums, atomic writes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from clasp.runtime.input_log import InputLog
+from clasp.runtime.state_store import (
+    CorruptCheckpoint,
+    FileStore,
+    StateStoreError,
+    check_state_dir,
+    decode_blob,
+    encode_blob,
+)
+
+
+def test_group_files_round_trip_compressed_when_it_pays(tmp_path):
+    store = FileStore(tmp_path)
+    big = {f"key-{i}": i for i in range(5000)}
+    n = store.write_group(1, 3, "count", 7, big)
+    raw = len(encode_blob(big, compress=False))
+    assert n < raw * 0.9  # repetitive keys compress
+    assert store.read_group(1, 3, "count", 7) == big
+    small = {"a": 1}
+    assert decode_blob(encode_blob(small), "x") == small
+    assert not list(tmp_path.rglob(".*.tmp")), "no temporary file left behind"
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "empty", "missing"])
+def test_a_damaged_file_is_named(tmp_path, damage):
+    store = FileStore(tmp_path)
+    store.write_group(1, 1, "count", 0, {f"k{i}": i for i in range(100)})
+    path = store.group_path(1, 1, "count", 0)
+    data = path.read_bytes()
+    if damage == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        path.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+    elif damage == "empty":
+        path.write_bytes(b"")
+    else:
+        path.unlink()
+    with pytest.raises(CorruptCheckpoint) as e:
+        store.read_group(1, 1, "count", 0)
+    assert str(path) in str(e.value)
+
+
+def test_state_dir_checks(tmp_path):
+    assert check_state_dir(tmp_path / "a" / "b").is_dir()
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(StateStoreError, match="cannot be used"):
+        check_state_dir(tmp_path / "f" / "sub")
+    if os.geteuid() != 0:  # root writes anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        with pytest.raises(StateStoreError):
+            check_state_dir(ro)
+
+
+def test_input_log_writes_every_chunk_spills_memory_and_drops_below(tmp_path):
+    store = FileStore(tmp_path)
+    log = InputLog(store, 4, memory_records=25)
+    for c in range(5):
+        log.append(c, float(c), [f"r{c}-{i}" for i in range(10)])
+    assert log.in_memory <= 25 and log.spilled >= 2
+    assert [c for c, _ in log.chunks_from(2)] == [2, 3, 4]
+    assert log.records(0) == [f"r0-{i}" for i in range(10)]  # read back from its file
+    assert log.drop_below(3) == 30
+    assert sorted(p.stem for p in (tmp_path / "job-4" / "input").glob("*.log")) == ["3", "4"]
+    assert log.sizes_from(0) == {3: (3.0, 10), 4: (4.0, 10)}
