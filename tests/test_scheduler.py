@@ -198,6 +198,7 @@ class FakeJob:
     tracker: Tracker = field(default_factory=Tracker)
     workers: list = field(default_factory=lambda: ["w0", "w1", "w2"])
     queued: int = 3
+    queued_bytes: int = 300
     counters: dict = field(default_factory=lambda: {"pushed": 10, "dispatched": 7, "source_errors": 1})
     last: dict = field(default_factory=lambda: {"input_rate": 5.0, "throughput": 4.0, "p50": 0.1})
     errors: list = field(default_factory=list)

@@ -11,6 +11,8 @@ import signal
 import sys
 import time
 
+from clasp.core.credit import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, parse_size
+
 
 def _security(args, what: str):
     """The process's Security from --keys / CLASP_KEYS / --insecure, or an exit code (2) after saying why."""
@@ -66,7 +68,8 @@ def _planner(args) -> int:
                              args.statefulset)
     p = Planner(host=args.host, port=args.port, metrics_port=args.metrics_port, advertise=args.advertise,
                 heartbeat=args.heartbeat, dead_after=args.dead_after, max_inflight=args.max_inflight,
-                p_max=args.p_max, autoscale=args.autoscale, policy=args.policy,
+                max_queue=args.max_queued, max_queued_bytes=args.max_queued_bytes, p_max=args.p_max,
+                autoscale=args.autoscale, policy=args.policy,
                 migration_timeout=args.migration_timeout, control=ControlConfig(warmup_requests=args.warmup),
                 state=args.state, state_port=args.state_port, security=security, metrics_host=args.metrics_host,
                 provider=provider, checkpoint_interval=args.checkpoint_interval,
@@ -199,7 +202,8 @@ def check_state_option(args, who: str) -> int:
 
 def planner_options(args) -> list[str]:
     """The planner flags that `clasp cluster` (and `clasp run`) pass through."""
-    out = ["--checkpoint-interval", str(args.checkpoint_interval)]
+    out = ["--max-queued-bytes", str(args.max_queued_bytes), "--max-queued", str(args.max_queued),
+           "--checkpoint-interval", str(args.checkpoint_interval)]
     if getattr(args, "state_dir", None):
         out += ["--state-dir", args.state_dir]
     out += ["--policy", args.policy, "--warmup", str(args.warmup), "--state", args.state]
@@ -234,6 +238,16 @@ def add_control_options(p: argparse.ArgumentParser, default_state_dir: str | Non
     p.add_argument("--state-dir", default=default_state_dir,
                    help="checkpoints and the input log (a shared volume across hosts); default: ./clasp-state "
                         "for `clasp planner`, under the log directory for `clasp cluster` and `clasp run`")
+    add_queue_options(p)
+
+
+def add_queue_options(p: argparse.ArgumentParser) -> None:
+    """The bound on each job's planner queue (planner, cluster, run): pushes wait while it is reached."""
+    p.add_argument("--max-queued-bytes", type=byte_size, default=DEFAULT_MAX_QUEUED_BYTES,
+                   help="per job: bytes of input accepted and not yet dispatched (push frames' bytes plus 64 per "
+                        "record), N or NK/NM/NG; push() blocks while it is reached (default 128M)")
+    p.add_argument("--max-queued", type=_positive(int), default=DEFAULT_MAX_QUEUED,
+                   help="per job: records accepted and not yet dispatched (default 2000000)")
 
 
 def _keys(args) -> int:
@@ -263,6 +277,14 @@ def _place(args, rest) -> int:
     from clasp.cli.place import main as place_main
 
     return place_main(rest)
+
+
+def byte_size(text: str) -> int:
+    """A size in bytes, > 0: `N`, or with a suffix K, M or G (powers of 1024), e.g. 128M."""
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _quotas(text: str) -> float | list[float]:

@@ -84,6 +84,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                     "(default: the planner's, clasp)")
     r.add_argument("--state", help="where stateful operators keep state: local (default) or remote (the "
                                    "planner's state server, the Fig. 4 baseline)")
+    r.add_argument("--max-queued-bytes", help="per job: bytes of input the planner holds accepted and not yet "
+                                              "dispatched, N or NK/NM/NG; push() waits while it is reached "
+                                              "(default 128M)")
     r.add_argument("--cpu-per-worker", help="limit each worker to F CPUs with a cgroup quota, like a separate "
                                             "host (needs root)")
     r.add_argument("--hosts", action="store_true", help="the planner and each worker in its own network "
@@ -98,6 +101,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 # ----------------------------------------------------------------------------- argument checking
+def _queued_bytes(text: str | None) -> str | None:
+    if text is None:
+        return None
+    from clasp.core.credit import parse_size
+
+    try:
+        return str(parse_size(text))
+    except ValueError as e:
+        raise UsageError(f"--max-queued-bytes: {e}") from None
+
+
 def _number(text: str | None, flag: str, kind=float, minimum: float = 0.0, strict: bool = True,
             what: str = "a number"):
     if text is None:
@@ -189,6 +203,7 @@ def plan(args) -> dict:
             raise UsageError(f"profile {text!r} has no end: give --duration or --records")
     return {"app": app, "workers": workers, "seed": seed, "profile": profile, "profile_text": text,
             "cpu_per_worker": cpu, "hosts": args.hosts, "submit": {"policy": args.policy, "state": args.state},
+            "planner": {"max-queued-bytes": _queued_bytes(args.max_queued_bytes)},
             "restart_workers": args.restart_workers, "provider": args.provider, "max_workers": max_workers,
             "min_workers": min(min_workers, workers), "pool_cooldown": cooldown,
             "records": records, "max_rate": reference if kind in ("burst", "gradual") else None}
@@ -380,7 +395,8 @@ class _cluster:
         sub = self.cfg["submit"]
         self.cl = LocalCluster(workers=self.cfg["workers"], port=0, log_dir=logs,
                                cpu_per_worker=self.cfg["cpu_per_worker"], hosts=self.cfg["hosts"],
-                               planner_args=[a for k, v in sub.items() if v is not None for a in (f"--{k}", v)]
+                               planner_args=[a for k, v in {**sub, **self.cfg.get("planner", {})}.items()
+                                             if v is not None for a in (f"--{k}", v)]
                                + ["--checkpoint-interval", str(self.args.checkpoint_interval)],
                                state_dir=self.args.state_dir,
                                restart_workers=self.cfg["restart_workers"],

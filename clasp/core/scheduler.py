@@ -224,6 +224,7 @@ class JobView(Protocol):
     workers: list[str]
     placement: Placement
     queued: int
+    queued_bytes: int
     counters: dict
     last: dict
     errors: Any
@@ -292,7 +293,7 @@ def job_stats(job: JobView, workers: Mapping[str, WorkerInfo], workers_alive: in
         "input_rate": job.last.get("input_rate", 0.0), "throughput": job.last.get("throughput", 0.0),
         "latency": {"last": {k: job.last.get(k) for k in ("p50", "p95", "p99")}, **t.cumulative.summary()},
         "pushed": job.counters["pushed"], "completed": t.completed, "outstanding": t.outstanding,
-        "queued": job.queued, "lost": t.lost, "suspected_lost": t.suspects,
+        "queued": job.queued, "queued_bytes": job.queued_bytes, "lost": t.lost, "suspected_lost": t.suspects,
         "failed": failed + job.counters["source_errors"],
         "errors": list(job.errors), "workers": per_worker, "operators": operators,
         "edges": [{"src": s, "dst": d, "rate": r} for (s, d), r in edges.items()],

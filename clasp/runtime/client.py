@@ -27,6 +27,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from clasp.core import limits, protocol
+from clasp.core.credit import CHUNK_RECORDS, PushCredit, charge
 from clasp.core.dag import Dag, DagError
 from clasp.core.protocol import ProtocolError
 from clasp.runtime.security import Keys, Security, resolve
@@ -110,13 +111,18 @@ class Client:
 
     # ----------------------------------------------------------------- plumbing
     def _send(self, mtype: str, body: dict) -> int:
+        return self._send_frame(*self._frame(mtype, body))
+
+    def _frame(self, mtype: str, body: dict) -> tuple[int, bytes]:
         req = next(self._ids)
-        frame = protocol.encode(mtype, {**body, "req": req})
+        return req, protocol.encode(mtype, {**body, "req": req})
+
+    def _send_frame(self, req: int, frame: bytes, mtype: str = "a request") -> int:
         try:
             limits.check_message(len(frame), mtype)
         except limits.LimitError as e:
             raise ClaspError(str(e)) from None
-        self._sock.send(frame)
+        self._sock.send(frame, copy=len(frame) < 65536)
         self._pending.add(req)
         return req
 
@@ -308,31 +314,59 @@ class Job:
         self.id = job_id
         self.name = name
         self.info = info
+        self._credit = PushCredit()
 
-    def push(self, records: Iterable, chunk: int = 5000, window: int = 8) -> int:
-        """Send records to the planner's incoming queue; returns when all are accepted."""
-        c = self.client
-        outstanding: list[int] = []
-        batch: list = []
+    def push(self, records: Iterable, chunk: int = CHUNK_RECORDS, window: int = 8) -> int:
+        """Send records to the planner's incoming queue; returns when all are accepted.
+
+        Blocks while the job's queue at the planner is at its bound (records or bytes,
+        `--max-queued-bytes`) and goes on as it drains: pushes of at most `chunk` records and about a
+        megabyte (an eighth of the bound, if smaller) go while they fit the credit of the planner's
+        last acknowledgement, at most `window` at a time (`clasp.core.credit`). Any iterable, an
+        endless generator too: it is read one chunk ahead of what the planner accepted."""
+        credit = self._credit  # the last call's credit and measured record size carry over
+        credit.window = window
         n = 0
-        for r in records:
-            batch.append(r)
-            if len(batch) >= chunk:
-                outstanding.append(self._send_chunk(batch))
-                n += len(batch)
-                batch = []
-                while len(outstanding) >= window:
-                    c._wait(outstanding.pop(0), max(c.timeout, 60.0), "push")
-        if batch:
-            outstanding.append(self._send_chunk(batch))
-            n += len(batch)
-        for req in outstanding:
-            c._wait(req, max(c.timeout, 60.0), "push")
+        batch: list = []
+        limit = credit.next_records(chunk)
+        try:
+            for r in records:
+                batch.append(r)
+                if len(batch) >= limit:
+                    n += self._push_chunk(credit, batch)
+                    batch = []
+                    limit = credit.next_records(chunk)
+            if batch:
+                n += self._push_chunk(credit, batch)
+            while credit.inflight:
+                self._take_ack(credit)
+        except BaseException:
+            credit.forget()  # what was in flight is the failed call's: the next call starts with nothing
+            raise
         return n
 
-    def _send_chunk(self, batch: list) -> int:
+    def _push_chunk(self, credit: PushCredit, batch: list) -> int:
+        req, frame = self._chunk_frame(batch)
+        nbytes = charge(len(frame), len(batch))
+        while True:  # the target can shrink with an ack (the planner's bound), so it is checked after each
+            if nbytes > 2 * credit.target and len(batch) > 1:  # larger records than the last chunk's: halve it
+                half = len(batch) // 2
+                return self._push_chunk(credit, batch[:half]) + self._push_chunk(credit, batch[half:])
+            if credit.may_send(nbytes):
+                break
+            self._take_ack(credit)
+        credit.sent(self.client._send_frame(req, frame, "push"), nbytes, len(batch))
+        return len(batch)
+
+    def _take_ack(self, credit: PushCredit) -> None:
+        c = self.client
+        req = credit.oldest()
+        result = c._wait(req, max(c.timeout, 60.0), "push") or {}
+        credit.acked(req, result.get("credit"), result.get("bound"))
+
+    def _chunk_frame(self, batch: list) -> tuple[int, bytes]:
         try:
-            return self.client._send("push", {"job": self.id, "records": batch})
+            return self.client._frame("push", {"job": self.id, "records": batch})
         except (TypeError, ValueError, OverflowError) as e:
             bad = next((r for r in batch if not _packable(r)), None)
             raise ClaspError(f"record {bad!r:.100} of type {type(bad).__name__} is not msgpack-serializable: "

@@ -33,6 +33,7 @@ from clasp.core.control import (
     pool_order,
     to_runtime_placement,
 )
+from clasp.core.credit import DEFAULT_MAX_QUEUED_BYTES, ByteQueue, QueueBound, charge, share
 from clasp.core.dag import DagError, DagSpec
 from clasp.core.limits import LimitError, check_client_pending, check_dag, check_message
 from clasp.core.migration import PLANNER, plan_migration
@@ -86,6 +87,7 @@ class PlannerJob:
     workers: list[str]
     queue: deque = field(default_factory=deque)  # [base_rid, records, offset] not yet dispatched (Q_p)
     queued: int = 0
+    queue_bytes: ByteQueue = field(default_factory=ByteQueue)  # the bytes of Q_p, chunk by chunk (clasp.core.credit)
     counters: dict = field(default_factory=lambda: {"pushed": 0, "dispatched": 0, "source_errors": 0})
     series: deque = field(default_factory=lambda: deque(maxlen=3600))
     last: dict = field(default_factory=dict)
@@ -112,6 +114,10 @@ class PlannerJob:
     ckpt: CheckpointState | None = None  # checkpoints and the input log (None: checkpoints off)
     spec_wire: dict = field(default_factory=dict)  # the DAG as submitted (DagSpec.pack())
     policy: str = "clasp"
+
+    @property
+    def queued_bytes(self) -> int:
+        return self.queue_bytes.total
 
     @property
     def inflight(self) -> int:
@@ -141,7 +147,8 @@ class Planner(PlannerRecoveryMixin):
     def __init__(self, host: str = "127.0.0.1", port: int = 0, metrics_port: int = 0, advertise: str | None = None,
                  heartbeat: float = 1.0, dead_after: float = 5.0, dead_after_disconnect: float = 1.0,
                  max_inflight: int = 5000,
-                 max_queue: int = 2_000_000, dispatch_batch: int = 2000, p_max: int = 10,
+                 max_queue: int = 2_000_000, max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+                 dispatch_batch: int = 2000, p_max: int = 10,
                  placement_fn: PlacementFn = spread_placement, rpc_timeout: float = 10.0,
                  autoscale: bool = True, policy: str = "clasp", migration_timeout: float = 5.0,
                  control: ControlConfig | None = None, state: str = "local", state_port: int = 0,
@@ -162,6 +169,7 @@ class Planner(PlannerRecoveryMixin):
         self.disconnected: dict[str, float] = {}  # worker -> when the data connection to it dropped
         self.max_inflight = max_inflight
         self.max_queue = max_queue
+        self.bound = QueueBound(max_queue, max_queued_bytes)  # per job, on Q_p: records and bytes
         self.dispatch_batch = dispatch_batch
         self.p_max = p_max
         self.placement_fn = placement_fn
@@ -313,7 +321,7 @@ class Planner(PlannerRecoveryMixin):
                 tasks = self.client_tasks.get(ident, 0)
                 if tasks:
                     check_client_pending(tasks, self.security.limits)
-                result = handler(ident, body)
+                result = self._on_push(ident, body, len(frames[1])) if mtype == "push" else handler(ident, body)
                 if asyncio.iscoroutine(result):
                     # Slow handlers (they wait on workers) run on their own so the loop keeps receiving.
                     self.client_tasks[ident] = tasks + 1
@@ -589,28 +597,35 @@ class Planner(PlannerRecoveryMixin):
         job.tracker.root = job.weight
         job.routes = [route_to(job.spec, job.placement, s, None) for s in job.spec.sources]
 
-    def _on_push(self, ident: bytes, msg: protocol.Push) -> None:
+    def _on_push(self, ident: bytes, msg: protocol.Push, frame_bytes: int = 0) -> None:
         job = self._job(msg)
         if job.cancelled:
             raise RequestError(f"job {job.id} is cancelled")
         records = msg.records
         if job.deferred_acks:  # a client that pushes on without waiting for its acks: bounded, refused
-            check_client_pending(sum(1 for i, _ in job.deferred_acks if i == ident), self.security.limits)
+            check_client_pending(sum(1 for i, _, _ in job.deferred_acks if i == ident), self.security.limits)
         now = time.monotonic()
-        for i in range(0, len(records), 1 << CHUNK_BITS):
-            part = records[i:i + (1 << CHUNK_BITS)]
+        total = charge(frame_bytes, len(records))  # the frame's bytes: no record is measured on its own
+        step = 1 << CHUNK_BITS
+        for i in range(0, len(records), step):
+            part = records[i:i + step]
             base = job.tracker.admit(len(part), now)
             job.queue.append([base, part, 0])
+            job.queue_bytes.admit(share(total, len(records), i, len(part)))
             if job.ckpt is not None:
                 self._ckpt_on_push(job, base, now, part)
             job.queued += len(part)
         job.counters["pushed"] += len(records)
         self.dispatch_wake.set()
-        ack = protocol.reply(msg.req, {"accepted": len(records)})
-        if job.queued > self.max_queue:
-            job.deferred_acks.append((ident, ack))  # backpressure: the client waits for this ack
+        if job.deferred_acks or not self.bound.within(job.queued, job.queued_bytes):
+            job.deferred_acks.append((ident, msg.req, len(records)))  # backpressure: the client waits for this ack
         else:
-            self._post(ident, ack)
+            self._post(ident, self._push_ack(job, msg.req, len(records)))
+
+    def _push_ack(self, job: PlannerJob, req: int, n: int) -> bytes:
+        """A push's acknowledgement, with the credit the client may send on (`clasp.core.credit`)."""
+        return protocol.reply(req, {"accepted": n, "credit": self.bound.credit(job.queued_bytes),
+                                    "bound": self.bound.max_bytes})
 
     def _on_wait_idle(self, ident: bytes, msg: protocol.WaitIdle) -> None:
         job = self._job(msg)
@@ -683,6 +698,7 @@ class Planner(PlannerRecoveryMixin):
         job = self._job(msg)
         job.cancelled = True
         job.queue.clear()
+        job.queue_bytes.clear()
         job.queued = 0
         await asyncio.gather(*(self.rpc(w, "stop_job", {"job": job.id}) for w in self._job_workers(job)),
                              return_exceptions=True)
@@ -889,12 +905,15 @@ class Planner(PlannerRecoveryMixin):
         """Send queued records to the source operators' workers while the in-flight window has room."""
         if job.ckpt is not None and not self._ckpt_may_dispatch(job):
             return 0
+        head = job.queue[0] if job.queue else None
+        size, offset = (len(head[1]), head[2]) if head else (0, 0)
         d = scheduler.dispatch(job.queue, job.spec, job.routes, job.weight,
                                scheduler.window_room(self.max_inflight, job.inflight, self.dispatch_batch))
         if d is None:
             return 0
         n = d.count
         job.queued -= n
+        job.queue_bytes.taken(size, offset, n)
         job.counters["dispatched"] += n
         epoch = job.placement.epoch
         for dest, rows in d.data.items():
@@ -905,9 +924,9 @@ class Planner(PlannerRecoveryMixin):
             job.errors.extend(d.errors)
             job.counters["source_errors"] += len(d.failed)
             job.tracker.complete_now(d.failed, time.monotonic())
-        while job.deferred_acks and job.queued <= self.max_queue:
-            ident, ack = job.deferred_acks.popleft()
-            self._post(ident, ack)
+        while job.deferred_acks and self.bound.within(job.queued, job.queued_bytes):
+            ident, req, count = job.deferred_acks.popleft()
+            self._post(ident, self._push_ack(job, req, count))
         return n
 
     # ----------------------------------------------------------------- once a second
@@ -934,7 +953,8 @@ class Planner(PlannerRecoveryMixin):
                 self.latency.merge(interval)
                 lat = job.tracker.take_interval()
                 job.last = {"t": round(time.time() - job.created, 3), "input_rate": rate_in, "throughput": rate_out,
-                            "queue": job.queued, "inflight": job.inflight, "p50": lat["p50"], "p95": lat["p95"],
+                            "queue": job.queued, "queued_bytes": job.queued_bytes,
+                            "inflight": job.inflight, "p50": lat["p50"], "p95": lat["p95"],
                             "p99": lat["p99"], "workers": len(job.placement.active_workers())}
                 job.series.append(job.last)
                 self._control(job, rate_in, rate_out)
@@ -954,6 +974,7 @@ class Planner(PlannerRecoveryMixin):
         """Throughput, input rate, latency, and the Table 2 metrics of every worker, for one job
         (`scheduler.job_stats`; `counters`: worker -> its exact cumulative counters)."""
         return {**scheduler.job_stats(job, self.workers, len(self.live_workers()), counters),
+                "queue_bound": {"records": self.bound.max_records, "bytes": self.bound.max_bytes},
                 "checkpoints": self.ckpt_stats(job)}
 
 
@@ -968,6 +989,20 @@ class _PlannerCollector:
         g = GaugeMetricFamily("clasp_planner_queue_length", "Records waiting in the planner's queue (Q_p)")
         g.add_metric([], sum(j.queued for j in list(p.jobs.values())))
         yield g
+        qr = GaugeMetricFamily("clasp_planner_queued_records", "Records accepted and not yet dispatched, per job",
+                               labels=["job"])
+        qb = GaugeMetricFamily("clasp_planner_queued_bytes", "Bytes of the records accepted and not yet dispatched "
+                               "(their push frames' bytes plus a per-record overhead), per job", labels=["job"])
+        for j in list(p.jobs.values()):
+            qr.add_metric([str(j.id)], j.queued)
+            qb.add_metric([str(j.id)], j.queued_bytes)
+        yield qr
+        yield qb
+        for name, value, doc in (("clasp_planner_max_queued_records", p.bound.max_records, "records"),
+                                 ("clasp_planner_max_queued_bytes", p.bound.max_bytes, "bytes")):
+            m = GaugeMetricFamily(name, f"Each job's bound on its queue, {doc}; pushes wait while it is reached")
+            m.add_metric([], value)
+            yield m
         for name, key, doc in (("clasp_input_rate", "input_rate", "Records entering per second (lambda_p)"),
                                ("clasp_throughput", "throughput", "Records completed end to end per second (Lambda)")):
             m = GaugeMetricFamily(name, doc)

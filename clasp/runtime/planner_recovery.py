@@ -13,6 +13,8 @@ import json
 import logging
 import time
 
+import msgpack
+
 from clasp.core.checkpoint import (
     KEEP_COMPLETE,
     CheckpointError,
@@ -23,6 +25,7 @@ from clasp.core.checkpoint import (
     recovery_placement,
     rollback,
 )
+from clasp.core.credit import charge
 from clasp.core.tracking import CHUNK_BITS
 from clasp.runtime.input_log import InputLog
 from clasp.runtime.state_store import FileStore, decode_blob, encode_blob
@@ -253,8 +256,10 @@ class PlannerRecoveryMixin:
             dispatched_before = job.counters["dispatched"]
             reopened, _ = rollback(job.tracker, boundary, c.log.sizes_from(boundary))
             job.queue.clear()
+            job.queue_bytes.clear()
             for chunk, records in c.log.chunks_from(boundary):
                 job.queue.append([chunk << CHUNK_BITS, records, 0])
+                job.queue_bytes.admit(charge(len(msgpack.packb(records, use_bin_type=True)), len(records)))
             job.queued = reopened
             job.counters["dispatched"] = job.tracker.admitted - reopened
             replayed = max(0, dispatched_before - job.counters["dispatched"])

@@ -1,0 +1,159 @@
+"""Planner and worker memory under overload: one big push, large records, an endless generator.
+
+`python -m bench.overload [--case lines:2000000] [--case blobs:300000x2048] [--case endless:30]
+[--max-queued-bytes 128M] [--json FILE]` runs each case on a fresh 1-worker local cluster (no autoscaling)
+and prints one JSON object per case: the planner's and the worker's resident memory at the start and at
+their peak (VmRSS from /proc, sampled every 20 ms), how long `push()` took, the planner's largest reported
+queue (records, bytes), the p99 latency of admitted records, and whether every record was counted exactly.
+
+- `lines:N`: N Word Count lines (`clasp.apps.wc.generate`) in one `push()`; the answer is the word counts.
+- `blobs:NxB`: N records of B bytes (`"i:xxxx..."`) in one `push()`, tallied per `i % 64` by a stateful operator.
+- `endless:S`: such records of 2 KiB from a generator that never ends by itself, stopped after S seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import tempfile
+import threading
+import time
+
+import clasp
+from clasp.apps import wc
+from clasp.local.cluster import LocalCluster
+
+GROUPS = 64
+
+
+def tally(state, rec):
+    return (state or 0) + 1, None
+
+
+def group(rec):
+    return int(rec.split(":", 1)[0]) % GROUPS
+
+
+def blob_dag() -> clasp.Dag:
+    d = clasp.Dag("blobs")
+    d.operator("pass", lambda r: r) >> d.operator("tally", tally, stateful=True, key=group)
+    return d
+
+
+def blob(i: int, size: int) -> str:
+    head = f"{i}:"
+    return head + "x" * max(0, size - len(head))
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class Sampler(threading.Thread):
+    def __init__(self, pids: dict[str, int], planner: str, job_id: int):
+        super().__init__(daemon=True)
+        self.pids, self.planner, self.job_id = pids, planner, job_id
+        self.start_rss = {k: rss_mb(p) for k, p in pids.items()}
+        self.peak = dict(self.start_rss)
+        self.queue = {"records": 0, "bytes": 0}
+        self.halt = threading.Event()
+
+    def run(self):
+        with clasp.connect(self.planner) as c:
+            job = c.job(self.job_id)
+            n = 0
+            while not self.halt.is_set():
+                for k, p in self.pids.items():
+                    self.peak[k] = max(self.peak[k], rss_mb(p))
+                if n % 5 == 0:
+                    s = job.stats()
+                    self.queue["records"] = max(self.queue["records"], s["queued"])
+                    self.queue["bytes"] = max(self.queue["bytes"], s["queued_bytes"])
+                n += 1
+                time.sleep(0.02)
+
+
+def run_case(case: str, max_bytes: str | None) -> dict:
+    kind, _, arg = case.partition(":")
+    logs = tempfile.mkdtemp(prefix="clasp-overload-")
+    args = ["--no-autoscale"] + (["--max-queued-bytes", max_bytes] if max_bytes else [])
+    with LocalCluster(workers=1, port=0, log_dir=logs, provider="static", planner_args=args) as cl, \
+            clasp.connect(cl.planner) as c:
+        pids = {"planner": cl.procs[0].pid, "worker": c.workers()[0]["pid"]}
+        if kind == "lines":
+            records = wc.generate(int(arg), 0)
+            want = collections.Counter(w for line in records for w in wc.split(line))
+            job = c.submit(wc.build_dag(), autoscale=False)
+            source, op = records, "count"
+        else:
+            size = 2048
+            if kind == "blobs":
+                n, _, b = arg.partition("x")
+                size = int(b)
+                records = [blob(i, size) for i in range(int(n))]
+                source = records
+                want = collections.Counter(i % GROUPS for i in range(int(n)))
+            else:
+                want = collections.Counter()
+                halt = threading.Event()
+                threading.Timer(float(arg), halt.set).start()
+
+                def gen():
+                    i = 0
+                    while not halt.is_set():
+                        want[i % GROUPS] += 1
+                        yield blob(i, size)
+                        i += 1
+                source = gen()
+            job = c.submit(blob_dag(), autoscale=False)
+            op = "tally"
+        records = None  # the source (a list) keeps them; nothing else does
+        sampler = Sampler(pids, cl.planner, job.id)
+        sampler.start()
+        t0 = time.perf_counter()
+        pushed = job.push(source)
+        took = time.perf_counter() - t0
+        job.wait_idle(1200)
+        wall = time.perf_counter() - t0
+        sampler.halt.set()
+        sampler.join()
+        stats = job.stats(fresh=True)
+        state = job.state(op)
+        got = collections.Counter({(int(k) if op == "tally" else k): v for k, v in state.items()})
+        return {"case": case, "max_queued_bytes": stats["queue_bound"]["bytes"], "pushed": pushed,
+                "push_s": round(took, 2), "idle_s": round(wall, 2),
+                "rss_start_mb": {k: round(v, 1) for k, v in sampler.start_rss.items()},
+                "rss_peak_mb": {k: round(v, 1) for k, v in sampler.peak.items()},
+                "rss_growth_mb": {k: round(sampler.peak[k] - sampler.start_rss[k], 1) for k in pids},
+                "max_queue": sampler.queue, "p99_s": stats["latency"].get("p99"),
+                "completed": stats["completed"], "lost": stats["lost"], "exact": got == want}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.overload", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--case", action="append", help="lines:N, blobs:NxB or endless:S (repeatable)")
+    ap.add_argument("--max-queued-bytes", help="the planner's bound (default: its own, 128M)")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+    results = []
+    for case in args.case or ["lines:2000000", "blobs:300000x2048", "endless:30"]:
+        r = run_case(case, args.max_queued_bytes)
+        print(json.dumps(r), flush=True)
+        results.append(r)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0 if all(r["exact"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""Word Count with clasp and with Bytewax, 1 and 2 workers or processes, on the same generated lines.
+
+`python -m bench.peers [--lines N] [--rounds R] [--workers 1,2] [--json FILE]` (repository root; Bytewax from
+`pip install .[peers]`). The lines are `clasp.apps.wc.generate(N, seed 0)`; both answers are checked against
+a count made here (`collections.Counter` over `clasp.apps.wc.split` of every line) and a run that differs
+fails the benchmark. Each round runs every (system, workers) once, the two systems alternating which goes
+first; the table is the median lines/s over the rounds, and the ratios clasp / Bytewax (same workers) and
+2 / 1 (same system).
+
+- clasp: a fresh `LocalCluster` of N workers (no autoscaling, the spread placement: both operators on every
+  worker, the key groups split), a 2,000-line warm-up job first; timed from `push()` to `wait_idle()`.
+- Bytewax 0.21: `python -m bytewax.run bench.peers.bytewax_flow:flow`, N processes of one worker each
+  (`-i/-a` on loopback); each worker reads its slice of the lines file at import, and is timed from its
+  source's first batch to its sink's close (`count_final` emits at the end of input): the earliest start
+  to the latest end. Process start and the read of the file are outside both clocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import clasp
+from clasp.apps import wc
+from clasp.local.cluster import LocalCluster
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def expected(lines: list[str]) -> collections.Counter:
+    return collections.Counter(w for line in lines for w in wc.split(line))
+
+
+def run_clasp(lines: list[str], workers: int, warm: list[str]) -> dict:
+    logs = tempfile.mkdtemp(prefix="clasp-peers-")
+    with LocalCluster(workers=workers, port=0, log_dir=logs, provider="static",
+                      planner_args=["--no-autoscale"]) as cl, clasp.connect(cl.planner) as c:
+        w = c.submit(wc.build_dag(), autoscale=False)
+        w.push(warm)
+        w.wait_idle(120)
+        w.cancel()
+        job = c.submit(wc.build_dag(), autoscale=False)
+        t0 = time.perf_counter()
+        job.push(lines)
+        job.wait_idle(600)
+        wall = time.perf_counter() - t0
+        state = job.state("count")
+        active = len(job.stats()["active_workers"])
+    return {"wall": wall, "answer": state, "active": active}
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def run_bytewax(lines_file: str, processes: int) -> dict:
+    out = tempfile.mkdtemp(prefix="bytewax-peers-")
+    env = {**os.environ, "PEERS_LINES": lines_file, "PEERS_OUT": out, "PYTHONPATH": ROOT}
+    cmd = [sys.executable, "-m", "bytewax.run", "bench.peers.bytewax_flow:flow"]
+    if processes == 1:
+        procs = [subprocess.Popen(cmd, cwd=ROOT, env=env)]
+    else:
+        addrs = ";".join(f"127.0.0.1:{p}" for p in _free_ports(processes))
+        procs = [subprocess.Popen([*cmd, "-i", str(i), "-a", addrs], cwd=ROOT, env=env) for i in range(processes)]
+    for p in procs:
+        if p.wait(900) != 0:
+            raise RuntimeError(f"bytewax exited {p.returncode}")
+    parts = []
+    for name in sorted(os.listdir(out)):
+        with open(os.path.join(out, name)) as f:
+            parts.append(json.load(f))
+    answer: dict = {}
+    for p in parts:
+        answer.update(p["counts"])
+    starts = [p["start"] for p in parts if p["start"] is not None]
+    return {"wall": max(p["end"] for p in parts) - min(starts), "answer": answer, "active": len(parts)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lines", type=int, default=200_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workers", default="1,2", help="worker (process) counts, comma-separated")
+    ap.add_argument("--json", help="write every run and the medians here")
+    args = ap.parse_args(argv)
+    counts = [int(x) for x in args.workers.split(",")]
+    lines = wc.generate(args.lines, 0)
+    warm = wc.generate(2000, 1)
+    want = dict(expected(lines))
+    fd, lines_file = tempfile.mkstemp(prefix="peers-lines-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        f.write("\n".join(lines))
+    runs: list[dict] = []
+    try:
+        for rnd in range(args.rounds):
+            for n in counts:
+                order = ["clasp", "bytewax"] if (rnd + n) % 2 == 0 else ["bytewax", "clasp"]
+                for system in order:
+                    r = run_clasp(lines, n, warm) if system == "clasp" else run_bytewax(lines_file, n)
+                    ok = r["answer"] == want
+                    row = {"round": rnd, "system": system, "workers": n, "wall_s": round(r["wall"], 3),
+                           "lines_per_s": round(args.lines / r["wall"], 1), "exact": ok, "active": r["active"]}
+                    runs.append(row)
+                    print(json.dumps(row), file=sys.stderr, flush=True)
+                    if not ok:
+                        raise SystemExit(f"{system} with {n} worker(s): the answer differs from the count")
+    finally:
+        os.unlink(lines_file)
+    med = {(s, n): statistics.median(r["lines_per_s"] for r in runs if r["system"] == s and r["workers"] == n)
+           for s in ("clasp", "bytewax") for n in counts}
+    summary = {"lines": args.lines, "rounds": args.rounds, "words": sum(want.values()), "distinct": len(want),
+               "median_lines_per_s": {f"{s}_{n}": round(v, 1) for (s, n), v in med.items()},
+               "clasp_over_bytewax": {str(n): round(med["clasp", n] / med["bytewax", n], 3) for n in counts},
+               "scaling_2_over_1": ({s: round(med[s, 2] / med[s, 1], 3) for s in ("clasp", "bytewax")}
+                                    if {1, 2} <= set(counts) else None),
+               "runs": runs}
+    print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

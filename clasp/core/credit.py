@@ -1,0 +1,168 @@
+"""Credit flow between a pushing client and the planner's queue, in bytes (pure: no sockets).
+
+The planner bounds each job's accepted-but-not-dispatched input (Q_p) by a record count and by bytes
+(`QueueBound`). A record's bytes are measured cheaply: the length of the msgpack'd `push` frame the
+planner already received, plus `RECORD_OVERHEAD` per record for what holding it costs beyond its
+encoding (its Python object and its slot in the chunk's list), so the bound tracks memory for small
+records too (`charge`). `ByteQueue` keeps each queued chunk's charge, in the queue's order, and gives
+back the bytes of the records that leave it.
+
+The client (`PushCredit`) sends a chunk only while the bytes it has in flight fit the credit of the
+last acknowledgement, `max_bytes - queued_bytes` when the planner sent it; with nothing in flight it may
+always send one chunk (so it never stalls). The planner acknowledges a chunk only while the job is
+within its bound (it defers the rest), so one client keeps the queue within the bound plus one chunk.
+Chunks are sized in bytes too (`chunk_records`): records per chunk follow the last chunk's measured
+bytes per record, so large records make small chunks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+DEFAULT_MAX_QUEUED_BYTES = 128 << 20  # per job: the planner's --max-queued-bytes
+DEFAULT_MAX_QUEUED = 2_000_000  # per job, records (the planner's max_queue)
+RECORD_OVERHEAD = 64  # bytes one queued record costs the planner beyond its msgpack bytes
+CHUNK_BYTES = 1 << 20  # the most bytes a client puts in one push (fewer when the bound is small)
+CHUNK_RECORDS = 5000  # the most records in one push
+FIRST_CHUNK = 64  # records in a client's first push, before it knows their size
+
+
+def parse_size(text: str) -> int:
+    """A size in bytes, > 0: `N`, or with a suffix K, M or G (powers of 1024), e.g. `128M`; ValueError else."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    try:
+        v = int(float(t[:-1] if mult > 1 else t) * mult)
+    except ValueError:
+        raise ValueError(f"not a size in bytes (N, NK, NM or NG): {text}") from None
+    if v <= 0:
+        raise ValueError(f"must be > 0, not {text}")
+    return v
+
+
+def charge(frame_bytes: int, records: int) -> int:
+    """The bytes a push of `records` records arriving in a frame of `frame_bytes` bytes costs the queue."""
+    return frame_bytes + records * RECORD_OVERHEAD
+
+
+def share(total: int, size: int, start: int, count: int) -> int:
+    """The part of `total` bytes charged to records `start .. start + count - 1` of a chunk of `size`
+    records, so that the parts of a chunk taken in any steps sum to `total` exactly."""
+    if size <= 0:
+        return total
+    end = min(start + count, size)
+    return total * end // size - total * start // size
+
+
+@dataclass(frozen=True, slots=True)
+class QueueBound:
+    """A job's bound on its queue: `max_records` records and `max_bytes` bytes."""
+
+    max_records: int = DEFAULT_MAX_QUEUED
+    max_bytes: int = DEFAULT_MAX_QUEUED_BYTES
+
+    def within(self, records: int, nbytes: int) -> bool:
+        """True while a queue of `records` records and `nbytes` bytes may acknowledge a push."""
+        return records <= self.max_records and nbytes <= self.max_bytes
+
+    def credit(self, nbytes: int) -> int:
+        """Bytes a client may send beyond what the queue holds now (`nbytes`)."""
+        return max(0, self.max_bytes - nbytes)
+
+    def chunk_bytes(self) -> int:
+        """The byte size a client aims each push at: an eighth of the bound, at most `CHUNK_BYTES`."""
+        return max(1, min(CHUNK_BYTES, self.max_bytes // 8))
+
+
+class ByteQueue:
+    """The charge of each chunk of a job's queue, in the queue's order; `total` is the queue's bytes."""
+
+    __slots__ = ("charges", "total")
+
+    def __init__(self) -> None:
+        self.charges: deque[int] = deque()
+        self.total = 0
+
+    def admit(self, nbytes: int) -> None:
+        self.charges.append(nbytes)
+        self.total += nbytes
+
+    def taken(self, size: int, offset: int, count: int) -> int:
+        """Records `offset .. offset + count - 1` left the head chunk (of `size` records): their bytes
+        leave the total, and the chunk's charge leaves with its last record. Returns the bytes."""
+        if not self.charges or count <= 0:
+            return 0
+        out = share(self.charges[0], size, offset, count)
+        self.total -= out
+        if offset + count >= size:
+            self.charges.popleft()  # the chunk's shares taken so far sum to its charge exactly
+        return out
+
+    def clear(self) -> None:
+        self.charges.clear()
+        self.total = 0
+
+    def __len__(self) -> int:
+        return len(self.charges)
+
+
+def chunk_records(target_bytes: int, bytes_per_record: float | None, most: int = CHUNK_RECORDS) -> int:
+    """Records for the next push: about `target_bytes` at the last measured `bytes_per_record`
+    (`FIRST_CHUNK` before any was measured), between 1 and `most`."""
+    if bytes_per_record is None:
+        return max(1, min(most, FIRST_CHUNK))
+    return max(1, min(most, int(target_bytes // max(bytes_per_record, 1.0))))
+
+
+class PushCredit:
+    """The client's side: what it has in flight (pushes sent, not acknowledged, in order), and the
+    credit of the last acknowledgement (None before the first: then one push at a time)."""
+
+    __slots__ = ("window", "inflight", "inflight_bytes", "credit", "target", "per_record")
+
+    def __init__(self, window: int = 8, target_bytes: int = CHUNK_BYTES):
+        self.window = window
+        self.inflight: deque[tuple[int, int]] = deque()  # (request id, bytes charged)
+        self.inflight_bytes = 0
+        self.credit: int | None = None
+        self.target = target_bytes
+        self.per_record: float | None = None
+
+    def may_send(self, nbytes: int) -> bool:
+        """Whether a push of `nbytes` may go now: always with nothing in flight, else while the window
+        has room and everything in flight since the last acknowledgement fits its credit."""
+        if not self.inflight:
+            return True
+        if len(self.inflight) >= self.window or self.credit is None:
+            return False
+        return self.inflight_bytes + nbytes <= self.credit
+
+    def sent(self, req: int, nbytes: int, records: int) -> None:
+        self.inflight.append((req, nbytes))
+        self.inflight_bytes += nbytes
+        if records:
+            self.per_record = nbytes / records
+
+    def acked(self, req: int, credit: int | None, bound: int | None = None) -> None:
+        """The acknowledgement of push `req` (the oldest in flight: acks come in order) with the planner's
+        credit and bound then (None from a planner that sends none: the count window alone applies)."""
+        while self.inflight:
+            r, b = self.inflight.popleft()
+            self.inflight_bytes -= b
+            if r == req:
+                break
+        self.credit = credit if credit is not None else (1 << 62)
+        if bound:
+            self.target = max(1, min(CHUNK_BYTES, bound // 8))
+
+    def forget(self) -> None:
+        """Drop what is in flight (a push call that failed); the credit and record size stay."""
+        self.inflight.clear()
+        self.inflight_bytes = 0
+
+    def next_records(self, most: int = CHUNK_RECORDS) -> int:
+        return chunk_records(self.target, self.per_record, most)
+
+    def oldest(self) -> int | None:
+        return self.inflight[0][0] if self.inflight else None

@@ -1,0 +1,154 @@
+"""The credit arithmetic of the planner's byte-bounded queue (clasp.core.credit), with no sockets."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from clasp.core.credit import (
+    CHUNK_BYTES,
+    FIRST_CHUNK,
+    RECORD_OVERHEAD,
+    ByteQueue,
+    PushCredit,
+    QueueBound,
+    charge,
+    chunk_records,
+    share,
+)
+
+
+def test_charge_is_the_frame_plus_an_overhead_per_record():
+    assert charge(1000, 10) == 1000 + 10 * RECORD_OVERHEAD
+    assert charge(0, 0) == 0
+
+
+@given(st.integers(0, 10**9), st.lists(st.integers(1, 50), min_size=1, max_size=30))
+def test_shares_of_a_chunk_taken_in_any_steps_sum_to_its_charge(total, steps):
+    size = sum(steps)
+    start, parts = 0, []
+    for k in steps:
+        parts.append(share(total, size, start, k))
+        start += k
+    assert sum(parts) == total
+    assert all(p >= 0 for p in parts)
+
+
+def test_byte_queue_gives_back_exactly_what_was_admitted():
+    q = ByteQueue()
+    q.admit(1000)  # a chunk of 3 records
+    q.admit(10)  # a chunk of 1
+    assert q.total == 1010
+    assert q.taken(3, 0, 1) == 333
+    assert q.taken(3, 1, 2) == 667  # the chunk leaves with its last record
+    assert len(q) == 1 and q.total == 10
+    assert q.taken(1, 0, 1) == 10
+    assert q.total == 0 and len(q) == 0
+    assert q.taken(5, 0, 1) == 0  # nothing queued: nothing leaves
+
+
+def test_bound_within_and_credit():
+    b = QueueBound(max_records=100, max_bytes=1000)
+    assert b.within(100, 1000)
+    assert not b.within(101, 0)
+    assert not b.within(0, 1001)
+    assert b.credit(400) == 600
+    assert b.credit(5000) == 0
+    assert b.chunk_bytes() == 125
+    assert QueueBound().chunk_bytes() == CHUNK_BYTES
+
+
+def test_chunk_records_follows_the_measured_record_size():
+    assert chunk_records(1 << 20, None) == FIRST_CHUNK
+    assert chunk_records(1 << 20, 100.0) == 5000  # small records: the count cap
+    assert chunk_records(1 << 20, 4096.0 + RECORD_OVERHEAD) == 252
+    assert chunk_records(1000, 1e9) == 1  # one record larger than the target: one at a time
+    assert chunk_records(1 << 20, 0.0, most=7) == 7
+
+
+def test_push_credit_one_at_a_time_until_the_first_ack():
+    c = PushCredit(window=8)
+    assert c.may_send(10**9)  # nothing in flight: always one
+    c.sent(1, 500, 5)
+    assert not c.may_send(1)  # no credit known yet
+    c.acked(1, credit=1000, bound=8000)
+    assert c.target == 1000 and c.per_record == 100.0
+    c.sent(2, 600, 6)
+    assert c.may_send(400) and not c.may_send(401)
+    c.sent(3, 400, 4)
+    assert c.oldest() == 2 and c.inflight_bytes == 1000
+    c.acked(2, credit=0, bound=8000)  # the planner at its bound: nothing more than one in flight
+    assert not c.may_send(1)
+    c.acked(3, credit=5000, bound=8000)
+    assert c.inflight_bytes == 0 and c.may_send(10**9)
+
+
+def test_push_credit_window_and_a_planner_without_credit():
+    c = PushCredit(window=2)
+    c.sent(1, 10, 1)
+    c.acked(1, credit=None)  # an older planner: the count window alone
+    c.sent(2, 10**9, 1)
+    assert c.may_send(10**9)
+    c.sent(3, 10**9, 1)
+    assert not c.may_send(1)  # window full
+
+
+@given(st.integers(1, 5000), st.lists(st.integers(1, 3000), min_size=1, max_size=200), st.integers(0, 10**6))
+def test_one_client_keeps_the_queue_within_the_bound_plus_one_chunk(max_bytes, chunks, seed):
+    """A model of one client and the planner: the planner acks while within the bound (else defers), with
+    the credit then; it drains some bytes between messages. The queue never passes bound + one chunk."""
+    import random
+
+    rnd = random.Random(seed)
+    bound = QueueBound(10**9, max_bytes)
+    client = PushCredit(window=8)
+    queue = 0
+    wire: list[tuple[int, int]] = []  # sent, not yet received by the planner
+    deferred: list[int] = []
+    acks: list[tuple[int, int]] = []  # (req, credit) sent back, not yet read
+    pending = list(chunks)
+    req = 0
+    biggest = max(chunks)
+    while pending or client.inflight:
+        if pending and client.may_send(pending[0]):
+            req += 1
+            client.sent(req, pending[0], 1)
+            wire.append((req, pending.pop(0)))
+        elif acks:
+            r, cr = acks.pop(0)
+            client.acked(r, cr, max_bytes)
+        # the planner receives some of what is on the wire
+        while wire and rnd.random() < 0.7:
+            r, b = wire.pop(0)
+            queue += b
+            if deferred or not bound.within(0, queue):
+                deferred.append(r)
+            else:
+                acks.append((r, bound.credit(queue)))
+        assert queue <= max_bytes + biggest
+        queue = max(0, queue - rnd.randint(0, 2 * biggest))  # dispatch drains some
+        while deferred and bound.within(0, queue):
+            acks.append((deferred.pop(0), bound.credit(queue)))
+        if not wire and not acks and not deferred and client.inflight and not (pending and client.may_send(pending[0])):
+            break  # everything acked that can be (nothing stuck)
+    assert not pending
+
+
+def test_parse_size():
+    from clasp.core.credit import parse_size
+
+    assert parse_size("128M") == 128 << 20
+    assert parse_size("256k") == 256 << 10
+    assert parse_size("1GiB") == 1 << 30
+    assert parse_size("4096") == 4096
+    for bad in ("0", "-1", "x", "M"):
+        try:
+            parse_size(bad)
+        except ValueError:
+            continue
+        raise AssertionError(bad)
+
+
+def test_forget_drops_what_was_in_flight():
+    c = PushCredit()
+    c.sent(1, 100, 1)
+    c.forget()
+    assert c.inflight_bytes == 0 and not c.inflight and c.may_send(10**9)
