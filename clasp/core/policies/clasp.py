@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from clasp.core.model import CapacityModel, Edge
 from clasp.core.parallelism import placement_parallelism
@@ -63,6 +63,10 @@ class ClaspPolicy(Policy):
         model = self.model_of(stats)
         try:
             p = place(operators, edges, load, model, limit, refine=self.refine)
+            if self.refine and p.workers > 1 and stats.throughput > 0:
+                fewer = self._fewer_by_limit(operators, edges, stats, model, p.workers)
+                if fewer is not None:
+                    return fewer
             return self._result(p, stats, stats.input_rate,
                                 f"{p.workers} worker(s) sustain {stats.input_rate:g} req/s")
         except NoPlacementError as exc:
@@ -73,6 +77,26 @@ class ClaspPolicy(Policy):
             return self._result(found.placement, stats, found.rate,
                                 f"worker limit {limit} reached ({exc}); highest rate that fits: "
                                 f"{found.rate:.0f} req/s", workers=None)
+
+    def _fewer_by_limit(self, operators, edges, stats: Stats, model, workers: int) -> PlacementResult | None:
+        """Beyond the paper: whether next-fit fits is not monotone in the rate, so the worker-limit search
+        for fewer workers can sustain the rate next-fit needed `workers` for. The fewest n < `workers` whose
+        limit placement (cached) sustains the input rate, that placement at the input rate; None if none."""
+        rate = stats.input_rate
+        for n in range(1, workers):
+            try:
+                found = self.cache.get_or_search(operators, edges, stats.observed_load(), stats.throughput, model,
+                                                 n, self.config.search_tolerance, self.refine)
+            except (NoPlacementError, LoadError):
+                continue
+            if found.rate >= rate and found.placement.workers <= n:
+                load = stats.load_at(rate)
+                at_rate = replace(found.placement, demand=dict(load.demand), edge_rates=dict(load.edge_rates))
+                if model.fits(at_rate.load_map(model)):
+                    return self._result(at_rate, stats, rate,
+                                        f"{n} worker(s) sustain {rate:g} req/s (their limit placement: "
+                                        f"{found.rate:.0f} req/s)")
+        return None
 
     def decide(self, operators: Sequence[str], edges: Sequence[Edge], current: PlacementResult | None,
                stats: Stats, *, max_workers: int | None = None) -> Decision:
