@@ -26,36 +26,16 @@ import pytest
 
 import clasp
 from tests.conftest import start_cluster, wait_for
+from tests.test_order_stress import chain, count, first_char, reference, source_order, split
 
 SEEDS = int(os.environ.get("CLASP_CHAOS_SEEDS", "1"))
 RECORDS = int(os.environ.get("CLASP_CHAOS_RECORDS", "40000"))
 KILLS = 5
-MASK = (1 << 61) - 1
-
-
-def chain(h: int, seq: int) -> int:
-    return ((h * 1_000_003) ^ seq) & MASK
-
-
-def first_char(r: str) -> str:
-    return r[0]
-
-
-def source_order(state, r):
-    return chain(state or 1, int(r.split(" ", 2)[1])), r
 
 
 def inner_order(state, r):
     seq = int(r.split(" ", 2)[1])
     return chain(state or 7, seq), seq  # the output, collected: each record's sequence number once
-
-
-def split(r: str):
-    return r.split(" ", 2)[2].split()
-
-
-def count(state, w):
-    return (state or 0) + 1, None
 
 
 def build_dag() -> clasp.Dag:
@@ -74,18 +54,6 @@ def generate(n: int, rng: random.Random) -> list[str]:
     letters = "abcdefghijklmnopqrstuvwxyz"
     words = [f"w{i}" for i in range(2000)]
     return [f"{rng.choice(letters)} {i} " + " ".join(rng.choices(words, k=rng.randint(1, 6))) for i in range(n)]
-
-
-def reference(records: list[str]) -> tuple[dict, dict, dict]:
-    src: dict[str, int] = {}
-    inner: dict[str, int] = {}
-    counts: Counter = Counter()
-    for r in records:
-        k, seq, rest = r.split(" ", 2)
-        src[k] = chain(src.get(k, 1), int(seq))
-        inner[k] = chain(inner.get(k, 7), int(seq))
-        counts.update(rest.split())
-    return src, inner, dict(counts)
 
 
 def _pid(client, wid: str) -> int | None:
