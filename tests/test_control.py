@@ -48,6 +48,22 @@ def test_a_rate_change_must_hold_for_two_seconds_then_the_policy_scales_out():
     assert c.observe(obs(40000)).trigger is None and c.observe(obs(40000)).trigger is None  # cooldown
 
 
+def test_a_rate_drop_during_the_cooldown_still_triggers_after_it():
+    # Found by Fig. 11 (NWM from 100 % to 50 %): a backlog kept the throughput up while the input fell during
+    # the cooldown after a re-placement, the cooldown took the new rate as its reference, and no trigger
+    # ever fired.
+    c = controller()
+    c.observe(obs(10000))
+    c.observe(obs(40000))
+    step = c.observe(obs(40000))
+    c.placed(step.decision.placement)
+    assert [c.observe(obs(10000, throughput=40000, queued=q)).trigger for q in (9000, 5000)] == [None, None]
+    assert c.observe(obs(10000, throughput=20000, queued=1000)).trigger is None  # one second of the drop
+    step = c.observe(obs(10000))
+    assert "input rate changed from 40000 to 10000" in step.trigger
+    assert step.decision.change and step.decision.workers < c.current.workers
+
+
 def test_throughput_trailing_for_three_seconds_triggers():
     c = controller()
     c.observe(obs(20000))

@@ -6,7 +6,16 @@ import json
 import pytest
 
 from clasp.core.model import placement_load
-from clasp.core.policies import POLICIES, ClaspPolicy, Decision, PlacementResult, Policy, Stats, StatsError
+from clasp.core.policies import (
+    POLICIES,
+    ClaspPolicy,
+    Decision,
+    PlacementResult,
+    Policy,
+    Stats,
+    StatsError,
+    uniform_placement,
+)
 
 PROFILE = {"operators": {"A": {"rate": 1000, "tau_us": 400}, "B": {"rate": 7000, "tau_us": 300}},
            "edges": [{"src": "A", "dst": "B", "rate": 7000}],
@@ -157,3 +166,42 @@ def test_placement_result_json_round_trip():
     assert all(isinstance(k, str) for k in d["placement"]["A"])
     back = PlacementResult.from_json_dict(d)
     assert back == r
+
+
+# Word Count on five of ten simulated workers at the runtime's costs, its input up from 24,658 to 33,710
+# lines/s (Fig. 11): next-fit's messages overflow the receivers at that rate on any count.
+WC_AT_FIVE = {"operators": {"split": {"rate": 24658, "tau_us": 3.7966}, "count": {"rate": 373233, "tau_us": 0.7252}},
+              "edges": [{"src": "split", "dst": "count", "rate": 373233}], "alpha": 0.239, "beta": 0.8662,
+              "gamma": 0.0, "capacity": 249806, "throughput": 24658, "input_rate": 33710, "p_max": 10,
+              "instances": 18, "workers": 5, "beta_receive": 0.8655, "mu": 120.341, "flush_delay": 0.001844,
+              "flush_peer_factor": 0.2223, "alpha_split": 1.0652, "stateless": ["split"]}
+WC_OPS, WC_EDGES = ["split", "count"], [("split", "count")]
+
+
+def test_next_fit_failing_at_the_limit_still_takes_the_fewest_workers_whose_limit_placement_sustains_the_rate():
+    policy = ClaspPolicy()
+    s = Stats.from_json_dict(WC_AT_FIVE)
+    limits = {n: policy.place_on(WC_OPS, WC_EDGES, s, n).rate for n in range(1, 11)}
+    fewest = min(n for n, r in limits.items() if r >= s.input_rate)
+    dec = policy.decide(WC_OPS, WC_EDGES, None, s, max_workers=10)
+    assert fewest < 10 and dec.change and dec.workers == fewest
+    assert dec.placement.rate == s.input_rate
+    m, load = s.model, s.load_at(s.input_rate)
+    assert m.fits(m.placement_load(dec.placement.fractions, load.demand, load.edge_rates))
+
+
+@pytest.mark.parametrize("rate", [14000, 21000, 30000, 36500, 42000, 47000])
+def test_a_plan_never_needs_more_workers_than_the_fewest_limit_placement_that_sustains_it(rate):
+    policy = ClaspPolicy()
+    s = Stats.from_json_dict(dict(WC_AT_FIVE, input_rate=rate))
+    fewest = min(n for n in range(1, 11) if policy.place_on(WC_OPS, WC_EDGES, s, n).rate >= rate)
+    assert policy.decide(WC_OPS, WC_EDGES, None, s, max_workers=10).workers <= fewest
+
+
+def test_at_the_worker_limit_a_re_plan_that_moves_next_to_nothing_is_no_change():
+    policy = ClaspPolicy()
+    first = decide(profile(input_rate=50000), max_workers=4, policy=policy).placement
+    again = decide(profile(input_rate=50000, throughput=990), current=first, max_workers=4, policy=policy)
+    assert not again.change and "differs from it by at most" in again.reason
+    spread = uniform_placement(["A", "B"], [("A", "B")], 4, 10, 850000, "spread", "clasp")
+    assert decide(profile(input_rate=50000), current=spread, max_workers=4, policy=policy).change

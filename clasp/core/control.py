@@ -163,8 +163,11 @@ class Controller:
         if obs.completed < c.warmup_requests:
             return None
         if self._cooldown > 0:
+            # The rate reference stays the rate the last decision planned for: a change of the input
+            # during the cooldown is still a change afterwards (resetting it here swallowed a drop that
+            # came while a backlog drained, and the job kept every worker).
             self._cooldown -= 1
-            self._reset(obs)
+            self._up = self._down = self._lag = 0
             return None
         if self.rate_ref is None:
             self.rate_ref = obs.input_rate

@@ -74,6 +74,12 @@ class ClaspPolicy(Policy):
                 raise
             found = self.cache.get_or_search(operators, edges, stats.observed_load(), stats.throughput, model,
                                              limit, self.config.search_tolerance, self.refine)
+            # Next-fit failing does not mean the limit is needed: when the limit placement sustains the
+            # rate, fewer workers' limit placements may too (next-fit's fit is not monotone in the rate).
+            if self.refine and found.rate >= stats.input_rate:
+                fewer = self._fewer_by_limit(operators, edges, stats, model, limit + 1)
+                if fewer is not None:
+                    return fewer
             return self._result(found.placement, stats, found.rate,
                                 f"worker limit {limit} reached ({exc}); highest rate that fits: "
                                 f"{found.rate:.0f} req/s", workers=None)
@@ -113,6 +119,11 @@ class ClaspPolicy(Policy):
         if current is not None and current.workers == new.workers and self._still_fits(current, stats):
             return Decision.no_change(f"the current placement on {current.workers} worker(s) still sustains "
                                       f"{stats.input_rate:g} req/s")
+        if current is not None and new.rate < stats.input_rate and _moves_little(current, new):
+            # At the worker limit every lag re-plans for the highest rate that fits; a migration that moves
+            # next to nothing costs a pause and buys nothing measurable.
+            return Decision.no_change(f"{new.reason}; the current placement on {current.workers} worker(s) "
+                                      f"differs from it by at most {MOVE_TOLERANCE:g} of any operator")
         return Decision(new, new.reason)
 
     def _still_fits(self, current: PlacementResult, stats: Stats) -> bool:
@@ -145,6 +156,17 @@ class ClaspPolicy(Policy):
         return self._result(found.placement, stats, found.rate,
                             f"highest rate that fits {workers} worker(s): {found.rate:.0f} req/s",
                             workers=workers)
+
+
+MOVE_TOLERANCE = 0.02  # σ_o(w) changes up to this are not worth a migration at the worker limit
+
+
+def _moves_little(current: PlacementResult, new: PlacementResult) -> bool:
+    """Same workers and every σ_o(w) within MOVE_TOLERANCE of the current placement's."""
+    if current.workers != new.workers or set(current.fractions) != set(new.fractions):
+        return False
+    return all(abs(current.fractions[o].get(w, 0.0) - new.fractions[o].get(w, 0.0)) <= MOVE_TOLERANCE
+               for o in new.fractions for w in set(current.fractions[o]) | set(new.fractions[o]))
 
 
 @dataclass
