@@ -203,9 +203,10 @@ def test_a_hundred_operators_on_a_thousand_workers_place_within_a_second():
                            1000.0, 1000.0)
     m = CapacityModel(0.5, 1.8, 0.0, 250000.0, beta_receive=1.8, mu=5.0, alpha_split=1.7,
                       table_routed=frozenset(ops))
-    t = time.perf_counter()
+    # CPU time, not wall time: on the shared two-core host other processes' load is not the placement's.
+    t = time.process_time()
     p = place(ops, edges, observed, m, refine=True)
-    elapsed = time.perf_counter() - t
+    elapsed = time.process_time() - t
     assert 900 <= p.workers <= 1100
     assert elapsed < 1.0, f"{elapsed:.2f} s"
 
