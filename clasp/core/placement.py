@@ -459,11 +459,11 @@ def highest_rate_placement(operators: Sequence[str], edges: Sequence[Edge], obse
             if (p := attempt(rate)) is not None:
                 lo, best, hi_found = rate, p, min(hi, base_rate * (1 + SCAN_STEP * (i + 1)))
         lo, hi_found, best = bisect(lo, hi_found, best)
-        # Lazily, so that the whole-operator scan starts above the best rate found so far (the spread's,
-        # when it beats next-fit's): whole_fit is not monotone in the rate and scans a window above it.
-        for candidate in (lambda: spread_limit(operators, base, throughput, model, max_workers, hi, tol),
-                          lambda: whole_limit(operators, edges, base, throughput, model, max_workers, lo)):
-            other = candidate()
+        # The spread first, so that the whole-operator scan starts above the best rate found so far:
+        # whole_fit is not monotone in the rate and scans a window above it.
+        for candidate in ("spread", "whole"):
+            other = (spread_limit(operators, base, throughput, model, max_workers, hi, tol) if candidate == "spread"
+                     else whole_limit(operators, edges, base, throughput, model, max_workers, lo))
             if other is None:
                 continue
             steps += other.steps
