@@ -38,12 +38,6 @@ def queue_of(*chunks: list) -> deque:
 
 
 # ----------------------------------------------------------------- dispatch
-def test_the_window_grows_with_the_workers_a_job_runs_on():
-    assert scheduler.job_window(5000, 1) == 5000
-    assert scheduler.job_window(5000, 10) == 50000
-    assert scheduler.job_window(5000, 0) == 5000  # a job not yet placed still dispatches
-
-
 def test_window_room_is_the_window_left_at_most_one_batch():
     assert scheduler.window_room(5000, 0, 2000) == 2000
     assert scheduler.window_room(5000, 4000, 2000) == 1000

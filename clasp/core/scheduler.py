@@ -72,13 +72,6 @@ class Dispatch:
     errors: list[dict] = field(default_factory=list)
 
 
-def job_window(per_worker: int, workers: int) -> int:
-    """The job's in-flight window: `per_worker` records for each worker its placement uses. A fixed window
-    caps a job at window / latency whatever its workers could do, and a longer path (more workers, each
-    hop a batch and a wake-up, on quota'd workers a throttled stretch) has a longer latency."""
-    return per_worker * max(1, workers)
-
-
 def window_room(max_inflight: int, inflight: int, batch: int) -> int:
     """How many records may leave now: what the in-flight window has room for, at most one batch."""
     return min(max_inflight - inflight, batch)

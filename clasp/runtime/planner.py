@@ -114,13 +114,6 @@ class PlannerJob:
     ckpt: CheckpointState | None = None  # checkpoints and the input log (None: checkpoints off)
     spec_wire: dict = field(default_factory=dict)  # the DAG as submitted (DagSpec.pack())
     policy: str = "clasp"
-    _window: tuple = (None, 1)  # (placement epoch, workers it uses)
-
-    def window(self, per_worker: int) -> int:
-        """The in-flight window (`scheduler.job_window`) of the current placement, cached per epoch."""
-        if self._window[0] != self.placement.epoch:
-            self._window = (self.placement.epoch, len(self.placement.active_workers()))
-        return scheduler.job_window(per_worker, self._window[1])
 
     @property
     def queued_bytes(self) -> int:
@@ -915,8 +908,7 @@ class Planner(PlannerRecoveryMixin):
         head = job.queue[0] if job.queue else None
         size, offset = (len(head[1]), head[2]) if head else (0, 0)
         d = scheduler.dispatch(job.queue, job.spec, job.routes, job.weight,
-                               scheduler.window_room(job.window(self.max_inflight), job.inflight,
-                                                     self.dispatch_batch))
+                               scheduler.window_room(self.max_inflight, job.inflight, self.dispatch_batch))
         if d is None:
             return 0
         n = d.count
