@@ -78,27 +78,33 @@ def watch(job_id: int, address: str, stop: threading.Event, seen: dict) -> None:
             time.sleep(0.02)
 
 
+def endless(halt: threading.Event, start: int, yielded: collections.Counter):
+    i = start
+    while not halt.is_set():
+        yielded[i % GROUPS] += 1
+        yield record(i)
+        i += 1
+
+
+def watched(job_id: int, address: str) -> tuple[threading.Event, dict, threading.Thread]:
+    """A thread sampling the job's queue into `seen` until the event is set."""
+    stop, seen = threading.Event(), {}
+    t = threading.Thread(target=watch, args=(job_id, address, stop, seen), daemon=True)
+    t.start()
+    return stop, seen, t
+
+
 def run_push(cl, records, seconds: float | None = None):
     planner_pid = cl.procs[0].pid
     rss0 = rss_kb(planner_pid)
     with clasp.connect(cl.planner) as client:
         job = client.submit(dag(), autoscale=False)
-        stop, seen = threading.Event(), {}
-        t = threading.Thread(target=watch, args=(job.id, cl.planner, stop, seen), daemon=True)
-        t.start()
+        stop, seen, t = watched(job.id, cl.planner)
         yielded = collections.Counter()
         halt = threading.Event()
-
-        def gen():
-            i = 0
-            while not halt.is_set():
-                yielded[i % GROUPS] += 1
-                yield record(i)
-                i += 1
-
         if seconds is not None:
             threading.Timer(seconds, halt.set).start()
-            source = gen()
+            source = endless(halt, 0, yielded)
         else:
             source = records
             for i in range(len(records)):
@@ -141,3 +147,94 @@ def test_a_list_many_times_the_bound_blocks_until_it_drains(bounded):
     assert r["n"] == n
     assert r["took"] > 0.5  # held back: the worker runs ~5,000 records/s
     check(r)
+
+
+def test_clients_pushing_to_one_job_share_its_credit(bounded):
+    """Two clients pushing to one job together stay within the bound plus one push each (each has credit
+    for half of what is free), and both generators' records are counted exactly once."""
+    with clasp.connect(bounded.planner) as first:
+        job = first.submit(dag(), autoscale=False)
+        stop, seen, watcher = watched(job.id, bounded.planner)
+        halt = threading.Event()
+        yielded = [collections.Counter(), collections.Counter()]
+        pushed = [0, 0]
+
+        def second():
+            with clasp.connect(bounded.planner) as c:
+                pushed[1] = c.job(job.id).push(endless(halt, 1 << 30, yielded[1]))
+
+        t = threading.Thread(target=second)
+        t.start()
+        threading.Timer(3.0, halt.set).start()
+        pushed[0] = job.push(endless(halt, 0, yielded[0]))
+        t.join()
+        job.wait_idle(timeout=120)
+        stop.set()
+        watcher.join()
+        state = job.state("tally")
+        job.cancel()
+    one_push = 2 * (BOUND // 8)  # records of 2 KiB: a push is at most twice its byte target
+    assert min(pushed) * RECORD > 2 * BOUND  # both really pushed, many times the bound
+    assert seen["max_bytes"] <= BOUND + 2 * one_push, seen  # without sharing, each could fill what is free
+    assert {int(k): v for k, v in state.items()} == dict(yielded[0] + yielded[1])
+    assert sum(pushed) == sum((yielded[0] + yielded[1]).values())
+
+
+DELAY = 3.0  # s: the time bound of the planner below
+BIG = 256 << 20  # its bound in bytes: far above what the time bound lets in
+
+
+def quick(rec):
+    time.sleep(0.00005)  # ~10-20k records/s of 2 KiB: a drain rate of tens of MB/s
+    return rec
+
+
+@pytest.fixture(scope="module")
+def timed(tmp_path_factory):
+    c = start_cluster(tmp_path_factory, 1, planner_args=["--no-autoscale", "--max-queued-bytes", str(BIG),
+                                                         "--max-queue-delay", str(DELAY)])
+    yield c
+    c.stop()
+
+
+def test_the_queue_holds_what_drains_in_max_queue_delay(timed):
+    """With a bound in bytes far above what the cluster drains in a second, the time bound holds the queue
+    to about DELAY seconds of draining (at least 8 pushes), so admitted records wait about that long."""
+    d = clasp.Dag("timed")
+    d.operator("quick", quick) >> d.operator("tally", tally, stateful=True, key=group)
+    with clasp.connect(timed.planner) as c:
+        job = c.submit(d, autoscale=False)
+        stop, seen = threading.Event(), {}
+        limits = []
+
+        def watch_limit():
+            with clasp.connect(timed.planner) as w:
+                j = w.job(job.id)
+                while not stop.is_set():
+                    s = j.stats()
+                    seen["max_bytes"] = max(seen.get("max_bytes", 0), s["queued_bytes"])
+                    limits.append((s["queue_bound"]["limit"], s["queue_bound"]["drain_bytes_per_s"]))
+                    time.sleep(0.02)
+
+        watcher = threading.Thread(target=watch_limit, daemon=True)
+        watcher.start()
+        halt, yielded = threading.Event(), collections.Counter()
+        threading.Timer(6.0, halt.set).start()
+        n = job.push(endless(halt, 0, yielded))
+        job.wait_idle(timeout=120)
+        stop.set()
+        watcher.join()
+        stats = job.stats(fresh=True)
+        state = job.state("tally")
+        job.cancel()
+    rates = [r for _, r in limits if r]
+    assert rates, "the drain rate was never measured"
+    floor = 8 * (1 << 20)  # 8 pushes of 1 MB
+    for lim, rate in limits:  # the limit each stats() reported is the one its drain rate gives
+        assert lim == (min(BIG, max(floor, int(rate * DELAY))) if rate else floor), (lim, rate)
+    top_limit = max(lim for lim, _ in limits)
+    assert top_limit < BIG // 4  # the time bound, not the byte bound, held the queue
+    assert seen["max_bytes"] <= top_limit + (2 << 20) + CHUNK_RECORDS, (seen, top_limit)
+    assert n * RECORD > 2 * top_limit  # far more than the limit went through
+    assert stats["latency"]["p99"] < 4 * DELAY + 2.0, stats["latency"]
+    assert {int(k): v for k, v in state.items()} == dict(yielded)

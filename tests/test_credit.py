@@ -5,6 +5,7 @@ from hypothesis import strategies as st
 
 from clasp.core.credit import (
     CHUNK_BYTES,
+    CHUNK_RECORDS,
     FIRST_CHUNK,
     RECORD_OVERHEAD,
     ByteQueue,
@@ -12,6 +13,7 @@ from clasp.core.credit import (
     QueueBound,
     charge,
     chunk_records,
+    drain_rate,
     share,
 )
 
@@ -58,7 +60,8 @@ def test_bound_within_and_credit():
 
 def test_chunk_records_follows_the_measured_record_size():
     assert chunk_records(1 << 20, None) == FIRST_CHUNK
-    assert chunk_records(1 << 20, 100.0) == 5000  # small records: the count cap
+    assert chunk_records(1 << 20, 10.0) == CHUNK_RECORDS  # small records: the count cap
+    assert chunk_records(1 << 20, 100.0) == (1 << 20) // 100  # the byte target
     assert chunk_records(1 << 20, 4096.0 + RECORD_OVERHEAD) == 252
     assert chunk_records(1000, 1e9) == 1  # one record larger than the target: one at a time
     assert chunk_records(1 << 20, 0.0, most=7) == 7
@@ -152,3 +155,39 @@ def test_forget_drops_what_was_in_flight():
     c.sent(1, 100, 1)
     c.forget()
     assert c.inflight_bytes == 0 and not c.inflight and c.may_send(10**9)
+
+
+def test_the_time_bound_is_what_the_drain_rate_empties_in_max_delay_within_floor_and_bytes():
+    b = QueueBound(max_bytes=128 << 20, max_delay=2.0)
+    assert b.floor() == 8 * CHUNK_BYTES
+    assert b.limit(None) == b.floor()  # not measured yet: no trust in 128 MB
+    assert b.limit(10e6) == 20_000_000
+    assert b.limit(1e3) == b.floor()
+    assert b.limit(1e9) == 128 << 20
+    assert QueueBound(max_bytes=128 << 20).limit(1e3) == 128 << 20  # max_delay 0: the bytes alone
+    assert QueueBound(max_bytes=1 << 20, max_delay=2.0).limit(None) == 1 << 20  # a floor never above the bound
+    assert b.within(10, 20_000_000, b.limit(10e6)) and not b.within(10, 20_000_001, b.limit(10e6))
+
+
+@given(st.floats(0, 1e10), st.floats(0, 1e3), st.integers(1, 1 << 40))
+def test_a_limit_is_always_between_the_floor_and_the_bound(rate, delay, max_bytes):
+    b = QueueBound(max_bytes=max_bytes, max_delay=delay)
+    lim = b.limit(rate or None)
+    assert min(b.floor(), max_bytes) <= lim <= max_bytes
+
+
+def test_the_drain_rate_averages_ticks_with_a_backlog_only():
+    r = drain_rate(None, 0, 1.0, backlog=False)
+    assert r is None  # nothing queued: the dispatch waited for input, no measure
+    r = drain_rate(None, 1000, 0.5, backlog=True)
+    assert r == 2000
+    r = drain_rate(r, 4000, 1.0, backlog=True)
+    assert 2000 < r < 4000  # a faster tick: a moving average up
+    assert drain_rate(r, 0, 1.0, backlog=False) == r
+    assert drain_rate(r, 500, 1.0, backlog=True) == 500  # a slower one: at once down
+
+
+@given(st.integers(0, 1 << 30), st.integers(0, 1 << 30), st.integers(1, 64))
+def test_clients_sharing_a_credit_never_overshoot_the_limit_together(limit, queued, k):
+    b = QueueBound(max_bytes=1 << 30)
+    assert k * b.credit(queued, limit, clients=k) <= max(0, limit - queued)

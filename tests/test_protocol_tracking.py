@@ -14,7 +14,7 @@ from clasp.core.keygroups import group_counts
 from clasp.core.parallelism import largest_remainder
 from clasp.core.protocol import ROOT_WEIGHT, ProtocolError
 from clasp.core.routing import NUM_KEY_GROUPS, key_group, key_groups_for_shares, weighted_table
-from clasp.core.tracking import Tracker
+from clasp.core.tracking import VECTOR_MIN, Tracker
 
 
 def test_encode_decode_roundtrip_and_schema_errors():
@@ -153,3 +153,27 @@ def test_control_messages_are_typed_and_checked_in_one_place():
     with pytest.raises(ProtocolError, match="rids and weights") as e:
         protocol.decode_message(protocol.encode("done", [1, {"a": "b"}, []]))
     assert e.value.reason == "bad_body"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 299), st.sampled_from([ROOT_WEIGHT, ROOT_WEIGHT // 2,
+                                                                         ROOT_WEIGHT // 4])),
+                         min_size=0, max_size=3 * VECTOR_MIN), min_size=1, max_size=8),
+       st.integers(0, 150))
+def test_large_returns_counted_with_numpy_match_one_by_one(batches, lost_below):
+    """`returned` takes a batch of VECTOR_MIN or more with numpy; the result (completions, what is still
+    partly open, latencies, overreturns) is the same as applying it record by record."""
+    a, b = Tracker(), Tracker()
+    for t in (a, b):
+        for _ in range(3):
+            t.admit(100, now=0.0)
+        t.lost_below = lost_below
+    rid = [c << 20 | i for c in range(3) for i in range(100)]
+    for k, batch in enumerate(batches):
+        returns = {rid[i]: w for i, w in batch}
+        na = a.returned(returns, now=1.0 + k)
+        nb = b._count(b._returned_rids(returns.items(), {}), 1.0 + k)
+        assert na == nb
+        assert a.partial == b.partial and a.chunks == b.chunks and a.overreturned == b.overreturned
+    assert a.completed == b.completed
+    assert (a.cumulative.counts == b.cumulative.counts).all()

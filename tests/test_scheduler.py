@@ -20,6 +20,8 @@ from clasp.core.routing import (
     Placement,
     Route,
     key_group,
+    table_period,
+    weighted_table,
 )
 from clasp.core.scheduler import WorkerInfo
 from clasp.core.tracking import CHUNK_BITS, Tracker
@@ -278,3 +280,14 @@ def test_migration_record_sums_the_replies_and_names_the_failures():
                  "phases_ms": {"w0": {"markers_ms": 1.23, "busy_ms": 2.0}, "w2": {}},
                  "bytes": 150, "objects": 4, "rows": 7, "key_groups_moved": 64, "dead": ["w9"],
                  "failed": {"w1": "worker w1 did not answer"}}
+
+
+@given(st.lists(st.integers(1, 12), min_size=1, max_size=4))
+def test_a_table_period_repeated_is_the_table(weights):
+    shares = {f"w{i}": w / sum(weights) for i, w in enumerate(weights)}
+    table = weighted_table(shares)
+    period = table_period(table)
+    assert period * (len(table) // len(period)) == table
+    assert len(table) % len(period) == 0
+    if len(set(weights)) == 1:  # equal shares: one slot each
+        assert sorted(period) == sorted(shares)

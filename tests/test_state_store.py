@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
 
+from clasp.core import protocol
 from clasp.runtime.input_log import InputLog
 from clasp.runtime.state_store import (
     CorruptCheckpoint,
@@ -72,3 +74,36 @@ def test_input_log_writes_every_chunk_spills_memory_and_drops_below(tmp_path):
     assert log.drop_below(3) == 30
     assert sorted(p.stem for p in (tmp_path / "job-4" / "input").glob("*.log")) == ["3", "4"]
     assert log.sizes_from(0) == {3: (3.0, 10), 4: (4.0, 10)}
+
+
+def test_input_log_writes_on_its_thread_and_hands_back_on_the_loop(tmp_path):
+    """In a running loop the writes happen on the log's thread: `written` turns true once the loop took
+    the results (`notify` then runs), a whole push is stored as its frame, and a torn file is refused."""
+    store = FileStore(tmp_path)
+    notified = []
+
+    async def main():
+        log = InputLog(store, 7, memory_records=10**6, memory_bytes=3000, notify=lambda: notified.append(1))
+        recs = [[f"p{c}-{i}" for i in range(50)] for c in range(4)]
+        for c, r in enumerate(recs):
+            frame = protocol.encode("push", {"job": 7, "records": r, "req": c})
+            log.append(c, float(c), r, 1000, frame if c % 2 == 0 else None)  # odd ones: encoded anew
+        assert not log.written(3)  # nothing is written on the loop itself
+        for _ in range(500):
+            if log.written(3):
+                break
+            await asyncio.sleep(0.01)
+        assert log.written(3) and notified
+        assert log.spilled >= 1 and log.in_memory_bytes <= 3000  # a byte bound on memory too
+        for c, r in enumerate(recs):
+            assert decode_blob((tmp_path / "job-7" / "input" / f"{c}.log").read_bytes(), "x") == r
+            assert log.records(c) == r
+        log.drop_below(2)
+        log.close()
+
+    asyncio.run(main())
+    assert sorted(p.name for p in (tmp_path / "job-7" / "input").glob("*.log")) == ["2.log", "3.log"]
+    f = tmp_path / "job-7" / "input" / "2.log"
+    f.write_bytes(f.read_bytes()[:-5])  # torn: the planner died while writing it
+    with pytest.raises(CorruptCheckpoint):
+        decode_blob(f.read_bytes(), str(f))

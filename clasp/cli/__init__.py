@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 
-from clasp.core.credit import DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, parse_size
+from clasp.core.credit import DEFAULT_MAX_QUEUE_DELAY, DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES, parse_size
 
 
 def _security(args, what: str):
@@ -68,7 +68,9 @@ def _planner(args) -> int:
                              args.statefulset)
     p = Planner(host=args.host, port=args.port, metrics_port=args.metrics_port, advertise=args.advertise,
                 heartbeat=args.heartbeat, dead_after=args.dead_after, max_inflight=args.max_inflight,
-                max_queue=args.max_queued, max_queued_bytes=args.max_queued_bytes, p_max=args.p_max,
+                dispatch_batch=args.dispatch_batch,
+                max_queue=args.max_queued, max_queued_bytes=args.max_queued_bytes,
+                max_queue_delay=args.max_queue_delay, p_max=args.p_max,
                 autoscale=args.autoscale, policy=args.policy,
                 migration_timeout=args.migration_timeout, control=ControlConfig(warmup_requests=args.warmup),
                 state=args.state, state_port=args.state_port, security=security, metrics_host=args.metrics_host,
@@ -203,7 +205,7 @@ def check_state_option(args, who: str) -> int:
 def planner_options(args) -> list[str]:
     """The planner flags that `clasp cluster` (and `clasp run`) pass through."""
     out = ["--max-queued-bytes", str(args.max_queued_bytes), "--max-queued", str(args.max_queued),
-           "--checkpoint-interval", str(args.checkpoint_interval)]
+           "--max-queue-delay", str(args.max_queue_delay), "--checkpoint-interval", str(args.checkpoint_interval)]
     if getattr(args, "state_dir", None):
         out += ["--state-dir", args.state_dir]
     out += ["--policy", args.policy, "--warmup", str(args.warmup), "--state", args.state]
@@ -248,6 +250,9 @@ def add_queue_options(p: argparse.ArgumentParser) -> None:
                         "record), N or NK/NM/NG; push() blocks while it is reached (default 128M)")
     p.add_argument("--max-queued", type=_positive(int), default=DEFAULT_MAX_QUEUED,
                    help="per job: records accepted and not yet dispatched (default 2000000)")
+    p.add_argument("--max-queue-delay", type=_non_negative, default=DEFAULT_MAX_QUEUE_DELAY,
+                   help="per job: seconds of input, at the rate the job's queue drains, accepted and not yet "
+                        "dispatched (within --max-queued-bytes and at least 8 pushes; 0: no time bound; default 2)")
 
 
 def _keys(args) -> int:
@@ -318,6 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dead-after", type=_positive(float), default=5.0,
                    help="heartbeat silence that marks a worker dead (one whose connection dropped: 1 s)")
     p.add_argument("--max-inflight", type=_positive(int), default=5000, help="records in flight per job")
+    p.add_argument("--dispatch-batch", type=_positive(int), default=2000,
+                   help="the most records one dispatch step sends (one message per source worker)")
     p.add_argument("--p-max", type=_positive(int), default=10, help="executor slots per worker (P_max)")
     p.add_argument("--migration-timeout", type=_positive(float), default=5.0,
                    help="seconds a migration waits for its workers before it is reported failed")

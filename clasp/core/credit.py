@@ -13,6 +13,13 @@ always send one chunk (so it never stalls). The planner acknowledges a chunk onl
 within its bound (it defers the rest), so one client keeps the queue within the bound plus one chunk.
 Chunks are sized in bytes too (`chunk_records`): records per chunk follow the last chunk's measured
 bytes per record, so large records make small chunks.
+
+A bound in bytes alone lets an admitted record wait as long as the bound takes to drain (128 MB of
+Word Count lines is half a minute on one worker). So the bound is also in time (`--max-queue-delay`):
+the planner measures the rate its dispatch drains each job's queue while it holds a backlog
+(`drain_rate`, smoothed), and the job's limit is what that rate drains in `max_delay` seconds, within
+[`floor`, `max_bytes`] (`QueueBound.limit`). Several clients pushing to one job share its credit
+(`credit(..., clients=k)`), so together they overshoot by at most one chunk each.
 """
 
 from __future__ import annotations
@@ -22,9 +29,11 @@ from dataclasses import dataclass
 
 DEFAULT_MAX_QUEUED_BYTES = 128 << 20  # per job: the planner's --max-queued-bytes
 DEFAULT_MAX_QUEUED = 2_000_000  # per job, records (the planner's max_queue)
+DEFAULT_MAX_QUEUE_DELAY = 2.0  # s: what an admitted record may wait in the queue (the planner's --max-queue-delay)
+DRAIN_SMOOTHING = 0.3  # weight of the newest second in the drain rate's moving average
 RECORD_OVERHEAD = 64  # bytes one queued record costs the planner beyond its msgpack bytes
 CHUNK_BYTES = 1 << 20  # the most bytes a client puts in one push (fewer when the bound is small)
-CHUNK_RECORDS = 5000  # the most records in one push
+CHUNK_RECORDS = 20000  # the most records in one push (fewer pushes: fewer acks, log files, admissions)
 FIRST_CHUNK = 64  # records in a client's first push, before it knows their size
 
 
@@ -57,22 +66,50 @@ def share(total: int, size: int, start: int, count: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class QueueBound:
-    """A job's bound on its queue: `max_records` records and `max_bytes` bytes."""
+    """A job's bound on its queue: `max_records` records, `max_bytes` bytes, and (`max_delay` > 0) what
+    its dispatch drains in `max_delay` seconds."""
 
     max_records: int = DEFAULT_MAX_QUEUED
     max_bytes: int = DEFAULT_MAX_QUEUED_BYTES
+    max_delay: float = 0.0
 
-    def within(self, records: int, nbytes: int) -> bool:
-        """True while a queue of `records` records and `nbytes` bytes may acknowledge a push."""
-        return records <= self.max_records and nbytes <= self.max_bytes
+    def within(self, records: int, nbytes: int, limit: int | None = None) -> bool:
+        """True while a queue of `records` records and `nbytes` bytes may acknowledge a push (`limit`:
+        the job's bytes limit now, `limit()`; default `max_bytes`)."""
+        return records <= self.max_records and nbytes <= (self.max_bytes if limit is None else limit)
 
-    def credit(self, nbytes: int) -> int:
-        """Bytes a client may send beyond what the queue holds now (`nbytes`)."""
-        return max(0, self.max_bytes - nbytes)
+    def credit(self, nbytes: int, limit: int | None = None, clients: int = 1) -> int:
+        """Bytes one of `clients` pushing clients may send beyond what the queue holds now (`nbytes`)."""
+        return max(0, (self.max_bytes if limit is None else limit) - nbytes) // max(1, clients)
 
     def chunk_bytes(self) -> int:
         """The byte size a client aims each push at: an eighth of the bound, at most `CHUNK_BYTES`."""
         return max(1, min(CHUNK_BYTES, self.max_bytes // 8))
+
+    def floor(self) -> int:
+        """The least a time bound lets the queue hold: a full window of chunks (8), so that the client's
+        pipelining alone never starves the dispatch."""
+        return min(self.max_bytes, 8 * self.chunk_bytes())
+
+    def limit(self, drain_rate: float | None) -> int:
+        """The bytes the queue may hold: L = min(max_bytes, max(floor, r · max_delay)) for a queue drained
+        at r bytes/s; before r is measured, the floor (an unknown rate is not trusted with 128 MB)."""
+        if self.max_delay <= 0:
+            return self.max_bytes
+        if drain_rate is None:
+            return self.floor()
+        return min(self.max_bytes, max(self.floor(), int(drain_rate * self.max_delay)))
+
+
+def drain_rate(prev: float | None, drained: int, dt: float, backlog: bool) -> float | None:
+    """The queue's drain rate in bytes/s after a tick of `dt` s that dispatched `drained` bytes, over the
+    ticks with a backlog throughout (`backlog`; a tick without one leaves it as it was: the dispatch then
+    waited for input, which says nothing of how fast it could drain). It falls at once to a slower tick
+    and rises as a moving average: what is admitted on a fast tick has to drain on the slow ones after."""
+    if not backlog or dt <= 0:
+        return prev
+    r = drained / dt
+    return r if prev is None or r < prev else prev + DRAIN_SMOOTHING * (r - prev)
 
 
 class ByteQueue:

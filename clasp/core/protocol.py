@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from itertools import repeat
 from operator import itemgetter
 from typing import Any, ClassVar
 
@@ -429,9 +430,14 @@ def check_runs(runs: Any, n_ops: int) -> None:
             raise ProtocolError("bad_batch", "each run must be [op, first rid, weight, values]")
 
 
+def expand_run(op: int, first: int, w: int, values: list) -> zip:
+    """The rows (op, value, key, rid, weight) of one validated run, built without a Python-level loop."""
+    return zip(repeat(op), values, repeat(None), range(first, first + len(values)), repeat(w))
+
+
 def expand_runs(runs: list) -> list:
     """The rows [op, value, key, rid, weight] of validated runs."""
-    return [(op, v, None, first + i, w) for op, first, w, values in runs for i, v in enumerate(values)]
+    return [row for op, first, w, values in runs for row in expand_run(op, first, w, values)]
 
 
 def check_migrate(body: list, n_ops: int, n_groups: int = 128) -> None:

@@ -211,6 +211,17 @@ class Route:
     succ: int
     table: list[str | None] | None = None
     owners: list[str | None] | None = None
+    period: list[str | None] | None = None  # the table's shortest repeating prefix (`table_period`)
+
+
+def table_period(table: list) -> list:
+    """The shortest prefix of `table` that repeated makes the table: the same shares in fewer slots (an
+    even split of 120 slots over two workers is [a, b]), so the planner cuts a batch into fewer blocks."""
+    n = len(table)
+    for k in range(1, n + 1):
+        if n % k == 0 and table == table[:k] * (n // k):
+            return table[:k]
+    return table
 
 
 def route_to(spec: DagSpec, placement: Placement, succ: int, me: str | None) -> Route:
@@ -222,4 +233,5 @@ def route_to(spec: DagSpec, placement: Placement, succ: int, me: str | None) -> 
         return Route(ROUTE_KEYED, succ, owners=[local(w) for w in p.key_groups])
     if p.workers() == [me]:
         return Route(ROUTE_LOCAL, succ)
-    return Route(ROUTE_TABLE, succ, table=[local(w) for w in weighted_table(p.shares)])
+    table = [local(w) for w in weighted_table(p.shares)]
+    return Route(ROUTE_TABLE, succ, table=table, period=table_period(table))

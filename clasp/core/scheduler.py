@@ -93,7 +93,8 @@ def take(queue: deque, room: int) -> tuple[int, list]:
 def route_records(spec: DagSpec, routes: Sequence[Route], first: int, part: list, weight: int) -> Dispatch:
     """Send every record of `part` (rids from `first`) to each source operator, `weight // len(routes)`
     each: keyed sources by the owner of the key's group, stateless ones in consecutive blocks per slot of
-    the weighted table (runs, so the planner builds and packs no row per record)."""
+    the weighted table's period (runs, so the planner builds and packs no row per record, and a batch
+    split evenly over two workers is two runs)."""
     n = len(part)
     d = Dispatch(first, n)
     w = weight // len(routes)
@@ -116,7 +117,7 @@ def route_records(spec: DagSpec, routes: Sequence[Route], first: int, part: list
         elif route.kind == ROUTE_LOCAL:  # cannot happen from the planner: it holds no operator
             raise PlacementError("a source routed to the planner")
         else:
-            table = route.table
+            table = route.period or route.table
             tn = len(table)
             block = max(1, n // tn) if n >= tn else 1
             for start in range(0, n, block):

@@ -7,6 +7,7 @@ admitted in chunks (one push message), so the per-record cost is one dict operat
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -14,6 +15,7 @@ import numpy as np
 from clasp.core.protocol import ROOT_WEIGHT
 
 CHUNK_BITS = 20  # record id = chunk << CHUNK_BITS | index; a chunk holds at most 2**20 records
+VECTOR_MIN = 64  # returns in one batch from which counting them with numpy pays
 
 
 class LatencyHistogram:
@@ -25,12 +27,13 @@ class LatencyHistogram:
     def __init__(self):
         n = int(np.ceil(np.log(1e4 / self.LOW) / np.log(self.RATIO))) + 1
         self.bounds = self.LOW * self.RATIO ** np.arange(n)
+        self._bounds = self.bounds.tolist()  # bisect on a list: a scalar's bucket without numpy's call cost
         self.counts = np.zeros(n + 1, dtype=np.int64)
         self.total = 0
         self.sum = 0.0
 
     def add(self, latency: float, count: int = 1) -> None:
-        i = int(np.searchsorted(self.bounds, latency, side="left"))
+        i = bisect_left(self._bounds, latency)
         self.counts[i] += count
         self.total += count
         self.sum += latency * count
@@ -96,10 +99,33 @@ class Tracker:
 
     def returned(self, returns: Mapping[int, int], now: float) -> int:
         """Apply weight returned by a worker; returns how many records completed."""
+        if len(returns) >= VECTOR_MIN and not self.suspect_chunks:
+            return self._returned_vector(returns, now)
+        return self._count(self._returned_rids(returns.items(), {}), now)
+
+    def _returned_vector(self, returns: Mapping[int, int], now: float) -> int:
+        """`returned` for a large batch: the records whose whole weight came back at once (the common case,
+        e.g. every record of a one-operator job) are counted per chunk with numpy; the rest one by one."""
+        n = len(returns)
+        rids = np.fromiter(returns.keys(), np.int64, n)
+        whole = np.fromiter(returns.values(), np.int64, n) == self.root
+        if self.lost_below:
+            whole &= rids >= self.lost_below
+        if self.partial:  # a record partly returned before is not whole now: it goes one by one
+            both = self.partial.keys() & returns.keys()
+            if both:
+                whole &= ~np.isin(rids, np.fromiter(both, np.int64, len(both)))
+        chunks, counts = np.unique(rids[whole] >> CHUNK_BITS, return_counts=True)
+        done = dict(zip(chunks.tolist(), counts.tolist(), strict=True))
+        if not whole.all():
+            self._returned_rids([(rid, returns[rid]) for rid in rids[~whole].tolist()], done)
+        return self._count(done, now)
+
+    def _returned_rids(self, returns: Iterable[tuple[int, int]], done_chunks: dict[int, int]) -> dict[int, int]:
+        """Apply returned (rid, weight) pairs one by one; adds to `done_chunks` (chunk -> records completed)."""
         partial, root = self.partial, self.root
-        done_chunks: dict[int, int] = {}
         fence, lost_below = self.fence, self.lost_below
-        for rid, w in returns.items():
+        for rid, w in returns:
             if rid < lost_below:
                 continue  # weight of a record already counted as lost: it can no longer complete
             rem = partial.pop(rid, root) - w
@@ -113,6 +139,9 @@ class Tracker:
             if rid < fence and c in self.suspect_chunks:
                 self.suspect_chunks[c] -= 1
                 self.suspects -= 1
+        return done_chunks
+
+    def _count(self, done_chunks: dict[int, int], now: float) -> int:
         n = 0
         for c, k in done_chunks.items():
             chunk = self.chunks.get(c)

@@ -319,11 +319,12 @@ class Job:
     def push(self, records: Iterable, chunk: int = CHUNK_RECORDS, window: int = 8) -> int:
         """Send records to the planner's incoming queue; returns when all are accepted.
 
-        Blocks while the job's queue at the planner is at its bound (records or bytes,
-        `--max-queued-bytes`) and goes on as it drains: pushes of at most `chunk` records and about a
-        megabyte (an eighth of the bound, if smaller) go while they fit the credit of the planner's
-        last acknowledgement, at most `window` at a time (`clasp.core.credit`). Any iterable, an
-        endless generator too: it is read one chunk ahead of what the planner accepted."""
+        Blocks while the job's queue at the planner is at its bound (records, bytes:
+        `--max-queued-bytes`, or what the job drains in `--max-queue-delay` seconds) and goes on as it
+        drains: pushes of at most `chunk` records and about a megabyte (an eighth of the bound, if
+        smaller) go while they fit the credit of the planner's last acknowledgement, at most `window` at
+        a time (`clasp.core.credit`). Any iterable, an endless generator too: it is read one chunk ahead
+        of what the planner accepted."""
         credit = self._credit  # the last call's credit and measured record size carry over
         credit.window = window
         n = 0

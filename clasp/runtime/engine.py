@@ -22,7 +22,7 @@ import msgpack
 
 from clasp.core.dag import DagSpec
 from clasp.core.outputs import ITEMS_EXACT, ONE_EXACT, as_outputs
-from clasp.core.protocol import ROOT_WEIGHT
+from clasp.core.protocol import ROOT_WEIGHT, expand_run, expand_runs
 from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE, Placement, key_group, route_to
 
 HOLD = "\x00hold"  # the route of a key group whose state is on its way here: its requests wait
@@ -305,6 +305,20 @@ class JobEngine:
             return
         for r in rows:
             ops[r[0]].queue.append(r)
+
+    def receive_runs(self, epoch: int, runs: list) -> int:
+        """Validated runs [op, first rid, weight, values] from the planner; returns the requests. In the
+        steady state (no barrier, no migration, the current epoch) each run joins its operator's queue in
+        one `extend` of rows built in C; otherwise row by row, as `receive`."""
+        if self.barrier is not None or self.held or epoch != self.epoch:
+            rows = expand_runs(runs)
+            self.receive(epoch, rows)
+            return len(rows)
+        ops, n = self.ops, 0
+        for op, first, w, values in runs:
+            ops[op].queue.extend(expand_run(op, first, w, values))
+            n += len(values)
+        return n
 
     def receive(self, epoch: int, rows: list) -> None:
         """Rows from the network, sent under `epoch`: queued, held for a key group on its way here, kept

@@ -33,7 +33,15 @@ from clasp.core.control import (
     pool_order,
     to_runtime_placement,
 )
-from clasp.core.credit import DEFAULT_MAX_QUEUED_BYTES, ByteQueue, QueueBound, charge, share
+from clasp.core.credit import (
+    DEFAULT_MAX_QUEUE_DELAY,
+    DEFAULT_MAX_QUEUED_BYTES,
+    ByteQueue,
+    QueueBound,
+    charge,
+    drain_rate,
+    share,
+)
 from clasp.core.dag import DagError, DagSpec
 from clasp.core.limits import LimitError, check_client_pending, check_dag, check_message
 from clasp.core.migration import PLANNER, plan_migration
@@ -63,6 +71,7 @@ from clasp.runtime.tasks import ProcessTasks, internal_error
 log = logging.getLogger("clasp.planner")
 
 PlacementFn = Callable[[DagSpec, list[str], int], Placement]
+CLIENT_IDLE = 2.0  # s without a push after which a client no longer shares a job's credit
 STATE_MODES = ("local", "remote")  # where stateful operators keep their state (remote: the paper's Fig. 4 baseline)
 
 
@@ -92,7 +101,12 @@ class PlannerJob:
     series: deque = field(default_factory=lambda: deque(maxlen=3600))
     last: dict = field(default_factory=dict)
     waiters: list = field(default_factory=list)  # [ident, req, deadline]
-    deferred_acks: deque = field(default_factory=deque)
+    deferred_acks: deque = field(default_factory=deque)  # (client, req, records, last chunk) not acknowledged yet
+    limit: int = DEFAULT_MAX_QUEUED_BYTES  # the bytes Q_p may hold now (QueueBound.limit of the drain rate)
+    drain: float | None = None  # bytes/s the dispatch drains Q_p at while it holds a backlog (credit.drain_rate)
+    drained: int = 0  # bytes dispatched since the last tick
+    backlog: bool = False  # Q_p held records throughout the tick so far
+    clients: dict = field(default_factory=dict)  # client -> when it last pushed: they share the credit
     cancelled: bool = False
     routes: list = field(default_factory=list)
     weight: int = ROOT_WEIGHT
@@ -148,6 +162,7 @@ class Planner(PlannerRecoveryMixin):
                  heartbeat: float = 1.0, dead_after: float = 5.0, dead_after_disconnect: float = 1.0,
                  max_inflight: int = 5000,
                  max_queue: int = 2_000_000, max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+                 max_queue_delay: float = DEFAULT_MAX_QUEUE_DELAY,
                  dispatch_batch: int = 2000, p_max: int = 10,
                  placement_fn: PlacementFn = spread_placement, rpc_timeout: float = 10.0,
                  autoscale: bool = True, policy: str = "clasp", migration_timeout: float = 5.0,
@@ -169,7 +184,8 @@ class Planner(PlannerRecoveryMixin):
         self.disconnected: dict[str, float] = {}  # worker -> when the data connection to it dropped
         self.max_inflight = max_inflight
         self.max_queue = max_queue
-        self.bound = QueueBound(max_queue, max_queued_bytes)  # per job, on Q_p: records and bytes
+        # per job, on Q_p: records, bytes, and seconds of draining
+        self.bound = QueueBound(max_queue, max_queued_bytes, max_queue_delay)
         self.dispatch_batch = dispatch_batch
         self.p_max = p_max
         self.placement_fn = placement_fn
@@ -256,6 +272,7 @@ class Planner(PlannerRecoveryMixin):
             job = PlannerJob(int(rec["id"]), spec, placement, Tracker(), workers, autoscale=bool(rec["autoscale"]),
                              settled=placement, state=rec["state"], key_weights=rec["key_weights"] or {},
                              spec_wire=rec["dag"], policy=rec["policy"], created=float(rec["created"]))
+            job.limit = self.bound.limit(None)
             job.controller = Controller([o.name for o in spec.operators], spec.edges(), POLICIES[job.policy](),
                                         self.p_max, len(workers), self.control)
             job.ckpt = self._new_ckpt_state(job.id)
@@ -321,7 +338,7 @@ class Planner(PlannerRecoveryMixin):
                 tasks = self.client_tasks.get(ident, 0)
                 if tasks:
                     check_client_pending(tasks, self.security.limits)
-                result = self._on_push(ident, body, len(frames[1])) if mtype == "push" else handler(ident, body)
+                result = self._on_push(ident, body, frames[1]) if mtype == "push" else handler(ident, body)
                 if asyncio.iscoroutine(result):
                     # Slow handlers (they wait on workers) run on their own so the loop keeps receiving.
                     self.client_tasks[ident] = tasks + 1
@@ -572,6 +589,7 @@ class Planner(PlannerRecoveryMixin):
         job_id = next(self._job_ids)
         job = PlannerJob(job_id, spec, placement, Tracker(), workers, autoscale=autoscale, settled=placement,
                          state=state, key_weights=weights, spec_wire=msg.dag, policy=policy)
+        job.limit = self.bound.limit(None)
         if self._ckpt_enabled(state):
             job.ckpt = self._new_ckpt_state(job_id)
         edges = spec.edges()
@@ -597,35 +615,58 @@ class Planner(PlannerRecoveryMixin):
         job.tracker.root = job.weight
         job.routes = [route_to(job.spec, job.placement, s, None) for s in job.spec.sources]
 
-    def _on_push(self, ident: bytes, msg: protocol.Push, frame_bytes: int = 0) -> None:
+    def _on_push(self, ident: bytes, msg: protocol.Push, frame: bytes = b"") -> None:
         job = self._job(msg)
         if job.cancelled:
             raise RequestError(f"job {job.id} is cancelled")
         records = msg.records
         if job.deferred_acks:  # a client that pushes on without waiting for its acks: bounded, refused
-            check_client_pending(sum(1 for i, _, _ in job.deferred_acks if i == ident), self.security.limits)
+            check_client_pending(sum(1 for a in job.deferred_acks if a[0] == ident), self.security.limits)
         now = time.monotonic()
-        total = charge(frame_bytes, len(records))  # the frame's bytes: no record is measured on its own
+        job.clients[ident] = now
+        total = charge(len(frame), len(records))  # the frame's bytes: no record is measured on its own
         step = 1 << CHUNK_BITS
+        base = 0
         for i in range(0, len(records), step):
-            part = records[i:i + step]
+            part = records[i:i + step] if len(records) > step else records
             base = job.tracker.admit(len(part), now)
+            nbytes = share(total, len(records), i, len(part))
             job.queue.append([base, part, 0])
-            job.queue_bytes.admit(share(total, len(records), i, len(part)))
-            if job.ckpt is not None:
-                self._ckpt_on_push(job, base, now, part)
+            job.queue_bytes.admit(nbytes)
+            if job.ckpt is not None:  # the whole push in one chunk: its frame is what the log writes
+                self._ckpt_on_push(job, base, now, part, nbytes, frame if part is records else None)
             job.queued += len(part)
         job.counters["pushed"] += len(records)
         self.dispatch_wake.set()
-        if job.deferred_acks or not self.bound.within(job.queued, job.queued_bytes):
-            job.deferred_acks.append((ident, msg.req, len(records)))  # backpressure: the client waits for this ack
+        last = base >> CHUNK_BITS
+        if (job.deferred_acks or not self.bound.within(job.queued, job.queued_bytes, job.limit)
+                or (job.ckpt is not None and not job.ckpt.log.written(last))):
+            # backpressure, or the input log has not written it yet: the client waits for this ack
+            job.deferred_acks.append((ident, msg.req, len(records), last))
         else:
             self._post(ident, self._push_ack(job, msg.req, len(records)))
 
+    def _release_acks(self, job: PlannerJob) -> None:
+        """Acknowledge the deferred pushes, in order, while the job is within its bound and the input log
+        has written them."""
+        log_ = job.ckpt.log if job.ckpt is not None else None
+        acks = job.deferred_acks
+        while acks and self.bound.within(job.queued, job.queued_bytes, job.limit) and (
+                log_ is None or log_.written(acks[0][3])):
+            ident, req, count, _ = acks.popleft()
+            self._post(ident, self._push_ack(job, req, count))
+
+    def _log_written(self, job_id: int) -> None:
+        """The input log handed back written chunks: their pushes may be acknowledged and dispatched."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            self._release_acks(job)
+            self.dispatch_wake.set()
+
     def _push_ack(self, job: PlannerJob, req: int, n: int) -> bytes:
         """A push's acknowledgement, with the credit the client may send on (`clasp.core.credit`)."""
-        return protocol.reply(req, {"accepted": n, "credit": self.bound.credit(job.queued_bytes),
-                                    "bound": self.bound.max_bytes})
+        credit = self.bound.credit(job.queued_bytes, job.limit, len(job.clients))
+        return protocol.reply(req, {"accepted": n, "credit": credit, "bound": self.bound.max_bytes})
 
     def _on_wait_idle(self, ident: bytes, msg: protocol.WaitIdle) -> None:
         job = self._job(msg)
@@ -705,6 +746,7 @@ class Planner(PlannerRecoveryMixin):
         self.jobs.pop(job.id, None)
         self.state_server.drop(job.id)
         if job.ckpt is not None:
+            job.ckpt.log.close()
             await asyncio.to_thread(self.store.delete_job, job.id)
         self._reply(ident, msg.req, True)
 
@@ -906,6 +948,8 @@ class Planner(PlannerRecoveryMixin):
         if job.ckpt is not None and not self._ckpt_may_dispatch(job):
             return 0
         head = job.queue[0] if job.queue else None
+        if head is not None and head[1] is None:  # a replayed chunk, read from the input log when it is due
+            head[1] = job.ckpt.log.records(head[0] >> CHUNK_BITS)
         size, offset = (len(head[1]), head[2]) if head else (0, 0)
         d = scheduler.dispatch(job.queue, job.spec, job.routes, job.weight,
                                scheduler.window_room(self.max_inflight, job.inflight, self.dispatch_batch))
@@ -913,7 +957,9 @@ class Planner(PlannerRecoveryMixin):
             return 0
         n = d.count
         job.queued -= n
-        job.queue_bytes.taken(size, offset, n)
+        job.drained += job.queue_bytes.taken(size, offset, n)
+        if not job.queued:
+            job.backlog = False
         job.counters["dispatched"] += n
         epoch = job.placement.epoch
         for dest, rows in d.data.items():
@@ -924,9 +970,8 @@ class Planner(PlannerRecoveryMixin):
             job.errors.extend(d.errors)
             job.counters["source_errors"] += len(d.failed)
             job.tracker.complete_now(d.failed, time.monotonic())
-        while job.deferred_acks and self.bound.within(job.queued, job.queued_bytes):
-            ident, req, count = job.deferred_acks.popleft()
-            self._post(ident, self._push_ack(job, req, count))
+        if job.deferred_acks:
+            self._release_acks(job)
         return n
 
     # ----------------------------------------------------------------- once a second
@@ -949,6 +994,7 @@ class Planner(PlannerRecoveryMixin):
                 rate_in = (job.counters["pushed"] - p_in) / dt
                 rate_out = (job.tracker.completed - p_out) / dt
                 prev[job.id] = (job.counters["pushed"], job.tracker.completed)
+                self._drain_tick(job, dt, now)
                 interval = job.tracker.interval
                 self.latency.merge(interval)
                 lat = job.tracker.take_interval()
@@ -970,11 +1016,24 @@ class Planner(PlannerRecoveryMixin):
             self.last_rates = {"input_rate": total_in, "throughput": total_out}
             self.elastic.tick()
 
+    def _drain_tick(self, job: PlannerJob, dt: float, now: float) -> None:
+        """Once a tick: the queue's drain rate, the job's limit from it, and the clients still pushing."""
+        job.drain = drain_rate(job.drain, job.drained, dt, job.backlog and job.queued > 0)
+        job.drained = 0
+        job.backlog = job.queued > 0
+        job.limit = self.bound.limit(job.drain)
+        for ident in [i for i, t in job.clients.items() if now - t > CLIENT_IDLE]:
+            del job.clients[ident]
+        if job.deferred_acks:  # the limit may have grown
+            self._release_acks(job)
+
     def job_stats(self, job: PlannerJob, counters: dict | None = None) -> dict:
         """Throughput, input rate, latency, and the Table 2 metrics of every worker, for one job
         (`scheduler.job_stats`; `counters`: worker -> its exact cumulative counters)."""
         return {**scheduler.job_stats(job, self.workers, len(self.live_workers()), counters),
-                "queue_bound": {"records": self.bound.max_records, "bytes": self.bound.max_bytes},
+                "queue_bound": {"records": self.bound.max_records, "bytes": self.bound.max_bytes,
+                                "max_delay": self.bound.max_delay, "limit": job.limit,
+                                "drain_bytes_per_s": job.drain},
                 "checkpoints": self.ckpt_stats(job)}
 
 

@@ -13,8 +13,6 @@ import json
 import logging
 import time
 
-import msgpack
-
 from clasp.core.checkpoint import (
     KEEP_COMPLETE,
     CheckpointError,
@@ -38,9 +36,10 @@ SNAPSHOT_TIMEOUT = 60.0
 class CheckpointState:
     """What a job carries for checkpoints (on `PlannerJob.ckpt`)."""
 
-    def __init__(self, store: FileStore, job: int, memory_records: int):
+    def __init__(self, store: FileStore, job: int, memory_records: int, memory_bytes: int = 128 << 20,
+                 notify=None):
         self.coord = Coordinator()
-        self.log = InputLog(store, job, memory_records)
+        self.log = InputLog(store, job, memory_records, memory_bytes, notify)
         self.want = False  # stop dispatching at the next chunk boundary
         self.hold = False  # dispatching stopped for a barrier
         self.restoring = False  # a rollback is under way: dispatch stops, returned weight is stale
@@ -65,7 +64,9 @@ class PlannerRecoveryMixin:
         return self.checkpoint_interval > 0 and self.store is not None and state == "local"
 
     def _new_ckpt_state(self, job_id: int) -> CheckpointState:
-        return CheckpointState(self.store, job_id, self.input_log_records)
+        # The log keeps a quarter of the queue's bound in memory: replays past that read from disk.
+        return CheckpointState(self.store, job_id, self.input_log_records, self.bound.max_bytes // 4,
+                               lambda: self._log_written(job_id))
 
     # ----------------------------------------------------------------- hooks the planner calls
     def _ckpt_may_dispatch(self, job) -> bool:
@@ -76,11 +77,12 @@ class PlannerRecoveryMixin:
             return False
         if c.want and job.queue and job.queue[0][2] == 0:
             return False  # at a chunk boundary: the barrier goes in here
-        return True
+        return not job.queue or c.log.written(job.queue[0][0] >> CHUNK_BITS)  # never ahead of the log
 
-    def _ckpt_on_push(self, job, base: int, t: float, records: list) -> None:
+    def _ckpt_on_push(self, job, base: int, t: float, records: list, nbytes: int = 0,
+                      frame: bytes | None = None) -> None:
         if job.ckpt is not None:
-            job.ckpt.log.append(base >> CHUNK_BITS, t, records)
+            job.ckpt.log.append(base >> CHUNK_BITS, t, records, nbytes, frame)
 
     def _ckpt_stale_done(self, job, ident: bytes) -> bool:
         """Returned weight that belongs to a rolled-back era: during a restore, or from a retired worker."""
@@ -257,9 +259,10 @@ class PlannerRecoveryMixin:
             reopened, _ = rollback(job.tracker, boundary, c.log.sizes_from(boundary))
             job.queue.clear()
             job.queue_bytes.clear()
-            for chunk, records in c.log.chunks_from(boundary):
-                job.queue.append([chunk << CHUNK_BITS, records, 0])
-                job.queue_bytes.admit(charge(len(msgpack.packb(records, use_bin_type=True)), len(records)))
+            for chunk in c.log.sizes_from(boundary):
+                # Replayed chunks not in memory stay on disk until they are due (`_dispatch` reads them).
+                job.queue.append([chunk << CHUNK_BITS, c.log.in_memory_records(chunk), 0])
+                job.queue_bytes.admit(c.log.nbytes(chunk))
             job.queued = reopened
             job.counters["dispatched"] = job.tracker.admitted - reopened
             replayed = max(0, dispatched_before - job.counters["dispatched"])
@@ -331,7 +334,8 @@ class PlannerRecoveryMixin:
             chunks = {}
             for f in (d / "input").glob("*.log"):
                 try:
-                    chunks[int(f.stem)] = len(decode_blob(f.read_bytes(), str(f)))
+                    data = f.read_bytes()
+                    chunks[int(f.stem)] = (len(decode_blob(data, str(f))), len(data))
                 except Exception as e:
                     log.error("input chunk %s is unreadable and skipped: %s", f, e)
             released: dict[int, dict] = {}
@@ -355,9 +359,9 @@ class PlannerRecoveryMixin:
         boundary, below = (newest["boundary"], newest["records_below"]) if newest else (0, 0)
         floor = c.coord.log_floor()
         now = time.monotonic()
-        for chunk, size in stored["chunks"].items():
+        for chunk, (size, nbytes) in stored["chunks"].items():
             if chunk >= floor:
-                c.log.load(chunk, size, now)
+                c.log.load(chunk, size, now, charge(nbytes, size))
         t = job.tracker
         t.next_chunk = max([*c.log.entries, boundary - 1]) + 1
         sizes = c.log.sizes_from(boundary)

@@ -4,12 +4,15 @@ Layout under the state directory (a shared volume when processes run on several 
 
     job-<J>/ckpt-<K>/<op>.<group>.kg     one key group's state of checkpoint K (written by its owner)
     job-<J>/ckpt-<K>/COMPLETE.json       written by the planner once every worker acked: the checkpoint exists
-    job-<J>/input/<chunk>.log            input chunks spilled by the planner's input log
+    job-<J>/input/<chunk>.log            input chunks of the planner's input log
     planner/...                          the planner's own tables
 
 A group file is `MAGIC, codec byte, crc32 of the payload (4 bytes, big endian), payload`: the payload is
-msgpack of {key: state}, zlib-compressed when that saves at least a tenth. Every file is written to a
-temporary name, fsynced and renamed, so a crash leaves either the old file or the new one.
+msgpack of {key: state}, zlib-compressed when that saves at least a tenth; an input chunk's payload can
+also be the push frame that brought it (codec FRAME: the records are its body's `records`). Every
+checkpoint file is written to a temporary name, fsynced and renamed, so a crash leaves either the old
+file or the new one; input chunks are written in place and fdatasynced (`clasp.runtime.input_log`): a
+torn one fails its checksum.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import msgpack
 
 log = logging.getLogger("clasp.state_store")
 MAGIC = b"CLSPKG1"
-RAW, ZLIB = 0, 1
+RAW, ZLIB, FRAME = 0, 1, 2
 COMPRESS_MIN = 1024  # bytes: below this compression never pays for its CPU
 
 
@@ -62,6 +65,11 @@ def encode_blob(obj, compress: bool = True) -> bytes:
     return MAGIC + bytes([codec]) + struct.pack(">I", zlib.crc32(payload)) + payload
 
 
+def frame_blob(frame: bytes) -> bytes:
+    """An input chunk's file holding the push frame that brought it, as it came (nothing re-encoded)."""
+    return MAGIC + bytes([FRAME]) + struct.pack(">I", zlib.crc32(frame)) + frame
+
+
 def decode_blob(data: bytes, path: str):
     head = len(MAGIC) + 5
     if len(data) < head or not data.startswith(MAGIC):
@@ -73,7 +81,8 @@ def decode_blob(data: bytes, path: str):
         raise CorruptCheckpoint(path, "checksum mismatch (truncated or corrupted)")
     try:
         raw = zlib.decompress(payload) if codec == ZLIB else payload
-        return msgpack.unpackb(raw, raw=False, strict_map_key=False, use_list=True)
+        obj = msgpack.unpackb(raw, raw=False, strict_map_key=False, use_list=True)
+        return obj[2]["records"] if codec == FRAME else obj
     except Exception as e:
         raise CorruptCheckpoint(path, f"{type(e).__name__}: {e}") from None
 
@@ -93,8 +102,13 @@ def atomic_write(path: Path, data: bytes) -> None:
         except OSError:
             pass
         raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the directory's entries (new and renamed files) durable; best effort (some filesystems refuse)."""
     try:
-        fd = os.open(path.parent, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:

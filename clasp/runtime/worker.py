@@ -519,11 +519,9 @@ class Worker(RecoveryMixin):
                 eng.receive(body[1], body[2])
                 self.wake.set()
             elif mtype == "runs":
-                rows = protocol.expand_runs(body[2])
                 msgs = job_messages(body[0])
                 msgs[2] += 1
-                msgs[3] += len(rows)
-                eng.receive(body[1], rows)
+                msgs[3] += eng.receive_runs(body[1], body[2])
                 self.wake.set()
             else:
                 self._on_migration_message(eng, mtype, body, perf_counter() - t0)
