@@ -28,10 +28,15 @@ import sys
 import tempfile
 import time
 
+import msgpack
+import zmq
+
 import clasp
 from clasp.apps import wc
 from clasp.local.cluster import LocalCluster
 
+# Lines per batch to a Bytewax source (its `next_batch`); clasp's client sends up to 5,000 per push.
+BYTEWAX_BATCH = 1000
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -51,8 +56,8 @@ def run_clasp(lines: list[str], workers: int, warm: list[str]) -> dict:
         t0 = time.perf_counter()
         job.push(lines)
         job.wait_idle(600)
-        wall = time.perf_counter() - t0
         state = job.state("count")
+        wall = time.perf_counter() - t0
         active = len(job.stats()["active_workers"])
     return {"wall": wall, "answer": state, "active": active}
 
@@ -67,27 +72,43 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def run_bytewax(lines_file: str, processes: int) -> dict:
-    out = tempfile.mkdtemp(prefix="bytewax-peers-")
-    env = {**os.environ, "PEERS_LINES": lines_file, "PEERS_OUT": out, "PYTHONPATH": ROOT}
-    cmd = [sys.executable, "-m", "bytewax.run", "bench.peers.bytewax_flow:flow"]
-    if processes == 1:
-        procs = [subprocess.Popen(cmd, cwd=ROOT, env=env)]
-    else:
-        addrs = ";".join(f"127.0.0.1:{p}" for p in _free_ports(processes))
-        procs = [subprocess.Popen([*cmd, "-i", str(i), "-a", addrs], cwd=ROOT, env=env) for i in range(processes)]
-    for p in procs:
-        if p.wait(900) != 0:
-            raise RuntimeError(f"bytewax exited {p.returncode}")
-    parts = []
-    for name in sorted(os.listdir(out)):
-        with open(os.path.join(out, name)) as f:
-            parts.append(json.load(f))
-    answer: dict = {}
-    for p in parts:
-        answer.update(p["counts"])
-    starts = [p["start"] for p in parts if p["start"] is not None]
-    return {"wall": max(p["end"] for p in parts) - min(starts), "answer": answer, "active": len(parts)}
+def run_bytewax(lines: list[str], processes: int) -> dict:
+    ctx = zmq.Context.instance()
+    feeds = [ctx.socket(zmq.PAIR) for _ in range(processes)]
+    answers = ctx.socket(zmq.PULL)
+    try:
+        ends = [f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in feeds]
+        answer = f"tcp://127.0.0.1:{answers.bind_to_random_port('tcp://127.0.0.1')}"
+        env = {**os.environ, "PEERS_INPUT": ";".join(ends), "PEERS_ANSWER": answer, "PYTHONPATH": ROOT}
+        cmd = [sys.executable, "-m", "bytewax.run", "bench.peers.bytewax_flow:flow"]
+        if processes == 1:
+            procs = [subprocess.Popen(cmd, cwd=ROOT, env=env)]
+        else:
+            addrs = ";".join(f"127.0.0.1:{p}" for p in _free_ports(processes))
+            procs = [subprocess.Popen([*cmd, "-i", str(i), "-a", addrs], cwd=ROOT, env=env)
+                     for i in range(processes)]
+        for s in feeds:  # every source is built and connected: the clock starts now
+            if not s.poll(120_000):
+                raise RuntimeError("a Bytewax worker did not connect within 120 s")
+            s.recv()
+        t0 = time.perf_counter()
+        for i in range(0, len(lines), BYTEWAX_BATCH * processes):
+            for k, s in enumerate(feeds):
+                s.send(msgpack.packb(lines[i + k:i + BYTEWAX_BATCH * processes:processes]))
+        for s in feeds:
+            s.send(msgpack.packb([]))
+        answer_parts = [msgpack.unpackb(answers.recv(), raw=False) for _ in range(processes)]
+        wall = time.perf_counter() - t0
+        for p in procs:
+            if p.wait(900) != 0:
+                raise RuntimeError(f"bytewax exited {p.returncode}")
+    finally:
+        for s in (*feeds, answers):
+            s.close(linger=0)
+    merged: dict = {}
+    for _, counts in answer_parts:
+        merged.update(counts)
+    return {"wall": wall, "answer": merged, "active": len(answer_parts)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,25 +122,19 @@ def main(argv: list[str] | None = None) -> int:
     lines = wc.generate(args.lines, 0)
     warm = wc.generate(2000, 1)
     want = dict(expected(lines))
-    fd, lines_file = tempfile.mkstemp(prefix="peers-lines-", suffix=".txt")
-    with os.fdopen(fd, "w") as f:
-        f.write("\n".join(lines))
     runs: list[dict] = []
-    try:
-        for rnd in range(args.rounds):
-            for n in counts:
-                order = ["clasp", "bytewax"] if (rnd + n) % 2 == 0 else ["bytewax", "clasp"]
-                for system in order:
-                    r = run_clasp(lines, n, warm) if system == "clasp" else run_bytewax(lines_file, n)
-                    ok = r["answer"] == want
-                    row = {"round": rnd, "system": system, "workers": n, "wall_s": round(r["wall"], 3),
-                           "lines_per_s": round(args.lines / r["wall"], 1), "exact": ok, "active": r["active"]}
-                    runs.append(row)
-                    print(json.dumps(row), file=sys.stderr, flush=True)
-                    if not ok:
-                        raise SystemExit(f"{system} with {n} worker(s): the answer differs from the count")
-    finally:
-        os.unlink(lines_file)
+    for rnd in range(args.rounds):
+        for n in counts:
+            order = ["clasp", "bytewax"] if (rnd + n) % 2 == 0 else ["bytewax", "clasp"]
+            for system in order:
+                r = run_clasp(lines, n, warm) if system == "clasp" else run_bytewax(lines, n)
+                ok = r["answer"] == want
+                row = {"round": rnd, "system": system, "workers": n, "wall_s": round(r["wall"], 3),
+                       "lines_per_s": round(args.lines / r["wall"], 1), "exact": ok, "active": r["active"]}
+                runs.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+                if not ok:
+                    raise SystemExit(f"{system} with {n} worker(s): the answer differs from the count")
     med = {(s, n): statistics.median(r["lines_per_s"] for r in runs if r["system"] == s and r["workers"] == n)
            for s in ("clasp", "bytewax") for n in counts}
     summary = {"lines": args.lines, "rounds": args.rounds, "words": sum(want.values()), "distinct": len(want),
