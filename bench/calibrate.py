@@ -589,8 +589,15 @@ def calibrate(cpu: float, apps: list[str], seconds: float, repeat: int, mix: boo
               pipe: bool = True, beta_from: str = "alt", alpha_split_from: str = "split") -> dict:
     runs = measure(cpu, apps, seconds, repeat, mix=mix, messages=messages, short=short, pipe=pipe)
     ce.shutdown()
-    return fit(runs, cpu, seconds, repeat, gamma_with_messages=gamma_with_messages, beta_from=beta_from,
-               alpha_split_from=alpha_split_from)
+    doc = fit(runs, cpu, seconds, repeat, gamma_with_messages=gamma_with_messages, beta_from=beta_from,
+              alpha_split_from=alpha_split_from)
+    if pipe and beta_from == "alt":
+        # The other rule on the same runs: β and its receive share from PIPE, so that β_s and β_r are each
+        # measured and not only their sum (docs/results.md, "8/8 remote path" compares both).
+        other = fit(runs, cpu, seconds, repeat, gamma_with_messages=gamma_with_messages, beta_from="pipe",
+                    alpha_split_from=alpha_split_from)
+        doc["measured"]["pipe_fit"] = {k: other.get(k) for k in ("alpha", "beta", "receive_share", "message_us")}
+    return doc
 
 
 def main(argv=None) -> int:
@@ -631,7 +638,7 @@ def main(argv=None) -> int:
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps({k: doc.get(k) for k in ("alpha", "beta", "gamma", "capacity", "alpha_split", "message_us",
                                                "flush_delay_s")}
-                     | {"out": args.out}))
+                     | {"pipe_fit": doc["measured"].get("pipe_fit"), "out": args.out}))
     return 0
 
 

@@ -1,18 +1,29 @@
 """Word Count with clasp and with Bytewax, 1 and 2 workers or processes, on the same generated lines.
 
-`python -m bench.peers [--lines N] [--rounds R] [--workers 1,2] [--json FILE]` (repository root; Bytewax from
-`pip install .[peers]`). The lines are `clasp.apps.wc.generate(N, seed 0)`; both answers are checked against
-a count made here (`collections.Counter` over `clasp.apps.wc.split` of every line) and a run that differs
-fails the benchmark. Each round runs every (system, workers) once, the two systems alternating which goes
-first; the table is the median lines/s over the rounds, and the ratios clasp / Bytewax (same workers) and
-2 / 1 (same system).
+`python -m bench.peers [--lines N] [--rounds R] [--workers 1,2] [--checkpoint-interval S] [--key-weights]
+[--json FILE]` (repository root; Bytewax from `pip install .[peers]`). The lines are
+`clasp.apps.wc.generate(N, seed 0)`; both answers are checked against a count made here
+(`collections.Counter` over `clasp.apps.wc.split` of every line) and a run that differs fails the
+benchmark. Each round runs every (system, workers) once, the two systems alternating which goes first;
+the table is the median lines/s over the rounds, and the ratios clasp / Bytewax (same workers) and 2 / 1
+(same system).
 
-- clasp: a fresh `LocalCluster` of N workers (no autoscaling, the spread placement: both operators on every
-  worker, the key groups split), a 2,000-line warm-up job first; timed from `push()` to `wait_idle()`.
+Both do the same work and are timed the same way: the clock starts when this process begins sending the
+lines and stops when it holds every word's count. In between, the lines are serialized here with msgpack
+and sent over loopback ZeroMQ, split with `clasp.apps.wc.split`, every word is routed by its key to the
+worker that counts it and counted there (no pre-aggregation on either side), and the final counts come
+back over ZeroMQ. Process start, connection set-up and a warm-up are outside both clocks.
+
+- clasp: a fresh `LocalCluster` of N workers (no autoscaling, the spread placement: both operators on
+  every worker, the key groups split into contiguous ranges, or by their measured weights with
+  `--key-weights`), a 2,000-line warm-up job first; timed from `push()` of all the lines (client →
+  planner → workers) through `wait_idle()` to `state("count")` returning (workers → planner → client).
+  Checkpoints off by default (`--checkpoint-interval 0`), as Bytewax runs without recovery here.
 - Bytewax 0.21: `python -m bytewax.run bench.peers.bytewax_flow:flow`, N processes of one worker each
-  (`-i/-a` on loopback); each worker reads its slice of the lines file at import, and is timed from its
-  source's first batch to its sink's close (`count_final` emits at the end of input): the earliest start
-  to the latest end. Process start and the read of the file are outside both clocks.
+  (`-i/-a` on loopback); each worker's source says it is ready on its own ZeroMQ PAIR socket, and is then
+  sent its slice of the lines (`lines[i::N]`) in msgpack batches of 1,000; `flat_map(split)` then
+  `count_final` (each word's count emitted once, at the end of input); each worker's sink sends its counts
+  back (PUSH) on close.
 """
 
 from __future__ import annotations
@@ -44,15 +55,17 @@ def expected(lines: list[str]) -> collections.Counter:
     return collections.Counter(w for line in lines for w in wc.split(line))
 
 
-def run_clasp(lines: list[str], workers: int, warm: list[str]) -> dict:
+def run_clasp(lines: list[str], workers: int, warm: list[str], checkpoint_interval: float = 0.0,
+              key_weights: dict | None = None) -> dict:
     logs = tempfile.mkdtemp(prefix="clasp-peers-")
     with LocalCluster(workers=workers, port=0, log_dir=logs, provider="static",
-                      planner_args=["--no-autoscale"]) as cl, clasp.connect(cl.planner) as c:
+                      planner_args=["--no-autoscale", "--checkpoint-interval", str(checkpoint_interval)]
+                      ) as cl, clasp.connect(cl.planner) as c:
         w = c.submit(wc.build_dag(), autoscale=False)
         w.push(warm)
         w.wait_idle(120)
         w.cancel()
-        job = c.submit(wc.build_dag(), autoscale=False)
+        job = c.submit(wc.build_dag(), autoscale=False, **({"key_weights": key_weights} if key_weights else {}))
         t0 = time.perf_counter()
         job.push(lines)
         job.wait_idle(600)
@@ -116,8 +129,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lines", type=int, default=200_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", default="1,2", help="worker (process) counts, comma-separated")
+    ap.add_argument("--checkpoint-interval", type=float, default=0.0,
+                    help="clasp's checkpoint interval, s (0: none, as Bytewax runs without recovery here)")
+    ap.add_argument("--key-weights", action="store_true",
+                    help="clasp's key groups owned by their weights measured on 20,000 lines (else contiguous)")
     ap.add_argument("--json", help="write every run and the medians here")
     args = ap.parse_args(argv)
+    weights = None
+    if args.key_weights:
+        from clasp.sim.simulator import measure_app
+
+        weights = measure_app(wc, 20_000)[1]
     counts = [int(x) for x in args.workers.split(",")]
     lines = wc.generate(args.lines, 0)
     warm = wc.generate(2000, 1)
@@ -127,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         for n in counts:
             order = ["clasp", "bytewax"] if (rnd + n) % 2 == 0 else ["bytewax", "clasp"]
             for system in order:
-                r = run_clasp(lines, n, warm) if system == "clasp" else run_bytewax(lines, n)
+                r = (run_clasp(lines, n, warm, args.checkpoint_interval, weights) if system == "clasp"
+                 else run_bytewax(lines, n))
                 ok = r["answer"] == want
                 row = {"round": rnd, "system": system, "workers": n, "wall_s": round(r["wall"], 3),
                        "lines_per_s": round(args.lines / r["wall"], 1), "exact": ok, "active": r["active"]}
@@ -137,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
                     raise SystemExit(f"{system} with {n} worker(s): the answer differs from the count")
     med = {(s, n): statistics.median(r["lines_per_s"] for r in runs if r["system"] == s and r["workers"] == n)
            for s in ("clasp", "bytewax") for n in counts}
-    summary = {"lines": args.lines, "rounds": args.rounds, "words": sum(want.values()), "distinct": len(want),
+    summary = {"lines": args.lines, "rounds": args.rounds, "checkpoint_interval": args.checkpoint_interval,
+               "key_weights": args.key_weights, "words": sum(want.values()), "distinct": len(want),
                "median_lines_per_s": {f"{s}_{n}": round(v, 1) for (s, n), v in med.items()},
                "clasp_over_bytewax": {str(n): round(med["clasp", n] / med["bytewax", n], 3) for n in counts},
                "scaling_2_over_1": ({s: round(med[s, 2] / med[s, 1], 3) for s in ("clasp", "bytewax")}

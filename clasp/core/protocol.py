@@ -15,7 +15,7 @@ Message types and who sends them (C client, P planner, W worker):
 | deploy | P → W | req, job, dag (DagSpec.pack()), placement (Placement.to_wire()), peers {id: data endpoint} |
 | data | P/W → W | [job, epoch, rows]: requests, each row [op, value, key, rid, weight] |
 | runs | P → W | [job, epoch, runs]: records for stateless sources, each run [op, first rid, weight, values] |
-| cols | W → W | [job, epoch, groups]: requests in columns, one group per operator [op, values, keys, rids, weights, counts] (`columns`) |
+| cols | W → W | [job, epoch, groups]: requests in columns, per operator [op, values, keys, rids, weights, counts] |
 | done | W → P | [job, {rid: weight}, extends] — weight returned by finished requests (termination detection) |
 | extend_ack | P → W | [job, token] — the planner has added weight, parked children may go |
 | migrate_plan | P → W | req, job, plan, placement; the reply comes when the worker is done |
@@ -446,14 +446,14 @@ def columns(rows: list) -> list:
     first appearance, rows of an operator in their order: [op, values, keys, rids, weights, counts], keys
     None (every key None) or True (every key is its value) or one per row; counts None (rids and weights
     one per row) or run lengths (rids[i], weights[i] for counts[i] consecutive rows)."""
-    ops, values, keys, rids, weights = zip(*rows)
+    ops, values, keys, rids, weights = zip(*rows, strict=True)
     first = ops[0]
     if ops.count(first) == len(ops):
         return [_group(first, values, keys, rids, weights)]
     by_op: dict[int, list] = {}
     for r in rows:
         by_op.setdefault(r[0], []).append(r)
-    return [_group(op, *list(zip(*part))[1:]) for op, part in by_op.items()]
+    return [_group(op, *list(zip(*part, strict=True))[1:]) for op, part in by_op.items()]
 
 
 def _group(op: int, values: tuple, keys: tuple, rids: tuple, weights: tuple) -> list:
@@ -466,7 +466,7 @@ def _group(op: int, values: tuple, keys: tuple, rids: tuple, weights: tuple) -> 
         ks = list(keys)
     if len(set(rids)) * MIN_RUN <= n:
         rs, ws, cs = [], [], []
-        for (rid, w), g in groupby(zip(rids, weights)):
+        for (rid, w), g in groupby(zip(rids, weights, strict=True)):
             rs.append(rid)
             ws.append(w)
             cs.append(len(list(g)))
@@ -509,7 +509,7 @@ def column_rows(group: list):
         rids = chain.from_iterable(map(repeat, rids, counts))
         weights = chain.from_iterable(map(repeat, weights, counts))
     ks = values if keys is True else (repeat(None) if keys is None else keys)
-    return zip(repeat(op), values, ks, rids, weights)
+    return zip(repeat(op), values, ks, rids, weights, strict=False)  # repeat() is endless; the check counted
 
 
 def expand_columns(groups: list) -> list:
