@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import clasp
+from clasp.core import protocol
 from clasp.core.protocol import ROOT_WEIGHT
 from clasp.core.routing import build_placement
 from clasp.runtime.engine import HOLD, JobEngine
@@ -103,7 +104,6 @@ def test_remote_batches_travel_in_columns_and_count_exactly():
     import collections
 
     from clasp.apps import wc
-    from clasp.core import protocol
 
     spec = wc.build_dag().to_spec()
     placement = build_placement(spec, ["w0", "w1"], {"split": {0: 1, 1: 1}, "count": {0: 1, 1: 1}}, 10)
@@ -133,3 +133,27 @@ def test_remote_batches_travel_in_columns_and_count_exactly():
     held.held = {1: {g: []}}
     held.receive_columns(placement.epoch, protocol.columns([(1, "held", "held", 5, 7), (1, "x", "x", 5, 7)]))
     assert [r[1] for r in held.held[1][g]] == ["held"] + (["x"] if held.ops[1].group_of("x") == g else [])
+
+
+def test_a_successor_on_one_other_worker_takes_requests_straight_into_its_batch():
+    dag = clasp.Dag("chain")
+    a = dag.operator("a", lambda v: v + 1)
+    b = dag.operator("b", lambda v: [v, v * 10])
+    c = dag.operator("c", lambda v: None)
+    a >> b >> c
+    spec = dag.to_spec()
+    placement = build_placement(spec, ["w0", "w1"], {"a": {0: 1}, "b": {1: 1}, "c": {0: 1}}, 10)
+    w0, w1 = JobEngine(1, spec, "w0", placement), JobEngine(1, spec, "w1", placement)
+    w0.enqueue_rows([(0, v, None, v, 6) for v in range(40)])
+    drain(w0)
+    rows = w0.take_pending()["w1"]
+    assert rows == [(1, v + 1, None, v, 6) for v in range(40)] and w0.remote_requests == 40
+    assert w0.ops[0].edge_counts == [40] and w0.local_requests == 0
+    w1.receive_columns(placement.epoch, protocol.columns(rows))
+    drain(w1)  # b's two outputs per request go back the same way, the weight split in two
+    back = w1.take_pending()["w0"]
+    assert back == [(2, x, None, v, 3) for v in range(40) for x in (v + 1, (v + 1) * 10)]
+    assert not w0.pending and not w1.pending  # no empty batch is left behind for a flush
+    w0.receive_columns(placement.epoch, protocol.columns(back))
+    drain(w0)
+    assert w0.take_returns()[0] == {v: 6 for v in range(40)}

@@ -27,6 +27,7 @@ from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_T
 
 HOLD = "\x00hold"  # the route of a key group whose state is on its way here: its requests wait
 KEYED_HERE = 3  # a keyed route whose key groups are all owned by this worker
+ROUTE_ONE_REMOTE = 4  # a stateless successor that one other worker alone holds: every request goes there
 # A scheduling round is about ROUND_TIME_US of work, shared by the worker's operators in proportion to
 # their executor instances and sized from each one's mean execution time plus the runtime's own per-request
 # cost: cheap operators then run long enough between event-loop turns, and a round stays within the 1 ms
@@ -189,6 +190,8 @@ class JobEngine:
                 target = self.ops[s]
                 if r.kind == ROUTE_LOCAL:
                     routes.append((ROUTE_LOCAL, s, self._appender(target), None, None, None))
+                elif r.kind == ROUTE_TABLE and len(set(r.table)) == 1 and r.table[0] is not None:
+                    routes.append((ROUTE_ONE_REMOTE, s, None, r.table, [0], r.table[0]))
                 elif r.kind == ROUTE_TABLE:
                     routes.append((ROUTE_TABLE, s, self._appender(target), r.table, [0], None))
                 else:
@@ -505,6 +508,14 @@ class JobEngine:
         routes = op.routes
         one, items = ONE_EXACT, ITEMS_EXACT
         fast = routes[0][2] if len(routes) == 1 and routes[0][0] == ROUTE_LOCAL else None
+        # One remote holder of the only successor: its batch takes the requests as a local queue would (the
+        # general path's divmod, table and dict lookups per request cost more than the append).
+        remote_to = routes[0][5] if len(routes) == 1 and routes[0][0] == ROUTE_ONE_REMOTE else None
+        if remote_to is not None:
+            batch = self.pending.get(remote_to)
+            if batch is None:
+                batch = self.pending[remote_to] = []
+            fast = batch.append
         succ0 = routes[0][1] if routes else -1
         collect = op.add_collected if op.collect else None
         t_exec = 0.0
@@ -569,7 +580,15 @@ class JobEngine:
             self._emit(op, outs, rid, w)
         op.exec_time += _estimate(op, t_exec, timed, n)
         op.processed += n
-        if emitted:
+        if remote_to is not None:
+            if emitted:
+                if self.pending_since is None:
+                    self.pending_since = perf_counter()
+            elif not batch:
+                del self.pending[remote_to]  # never an empty batch: a flush sends every one
+            self.remote_requests += emitted
+            op.edge_counts[0] += emitted
+        elif emitted:
             self.local_requests += emitted
             op.edge_counts[0] += emitted
         if len(dts) > 20_000:
@@ -680,6 +699,13 @@ class JobEngine:
                 for o in outs:
                     append((succ, o, None, rid, wc))
                 local += len(outs)
+            elif kind == ROUTE_ONE_REMOTE:
+                batch = pending.get(target)
+                if batch is None:
+                    batch = pending[target] = []
+                for o in outs:
+                    batch.append((succ, o, None, rid, wc))
+                remote += len(outs)
             elif kind == ROUTE_TABLE:
                 n = len(table)
                 for o in outs:
