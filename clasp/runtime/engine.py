@@ -136,6 +136,9 @@ class JobEngine:
         self.ops = [OpRuntime(o) for o in spec.operators]
         self.order = [self.ops[i] for i in spec.topological()]
         self.pending: dict[str, list] = {}  # destination worker -> rows of remote chained requests
+        # A batch this long ends the scheduling round after the operator that filled it, so the worker
+        # flushes it then (the worker sets it from --max-batch): the cap holds per micro-batch, not per round.
+        self.max_batch = 2000
         self.pending_since: float | None = None
         self.returns: dict[int, int] = {}  # rid -> weight finished here, not yet reported
         self.extends: list[list[int]] = []  # [rid, amount, token] asked of the planner
@@ -481,6 +484,8 @@ class JobEngine:
                         n = self._run_stateless(op, budget)
                     ran += n
                     spent += n * cost
+                    if self.pending and max(map(len, self.pending.values())) >= self.max_batch:
+                        return done + ran
             done += ran
             if not ran or spent >= ROUND_TIME_US:
                 return done

@@ -239,6 +239,7 @@ class Worker(RecoveryMixin):
         if job in self.jobs:
             raise ValueError(f"job {job} is already deployed here")
         eng = JobEngine(job, spec, self.id, placement, self.p_max)
+        eng.max_batch = self.max_batch
         eng.stall = self.stall
         eng.on_work = self.wake.set
         if body.get("state") == "remote":
