@@ -1,8 +1,8 @@
 """Word Count with clasp and with Bytewax, 1 and 2 workers or processes, on the same generated lines.
 
-`python -m bench.peers [--lines N] [--rounds R] [--workers 1,2] [--checkpoint-interval S] [--key-weights]
-[--json FILE]` (repository root; Bytewax from `pip install .[peers]`). The lines are
-`clasp.apps.wc.generate(N, seed 0)`; both answers are checked against a count made here
+`python -m bench.peers [--lines N] [--rounds R] [--workers 1,2] [--systems clasp,bytewax]
+[--checkpoint-interval S] [--key-weights] [--json FILE]` (repository root; Bytewax from
+`pip install .[peers]`). The lines are `clasp.apps.wc.generate(N, seed 0)`; both answers are checked against a count made here
 (`collections.Counter` over `clasp.apps.wc.split` of every line) and a run that differs fails the
 benchmark. Each round runs every (system, workers) once, the two systems alternating which goes first;
 the table is the median lines/s over the rounds, and the ratios clasp / Bytewax (same workers) and 2 / 1
@@ -133,8 +133,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="clasp's checkpoint interval, s (0: none, as Bytewax runs without recovery here)")
     ap.add_argument("--key-weights", action="store_true",
                     help="clasp's key groups owned by their weights measured on 20,000 lines (else contiguous)")
+    ap.add_argument("--systems", default="clasp,bytewax", help="which to run, comma-separated")
     ap.add_argument("--json", help="write every run and the medians here")
     args = ap.parse_args(argv)
+    systems = [s for s in ("clasp", "bytewax") if s in args.systems.split(",")]
     weights = None
     if args.key_weights:
         from clasp.sim.simulator import measure_app
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     for rnd in range(args.rounds):
         for n in counts:
             order = ["clasp", "bytewax"] if (rnd + n) % 2 == 0 else ["bytewax", "clasp"]
-            for system in order:
+            for system in (s for s in order if s in systems):
                 r = (run_clasp(lines, n, warm, args.checkpoint_interval, weights) if system == "clasp"
                  else run_bytewax(lines, n))
                 ok = r["answer"] == want
@@ -159,13 +161,15 @@ def main(argv: list[str] | None = None) -> int:
                 if not ok:
                     raise SystemExit(f"{system} with {n} worker(s): the answer differs from the count")
     med = {(s, n): statistics.median(r["lines_per_s"] for r in runs if r["system"] == s and r["workers"] == n)
-           for s in ("clasp", "bytewax") for n in counts}
+           for s in systems for n in counts}
     summary = {"lines": args.lines, "rounds": args.rounds, "checkpoint_interval": args.checkpoint_interval,
                "key_weights": args.key_weights, "words": sum(want.values()), "distinct": len(want),
                "median_lines_per_s": {f"{s}_{n}": round(v, 1) for (s, n), v in med.items()},
-               "clasp_over_bytewax": {str(n): round(med["clasp", n] / med["bytewax", n], 3) for n in counts},
-               "scaling_2_over_1": ({s: round(med[s, 2] / med[s, 1], 3) for s in ("clasp", "bytewax")}
+               "clasp_over_bytewax": ({str(n): round(med["clasp", n] / med["bytewax", n], 3) for n in counts}
+                                      if len(systems) == 2 else None),
+               "scaling_2_over_1": ({s: round(med[s, 2] / med[s, 1], 3) for s in systems}
                                     if {1, 2} <= set(counts) else None),
+               "clasp": clasp.__file__,
                "runs": runs}
     print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
     if args.json:
