@@ -3,8 +3,8 @@
 `python -m bench.peers [--lines N] [--rounds R] [--workers 1,2] [--systems clasp,bytewax]
 [--checkpoint-interval S] [--key-weights] [--json FILE]` (repository root; Bytewax from
 `pip install .[peers]`). The lines are `clasp.apps.wc.generate(N, seed 0)`; both answers are checked
-against a count made here (`collections.Counter` over `clasp.apps.wc.split` of every line) and a run that differs fails the
-benchmark. Each round runs every (system, workers) once, the two systems alternating which goes first;
+against a count made here (`collections.Counter` over `clasp.apps.wc.split` of every line) and a run that
+differs fails the benchmark. Each round runs every (system, workers) once, the two systems alternating which goes first;
 the table is the median lines/s over the rounds, and the ratios clasp / Bytewax (same workers) and 2 / 1
 (same system).
 
