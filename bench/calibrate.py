@@ -27,10 +27,12 @@
   only a check: its worker 0 also sends and receives 2.5 remote requests per record, whose mispricing a
   fit on MIX would absorb into α_split (docs/SIMULATOR.md); `--alpha-split-from mix` fits on it.
 - **message_us** (µs per data message at each end, `clasp.sim.simulator.Costs.message_us`): ALT and FAN run
-  again with the workers flushing every FAST_FLUSH_MS instead of 1 ms (same rows, more and smaller
-  messages); the common slope of worker CPU per record against message ends per record (the workers'
-  message counters) within each placement (`fit_message_us`). It is fitted first; β and α_split are then
-  fitted with it in the simulator, and γ is fixed to 0 (the per-destination cost is carried by the
+  again with batches capped at SMALL_BATCH rows instead of 2,000 (`--message-lever batch`, the default) or
+  with the workers flushing every FAST_FLUSH_MS instead of 1 ms (`--message-lever flush`, the rule before:
+  under saturation it moves the message count little) — same rows, more and smaller messages; the common
+  slope of worker CPU per record against message ends per record (the workers' message counters) within
+  each placement (`fit_message_us`). It is fitted first; β and α_split are then fitted with it in the
+  simulator, and γ is fixed to 0 (the per-destination cost is carried by the
   messages; FAN is then a check only). `--fit-gamma` keeps the old rule: γ fitted on FAN after message_us.
 - **β's receive share**: 0.5, assumed (RECEIVE_SHARE), unless `beta_from="pipe"` (`--beta-from pipe`):
   then β and the share are those with which the simulator reproduces PIPE (SYN's first five operators on
@@ -91,6 +93,11 @@ MIX = {o: ({0: 1.0} if i % 2 == 0 else {0: 0.5, 1: 0.5}) for i, o in enumerate(S
 # ALT and FAN once more with the workers flushing every 0.1 ms instead of 1 ms: the same rows in about twice
 # the messages, which gives the per-message cost (fit_message_us) from placements that are not the spread.
 FAST_FLUSH_MS = 0.1
+# The other lever on the message count (`--message-lever batch`, the default): ALT and FAN again with
+# batches capped at SMALL_BATCH rows instead of 2,000. Under saturation the engine flushes once per
+# scheduling round (~1 ms of work), so a 0.1 ms flush delay moved the message count by only 5-20 % and the
+# slope was mostly noise (120 µs quiet, 601 µs loaded); a cap of 50 rows multiplies it several times.
+SMALL_BATCH = 50
 # The shorter SYN chain run beside the ten on one worker (clasp.apps.syn.chain): five operators, four chained
 # requests per record, half of the ten's, so the two per-record costs differ by five α + τ̄ and α and F
 # are equally well determined.
@@ -216,11 +223,12 @@ def fit_message_us(groups: Mapping[str, list[Mapping]]) -> tuple[float, list[dic
     rows) with its own intercept; least squares, clamped at 0. Also the points it used."""
     points, sxy, sxx = [], 0.0, 0.0
     for name, rs in groups.items():
-        xy = [(peer_messages_per_record(r), worker_cpu_per_record(r), r.get("flush_delay_ms")) for r in rs
+        xy = [(peer_messages_per_record(r), worker_cpu_per_record(r), (r.get("flush_delay_ms"), r.get("max_batch")))
+              for r in rs
               if r.get("cpu_window_s") and r.get("throughput")]
         xy = [(x, y, f) for x, y, f in xy if x is not None]
-        points += [{"placement": name, "flush_delay_ms": f, "message_ends_per_record": round(x, 5),
-                    "cpu_us_per_record": round(y, 3)} for x, y, f in xy]
+        points += [{"placement": name, "flush_delay_ms": f[0], "max_batch": f[1],
+                    "message_ends_per_record": round(x, 5), "cpu_us_per_record": round(y, 3)} for x, y, f in xy]
         if len(xy) < 2:
             continue
         mx, my = statistics.fmean(x for x, _, _ in xy), statistics.fmean(y for _, y, _ in xy)
@@ -390,6 +398,7 @@ def fit_gamma(base, lam_fan: float) -> float:
 
 
 def measure(cpu: float, apps: list[str], seconds: float, repeat: int, unlimited: bool = True,
+            message_lever: str = "batch",
             mix: bool = True, messages: bool = True, short: bool = True, pipe: bool = True) -> dict[str, dict | list]:
     """Every calibration run: one quota-limited worker per app, (with `short`) the SHORT_CHAIN SYN on one,
     (once) an unlimited one per app, SYN alternating over 2, (with `pipe`) in two chunks over 2, fanned over
@@ -416,10 +425,11 @@ def measure(cpu: float, apps: list[str], seconds: float, repeat: int, unlimited:
     runs["fan"] = _runs(ce.unthrottled, repeat, app="syn", workers=3, placement=FAN, cpu_per_worker=cpu,
                         seconds=seconds)
     if messages:
+        lever = ({"max_batch": SMALL_BATCH} if message_lever == "batch" else {"flush_delay_ms": FAST_FLUSH_MS})
         runs["alt_fast"] = _runs(ce.unthrottled, repeat, app="syn", workers=2, placement=ALT, cpu_per_worker=cpu,
-                                 seconds=seconds, flush_delay_ms=FAST_FLUSH_MS)
+                                 seconds=seconds, **lever)
         runs["fan_fast"] = _runs(ce.unthrottled, repeat, app="syn", workers=3, placement=FAN, cpu_per_worker=cpu,
-                                 seconds=seconds, flush_delay_ms=FAST_FLUSH_MS)
+                                 seconds=seconds, **lever)
     return runs
 
 
@@ -586,11 +596,20 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
 
 def calibrate(cpu: float, apps: list[str], seconds: float, repeat: int, mix: bool = True,
               messages: bool = True, gamma_with_messages: bool = False, short: bool = True,
-              pipe: bool = True, beta_from: str = "alt", alpha_split_from: str = "split") -> dict:
-    runs = measure(cpu, apps, seconds, repeat, mix=mix, messages=messages, short=short, pipe=pipe)
+              pipe: bool = True, beta_from: str = "alt", alpha_split_from: str = "split",
+              message_lever: str = "batch") -> dict:
+    runs = measure(cpu, apps, seconds, repeat, mix=mix, messages=messages, short=short, pipe=pipe,
+                   message_lever=message_lever)
     ce.shutdown()
-    return fit(runs, cpu, seconds, repeat, gamma_with_messages=gamma_with_messages, beta_from=beta_from,
-               alpha_split_from=alpha_split_from)
+    doc = fit(runs, cpu, seconds, repeat, gamma_with_messages=gamma_with_messages, beta_from=beta_from,
+              alpha_split_from=alpha_split_from)
+    if pipe and beta_from == "alt":
+        # The other rule on the same runs: β and its receive share from PIPE, so that β_s and β_r are each
+        # measured and not only their sum (docs/results.md, "8/8 remote path" compares both).
+        other = fit(runs, cpu, seconds, repeat, gamma_with_messages=gamma_with_messages, beta_from="pipe",
+                    alpha_split_from=alpha_split_from)
+        doc["measured"]["pipe_fit"] = {k: other.get(k) for k in ("alpha", "beta", "receive_share", "message_us")}
+    return doc
 
 
 def main(argv=None) -> int:
@@ -613,6 +632,9 @@ def main(argv=None) -> int:
                     help="fit β on ALT (receive share 0.5) or β and the share on PIPE (docs/SIMULATOR.md)")
     ap.add_argument("--alpha-split-from", choices=("split", "mix"), default="split",
                     help="the run α_split is fitted on (mix: a check only, docs/SIMULATOR.md)")
+    ap.add_argument("--message-lever", choices=("batch", "flush"), default="batch",
+                    help=f"more messages for the message_us fit by batches of {SMALL_BATCH} rows (batch) or a "
+                         f"{FAST_FLUSH_MS} ms flush delay (flush, the rule before)")
     ap.add_argument("--fit-gamma", action="store_true",
                     help="also fit γ on FAN when message_us is fitted (the old rule; default: γ = 0 then)")
     args = ap.parse_args(argv)
@@ -624,14 +646,15 @@ def main(argv=None) -> int:
             ap.error(f"unknown app {a!r}")
     doc = calibrate(args.cpu_per_worker, apps, args.seconds, args.repeat, mix=not args.no_mix,
                     messages=not args.no_messages, gamma_with_messages=args.fit_gamma, short=not args.no_short,
-                    pipe=not args.no_pipe, beta_from=args.beta_from, alpha_split_from=args.alpha_split_from)
+                    pipe=not args.no_pipe, beta_from=args.beta_from, alpha_split_from=args.alpha_split_from,
+                    message_lever=args.message_lever)
     from clasp.sim.simulator import Costs
 
     Costs.from_json_dict(doc)  # the simulator must load it
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps({k: doc.get(k) for k in ("alpha", "beta", "gamma", "capacity", "alpha_split", "message_us",
                                                "flush_delay_s")}
-                     | {"out": args.out}))
+                     | {"pipe_fit": doc["measured"].get("pipe_fit"), "out": args.out}))
     return 0
 
 

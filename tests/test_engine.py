@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import clasp
+from clasp.core import protocol
 from clasp.core.protocol import ROOT_WEIGHT
 from clasp.core.routing import build_placement
 from clasp.runtime.engine import HOLD, JobEngine
@@ -95,3 +96,64 @@ def test_timed_requests_longer_than_the_stall_threshold_are_not_execution_time()
         times[stall] = eng.ops[0].exec_time / eng.ops[0].processed
     assert times[float("inf")] > 50e-6  # the sleeps counted
     assert times[0.002] < 20e-6  # dropped: what is left is the operator's microseconds
+
+
+def test_remote_batches_travel_in_columns_and_count_exactly():
+    """Word Count split over two engines: every remote batch goes through protocol.columns, msgpack and
+    receive_columns (steady state), and a held key group takes the row-by-row path; counts are exact."""
+    import collections
+
+    from clasp.apps import wc
+
+    spec = wc.build_dag().to_spec()
+    placement = build_placement(spec, ["w0", "w1"], {"split": {0: 1, 1: 1}, "count": {0: 1, 1: 1}}, 10)
+    engines = {w: JobEngine(1, spec, w, placement) for w in ("w0", "w1")}
+    lines = wc.generate(300, 3)
+    for i, line in enumerate(lines):
+        engines[("w0", "w1")[i % 2]].enqueue_rows([(0, line, None, i, ROOT_WEIGHT)])
+    frames = 0
+    while any(not e.idle() for e in engines.values()):
+        for eng in engines.values():
+            drain(eng)
+            for dest, rows in eng.take_pending().items():
+                mtype, body = protocol.decode(protocol.encode("cols", [1, eng.epoch, protocol.columns(rows)]))
+                protocol.check_columns(body[2], len(spec.operators))
+                engines[dest].receive_columns(body[1], body[2])
+                frames += 1
+    want = collections.Counter(w for line in lines for w in wc.split(line))
+    got = {**engines["w0"].ops[1].state, **engines["w1"].ops[1].state}
+    assert frames > 0 and got == dict(want)
+    returned = collections.Counter()
+    for eng in engines.values():
+        returned.update(eng.take_returns()[0])
+    assert returned == {i: ROOT_WEIGHT for i in range(len(lines))}  # every record's weight came back whole
+
+    held = JobEngine(1, spec, "w1", placement)
+    g = held.ops[1].group_of("held")
+    held.held = {1: {g: []}}
+    held.receive_columns(placement.epoch, protocol.columns([(1, "held", "held", 5, 7), (1, "x", "x", 5, 7)]))
+    assert [r[1] for r in held.held[1][g]] == ["held"] + (["x"] if held.ops[1].group_of("x") == g else [])
+
+
+def test_a_successor_on_one_other_worker_takes_requests_straight_into_its_batch():
+    dag = clasp.Dag("chain")
+    a = dag.operator("a", lambda v: v + 1)
+    b = dag.operator("b", lambda v: [v, v * 10])
+    c = dag.operator("c", lambda v: None)
+    a >> b >> c
+    spec = dag.to_spec()
+    placement = build_placement(spec, ["w0", "w1"], {"a": {0: 1}, "b": {1: 1}, "c": {0: 1}}, 10)
+    w0, w1 = JobEngine(1, spec, "w0", placement), JobEngine(1, spec, "w1", placement)
+    w0.enqueue_rows([(0, v, None, v, 6) for v in range(40)])
+    drain(w0)
+    rows = w0.take_pending()["w1"]
+    assert rows == [(1, v + 1, None, v, 6) for v in range(40)] and w0.remote_requests == 40
+    assert w0.ops[0].edge_counts == [40] and w0.local_requests == 0
+    w1.receive_columns(placement.epoch, protocol.columns(rows))
+    drain(w1)  # b's two outputs per request go back the same way, the weight split in two
+    back = w1.take_pending()["w0"]
+    assert back == [(2, x, None, v, 3) for v in range(40) for x in (v + 1, (v + 1) * 10)]
+    assert not w0.pending and not w1.pending  # no empty batch is left behind for a flush
+    w0.receive_columns(placement.epoch, protocol.columns(back))
+    drain(w0)
+    assert w0.take_returns()[0] == {v: 6 for v in range(40)}

@@ -61,6 +61,50 @@ def test_check_and_expand_runs():
             protocol.check_runs(bad, 2)
 
 
+_row = st.tuples(st.integers(0, 2), st.one_of(st.none(), st.integers(-5, 5), st.text(max_size=3)),
+                 st.one_of(st.none(), st.integers(0, 3), st.text(max_size=2)), st.integers(0, 4),
+                 st.sampled_from([0, 1, ROOT_WEIGHT // 3, ROOT_WEIGHT]))
+
+
+@given(st.lists(st.one_of(_row, _row.map(lambda r: (r[0], r[1], r[1], r[3], r[4]))), min_size=1, max_size=60))
+@settings(max_examples=300, deadline=None)
+def test_columns_carry_every_row_in_order_per_operator(rows):
+    """A cols message, through msgpack, gives back each operator's rows in their order, exactly."""
+    groups = protocol.columns(rows)
+    mtype, body = protocol.decode(protocol.encode("cols", [1, 0, groups]))
+    protocol.check_columns(body[2], 3)
+    got = protocol.expand_columns(body[2])
+    assert protocol.column_count(body[2]) == len(rows)
+    for op in range(3):
+        want = [tuple(list(v) if isinstance(v, tuple) else v for v in r) for r in rows if r[0] == op]
+        assert [r for r in got if r[0] == op] == want
+
+
+def test_columns_share_keys_and_runs():
+    rows = [(1, w, w, 7, 5) for w in "abcde"] + [(1, "a", "a", 8, 2)]  # 2 runs of 6 rows: run-length coded
+    assert protocol.columns(rows) == [[1, [*"abcde", "a"], True, [7, 8], [5, 2], [5, 1]]]
+    rows = [(0, "a", None, 1, 5), (0, "b", None, 2, 5)]
+    assert protocol.columns(rows) == [[0, ["a", "b"], None, [1, 2], [5, 5], None]]
+    assert protocol.columns([(0, 1, "k", 1, 1), (2, 2, "j", 1, 1)]) == [[0, [1], ["k"], [1], [1], None],
+                                                                    [2, [2], ["j"], [1], [1], None]]
+
+
+def test_check_columns():
+    protocol.check_columns([[0, ["a"], True, [1], [5], [1]], [1, ["a", "b"], ["k", "j"], [1, 2], [0, 0], None]], 2)
+    for groups, why in (([[2, ["a"], None, [1], [1], None]], "out of range"),
+                        ([[0, ["a"], None, ["r"], [1], None]], "integers"),
+                        ([[0, ["a"], None, [1], [-1], None]], "negative"),
+                        ([[0, ["a"], ["k", "j"], [1], [1], None]], "keys"),
+                        ([[0, ["a", "b"], None, [1], [1], None]], "one rid per value"),
+                        ([[0, ["a", "b"], None, [1], [1], [1]]], "counts"),
+                        ([[0, ["a"], None, [1], [1], [0]]], "counts"),
+                        ([[0, ["a"], None, [1, 2], [1], None]], "one weight"),
+                        ([[0, "a", None, [1], [1], None]], "lists"),
+                        ([[0, ["a"], None, [1], [1]]], "each group"), ("x", "not a list")):
+        with pytest.raises(ProtocolError, match=why):
+            protocol.check_columns(groups, 2)
+
+
 def split_weight(w: int, k: int) -> list[int]:
     q, r = divmod(w, k)
     return [q + r] + [q] * (k - 1)

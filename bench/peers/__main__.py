@@ -1,18 +1,29 @@
 """Word Count with clasp and with Bytewax, 1 and 2 workers or processes, on the same generated lines.
 
-`python -m bench.peers [--lines N] [--rounds R] [--workers 1,2] [--json FILE]` (repository root; Bytewax from
-`pip install .[peers]`). The lines are `clasp.apps.wc.generate(N, seed 0)`; both answers are checked against
-a count made here (`collections.Counter` over `clasp.apps.wc.split` of every line) and a run that differs
-fails the benchmark. Each round runs every (system, workers) once, the two systems alternating which goes
-first; the table is the median lines/s over the rounds, and the ratios clasp / Bytewax (same workers) and
-2 / 1 (same system).
+`python -m bench.peers [--lines N] [--rounds R] [--workers 1,2] [--systems clasp,bytewax]
+[--checkpoint-interval S] [--key-weights] [--json FILE]` (repository root; Bytewax from
+`pip install .[peers]`). The lines are `clasp.apps.wc.generate(N, seed 0)`; both answers are checked
+against a count made here (`collections.Counter` over `clasp.apps.wc.split` of every line) and a run that
+differs fails the benchmark. Each round runs every (system, workers) once, the two systems alternating which goes first;
+the table is the median lines/s over the rounds, and the ratios clasp / Bytewax (same workers) and 2 / 1
+(same system).
 
-- clasp: a fresh `LocalCluster` of N workers (no autoscaling, the spread placement: both operators on every
-  worker, the key groups split), a 2,000-line warm-up job first; timed from `push()` to `wait_idle()`.
+Both do the same work and are timed the same way: the clock starts when this process begins sending the
+lines and stops when it holds every word's count. In between, the lines are serialized here with msgpack
+and sent over loopback ZeroMQ, split with `clasp.apps.wc.split`, every word is routed by its key to the
+worker that counts it and counted there (no pre-aggregation on either side), and the final counts come
+back over ZeroMQ. Process start, connection set-up and a warm-up are outside both clocks.
+
+- clasp: a fresh `LocalCluster` of N workers (no autoscaling, the spread placement: both operators on
+  every worker, the key groups split into contiguous ranges, or by their measured weights with
+  `--key-weights`), a 2,000-line warm-up job first; timed from `push()` of all the lines (client →
+  planner → workers) through `wait_idle()` to `state("count")` returning (workers → planner → client).
+  Checkpoints off by default (`--checkpoint-interval 0`), as Bytewax runs without recovery here.
 - Bytewax 0.21: `python -m bytewax.run bench.peers.bytewax_flow:flow`, N processes of one worker each
-  (`-i/-a` on loopback); each worker reads its slice of the lines file at import, and is timed from its
-  source's first batch to its sink's close (`count_final` emits at the end of input): the earliest start
-  to the latest end. Process start and the read of the file are outside both clocks.
+  (`-i/-a` on loopback); each worker's source says it is ready on its own ZeroMQ PAIR socket, and is then
+  sent its slice of the lines (`lines[i::N]`) in msgpack batches of 1,000; `flat_map(split)` then
+  `count_final` (each word's count emitted once, at the end of input); each worker's sink sends its counts
+  back (PUSH) on close.
 """
 
 from __future__ import annotations
@@ -28,10 +39,15 @@ import sys
 import tempfile
 import time
 
+import msgpack
+import zmq
+
 import clasp
 from clasp.apps import wc
 from clasp.local.cluster import LocalCluster
 
+# Lines per batch to a Bytewax source (its `next_batch`); clasp's client sends up to 5,000 per push.
+BYTEWAX_BATCH = 1000
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -39,20 +55,22 @@ def expected(lines: list[str]) -> collections.Counter:
     return collections.Counter(w for line in lines for w in wc.split(line))
 
 
-def run_clasp(lines: list[str], workers: int, warm: list[str]) -> dict:
+def run_clasp(lines: list[str], workers: int, warm: list[str], checkpoint_interval: float = 0.0,
+              key_weights: dict | None = None) -> dict:
     logs = tempfile.mkdtemp(prefix="clasp-peers-")
     with LocalCluster(workers=workers, port=0, log_dir=logs, provider="static",
-                      planner_args=["--no-autoscale"]) as cl, clasp.connect(cl.planner) as c:
+                      planner_args=["--no-autoscale", "--checkpoint-interval", str(checkpoint_interval)]
+                      ) as cl, clasp.connect(cl.planner) as c:
         w = c.submit(wc.build_dag(), autoscale=False)
         w.push(warm)
         w.wait_idle(120)
         w.cancel()
-        job = c.submit(wc.build_dag(), autoscale=False)
+        job = c.submit(wc.build_dag(), autoscale=False, **({"key_weights": key_weights} if key_weights else {}))
         t0 = time.perf_counter()
         job.push(lines)
         job.wait_idle(600)
-        wall = time.perf_counter() - t0
         state = job.state("count")
+        wall = time.perf_counter() - t0
         active = len(job.stats()["active_workers"])
     return {"wall": wall, "answer": state, "active": active}
 
@@ -67,27 +85,43 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def run_bytewax(lines_file: str, processes: int) -> dict:
-    out = tempfile.mkdtemp(prefix="bytewax-peers-")
-    env = {**os.environ, "PEERS_LINES": lines_file, "PEERS_OUT": out, "PYTHONPATH": ROOT}
-    cmd = [sys.executable, "-m", "bytewax.run", "bench.peers.bytewax_flow:flow"]
-    if processes == 1:
-        procs = [subprocess.Popen(cmd, cwd=ROOT, env=env)]
-    else:
-        addrs = ";".join(f"127.0.0.1:{p}" for p in _free_ports(processes))
-        procs = [subprocess.Popen([*cmd, "-i", str(i), "-a", addrs], cwd=ROOT, env=env) for i in range(processes)]
-    for p in procs:
-        if p.wait(900) != 0:
-            raise RuntimeError(f"bytewax exited {p.returncode}")
-    parts = []
-    for name in sorted(os.listdir(out)):
-        with open(os.path.join(out, name)) as f:
-            parts.append(json.load(f))
-    answer: dict = {}
-    for p in parts:
-        answer.update(p["counts"])
-    starts = [p["start"] for p in parts if p["start"] is not None]
-    return {"wall": max(p["end"] for p in parts) - min(starts), "answer": answer, "active": len(parts)}
+def run_bytewax(lines: list[str], processes: int) -> dict:
+    ctx = zmq.Context.instance()
+    feeds = [ctx.socket(zmq.PAIR) for _ in range(processes)]
+    answers = ctx.socket(zmq.PULL)
+    try:
+        ends = [f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in feeds]
+        answer = f"tcp://127.0.0.1:{answers.bind_to_random_port('tcp://127.0.0.1')}"
+        env = {**os.environ, "PEERS_INPUT": ";".join(ends), "PEERS_ANSWER": answer, "PYTHONPATH": ROOT}
+        cmd = [sys.executable, "-m", "bytewax.run", "bench.peers.bytewax_flow:flow"]
+        if processes == 1:
+            procs = [subprocess.Popen(cmd, cwd=ROOT, env=env)]
+        else:
+            addrs = ";".join(f"127.0.0.1:{p}" for p in _free_ports(processes))
+            procs = [subprocess.Popen([*cmd, "-i", str(i), "-a", addrs], cwd=ROOT, env=env)
+                     for i in range(processes)]
+        for s in feeds:  # every source is built and connected: the clock starts now
+            if not s.poll(120_000):
+                raise RuntimeError("a Bytewax worker did not connect within 120 s")
+            s.recv()
+        t0 = time.perf_counter()
+        for i in range(0, len(lines), BYTEWAX_BATCH * processes):
+            for k, s in enumerate(feeds):
+                s.send(msgpack.packb(lines[i + k:i + BYTEWAX_BATCH * processes:processes]))
+        for s in feeds:
+            s.send(msgpack.packb([]))
+        answer_parts = [msgpack.unpackb(answers.recv(), raw=False) for _ in range(processes)]
+        wall = time.perf_counter() - t0
+        for p in procs:
+            if p.wait(900) != 0:
+                raise RuntimeError(f"bytewax exited {p.returncode}")
+    finally:
+        for s in (*feeds, answers):
+            s.close(linger=0)
+    merged: dict = {}
+    for _, counts in answer_parts:
+        merged.update(counts)
+    return {"wall": wall, "answer": merged, "active": len(answer_parts)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,38 +129,47 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lines", type=int, default=200_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", default="1,2", help="worker (process) counts, comma-separated")
+    ap.add_argument("--checkpoint-interval", type=float, default=0.0,
+                    help="clasp's checkpoint interval, s (0: none, as Bytewax runs without recovery here)")
+    ap.add_argument("--key-weights", action="store_true",
+                    help="clasp's key groups owned by their weights measured on 20,000 lines (else contiguous)")
+    ap.add_argument("--systems", default="clasp,bytewax", help="which to run, comma-separated")
     ap.add_argument("--json", help="write every run and the medians here")
     args = ap.parse_args(argv)
+    systems = [s for s in ("clasp", "bytewax") if s in args.systems.split(",")]
+    weights = None
+    if args.key_weights:
+        from clasp.sim.simulator import measure_app
+
+        weights = measure_app(wc, 20_000)[1]
     counts = [int(x) for x in args.workers.split(",")]
     lines = wc.generate(args.lines, 0)
     warm = wc.generate(2000, 1)
     want = dict(expected(lines))
-    fd, lines_file = tempfile.mkstemp(prefix="peers-lines-", suffix=".txt")
-    with os.fdopen(fd, "w") as f:
-        f.write("\n".join(lines))
     runs: list[dict] = []
-    try:
-        for rnd in range(args.rounds):
-            for n in counts:
-                order = ["clasp", "bytewax"] if (rnd + n) % 2 == 0 else ["bytewax", "clasp"]
-                for system in order:
-                    r = run_clasp(lines, n, warm) if system == "clasp" else run_bytewax(lines_file, n)
-                    ok = r["answer"] == want
-                    row = {"round": rnd, "system": system, "workers": n, "wall_s": round(r["wall"], 3),
-                           "lines_per_s": round(args.lines / r["wall"], 1), "exact": ok, "active": r["active"]}
-                    runs.append(row)
-                    print(json.dumps(row), file=sys.stderr, flush=True)
-                    if not ok:
-                        raise SystemExit(f"{system} with {n} worker(s): the answer differs from the count")
-    finally:
-        os.unlink(lines_file)
+    for rnd in range(args.rounds):
+        for n in counts:
+            order = ["clasp", "bytewax"] if (rnd + n) % 2 == 0 else ["bytewax", "clasp"]
+            for system in (s for s in order if s in systems):
+                r = (run_clasp(lines, n, warm, args.checkpoint_interval, weights) if system == "clasp"
+                 else run_bytewax(lines, n))
+                ok = r["answer"] == want
+                row = {"round": rnd, "system": system, "workers": n, "wall_s": round(r["wall"], 3),
+                       "lines_per_s": round(args.lines / r["wall"], 1), "exact": ok, "active": r["active"]}
+                runs.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+                if not ok:
+                    raise SystemExit(f"{system} with {n} worker(s): the answer differs from the count")
     med = {(s, n): statistics.median(r["lines_per_s"] for r in runs if r["system"] == s and r["workers"] == n)
-           for s in ("clasp", "bytewax") for n in counts}
-    summary = {"lines": args.lines, "rounds": args.rounds, "words": sum(want.values()), "distinct": len(want),
+           for s in systems for n in counts}
+    summary = {"lines": args.lines, "rounds": args.rounds, "checkpoint_interval": args.checkpoint_interval,
+               "key_weights": args.key_weights, "words": sum(want.values()), "distinct": len(want),
                "median_lines_per_s": {f"{s}_{n}": round(v, 1) for (s, n), v in med.items()},
-               "clasp_over_bytewax": {str(n): round(med["clasp", n] / med["bytewax", n], 3) for n in counts},
-               "scaling_2_over_1": ({s: round(med[s, 2] / med[s, 1], 3) for s in ("clasp", "bytewax")}
+               "clasp_over_bytewax": ({str(n): round(med["clasp", n] / med["bytewax", n], 3) for n in counts}
+                                      if len(systems) == 2 else None),
+               "scaling_2_over_1": ({s: round(med[s, 2] / med[s, 1], 3) for s in systems}
                                     if {1, 2} <= set(counts) else None),
+               "clasp": clasp.__file__,
                "runs": runs}
     print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
     if args.json:

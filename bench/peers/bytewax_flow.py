@@ -1,48 +1,51 @@
 """Word Count as a Bytewax dataflow, for `python -m bench.peers` (run by `python -m bytewax.run`).
 
-The lines come from the file in PEERS_LINES (written by the benchmark from `clasp.apps.wc.generate`), read at
-import, before the clock starts; each worker reads its own slice (`lines[i::n]`, a DynamicSource). Split
-is `clasp.apps.wc.split`; `count_final` counts per word and emits each word's count at the end of input.
-Each worker writes PEERS_OUT/worker-I.json: its words' counts, when its source began, when its sink closed.
+Fed and answered like a clasp job: each worker's source connects a ZeroMQ PAIR socket to the benchmark's
+(PEERS_INPUT: one endpoint per worker, `;`-separated), says it is ready, and receives its slice of the
+lines as msgpack batches of lines, the way clasp's client sends a `push` (an empty batch ends the input).
+Split is `clasp.apps.wc.split`; `count_final` counts per word and emits each word's count at the end of
+input; the sink sends its worker's counts back to the benchmark (PEERS_ANSWER, a PULL), where the clock
+stops, as `job.state("count")` stops clasp's.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import time
 
 import bytewax.operators as op
+import msgpack
+import zmq
 from bytewax.dataflow import Dataflow
 from bytewax.inputs import DynamicSource, StatelessSourcePartition
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 
 from clasp.apps.wc import split
 
-BATCH = 1000
-with open(os.environ["PEERS_LINES"]) as _f:
-    LINES = _f.read().split("\n")
-OUT = os.environ["PEERS_OUT"]
-STARTED: dict[int, float] = {}
+INPUTS = os.environ.get("PEERS_INPUT", "").split(";")
+ANSWER = os.environ.get("PEERS_ANSWER", "")
+CTX = zmq.Context.instance()
 
 
 class _Part(StatelessSourcePartition):
-    def __init__(self, index: int, count: int):
-        self.index, self.lines, self.pos = index, LINES[index::count], 0
+    def __init__(self, index: int):
+        self.sock = CTX.socket(zmq.PAIR)
+        self.sock.connect(INPUTS[index])
+        self.sock.send(b"ready")
 
     def next_batch(self):
-        if self.pos == 0:
-            STARTED.setdefault(self.index, time.time())
-        if self.pos >= len(self.lines):
+        # Cooperative: wait at most 1 ms for the next batch, so the worker's other steps keep running.
+        if not self.sock.poll(1):
+            return []
+        batch = msgpack.unpackb(self.sock.recv(), raw=False)
+        if not batch:
+            self.sock.close()
             raise StopIteration
-        batch = self.lines[self.pos:self.pos + BATCH]
-        self.pos += BATCH
         return batch
 
 
 class Lines(DynamicSource):
     def build(self, step_id, worker_index, worker_count):
-        return _Part(worker_index, worker_count)
+        return _Part(worker_index)
 
 
 class _Out(StatelessSinkPartition):
@@ -54,8 +57,11 @@ class _Out(StatelessSinkPartition):
             self.counts[word] = n
 
     def close(self):
-        with open(os.path.join(OUT, f"worker-{self.index}.json"), "w") as f:
-            json.dump({"counts": self.counts, "end": time.time(), "start": STARTED.get(self.index)}, f)
+        sock = CTX.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 10_000)
+        sock.connect(ANSWER)
+        sock.send(msgpack.packb([self.index, self.counts]))
+        sock.close()
 
 
 class Counts(DynamicSink):

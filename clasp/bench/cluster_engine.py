@@ -186,7 +186,7 @@ def run_delay_seconds(pid: int) -> float:
 
 # ----------------------------------------------------------------------------- clusters
 class Clusters:
-    """Running LocalClusters by (workers, cpu_per_worker, flush_delay_ms), with a client each; at most `keep`
+    """Running LocalClusters by (workers, cpu_per_worker, flush_delay_ms, max_batch), with a client each; at most `keep`
     at a time."""
 
     def __init__(self, keep: int = 1):
@@ -194,13 +194,13 @@ class Clusters:
         self.running: dict[tuple, dict] = {}
 
     def get(self, workers: int, cpu_per_worker: float | None, log_dir=None,
-            flush_delay_ms: float | None = None) -> dict:
+            flush_delay_ms: float | None = None, max_batch: int | None = None) -> dict:
         import clasp
         from clasp.local.cluster import LocalCluster
 
         key = (int(workers), None if cpu_per_worker is None else
                float(cpu_per_worker) if isinstance(cpu_per_worker, int | float) else tuple(cpu_per_worker),
-               None if flush_delay_ms is None else float(flush_delay_ms))
+               None if flush_delay_ms is None else float(flush_delay_ms), max_batch)
         entry = self.running.pop(key, None)
         if entry is not None and not entry["cluster"].alive():
             self._stop(entry)
@@ -210,6 +210,7 @@ class Clusters:
                 self._stop(self.running.pop(next(iter(self.running))))
             logs = log_dir or tempfile.mkdtemp(prefix=f"clasp-engine-{workers}w-")
             args = [] if flush_delay_ms is None else ["--flush-delay-ms", str(flush_delay_ms)]
+            args += [] if max_batch is None else ["--max-batch", str(int(max_batch))]
             cl = LocalCluster(workers=workers, port=0, log_dir=logs, cpu_per_worker=cpu_per_worker,
                               worker_args=args).start()
             client = clasp.connect(cl.planner, timeout=60)
@@ -390,7 +391,8 @@ def _key_weights(app_name: str) -> dict[str, list[float]]:
 
 
 def _measure(app_name: str, workers: int, rate: float | None, *, placement, cpu_per_worker, records,
-             seconds: float, state: str, seed: int, log_dir, flush_delay_ms: float | None = None) -> dict:
+             seconds: float, state: str, seed: int, log_dir, flush_delay_ms: float | None = None,
+             max_batch: int | None = None) -> dict:
     if workers < 1:
         raise EngineError(f"workers must be at least 1, not {workers}")
     if not seconds > 0:
@@ -400,7 +402,7 @@ def _measure(app_name: str, workers: int, rate: float | None, *, placement, cpu_
     app = get_app(app_name)
     ops = [o.name for o in app.build_dag().operators]
     fractions = resolve_placement(placement, ops, workers)
-    entry = CLUSTERS.get(workers, cpu_per_worker, log_dir, flush_delay_ms)
+    entry = CLUSTERS.get(workers, cpu_per_worker, log_dir, flush_delay_ms, max_batch)
     client = entry["client"]
     warm_rate = _warm(entry, app, seed, state, fractions)
     warmup_s = min(2.0, 0.25 * seconds)
@@ -454,7 +456,8 @@ def _measure(app_name: str, workers: int, rate: float | None, *, placement, cpu_
     return {"app": app.NAME, "workers": workers, "throughput": tput, "latency": latency,
             "records": d.sent, "correct": bool(d.correct), "seconds": round(window, 3),
             "rate": rate, "placement": "spread" if isinstance(placement, str) else fractions,
-            "cpu_per_worker": cpu_per_worker, "flush_delay_ms": flush_delay_ms, "state": state,
+            "cpu_per_worker": cpu_per_worker, "flush_delay_ms": flush_delay_ms, "max_batch": max_batch,
+            "state": state,
             "completed": stats["completed"],
             "wall_s": summary["duration_s"], "warmup_s": warmup_s,
             "throughput_overall": summary["records_per_s"], "cpu_s": cpu, "cpu_window_s": cpu_window,
@@ -467,12 +470,13 @@ def _measure(app_name: str, workers: int, rate: float | None, *, placement, cpu_
 
 def unthrottled(app: str, workers: int, *, placement="spread", cpu_per_worker: float | None = None,
                 records: int | None = None, seconds: float = 8.0, state: str = "local", seed: int = 0,
-                log_dir=None, flush_delay_ms: float | None = None) -> dict:
+                log_dir=None, flush_delay_ms: float | None = None, max_batch: int | None = None) -> dict:
     """All input pushed as fast as the planner accepts it (queue kept full) for `seconds`; see the module
     docstring for the keys. `flush_delay_ms` starts the workers with that `--flush-delay-ms` (None: the
     worker's default, 1 ms)."""
     return _measure(app, workers, None, placement=placement, cpu_per_worker=cpu_per_worker, records=records,
-                    seconds=seconds, state=state, seed=seed, log_dir=log_dir, flush_delay_ms=flush_delay_ms)
+                    seconds=seconds, state=state, seed=seed, log_dir=log_dir, flush_delay_ms=flush_delay_ms,
+                    max_batch=max_batch)
 
 
 def fixed_rate(app: str, workers: int, rate: float, *, placement="spread", cpu_per_worker: float | None = None,

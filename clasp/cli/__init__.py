@@ -96,7 +96,7 @@ def _worker(args) -> int:
             return 2
     w = Worker(args.planner, host=args.host, data_port=args.data_port, state_port=args.state_port,
                metrics_port=args.metrics_port, advertise=args.advertise, worker_id=args.id, p_max=args.p_max,
-               flush_delay=args.flush_delay_ms / 1000.0, cpus=args.cpus, security=security,
+               flush_delay=args.flush_delay_ms / 1000.0, max_batch=args.max_batch, cpus=args.cpus, security=security,
                metrics_host=args.metrics_host, leave_timeout=args.leave_timeout, state_dir=args.state_dir)
     return run(w.serve, on_term=w.leave)
 
@@ -349,6 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--p-max", type=_positive(int), default=10, help="executor slots (P_max)")
     w.add_argument("--flush-delay-ms", type=_positive(float), default=1.0,
                    help="longest a remote chained request waits for its batch")
+    w.add_argument("--max-batch", type=_positive(int), default=2000,
+                   help="rows of remote chained requests that flush a batch at once, whatever its age")
     w.add_argument("--leave-timeout", type=_positive(float), default=300.0,
                    help="after SIGTERM, the longest wait for the planner to drain this worker before exiting 1")
     w.add_argument("--cpus", type=_positive(float),

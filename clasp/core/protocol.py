@@ -15,6 +15,7 @@ Message types and who sends them (C client, P planner, W worker):
 | deploy | P → W | req, job, dag (DagSpec.pack()), placement (Placement.to_wire()), peers {id: data endpoint} |
 | data | P/W → W | [job, epoch, rows]: requests, each row [op, value, key, rid, weight] |
 | runs | P → W | [job, epoch, runs]: records for stateless sources, each run [op, first rid, weight, values] |
+| cols | W → W | [job, epoch, groups]: requests in columns, per operator [op, values, keys, rids, weights, counts] |
 | done | W → P | [job, {rid: weight}, extends] — weight returned by finished requests (termination detection) |
 | extend_ack | P → W | [job, token] — the planner has added weight, parked children may go |
 | migrate_plan | P → W | req, job, plan, placement; the reply comes when the worker is done |
@@ -48,8 +49,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from itertools import repeat
-from operator import itemgetter
+from itertools import chain, groupby, repeat
+from operator import is_, itemgetter
 from typing import Any, ClassVar
 
 import msgpack
@@ -101,7 +102,7 @@ _OPTIONAL: dict[str, dict[str, tuple | None]] = {
     "restore": {"state": _STR, "state_server": _STR},
 }
 # List-bodied messages on the data path; the first element is always the job id.
-_LIST_BODIES = {"data": 3, "runs": 3, "done": 3, "extend_ack": 2, "marker": 3, "migrate": 6}
+_LIST_BODIES = {"data": 3, "runs": 3, "cols": 3, "done": 3, "extend_ack": 2, "marker": 3, "migrate": 6}
 
 
 # ----------------------------------------------------------------- typed control messages
@@ -438,6 +439,91 @@ def expand_run(op: int, first: int, w: int, values: list) -> zip:
 def expand_runs(runs: list) -> list:
     """The rows [op, value, key, rid, weight] of validated runs."""
     return [row for op, first, w, values in runs for row in expand_run(op, first, w, values)]
+
+
+# A run of rows with one (rid, weight) is sent once with its count when runs are at least this long on
+# average: a line's words to one owner share both, a chain's single outputs do not.
+MIN_RUN = 3
+
+
+def columns(rows: list) -> list:
+    """The groups of a `cols` message for rows (op, value, key, rid, weight), one per operator in order of
+    first appearance, rows of an operator in their order: [op, values, keys, rids, weights, counts], keys
+    None (every key None) or True (every key is its value) or one per row; counts None (rids and weights
+    one per row) or run lengths (rids[i], weights[i] for counts[i] consecutive rows)."""
+    ops, values, keys, rids, weights = zip(*rows, strict=True)
+    first = ops[0]
+    if ops.count(first) == len(ops):
+        return [_group(first, values, keys, rids, weights)]
+    by_op: dict[int, list] = {}
+    for r in rows:
+        by_op.setdefault(r[0], []).append(r)
+    return [_group(op, *list(zip(*part, strict=True))[1:]) for op, part in by_op.items()]
+
+
+def _group(op: int, values: tuple, keys: tuple, rids: tuple, weights: tuple) -> list:
+    n = len(values)
+    if keys.count(None) == n:
+        ks: Any = None
+    elif all(map(is_, keys, values)):
+        ks = True
+    else:
+        ks = list(keys)
+    if len(set(rids)) * MIN_RUN <= n:
+        rs, ws, cs = [], [], []
+        for (rid, w), g in groupby(zip(rids, weights, strict=True)):
+            rs.append(rid)
+            ws.append(w)
+            cs.append(len(list(g)))
+        return [op, list(values), ks, rs, ws, cs]
+    return [op, list(values), ks, list(rids), list(weights), None]
+
+
+def check_columns(groups: Any, n_ops: int) -> None:
+    """Validate the groups of a `cols` message before any row is enqueued."""
+    if type(groups) is not list:
+        raise ProtocolError("bad_batch", "groups is not a list")
+    for g in groups:
+        if type(g) is not list or len(g) != 6:
+            raise ProtocolError("bad_batch", "each group must be [op, values, keys, rids, weights, counts]")
+        op, values, keys, rids, weights, counts = g
+        if type(op) is not int or not 0 <= op < n_ops:
+            raise ProtocolError("bad_batch", f"operator index out of range 0..{n_ops - 1}")
+        if type(values) is not list or type(rids) is not list or type(weights) is not list:
+            raise ProtocolError("bad_batch", "values, rids and weights must be lists")
+        if not (keys is None or keys is True or (type(keys) is list and len(keys) == len(values))):
+            raise ProtocolError("bad_batch", "keys must be None, true or one per value")
+        if len(rids) != len(weights):
+            raise ProtocolError("bad_batch", "one weight per rid")
+        if not set(map(type, rids)) <= {int} or not set(map(type, weights)) <= {int}:
+            raise ProtocolError("bad_batch", "rids and weights must be integers")
+        if weights and min(weights) < 0:
+            raise ProtocolError("bad_batch", "negative weight")
+        if counts is None:
+            if len(rids) != len(values):
+                raise ProtocolError("bad_batch", "one rid per value")
+        elif (type(counts) is not list or len(counts) != len(rids) or not set(map(type, counts)) <= {int}
+              or (counts and min(counts) < 1) or sum(counts) != len(values)):
+            raise ProtocolError("bad_batch", "counts must be positive run lengths, one per rid, summing to the values")
+
+
+def column_rows(group: list):
+    """The rows (op, value, key, rid, weight) of one validated group, as an iterator (no loop in Python)."""
+    op, values, keys, rids, weights, counts = group
+    if counts is not None:
+        rids = chain.from_iterable(map(repeat, rids, counts))
+        weights = chain.from_iterable(map(repeat, weights, counts))
+    ks = values if keys is True else (repeat(None) if keys is None else keys)
+    return zip(repeat(op), values, ks, rids, weights, strict=False)  # repeat() is endless; the check counted
+
+
+def expand_columns(groups: list) -> list:
+    """Every row of validated groups, as a list."""
+    return list(chain.from_iterable(map(column_rows, groups)))
+
+
+def column_count(groups: list) -> int:
+    return sum(len(g[1]) for g in groups)
 
 
 def check_migrate(body: list, n_ops: int, n_groups: int = 128) -> None:

@@ -22,11 +22,12 @@ import msgpack
 
 from clasp.core.dag import DagSpec
 from clasp.core.outputs import ITEMS_EXACT, ONE_EXACT, as_outputs
-from clasp.core.protocol import ROOT_WEIGHT, expand_run, expand_runs
+from clasp.core.protocol import ROOT_WEIGHT, column_rows, expand_columns, expand_run, expand_runs
 from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE, Placement, key_group, route_to
 
 HOLD = "\x00hold"  # the route of a key group whose state is on its way here: its requests wait
 KEYED_HERE = 3  # a keyed route whose key groups are all owned by this worker
+ROUTE_ONE_REMOTE = 4  # a stateless successor that one other worker alone holds: every request goes there
 # A scheduling round is about ROUND_TIME_US of work, shared by the worker's operators in proportion to
 # their executor instances and sized from each one's mean execution time plus the runtime's own per-request
 # cost: cheap operators then run long enough between event-loop turns, and a round stays within the 1 ms
@@ -135,6 +136,9 @@ class JobEngine:
         self.ops = [OpRuntime(o) for o in spec.operators]
         self.order = [self.ops[i] for i in spec.topological()]
         self.pending: dict[str, list] = {}  # destination worker -> rows of remote chained requests
+        # A batch this long ends the scheduling round after the operator that filled it, so the worker
+        # flushes it then (the worker sets it from --max-batch): the cap holds per micro-batch, not per round.
+        self.max_batch = 2000
         self.pending_since: float | None = None
         self.returns: dict[int, int] = {}  # rid -> weight finished here, not yet reported
         self.extends: list[list[int]] = []  # [rid, amount, token] asked of the planner
@@ -189,6 +193,8 @@ class JobEngine:
                 target = self.ops[s]
                 if r.kind == ROUTE_LOCAL:
                     routes.append((ROUTE_LOCAL, s, self._appender(target), None, None, None))
+                elif r.kind == ROUTE_TABLE and len(set(r.table)) == 1 and r.table[0] is not None:
+                    routes.append((ROUTE_ONE_REMOTE, s, None, r.table, [0], r.table[0]))
                 elif r.kind == ROUTE_TABLE:
                     routes.append((ROUTE_TABLE, s, self._appender(target), r.table, [0], None))
                 else:
@@ -329,6 +335,17 @@ class JobEngine:
             self._place(rows, forward=epoch < self.epoch)
         else:
             self.enqueue_rows(rows)
+
+    def receive_columns(self, epoch: int, groups: list) -> None:
+        """A `cols` message's validated groups (clasp.core.protocol.columns): straight onto their operators'
+        queues in steady state (one extend per group, the rows built without a loop in Python), row by
+        row through `receive` during a migration or a barrier."""
+        if epoch == self.epoch and not self.held and self.barrier is None:
+            ops = self.ops
+            for g in groups:
+                ops[g[0]].queue.extend(column_rows(g))
+        else:
+            self.receive(epoch, expand_columns(groups))
 
     def _place(self, rows, forward: bool) -> None:
         """Row by row (only during or just after a migration): hold, forward or queue."""
@@ -481,6 +498,8 @@ class JobEngine:
                         n = self._run_stateless(op, budget)
                     ran += n
                     spent += n * cost
+                    if self.pending and max(map(len, self.pending.values())) >= self.max_batch:
+                        return done + ran
             done += ran
             if not ran or spent >= ROUND_TIME_US:
                 return done
@@ -508,6 +527,14 @@ class JobEngine:
         routes = op.routes
         one, items = ONE_EXACT, ITEMS_EXACT
         fast = routes[0][2] if len(routes) == 1 and routes[0][0] == ROUTE_LOCAL else None
+        # One remote holder of the only successor: its batch takes the requests as a local queue would (the
+        # general path's divmod, table and dict lookups per request cost more than the append).
+        remote_to = routes[0][5] if len(routes) == 1 and routes[0][0] == ROUTE_ONE_REMOTE else None
+        if remote_to is not None:
+            batch = self.pending.get(remote_to)
+            if batch is None:
+                batch = self.pending[remote_to] = []
+            fast = batch.append
         succ0 = routes[0][1] if routes else -1
         collect = op.add_collected if op.collect else None
         t_exec = 0.0
@@ -572,7 +599,15 @@ class JobEngine:
             self._emit(op, outs, rid, w)
         op.exec_time += _estimate(op, t_exec, timed, n)
         op.processed += n
-        if emitted:
+        if remote_to is not None:
+            if emitted:
+                if self.pending_since is None:
+                    self.pending_since = perf_counter()
+            elif not batch:
+                del self.pending[remote_to]  # never an empty batch: a flush sends every one
+            self.remote_requests += emitted
+            op.edge_counts[0] += emitted
+        elif emitted:
             self.local_requests += emitted
             op.edge_counts[0] += emitted
         if len(dts) > 20_000:
@@ -683,6 +718,13 @@ class JobEngine:
                 for o in outs:
                     append((succ, o, None, rid, wc))
                 local += len(outs)
+            elif kind == ROUTE_ONE_REMOTE:
+                batch = pending.get(target)
+                if batch is None:
+                    batch = pending[target] = []
+                for o in outs:
+                    batch.append((succ, o, None, rid, wc))
+                remote += len(outs)
             elif kind == ROUTE_TABLE:
                 n = len(table)
                 for o in outs:
@@ -693,7 +735,10 @@ class JobEngine:
                         append((succ, o, None, rid, wc))
                         local += 1
                     else:
-                        pending.setdefault(d, []).append((succ, o, None, rid, wc))
+                        batch = pending.get(d)
+                        if batch is None:
+                            batch = pending[d] = []
+                        batch.append((succ, o, None, rid, wc))
                         remote += 1
             elif kind == KEYED_HERE:
                 key_fn = target.key_fn
@@ -734,7 +779,10 @@ class JobEngine:
                         append((succ, o, key, rid, wc))
                         local += 1
                     else:
-                        pending.setdefault(d, []).append((succ, o, key, rid, wc))
+                        batch = pending.get(d)
+                        if batch is None:  # not setdefault: it would build a list per request
+                            batch = pending[d] = []
+                        batch.append((succ, o, key, rid, wc))
                         remote += 1
             op.edge_counts[j] += len(outs)
         if remote and self.pending_since is None:

@@ -60,7 +60,7 @@ from clasp.core.scheduler import WorkerInfo
 from clasp.core.tracking import CHUNK_BITS, LatencyHistogram, Tracker
 from clasp.runtime.dashboard import Dashboard, planner_view
 from clasp.runtime.elastic import ElasticPool, PoolError
-from clasp.runtime.net import advertised, bind, start_metrics_server
+from clasp.runtime.net import advertised, batch_io_threads, bind, start_metrics_server, zero_copy
 from clasp.runtime.planner_recovery import CheckpointState, PlannerRecoveryMixin
 from clasp.runtime.providers import Provider
 from clasp.runtime.security import Security
@@ -209,7 +209,7 @@ class Planner(PlannerRecoveryMixin):
         self.records_lost = 0  # cumulative over every job, for clasp_records_lost_total
         self.migration_hist = {"planner": LatencyHistogram(), "worker": LatencyHistogram()}
         self.id = f"p-{uuid.uuid4().hex[:8]}"
-        self.ctx = zmq.asyncio.Context()
+        self.ctx = batch_io_threads(zmq.asyncio.Context())
         self.workers: dict[str, WorkerInfo] = {}
         self.pushers: dict[str, zmq.asyncio.Socket] = {}
         self.jobs: dict[int, PlannerJob] = {}
@@ -408,7 +408,7 @@ class Planner(PlannerRecoveryMixin):
             old.close(0)  # a restarted worker on another port: what was queued for the old one is lost anyway
             del self.pushers[wid]
         if wid not in self.pushers:
-            sock = self.security.peer(self.ctx.socket(zmq.PUSH))
+            sock = zero_copy(self.security.peer(self.ctx.socket(zmq.PUSH)))
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.LINGER, 1000)
             sock.connect(info.data)

@@ -27,7 +27,7 @@ from clasp.core.routing import Placement, PlacementError
 from clasp.runtime.cpuquota import process_cpu_max
 from clasp.runtime.engine import JobEngine, OperatorError
 from clasp.runtime.monitor import Monitor, WorkerCollector
-from clasp.runtime.net import advertised, bind, start_metrics_server
+from clasp.runtime.net import advertised, batch_io_threads, bind, start_metrics_server, zero_copy
 from clasp.runtime.remote_state import RemoteState
 from clasp.runtime.security import Security
 from clasp.runtime.tasks import ProcessTasks, internal_error
@@ -60,7 +60,7 @@ class Worker(RecoveryMixin):
         self.flush_delay = flush_delay
         self.max_batch = max_batch
         self.stall = math.inf  # JobEngine.stall: set from this process's CPU quota
-        self.ctx = zmq.asyncio.Context()
+        self.ctx = batch_io_threads(zmq.asyncio.Context())
         self.monitor = Monitor(self.id)
         self.monitor.cpus = cpus
         self.jobs = self.monitor.jobs
@@ -89,7 +89,7 @@ class Worker(RecoveryMixin):
         self.router = sec.server(self.ctx.socket(zmq.ROUTER), "worker_state")
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.state_endpoint = f"tcp://{self.advertise}:{bind(self.router, self.host, state_port)}"
-        self.dealer = sec.peer(self.ctx.socket(zmq.DEALER), "worker_control")
+        self.dealer = zero_copy(sec.peer(self.ctx.socket(zmq.DEALER), "worker_control"))
         self.dealer.setsockopt(zmq.IDENTITY, self.id.encode())
         self.dealer.setsockopt(zmq.SNDHWM, 0)
         self.dealer.setsockopt(zmq.LINGER, 1000)
@@ -239,6 +239,7 @@ class Worker(RecoveryMixin):
         if job in self.jobs:
             raise ValueError(f"job {job} is already deployed here")
         eng = JobEngine(job, spec, self.id, placement, self.p_max)
+        eng.max_batch = self.max_batch
         eng.stall = self.stall
         eng.on_work = self.wake.set
         if body.get("state") == "remote":
@@ -494,13 +495,15 @@ class Worker(RecoveryMixin):
             frame = await recv(copy=False)
             t0 = perf_counter()
             try:
-                mtype, body = protocol.decode(frame.bytes)
-                if mtype not in ("data", "runs", "marker", "migrate"):
+                mtype, body = protocol.decode(frame.buffer)  # the frame's memory, not a copy of it
+                if mtype not in ("cols", "data", "runs", "marker", "migrate"):
                     raise ProtocolError("unexpected_type", f"{mtype} on the data socket")
                 eng = self.jobs.get(body[0])
                 if eng is None:
                     raise ProtocolError("unknown_job", f"{mtype} for job {body[0]}")
-                if mtype == "data":
+                if mtype == "cols":
+                    protocol.check_columns(body[2], len(eng.ops))
+                elif mtype == "data":
                     protocol.check_rows(body[2], len(eng.ops))
                 elif mtype == "runs":
                     protocol.check_runs(body[2], len(eng.ops))
@@ -511,7 +514,15 @@ class Worker(RecoveryMixin):
                 continue
             if body[1] < eng.floor:
                 continue  # sent before a recovery rolled the job back: that era's requests are void
-            if mtype == "data":
+            if mtype == "cols":
+                n = protocol.column_count(body[2])
+                msgs = job_messages(body[0])
+                msgs[2] += 1
+                msgs[3] += n
+                eng.received_requests += n
+                eng.receive_columns(body[1], body[2])
+                self.wake.set()
+            elif mtype == "data":
                 msgs = job_messages(body[0])
                 msgs[2] += 1
                 msgs[3] += len(body[2])
@@ -529,7 +540,7 @@ class Worker(RecoveryMixin):
     def _peer(self, wid: str) -> zmq.asyncio.Socket:
         sock = self.peers.get(wid)
         if sock is None:
-            sock = self.security.peer(self.ctx.socket(zmq.PUSH))
+            sock = zero_copy(self.security.peer(self.ctx.socket(zmq.PUSH)))
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.LINGER, 2000)
             sock.connect(self.peer_addrs[wid])
@@ -537,11 +548,11 @@ class Worker(RecoveryMixin):
         return sock
 
     def _flush_data(self, eng: JobEngine) -> None:
-        encode = protocol.encode
+        encode, columns = protocol.encode, protocol.columns
         dests = self.monitor.destinations_interval
         msgs = self.monitor.job_messages(eng.job)
         for wid, rows in eng.take_pending().items():
-            self._peer(wid).send(encode("data", [eng.job, eng.epoch, rows]), copy=False)
+            self._peer(wid).send(encode("cols", [eng.job, eng.epoch, columns(rows)]), copy=False)
             dests.add(wid)
             msgs[0] += 1
             msgs[1] += len(rows)

@@ -126,6 +126,7 @@ class RecoveryMixin:
         placement = Placement.from_wire(body["placement"], spec)
         self._connect_peers(body["peers"])
         eng = JobEngine(job, spec, self.id, placement, self.p_max)
+        eng.max_batch = self.max_batch
         eng.stall = self.stall
         eng.on_work = self.wake.set
         eng.floor = placement.epoch
