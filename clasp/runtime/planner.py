@@ -60,7 +60,7 @@ from clasp.core.scheduler import WorkerInfo
 from clasp.core.tracking import CHUNK_BITS, LatencyHistogram, Tracker
 from clasp.runtime.dashboard import Dashboard, planner_view
 from clasp.runtime.elastic import ElasticPool, PoolError
-from clasp.runtime.net import advertised, batch_io_threads, bind, start_metrics_server, zero_copy
+from clasp.runtime.net import advertised, bind, start_metrics_server, zero_copy
 from clasp.runtime.planner_recovery import CheckpointState, PlannerRecoveryMixin
 from clasp.runtime.providers import Provider
 from clasp.runtime.security import Security
@@ -209,7 +209,10 @@ class Planner(PlannerRecoveryMixin):
         self.records_lost = 0  # cumulative over every job, for clasp_records_lost_total
         self.migration_hist = {"planner": LatencyHistogram(), "worker": LatencyHistogram()}
         self.id = f"p-{uuid.uuid4().hex[:8]}"
-        self.ctx = batch_io_threads(zmq.asyncio.Context())
+        # Not under SCHED_BATCH (`net.batch_io_threads`, the workers' choice): with batch I/O threads the
+        # planner's side of a refused plaintext handshake reached the client as a bare disconnect, and the
+        # client could no longer say "the planner requires CURVE keys" (tests/test_security.py).
+        self.ctx = zmq.asyncio.Context()
         self.workers: dict[str, WorkerInfo] = {}
         self.pushers: dict[str, zmq.asyncio.Socket] = {}
         self.jobs: dict[int, PlannerJob] = {}
