@@ -152,6 +152,8 @@ class JobEngine:
         self.on_work = lambda: None  # the worker's wake-up, called when async executions produce work
         # During a migration: op index -> key group -> requests held until the group's state arrives.
         self.held: dict[int, dict[int, list]] = {}
+        self.held_since = 0.0  # when the groups in `held` began to wait (perf_counter)
+        self.group_hold = 0.0  # the longest any key group waited in this migration (s)
         self.future: list[tuple[int, list]] = []  # rows of an epoch whose plan has not arrived yet
         # The migration in progress (clasp.core.migration.WorkerMigration) and what the worker keeps for it.
         self.migration = None
@@ -364,6 +366,7 @@ class JobEngine:
         """Switch to the new epoch's routing. Requests for the key groups in `incoming` (op index -> groups
         whose state is on its way here) are held, in arrival order, until `release_groups`; the rest run on."""
         self.held = {op: {g: [] for g in groups} for op, groups in incoming.items() if groups}
+        self.held_since, self.group_hold = perf_counter(), 0.0
         self.before = self.placement
         self.apply_placement(placement)
         future, self.future = self.future, []
@@ -380,7 +383,10 @@ class JobEngine:
                 continue
             queue = self.ops[op_index].queue
             for g in gs:
-                queue.extend(h.pop(g, ()))
+                rows = h.pop(g, None)
+                if rows is not None:
+                    queue.extend(rows)
+                    self.group_hold = max(self.group_hold, perf_counter() - self.held_since)
             if not h:
                 del self.held[op_index]
         if not self.held:

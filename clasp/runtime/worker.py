@@ -448,7 +448,8 @@ class Worker(RecoveryMixin):
         hold = perf_counter() - eng.migration_t0
         stats = eng.migration_stats
         pause = stats.get("pause_ms", 0.0) / 1e3
-        reply = {"worker": self.id, "epoch": eng.epoch, "pause": pause, "hold": hold, **stats}
+        reply = {"worker": self.id, "epoch": eng.epoch, "pause": pause, "hold": hold, "group_hold": eng.group_hold,
+                 **stats}
         self.dealer.send(protocol.reply(eng.migration_req, reply))
         eng.migration = None
         self.wake.set()
