@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgpack
+
 import clasp
 from clasp.core.protocol import ROOT_WEIGHT
 from clasp.core.routing import build_placement
@@ -58,12 +60,17 @@ def test_moved_group_requests_wait_for_their_state_and_keep_their_order():
     out = list(loser.extract())
     units = [u for d, u, _ in out if u is not None and d == "w1"]
     unit = next(u for u in units if u[1] == g)
-    assert unit[2] == {key: key} and [r[3] for r in unit[3]] == [2]  # state and the queued request move
+    # the group's state as one blob, and the queued request, move
+    assert msgpack.unpackb(unit[2], strict_map_key=False) == {key: key} and unit[3] == 1
+    assert [r[3] for r in unit[4]] == [2]
     assert key not in loser.ops[1].state
     gainer.install(units, [])
+    assert g in gainer.ops[1].cold and key not in gainer.ops[1].state  # decoded when first used
+    assert gainer.counters()["operators"]["b"]["keys"] == 1
     gainer.release_groups({1: moved})
     assert [r[3] for r in gainer.ops[1].queue] == [2, 3]  # the old owner's request runs first
     drain(gainer)
+    assert not gainer.ops[1].cold
     assert gainer.ops[1].state[key] == 3 * key
     assert not gainer.held and all(HOLD not in (r[3] or []) for r in gainer.ops[0].routes)
 

@@ -13,6 +13,7 @@ declares the record complete when all of it is back. No per-request message, no 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import traceback
 from collections import deque
@@ -24,7 +25,9 @@ from clasp.core.dag import DagSpec
 from clasp.core.outputs import ITEMS_EXACT, ONE_EXACT, as_outputs
 from clasp.core.protocol import ROOT_WEIGHT
 from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE, Placement, key_group, route_to
+from clasp.runtime.state_store import encode_blob, wrap_blob
 
+log = logging.getLogger("clasp.worker.engine")
 HOLD = "\x00hold"  # the route of a key group whose state is on its way here: its requests wait
 KEYED_HERE = 3  # a keyed route whose key groups are all owned by this worker
 # A scheduling round is about ROUND_TIME_US of work, shared by the worker's operators in proportion to
@@ -60,13 +63,24 @@ class OperatorError(Exception):
     """An operator's function raised or returned something unusable."""
 
 
+def unpack_group(blob: bytes) -> dict:
+    """A key group's state from its migration blob; OperatorError when a peer sent something else."""
+    try:
+        items = msgpack.unpackb(blob, raw=False, strict_map_key=False, use_list=True)
+    except Exception as e:  # msgpack raises several unrelated types for garbage
+        raise OperatorError(f"a migrated key group's state is undecodable: {type(e).__name__}: {e}") from None
+    if not isinstance(items, dict):
+        raise OperatorError(f"a migrated key group's state is a {type(items).__name__}, not a map")
+    return items
+
+
 class OpRuntime:
     """One operator on this worker: its queue, state, routes and counters."""
 
     __slots__ = ("index", "name", "fn", "key_fn", "stateful", "is_async", "collect", "queue", "state",
                  "instances", "routes", "successors", "processed", "exec_time", "errors", "edge_counts",
                  "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_keys", "group_hits",
-                 "collected_rids")
+                 "collected_rids", "cold")
 
     def __init__(self, spec_op):
         self.index = spec_op.index
@@ -97,6 +111,10 @@ class OpRuntime:
         # Requests routed to each key group of this (stateful) operator by this worker, cumulative: the
         # planner sums them over the senders into the groups' weights (keygroups.assign_weighted).
         self.group_hits: list[int] = [0] * NUM_KEY_GROUPS if spec_op.stateful else []
+        # Key groups that arrived by migration and were not touched since: group -> (msgpack blob of
+        # {key: state}, its key count). Decoded on first use (`warm`), forwarded as they are if they move on,
+        # so a migration costs the receiver O(key groups), not O(keys).
+        self.cold: dict[int, tuple[bytes, int]] = {}
         self.busy = False
 
     def group_of(self, key) -> int:
@@ -106,6 +124,49 @@ class OpRuntime:
             if len(self.key_cache) < KEY_CACHE_MAX:
                 self.key_cache[key] = g
         return g
+
+    def warm(self, g: int) -> None:
+        """Decode a cold key group into the live state."""
+        blob, n = self.cold.pop(g)
+        try:
+            items = unpack_group(blob)
+        except OperatorError as e:  # a peer's bug, not this request's: the group goes on without that state
+            log.error("operator %s, key group %d: %d keys lost: %s", self.name, g, n, e)
+            return
+        self.state.update(items)
+        self.group_keys[g].update(items)
+
+    def warm_all(self) -> None:
+        for g in list(self.cold):
+            self.warm(g)
+
+    def warm_rows(self, rows, n: int) -> None:
+        """Decode the cold groups of the first `n` of `rows` (a queue about to run)."""
+        cold, group_of = self.cold, self.group_of
+        for i, r in enumerate(rows):
+            if i >= n or not cold:
+                return
+            g = group_of(r[2])
+            if g in cold:
+                self.warm(g)
+
+    def warm_key(self, key) -> None:
+        if self.cold:
+            g = self.group_of(key)
+            if g in self.cold:
+                self.warm(g)
+
+    def keys(self) -> int:
+        return len(self.state) + sum(n for _, n in self.cold.values())
+
+    def take_group(self, g: int) -> tuple[bytes, int]:
+        """Remove key group `g` from this worker: its state as one blob, and its key count."""
+        cold = self.cold.pop(g, None)
+        if cold is not None:
+            return cold
+        keys, self.group_keys[g] = self.group_keys[g], set()
+        pop = self.state.pop
+        return msgpack.packb({k: pop(k) for k in keys}, use_bin_type=True), len(keys)
 
     def add_collected(self, outs, rid: int) -> None:
         self.collected.extend(outs)
@@ -237,7 +298,8 @@ class JobEngine:
         return n
 
     def snapshot_groups(self):
-        """(operator, group, {key: state}) for every non-empty key group this worker owns, one at a time."""
+        """(operator, group, key count, checkpoint file bytes) for every non-empty key group this worker
+        owns, one at a time; a cold group's blob is written as it came, without decoding it."""
         me = self.me
         for op in self.ops:
             if not op.stateful:
@@ -245,8 +307,13 @@ class JobEngine:
             owners = self.placement.operators[op.name].key_groups
             state = op.state
             for g, keys in enumerate(op.group_keys):
-                if keys and owners[g] == me:
-                    yield op.name, g, {k: state[k] for k in keys}
+                if owners[g] != me:
+                    continue
+                cold = op.cold.get(g)
+                if cold is not None:
+                    yield op.name, g, cold[1], wrap_blob(cold[0])
+                elif keys:
+                    yield op.name, g, len(keys), encode_blob({k: state[k] for k in keys})
 
     def install_group(self, name: str, g: int, items: dict) -> None:
         op = self.op(name)
@@ -401,8 +468,8 @@ class JobEngine:
     def extract(self):
         """Take out every state object and queued request this worker no longer owns, group by group.
 
-        Yields (destination, unit, None) with unit = [op index, key group, {key: state}, rows of that
-        group], then (destination, None, rows) for the requests of stateless operators handed over. Queues are scanned
+        Yields (destination, unit, None) with unit = [op index, key group, msgpack blob of {key: state},
+        its key count, rows of that group] (the state serialized as the unit is taken), then (destination, None, rows) for the requests of stateless operators handed over. Queues are scanned
         first, so the caller may yield to the event loop between units: no request of a group being taken
         out can be run here any more (they are out of the queues, and markers guarantee no more come)."""
         placement, me = self.placement, self.me
@@ -425,25 +492,31 @@ class JobEngine:
                 op.queue.extend(keep)
             if op.stateful:
                 for g, d in enumerate(p.key_groups):
-                    if d != me and (op.group_keys[g] or g in rows_of):
+                    if d != me and (op.group_keys[g] or g in op.cold or g in rows_of):
                         pending_units.append((d, op, g, rows_of.get(g, [])))
         for d, op, g, rows in pending_units:
-            keys, op.group_keys[g] = op.group_keys[g], set()
-            state = op.state
-            yield d, [op.index, g, {k: state.pop(k) for k in keys}, rows], None
+            blob, n = op.take_group(g)
+            yield d, [op.index, g, blob, n, rows], None
         for d, rows in loose.items():
             yield d, None, rows
 
     def install(self, units: list, rows: list) -> int:
         """Take over key groups (state, then their queued requests) and handed-over requests from a peer;
-        returns the number of state objects installed."""
+        returns the number of state objects installed. The state stays serialized until first used."""
         n = 0
-        for op_index, g, items, group_rows in units:
+        for op_index, g, blob, keys, group_rows in units:
             op = self.ops[op_index]
-            op.state.update(items)
-            op.group_keys[g].update(items)
+            if keys:
+                if g in op.cold or op.group_keys[g]:  # state of this group here already: merge now
+                    if g in op.cold:
+                        op.warm(g)
+                    items = unpack_group(blob)
+                    op.state.update(items)
+                    op.group_keys[g].update(items)
+                else:
+                    op.cold[g] = (blob, keys)
             op.queue.extend(group_rows)
-            n += len(items)
+            n += keys
         self.enqueue_rows(rows)
         return n
 
@@ -574,6 +647,8 @@ class JobEngine:
     def _run_stateful(self, op: OpRuntime, budget: int) -> int:
         q = op.queue
         n = min(budget, len(q))
+        if op.cold:
+            op.warm_rows(q, n)
         popleft = q.popleft
         fn = op.fn
         pc = perf_counter
@@ -754,6 +829,8 @@ class JobEngine:
         keys = set()
         q = op.queue
         limit = min(budget, max(1, op.instances))
+        if op.cold:
+            op.warm_rows(q, limit)
         while q and len(batch) < limit:
             key = q[0][2]
             if op.stateful and key in keys:
@@ -878,7 +955,7 @@ class JobEngine:
     def counters(self) -> dict:
         """Cumulative counts, exact at the moment of asking (heartbeat samples are up to 1 s old)."""
         return {"operators": {op.name: {"processed": op.processed, "exec_s": op.exec_time, "errors": op.errors,
-                                        "queue": len(op.queue), "keys": len(op.state),
+                                        "queue": len(op.queue), "keys": op.keys(),
                                         "edges": dict(zip((self.ops[s].name for s in op.successors),
                                                           op.edge_counts, strict=True))}
                               for op in self.ops},
@@ -891,6 +968,7 @@ class JobEngine:
         op = self.op(name)
         if not op.stateful:
             raise OperatorError(f"operator {name!r} is stateless: it has no state")
+        op.warm_all()
         check_serializable(op)
         return dict(op.state)
 

@@ -62,6 +62,11 @@ def encode_blob(obj, compress: bool = True) -> bytes:
     return MAGIC + bytes([codec]) + struct.pack(">I", zlib.crc32(payload)) + payload
 
 
+def wrap_blob(raw: bytes) -> bytes:
+    """A group file around a payload that is msgpack already (a migrated key group's blob)."""
+    return MAGIC + bytes([RAW]) + struct.pack(">I", zlib.crc32(raw)) + raw
+
+
 def decode_blob(data: bytes, path: str):
     head = len(MAGIC) + 5
     if len(data) < head or not data.startswith(MAGIC):

@@ -36,7 +36,9 @@ from clasp.runtime.worker_recovery import RecoveryMixin
 log = logging.getLogger("clasp.worker")
 # Errors whose text is meant for the asker; any other exception in a handler is a bug (an error id, logged).
 CLIENT_ERRORS = (OperatorError, DagError, PlacementError, ProtocolError)
-MIGRATE_CHUNK = 2000  # state objects and requests taken out between two turns of the event loop
+# Seconds of migration work (taking out and serializing key groups) between two turns of the event loop.
+# Short, because under a CPU quota a stretch that outlasts the period's allowance stalls for the rest of it.
+MIGRATE_SLICE_S = 0.0005
 
 
 class Worker(RecoveryMixin):
@@ -295,10 +297,12 @@ class Worker(RecoveryMixin):
 
     def _on_state_get(self, body) -> bytes:
         op = self._engine(body).op(body["op"])
+        op.warm_key(body["key"])
         return protocol.reply(body["req"], op.state.get(body["key"]))
 
     def _on_state_put(self, body) -> bytes:
         op = self._engine(body).op(body["op"])
+        op.warm_key(body["key"])
         op.set_state(body["key"], body["value"], op.state.get(body["key"]))
         return protocol.reply(body["req"], True)
 
@@ -374,7 +378,7 @@ class Worker(RecoveryMixin):
             _, _, _, units, rows, more = body
             eng.migration_stats["received_objects"] += eng.install(units, rows)
             released: dict[int, list[int]] = {}
-            for op_index, g, _items, _rows in units:
+            for op_index, g, _blob, _keys, _rows in units:
                 released.setdefault(op_index, []).append(g)
             if not more:  # the last message from this sender: groups it had nothing of are ours now too
                 released = self._groups_from(eng, sender)
@@ -394,15 +398,16 @@ class Worker(RecoveryMixin):
             stats["markers_ms"] = (perf_counter() - eng.migration_t0) * 1e3
             if eng.async_tasks:  # drain: let running executions finish before their state moves
                 await asyncio.gather(*list(eng.async_tasks), return_exceptions=True)
-            # Whole key groups in chunks of about MIGRATE_CHUNK objects, yielding to the event loop in
-            # between: the worker keeps running everything else, and no single step holds it long.
+            # Whole key groups, each serialized as one blob as it is taken out, sent in slices of about
+            # MIGRATE_SLICE_S of work with a turn of the event loop in between: the worker keeps running
+            # everything else, no single step holds it long, and each receiver can release the groups of
+            # a slice (and run their requests) while later ones are still on their way.
             epoch = mig.plan.epoch
             # What this worker's own executions batched goes first: a new owner must not run a moved
             # group, and send its outputs on, before the outputs this worker made of that group left.
             self._flush_data(eng)
             chunks: dict[str, list] = {}
             loose: dict[str, list] = {}
-            size = 0
             t = perf_counter()
             for wid, unit, rows in eng.extract():
                 if wid in mig.plan.dead:
@@ -412,13 +417,12 @@ class Worker(RecoveryMixin):
                     stats["rows"] += len(rows)
                     continue
                 chunks.setdefault(wid, []).append(unit)
-                size += len(unit[2]) + len(unit[3])
-                stats["objects"] += len(unit[2])
-                stats["rows"] += len(unit[3])
-                if size >= MIGRATE_CHUNK:
+                stats["objects"] += unit[3]
+                stats["rows"] += len(unit[4])
+                if perf_counter() - t >= MIGRATE_SLICE_S:
                     for peer, units in chunks.items():
                         self._send_migrate(eng, peer, epoch, units, [], True)
-                    chunks, size = {}, 0
+                    chunks = {}
                     self._slice(stats, t)
                     await asyncio.sleep(0)
                     t = perf_counter()
