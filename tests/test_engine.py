@@ -35,7 +35,7 @@ def test_exhausted_weight_parks_children_until_the_planner_extends():
     drain(eng)
     returns, _ = eng.take_returns()
     assert returns == {7: ROOT_WEIGHT}  # the children returned exactly the extension
-    assert eng.ops[1].state == {10: 10, 11: 11, 12: 12}
+    assert eng.ops[1].state_dict() == {10: 10, 11: 11, 12: 12}
 
 
 def test_moved_group_requests_wait_for_their_state_and_keep_their_order():
@@ -63,15 +63,15 @@ def test_moved_group_requests_wait_for_their_state_and_keep_their_order():
     # the group's state as one blob, and the queued request, move
     assert msgpack.unpackb(unit[2], strict_map_key=False) == {key: key} and unit[3] == 1
     assert [r[3] for r in unit[4]] == [2]
-    assert key not in loser.ops[1].state
+    assert key not in loser.ops[1].state_dict()
     gainer.install(units, [])
-    assert g in gainer.ops[1].cold and key not in gainer.ops[1].state  # decoded when first used
+    assert g in gainer.ops[1].cold and not gainer.ops[1].groups[g]  # decoded when first used
     assert gainer.counters()["operators"]["b"]["keys"] == 1
     gainer.release_groups({1: moved})
     assert [r[3] for r in gainer.ops[1].queue] == [2, 3]  # the old owner's request runs first
     drain(gainer)
     assert not gainer.ops[1].cold
-    assert gainer.ops[1].state[key] == 3 * key
+    assert gainer.ops[1].get(key) == 3 * key
     assert not gainer.held and all(HOLD not in (r[3] or []) for r in gainer.ops[0].routes)
 
 

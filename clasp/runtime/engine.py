@@ -77,9 +77,9 @@ def unpack_group(blob: bytes) -> dict:
 class OpRuntime:
     """One operator on this worker: its queue, state, routes and counters."""
 
-    __slots__ = ("index", "name", "fn", "key_fn", "stateful", "is_async", "collect", "queue", "state",
+    __slots__ = ("index", "name", "fn", "key_fn", "stateful", "is_async", "collect", "queue", "groups",
                  "instances", "routes", "successors", "processed", "exec_time", "errors", "edge_counts",
-                 "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_keys", "group_hits",
+                 "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_hits",
                  "collected_rids", "cold")
 
     def __init__(self, spec_op):
@@ -92,7 +92,9 @@ class OpRuntime:
         self.collect = spec_op.collect
         self.successors = list(spec_op.successors)
         self.queue: deque = deque()
-        self.state: dict = {}
+        # The state, one dict per key group ({key: state}): a key group moves as one object, serialized
+        # in one call, with no work per key in Python (paper §4.4; issue 22).
+        self.groups: list[dict] = [{} for _ in range(NUM_KEY_GROUPS)] if spec_op.stateful else []
         self.instances = 0
         self.routes: list[tuple] = []
         self.processed = 0  # cumulative, for Prometheus and exactly-once checks
@@ -105,9 +107,6 @@ class OpRuntime:
         self.collected: list = []
         self.collected_rids: list[int] = []  # the record of each collected output (checkpoints release by it)
         self.key_cache: dict = {}
-        # The keys of `state` by key group, kept as keys appear and vanish (once per key, not per
-        # request), so a migration moves whole groups without hashing every key.
-        self.group_keys: list[set] = [set() for _ in range(NUM_KEY_GROUPS)] if spec_op.stateful else []
         # Requests routed to each key group of this (stateful) operator by this worker, cumulative: the
         # planner sums them over the senders into the groups' weights (keygroups.assign_weighted).
         self.group_hits: list[int] = [0] * NUM_KEY_GROUPS if spec_op.stateful else []
@@ -133,8 +132,13 @@ class OpRuntime:
         except OperatorError as e:  # a peer's bug, not this request's: the group goes on without that state
             log.error("operator %s, key group %d: %d keys lost: %s", self.name, g, n, e)
             return
-        self.state.update(items)
-        self.group_keys[g].update(items)
+        self.install_items(g, items)
+
+    def install_items(self, g: int, items: dict) -> None:
+        if self.groups[g]:
+            self.groups[g].update(items)
+        else:
+            self.groups[g] = items
 
     def warm_all(self) -> None:
         for g in list(self.cold):
@@ -157,31 +161,38 @@ class OpRuntime:
                 self.warm(g)
 
     def keys(self) -> int:
-        return len(self.state) + sum(n for _, n in self.cold.values())
+        return sum(map(len, self.groups)) + sum(n for _, n in self.cold.values())
+
+    def get(self, key):
+        return self.groups[self.group_of(key)].get(key)
+
+    def state_dict(self) -> dict:
+        """Every key's state held here, in one dict (a copy; cold groups decoded first)."""
+        self.warm_all()
+        out: dict = {}
+        for d in self.groups:
+            out.update(d)
+        return out
 
     def take_group(self, g: int) -> tuple[bytes, int]:
         """Remove key group `g` from this worker: its state as one blob, and its key count."""
         cold = self.cold.pop(g, None)
         if cold is not None:
             return cold
-        keys, self.group_keys[g] = self.group_keys[g], set()
-        pop = self.state.pop
-        return msgpack.packb({k: pop(k) for k in keys}, use_bin_type=True), len(keys)
+        d, self.groups[g] = self.groups[g], {}
+        return msgpack.packb(d, use_bin_type=True), len(d)
 
     def add_collected(self, outs, rid: int) -> None:
         self.collected.extend(outs)
         self.collected_rids.extend([rid] * len(outs))
 
-    def set_state(self, key, new, old) -> None:
-        """Store `new` for `key` (None deletes), keeping the group index; `old` is the previous state."""
+    def set_state(self, key, new) -> None:
+        """Store `new` for `key` (None deletes)."""
+        d = self.groups[self.group_of(key)]
         if new is None:
-            if old is not None:
-                del self.state[key]
-                self.group_keys[self.group_of(key)].discard(key)
+            d.pop(key, None)
         else:
-            self.state[key] = new
-            if old is None:
-                self.group_keys[self.group_of(key)].add(key)
+            d[key] = new
 
 
 class JobEngine:
@@ -305,20 +316,17 @@ class JobEngine:
             if not op.stateful:
                 continue
             owners = self.placement.operators[op.name].key_groups
-            state = op.state
-            for g, keys in enumerate(op.group_keys):
+            for g, d in enumerate(op.groups):
                 if owners[g] != me:
                     continue
                 cold = op.cold.get(g)
                 if cold is not None:
                     yield op.name, g, cold[1], wrap_blob(cold[0])
-                elif keys:
-                    yield op.name, g, len(keys), encode_blob({k: state[k] for k in keys})
+                elif d:
+                    yield op.name, g, len(d), encode_blob(d)
 
     def install_group(self, name: str, g: int, items: dict) -> None:
-        op = self.op(name)
-        op.state.update(items)
-        op.group_keys[g].update(items)
+        self.op(name).install_items(g, items)
 
     def take_collected_below(self, boundary: int) -> dict[str, list]:
         """The collected outputs of records below `boundary`, taken out (the planner releases them)."""
@@ -492,7 +500,7 @@ class JobEngine:
                 op.queue.extend(keep)
             if op.stateful:
                 for g, d in enumerate(p.key_groups):
-                    if d != me and (op.group_keys[g] or g in op.cold or g in rows_of):
+                    if d != me and (op.groups[g] or g in op.cold or g in rows_of):
                         pending_units.append((d, op, g, rows_of.get(g, [])))
         for d, op, g, rows in pending_units:
             blob, n = op.take_group(g)
@@ -507,12 +515,10 @@ class JobEngine:
         for op_index, g, blob, keys, group_rows in units:
             op = self.ops[op_index]
             if keys:
-                if g in op.cold or op.group_keys[g]:  # state of this group here already: merge now
+                if g in op.cold or op.groups[g]:  # state of this group here already: merge now
                     if g in op.cold:
                         op.warm(g)
-                    items = unpack_group(blob)
-                    op.state.update(items)
-                    op.group_keys[g].update(items)
+                    op.install_items(g, unpack_group(blob))
                 else:
                     op.cold[g] = (blob, keys)
             op.queue.extend(group_rows)
@@ -654,9 +660,9 @@ class JobEngine:
         pc = perf_counter
         dts_append = op.dts.append
         returns = self.returns
-        state = op.state
-        get = state.get
-        set_state = op.set_state
+        groups = op.groups
+        cached = op.key_cache.get
+        group_of = op.group_of
         routes = op.routes
         collect = op.add_collected if op.collect else None
         one, items = ONE_EXACT, ITEMS_EXACT
@@ -666,7 +672,9 @@ class JobEngine:
         last_rid, acc = -1, 0
         for i in range(n):
             _, value, key, rid, w = popleft()
-            old = get(key)
+            g = cached(key)
+            state = groups[group_of(key) if g is None else g]
+            old = state.get(key)
             if i & TIMING_MASK:
                 try:
                     new, out = fn(old, value)
@@ -685,10 +693,10 @@ class JobEngine:
                     t_exec += dt
                     timed += 1
                     dts_append(dt)
-            if new is not None and old is not None:
+            if new is not None:
                 state[key] = new
-            else:
-                set_state(key, new, old)
+            elif old is not None:
+                del state[key]
             if out is None or not routes and collect is None:
                 if rid == last_rid:
                     acc += w  # a line's words arrive together: one dict update per run, not per word
@@ -853,8 +861,8 @@ class JobEngine:
             t0 = perf_counter()
             try:
                 if op.stateful:
-                    new, out = await op.fn(op.state.get(key), value)
-                    op.set_state(key, new, op.state.get(key))
+                    new, out = await op.fn(op.get(key), value)
+                    op.set_state(key, new)
                 else:
                     out = await op.fn(value)
                 outs = as_outputs(out)
@@ -968,9 +976,9 @@ class JobEngine:
         op = self.op(name)
         if not op.stateful:
             raise OperatorError(f"operator {name!r} is stateless: it has no state")
-        op.warm_all()
-        check_serializable(op)
-        return dict(op.state)
+        state = op.state_dict()
+        check_serializable(op.name, state)
+        return state
 
     def op(self, name: str) -> OpRuntime:
         for op in self.ops:
@@ -979,19 +987,19 @@ class JobEngine:
         raise OperatorError(f"job {self.job} has no operator {name!r}")
 
 
-def check_serializable(op: OpRuntime) -> None:
+def check_serializable(name: str, state: dict) -> None:
     """Raise OperatorError naming the first key whose state (or key) msgpack cannot carry."""
     try:
-        msgpack.packb(op.state, use_bin_type=True)
+        msgpack.packb(state, use_bin_type=True)
         return
     except (TypeError, ValueError, OverflowError):
         pass
-    for key, value in op.state.items():
+    for key, value in state.items():
         for what, obj in (("key", key), ("state", value)):
             try:
                 msgpack.packb(obj, use_bin_type=True)
             except (TypeError, ValueError, OverflowError) as e:
                 raise OperatorError(
-                    f"operator {op.name!r}: the {what} of key {key!r} is a {type(obj).__name__}, which is not "
+                    f"operator {name!r}: the {what} of key {key!r} is a {type(obj).__name__}, which is not "
                     f"msgpack-serializable ({e}); state must be None, bool, int, float, str, bytes, list or dict"
                 ) from None

@@ -298,12 +298,12 @@ class Worker(RecoveryMixin):
     def _on_state_get(self, body) -> bytes:
         op = self._engine(body).op(body["op"])
         op.warm_key(body["key"])
-        return protocol.reply(body["req"], op.state.get(body["key"]))
+        return protocol.reply(body["req"], op.get(body["key"]))
 
     def _on_state_put(self, body) -> bytes:
         op = self._engine(body).op(body["op"])
         op.warm_key(body["key"])
-        op.set_state(body["key"], body["value"], op.state.get(body["key"]))
+        op.set_state(body["key"], body["value"])
         return protocol.reply(body["req"], True)
 
     # ----------------------------------------------------------------- migration (paper §4.4)

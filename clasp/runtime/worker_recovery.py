@@ -56,7 +56,7 @@ class RecoveryMixin:
                 try:
                     for op in eng.ops:
                         if op.stateful:
-                            check_serializable(op)
+                            check_serializable(op.name, op.state_dict())
                 except OperatorError as named:
                     text = str(named)
             log.error("job %d checkpoint %d failed: %s", eng.job, body["ckpt"], text)
