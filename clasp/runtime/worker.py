@@ -393,7 +393,7 @@ class Worker(RecoveryMixin):
         if mig is None:
             return
         if mig.ready_to_send:
-            mig.sent = True
+            mig.start_sending()
             stats = eng.migration_stats
             stats["markers_ms"] = (perf_counter() - eng.migration_t0) * 1e3
             if eng.async_tasks:  # drain: let running executions finish before their state moves
@@ -432,6 +432,7 @@ class Worker(RecoveryMixin):
                 self._send_migrate(eng, wid, epoch, chunks.pop(wid, []), loose.pop(wid, []), False)
             self._slice(stats, t)
             stats["sent_ms"] = (perf_counter() - eng.migration_t0) * 1e3
+            mig.finish_sending()
         if mig.done and eng.migration is mig:
             self._finish_migration(eng)
 
