@@ -207,4 +207,4 @@ class ClusterEngine:
             raise EngineError(f"migration {a}→{b} at {keys} keys failed or lost state: {r}")
         return {"planner_ms": r["duration_s"] * 1e3, "max_worker_pause_ms": r["max_pause_s"] * 1e3,
                 "max_group_hold_ms": r["max_group_hold_s"] * 1e3, "max_worker_duration_ms": r["max_hold_s"] * 1e3,
-                "state_bytes": r["bytes"], "exact": exact}
+                "max_worker_pause_cpu_ms": r["max_pause_cpu_s"] * 1e3, "state_bytes": r["bytes"], "exact": exact}

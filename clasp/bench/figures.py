@@ -179,6 +179,7 @@ def fig8_summary(ctx: Context, rows: list[dict]) -> dict:
              "worker_pause_ms_max": round(max(r["max_worker_pause_ms"] for r in rs), 1),
              "group_hold_ms_max": round(max(r["max_group_hold_ms"] for r in rs), 1),
              "worker_duration_ms_max": round(max(r["max_worker_duration_ms"] for r in rs), 1),
+             "worker_pause_cpu_ms_max": round(max(r.get("max_worker_pause_cpu_ms", 0.0) for r in rs), 1),
              "exact": all(r["exact"] for r in rs)}
         t = FIG8_TARGETS.get(k)
         if t is not None:

@@ -477,9 +477,10 @@ class JobEngine:
         """Take out every state object and queued request this worker no longer owns, group by group.
 
         Yields (destination, unit, None) with unit = [op index, key group, msgpack blob of {key: state},
-        its key count, rows of that group] (the state serialized as the unit is taken), then (destination, None, rows) for the requests of stateless operators handed over. Queues are scanned
-        first, so the caller may yield to the event loop between units: no request of a group being taken
-        out can be run here any more (they are out of the queues, and markers guarantee no more come)."""
+        its key count, rows of that group] (the state serialized as the unit is taken), then (destination,
+        None, rows) for the requests of stateless operators handed over. Queues are scanned first, so the
+        caller may yield to the event loop between units: no request of a group being taken out can be run
+        here any more (they are out of the queues, and markers guarantee no more come)."""
         placement, me = self.placement, self.me
         loose: dict[str, list] = {}
         pending_units = []

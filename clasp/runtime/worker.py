@@ -13,7 +13,7 @@ import math
 import os
 import time
 import uuid
-from time import perf_counter
+from time import perf_counter, thread_time
 
 import zmq
 import zmq.asyncio
@@ -325,7 +325,7 @@ class Worker(RecoveryMixin):
         eng.migration_req = body["req"]
         eng.migration_t0 = perf_counter()
         eng.migration_stats = {"bytes": 0, "objects": 0, "rows": 0, "received_objects": 0, "busy_ms": 0.0,
-                               "pause_ms": 0.0}
+                               "pause_ms": 0.0, "pause_cpu_ms": 0.0}
         # Step 3: what was batched under the old epoch leaves first, then the markers that close it.
         self._flush_data(eng)
         marker = protocol.encode("marker", [eng.job, placement.epoch, self.id])
@@ -374,7 +374,7 @@ class Worker(RecoveryMixin):
             mig.marker(sender)
         else:
             # Steps 5-6, group by group: install the state and requests that came, release what was held.
-            t = perf_counter()
+            t, tc = perf_counter(), thread_time()
             _, _, _, units, rows, more = body
             eng.migration_stats["received_objects"] += eng.install(units, rows)
             released: dict[int, list[int]] = {}
@@ -384,7 +384,7 @@ class Worker(RecoveryMixin):
                 released = self._groups_from(eng, sender)
                 mig.received(sender)
             eng.release_groups(released)
-            self._slice(eng.migration_stats, t - decode_s)
+            self._slice(eng.migration_stats, t - decode_s, tc - decode_s)
             self.wake.set()
         self.tasks.spawn(self._progress(eng), f"migration of job {eng.job}")
 
@@ -408,7 +408,7 @@ class Worker(RecoveryMixin):
             self._flush_data(eng)
             chunks: dict[str, list] = {}
             loose: dict[str, list] = {}
-            t = perf_counter()
+            t, tc = perf_counter(), thread_time()
             for wid, unit, rows in eng.extract():
                 if wid in mig.plan.dead:
                     continue
@@ -423,14 +423,14 @@ class Worker(RecoveryMixin):
                     for peer, units in chunks.items():
                         self._send_migrate(eng, peer, epoch, units, [], True)
                     chunks = {}
-                    self._slice(stats, t)
+                    self._slice(stats, t, tc)
                     await asyncio.sleep(0)
-                    t = perf_counter()
+                    t, tc = perf_counter(), thread_time()
                     if self.jobs.get(eng.job) is not eng:
                         return  # a recovery replaced this engine: its migration is void
             for wid in set(mig.plan.sends_to.get(self.id, [])) - set(mig.plan.dead):
                 self._send_migrate(eng, wid, epoch, chunks.pop(wid, []), loose.pop(wid, []), False)
-            self._slice(stats, t)
+            self._slice(stats, t, tc)
             stats["sent_ms"] = (perf_counter() - eng.migration_t0) * 1e3
             mig.finish_sending()
         if mig.done and eng.migration is mig:
@@ -443,11 +443,13 @@ class Worker(RecoveryMixin):
         eng.migration_stats["bytes"] += len(frame)
 
     @staticmethod
-    def _slice(stats: dict, t0: float) -> None:
-        """Account one uninterrupted stretch of migration work: its total, and the longest (the pause)."""
+    def _slice(stats: dict, t0: float, c0: float) -> None:
+        """Account one uninterrupted stretch of migration work: its total, and the longest (the pause), by
+        the wall clock and by this thread's CPU time (the difference: preemption and CPU-quota throttling)."""
         ms = (perf_counter() - t0) * 1e3
         stats["busy_ms"] += ms
         stats["pause_ms"] = max(stats.get("pause_ms", 0.0), ms)
+        stats["pause_cpu_ms"] = max(stats.get("pause_cpu_ms", 0.0), (thread_time() - c0) * 1e3)
 
     def _finish_migration(self, eng: JobEngine) -> None:
         hold = perf_counter() - eng.migration_t0
