@@ -462,6 +462,10 @@ def fig8_plot(result: dict, path: Path) -> None:
         per = [[r[field_] for r in rows if r["keys"] == k] for k in keys]
         ax.plot(keys, [statistics.median(v) for v in per], marker="o", label="median over transitions")
         ax.plot(keys, [max(v) for v in per], marker="^", ls="--", label="max over transitions")
+        if field_ == "max_worker_pause_ms" and all("max_worker_pause_cpu_ms" in r for r in rows):
+            # the same stretch by the worker's CPU clock: the rest of the wall time is preemption/throttling
+            ax.plot(keys, [max(r["max_worker_pause_cpu_ms"] for r in rows if r["keys"] == k) for k in keys],
+                    marker="v", ls=":", label="max, CPU time")
         tk = [k for k in keys if k in FIG8_TARGETS]
         if tk:
             ax.plot(tk, [FIG8_TARGETS[k][target] for k in tk], "k_", ms=18, mew=2, ls="none", label="target")

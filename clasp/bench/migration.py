@@ -15,6 +15,7 @@ import time
 
 import clasp
 from clasp.bench import emit
+from clasp.bench.figures import FIG8_TARGETS
 from clasp.local.cluster import LocalCluster
 
 TRANSITIONS = [(1, 5), (5, 1), (5, 10), (10, 5), (1, 10), (10, 1)]
@@ -97,7 +98,7 @@ def main(argv=None) -> int:
                                      "max_group_hold_ms": r["max_group_hold_s"] * 1e3,
                                      "max_worker_duration_ms": r["max_hold_s"] * 1e3, "state_bytes": r["bytes"]})
             print(json.dumps(result["growth"][-1]), file=sys.stderr, flush=True)
-    result["targets"] = {"planner_ms": 20, "max_worker_pause_ms": 10, "at_keys": 40_000}
+    result["targets"] = {str(k): t for k, t in FIG8_TARGETS.items()}
     return emit(result, args.json)
 
 
