@@ -102,3 +102,30 @@ def test_timed_requests_longer_than_the_stall_threshold_are_not_execution_time()
         times[stall] = eng.ops[0].exec_time / eng.ops[0].processed
     assert times[float("inf")] > 50e-6  # the sleeps counted
     assert times[0.002] < 20e-6  # dropped: what is left is the operator's microseconds
+
+
+def test_a_migrated_group_stays_serialized_until_used_or_idle_time_decodes_it():
+    spec = fanout_dag().to_spec()
+    old = build_placement(spec, ["w0", "w1"], {"a": {0: 1}, "b": {0: 1}}, 10, epoch=0)
+    new = build_placement(spec, ["w0", "w1"], {"a": {0: 1}, "b": {1: 1}}, 10, epoch=1, previous=old)
+    loser, gainer = JobEngine(1, spec, "w0", old), JobEngine(1, spec, "w1", old)
+    loser.enqueue_rows([(1, k, k, k, 5) for k in range(300)])
+    drain(loser)
+    loser.begin_migration(new, {})
+    units = [u for _, u, _ in loser.extract() if u is not None]
+    assert sum(u[3] for u in units) == 300 and not loser.ops[1].state_dict()
+    gainer.begin_migration(new, {1: {u[1] for u in units}})
+    gainer.install(units, [])
+    gainer.release_groups({1: [u[1] for u in units]})
+    b = gainer.ops[1]
+    assert len(b.cold) == len(units) and b.keys() == 300 and not any(b.groups)
+    gainer.enqueue_rows([(1, 7, 7, 1000, 5)])  # a request decodes its own group only
+    drain(gainer)
+    assert b.get(7) == 14 and len(b.cold) == len(units) - 1
+    # a group moving on before its first use leaves as the blob it came in
+    g = next(iter(b.cold))
+    blob = b.cold[g][0]
+    assert b.take_group(g)[0] is blob
+    while gainer.warm_one():
+        pass
+    assert not b.cold and b.state_dict() == {k: (14 if k == 7 else k) for k in range(300) if b.group_of(k) != g}

@@ -149,17 +149,11 @@ def fig4_summary(ctx: Context, rows: list[dict]) -> dict:
 
 # ---------------------------------------------------------------- Fig. 8: migration durations (cluster)
 
-FIG8_TRANSITIONS = [(1, 5), (5, 1), (5, 10), (10, 5), (1, 10), (10, 1)]
-# Issue 22's targets per key count: planner duration (median over the transitions), worker pause and
-# key-group hold (the largest over the transitions), ms.
-FIG8_TARGETS = {40_000: {"planner_ms": 20, "max_worker_pause_ms": 10, "max_group_hold_ms": 50},
-                400_000: {"planner_ms": 50, "max_worker_pause_ms": 20, "max_group_hold_ms": 100}}
-
-
 def fig8_points(ctx: Context) -> list[dict]:
     from clasp.bench.engines import MIGRATION_KEYS
+    from clasp.bench.migration import TRANSITIONS
 
-    pairs = FIG8_TRANSITIONS[:2] if ctx.quick else FIG8_TRANSITIONS
+    pairs = TRANSITIONS[:2] if ctx.quick else TRANSITIONS
     return [{"app": "wc", "keys": k, "from": a, "to": b}
             for k in MIGRATION_KEYS["quick" if ctx.quick else "full"] for a, b in pairs]
 
@@ -171,6 +165,8 @@ def fig8_measure(ctx: Context, p: dict) -> dict:
 def fig8_summary(ctx: Context, rows: list[dict]) -> dict:
     """Per key count: the planner's median and largest duration, the largest worker pause and key-group
     hold, and whether issue 22's targets for that count are met."""
+    from clasp.bench.migration import FIG8_TARGETS
+
     out: dict = {}
     for k in sorted({r["keys"] for r in rows}):
         rs = [r for r in rows if r["keys"] == k]
@@ -451,6 +447,8 @@ def fig4_plot(result: dict, path: Path) -> None:
 def fig8_plot(result: dict, path: Path) -> None:
     """One panel per figure of Fig. 8 against the key count: the median and the largest over the
     transitions, and issue 22's targets."""
+    from clasp.bench.migration import FIG8_TARGETS
+
     rows = result["points"]
     keys = sorted({r["keys"] for r in rows})
     plt = _plt()

@@ -328,6 +328,16 @@ class JobEngine:
     def install_group(self, name: str, g: int, items: dict) -> None:
         self.op(name).install_items(g, items)
 
+    def warm_one(self) -> bool:
+        """Decode one key group that came by migration and has not been used yet; False when none is left.
+        The worker calls it when it has nothing else to do, so the decoding is done in idle time and stateful
+        rounds stop checking for cold groups soon after a migration."""
+        for op in self.ops:
+            if op.cold:
+                op.warm(next(iter(op.cold)))
+                return True
+        return False
+
     def take_collected_below(self, boundary: int) -> dict[str, list]:
         """The collected outputs of records below `boundary`, taken out (the planner releases them)."""
         out = {}

@@ -588,6 +588,9 @@ class Worker(RecoveryMixin):
                     self._flush_data(eng)
                 self._flush_returns(eng)
             self._returns_since = None
+            if any(e.warm_one() for e in list(self.jobs.values())):
+                await sleep(0)  # idle: one migrated key group decoded, then look for work again
+                continue
             self.wake.clear()
             if any(any(o.queue for o in e.ops) and not any(o.busy for o in e.ops) for e in self.jobs.values()):
                 continue
