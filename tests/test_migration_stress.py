@@ -83,32 +83,40 @@ def test_every_key_keeps_its_order_across_migrations_of_400k_keys_under_load(clu
             first = KEYS // 2
             job.push(records[:first])  # the state on one worker to start with: the first moves are big
             job.wait_idle(timeout=300)
-            done = threading.Event()
+            done, flowing = threading.Event(), threading.Event()
             failure: list[BaseException] = []
+            pushed = [first]
 
             def push_rest():
                 try:
                     j = pusher.job(job.id)
                     for i in range(first, len(records), CHUNK):
                         j.push(records[i:i + CHUNK])
+                        pushed[0] = min(len(records), i + CHUNK)
+                        flowing.set()
                 except BaseException as e:  # reported by the test thread
                     failure.append(e)
                 finally:
+                    flowing.set()
                     done.set()
 
             t = threading.Thread(target=push_rest, daemon=True)
             t.start()
-            scales, moved = [], []
+            flowing.wait(120)  # the first migration starts with records accepted and not yet run
+            scales, moved, outstanding = [], [], []
             while not done.is_set() or len(scales) < 4:
                 n = rng.choice([m for m in range(1, WORKERS + 1) if m != (scales[-1] if scales else 1)])
                 scales.append(n)
+                outstanding.append(pushed[0] - job.stats()["completed"])  # accepted, not yet complete
                 record = spread(job, n)
                 assert not record["failed"], record
                 moved.append((record["objects"], record["rows"]))
             t.join()
             assert not failure, failure
-            print(f"seed {seed}: scales {scales}, (keys, queued requests) moved {moved}")
-            assert sum(k for k, _ in moved) >= first and any(r for _, r in moved)  # state moved, with requests
+            print(f"seed {seed}: scales {scales}, (keys, queued requests) moved {moved}, records in flight "
+                  f"at each start {outstanding}")
+            # the state moved, and migrations started while records were still on their way
+            assert sum(k for k, _ in moved) >= first and max(outstanding) > 0
             job.wait_idle(timeout=300)
             stats = job.stats(fresh=True)
             assert stats["completed"] == len(records) and stats["lost"] == 0 and stats["failed"] == 0
