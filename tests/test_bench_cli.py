@@ -70,3 +70,24 @@ def test_predicted_worker_counts_match_the_observed_optimum_in_the_simulator():
     rows = [{**p, **fig.measure(ctx, p)} for p in fig.points(ctx)]
     summary = fig.summarize(ctx, rows)
     assert summary["mean_abs_error"] <= 0.25, rows
+
+
+def test_fig8_summary_judges_each_key_count_against_its_targets_and_plots_one_panel_per_figure(tmp_path):
+    from clasp.bench.figures import fig8_plot, fig8_summary
+
+    def row(keys, a, b, planner, pause, hold):
+        return {"app": "wc", "keys": keys, "from": a, "to": b, "planner_ms": planner, "max_worker_pause_ms": pause,
+                "max_group_hold_ms": hold, "max_worker_duration_ms": hold + 1, "exact": True}
+
+    pairs = [(1, 5), (5, 1), (5, 10), (10, 5), (1, 10), (10, 1)]
+    rows = [row(40_000, a, b, p, 3, 49) for (a, b), p in zip(pairs, [10, 30, 15, 25, 5, 50], strict=True)]
+    rows += [row(400_000, a, b, 60, 21, 90) for a, b in pairs] + [row(4_000, 1, 5, 5, 1, 2)]
+    rows[0]["max_worker_pause_ms"] = 11
+    s = fig8_summary(None, rows)
+    assert s["40000"]["planner_ms_median"] == 20.0 and s["40000"]["worker_pause_ms_max"] == 11
+    assert s["40000"]["met"] == {"planner_ms": True, "max_worker_pause_ms": False, "max_group_hold_ms": True}
+    assert s["400000"]["met"] == {"planner_ms": False, "max_worker_pause_ms": False, "max_group_hold_ms": True}
+    assert "met" not in s["4000"] and s["4000"]["exact"] is True
+    pytest.importorskip("matplotlib")
+    fig8_plot({"points": rows, "engine": "cluster"}, tmp_path / "fig8.png")
+    assert (tmp_path / "fig8.png").stat().st_size > 10_000

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgpack
+
 import clasp
 from clasp.core import protocol
 from clasp.core.protocol import ROOT_WEIGHT
@@ -34,7 +36,7 @@ def test_exhausted_weight_parks_children_until_the_planner_extends():
     drain(eng)
     returns, _ = eng.take_returns()
     assert returns == {7: ROOT_WEIGHT}  # the children returned exactly the extension
-    assert eng.ops[1].state == {10: 10, 11: 11, 12: 12}
+    assert eng.ops[1].state_dict() == {10: 10, 11: 11, 12: 12}
 
 
 def test_moved_group_requests_wait_for_their_state_and_keep_their_order():
@@ -59,13 +61,18 @@ def test_moved_group_requests_wait_for_their_state_and_keep_their_order():
     out = list(loser.extract())
     units = [u for d, u, _ in out if u is not None and d == "w1"]
     unit = next(u for u in units if u[1] == g)
-    assert unit[2] == {key: key} and [r[3] for r in unit[3]] == [2]  # state and the queued request move
-    assert key not in loser.ops[1].state
+    # the group's state as one blob, and the queued request, move
+    assert msgpack.unpackb(unit[2], strict_map_key=False) == {key: key} and unit[3] == 1
+    assert [r[3] for r in unit[4]] == [2]
+    assert key not in loser.ops[1].state_dict()
     gainer.install(units, [])
+    assert g in gainer.ops[1].cold and not gainer.ops[1].groups[g]  # decoded when first used
+    assert gainer.counters()["operators"]["b"]["keys"] == 1
     gainer.release_groups({1: moved})
     assert [r[3] for r in gainer.ops[1].queue] == [2, 3]  # the old owner's request runs first
     drain(gainer)
-    assert gainer.ops[1].state[key] == 3 * key
+    assert not gainer.ops[1].cold
+    assert gainer.ops[1].get(key) == 3 * key
     assert not gainer.held and all(HOLD not in (r[3] or []) for r in gainer.ops[0].routes)
 
 
@@ -121,7 +128,7 @@ def test_remote_batches_travel_in_columns_and_count_exactly():
                 engines[dest].receive_columns(body[1], body[2])
                 frames += 1
     want = collections.Counter(w for line in lines for w in wc.split(line))
-    got = {**engines["w0"].ops[1].state, **engines["w1"].ops[1].state}
+    got = {**engines["w0"].ops[1].state_dict(), **engines["w1"].ops[1].state_dict()}
     assert frames > 0 and got == dict(want)
     returned = collections.Counter()
     for eng in engines.values():
@@ -157,3 +164,30 @@ def test_a_successor_on_one_other_worker_takes_requests_straight_into_its_batch(
     w0.receive_columns(placement.epoch, protocol.columns(back))
     drain(w0)
     assert w0.take_returns()[0] == {v: 6 for v in range(40)}
+
+
+def test_a_migrated_group_stays_serialized_until_used_or_idle_time_decodes_it():
+    spec = fanout_dag().to_spec()
+    old = build_placement(spec, ["w0", "w1"], {"a": {0: 1}, "b": {0: 1}}, 10, epoch=0)
+    new = build_placement(spec, ["w0", "w1"], {"a": {0: 1}, "b": {1: 1}}, 10, epoch=1, previous=old)
+    loser, gainer = JobEngine(1, spec, "w0", old), JobEngine(1, spec, "w1", old)
+    loser.enqueue_rows([(1, k, k, k, 5) for k in range(300)])
+    drain(loser)
+    loser.begin_migration(new, {})
+    units = [u for _, u, _ in loser.extract() if u is not None]
+    assert sum(u[3] for u in units) == 300 and not loser.ops[1].state_dict()
+    gainer.begin_migration(new, {1: {u[1] for u in units}})
+    gainer.install(units, [])
+    gainer.release_groups({1: [u[1] for u in units]})
+    b = gainer.ops[1]
+    assert len(b.cold) == len(units) and b.keys() == 300 and not any(b.groups)
+    gainer.enqueue_rows([(1, 7, 7, 1000, 5)])  # a request decodes its own group only
+    drain(gainer)
+    assert b.get(7) == 14 and len(b.cold) == len(units) - 1
+    # a group moving on before its first use leaves as the blob it came in
+    g = next(iter(b.cold))
+    blob = b.cold[g][0]
+    assert b.take_group(g)[0] is blob
+    while gainer.warm_one():
+        pass
+    assert not b.cold and b.state_dict() == {k: (14 if k == 7 else k) for k in range(300) if b.group_of(k) != g}

@@ -150,18 +150,41 @@ def fig4_summary(ctx: Context, rows: list[dict]) -> dict:
 # ---------------------------------------------------------------- Fig. 8: migration durations (cluster)
 
 def fig8_points(ctx: Context) -> list[dict]:
-    pairs = [(1, 5), (5, 1)] if ctx.quick else [(1, 5), (5, 1), (5, 10), (10, 5), (1, 10), (10, 1)]
-    return [{"app": "wc", "from": a, "to": b} for a, b in pairs]
+    from clasp.bench.engines import MIGRATION_KEYS
+    from clasp.bench.migration import TRANSITIONS
+
+    pairs = TRANSITIONS[:2] if ctx.quick else TRANSITIONS
+    return [{"app": "wc", "keys": k, "from": a, "to": b}
+            for k in MIGRATION_KEYS["quick" if ctx.quick else "full"] for a, b in pairs]
 
 
 def fig8_measure(ctx: Context, p: dict) -> dict:
-    return ctx.engine.migration(ctx, p["from"], p["to"])
+    return ctx.engine.migration(ctx, p["from"], p["to"], p["keys"])
 
 
 def fig8_summary(ctx: Context, rows: list[dict]) -> dict:
-    return {"planner_ms_median": round(statistics.median(r["planner_ms"] for r in rows), 1),
-            "planner_ms_max": round(max(r["planner_ms"] for r in rows), 1),
-            "worker_pause_ms_max": round(max(r["max_worker_pause_ms"] for r in rows), 1)}
+    """Per key count: the planner's median and largest duration, the largest worker pause and key-group
+    hold, and whether issue 22's targets for that count are met."""
+    from clasp.bench.migration import FIG8_TARGETS
+
+    out: dict = {}
+    for k in sorted({r["keys"] for r in rows}):
+        rs = [r for r in rows if r["keys"] == k]
+        s = {"planner_ms_median": round(statistics.median(r["planner_ms"] for r in rs), 1),
+             "planner_ms_max": round(max(r["planner_ms"] for r in rs), 1),
+             "worker_pause_ms_max": round(max(r["max_worker_pause_ms"] for r in rs), 1),
+             "group_hold_ms_max": round(max(r["max_group_hold_ms"] for r in rs), 1),
+             "worker_duration_ms_max": round(max(r["max_worker_duration_ms"] for r in rs), 1),
+             "worker_pause_cpu_ms_max": round(max(r.get("max_worker_pause_cpu_ms", 0.0) for r in rs), 1),
+             "exact": all(r["exact"] for r in rs)}
+        t = FIG8_TARGETS.get(k)
+        if t is not None:
+            s["targets"] = t
+            s["met"] = {"planner_ms": s["planner_ms_median"] <= t["planner_ms"],
+                        "max_worker_pause_ms": s["worker_pause_ms_max"] <= t["max_worker_pause_ms"],
+                        "max_group_hold_ms": s["group_hold_ms_max"] <= t["max_group_hold_ms"]}
+        out[str(k)] = s
+    return out
 
 
 # ---------------------------------------------------------------- Fig. 9: converged α, β, γ
@@ -422,18 +445,36 @@ def fig4_plot(result: dict, path: Path) -> None:
 
 
 def fig8_plot(result: dict, path: Path) -> None:
+    """One panel per figure of Fig. 8 against the key count: the median and the largest over the
+    transitions, and issue 22's targets."""
+    from clasp.bench.migration import FIG8_TARGETS
+
     rows = result["points"]
-    labels = [f"{r['from']}→{r['to']}" for r in rows]
+    keys = sorted({r["keys"] for r in rows})
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [r["planner_ms"] for r in rows], 0.4, label="planner")
-    ax.bar([x + 0.2 for x in xs], [r["max_worker_pause_ms"] for r in rows], 0.4, label="max worker pause")
-    ax.axhline(20, color="grey", ls="--", lw=0.8)
-    ax.set_xticks(list(xs), labels)
-    ax.set_ylabel("duration (ms)")
-    ax.set_title(f"Fig. 8: migration durations, WC ({result['engine']}; paper planner 10-20 ms)", fontsize=10)
-    ax.legend(fontsize=8)
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    panels = (("planner_ms", "planner duration", "planner_ms"),
+              ("max_worker_pause_ms", "worker pause (longest step)", "max_worker_pause_ms"),
+              ("max_group_hold_ms", "key-group hold", "max_group_hold_ms"))
+    for ax, (field_, title, target) in zip(axes, panels, strict=True):
+        per = [[r[field_] for r in rows if r["keys"] == k] for k in keys]
+        ax.plot(keys, [statistics.median(v) for v in per], marker="o", label="median over transitions")
+        ax.plot(keys, [max(v) for v in per], marker="^", ls="--", label="max over transitions")
+        if field_ == "max_worker_pause_ms" and all("max_worker_pause_cpu_ms" in r for r in rows):
+            # the same stretch by the worker's CPU clock: the rest of the wall time is preemption/throttling
+            ax.plot(keys, [max(r["max_worker_pause_cpu_ms"] for r in rows if r["keys"] == k) for k in keys],
+                    marker="v", ls=":", label="max, CPU time")
+        tk = [k for k in keys if k in FIG8_TARGETS]
+        if tk:
+            ax.plot(tk, [FIG8_TARGETS[k][target] for k in tk], "k_", ms=18, mew=2, ls="none", label="target")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("keys in the state")
+        ax.set_ylabel("ms")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=7)
+    pairs = ", ".join(dict.fromkeys(f"{r['from']}→{r['to']}" for r in rows))
+    fig.suptitle(f"Fig. 8: WC migration against state size over {pairs} ({result['engine']})", fontsize=10)
     _save(plt, fig, path)
 
 
@@ -589,7 +630,7 @@ def measured_elsewhere(fig: Figure, ctx: Context, out: Path) -> dict[str, dict]:
 
 
 # The keys a point is made of (the rest of a row is its measurement).
-_POINT_KEYS = ("kind", "app", "workers", "policy", "source", "target", "profile", "state", "from", "to")
+_POINT_KEYS = ("kind", "app", "workers", "policy", "source", "target", "profile", "state", "keys", "from", "to")
 
 
 def run_figure(fig: Figure, ctx: Context, out: Path, *, command: str, progress=None, reuse: bool = True,

@@ -136,15 +136,22 @@ class WorkerMigration:
     me: str
     awaiting_markers: set[str] = field(default_factory=set)
     awaiting_state: set[str] = field(default_factory=set)
-    sent: bool = False
+    sent: bool = False  # step 4 has begun: what this worker gives away is being taken out
+    delivered: bool = False  # step 4 is over: the last message to every receiver is on its way
 
     def __post_init__(self) -> None:
         self.awaiting_markers = set(self.plan.markers.get(self.me, ()))
         self.awaiting_state = set(self.plan.receives_from.get(self.me, ()))
-        self.sent = not self.plan.sends_to.get(self.me)
+        self.sent = self.delivered = not self.plan.sends_to.get(self.me)
 
     def marker(self, sender: str) -> None:
         self.awaiting_markers.discard(sender)
+
+    def start_sending(self) -> None:
+        self.sent = True
+
+    def finish_sending(self) -> None:
+        self.delivered = True
 
     def received(self, sender: str) -> None:
         self.awaiting_state.discard(sender)
@@ -162,5 +169,6 @@ class WorkerMigration:
 
     @property
     def done(self) -> bool:
-        """Steps 5-6 are over: everything this worker sends is sent and everything it gets has come."""
-        return self.sent and not self.awaiting_state
+        """Steps 5-6 are over: everything this worker sends is sent and everything it gets has come. Not
+        before the last slice of step 4 left: step 4 yields to the event loop between slices."""
+        return self.delivered and not self.awaiting_state

@@ -528,7 +528,8 @@ def column_count(groups: list) -> int:
 
 def check_migrate(body: list, n_ops: int, n_groups: int = 128) -> None:
     """Validate [job, epoch, sender, units, rows, more] (or a marker's first three); a unit is
-    [op, key group, {key: state}, rows of that group]."""
+    [op, key group, msgpack blob of {key: state}, its key count, rows of that group] (the blob is decoded
+    where it is first used, and checked there)."""
     if type(body[1]) is not int or type(body[2]) is not str:
         raise ProtocolError("bad_body", "expected [job, epoch, sender, ...]")
     if len(body) == 6:
@@ -536,10 +537,11 @@ def check_migrate(body: list, n_ops: int, n_groups: int = 128) -> None:
         if type(units) is not list or type(more) is not bool:
             raise ProtocolError("bad_body", "migrate: expected [job, epoch, sender, units, rows, more]")
         for u in units:
-            if (type(u) is not list or len(u) != 4 or type(u[0]) is not int or not 0 <= u[0] < n_ops
-                    or type(u[1]) is not int or not 0 <= u[1] < n_groups or type(u[2]) is not dict):
-                raise ProtocolError("bad_body", "migrate: a unit must be [op, key group, {key: state}, rows]")
-            check_rows(u[3], n_ops)
+            if (type(u) is not list or len(u) != 5 or type(u[0]) is not int or not 0 <= u[0] < n_ops
+                    or type(u[1]) is not int or not 0 <= u[1] < n_groups or type(u[2]) is not bytes
+                    or type(u[3]) is not int or u[3] < 0):
+                raise ProtocolError("bad_body", "migrate: a unit must be [op, key group, state blob, keys, rows]")
+            check_rows(u[4], n_ops)
         check_rows(rows, n_ops)
 
 

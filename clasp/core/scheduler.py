@@ -319,6 +319,8 @@ def migration_record(old: Placement, new: Placement, reason: str, t: float, dura
             "active": new.active_workers(), "duration_s": duration,
             "max_pause_s": max((r["pause"] for r in ok), default=0.0),
             "max_hold_s": max((r["hold"] for r in ok), default=0.0),
+            "max_group_hold_s": max((r["group_hold"] for r in ok), default=0.0),
+            "max_pause_cpu_s": max((r.get("pause_cpu_ms", 0.0) for r in ok), default=0.0) / 1e3,
             "pauses": {r["worker"]: r["pause"] for r in ok},
             "phases_ms": {r["worker"]: {k: round(v, 2) for k, v in r.items() if k.endswith("_ms")} for r in ok},
             "bytes": sum(r["bytes"] for r in ok), "objects": sum(r["objects"] for r in ok),

@@ -13,6 +13,7 @@ declares the record complete when all of it is back. No per-request message, no 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import traceback
 from collections import deque
@@ -24,7 +25,9 @@ from clasp.core.dag import DagSpec
 from clasp.core.outputs import ITEMS_EXACT, ONE_EXACT, as_outputs
 from clasp.core.protocol import ROOT_WEIGHT, column_rows, expand_columns, expand_run, expand_runs
 from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE, Placement, key_group, route_to
+from clasp.runtime.state_store import encode_blob, wrap_blob
 
+log = logging.getLogger("clasp.worker.engine")
 HOLD = "\x00hold"  # the route of a key group whose state is on its way here: its requests wait
 KEYED_HERE = 3  # a keyed route whose key groups are all owned by this worker
 ROUTE_ONE_REMOTE = 4  # a stateless successor that one other worker alone holds: every request goes there
@@ -61,13 +64,24 @@ class OperatorError(Exception):
     """An operator's function raised or returned something unusable."""
 
 
+def unpack_group(blob: bytes) -> dict:
+    """A key group's state from its migration blob; OperatorError when a peer sent something else."""
+    try:
+        items = msgpack.unpackb(blob, raw=False, strict_map_key=False, use_list=True)
+    except Exception as e:  # msgpack raises several unrelated types for garbage
+        raise OperatorError(f"a migrated key group's state is undecodable: {type(e).__name__}: {e}") from None
+    if not isinstance(items, dict):
+        raise OperatorError(f"a migrated key group's state is a {type(items).__name__}, not a map")
+    return items
+
+
 class OpRuntime:
     """One operator on this worker: its queue, state, routes and counters."""
 
-    __slots__ = ("index", "name", "fn", "key_fn", "stateful", "is_async", "collect", "queue", "state",
+    __slots__ = ("index", "name", "fn", "key_fn", "stateful", "is_async", "collect", "queue", "groups",
                  "instances", "routes", "successors", "processed", "exec_time", "errors", "edge_counts",
-                 "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_keys", "group_hits",
-                 "collected_rids")
+                 "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_hits",
+                 "collected_rids", "cold")
 
     def __init__(self, spec_op):
         self.index = spec_op.index
@@ -79,7 +93,9 @@ class OpRuntime:
         self.collect = spec_op.collect
         self.successors = list(spec_op.successors)
         self.queue: deque = deque()
-        self.state: dict = {}
+        # The state, one dict per key group ({key: state}): a key group moves as one object, serialized
+        # in one call, with no work per key in Python (paper §4.4; issue 22).
+        self.groups: list[dict] = [{} for _ in range(NUM_KEY_GROUPS)] if spec_op.stateful else []
         self.instances = 0
         self.routes: list[tuple] = []
         self.processed = 0  # cumulative, for Prometheus and exactly-once checks
@@ -92,12 +108,13 @@ class OpRuntime:
         self.collected: list = []
         self.collected_rids: list[int] = []  # the record of each collected output (checkpoints release by it)
         self.key_cache: dict = {}
-        # The keys of `state` by key group, kept as keys appear and vanish (once per key, not per
-        # request), so a migration moves whole groups without hashing every key.
-        self.group_keys: list[set] = [set() for _ in range(NUM_KEY_GROUPS)] if spec_op.stateful else []
         # Requests routed to each key group of this (stateful) operator by this worker, cumulative: the
         # planner sums them over the senders into the groups' weights (keygroups.assign_weighted).
         self.group_hits: list[int] = [0] * NUM_KEY_GROUPS if spec_op.stateful else []
+        # Key groups that arrived by migration and were not touched since: group -> (msgpack blob of
+        # {key: state}, its key count). Decoded on first use (`warm`), forwarded as they are if they move on,
+        # so a migration costs the receiver O(key groups), not O(keys).
+        self.cold: dict[int, tuple[bytes, int]] = {}
         self.busy = False
 
     def group_of(self, key) -> int:
@@ -108,20 +125,75 @@ class OpRuntime:
                 self.key_cache[key] = g
         return g
 
+    def warm(self, g: int) -> None:
+        """Decode a cold key group into the live state."""
+        blob, n = self.cold.pop(g)
+        try:
+            items = unpack_group(blob)
+        except OperatorError as e:  # a peer's bug, not this request's: the group goes on without that state
+            log.error("operator %s, key group %d: %d keys lost: %s", self.name, g, n, e)
+            return
+        self.install_items(g, items)
+
+    def install_items(self, g: int, items: dict) -> None:
+        if self.groups[g]:
+            self.groups[g].update(items)
+        else:
+            self.groups[g] = items
+
+    def warm_all(self) -> None:
+        for g in list(self.cold):
+            self.warm(g)
+
+    def warm_rows(self, rows, n: int) -> None:
+        """Decode the cold groups of the first `n` of `rows` (a queue about to run)."""
+        cold, group_of = self.cold, self.group_of
+        for i, r in enumerate(rows):
+            if i >= n or not cold:
+                return
+            g = group_of(r[2])
+            if g in cold:
+                self.warm(g)
+
+    def warm_key(self, key) -> None:
+        if self.cold:
+            g = self.group_of(key)
+            if g in self.cold:
+                self.warm(g)
+
+    def keys(self) -> int:
+        return sum(map(len, self.groups)) + sum(n for _, n in self.cold.values())
+
+    def get(self, key):
+        return self.groups[self.group_of(key)].get(key)
+
+    def state_dict(self) -> dict:
+        """Every key's state held here, in one dict (a copy; cold groups decoded first)."""
+        self.warm_all()
+        out: dict = {}
+        for d in self.groups:
+            out.update(d)
+        return out
+
+    def take_group(self, g: int) -> tuple[bytes, int]:
+        """Remove key group `g` from this worker: its state as one blob, and its key count."""
+        cold = self.cold.pop(g, None)
+        if cold is not None:
+            return cold
+        d, self.groups[g] = self.groups[g], {}
+        return msgpack.packb(d, use_bin_type=True), len(d)
+
     def add_collected(self, outs, rid: int) -> None:
         self.collected.extend(outs)
         self.collected_rids.extend([rid] * len(outs))
 
-    def set_state(self, key, new, old) -> None:
-        """Store `new` for `key` (None deletes), keeping the group index; `old` is the previous state."""
+    def set_state(self, key, new) -> None:
+        """Store `new` for `key` (None deletes)."""
+        d = self.groups[self.group_of(key)]
         if new is None:
-            if old is not None:
-                del self.state[key]
-                self.group_keys[self.group_of(key)].discard(key)
+            d.pop(key, None)
         else:
-            self.state[key] = new
-            if old is None:
-                self.group_keys[self.group_of(key)].add(key)
+            d[key] = new
 
 
 class JobEngine:
@@ -156,6 +228,8 @@ class JobEngine:
         self.on_work = lambda: None  # the worker's wake-up, called when async executions produce work
         # During a migration: op index -> key group -> requests held until the group's state arrives.
         self.held: dict[int, dict[int, list]] = {}
+        self.held_since = 0.0  # when the groups in `held` began to wait (perf_counter)
+        self.group_hold = 0.0  # the longest any key group waited in this migration (s)
         self.future: list[tuple[int, list]] = []  # rows of an epoch whose plan has not arrived yet
         # The migration in progress (clasp.core.migration.WorkerMigration) and what the worker keeps for it.
         self.migration = None
@@ -241,21 +315,34 @@ class JobEngine:
         return n
 
     def snapshot_groups(self):
-        """(operator, group, {key: state}) for every non-empty key group this worker owns, one at a time."""
+        """(operator, group, key count, checkpoint file bytes) for every non-empty key group this worker
+        owns, one at a time; a cold group's blob is written as it came, without decoding it."""
         me = self.me
         for op in self.ops:
             if not op.stateful:
                 continue
             owners = self.placement.operators[op.name].key_groups
-            state = op.state
-            for g, keys in enumerate(op.group_keys):
-                if keys and owners[g] == me:
-                    yield op.name, g, {k: state[k] for k in keys}
+            for g, d in enumerate(op.groups):
+                if owners[g] != me:
+                    continue
+                cold = op.cold.get(g)
+                if cold is not None:
+                    yield op.name, g, cold[1], wrap_blob(cold[0])
+                elif d:
+                    yield op.name, g, len(d), encode_blob(d)
 
     def install_group(self, name: str, g: int, items: dict) -> None:
-        op = self.op(name)
-        op.state.update(items)
-        op.group_keys[g].update(items)
+        self.op(name).install_items(g, items)
+
+    def warm_one(self) -> bool:
+        """Decode one key group that came by migration and has not been used yet; False when none is left.
+        The worker calls it when it has nothing else to do, so the decoding is done in idle time and stateful
+        rounds stop checking for cold groups soon after a migration."""
+        for op in self.ops:
+            if op.cold:
+                op.warm(next(iter(op.cold)))
+                return True
+        return False
 
     def take_collected_below(self, boundary: int) -> dict[str, list]:
         """The collected outputs of records below `boundary`, taken out (the planner releases them)."""
@@ -395,6 +482,7 @@ class JobEngine:
         """Switch to the new epoch's routing. Requests for the key groups in `incoming` (op index -> groups
         whose state is on its way here) are held, in arrival order, until `release_groups`; the rest run on."""
         self.held = {op: {g: [] for g in groups} for op, groups in incoming.items() if groups}
+        self.held_since, self.group_hold = perf_counter(), 0.0
         self.before = self.placement
         self.apply_placement(placement)
         future, self.future = self.future, []
@@ -411,7 +499,10 @@ class JobEngine:
                 continue
             queue = self.ops[op_index].queue
             for g in gs:
-                queue.extend(h.pop(g, ()))
+                rows = h.pop(g, None)
+                if rows is not None:
+                    queue.extend(rows)
+                    self.group_hold = max(self.group_hold, perf_counter() - self.held_since)
             if not h:
                 del self.held[op_index]
         if not self.held:
@@ -426,10 +517,11 @@ class JobEngine:
     def extract(self):
         """Take out every state object and queued request this worker no longer owns, group by group.
 
-        Yields (destination, unit, None) with unit = [op index, key group, {key: state}, rows of that
-        group], then (destination, None, rows) for the requests of stateless operators handed over. Queues are scanned
-        first, so the caller may yield to the event loop between units: no request of a group being taken
-        out can be run here any more (they are out of the queues, and markers guarantee no more come)."""
+        Yields (destination, unit, None) with unit = [op index, key group, msgpack blob of {key: state},
+        its key count, rows of that group] (the state serialized as the unit is taken), then (destination,
+        None, rows) for the requests of stateless operators handed over. Queues are scanned first, so the
+        caller may yield to the event loop between units: no request of a group being taken out can be run
+        here any more (they are out of the queues, and markers guarantee no more come)."""
         placement, me = self.placement, self.me
         loose: dict[str, list] = {}
         pending_units = []
@@ -450,25 +542,29 @@ class JobEngine:
                 op.queue.extend(keep)
             if op.stateful:
                 for g, d in enumerate(p.key_groups):
-                    if d != me and (op.group_keys[g] or g in rows_of):
+                    if d != me and (op.groups[g] or g in op.cold or g in rows_of):
                         pending_units.append((d, op, g, rows_of.get(g, [])))
         for d, op, g, rows in pending_units:
-            keys, op.group_keys[g] = op.group_keys[g], set()
-            state = op.state
-            yield d, [op.index, g, {k: state.pop(k) for k in keys}, rows], None
+            blob, n = op.take_group(g)
+            yield d, [op.index, g, blob, n, rows], None
         for d, rows in loose.items():
             yield d, None, rows
 
     def install(self, units: list, rows: list) -> int:
         """Take over key groups (state, then their queued requests) and handed-over requests from a peer;
-        returns the number of state objects installed."""
+        returns the number of state objects installed. The state stays serialized until first used."""
         n = 0
-        for op_index, g, items, group_rows in units:
+        for op_index, g, blob, keys, group_rows in units:
             op = self.ops[op_index]
-            op.state.update(items)
-            op.group_keys[g].update(items)
+            if keys:
+                if g in op.cold or op.groups[g]:  # state of this group here already: merge now
+                    if g in op.cold:
+                        op.warm(g)
+                    op.install_items(g, unpack_group(blob))
+                else:
+                    op.cold[g] = (blob, keys)
             op.queue.extend(group_rows)
-            n += len(items)
+            n += keys
         self.enqueue_rows(rows)
         return n
 
@@ -617,14 +713,16 @@ class JobEngine:
     def _run_stateful(self, op: OpRuntime, budget: int) -> int:
         q = op.queue
         n = min(budget, len(q))
+        if op.cold:
+            op.warm_rows(q, n)
         popleft = q.popleft
         fn = op.fn
         pc = perf_counter
         dts_append = op.dts.append
         returns = self.returns
-        state = op.state
-        get = state.get
-        set_state = op.set_state
+        groups = op.groups
+        cached = op.key_cache.get
+        group_of = op.group_of
         routes = op.routes
         collect = op.add_collected if op.collect else None
         one, items = ONE_EXACT, ITEMS_EXACT
@@ -634,7 +732,9 @@ class JobEngine:
         last_rid, acc = -1, 0
         for i in range(n):
             _, value, key, rid, w = popleft()
-            old = get(key)
+            g = cached(key)
+            state = groups[group_of(key) if g is None else g]
+            old = state.get(key)
             if i & TIMING_MASK:
                 try:
                     new, out = fn(old, value)
@@ -653,10 +753,10 @@ class JobEngine:
                     t_exec += dt
                     timed += 1
                     dts_append(dt)
-            if new is not None and old is not None:
+            if new is not None:
                 state[key] = new
-            else:
-                set_state(key, new, old)
+            elif old is not None:
+                del state[key]
             if out is None or not routes and collect is None:
                 if rid == last_rid:
                     acc += w  # a line's words arrive together: one dict update per run, not per word
@@ -810,6 +910,8 @@ class JobEngine:
         keys = set()
         q = op.queue
         limit = min(budget, max(1, op.instances))
+        if op.cold:
+            op.warm_rows(q, limit)
         while q and len(batch) < limit:
             key = q[0][2]
             if op.stateful and key in keys:
@@ -832,8 +934,8 @@ class JobEngine:
             t0 = perf_counter()
             try:
                 if op.stateful:
-                    new, out = await op.fn(op.state.get(key), value)
-                    op.set_state(key, new, op.state.get(key))
+                    new, out = await op.fn(op.get(key), value)
+                    op.set_state(key, new)
                 else:
                     out = await op.fn(value)
                 outs = as_outputs(out)
@@ -934,7 +1036,7 @@ class JobEngine:
     def counters(self) -> dict:
         """Cumulative counts, exact at the moment of asking (heartbeat samples are up to 1 s old)."""
         return {"operators": {op.name: {"processed": op.processed, "exec_s": op.exec_time, "errors": op.errors,
-                                        "queue": len(op.queue), "keys": len(op.state),
+                                        "queue": len(op.queue), "keys": op.keys(),
                                         "edges": dict(zip((self.ops[s].name for s in op.successors),
                                                           op.edge_counts, strict=True))}
                               for op in self.ops},
@@ -947,8 +1049,9 @@ class JobEngine:
         op = self.op(name)
         if not op.stateful:
             raise OperatorError(f"operator {name!r} is stateless: it has no state")
-        check_serializable(op)
-        return dict(op.state)
+        state = op.state_dict()
+        check_serializable(op.name, state)
+        return state
 
     def op(self, name: str) -> OpRuntime:
         for op in self.ops:
@@ -957,19 +1060,19 @@ class JobEngine:
         raise OperatorError(f"job {self.job} has no operator {name!r}")
 
 
-def check_serializable(op: OpRuntime) -> None:
+def check_serializable(name: str, state: dict) -> None:
     """Raise OperatorError naming the first key whose state (or key) msgpack cannot carry."""
     try:
-        msgpack.packb(op.state, use_bin_type=True)
+        msgpack.packb(state, use_bin_type=True)
         return
     except (TypeError, ValueError, OverflowError):
         pass
-    for key, value in op.state.items():
+    for key, value in state.items():
         for what, obj in (("key", key), ("state", value)):
             try:
                 msgpack.packb(obj, use_bin_type=True)
             except (TypeError, ValueError, OverflowError) as e:
                 raise OperatorError(
-                    f"operator {op.name!r}: the {what} of key {key!r} is a {type(obj).__name__}, which is not "
+                    f"operator {name!r}: the {what} of key {key!r} is a {type(obj).__name__}, which is not "
                     f"msgpack-serializable ({e}); state must be None, bool, int, float, str, bytes, list or dict"
                 ) from None

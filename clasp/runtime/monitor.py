@@ -102,7 +102,7 @@ class Monitor:
                 cur.processed[op.name], cur.exec_time[op.name] = op.processed, op.exec_time
                 ops[op.name] = {"rate": done / interval, "tau_us": (t / done * 1e6) if done else 0.0,
                                 "processed": op.processed, "queue": len(op.queue), "errors": op.errors,
-                                "instances": op.instances, "keys": len(op.state)}
+                                "instances": op.instances, "keys": op.keys()}
             groups = {}
             for op in eng.ops:
                 if op.stateful:

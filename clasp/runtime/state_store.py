@@ -70,6 +70,11 @@ def frame_blob(frame: bytes) -> bytes:
     return MAGIC + bytes([FRAME]) + struct.pack(">I", zlib.crc32(frame)) + frame
 
 
+def wrap_blob(raw: bytes) -> bytes:
+    """A group file around a payload that is msgpack already (a migrated key group's blob)."""
+    return MAGIC + bytes([RAW]) + struct.pack(">I", zlib.crc32(raw)) + raw
+
+
 def decode_blob(data: bytes, path: str):
     head = len(MAGIC) + 5
     if len(data) < head or not data.startswith(MAGIC):

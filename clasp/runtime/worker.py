@@ -13,7 +13,7 @@ import math
 import os
 import time
 import uuid
-from time import perf_counter
+from time import perf_counter, thread_time
 
 import zmq
 import zmq.asyncio
@@ -36,7 +36,9 @@ from clasp.runtime.worker_recovery import RecoveryMixin
 log = logging.getLogger("clasp.worker")
 # Errors whose text is meant for the asker; any other exception in a handler is a bug (an error id, logged).
 CLIENT_ERRORS = (OperatorError, DagError, PlacementError, ProtocolError)
-MIGRATE_CHUNK = 2000  # state objects and requests taken out between two turns of the event loop
+# Seconds of migration work (taking out and serializing key groups) between two turns of the event loop.
+# Short, because under a CPU quota a stretch that outlasts the period's allowance stalls for the rest of it.
+MIGRATE_SLICE_S = 0.0005
 
 
 class Worker(RecoveryMixin):
@@ -296,11 +298,13 @@ class Worker(RecoveryMixin):
 
     def _on_state_get(self, body) -> bytes:
         op = self._engine(body).op(body["op"])
-        return protocol.reply(body["req"], op.state.get(body["key"]))
+        op.warm_key(body["key"])
+        return protocol.reply(body["req"], op.get(body["key"]))
 
     def _on_state_put(self, body) -> bytes:
         op = self._engine(body).op(body["op"])
-        op.set_state(body["key"], body["value"], op.state.get(body["key"]))
+        op.warm_key(body["key"])
+        op.set_state(body["key"], body["value"])
         return protocol.reply(body["req"], True)
 
     # ----------------------------------------------------------------- migration (paper §4.4)
@@ -322,7 +326,7 @@ class Worker(RecoveryMixin):
         eng.migration_req = body["req"]
         eng.migration_t0 = perf_counter()
         eng.migration_stats = {"bytes": 0, "objects": 0, "rows": 0, "received_objects": 0, "busy_ms": 0.0,
-                               "pause_ms": 0.0}
+                               "pause_ms": 0.0, "pause_cpu_ms": 0.0}
         # Step 3: what was batched under the old epoch leaves first, then the markers that close it.
         self._flush_data(eng)
         marker = protocol.encode("marker", [eng.job, placement.epoch, self.id])
@@ -371,17 +375,17 @@ class Worker(RecoveryMixin):
             mig.marker(sender)
         else:
             # Steps 5-6, group by group: install the state and requests that came, release what was held.
-            t = perf_counter()
+            t, tc = perf_counter(), thread_time()
             _, _, _, units, rows, more = body
             eng.migration_stats["received_objects"] += eng.install(units, rows)
             released: dict[int, list[int]] = {}
-            for op_index, g, _items, _rows in units:
+            for op_index, g, _blob, _keys, _rows in units:
                 released.setdefault(op_index, []).append(g)
             if not more:  # the last message from this sender: groups it had nothing of are ours now too
                 released = self._groups_from(eng, sender)
                 mig.received(sender)
             eng.release_groups(released)
-            self._slice(eng.migration_stats, t - decode_s)
+            self._slice(eng.migration_stats, t - decode_s, tc - decode_s)
             self.wake.set()
         self.tasks.spawn(self._progress(eng), f"migration of job {eng.job}")
 
@@ -390,21 +394,22 @@ class Worker(RecoveryMixin):
         if mig is None:
             return
         if mig.ready_to_send:
-            mig.sent = True
+            mig.start_sending()
             stats = eng.migration_stats
             stats["markers_ms"] = (perf_counter() - eng.migration_t0) * 1e3
             if eng.async_tasks:  # drain: let running executions finish before their state moves
                 await asyncio.gather(*list(eng.async_tasks), return_exceptions=True)
-            # Whole key groups in chunks of about MIGRATE_CHUNK objects, yielding to the event loop in
-            # between: the worker keeps running everything else, and no single step holds it long.
+            # Whole key groups, each serialized as one blob as it is taken out, sent in slices of about
+            # MIGRATE_SLICE_S of work with a turn of the event loop in between: the worker keeps running
+            # everything else, no single step holds it long, and each receiver can release the groups of
+            # a slice (and run their requests) while later ones are still on their way.
             epoch = mig.plan.epoch
             # What this worker's own executions batched goes first: a new owner must not run a moved
             # group, and send its outputs on, before the outputs this worker made of that group left.
             self._flush_data(eng)
             chunks: dict[str, list] = {}
             loose: dict[str, list] = {}
-            size = 0
-            t = perf_counter()
+            t, tc = perf_counter(), thread_time()
             for wid, unit, rows in eng.extract():
                 if wid in mig.plan.dead:
                     continue
@@ -413,22 +418,22 @@ class Worker(RecoveryMixin):
                     stats["rows"] += len(rows)
                     continue
                 chunks.setdefault(wid, []).append(unit)
-                size += len(unit[2]) + len(unit[3])
-                stats["objects"] += len(unit[2])
-                stats["rows"] += len(unit[3])
-                if size >= MIGRATE_CHUNK:
+                stats["objects"] += unit[3]
+                stats["rows"] += len(unit[4])
+                if perf_counter() - t >= MIGRATE_SLICE_S:
                     for peer, units in chunks.items():
                         self._send_migrate(eng, peer, epoch, units, [], True)
-                    chunks, size = {}, 0
-                    self._slice(stats, t)
+                    chunks = {}
+                    self._slice(stats, t, tc)
                     await asyncio.sleep(0)
-                    t = perf_counter()
+                    t, tc = perf_counter(), thread_time()
                     if self.jobs.get(eng.job) is not eng:
                         return  # a recovery replaced this engine: its migration is void
             for wid in set(mig.plan.sends_to.get(self.id, [])) - set(mig.plan.dead):
                 self._send_migrate(eng, wid, epoch, chunks.pop(wid, []), loose.pop(wid, []), False)
-            self._slice(stats, t)
+            self._slice(stats, t, tc)
             stats["sent_ms"] = (perf_counter() - eng.migration_t0) * 1e3
+            mig.finish_sending()
         if mig.done and eng.migration is mig:
             self._finish_migration(eng)
 
@@ -439,17 +444,20 @@ class Worker(RecoveryMixin):
         eng.migration_stats["bytes"] += len(frame)
 
     @staticmethod
-    def _slice(stats: dict, t0: float) -> None:
-        """Account one uninterrupted stretch of migration work: its total, and the longest (the pause)."""
+    def _slice(stats: dict, t0: float, c0: float) -> None:
+        """Account one uninterrupted stretch of migration work: its total, and the longest (the pause), by
+        the wall clock and by this thread's CPU time (the difference: preemption and CPU-quota throttling)."""
         ms = (perf_counter() - t0) * 1e3
         stats["busy_ms"] += ms
         stats["pause_ms"] = max(stats.get("pause_ms", 0.0), ms)
+        stats["pause_cpu_ms"] = max(stats.get("pause_cpu_ms", 0.0), (thread_time() - c0) * 1e3)
 
     def _finish_migration(self, eng: JobEngine) -> None:
         hold = perf_counter() - eng.migration_t0
         stats = eng.migration_stats
         pause = stats.get("pause_ms", 0.0) / 1e3
-        reply = {"worker": self.id, "epoch": eng.epoch, "pause": pause, "hold": hold, **stats}
+        reply = {"worker": self.id, "epoch": eng.epoch, "pause": pause, "hold": hold, "group_hold": eng.group_hold,
+                 **stats}
         self.dealer.send(protocol.reply(eng.migration_req, reply))
         eng.migration = None
         self.wake.set()
@@ -589,6 +597,9 @@ class Worker(RecoveryMixin):
                     self._flush_data(eng)
                 self._flush_returns(eng)
             self._returns_since = None
+            if any(e.warm_one() for e in list(self.jobs.values())):
+                await sleep(0)  # idle: one migrated key group decoded, then look for work again
+                continue
             self.wake.clear()
             if any(any(o.queue for o in e.ops) and not any(o.busy for o in e.ops) for e in self.jobs.values()):
                 continue

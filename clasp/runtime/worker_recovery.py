@@ -16,7 +16,7 @@ from clasp.core.checkpoint import groups_to_restore
 from clasp.core.dag import DagSpec
 from clasp.core.routing import Placement
 from clasp.runtime.engine import JobEngine, OperatorError, check_serializable
-from clasp.runtime.state_store import CorruptCheckpoint, FileStore, encode_blob
+from clasp.runtime.state_store import CorruptCheckpoint, FileStore
 
 log = logging.getLogger("clasp.worker")
 SNAPSHOT_SLICE_KEYS = 1000  # keys packed between two turns of the event loop (a slice ≈ 0.5 ms; at most one group)
@@ -56,7 +56,7 @@ class RecoveryMixin:
                 try:
                     for op in eng.ops:
                         if op.stateful:
-                            check_serializable(op)
+                            check_serializable(op.name, op.state_dict())
                 except OperatorError as named:
                     text = str(named)
             log.error("job %d checkpoint %d failed: %s", eng.job, body["ckpt"], text)
@@ -80,9 +80,9 @@ class RecoveryMixin:
             # the packing makes many short-lived dicts, so collection waits until the barrier is down.
             gc_was = gc.isenabled()
             gc.disable()
-            for op, g, items in eng.snapshot_groups():
-                blobs.append((op, g, encode_blob(items)))
-                keys += len(items)
+            for op, g, n, blob in eng.snapshot_groups():
+                blobs.append((op, g, blob))
+                keys += n
                 if keys >= SNAPSHOT_SLICE_KEYS:
                     pause, pause_cpu = max(pause, perf_counter() - t), max(pause_cpu, thread_time() - tc)
                     keys = 0
