@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 WORKERS ?= 4
 # The gradual profile peaks here (lines/s). Each worker stands for a host with RUN_CPU CPUs (a cgroup quota,
-# root): one sustains ~6,000 lines/s, so the job grows from 1 worker to 4 at the peak and back, the local
+# root): one sustains ~6,000-8,000 lines/s, so the job grows from 1 worker to 3 or 4 at the peak and back, the local
 # provider starting and stopping the worker processes (RUN_CPU= runs unquota'd).
 RUN_MAX_RATE ?= 20000
 RUN_CPU ?= $(shell [ "$$(id -u)" = 0 ] && echo 0.3)
