@@ -54,10 +54,12 @@ def count(state, w):
     return (state or 0) + 1, None
 
 
-def build_dag() -> clasp.Dag:
-    dag = clasp.Dag("order-stress")
+def build_dag(name: str = "order-stress", inner_fn=inner_order, collect: bool = False) -> clasp.Dag:
+    """`inner_fn`, `collect`: the recovery tests' inner_order emits each record's sequence number, collected
+    so they can check it exactly once."""
+    dag = clasp.Dag(name)
     src = dag.operator("source_order", source_order, stateful=True, key=first_char)
-    inner = dag.operator("inner_order", inner_order, stateful=True, key=first_char)
+    inner = dag.operator("inner_order", inner_fn, stateful=True, key=first_char, collect=collect)
     sp = dag.operator("split", split)
     c = dag.operator("count", count, stateful=True, key=lambda w: w)
     src >> inner
@@ -66,10 +68,11 @@ def build_dag() -> clasp.Dag:
     return dag
 
 
-def generate(n: int, rng: random.Random) -> list[str]:
+def generate(n: int, rng: random.Random, vocabulary: int = 300, max_words: int = 4) -> list[str]:
     letters = "abcdefghijklmnopqrstuvwxyz"
-    words = [f"w{i}" for i in range(300)]
-    return [f"{rng.choice(letters)} {i} " + " ".join(rng.choices(words, k=rng.randint(1, 4))) for i in range(n)]
+    words = [f"w{i}" for i in range(vocabulary)]
+    return [f"{rng.choice(letters)} {i} " + " ".join(rng.choices(words, k=rng.randint(1, max_words)))
+            for i in range(n)]
 
 
 def reference(records: list[str]) -> tuple[dict, dict, dict]:

@@ -25,8 +25,9 @@ from pathlib import Path
 import pytest
 
 import clasp
+from tests import test_order_stress as order_stress
 from tests.conftest import start_cluster, wait_for
-from tests.test_order_stress import chain, count, first_char, reference, source_order, split
+from tests.test_order_stress import chain, reference
 
 SEEDS = int(os.environ.get("CLASP_CHAOS_SEEDS", "1"))
 RECORDS = int(os.environ.get("CLASP_CHAOS_RECORDS", "40000"))
@@ -39,21 +40,11 @@ def inner_order(state, r):
 
 
 def build_dag() -> clasp.Dag:
-    dag = clasp.Dag("chaos")
-    src = dag.operator("source_order", source_order, stateful=True, key=first_char)
-    inner = dag.operator("inner_order", inner_order, stateful=True, key=first_char, collect=True)
-    sp = dag.operator("split", split)
-    c = dag.operator("count", count, stateful=True, key=lambda w: w)
-    src >> inner
-    src >> sp
-    sp >> c
-    return dag
+    return order_stress.build_dag("chaos", inner_order, collect=True)
 
 
 def generate(n: int, rng: random.Random) -> list[str]:
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    words = [f"w{i}" for i in range(2000)]
-    return [f"{rng.choice(letters)} {i} " + " ".join(rng.choices(words, k=rng.randint(1, 6))) for i in range(n)]
+    return order_stress.generate(n, rng, vocabulary=2000, max_words=6)
 
 
 def _pid(client, wid: str) -> int | None:
