@@ -26,6 +26,13 @@
   throughput, β and γ fixed. MIX (even operators on worker 0, odd ones split over workers 0 and 1) is
   only a check: its worker 0 also sends and receives 2.5 remote requests per record, whose mispricing a
   fit on MIX would absorb into α_split (docs/SIMULATOR.md); `--alpha-split-from mix` fits on it.
+- **α_keyed** (µs per chained request into a keyed operator whose key groups are not all on the sending
+  worker: the runtime's keyed table route, `clasp/runtime/engine.py` `_send`, key function, key-group
+  lookup and hit count per output, local or remote, on top of α or β_s): WC with its split on worker 0
+  and its count on worker 1 (KEYED: every word through that route), the value with which the simulated
+  sender spends what the measured one did per line (its CPU over the run's throughput), every other
+  coefficient fixed; only when WC is among `--apps` (`--no-keyed`
+  skips it). Fitted last: the SYN runs route no keyed requests.
 - **message_us** (µs per data message at each end, `clasp.sim.simulator.Costs.message_us`): ALT and FAN run
   again with batches capped at SMALL_BATCH rows instead of 2,000 (`--message-lever batch`, the default) or
   with the workers flushing every FAST_FLUSH_MS instead of 1 ms (`--message-lever flush`, the rule before:
@@ -90,6 +97,9 @@ SPLIT = {o: {0: 0.98, 1: 0.02} for o in SYN_OPS}
 # their outputs locally through the runtime's table route (the successor has two holders), the chained
 # request that α_split prices; every other request is single-holder local or remote. Not a spread.
 MIX = {o: ({0: 1.0} if i % 2 == 0 else {0: 0.5, 1: 0.5}) for i, o in enumerate(SYN_OPS)}
+# WC with its split on worker 0 and its count on worker 1: every word leaves through the keyed table route.
+KEYED = {"split": {0: 1.0}, "count": {1: 1.0}}
+KEYED_SENDER = 0
 # ALT and FAN once more with the workers flushing every 0.1 ms instead of 1 ms: the same rows in about twice
 # the messages, which gives the per-message cost (fit_message_us) from placements that are not the spread.
 FAST_FLUSH_MS = 0.1
@@ -343,6 +353,37 @@ def _sim_tput(costs, placement: dict, workers: int) -> float:
     return _sim_run(costs, placement, workers).throughput
 
 
+@functools.cache
+def _wc_shape():
+    """WC's SimDag with the committed file's τ̄ (its fan-out and key weights, measured once)."""
+    from clasp.apps import get_app
+    from clasp.sim.simulator import COSTS_FILE, Costs, app_dag
+
+    return app_dag(get_app("wc"), Costs.load(COSTS_FILE))
+
+
+def _sim_wc_run(costs, placement: dict, workers: int):
+    from clasp.sim.simulator import SimConfig, Simulator
+
+    shape = _wc_shape()
+    dag = dataclasses.replace(shape, tau_us={o: costs.tau_us["wc"][o] for o in shape.operators})
+    return Simulator(dag, costs, workers, placement=_sim_placement(placement, workers),
+                     config=SimConfig(duration=6.0, warmup=2.0, key_skew=True)).run()
+
+
+def keyed_sender_cost(runs: Sequence[Mapping]) -> float:
+    """KEYED's sender (worker 0): µs of its CPU per completed line, the mean over runs."""
+    def cpu(r):
+        return r["cpu_s"][KEYED_SENDER] if KEYED_SENDER in r["cpu_s"] else r["cpu_s"][str(KEYED_SENDER)]
+
+    return statistics.fmean(cpu(r) / r["cpu_window_s"] / r["throughput"] * 1e6 for r in runs)
+
+
+def _sim_keyed_sender_cost(costs) -> float:
+    r = _sim_wc_run(costs, KEYED, 2)
+    return r.utilization[KEYED_SENDER] * costs.capacity / r.throughput
+
+
 def receiver_cpu_ratio(runs: Sequence[Mapping]) -> float:
     """PIPE's receiver CPU over its sender's, the mean over runs (each ratio within one run)."""
     def cpu(r, w):
@@ -399,10 +440,12 @@ def fit_gamma(base, lam_fan: float) -> float:
 
 def measure(cpu: float, apps: list[str], seconds: float, repeat: int, unlimited: bool = True,
             message_lever: str = "batch",
-            mix: bool = True, messages: bool = True, short: bool = True, pipe: bool = True) -> dict[str, dict | list]:
+            mix: bool = True, messages: bool = True, short: bool = True, pipe: bool = True,
+            keyed: bool = True) -> dict[str, dict | list]:
     """Every calibration run: one quota-limited worker per app, (with `short`) the SHORT_CHAIN SYN on one,
     (once) an unlimited one per app, SYN alternating over 2, (with `pipe`) in two chunks over 2, fanned over
-    3, (with `mix`) SPLIT and MIX over 2 workers and (with `messages`) ALT and FAN again at FAST_FLUSH_MS."""
+    3, (with `mix`) SPLIT and MIX over 2 workers, (with `keyed`, when WC is measured) WC as KEYED over 2 and
+    (with `messages`) ALT and FAN again at FAST_FLUSH_MS."""
     runs: dict = {"one": {}, "unlimited": {}}
     for app in apps:
         runs["one"][app] = _runs(ce.unthrottled, repeat, app=app, workers=1, cpu_per_worker=cpu, seconds=seconds)
@@ -424,6 +467,9 @@ def measure(cpu: float, apps: list[str], seconds: float, repeat: int, unlimited:
                             seconds=seconds)
     runs["fan"] = _runs(ce.unthrottled, repeat, app="syn", workers=3, placement=FAN, cpu_per_worker=cpu,
                         seconds=seconds)
+    if keyed and "wc" in apps:
+        runs["keyed"] = _runs(ce.unthrottled, repeat, app="wc", workers=2, placement=KEYED, cpu_per_worker=cpu,
+                              seconds=seconds)
     if messages:
         lever = ({"max_batch": SMALL_BATCH} if message_lever == "batch" else {"flush_delay_ms": FAST_FLUSH_MS})
         runs["alt_fast"] = _runs(ce.unthrottled, repeat, app="syn", workers=2, placement=ALT, cpu_per_worker=cpu,
@@ -438,6 +484,15 @@ def fit_alpha_split(base, lam: float, placement: dict = SPLIT) -> float:
     fixed: ALT and FAN have no split local requests)."""
     return solve(lambda a: _sim_tput(dataclasses.replace(base, alpha_split=a), placement, 2),
                  base.alpha, 50 * max(base.alpha, 1.0), lam, iters=20)
+
+
+def fit_alpha_keyed(base, sender_cost: float) -> float:
+    """α_keyed with which the simulator's KEYED sender spends what the measured one did per line (a figure
+    within each run, like PIPE's CPU ratio; every other coefficient fixed: the SYN runs route no keyed
+    requests). Not the throughput: KEYED's receiver carries the per-request residual ε that one worker's
+    runs put on the count, so in the simulator it, not the sender, can be the bottleneck."""
+    return solve(lambda k: -_sim_keyed_sender_cost(dataclasses.replace(base, alpha_keyed=k)),
+                 0.0, 20.0, -sender_cost, iters=20)
 
 
 def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: Mapping | None = None,
@@ -523,6 +578,10 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
             split_rule = f"fitted on {name.upper()}"
             costs = dataclasses.replace(costs, alpha_split=alpha_split)
             break
+    alpha_keyed = None
+    if runs.get("keyed") and "wc" in tau_file:
+        alpha_keyed = fit_alpha_keyed(costs, keyed_sender_cost(runs["keyed"]))
+        costs = dataclasses.replace(costs, alpha_keyed=alpha_keyed)
     check = {"alt": _sim_tput(costs, ALT, 2), "fan": _sim_tput(costs, FAN, 3)}
     for name, placement in (("pipe", PIPE), ("split", SPLIT), ("mix", MIX)):
         if runs.get(name):
@@ -574,6 +633,12 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
                                    "receiver_over_sender_cpu": round(pipe_ratio, 4),
                                    "simulated_receiver_over_sender": round(_sim_pipe_ratio(costs), 4),
                                    "cpu_us_per_record": cpu_per_record(runs["pipe"])}
+    if alpha_keyed is not None:
+        measured["wc_keyed_2w"] = {"throughput": tput_list(runs["keyed"]),
+                                   "simulated": round(_sim_wc_run(costs, KEYED, 2).throughput, 1),
+                                   "sender_us_per_line": round(keyed_sender_cost(runs["keyed"]), 3),
+                                   "simulated_sender_us_per_line": round(_sim_keyed_sender_cost(costs), 3),
+                                   "cpu_us_per_record": cpu_per_record(runs["keyed"])}
     for name in ("split", "mix"):
         if runs.get(name):
             measured[f"syn_{name}_2w"] = {"throughput": tput_list(runs[name]), "simulated": round(check[name], 1),
@@ -582,6 +647,8 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
            "receive_share": round(share, 4)}
     if alpha_split is not None:
         doc["alpha_split"] = round(alpha_split, 4)
+    if alpha_keyed is not None:
+        doc["alpha_keyed"] = round(alpha_keyed, 4)
     if message_us > 0:
         doc["message_us"] = round(message_us, 3)
     if flush is not None:
@@ -597,9 +664,9 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
 def calibrate(cpu: float, apps: list[str], seconds: float, repeat: int, mix: bool = True,
               messages: bool = True, gamma_with_messages: bool = False, short: bool = True,
               pipe: bool = True, beta_from: str = "alt", alpha_split_from: str = "split",
-              message_lever: str = "batch") -> dict:
+              message_lever: str = "batch", keyed: bool = True) -> dict:
     runs = measure(cpu, apps, seconds, repeat, mix=mix, messages=messages, short=short, pipe=pipe,
-                   message_lever=message_lever)
+                   message_lever=message_lever, keyed=keyed)
     ce.shutdown()
     doc = fit(runs, cpu, seconds, repeat, gamma_with_messages=gamma_with_messages, beta_from=beta_from,
               alpha_split_from=alpha_split_from)
@@ -608,7 +675,8 @@ def calibrate(cpu: float, apps: list[str], seconds: float, repeat: int, mix: boo
         # measured and not only their sum (docs/results.md, "8/8 remote path" compares both).
         other = fit(runs, cpu, seconds, repeat, gamma_with_messages=gamma_with_messages, beta_from="pipe",
                     alpha_split_from=alpha_split_from)
-        doc["measured"]["pipe_fit"] = {k: other.get(k) for k in ("alpha", "beta", "receive_share", "message_us")}
+        doc["measured"]["pipe_fit"] = {k: other.get(k) for k in ("alpha", "beta", "receive_share", "message_us",
+                                                                 "alpha_keyed")}
     return doc
 
 
@@ -628,6 +696,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-short", action="store_true",
                     help=f"skip the {SHORT_CHAIN}-operator SYN run (no per-record cost F: it is folded into α)")
     ap.add_argument("--no-pipe", action="store_true", help="skip the PIPE run (a check unless --beta-from pipe)")
+    ap.add_argument("--no-keyed", action="store_true",
+                    help="skip WC's KEYED run (no alpha_keyed: the keyed table route costs nothing extra)")
     ap.add_argument("--beta-from", choices=("alt", "pipe"), default="alt",
                     help="fit β on ALT (receive share 0.5) or β and the share on PIPE (docs/SIMULATOR.md)")
     ap.add_argument("--alpha-split-from", choices=("split", "mix"), default="split",
@@ -647,13 +717,13 @@ def main(argv=None) -> int:
     doc = calibrate(args.cpu_per_worker, apps, args.seconds, args.repeat, mix=not args.no_mix,
                     messages=not args.no_messages, gamma_with_messages=args.fit_gamma, short=not args.no_short,
                     pipe=not args.no_pipe, beta_from=args.beta_from, alpha_split_from=args.alpha_split_from,
-                    message_lever=args.message_lever)
+                    message_lever=args.message_lever, keyed=not args.no_keyed)
     from clasp.sim.simulator import Costs
 
     Costs.from_json_dict(doc)  # the simulator must load it
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-    print(json.dumps({k: doc.get(k) for k in ("alpha", "beta", "gamma", "capacity", "alpha_split", "message_us",
-                                               "flush_delay_s")}
+    print(json.dumps({k: doc.get(k) for k in ("alpha", "beta", "gamma", "capacity", "alpha_split", "alpha_keyed",
+                                               "message_us", "flush_delay_s")}
                      | {"pipe_fit": doc["measured"].get("pipe_fit"), "out": args.out}))
     return 0
 

@@ -108,6 +108,7 @@ class Controller:
     config: ControlConfig = field(default_factory=ControlConfig)
     estimator: Estimator = field(default_factory=lambda: Estimator(runtime_estimator_config()))
     stateless: tuple[str, ...] = ()  # operators whose local requests can take the table route
+    keyed: tuple[str, ...] = ()  # operators whose requests take the keyed table route off their owner
     current: PlacementResult | None = None
     last: Observation | None = None
     rate_ref: float | None = None
@@ -210,6 +211,7 @@ class Controller:
                      e.alpha, e.beta, e.gamma, capacity, obs.throughput, target, self.p_max,
                      max(obs.instances, 1), max(obs.active, 1), beta_receive=e.beta_receive, mu=e.mu,
                      flush_delay=e.flush_delay, capacities=capacities, alpha_split=e.config.alpha_split,
+                     alpha_keyed=e.config.alpha_keyed, keyed=list(self.keyed),
                      stateless=list(self.stateless), flush_peer_factor=e.config.flush_peer_factor)
 
     def place_on(self, workers: int, pool: list | None = None) -> PlacementResult:

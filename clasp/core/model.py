@@ -105,16 +105,25 @@ def local_cost(alpha: float, alpha_split: float | None, table_routed: frozenset,
     return alpha
 
 
+def keyed_cost(alpha_keyed: float, keyed_routed: frozenset, dst: str, local: float) -> float:
+    """α_keyed for a chained request into a keyed successor whose groups are not all on the sender
+    (σ_s(w) < 1): the runtime's keyed table route, local or remote; 0 otherwise. Beyond the paper."""
+    return alpha_keyed if alpha_keyed and local < 1.0 and dst in keyed_routed else 0.0
+
+
 TERMS = ("execution", "local", "remote_out", "remote_in", "messages", "destinations")
 
 
 def load_terms(fractions: Mapping[str, Mapping[int, float]], demand: Mapping[str, float],
                edge_rates: Mapping[Edge, float], alpha: float, beta: float,
                gamma: float, beta_receive: float = 0.0, alpha_split: float | None = None,
-               table_routed: frozenset = frozenset()) -> dict[int, dict[str, float]]:
+               table_routed: frozenset = frozenset(), alpha_keyed: float = 0.0,
+               keyed_routed: frozenset = frozenset()) -> dict[int, dict[str, float]]:
     """Eq. (8) term by term per worker (`TERMS`, messages 0 here: `message_load` adds them):
     execution Σ_o φ[o,w]; local Σ Ẽ·σ_o(w)·σ_s(w)·α (α_split on the table route); remote_out
-    Σ Ẽ·σ_o(w)·(1 − σ_s(w))·β_s; remote_in Σ Ẽ·σ_s(w)·(1 − σ_o(w))·β_r; destinations γ·δ_w(Φ)."""
+    Σ Ẽ·σ_o(w)·(1 − σ_s(w))·β_s; remote_in Σ Ẽ·σ_s(w)·(1 − σ_o(w))·β_r; destinations γ·δ_w(Φ).
+    Into a keyed successor of `keyed_routed` not wholly on w (σ_s(w) < 1) every request also costs its
+    sender α_keyed (`keyed_cost`), in local and remote_out by where it goes."""
     terms: dict[int, dict[str, float]] = {}
 
     def at(w: int) -> dict[str, float]:
@@ -135,8 +144,9 @@ def load_terms(fractions: Mapping[str, Mapping[int, float]], demand: Mapping[str
         for w, f in src_fractions.items():
             local = dst_fractions.get(w, 0.0)
             t = at(w)
-            t["local"] += rate * f * local * local_cost(alpha, alpha_split, table_routed, dst, local)
-            t["remote_out"] += rate * f * (1.0 - local) * beta
+            k = keyed_cost(alpha_keyed, keyed_routed, dst, local)
+            t["local"] += rate * f * local * (local_cost(alpha, alpha_split, table_routed, dst, local) + k)
+            t["remote_out"] += rate * f * (1.0 - local) * (beta + k)
         if beta_receive:
             for w, fd in dst_fractions.items():
                 at(w)["remote_in"] += rate * fd * (1.0 - src_fractions.get(w, 0.0)) * beta_receive
@@ -167,7 +177,8 @@ class CapacityModel:
     the engine's flush delay (s), which sets F_w, and `flush_peer_factor` how it grows per extra peer;
     `capacities` W_w per worker index (placement indices; workers beyond the tuple have W̄); `alpha_split`
     α of a local request that takes the table route, to an operator of `table_routed` (the DAG's stateless
-    ones) held by other workers too."""
+    ones) held by other workers too; `alpha_keyed` what a request into an operator of `keyed_routed` (the
+    DAG's keyed ones) costs its sender on top when that operator is not wholly on the sender's worker."""
 
     alpha: float = DEFAULT_ALPHA
     beta: float = DEFAULT_BETA
@@ -180,6 +191,8 @@ class CapacityModel:
     alpha_split: float | None = None
     table_routed: frozenset = frozenset()
     flush_peer_factor: float = FLUSH_PEER_FACTOR
+    alpha_keyed: float = 0.0
+    keyed_routed: frozenset = frozenset()
 
     def flush_rate(self, worker: int) -> float:
         """F_w: messages per second to one peer of a saturated worker (one batch per flush delay of CPU)."""
@@ -202,7 +215,8 @@ class CapacityModel:
 
     @property
     def extended(self) -> bool:
-        return bool(self.beta_receive or self.mu or self.capacities or self.alpha_split is not None)
+        return bool(self.beta_receive or self.mu or self.capacities or self.alpha_split is not None
+                    or self.alpha_keyed)
 
     def worker_load(self, execution: float, r_local: float, r_remote: float, delta: float,
                     r_received: float = 0.0, messages: float = 0.0) -> float:
@@ -214,7 +228,7 @@ class CapacityModel:
                    edge_rates: Mapping[Edge, float]) -> dict[int, dict[str, float]]:
         """Eq. (8) term by term per worker (`TERMS`) with this model's coefficients."""
         terms = load_terms(fractions, demand, edge_rates, self.alpha, self.beta, self.gamma, self.beta_receive,
-                           self.alpha_split, self.table_routed)
+                           self.alpha_split, self.table_routed, self.alpha_keyed, self.keyed_routed)
         for w, v in message_load(fractions, edge_rates, self.mu, self.flush_rate, self.flush_peer_factor).items():
             terms.setdefault(w, dict.fromkeys(TERMS, 0.0))["messages"] += v
         return terms

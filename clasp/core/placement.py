@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from clasp.core.model import CapacityModel, Edge, local_cost
+from clasp.core.model import CapacityModel, Edge, keyed_cost, local_cost
 
 # A share this small is rounding noise; placing it would only add a fan-out connection.
 MIN_FRACTION = 1e-9
@@ -198,6 +198,7 @@ def next_fit(order: Sequence[str], successors: Mapping[str, Sequence[tuple[str, 
     alpha, gamma = model.alpha, model.gamma
     beta, beta_r = model.beta, model.beta_receive
     split, routed = model.alpha_split, model.table_routed
+    kappa, keyed = model.alpha_keyed, model.keyed_routed
     if predecessors is None:
         beta_r = 0.0
     limit = WORKER_HARD_LIMIT if max_workers is None else min(max_workers, WORKER_HARD_LIMIT)
@@ -233,7 +234,8 @@ def next_fit(order: Sequence[str], successors: Mapping[str, Sequence[tuple[str, 
             for s, fs, rate in outs:
                 local = fs.get(w, 0.0)
                 a = local_cost(alpha, split, routed, s, local)
-                cost += rate * (a * local + beta * (1.0 - local) - beta_r * local)
+                cost += rate * (a * local + beta * (1.0 - local) - beta_r * local
+                                + keyed_cost(kappa, keyed, s, local))
             per_peer = gamma + model.peer_cost(w)
             room = remaining[w] - per_peer * len(new)
             if room > 0 and cost > 0:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from types import ModuleType
@@ -75,6 +75,12 @@ class Costs:
     # A sender's flush round serves every peer, so each peer's batches come 1 + c·(peers − 1) times as far
     # apart (clasp.core.model.FLUSH_PEER_FACTOR; `bench.calibrate` fits it).
     flush_peer_factor: float = FLUSH_PEER_FACTOR
+    # µs per chained request to a keyed successor whose key groups are not all on the sending worker, local
+    # or remote, paid by the sender on top of α or β_s: the runtime then routes each output through its
+    # keyed table (key function, key-group lookup, hit count; `clasp/runtime/engine.py` `_send`) instead of
+    # queueing it for a wholly local owner. An extension of ours, not the paper's; 0 (the default, and a file
+    # without the key) charges nothing, as before.
+    alpha_keyed: float = 0.0
 
     @classmethod
     def from_json_dict(cls, d: Any) -> Costs:
@@ -118,8 +124,12 @@ class Costs:
         peer = d.get("flush_peer_factor", FLUSH_PEER_FACTOR)
         if isinstance(peer, bool) or not isinstance(peer, int | float) or not math.isfinite(peer) or peer < 0:
             raise CostError(f"costs field 'flush_peer_factor' must be a finite number ≥ 0, not {peer!r}")
+        keyed = d.get("alpha_keyed", 0.0)
+        if isinstance(keyed, bool) or not isinstance(keyed, int | float) or not math.isfinite(keyed) or keyed < 0:
+            raise CostError(f"costs field 'alpha_keyed' must be a finite number ≥ 0, not {keyed!r}")
         return cls(values["alpha"], values["beta"], values["gamma"], values["capacity"], table, float(share),
-                   None if split is None else float(split), float(msg), float(flush), batch, float(peer))
+                   None if split is None else float(split), float(msg), float(flush), batch, float(peer),
+                   float(keyed))
 
     @classmethod
     def load(cls, path: str | Path) -> Costs:
@@ -134,8 +144,7 @@ class Costs:
         return cls.from_json_dict(d)
 
     def with_coefficients(self, alpha: float, beta: float, gamma: float) -> Costs:
-        return Costs(alpha, beta, gamma, self.capacity, self.tau_us, self.receive_share, self.alpha_split,
-                     self.message_us, self.flush_delay_s, self.max_batch, self.flush_peer_factor)
+        return replace(self, alpha=alpha, beta=beta, gamma=gamma)
 
 
 # The cost files are package data of clasp.sim (pyproject.toml), found wherever clasp is installed. A wheel
@@ -405,6 +414,10 @@ class Simulator:
             split = ((sigma > 0) & (sigma < 1 - 1e-12)) * stateless[None, :]  # [w, s]
             local_split = (sigma * split) @ self.fan.T  # [w, o]
             self.cost = self.cost + (c.alpha_split - c.alpha) * local_split
+        if c.alpha_keyed:
+            stateful = np.array([o in self.dag.stateful for o in self.ops], dtype=float)
+            keyed_routed = (sigma < 1 - 1e-12) * stateful[None, :]  # [w, s]: keyed s not wholly on w
+            self.cost = self.cost + c.alpha_keyed * (keyed_routed @ self.fan.T)
         inflow = self.mult[:, None] * self.fan  # [p, o]: requests p → o per record
         into = inflow.sum(axis=0)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -600,9 +613,11 @@ def make_controller(dag: SimDag, costs: Costs, policy: str, pool: int, p_max: in
                                                    capacity=costs.capacity, receive_share=costs.receive_share,
                                                    mu=costs.message_us, flush_delay=costs.flush_delay_s,
                                                    flush_peer_factor=costs.flush_peer_factor,
-                                                   alpha_split=costs.alpha_split))
+                                                   alpha_split=costs.alpha_split,
+                                                   alpha_keyed=costs.alpha_keyed))
     return Controller(list(dag.operators), list(dag.edges), POLICIES[policy](), p_max, pool,
-                      estimator=estimator, stateless=tuple(o for o in dag.operators if o not in dag.stateful))
+                      estimator=estimator, stateless=tuple(o for o in dag.operators if o not in dag.stateful),
+                      keyed=tuple(o for o in dag.operators if o in dag.stateful))
 
 
 def simulate(app: SimDag | ModuleType, workers: int, *, costs: Costs | None = None, policy: str | None = None,

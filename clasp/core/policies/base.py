@@ -26,7 +26,7 @@ from clasp.core.placement import (
 
 PROFILE_FIELDS = ("operators", "edges", "alpha", "beta", "gamma", "capacity", "throughput", "input_rate",
                   "p_max", "instances", "workers", "beta_receive", "mu", "flush_delay", "capacities", "alpha_split",
-                  "stateless", "flush_peer_factor")
+                  "stateless", "flush_peer_factor", "alpha_keyed", "keyed")
 
 
 class StatsError(ValueError):
@@ -82,7 +82,8 @@ class Stats:
     (the extended model, `clasp.core.model`; absent: the paper's): `beta_receive` β_r, `mu` µs per message,
     `flush_delay` the engine's (s), `capacities` W_w per worker index, `alpha_split` α on the table
     route, `stateless` the operators whose local requests can take it, `flush_peer_factor` how a sender's
-    flush interval grows per extra peer.
+    flush interval grows per extra peer, `alpha_keyed` what a request into an operator of `keyed` not
+    wholly on its sender's worker costs on top (the keyed table route).
     """
 
     operators: dict[str, OperatorStats]
@@ -103,6 +104,8 @@ class Stats:
     alpha_split: float | None = None
     stateless: list[str] | None = None
     flush_peer_factor: float = FLUSH_PEER_FACTOR
+    alpha_keyed: float = 0.0
+    keyed: list[str] | None = None
 
     @classmethod
     def from_json_dict(cls, d: Any) -> Stats:
@@ -154,7 +157,8 @@ class Stats:
             flush_peer_factor=_number(d, "flush_peer_factor", "", default=FLUSH_PEER_FACTOR),
             capacities=_capacities(d),
             alpha_split=None if d.get("alpha_split") is None else _number(d, "alpha_split", ""),
-            stateless=_names(d, "stateless", operators))
+            stateless=_names(d, "stateless", operators),
+            alpha_keyed=_number(d, "alpha_keyed", "", default=0.0), keyed=_names(d, "keyed", operators))
 
     def to_json_dict(self) -> dict:
         """The PROFILE.json object for these statistics."""
@@ -165,14 +169,16 @@ class Stats:
                 "instances": self.instances, "workers": self.workers, "beta_receive": self.beta_receive,
                 "mu": self.mu, "flush_delay": self.flush_delay, "flush_peer_factor": self.flush_peer_factor,
                 "capacities": None if self.capacities is None else list(self.capacities),
-                "alpha_split": self.alpha_split, "stateless": self.stateless}
+                "alpha_split": self.alpha_split, "stateless": self.stateless, "alpha_keyed": self.alpha_keyed,
+                "keyed": self.keyed}
 
     @property
     def model(self) -> CapacityModel:
         """The capacity model these statistics carry (the extended one where they have its terms)."""
         return CapacityModel(self.alpha, self.beta, self.gamma, self.capacity, self.beta_receive, self.mu,
                              self.flush_delay, None if self.capacities is None else tuple(self.capacities),
-                             self.alpha_split, frozenset(self.stateless or ()), self.flush_peer_factor)
+                             self.alpha_split, frozenset(self.stateless or ()), self.flush_peer_factor,
+                             self.alpha_keyed, frozenset(self.keyed or ()))
 
     def edge_rates(self) -> dict[Edge, float]:
         return {(e.src, e.dst): e.rate for e in self.edges}
@@ -202,7 +208,8 @@ class Stats:
                      [EdgeStats(s, d, rates.get((s, d), 0.0)) for s, d in edges],
                      self.alpha, self.beta, self.gamma, self.capacity, self.throughput, self.input_rate,
                      self.p_max, self.instances, self.workers, self.beta_receive, self.mu, self.flush_delay,
-                     self.capacities, self.alpha_split, self.stateless, self.flush_peer_factor)
+                     self.capacities, self.alpha_split, self.stateless, self.flush_peer_factor, self.alpha_keyed,
+                     self.keyed)
 
 
 def _names(d: Mapping, key: str, operators: Mapping) -> list[str] | None:
