@@ -31,7 +31,9 @@
   lookup and hit count per output, local or remote, on top of α or β_s): WC with its split on worker 0
   and its count on worker 1 (KEYED: every word through that route), the value with which the simulated
   sender spends what the measured one did per line (its CPU over the run's throughput), every other
-  coefficient fixed; only when WC is among `--apps` (`--no-keyed`
+  coefficient fixed. First the same run's receiver settles where WC's residual ε sits: the part of
+  count's ε with which the simulated receiver spends what the measured one did moves to split (on one
+  worker a record costs the same; the key function per word runs at the emit, on split's worker); only when WC is among `--apps` (`--no-keyed`
   skips it). Fitted last: the SYN runs route no keyed requests.
 - **message_us** (µs per data message at each end, `clasp.sim.simulator.Costs.message_us`): ALT and FAN run
   again with batches capped at SMALL_BATCH rows instead of 2,000 (`--message-lever batch`, the default) or
@@ -99,7 +101,7 @@ SPLIT = {o: {0: 0.98, 1: 0.02} for o in SYN_OPS}
 MIX = {o: ({0: 1.0} if i % 2 == 0 else {0: 0.5, 1: 0.5}) for i, o in enumerate(SYN_OPS)}
 # WC with its split on worker 0 and its count on worker 1: every word leaves through the keyed table route.
 KEYED = {"split": {0: 1.0}, "count": {1: 1.0}}
-KEYED_SENDER = 0
+KEYED_SENDER, KEYED_RECEIVER = 0, 1
 # ALT and FAN once more with the workers flushing every 0.1 ms instead of 1 ms: the same rows in about twice
 # the messages, which gives the per-message cost (fit_message_us) from placements that are not the spread.
 FAST_FLUSH_MS = 0.1
@@ -371,17 +373,35 @@ def _sim_wc_run(costs, placement: dict, workers: int):
                      config=SimConfig(duration=6.0, warmup=2.0, key_skew=True)).run()
 
 
-def keyed_sender_cost(runs: Sequence[Mapping]) -> float:
-    """KEYED's sender (worker 0): µs of its CPU per completed line, the mean over runs."""
+def keyed_worker_cost(runs: Sequence[Mapping], worker: int) -> float:
+    """µs of KEYED's `worker`'s CPU per completed line, the mean over runs."""
     def cpu(r):
-        return r["cpu_s"][KEYED_SENDER] if KEYED_SENDER in r["cpu_s"] else r["cpu_s"][str(KEYED_SENDER)]
+        return r["cpu_s"][worker] if worker in r["cpu_s"] else r["cpu_s"][str(worker)]
 
     return statistics.fmean(cpu(r) / r["cpu_window_s"] / r["throughput"] * 1e6 for r in runs)
 
 
-def _sim_keyed_sender_cost(costs) -> float:
+def _sim_keyed_cost(costs, worker: int) -> float:
     r = _sim_wc_run(costs, KEYED, 2)
-    return r.utilization[KEYED_SENDER] * costs.capacity / r.throughput
+    return r.utilization[worker] * costs.capacity / r.throughput
+
+
+def with_keyed_shift(costs, shift: float, mult: Mapping[str, float]):
+    """WC's τ̄ with `shift` µs per count request moved onto split's requests (a record's total unchanged, so
+    one worker predicts what it did)."""
+    t = dict(costs.tau_us["wc"])
+    t["count"] -= shift
+    t["split"] += shift * mult["count"] / mult["split"]
+    return dataclasses.replace(costs, tau_us={**costs.tau_us, "wc": t})
+
+
+def fit_keyed_shift(base, receiver_cost: float, most: float, mult: Mapping[str, float]) -> float:
+    """How much of count's per-request residual ε belongs to split: the shift with which the simulator's
+    KEYED receiver spends what the measured one did per line. One worker's runs spread ε evenly over the
+    requests; where count runs off split's worker, what the residual stood for (the key function per word,
+    called at the emit) stays with split."""
+    return solve(lambda x: _sim_keyed_cost(with_keyed_shift(base, x, mult), KEYED_RECEIVER),
+                 0.0, most, receiver_cost, iters=20)
 
 
 def receiver_cpu_ratio(runs: Sequence[Mapping]) -> float:
@@ -489,9 +509,8 @@ def fit_alpha_split(base, lam: float, placement: dict = SPLIT) -> float:
 def fit_alpha_keyed(base, sender_cost: float) -> float:
     """α_keyed with which the simulator's KEYED sender spends what the measured one did per line (a figure
     within each run, like PIPE's CPU ratio; every other coefficient fixed: the SYN runs route no keyed
-    requests). Not the throughput: KEYED's receiver carries the per-request residual ε that one worker's
-    runs put on the count, so in the simulator it, not the sender, can be the bottleneck."""
-    return solve(lambda k: -_sim_keyed_sender_cost(dataclasses.replace(base, alpha_keyed=k)),
+    requests), after `fit_keyed_shift` has settled what the receiver pays."""
+    return solve(lambda k: -_sim_keyed_cost(dataclasses.replace(base, alpha_keyed=k), KEYED_SENDER),
                  0.0, 20.0, -sender_cost, iters=20)
 
 
@@ -578,9 +597,13 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
             split_rule = f"fitted on {name.upper()}"
             costs = dataclasses.replace(costs, alpha_split=alpha_split)
             break
-    alpha_keyed = None
+    alpha_keyed = keyed_shift = None
     if runs.get("keyed") and "wc" in tau_file:
-        alpha_keyed = fit_alpha_keyed(costs, keyed_sender_cost(runs["keyed"]))
+        keyed_shift = fit_keyed_shift(costs, keyed_worker_cost(runs["keyed"], KEYED_RECEIVER), max(0.0, eps["wc"]),
+                                      shapes["wc"][0])
+        costs = with_keyed_shift(costs, keyed_shift, shapes["wc"][0])
+        tau_file["wc"] = dict(costs.tau_us["wc"])
+        alpha_keyed = fit_alpha_keyed(costs, keyed_worker_cost(runs["keyed"], KEYED_SENDER))
         costs = dataclasses.replace(costs, alpha_keyed=alpha_keyed)
     check = {"alt": _sim_tput(costs, ALT, 2), "fan": _sim_tput(costs, FAN, 3)}
     for name, placement in (("pipe", PIPE), ("split", SPLIT), ("mix", MIX)):
@@ -636,8 +659,12 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
     if alpha_keyed is not None:
         measured["wc_keyed_2w"] = {"throughput": tput_list(runs["keyed"]),
                                    "simulated": round(_sim_wc_run(costs, KEYED, 2).throughput, 1),
-                                   "sender_us_per_line": round(keyed_sender_cost(runs["keyed"]), 3),
-                                   "simulated_sender_us_per_line": round(_sim_keyed_sender_cost(costs), 3),
+                                   "sender_us_per_line": round(keyed_worker_cost(runs["keyed"], KEYED_SENDER), 3),
+                                   "simulated_sender_us_per_line": round(_sim_keyed_cost(costs, KEYED_SENDER), 3),
+                                   "receiver_us_per_line": round(keyed_worker_cost(runs["keyed"], KEYED_RECEIVER), 3),
+                                   "simulated_receiver_us_per_line": round(_sim_keyed_cost(costs, KEYED_RECEIVER),
+                                                                           3),
+                                   "count_residual_moved_to_split_us": round(keyed_shift, 4),
                                    "cpu_us_per_record": cpu_per_record(runs["keyed"])}
     for name in ("split", "mix"):
         if runs.get(name):

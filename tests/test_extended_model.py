@@ -45,9 +45,12 @@ def test_eq8_extended_by_hand():
     # Messages: F_0 = 10⁶/10⁶/1 ms = 1000 per peer; w0 sends 500 rows/s to w1, so 500 messages, μ at each end.
     mm = CapacityModel(1.0, 2.0, 10.0, 1e6, beta_receive=3.0, mu=5.0)
     assert mm.placement_load(fractions, demand, edges) == {0: 4210.0, 1: 4100.0}
-    # A local request to a stateless B that is held elsewhere too takes the table route: α_split.
+    # A request to a stateless B that has two holders takes the table route: α_split for the local half,
+    # β_s + (α_split − α) for the remote one; a lone remote holder of B would be the direct path.
     ms = CapacityModel(1.0, 2.0, 10.0, 1e6, beta_receive=3.0, alpha_split=4.0, table_routed=frozenset({"B"}))
-    assert ms.placement_load(fractions, demand, edges)[0] == 100 + 100 + 1000 * (4 * 0.5 + 2 * 0.5) + 10
+    assert ms.placement_load(fractions, demand, edges)[0] == 100 + 100 + 1000 * (4 * 0.5 + (2 + 3) * 0.5) + 10
+    apart = {"A": {0: 1.0}, "B": {1: 1.0}}
+    assert ms.placement_load(apart, demand, edges)[0] == M.placement_load(apart, demand, edges)[0] == 100 + 2000 + 10
     # The paper's model: β_s + β_r at the sender, nothing at the receiver.
     assert M.paper().placement_load(fractions, demand, edges) == {0: 100 + 100 + 1000 * (0.5 + 5 * 0.5) + 10,
                                                                    1: 100.0}
@@ -173,7 +176,10 @@ def independent_load(fractions, demand, edge_rates, m: CapacityModel) -> dict[in
                     a = m.alpha_split if (m.alpha_split is not None and d in m.table_routed and fd < 1) else m.alpha
                     load[w] += rate * fs * fd * a
                 else:
-                    load[w] += rate * fs * fd * m.beta
+                    holders = sum(1 for x in fractions[d].values() if x > 0)
+                    table = (m.alpha_split - m.alpha if m.alpha_split is not None and d in m.table_routed
+                             and holders > 1 else 0.0)
+                    load[w] += rate * fs * fd * (m.beta + table)
                     load[v] = load.get(v, 0.0) + rate * fs * fd * m.beta_receive
                     rows[(w, v)] = rows.get((w, v), 0.0) + rate * fs * fd
                     reach.setdefault(w, set()).add(v)

@@ -105,6 +105,16 @@ def local_cost(alpha: float, alpha_split: float | None, table_routed: frozenset,
     return alpha
 
 
+def table_remote_cost(alpha: float, alpha_split: float | None, table_routed: frozenset, dst: str,
+                      holders: int) -> float:
+    """What a remote chained request costs its sender on top of β_s where it takes the table route: to a
+    stateless successor held by more than one worker, whose outputs are dealt out by the weighted table
+    (local or remote alike), α_split − α more than the single-holder path. Beyond the paper."""
+    if alpha_split is not None and holders > 1 and dst in table_routed:
+        return alpha_split - alpha
+    return 0.0
+
+
 def keyed_cost(alpha_keyed: float, keyed_routed: frozenset, dst: str, local: float) -> float:
     """α_keyed for a chained request into a keyed successor whose groups are not all on the sender
     (σ_s(w) < 1): the runtime's keyed table route, local or remote; 0 otherwise. Beyond the paper."""
@@ -122,8 +132,9 @@ def load_terms(fractions: Mapping[str, Mapping[int, float]], demand: Mapping[str
     """Eq. (8) term by term per worker (`TERMS`, messages 0 here: `message_load` adds them):
     execution Σ_o φ[o,w]; local Σ Ẽ·σ_o(w)·σ_s(w)·α (α_split on the table route); remote_out
     Σ Ẽ·σ_o(w)·(1 − σ_s(w))·β_s; remote_in Σ Ẽ·σ_s(w)·(1 − σ_o(w))·β_r; destinations γ·δ_w(Φ).
-    Into a keyed successor of `keyed_routed` not wholly on w (σ_s(w) < 1) every request also costs its
-    sender α_keyed (`keyed_cost`), in local and remote_out by where it goes."""
+    A remote request to a stateless successor with more than one holder costs α_split − α more
+    (`table_remote_cost`). Into a keyed successor of `keyed_routed` not wholly on w (σ_s(w) < 1) every
+    request also costs its sender α_keyed (`keyed_cost`), in local and remote_out by where it goes."""
     terms: dict[int, dict[str, float]] = {}
 
     def at(w: int) -> dict[str, float]:
@@ -141,12 +152,13 @@ def load_terms(fractions: Mapping[str, Mapping[int, float]], demand: Mapping[str
             continue
         dst_fractions = fractions.get(dst, {})
         src_fractions = fractions.get(src, {})
+        table = table_remote_cost(alpha, alpha_split, table_routed, dst, sum(1 for v in dst_fractions.values() if v > 0))
         for w, f in src_fractions.items():
             local = dst_fractions.get(w, 0.0)
             t = at(w)
             k = keyed_cost(alpha_keyed, keyed_routed, dst, local)
             t["local"] += rate * f * local * (local_cost(alpha, alpha_split, table_routed, dst, local) + k)
-            t["remote_out"] += rate * f * (1.0 - local) * (beta + k)
+            t["remote_out"] += rate * f * (1.0 - local) * (beta + table + k)
         if beta_receive:
             for w, fd in dst_fractions.items():
                 at(w)["remote_in"] += rate * fd * (1.0 - src_fractions.get(w, 0.0)) * beta_receive

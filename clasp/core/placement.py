@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from clasp.core.model import CapacityModel, Edge, keyed_cost, local_cost
+from clasp.core.model import CapacityModel, Edge, keyed_cost, local_cost, table_remote_cost
 
 # A share this small is rounding noise; placing it would only add a fan-out connection.
 MIN_FRACTION = 1e-9
@@ -194,6 +194,9 @@ def next_fit(order: Sequence[str], successors: Mapping[str, Sequence[tuple[str, 
     its own W_w. Workers open in index order with W_w = `model.capacity_of(index)`, less what `held`
     keeps back. A new destination costs the sender γ + μ·F_w (its messages at most); what the receiver
     pays for the messages is not reserved here: `place` checks the full Eq. (8) and holds that back.
+    A remote request on the table route costs α_split − α more (`table_remote_cost`), and one into a
+    keyed successor not wholly on w α_keyed more (`keyed_cost`): σ_s is known, since successors are
+    placed first.
     """
     alpha, gamma = model.alpha, model.gamma
     beta, beta_r = model.beta, model.beta_receive
@@ -220,6 +223,8 @@ def next_fit(order: Sequence[str], successors: Mapping[str, Sequence[tuple[str, 
     for o in order:
         d = float(demand.get(o, 0.0))
         outs = [(s, fractions[s], rate) for s, rate in successors.get(o, ()) if rate > 0]
+        tables = {s: table_remote_cost(alpha, split, routed, s, sum(1 for v in fs.values() if v > 0))
+                  for s, fs, _ in outs}
         hosts: set[int] = set()
         for _, fs, _ in outs:
             hosts.update(w for w, f in fs.items() if f > 0)
@@ -234,7 +239,7 @@ def next_fit(order: Sequence[str], successors: Mapping[str, Sequence[tuple[str, 
             for s, fs, rate in outs:
                 local = fs.get(w, 0.0)
                 a = local_cost(alpha, split, routed, s, local)
-                cost += rate * (a * local + beta * (1.0 - local) - beta_r * local
+                cost += rate * (a * local + (beta + tables[s]) * (1.0 - local) - beta_r * local
                                 + keyed_cost(kappa, keyed, s, local))
             per_peer = gamma + model.peer_cost(w)
             room = remaining[w] - per_peer * len(new)

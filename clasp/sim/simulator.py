@@ -413,7 +413,10 @@ class Simulator:
             stateless = np.array([o not in self.dag.stateful for o in self.ops], dtype=float)
             split = ((sigma > 0) & (sigma < 1 - 1e-12)) * stateless[None, :]  # [w, s]
             local_split = (sigma * split) @ self.fan.T  # [w, o]
-            self.cost = self.cost + (c.alpha_split - c.alpha) * local_split
+            # Remote requests to a successor held by more than one worker take the same table route.
+            table = (((sigma > 0).sum(axis=0) > 1) * stateless)[None, :]  # [1, s]
+            remote_table = ((1.0 - sigma) * table) @ self.fan.T  # [w, o]
+            self.cost = self.cost + (c.alpha_split - c.alpha) * (local_split + remote_table)
         if c.alpha_keyed:
             stateful = np.array([o in self.dag.stateful for o in self.ops], dtype=float)
             keyed_routed = (sigma < 1 - 1e-12) * stateful[None, :]  # [w, s]: keyed s not wholly on w
