@@ -42,7 +42,11 @@
   slope of worker CPU per record against message ends per record (the workers' message counters) within
   each placement (`fit_message_us`). It is fitted first; β and α_split are then fitted with it in the
   simulator, and γ is fixed to 0 (the per-destination cost is carried by the
-  messages; FAN is then a check only). `--fit-gamma` keeps the old rule: γ fitted on FAN after message_us.
+  messages). `--fit-gamma` keeps the old rule: γ fitted on FAN after message_us.
+- **β_split** (µs more per remote chained request to a stateless operator with more than one holder: the
+  table route deals out remote outputs as it does local ones): FAN, whose worker 0 sends every other
+  operator's requests to two holders, the value with which the simulator reproduces its throughput, after
+  β and α_split (γ 0; with `--fit-gamma` γ takes FAN instead and β_split is 0).
 - **β's receive share**: 0.5, assumed (RECEIVE_SHARE), unless `beta_from="pipe"` (`--beta-from pipe`):
   then β and the share are those with which the simulator reproduces PIPE (SYN's first five operators on
   worker 1, the last five on worker 0: one remote chained request per record, worker 1 only sends, worker
@@ -452,6 +456,12 @@ def fit_beta_gamma(base, lam_alt: float, lam_fan: float, rounds: int = 3) -> tup
     return beta, gamma
 
 
+def fit_beta_split(base, lam_fan: float) -> float:
+    """β_split with which the simulator reproduces SYN FAN, whose worker 0 deals every other operator's
+    requests out to two holders (the table route, remote), every other coefficient fixed (γ 0)."""
+    return solve(lambda x: _sim_tput(dataclasses.replace(base, beta_split=x), FAN, 3), 0.0, 50.0, lam_fan, iters=20)
+
+
 def fit_gamma(base, lam_fan: float) -> float:
     """γ with which the simulator reproduces SYN FAN (δ = 2 on worker 0), β as in `base`."""
     return solve(lambda x: _sim_tput(dataclasses.replace(base, gamma=x), FAN, 3),
@@ -597,6 +607,10 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
             split_rule = f"fitted on {name.upper()}"
             costs = dataclasses.replace(costs, alpha_split=alpha_split)
             break
+    beta_split = None
+    if gamma_zero:
+        beta_split = fit_beta_split(costs, lam_fan)
+        costs = dataclasses.replace(costs, beta_split=beta_split)
     alpha_keyed = keyed_shift = None
     if runs.get("keyed") and "wc" in tau_file:
         keyed_shift = fit_keyed_shift(costs, keyed_worker_cost(runs["keyed"], KEYED_RECEIVER), max(0.0, eps["wc"]),
@@ -674,6 +688,8 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
            "receive_share": round(share, 4)}
     if alpha_split is not None:
         doc["alpha_split"] = round(alpha_split, 4)
+    if beta_split is not None:
+        doc["beta_split"] = round(beta_split, 4)
     if alpha_keyed is not None:
         doc["alpha_keyed"] = round(alpha_keyed, 4)
     if message_us > 0:
@@ -749,8 +765,8 @@ def main(argv=None) -> int:
 
     Costs.from_json_dict(doc)  # the simulator must load it
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-    print(json.dumps({k: doc.get(k) for k in ("alpha", "beta", "gamma", "capacity", "alpha_split", "alpha_keyed",
-                                               "message_us", "flush_delay_s")}
+    print(json.dumps({k: doc.get(k) for k in ("alpha", "beta", "gamma", "capacity", "alpha_split", "beta_split",
+                                               "alpha_keyed", "message_us", "flush_delay_s")}
                      | {"pipe_fit": doc["measured"].get("pipe_fit"), "out": args.out}))
     return 0
 

@@ -45,12 +45,15 @@ def test_eq8_extended_by_hand():
     # Messages: F_0 = 10⁶/10⁶/1 ms = 1000 per peer; w0 sends 500 rows/s to w1, so 500 messages, μ at each end.
     mm = CapacityModel(1.0, 2.0, 10.0, 1e6, beta_receive=3.0, mu=5.0)
     assert mm.placement_load(fractions, demand, edges) == {0: 4210.0, 1: 4100.0}
-    # A request to a stateless B that has two holders takes the table route: α_split for the local half,
-    # β_s + (α_split − α) for the remote one; a lone remote holder of B would be the direct path.
+    # A local request to a stateless B that is held elsewhere too takes the table route: α_split.
     ms = CapacityModel(1.0, 2.0, 10.0, 1e6, beta_receive=3.0, alpha_split=4.0, table_routed=frozenset({"B"}))
-    assert ms.placement_load(fractions, demand, edges)[0] == 100 + 100 + 1000 * (4 * 0.5 + (2 + 3) * 0.5) + 10
+    assert ms.placement_load(fractions, demand, edges)[0] == 100 + 100 + 1000 * (4 * 0.5 + 2 * 0.5) + 10
+    # So does a remote one to a B with two holders: β_s + β_split; a lone remote holder is the direct path.
+    mb = CapacityModel(1.0, 2.0, 10.0, 1e6, beta_receive=3.0, alpha_split=4.0, table_routed=frozenset({"B"}),
+                       beta_split=3.0)
+    assert mb.placement_load(fractions, demand, edges)[0] == 100 + 100 + 1000 * (4 * 0.5 + (2 + 3) * 0.5) + 10
     apart = {"A": {0: 1.0}, "B": {1: 1.0}}
-    assert ms.placement_load(apart, demand, edges)[0] == M.placement_load(apart, demand, edges)[0] == 100 + 2000 + 10
+    assert mb.placement_load(apart, demand, edges)[0] == M.placement_load(apart, demand, edges)[0] == 100 + 2000 + 10
     # The paper's model: β_s + β_r at the sender, nothing at the receiver.
     assert M.paper().placement_load(fractions, demand, edges) == {0: 100 + 100 + 1000 * (0.5 + 5 * 0.5) + 10,
                                                                    1: 100.0}
@@ -152,7 +155,8 @@ def extended_cases(draw):
                           draw(st.floats(5e5, 2e6)), beta_receive=draw(st.floats(0.0, 100.0)),
                           mu=draw(st.sampled_from([0.0, 5.0, 60.0])), capacities=caps,
                           alpha_split=draw(st.sampled_from([None, 5.0])), table_routed=stateless,
-                          alpha_keyed=draw(st.sampled_from([0.0, 4.0])), keyed_routed=keyed)
+                          alpha_keyed=draw(st.sampled_from([0.0, 4.0])), keyed_routed=keyed,
+                          beta_split=draw(st.sampled_from([0.0, 3.0])))
     load = derive_load(rates, tau, edge_rates, draw(st.floats(100.0, 1000.0)), draw(st.floats(0.0, 2000.0)))
     return ops, edges, load, model
 
@@ -177,8 +181,7 @@ def independent_load(fractions, demand, edge_rates, m: CapacityModel) -> dict[in
                     load[w] += rate * fs * fd * a
                 else:
                     holders = sum(1 for x in fractions[d].values() if x > 0)
-                    table = (m.alpha_split - m.alpha if m.alpha_split is not None and d in m.table_routed
-                             and holders > 1 else 0.0)
+                    table = m.beta_split if d in m.table_routed and holders > 1 else 0.0
                     load[w] += rate * fs * fd * (m.beta + table)
                     load[v] = load.get(v, 0.0) + rate * fs * fd * m.beta_receive
                     rows[(w, v)] = rows.get((w, v), 0.0) + rate * fs * fd

@@ -211,7 +211,7 @@ class Controller:
                      e.alpha, e.beta, e.gamma, capacity, obs.throughput, target, self.p_max,
                      max(obs.instances, 1), max(obs.active, 1), beta_receive=e.beta_receive, mu=e.mu,
                      flush_delay=e.flush_delay, capacities=capacities, alpha_split=e.config.alpha_split,
-                     alpha_keyed=e.config.alpha_keyed, keyed=list(self.keyed),
+                     alpha_keyed=e.config.alpha_keyed, keyed=list(self.keyed), beta_split=e.config.beta_split,
                      stateless=list(self.stateless), flush_peer_factor=e.config.flush_peer_factor)
 
     def place_on(self, workers: int, pool: list | None = None) -> PlacementResult:

@@ -111,7 +111,7 @@ class EstimatorConfig:
     sender the rest (β_s); `mu`: µs per data message at either end; `flush_delay`: the engine's (s), the
     prior of the effective one (`Estimator.flush_delay`); `alpha_split`: α on the table route (held: the
     runtime does not report those requests apart); `alpha_keyed`: µs more per request routed through the
-    keyed table (held, likewise). `rho`: RLS forgetting factor per observation (memory ≈ 1/(1−ρ)
+    keyed table, `beta_split` per remote request on the table route (both held, likewise). `rho`: RLS forgetting factor per observation (memory ≈ 1/(1−ρ)
     observations); `eta`: EMA weight of Eq. (4); `growth_intervals`: consecutive intervals of
     queue growth that mark saturation; `delay_threshold`: queueing delay (s) that marks saturation on its
     own; `scale_*`: the fixed per-term normalization of R^l, R^r (req/s), M (messages/s), δ (workers) and
@@ -131,6 +131,7 @@ class EstimatorConfig:
     flush_peer_factor: float = FLUSH_PEER_FACTOR
     alpha_split: float | None = None
     alpha_keyed: float = 0.0
+    beta_split: float = 0.0
     rho: float = 0.99
     eta: float = 0.05
     growth_intervals: int = 3

@@ -105,14 +105,11 @@ def local_cost(alpha: float, alpha_split: float | None, table_routed: frozenset,
     return alpha
 
 
-def table_remote_cost(alpha: float, alpha_split: float | None, table_routed: frozenset, dst: str,
-                      holders: int) -> float:
-    """What a remote chained request costs its sender on top of β_s where it takes the table route: to a
-    stateless successor held by more than one worker, whose outputs are dealt out by the weighted table
-    (local or remote alike), α_split − α more than the single-holder path. Beyond the paper."""
-    if alpha_split is not None and holders > 1 and dst in table_routed:
-        return alpha_split - alpha
-    return 0.0
+def table_remote_cost(beta_split: float, table_routed: frozenset, dst: str, holders: int) -> float:
+    """β_split for a remote chained request that takes the table route, to a stateless successor held by
+    more than one worker (the weighted table deals out local and remote outputs alike); 0 otherwise, a
+    lone remote holder being the direct path. Beyond the paper."""
+    return beta_split if beta_split and holders > 1 and dst in table_routed else 0.0
 
 
 def keyed_cost(alpha_keyed: float, keyed_routed: frozenset, dst: str, local: float) -> float:
@@ -128,11 +125,11 @@ def load_terms(fractions: Mapping[str, Mapping[int, float]], demand: Mapping[str
                edge_rates: Mapping[Edge, float], alpha: float, beta: float,
                gamma: float, beta_receive: float = 0.0, alpha_split: float | None = None,
                table_routed: frozenset = frozenset(), alpha_keyed: float = 0.0,
-               keyed_routed: frozenset = frozenset()) -> dict[int, dict[str, float]]:
+               keyed_routed: frozenset = frozenset(), beta_split: float = 0.0) -> dict[int, dict[str, float]]:
     """Eq. (8) term by term per worker (`TERMS`, messages 0 here: `message_load` adds them):
     execution Σ_o φ[o,w]; local Σ Ẽ·σ_o(w)·σ_s(w)·α (α_split on the table route); remote_out
     Σ Ẽ·σ_o(w)·(1 − σ_s(w))·β_s; remote_in Σ Ẽ·σ_s(w)·(1 − σ_o(w))·β_r; destinations γ·δ_w(Φ).
-    A remote request to a stateless successor with more than one holder costs α_split − α more
+    A remote request to a stateless successor with more than one holder costs β_split more
     (`table_remote_cost`). Into a keyed successor of `keyed_routed` not wholly on w (σ_s(w) < 1) every
     request also costs its sender α_keyed (`keyed_cost`), in local and remote_out by where it goes."""
     terms: dict[int, dict[str, float]] = {}
@@ -152,7 +149,7 @@ def load_terms(fractions: Mapping[str, Mapping[int, float]], demand: Mapping[str
             continue
         dst_fractions = fractions.get(dst, {})
         src_fractions = fractions.get(src, {})
-        table = table_remote_cost(alpha, alpha_split, table_routed, dst, sum(1 for v in dst_fractions.values() if v > 0))
+        table = table_remote_cost(beta_split, table_routed, dst, sum(1 for v in dst_fractions.values() if v > 0))
         for w, f in src_fractions.items():
             local = dst_fractions.get(w, 0.0)
             t = at(w)
@@ -190,7 +187,9 @@ class CapacityModel:
     `capacities` W_w per worker index (placement indices; workers beyond the tuple have W̄); `alpha_split`
     α of a local request that takes the table route, to an operator of `table_routed` (the DAG's stateless
     ones) held by other workers too; `alpha_keyed` what a request into an operator of `keyed_routed` (the
-    DAG's keyed ones) costs its sender on top when that operator is not wholly on the sender's worker."""
+    DAG's keyed ones) costs its sender on top when that operator is not wholly on the sender's worker;
+    `beta_split` what a remote request to an operator of `table_routed` with several holders costs its
+    sender on top of β_s (the same table route)."""
 
     alpha: float = DEFAULT_ALPHA
     beta: float = DEFAULT_BETA
@@ -205,6 +204,7 @@ class CapacityModel:
     flush_peer_factor: float = FLUSH_PEER_FACTOR
     alpha_keyed: float = 0.0
     keyed_routed: frozenset = frozenset()
+    beta_split: float = 0.0
 
     def flush_rate(self, worker: int) -> float:
         """F_w: messages per second to one peer of a saturated worker (one batch per flush delay of CPU)."""
@@ -228,7 +228,7 @@ class CapacityModel:
     @property
     def extended(self) -> bool:
         return bool(self.beta_receive or self.mu or self.capacities or self.alpha_split is not None
-                    or self.alpha_keyed)
+                    or self.alpha_keyed or self.beta_split)
 
     def worker_load(self, execution: float, r_local: float, r_remote: float, delta: float,
                     r_received: float = 0.0, messages: float = 0.0) -> float:
@@ -240,7 +240,8 @@ class CapacityModel:
                    edge_rates: Mapping[Edge, float]) -> dict[int, dict[str, float]]:
         """Eq. (8) term by term per worker (`TERMS`) with this model's coefficients."""
         terms = load_terms(fractions, demand, edge_rates, self.alpha, self.beta, self.gamma, self.beta_receive,
-                           self.alpha_split, self.table_routed, self.alpha_keyed, self.keyed_routed)
+                           self.alpha_split, self.table_routed, self.alpha_keyed, self.keyed_routed,
+                           self.beta_split)
         for w, v in message_load(fractions, edge_rates, self.mu, self.flush_rate, self.flush_peer_factor).items():
             terms.setdefault(w, dict.fromkeys(TERMS, 0.0))["messages"] += v
         return terms

@@ -194,14 +194,14 @@ def next_fit(order: Sequence[str], successors: Mapping[str, Sequence[tuple[str, 
     its own W_w. Workers open in index order with W_w = `model.capacity_of(index)`, less what `held`
     keeps back. A new destination costs the sender γ + μ·F_w (its messages at most); what the receiver
     pays for the messages is not reserved here: `place` checks the full Eq. (8) and holds that back.
-    A remote request on the table route costs α_split − α more (`table_remote_cost`), and one into a
+    A remote request on the table route costs β_split more (`table_remote_cost`), and one into a
     keyed successor not wholly on w α_keyed more (`keyed_cost`): σ_s is known, since successors are
     placed first.
     """
     alpha, gamma = model.alpha, model.gamma
     beta, beta_r = model.beta, model.beta_receive
     split, routed = model.alpha_split, model.table_routed
-    kappa, keyed = model.alpha_keyed, model.keyed_routed
+    kappa, keyed, beta_split = model.alpha_keyed, model.keyed_routed, model.beta_split
     if predecessors is None:
         beta_r = 0.0
     limit = WORKER_HARD_LIMIT if max_workers is None else min(max_workers, WORKER_HARD_LIMIT)
@@ -223,7 +223,7 @@ def next_fit(order: Sequence[str], successors: Mapping[str, Sequence[tuple[str, 
     for o in order:
         d = float(demand.get(o, 0.0))
         outs = [(s, fractions[s], rate) for s, rate in successors.get(o, ()) if rate > 0]
-        tables = {s: table_remote_cost(alpha, split, routed, s, sum(1 for v in fs.values() if v > 0))
+        tables = {s: table_remote_cost(beta_split, routed, s, sum(1 for v in fs.values() if v > 0))
                   for s, fs, _ in outs}
         hosts: set[int] = set()
         for _, fs, _ in outs:

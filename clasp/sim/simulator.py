@@ -81,6 +81,11 @@ class Costs:
     # queueing it for a wholly local owner. An extension of ours, not the paper's; 0 (the default, and a file
     # without the key) charges nothing, as before.
     alpha_keyed: float = 0.0
+    # µs more per remote chained request to a stateless successor held by more than one worker, paid by the
+    # sender on top of (1 − r)·β: the weighted-table route (as for α_split) deals out remote outputs too,
+    # where a lone remote holder takes the direct path. Ours, not the paper's; 0 (the default, and a file
+    # without the key) charges nothing, as before.
+    beta_split: float = 0.0
 
     @classmethod
     def from_json_dict(cls, d: Any) -> Costs:
@@ -127,9 +132,12 @@ class Costs:
         keyed = d.get("alpha_keyed", 0.0)
         if isinstance(keyed, bool) or not isinstance(keyed, int | float) or not math.isfinite(keyed) or keyed < 0:
             raise CostError(f"costs field 'alpha_keyed' must be a finite number ≥ 0, not {keyed!r}")
+        bsplit = d.get("beta_split", 0.0)
+        if isinstance(bsplit, bool) or not isinstance(bsplit, int | float) or not math.isfinite(bsplit) or bsplit < 0:
+            raise CostError(f"costs field 'beta_split' must be a finite number ≥ 0, not {bsplit!r}")
         return cls(values["alpha"], values["beta"], values["gamma"], values["capacity"], table, float(share),
                    None if split is None else float(split), float(msg), float(flush), batch, float(peer),
-                   float(keyed))
+                   float(keyed), float(bsplit))
 
     @classmethod
     def load(cls, path: str | Path) -> Costs:
@@ -413,10 +421,12 @@ class Simulator:
             stateless = np.array([o not in self.dag.stateful for o in self.ops], dtype=float)
             split = ((sigma > 0) & (sigma < 1 - 1e-12)) * stateless[None, :]  # [w, s]
             local_split = (sigma * split) @ self.fan.T  # [w, o]
-            # Remote requests to a successor held by more than one worker take the same table route.
+            self.cost = self.cost + (c.alpha_split - c.alpha) * local_split
+        if c.beta_split:
+            # A remote request to a stateless successor held by more than one worker takes the table route too.
+            stateless = np.array([o not in self.dag.stateful for o in self.ops], dtype=float)
             table = (((sigma > 0).sum(axis=0) > 1) * stateless)[None, :]  # [1, s]
-            remote_table = ((1.0 - sigma) * table) @ self.fan.T  # [w, o]
-            self.cost = self.cost + (c.alpha_split - c.alpha) * (local_split + remote_table)
+            self.cost = self.cost + c.beta_split * (((1.0 - sigma) * table) @ self.fan.T)
         if c.alpha_keyed:
             stateful = np.array([o in self.dag.stateful for o in self.ops], dtype=float)
             keyed_routed = (sigma < 1 - 1e-12) * stateful[None, :]  # [w, s]: keyed s not wholly on w
@@ -617,7 +627,8 @@ def make_controller(dag: SimDag, costs: Costs, policy: str, pool: int, p_max: in
                                                    mu=costs.message_us, flush_delay=costs.flush_delay_s,
                                                    flush_peer_factor=costs.flush_peer_factor,
                                                    alpha_split=costs.alpha_split,
-                                                   alpha_keyed=costs.alpha_keyed))
+                                                   alpha_keyed=costs.alpha_keyed,
+                                                   beta_split=costs.beta_split))
     return Controller(list(dag.operators), list(dag.edges), POLICIES[policy](), p_max, pool,
                       estimator=estimator, stateless=tuple(o for o in dag.operators if o not in dag.stateful),
                       keyed=tuple(o for o in dag.operators if o in dag.stateful))

@@ -26,7 +26,7 @@ from clasp.core.placement import (
 
 PROFILE_FIELDS = ("operators", "edges", "alpha", "beta", "gamma", "capacity", "throughput", "input_rate",
                   "p_max", "instances", "workers", "beta_receive", "mu", "flush_delay", "capacities", "alpha_split",
-                  "stateless", "flush_peer_factor", "alpha_keyed", "keyed")
+                  "stateless", "flush_peer_factor", "alpha_keyed", "keyed", "beta_split")
 
 
 class StatsError(ValueError):
@@ -83,7 +83,8 @@ class Stats:
     `flush_delay` the engine's (s), `capacities` W_w per worker index, `alpha_split` α on the table
     route, `stateless` the operators whose local requests can take it, `flush_peer_factor` how a sender's
     flush interval grows per extra peer, `alpha_keyed` what a request into an operator of `keyed` not
-    wholly on its sender's worker costs on top (the keyed table route).
+    wholly on its sender's worker costs on top (the keyed table route), `beta_split` what a remote request
+    to a stateless operator with several holders costs on top of β_s (the table route).
     """
 
     operators: dict[str, OperatorStats]
@@ -106,6 +107,7 @@ class Stats:
     flush_peer_factor: float = FLUSH_PEER_FACTOR
     alpha_keyed: float = 0.0
     keyed: list[str] | None = None
+    beta_split: float = 0.0
 
     @classmethod
     def from_json_dict(cls, d: Any) -> Stats:
@@ -158,7 +160,8 @@ class Stats:
             capacities=_capacities(d),
             alpha_split=None if d.get("alpha_split") is None else _number(d, "alpha_split", ""),
             stateless=_names(d, "stateless", operators),
-            alpha_keyed=_number(d, "alpha_keyed", "", default=0.0), keyed=_names(d, "keyed", operators))
+            alpha_keyed=_number(d, "alpha_keyed", "", default=0.0), keyed=_names(d, "keyed", operators),
+            beta_split=_number(d, "beta_split", "", default=0.0))
 
     def to_json_dict(self) -> dict:
         """The PROFILE.json object for these statistics."""
@@ -170,7 +173,7 @@ class Stats:
                 "mu": self.mu, "flush_delay": self.flush_delay, "flush_peer_factor": self.flush_peer_factor,
                 "capacities": None if self.capacities is None else list(self.capacities),
                 "alpha_split": self.alpha_split, "stateless": self.stateless, "alpha_keyed": self.alpha_keyed,
-                "keyed": self.keyed}
+                "keyed": self.keyed, "beta_split": self.beta_split}
 
     @property
     def model(self) -> CapacityModel:
@@ -178,7 +181,7 @@ class Stats:
         return CapacityModel(self.alpha, self.beta, self.gamma, self.capacity, self.beta_receive, self.mu,
                              self.flush_delay, None if self.capacities is None else tuple(self.capacities),
                              self.alpha_split, frozenset(self.stateless or ()), self.flush_peer_factor,
-                             self.alpha_keyed, frozenset(self.keyed or ()))
+                             self.alpha_keyed, frozenset(self.keyed or ()), self.beta_split)
 
     def edge_rates(self) -> dict[Edge, float]:
         return {(e.src, e.dst): e.rate for e in self.edges}
@@ -209,7 +212,7 @@ class Stats:
                      self.alpha, self.beta, self.gamma, self.capacity, self.throughput, self.input_rate,
                      self.p_max, self.instances, self.workers, self.beta_receive, self.mu, self.flush_delay,
                      self.capacities, self.alpha_split, self.stateless, self.flush_peer_factor, self.alpha_keyed,
-                     self.keyed)
+                     self.keyed, self.beta_split)
 
 
 def _names(d: Mapping, key: str, operators: Mapping) -> list[str] | None:
