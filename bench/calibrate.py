@@ -28,7 +28,7 @@
   fit on MIX would absorb into α_split (docs/SIMULATOR.md); `--alpha-split-from mix` fits on it.
 - **α_keyed** (µs per chained request into a keyed operator whose key groups are not all on the sending
   worker: the runtime's keyed table route, `clasp/runtime/engine.py` `_send`, key function, key-group
-  lookup and hit count per output, local or remote, on top of α or β_s): WC with its split on worker 0
+  lookup and hit count per output, local or remote, in place of α or β_s): WC with its split on worker 0
   and its count on worker 1 (KEYED: every word through that route), the value with which the simulated
   sender spends what the measured one did per line (its CPU over the run's throughput), every other
   coefficient fixed. First the same run's receiver settles where WC's residual ε sits: the part of
@@ -516,6 +516,17 @@ def fit_alpha_split(base, lam: float, placement: dict = SPLIT) -> float:
                  base.alpha, 50 * max(base.alpha, 1.0), lam, iters=20)
 
 
+def fit_keyed(base, receiver_cost: float, sender_cost: float, most: float, mult: Mapping[str, float],
+              rounds: int = 3) -> tuple[float, float]:
+    """(shift, α_keyed) from KEYED's receiver and sender, fitted alternately: the sender's load sets how
+    often it flushes, so α_keyed moves the receiver's message work a little."""
+    shift, keyed = 0.0, 0.0
+    for _ in range(rounds):
+        shift = fit_keyed_shift(dataclasses.replace(base, alpha_keyed=keyed), receiver_cost, most, mult)
+        keyed = fit_alpha_keyed(with_keyed_shift(base, shift, mult), sender_cost)
+    return shift, keyed
+
+
 def fit_alpha_keyed(base, sender_cost: float) -> float:
     """α_keyed with which the simulator's KEYED sender spends what the measured one did per line (a figure
     within each run, like PIPE's CPU ratio; every other coefficient fixed: the SYN runs route no keyed
@@ -613,12 +624,11 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
         costs = dataclasses.replace(costs, beta_split=beta_split)
     alpha_keyed = keyed_shift = None
     if runs.get("keyed") and "wc" in tau_file:
-        keyed_shift = fit_keyed_shift(costs, keyed_worker_cost(runs["keyed"], KEYED_RECEIVER), max(0.0, eps["wc"]),
-                                      shapes["wc"][0])
-        costs = with_keyed_shift(costs, keyed_shift, shapes["wc"][0])
+        keyed_shift, alpha_keyed = fit_keyed(costs, keyed_worker_cost(runs["keyed"], KEYED_RECEIVER),
+                                             keyed_worker_cost(runs["keyed"], KEYED_SENDER), max(0.0, eps["wc"]),
+                                             shapes["wc"][0])
+        costs = dataclasses.replace(with_keyed_shift(costs, keyed_shift, shapes["wc"][0]), alpha_keyed=alpha_keyed)
         tau_file["wc"] = dict(costs.tau_us["wc"])
-        alpha_keyed = fit_alpha_keyed(costs, keyed_worker_cost(runs["keyed"], KEYED_SENDER))
-        costs = dataclasses.replace(costs, alpha_keyed=alpha_keyed)
     check = {"alt": _sim_tput(costs, ALT, 2), "fan": _sim_tput(costs, FAN, 3)}
     for name, placement in (("pipe", PIPE), ("split", SPLIT), ("mix", MIX)):
         if runs.get(name):
@@ -707,10 +717,15 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
 def calibrate(cpu: float, apps: list[str], seconds: float, repeat: int, mix: bool = True,
               messages: bool = True, gamma_with_messages: bool = False, short: bool = True,
               pipe: bool = True, beta_from: str = "alt", alpha_split_from: str = "split",
-              message_lever: str = "batch", keyed: bool = True) -> dict:
-    runs = measure(cpu, apps, seconds, repeat, mix=mix, messages=messages, short=short, pipe=pipe,
-                   message_lever=message_lever, keyed=keyed)
-    ce.shutdown()
+              message_lever: str = "batch", keyed: bool = True, runs: Mapping | None = None,
+              runs_out: str | None = None) -> dict:
+    """Measure (or take `runs`, a `--runs-out` file's content, measured before) and fit."""
+    if runs is None:
+        runs = measure(cpu, apps, seconds, repeat, mix=mix, messages=messages, short=short, pipe=pipe,
+                       message_lever=message_lever, keyed=keyed)
+        ce.shutdown()
+        if runs_out:
+            Path(runs_out).write_text(json.dumps(runs) + "\n")
     doc = fit(runs, cpu, seconds, repeat, gamma_with_messages=gamma_with_messages, beta_from=beta_from,
               alpha_split_from=alpha_split_from)
     if pipe and beta_from == "alt":
@@ -721,6 +736,15 @@ def calibrate(cpu: float, apps: list[str], seconds: float, repeat: int, mix: boo
         doc["measured"]["pipe_fit"] = {k: other.get(k) for k in ("alpha", "beta", "receive_share", "message_us",
                                                                  "alpha_keyed")}
     return doc
+
+
+def int_keys(obj):
+    """JSON's string keys back to the worker indices they were ("0" → 0), everywhere in `obj`."""
+    if isinstance(obj, dict):
+        return {int(k) if isinstance(k, str) and k.isdigit() else k: int_keys(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [int_keys(v) for v in obj]
+    return obj
 
 
 def main(argv=None) -> int:
@@ -740,7 +764,7 @@ def main(argv=None) -> int:
                     help=f"skip the {SHORT_CHAIN}-operator SYN run (no per-record cost F: it is folded into α)")
     ap.add_argument("--no-pipe", action="store_true", help="skip the PIPE run (a check unless --beta-from pipe)")
     ap.add_argument("--no-keyed", action="store_true",
-                    help="skip WC's KEYED run (no alpha_keyed: the keyed table route costs nothing extra)")
+                    help="skip WC's KEYED run (no alpha_keyed: a keyed request costs α or β_s like any other)")
     ap.add_argument("--beta-from", choices=("alt", "pipe"), default="alt",
                     help="fit β on ALT (receive share 0.5) or β and the share on PIPE (docs/SIMULATOR.md)")
     ap.add_argument("--alpha-split-from", choices=("split", "mix"), default="split",
@@ -748,6 +772,9 @@ def main(argv=None) -> int:
     ap.add_argument("--message-lever", choices=("batch", "flush"), default="batch",
                     help=f"more messages for the message_us fit by batches of {SMALL_BATCH} rows (batch) or a "
                          f"{FAST_FLUSH_MS} ms flush delay (flush, the rule before)")
+    ap.add_argument("--runs-out", help="also write the raw runs here, for --from-runs")
+    ap.add_argument("--from-runs", help="fit the runs of an earlier --runs-out instead of measuring (its quota, "
+                                         "seconds and repeat are what --cpu-per-worker, --seconds, --repeat say)")
     ap.add_argument("--fit-gamma", action="store_true",
                     help="also fit γ on FAN when message_us is fitted (the old rule; default: γ = 0 then)")
     args = ap.parse_args(argv)
@@ -760,7 +787,9 @@ def main(argv=None) -> int:
     doc = calibrate(args.cpu_per_worker, apps, args.seconds, args.repeat, mix=not args.no_mix,
                     messages=not args.no_messages, gamma_with_messages=args.fit_gamma, short=not args.no_short,
                     pipe=not args.no_pipe, beta_from=args.beta_from, alpha_split_from=args.alpha_split_from,
-                    message_lever=args.message_lever, keyed=not args.no_keyed)
+                    message_lever=args.message_lever, keyed=not args.no_keyed,
+                    runs=int_keys(json.loads(Path(args.from_runs).read_text())) if args.from_runs else None,
+                    runs_out=args.runs_out)
     from clasp.sim.simulator import Costs
 
     Costs.from_json_dict(doc)  # the simulator must load it

@@ -274,3 +274,29 @@ def test_pipe_fit_recovers_beta_and_the_receive_share():
     # The measured ratio is the receiver's CPU over the sender's, within each run, averaged over runs.
     runs = [{"cpu_s": {0: 0.9, 1: 1.0, "planner": 0.1}}, {"cpu_s": {"0": 1.6, "1": 2.0}}]
     assert cal.receiver_cpu_ratio(runs) == pytest.approx(0.85)
+
+
+def test_keyed_and_table_route_fits_recover_what_the_simulator_was_given():
+    """β_split from FAN, and WC's residual shift and α_keyed from KEYED's two workers, are the values the
+    simulator was given (its own throughput and per-worker CPU per line fed back as the measurement); the
+    shift leaves one worker's cost per line as it was."""
+    import dataclasses
+
+    from bench import calibrate as cal
+    from clasp.sim.simulator import MEASURED_COSTS_FILE, Costs
+
+    base = dataclasses.replace(Costs.load(MEASURED_COSTS_FILE), gamma=0.0, beta_split=0.0, alpha_keyed=None)
+    assert cal.fit_beta_split(base, cal._sim_tput(dataclasses.replace(base, beta_split=1.5), cal.FAN, 3)) \
+        == pytest.approx(1.5, rel=0.05)
+    mult = cal.structure("wc")[0]
+    shifted = cal.with_keyed_shift(base, 0.2, mult)
+    assert cal.per_record_cost(mult, shifted.tau_us["wc"], 0.3, 15.0) \
+        == pytest.approx(cal.per_record_cost(mult, base.tau_us["wc"], 0.3, 15.0))
+    truth = dataclasses.replace(shifted, alpha_keyed=0.5)
+    rc, sc = (cal._sim_keyed_cost(truth, w) for w in (cal.KEYED_RECEIVER, cal.KEYED_SENDER))
+    shift, keyed = cal.fit_keyed(base, rc, sc, 0.5, mult)
+    assert shift == pytest.approx(0.2, abs=0.01) and keyed == pytest.approx(0.5, rel=0.05)
+    # Measured: each worker's CPU over the window and the run's throughput, µs per line, averaged over runs.
+    runs = [{"cpu_s": {0: 2.0, 1: 1.6}, "cpu_window_s": 8.0, "throughput": 25_000.0},
+            {"cpu_s": {"0": 1.8, "1": 1.8}, "cpu_window_s": 8.0, "throughput": 22_500.0}]
+    assert cal.keyed_worker_cost(runs, 0) == pytest.approx(10.0) and cal.keyed_worker_cost(runs, 1) == pytest.approx(9.0)

@@ -60,14 +60,15 @@ def test_eq8_extended_by_hand():
 
 
 def test_keyed_table_route_by_hand():
-    # B keyed and half on w0: every request of A into it takes the keyed table route, local or remote.
+    # B keyed and half on w0: every request of A into it takes the keyed table route, local or remote,
+    # and costs α_keyed in place of α or β_s; the receiver still pays β_r.
     fractions = {"A": {0: 1.0}, "B": {0: 0.5, 1: 0.5}}
     demand = {"A": 100.0, "B": 200.0}
     edges = {("A", "B"): 1000.0}
     mk = CapacityModel(1.0, 2.0, 10.0, 1e6, beta_receive=3.0, alpha_keyed=0.5, keyed_routed=frozenset({"B"}))
     terms = mk.load_terms(fractions, demand, edges)[0]
-    assert terms["local"] == 1000 * 0.5 * (1.0 + 0.5) and terms["remote_out"] == 1000 * 0.5 * (2.0 + 0.5)
-    assert mk.placement_load(fractions, demand, edges) == {0: 100 + 100 + 750 + 1250 + 10, 1: 1600.0}
+    assert terms["local"] == 1000 * 0.5 * 0.5 and terms["remote_out"] == 1000 * 0.5 * 0.5
+    assert mk.placement_load(fractions, demand, edges) == {0: 100 + 100 + 250 + 250 + 10, 1: 1600.0}
     # B wholly on A's worker: the owner's own path, no α_keyed; nor for an operator not keyed.
     whole = {"A": {0: 1.0}, "B": {0: 1.0}}
     assert mk.placement_load(whole, demand, edges) == {0: 100 + 200 + 1000 * 1.0}
@@ -79,13 +80,13 @@ def test_keyed_table_route_by_hand():
 
 def test_next_fit_charges_the_keyed_route_to_the_sender():
     # Order B then A. B (keyed, 3000) takes w0 whole and a third of w1; A's 100 requests/s into B cost its
-    # worker α or β plus α_keyed 9 each while B is not wholly there: 1300 at full share, so A fills w1's
-    # 1000 and spills onto w2. Without α_keyed A's 400 fit on w1, which that model then overloads.
+    # worker α_keyed 9 each instead of α or β while B is not wholly there: 1200 at full share, so A fills
+    # w1's 1000 and spills onto w2. Without α_keyed A's 400 fit on w1, which that model then overloads.
     m = CapacityModel(alpha=1.0, beta=1.0, gamma=0.0, capacity=2000.0, alpha_keyed=9.0,
                       keyed_routed=frozenset({"B"}))
     load = Load(1.0, {"A": 1.0, "B": 1.0}, {"A": 300.0, "B": 3000.0}, {("A", "B"): 100.0})
     p = place(["A", "B"], [("A", "B")], load, m)
-    assert p.workers == 3 and p.fractions["A"] == {1: pytest.approx(1000 / 1300), 2: pytest.approx(300 / 1300)}
+    assert p.workers == 3 and p.fractions["A"] == {1: pytest.approx(1000 / 1200), 2: pytest.approx(200 / 1200)}
     assert m.fits(p.load_map(m))
     assert p.load_map(m) == {w: pytest.approx(v) for w, v in independent_load(p.fractions, load.demand,
                                                                                load.edge_rates, m).items()}
@@ -155,7 +156,7 @@ def extended_cases(draw):
                           draw(st.floats(5e5, 2e6)), beta_receive=draw(st.floats(0.0, 100.0)),
                           mu=draw(st.sampled_from([0.0, 5.0, 60.0])), capacities=caps,
                           alpha_split=draw(st.sampled_from([None, 5.0])), table_routed=stateless,
-                          alpha_keyed=draw(st.sampled_from([0.0, 4.0])), keyed_routed=keyed,
+                          alpha_keyed=draw(st.sampled_from([None, 4.0])), keyed_routed=keyed,
                           beta_split=draw(st.sampled_from([0.0, 3.0])))
     load = derive_load(rates, tau, edge_rates, draw(st.floats(100.0, 1000.0)), draw(st.floats(0.0, 2000.0)))
     return ops, edges, load, model
@@ -173,16 +174,15 @@ def independent_load(fractions, demand, edge_rates, m: CapacityModel) -> dict[in
         if rate <= 0:
             continue
         for w, fs in fractions[s].items():
-            if m.alpha_keyed and d in m.keyed_routed and fractions[d].get(w, 0.0) < 1:
-                load[w] += rate * fs * m.alpha_keyed
+            keyed = m.alpha_keyed is not None and d in m.keyed_routed and fractions[d].get(w, 0.0) < 1
             for v, fd in fractions[d].items():
                 if v == w:
                     a = m.alpha_split if (m.alpha_split is not None and d in m.table_routed and fd < 1) else m.alpha
-                    load[w] += rate * fs * fd * a
+                    load[w] += rate * fs * fd * (m.alpha_keyed if keyed else a)
                 else:
                     holders = sum(1 for x in fractions[d].values() if x > 0)
                     table = m.beta_split if d in m.table_routed and holders > 1 else 0.0
-                    load[w] += rate * fs * fd * (m.beta + table)
+                    load[w] += rate * fs * fd * (m.alpha_keyed if keyed else m.beta + table)
                     load[v] = load.get(v, 0.0) + rate * fs * fd * m.beta_receive
                     rows[(w, v)] = rows.get((w, v), 0.0) + rate * fs * fd
                     reach.setdefault(w, set()).add(v)

@@ -158,17 +158,19 @@ def test_alpha_keyed_prices_requests_into_a_keyed_operator_off_its_sender(runtim
     from clasp.core.policies import uniform_placement
     from clasp.sim.simulator import Simulator
 
-    assert Costs.from_json_dict({"alpha": 1, "beta": 2, "gamma": 0, "capacity": 1e6, "tau_us": {}}).alpha_keyed == 0
+    assert Costs.from_json_dict({"alpha": 1, "beta": 2, "gamma": 0, "capacity": 1e6, "tau_us": {}}).alpha_keyed \
+        is None
     dag = app_dag(get_app("wc"), runtime_costs)
-    dear = dataclasses.replace(runtime_costs, alpha_keyed=3.0)
+    keyed = runtime_costs.beta + 3.0
+    dear = dataclasses.replace(runtime_costs, alpha_keyed=keyed)
     cfg = SimConfig(duration=4.0, warmup=1.0, key_skew=True)
 
     def run(costs, fractions):
         pl = uniform_placement(dag.operators, dag.edges, 2, 10, 1.0, "t", "t")
         return Simulator(dag, costs, 2, placement=dataclasses.replace(pl, fractions=fractions), config=cfg)
 
-    # count wholly beside split (w0): the owner's path, no α_keyed; split's worker pays it per word as
-    # soon as count is on the other worker, and nothing else changes.
+    # count wholly beside split (w0): the owner's path, no α_keyed; split's worker pays it per word in
+    # place of its share of β as soon as count is on the other worker, and nothing else changes.
     def held_cost(costs, fractions):  # per-request costs where the operator runs
         s = run(costs, fractions)
         return s.cost * (s.sigma > 0)
@@ -178,7 +180,8 @@ def test_alpha_keyed_prices_requests_into_a_keyed_operator_off_its_sender(runtim
     apart = {"split": {0: 1.0}, "count": {1: 1.0}}
     extra = held_cost(dear, apart) - held_cost(runtime_costs, apart)
     words = dag.fanout[("split", "count")]
-    assert extra[0, dag.operators.index("split")] == pytest.approx(3.0 * words)
+    share = runtime_costs.receive_share
+    assert extra[0, dag.operators.index("split")] == pytest.approx((keyed - (1 - share) * runtime_costs.beta) * words)
     extra[0, dag.operators.index("split")] = 0.0
     assert extra == pytest.approx(0.0)
     assert run(dear, apart).run().throughput < run(runtime_costs, apart).run().throughput

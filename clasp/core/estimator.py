@@ -110,8 +110,8 @@ class EstimatorConfig:
     `beta` is the whole cost of a remote request, of which the receiver pays `receive_share` (β_r) and the
     sender the rest (β_s); `mu`: µs per data message at either end; `flush_delay`: the engine's (s), the
     prior of the effective one (`Estimator.flush_delay`); `alpha_split`: α on the table route (held: the
-    runtime does not report those requests apart); `alpha_keyed`: µs more per request routed through the
-    keyed table, `beta_split` per remote request on the table route (both held, likewise). `rho`: RLS forgetting factor per observation (memory ≈ 1/(1−ρ)
+    runtime does not report those requests apart); `alpha_keyed`: µs per request routed through the
+    keyed table (in place of α or β_s), `beta_split` per remote request on the table route (both held, likewise). `rho`: RLS forgetting factor per observation (memory ≈ 1/(1−ρ)
     observations); `eta`: EMA weight of Eq. (4); `growth_intervals`: consecutive intervals of
     queue growth that mark saturation; `delay_threshold`: queueing delay (s) that marks saturation on its
     own; `scale_*`: the fixed per-term normalization of R^l, R^r (req/s), M (messages/s), δ (workers) and
@@ -130,7 +130,7 @@ class EstimatorConfig:
     flush_delay: float = 0.001
     flush_peer_factor: float = FLUSH_PEER_FACTOR
     alpha_split: float | None = None
-    alpha_keyed: float = 0.0
+    alpha_keyed: float | None = None
     beta_split: float = 0.0
     rho: float = 0.99
     eta: float = 0.05

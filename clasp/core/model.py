@@ -112,10 +112,11 @@ def table_remote_cost(beta_split: float, table_routed: frozenset, dst: str, hold
     return beta_split if beta_split and holders > 1 and dst in table_routed else 0.0
 
 
-def keyed_cost(alpha_keyed: float, keyed_routed: frozenset, dst: str, local: float) -> float:
-    """α_keyed for a chained request into a keyed successor whose groups are not all on the sender
-    (σ_s(w) < 1): the runtime's keyed table route, local or remote; 0 otherwise. Beyond the paper."""
-    return alpha_keyed if alpha_keyed and local < 1.0 and dst in keyed_routed else 0.0
+def keyed_cost(alpha_keyed: float | None, keyed_routed: frozenset, dst: str, local: float) -> float | None:
+    """α_keyed, what a chained request into a keyed successor whose groups are not all on the sender
+    (σ_s(w) < 1) costs the sender in place of α or β_s: the runtime's keyed table route, local or remote
+    alike; None where the request takes another route. Beyond the paper."""
+    return alpha_keyed if alpha_keyed is not None and local < 1.0 and dst in keyed_routed else None
 
 
 TERMS = ("execution", "local", "remote_out", "remote_in", "messages", "destinations")
@@ -124,14 +125,15 @@ TERMS = ("execution", "local", "remote_out", "remote_in", "messages", "destinati
 def load_terms(fractions: Mapping[str, Mapping[int, float]], demand: Mapping[str, float],
                edge_rates: Mapping[Edge, float], alpha: float, beta: float,
                gamma: float, beta_receive: float = 0.0, alpha_split: float | None = None,
-               table_routed: frozenset = frozenset(), alpha_keyed: float = 0.0,
+               table_routed: frozenset = frozenset(), alpha_keyed: float | None = None,
                keyed_routed: frozenset = frozenset(), beta_split: float = 0.0) -> dict[int, dict[str, float]]:
     """Eq. (8) term by term per worker (`TERMS`, messages 0 here: `message_load` adds them):
     execution Σ_o φ[o,w]; local Σ Ẽ·σ_o(w)·σ_s(w)·α (α_split on the table route); remote_out
     Σ Ẽ·σ_o(w)·(1 − σ_s(w))·β_s; remote_in Σ Ẽ·σ_s(w)·(1 − σ_o(w))·β_r; destinations γ·δ_w(Φ).
     A remote request to a stateless successor with more than one holder costs β_split more
-    (`table_remote_cost`). Into a keyed successor of `keyed_routed` not wholly on w (σ_s(w) < 1) every
-    request also costs its sender α_keyed (`keyed_cost`), in local and remote_out by where it goes."""
+    (`table_remote_cost`). Into a keyed successor of `keyed_routed` not wholly on w (σ_s(w) < 1) a
+    request costs its sender α_keyed instead of α or β_s (`keyed_cost`), in local and remote_out by where
+    it goes."""
     terms: dict[int, dict[str, float]] = {}
 
     def at(w: int) -> dict[str, float]:
@@ -154,8 +156,12 @@ def load_terms(fractions: Mapping[str, Mapping[int, float]], demand: Mapping[str
             local = dst_fractions.get(w, 0.0)
             t = at(w)
             k = keyed_cost(alpha_keyed, keyed_routed, dst, local)
-            t["local"] += rate * f * local * (local_cost(alpha, alpha_split, table_routed, dst, local) + k)
-            t["remote_out"] += rate * f * (1.0 - local) * (beta + table + k)
+            if k is None:
+                t["local"] += rate * f * local * local_cost(alpha, alpha_split, table_routed, dst, local)
+                t["remote_out"] += rate * f * (1.0 - local) * (beta + table)
+            else:
+                t["local"] += rate * f * local * k
+                t["remote_out"] += rate * f * (1.0 - local) * k
         if beta_receive:
             for w, fd in dst_fractions.items():
                 at(w)["remote_in"] += rate * fd * (1.0 - src_fractions.get(w, 0.0)) * beta_receive
@@ -187,7 +193,8 @@ class CapacityModel:
     `capacities` W_w per worker index (placement indices; workers beyond the tuple have W̄); `alpha_split`
     α of a local request that takes the table route, to an operator of `table_routed` (the DAG's stateless
     ones) held by other workers too; `alpha_keyed` what a request into an operator of `keyed_routed` (the
-    DAG's keyed ones) costs its sender on top when that operator is not wholly on the sender's worker;
+    DAG's keyed ones) costs its sender instead of α or β_s when that operator is not wholly on the sender's
+    worker (None: α and β_s as for any request);
     `beta_split` what a remote request to an operator of `table_routed` with several holders costs its
     sender on top of β_s (the same table route)."""
 
@@ -202,7 +209,7 @@ class CapacityModel:
     alpha_split: float | None = None
     table_routed: frozenset = frozenset()
     flush_peer_factor: float = FLUSH_PEER_FACTOR
-    alpha_keyed: float = 0.0
+    alpha_keyed: float | None = None
     keyed_routed: frozenset = frozenset()
     beta_split: float = 0.0
 
@@ -228,7 +235,7 @@ class CapacityModel:
     @property
     def extended(self) -> bool:
         return bool(self.beta_receive or self.mu or self.capacities or self.alpha_split is not None
-                    or self.alpha_keyed or self.beta_split)
+                    or self.alpha_keyed is not None or self.beta_split)
 
     def worker_load(self, execution: float, r_local: float, r_remote: float, delta: float,
                     r_received: float = 0.0, messages: float = 0.0) -> float:

@@ -195,8 +195,8 @@ def next_fit(order: Sequence[str], successors: Mapping[str, Sequence[tuple[str, 
     keeps back. A new destination costs the sender γ + μ·F_w (its messages at most); what the receiver
     pays for the messages is not reserved here: `place` checks the full Eq. (8) and holds that back.
     A remote request on the table route costs β_split more (`table_remote_cost`), and one into a
-    keyed successor not wholly on w α_keyed more (`keyed_cost`): σ_s is known, since successors are
-    placed first.
+    keyed successor not wholly on w α_keyed instead of α or β_s (`keyed_cost`): σ_s is known, since
+    successors are placed first.
     """
     alpha, gamma = model.alpha, model.gamma
     beta, beta_r = model.beta, model.beta_receive
@@ -239,8 +239,11 @@ def next_fit(order: Sequence[str], successors: Mapping[str, Sequence[tuple[str, 
             for s, fs, rate in outs:
                 local = fs.get(w, 0.0)
                 a = local_cost(alpha, split, routed, s, local)
-                cost += rate * (a * local + (beta + tables[s]) * (1.0 - local) - beta_r * local
-                                + keyed_cost(kappa, keyed, s, local))
+                k = keyed_cost(kappa, keyed, s, local)
+                if k is None:
+                    cost += rate * (a * local + (beta + tables[s]) * (1.0 - local) - beta_r * local)
+                else:
+                    cost += rate * (k - beta_r * local)
             per_peer = gamma + model.peer_cost(w)
             room = remaining[w] - per_peer * len(new)
             if room > 0 and cost > 0:

@@ -76,11 +76,11 @@ class Costs:
     # apart (clasp.core.model.FLUSH_PEER_FACTOR; `bench.calibrate` fits it).
     flush_peer_factor: float = FLUSH_PEER_FACTOR
     # µs per chained request to a keyed successor whose key groups are not all on the sending worker, local
-    # or remote, paid by the sender on top of α or β_s: the runtime then routes each output through its
-    # keyed table (key function, key-group lookup, hit count; `clasp/runtime/engine.py` `_send`) instead of
-    # queueing it for a wholly local owner. An extension of ours, not the paper's; 0 (the default, and a file
-    # without the key) charges nothing, as before.
-    alpha_keyed: float = 0.0
+    # or remote, paid by the sender in place of α or (1 − r)·β: the runtime then routes each output through
+    # its keyed table (key function, key-group lookup, hit count; `clasp/runtime/engine.py` `_send`) instead
+    # of queueing it for a wholly local owner. An extension of ours, not the paper's; None (the default, and
+    # a file without the key) charges α and β as before.
+    alpha_keyed: float | None = None
     # µs more per remote chained request to a stateless successor held by more than one worker, paid by the
     # sender on top of (1 − r)·β: the weighted-table route (as for α_split) deals out remote outputs too,
     # where a lone remote holder takes the direct path. Ours, not the paper's; 0 (the default, and a file
@@ -129,15 +129,16 @@ class Costs:
         peer = d.get("flush_peer_factor", FLUSH_PEER_FACTOR)
         if isinstance(peer, bool) or not isinstance(peer, int | float) or not math.isfinite(peer) or peer < 0:
             raise CostError(f"costs field 'flush_peer_factor' must be a finite number ≥ 0, not {peer!r}")
-        keyed = d.get("alpha_keyed", 0.0)
-        if isinstance(keyed, bool) or not isinstance(keyed, int | float) or not math.isfinite(keyed) or keyed < 0:
-            raise CostError(f"costs field 'alpha_keyed' must be a finite number ≥ 0, not {keyed!r}")
+        keyed = d.get("alpha_keyed")
+        if keyed is not None and (isinstance(keyed, bool) or not isinstance(keyed, int | float)
+                                  or not math.isfinite(keyed) or keyed < 0):
+            raise CostError(f"costs field 'alpha_keyed' must be a finite number ≥ 0 or null, not {keyed!r}")
         bsplit = d.get("beta_split", 0.0)
         if isinstance(bsplit, bool) or not isinstance(bsplit, int | float) or not math.isfinite(bsplit) or bsplit < 0:
             raise CostError(f"costs field 'beta_split' must be a finite number ≥ 0, not {bsplit!r}")
         return cls(values["alpha"], values["beta"], values["gamma"], values["capacity"], table, float(share),
                    None if split is None else float(split), float(msg), float(flush), batch, float(peer),
-                   float(keyed), float(bsplit))
+                   None if keyed is None else float(keyed), float(bsplit))
 
     @classmethod
     def load(cls, path: str | Path) -> Costs:
@@ -427,10 +428,11 @@ class Simulator:
             stateless = np.array([o not in self.dag.stateful for o in self.ops], dtype=float)
             table = (((sigma > 0).sum(axis=0) > 1) * stateless)[None, :]  # [1, s]
             self.cost = self.cost + c.beta_split * (((1.0 - sigma) * table) @ self.fan.T)
-        if c.alpha_keyed:
+        if c.alpha_keyed is not None:
             stateful = np.array([o in self.dag.stateful for o in self.ops], dtype=float)
             keyed_routed = (sigma < 1 - 1e-12) * stateful[None, :]  # [w, s]: keyed s not wholly on w
-            self.cost = self.cost + c.alpha_keyed * (keyed_routed @ self.fan.T)
+            self.cost = self.cost + ((c.alpha_keyed - c.alpha) * ((sigma * keyed_routed) @ self.fan.T)
+                                     + (c.alpha_keyed - (1 - r) * c.beta) * (((1.0 - sigma) * keyed_routed) @ self.fan.T))
         inflow = self.mult[:, None] * self.fan  # [p, o]: requests p → o per record
         into = inflow.sum(axis=0)
         with np.errstate(divide="ignore", invalid="ignore"):

@@ -83,7 +83,7 @@ class Stats:
     `flush_delay` the engine's (s), `capacities` W_w per worker index, `alpha_split` α on the table
     route, `stateless` the operators whose local requests can take it, `flush_peer_factor` how a sender's
     flush interval grows per extra peer, `alpha_keyed` what a request into an operator of `keyed` not
-    wholly on its sender's worker costs on top (the keyed table route), `beta_split` what a remote request
+    wholly on its sender's worker costs in place of α or β_s (the keyed table route), `beta_split` what a remote request
     to a stateless operator with several holders costs on top of β_s (the table route).
     """
 
@@ -105,7 +105,7 @@ class Stats:
     alpha_split: float | None = None
     stateless: list[str] | None = None
     flush_peer_factor: float = FLUSH_PEER_FACTOR
-    alpha_keyed: float = 0.0
+    alpha_keyed: float | None = None
     keyed: list[str] | None = None
     beta_split: float = 0.0
 
@@ -160,7 +160,7 @@ class Stats:
             capacities=_capacities(d),
             alpha_split=None if d.get("alpha_split") is None else _number(d, "alpha_split", ""),
             stateless=_names(d, "stateless", operators),
-            alpha_keyed=_number(d, "alpha_keyed", "", default=0.0), keyed=_names(d, "keyed", operators),
+            alpha_keyed=None if d.get("alpha_keyed") is None else _number(d, "alpha_keyed", ""), keyed=_names(d, "keyed", operators),
             beta_split=_number(d, "beta_split", "", default=0.0))
 
     def to_json_dict(self) -> dict:
