@@ -51,9 +51,9 @@
   then β and the share are those with which the simulator reproduces PIPE (SYN's first five operators on
   worker 1, the last five on worker 0: one remote chained request per record, worker 1 only sends, worker
   0 only receives, as in CLASP's chunked placements), its throughput and its receiver's CPU over its
-  sender's in the same run (`fit_pipe`). Not the default: a keyed receiver (WC's bottleneck receives
-  every word remotely) pays more per remote request than SYN's, so a share fitted on PIPE over-predicts
-  WC (docs/SIMULATOR.md). PIPE is measured by default and reported as a check.
+  sender's in the same run (`fit_pipe`). Not the default: with PIPE's β the simulator puts ALT at about
+  twice its measured throughput (2026-12-04: 123,463 against 66,231 / 64,720; docs/SIMULATOR.md). PIPE is
+  measured by default and reported as a check.
 - **τ̄** per app and operator: the engine times requests with a wall clock, so under a quota τ̄ includes
   the stalls of throttling (a no-op reads 0.1–1.5 µs instead of 0.1); the shares come from an unlimited
   one-worker run of the app (plus F at its source and sink), and a per-request residual ε (the runtime's
