@@ -33,8 +33,8 @@
   sender spends what the measured one did per line (its CPU over the run's throughput), every other
   coefficient fixed. First the same run's receiver settles where WC's residual ε sits: the part of
   count's ε with which the simulated receiver spends what the measured one did moves to split (on one
-  worker a record costs the same; the key function per word runs at the emit, on split's worker); only when WC is among `--apps` (`--no-keyed`
-  skips it). Fitted last: the SYN runs route no keyed requests.
+  worker a record costs the same; the key function per word runs at the emit, on split's worker). Only
+  when WC is among `--apps` (`--no-keyed` skips it); fitted last: the SYN runs route no keyed requests.
 - **message_us** (µs per data message at each end, `clasp.sim.simulator.Costs.message_us`): ALT and FAN run
   again with batches capped at SMALL_BATCH rows instead of 2,000 (`--message-lever batch`, the default) or
   with the workers flushing every FAST_FLUSH_MS instead of 1 ms (`--message-lever flush`, the rule before:

@@ -215,8 +215,9 @@ def predictions(apps: list[str], workers: list[int], calib: dict, repeat: int, p
 
 
 def _coefficients(doc: dict) -> dict:
-    return {c: doc.get(c) for c in ("alpha", "alpha_split", "alpha_keyed", "beta", "beta_split", "receive_share",
-                                    "gamma", "capacity", "message_us")} | {"record_cost_us": doc["measured"]["record_cost_us"]}
+    keys = ("alpha", "alpha_split", "alpha_keyed", "beta", "beta_split", "receive_share", "gamma", "capacity",
+            "message_us")
+    return {c: doc.get(c) for c in keys} | {"record_cost_us": doc["measured"]["record_cost_us"]}
 
 
 def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:

@@ -299,4 +299,5 @@ def test_keyed_and_table_route_fits_recover_what_the_simulator_was_given():
     # Measured: each worker's CPU over the window and the run's throughput, µs per line, averaged over runs.
     runs = [{"cpu_s": {0: 2.0, 1: 1.6}, "cpu_window_s": 8.0, "throughput": 25_000.0},
             {"cpu_s": {"0": 1.8, "1": 1.8}, "cpu_window_s": 8.0, "throughput": 22_500.0}]
-    assert cal.keyed_worker_cost(runs, 0) == pytest.approx(10.0) and cal.keyed_worker_cost(runs, 1) == pytest.approx(9.0)
+    assert cal.keyed_worker_cost(runs, 0) == pytest.approx(10.0)
+    assert cal.keyed_worker_cost(runs, 1) == pytest.approx(9.0)

@@ -111,8 +111,9 @@ class EstimatorConfig:
     sender the rest (β_s); `mu`: µs per data message at either end; `flush_delay`: the engine's (s), the
     prior of the effective one (`Estimator.flush_delay`); `alpha_split`: α on the table route (held: the
     runtime does not report those requests apart); `alpha_keyed`: µs per request routed through the
-    keyed table (in place of α or β_s), `beta_split` per remote request on the table route (both held, likewise). `rho`: RLS forgetting factor per observation (memory ≈ 1/(1−ρ)
-    observations); `eta`: EMA weight of Eq. (4); `growth_intervals`: consecutive intervals of
+    keyed table (in place of α or β_s), `beta_split` more per remote request on the table route (both
+    held, likewise). `rho`: RLS forgetting factor per observation (memory ≈ 1/(1−ρ) observations); `eta`:
+    EMA weight of Eq. (4); `growth_intervals`: consecutive intervals of
     queue growth that mark saturation; `delay_threshold`: queueing delay (s) that marks saturation on its
     own; `scale_*`: the fixed per-term normalization of R^l, R^r (req/s), M (messages/s), δ (workers) and
     E (µs/s); `prior_weight`: how many unit observations the initial coefficients are worth (it decays with

@@ -431,8 +431,10 @@ class Simulator:
         if c.alpha_keyed is not None:
             stateful = np.array([o in self.dag.stateful for o in self.ops], dtype=float)
             keyed_routed = (sigma < 1 - 1e-12) * stateful[None, :]  # [w, s]: keyed s not wholly on w
-            self.cost = self.cost + ((c.alpha_keyed - c.alpha) * ((sigma * keyed_routed) @ self.fan.T)
-                                     + (c.alpha_keyed - (1 - r) * c.beta) * (((1.0 - sigma) * keyed_routed) @ self.fan.T))
+            keyed_local = (sigma * keyed_routed) @ self.fan.T  # [w, o]
+            keyed_remote = ((1.0 - sigma) * keyed_routed) @ self.fan.T
+            self.cost = self.cost + ((c.alpha_keyed - c.alpha) * keyed_local
+                                     + (c.alpha_keyed - (1 - r) * c.beta) * keyed_remote)
         inflow = self.mult[:, None] * self.fan  # [p, o]: requests p → o per record
         into = inflow.sum(axis=0)
         with np.errstate(divide="ignore", invalid="ignore"):

@@ -83,8 +83,8 @@ class Stats:
     `flush_delay` the engine's (s), `capacities` W_w per worker index, `alpha_split` α on the table
     route, `stateless` the operators whose local requests can take it, `flush_peer_factor` how a sender's
     flush interval grows per extra peer, `alpha_keyed` what a request into an operator of `keyed` not
-    wholly on its sender's worker costs in place of α or β_s (the keyed table route), `beta_split` what a remote request
-    to a stateless operator with several holders costs on top of β_s (the table route).
+    wholly on its sender's worker costs in place of α or β_s (the keyed table route), `beta_split` what a
+    remote request to a stateless operator with several holders costs on top of β_s (the table route).
     """
 
     operators: dict[str, OperatorStats]
@@ -160,7 +160,8 @@ class Stats:
             capacities=_capacities(d),
             alpha_split=None if d.get("alpha_split") is None else _number(d, "alpha_split", ""),
             stateless=_names(d, "stateless", operators),
-            alpha_keyed=None if d.get("alpha_keyed") is None else _number(d, "alpha_keyed", ""), keyed=_names(d, "keyed", operators),
+            alpha_keyed=None if d.get("alpha_keyed") is None else _number(d, "alpha_keyed", ""),
+            keyed=_names(d, "keyed", operators),
             beta_split=_number(d, "beta_split", "", default=0.0))
 
     def to_json_dict(self) -> dict:
