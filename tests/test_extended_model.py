@@ -21,6 +21,8 @@ from clasp.core.placement import (
     derive_load,
     highest_rate_placement,
     place,
+    topological_order,
+    whole_fit,
 )
 from clasp.core.policies import POLICIES, EdgeStats, OperatorStats, Stats
 from tests.test_placement import check_order, dags
@@ -291,3 +293,25 @@ def test_an_even_spread_is_taken_where_it_sustains_more_than_any_chunking():
     assert spread.rate == pytest.approx(1000.0, abs=1.0)
     refined = highest_rate_placement(ops, [], observed, 1000.0, m, 2, refine=True)
     assert refined.rate >= spread.rate - 1.0
+
+
+def test_the_limit_search_finds_a_whole_operator_cut_far_above_next_fit():
+    # A 10-operator chain whose split chunks pay dearly for the table route (α_split, β_split): at 5 workers
+    # the cut of two whole operators per worker sustains far more than next-fit's chunks, beyond the +30 %
+    # window the scan once had, which then settled for a 4-worker cut (found on SYN with the routes' cost
+    # file, docs/SIMULATOR.md).
+    ops = [f"op{i}" for i in range(10)]
+    edges = [(ops[i], ops[i + 1]) for i in range(9)]
+    t = 10_000.0
+    load = derive_load({o: t for o in ops}, {o: 1.0 for o in ops}, {e: t for e in edges}, t, t)
+    m = CapacityModel(alpha=0.2, beta=0.33, gamma=0.0, capacity=2.5e5, beta_receive=0.33, alpha_split=6.0,
+                      table_routed=frozenset(ops), beta_split=2.0)
+    order = topological_order(ops, edges)
+    top = 5 * 2.5e5 / (10 * 1.0 + 9 * 0.2)
+    best_cut = max(top * k / 400 for k in range(1, 401)
+                   if whole_fit(order, load.scaled(top * k / 400 / t), m, 5) is not None)
+    next_fit = highest_rate_placement(ops, edges, load, t, m, 5, refine=False).rate
+    assert best_cut > 1.3 * next_fit
+    found = highest_rate_placement(ops, edges, load, t, m, 5, refine=True)
+    assert found.rate >= 0.98 * best_cut and found.placement.workers == 5
+    assert m.fits(found.placement.load_map(m))
