@@ -379,10 +379,7 @@ def _sim_wc_run(costs, placement: dict, workers: int):
 
 def keyed_worker_cost(runs: Sequence[Mapping], worker: int) -> float:
     """µs of KEYED's `worker`'s CPU per completed line, the mean over runs."""
-    def cpu(r):
-        return r["cpu_s"][worker] if worker in r["cpu_s"] else r["cpu_s"][str(worker)]
-
-    return statistics.fmean(cpu(r) / r["cpu_window_s"] / r["throughput"] * 1e6 for r in runs)
+    return statistics.fmean(_cpu(r, worker) / r["cpu_window_s"] / r["throughput"] * 1e6 for r in runs)
 
 
 def _sim_keyed_cost(costs, worker: int) -> float:
@@ -410,10 +407,12 @@ def fit_keyed_shift(base, receiver_cost: float, most: float, mult: Mapping[str, 
 
 def receiver_cpu_ratio(runs: Sequence[Mapping]) -> float:
     """PIPE's receiver CPU over its sender's, the mean over runs (each ratio within one run)."""
-    def cpu(r, w):
-        return r["cpu_s"][w] if w in r["cpu_s"] else r["cpu_s"][str(w)]
+    return statistics.fmean(_cpu(r, PIPE_RECEIVER) / _cpu(r, PIPE_SENDER) for r in runs)
 
-    return statistics.fmean(cpu(r, PIPE_RECEIVER) / cpu(r, PIPE_SENDER) for r in runs)
+
+def _cpu(r: Mapping, w: int) -> float:
+    """Worker `w`'s CPU seconds in run `r` (keys as measured, or as strings after JSON)."""
+    return r["cpu_s"][w] if w in r["cpu_s"] else r["cpu_s"][str(w)]
 
 
 def _sim_pipe_ratio(costs) -> float:
@@ -520,7 +519,7 @@ def fit_keyed(base, receiver_cost: float, sender_cost: float, most: float, mult:
               rounds: int = 3) -> tuple[float, float]:
     """(shift, α_keyed) from KEYED's receiver and sender, fitted alternately: the sender's load sets how
     often it flushes, so α_keyed moves the receiver's message work a little."""
-    shift, keyed = 0.0, 0.0
+    shift, keyed = 0.0, None
     for _ in range(rounds):
         shift = fit_keyed_shift(dataclasses.replace(base, alpha_keyed=keyed), receiver_cost, most, mult)
         keyed = fit_alpha_keyed(with_keyed_shift(base, shift, mult), sender_cost)
