@@ -46,6 +46,20 @@ class CostError(ValueError):
     """A malformed cost-coefficient file."""
 
 
+_REQUIRED = object()
+
+
+def _non_negative(d: Mapping, key: str, default: Any = _REQUIRED) -> float | None:
+    """Cost-file field `key` as a finite float ≥ 0; `default` where absent (None: absent or null allowed)."""
+    v = d.get(key) if default is _REQUIRED else d.get(key, default)
+    if v is None and default is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+        null = " or null" if default is None else ""
+        raise CostError(f"costs field {key!r} must be a finite number ≥ 0{null}, not {v!r}")
+    return float(v)
+
+
 @dataclass(frozen=True)
 class Costs:
     """The cost coefficients: α, β (µs per local / remote chained request), γ (µs/s per remote
@@ -91,12 +105,7 @@ class Costs:
     def from_json_dict(cls, d: Any) -> Costs:
         if not isinstance(d, Mapping):
             raise CostError("costs must be a JSON object")
-        values = {}
-        for key in ("alpha", "beta", "gamma", "capacity"):
-            v = d.get(key)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-                raise CostError(f"costs field {key!r} must be a finite number ≥ 0, not {v!r}")
-            values[key] = float(v)
+        values = {key: _non_negative(d, key) for key in ("alpha", "beta", "gamma", "capacity")}
         if values["capacity"] <= 0:
             raise CostError("costs field 'capacity' must be > 0")
         tau = d.get("tau_us")
@@ -113,32 +122,16 @@ class Costs:
         share = d.get("receive_share", 0.0)
         if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
             raise CostError(f"costs field 'receive_share' must be a number in [0, 1], not {share!r}")
-        split = d.get("alpha_split")
-        if split is not None and (isinstance(split, bool) or not isinstance(split, int | float)
-                                  or not math.isfinite(split) or split < 0):
-            raise CostError(f"costs field 'alpha_split' must be a finite number ≥ 0 or null, not {split!r}")
-        msg = d.get("message_us", 0.0)
-        if isinstance(msg, bool) or not isinstance(msg, int | float) or not math.isfinite(msg) or msg < 0:
-            raise CostError(f"costs field 'message_us' must be a finite number ≥ 0, not {msg!r}")
         flush = d.get("flush_delay_s", 0.001)
         if isinstance(flush, bool) or not isinstance(flush, int | float) or not math.isfinite(flush) or flush <= 0:
             raise CostError(f"costs field 'flush_delay_s' must be a finite number > 0, not {flush!r}")
         batch = d.get("max_batch", 2000)
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise CostError(f"costs field 'max_batch' must be an integer ≥ 1, not {batch!r}")
-        peer = d.get("flush_peer_factor", FLUSH_PEER_FACTOR)
-        if isinstance(peer, bool) or not isinstance(peer, int | float) or not math.isfinite(peer) or peer < 0:
-            raise CostError(f"costs field 'flush_peer_factor' must be a finite number ≥ 0, not {peer!r}")
-        keyed = d.get("alpha_keyed")
-        if keyed is not None and (isinstance(keyed, bool) or not isinstance(keyed, int | float)
-                                  or not math.isfinite(keyed) or keyed < 0):
-            raise CostError(f"costs field 'alpha_keyed' must be a finite number ≥ 0 or null, not {keyed!r}")
-        bsplit = d.get("beta_split", 0.0)
-        if isinstance(bsplit, bool) or not isinstance(bsplit, int | float) or not math.isfinite(bsplit) or bsplit < 0:
-            raise CostError(f"costs field 'beta_split' must be a finite number ≥ 0, not {bsplit!r}")
         return cls(values["alpha"], values["beta"], values["gamma"], values["capacity"], table, float(share),
-                   None if split is None else float(split), float(msg), float(flush), batch, float(peer),
-                   None if keyed is None else float(keyed), float(bsplit))
+                   _non_negative(d, "alpha_split", None), _non_negative(d, "message_us", 0.0), float(flush), batch,
+                   _non_negative(d, "flush_peer_factor", FLUSH_PEER_FACTOR), _non_negative(d, "alpha_keyed", None),
+                   _non_negative(d, "beta_split", 0.0))
 
     @classmethod
     def load(cls, path: str | Path) -> Costs:
