@@ -187,7 +187,7 @@ def test_a_migrated_group_stays_serialized_until_used_or_idle_time_decodes_it():
     # a group moving on before its first use leaves as the blob it came in
     g = next(iter(b.cold))
     blob = b.cold[g][0]
-    assert b.take_group(g)[0] is blob
+    assert b.take_group(g, [])[0] is blob
     while gainer.warm_one():
         pass
     assert not b.cold and b.state_dict() == {k: (14 if k == 7 else k) for k in range(300) if b.group_of(k) != g}

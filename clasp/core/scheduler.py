@@ -325,4 +325,5 @@ def migration_record(old: Placement, new: Placement, reason: str, t: float, dura
             "phases_ms": {r["worker"]: {k: round(v, 2) for k, v in r.items() if k.endswith("_ms")} for r in ok},
             "bytes": sum(r["bytes"] for r in ok), "objects": sum(r["objects"] for r in ok),
             "rows": sum(r["rows"] for r in ok), "key_groups_moved": moved_groups,
+            "key_groups_packed": sum(r.get("packed_groups", 0) for r in ok),
             "dead": list(dead), "failed": failed}

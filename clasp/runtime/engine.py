@@ -25,7 +25,6 @@ from clasp.core.dag import DagSpec
 from clasp.core.outputs import ITEMS_EXACT, ONE_EXACT, as_outputs
 from clasp.core.protocol import ROOT_WEIGHT, column_rows, expand_columns, expand_run, expand_runs
 from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE, Placement, key_group, route_to
-from clasp.runtime.state_store import encode_blob, wrap_blob
 
 log = logging.getLogger("clasp.worker.engine")
 HOLD = "\x00hold"  # the route of a key group whose state is on its way here: its requests wait
@@ -47,6 +46,9 @@ MIN_BATCH = 16
 TIMING_SAMPLE = 8
 TIMING_MASK = TIMING_SAMPLE - 1
 KEY_CACHE_MAX = 1 << 20
+REST_IDLE_S = 0.05  # the worker without work this long: its input paused, not a gap between two requests
+REST_SHARE = 0.05  # of the wall clock, the most that putting state to rest costs on average
+REST_BURST_S = 0.25  # of CPU time: how much packing one pause may do at once (a few 100k keys)
 HIT_SAMPLE = 8  # one output in this many weighs the key groups on a keyed route that is all local
 # Upper bounds (seconds) of the execution-time histogram buckets.
 EXEC_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 0.1, 1.0)
@@ -75,13 +77,40 @@ def unpack_group(blob: bytes) -> dict:
     return items
 
 
+class RestBudget:
+    """How much CPU time putting key groups to rest may take: a token bucket filled at REST_SHARE of the
+    wall clock up to REST_BURST_S, so a job whose input stops and starts again and again (each pause
+    repacking what the last burst changed) spends at most REST_SHARE of a core on it. Pure: the caller
+    passes the clock."""
+
+    def __init__(self, now: float, share: float = REST_SHARE, burst: float = REST_BURST_S):
+        self.share, self.burst = share, burst
+        self.level, self.at = burst, now
+
+    def _fill(self, now: float) -> None:
+        self.level = min(self.burst, self.level + (now - self.at) * self.share)
+        self.at = now
+
+    def allows(self, now: float) -> bool:
+        self._fill(now)
+        return self.level > 0
+
+    def spend(self, cpu_s: float) -> None:
+        self.level -= cpu_s
+
+    def ready_at(self, now: float) -> float:
+        """When `allows` becomes true again."""
+        self._fill(now)
+        return now if self.level > 0 else now + (1e-6 - self.level) / self.share
+
+
 class OpRuntime:
     """One operator on this worker: its queue, state, routes and counters."""
 
     __slots__ = ("index", "name", "fn", "key_fn", "stateful", "is_async", "collect", "queue", "groups",
                  "instances", "routes", "successors", "processed", "exec_time", "errors", "edge_counts",
                  "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_hits",
-                 "collected_rids", "cold")
+                 "collected_rids", "cold", "rested")
 
     def __init__(self, spec_op):
         self.index = spec_op.index
@@ -115,6 +144,10 @@ class OpRuntime:
         # {key: state}, its key count). Decoded on first use (`warm`), forwarded as they are if they move on,
         # so a migration costs the receiver O(key groups), not O(keys).
         self.cold: dict[int, tuple[bytes, int]] = {}
+        # Key groups at rest: group -> its blob and key count while the group is unchanged (executing any
+        # request of the group drops it), so moving or checkpointing the group packs nothing. Made in idle
+        # time (`JobEngine.rest_one`) and by checkpoints; a cold group's blob rests on once it is decoded.
+        self.rested: list[tuple[bytes, int] | None] = [None] * NUM_KEY_GROUPS if spec_op.stateful else []
         self.busy = False
 
     def group_of(self, key) -> int:
@@ -133,9 +166,13 @@ class OpRuntime:
         except OperatorError as e:  # a peer's bug, not this request's: the group goes on without that state
             log.error("operator %s, key group %d: %d keys lost: %s", self.name, g, n, e)
             return
+        fresh = not self.groups[g]
         self.install_items(g, items)
+        if fresh:
+            self.rested[g] = (blob, n)
 
     def install_items(self, g: int, items: dict) -> None:
+        self.rested[g] = None
         if self.groups[g]:
             self.groups[g].update(items)
         else:
@@ -175,13 +212,24 @@ class OpRuntime:
             out.update(d)
         return out
 
-    def take_group(self, g: int) -> tuple[bytes, int]:
-        """Remove key group `g` from this worker: its state as one blob, and its key count."""
+    def take_group(self, g: int, dropped: list) -> tuple[bytes, int]:
+        """Remove key group `g` from this worker: its state as one blob, and its key count. The group's dict
+        goes to `dropped`: freeing its keys is O(keys), work for after the migration."""
         cold = self.cold.pop(g, None)
         if cold is not None:
             return cold
+        rested, self.rested[g] = self.rested[g], None
         d, self.groups[g] = self.groups[g], {}
+        dropped.append(d)
+        if rested is not None:
+            return rested
         return msgpack.packb(d, use_bin_type=True), len(d)
+
+    def rest(self, g: int) -> tuple[bytes, int]:
+        """Pack key group `g` as it is now and keep the blob while the group stays unchanged."""
+        d = self.groups[g]
+        self.rested[g] = out = (msgpack.packb(d, use_bin_type=True), len(d))
+        return out
 
     def add_collected(self, outs, rid: int) -> None:
         self.collected.extend(outs)
@@ -189,7 +237,9 @@ class OpRuntime:
 
     def set_state(self, key, new) -> None:
         """Store `new` for `key` (None deletes)."""
-        d = self.groups[self.group_of(key)]
+        g = self.group_of(key)
+        self.rested[g] = None
+        d = self.groups[g]
         if new is None:
             d.pop(key, None)
         else:
@@ -236,6 +286,8 @@ class JobEngine:
         self.migration_req = 0
         self.migration_t0 = 0.0
         self.migration_stats: dict = {}
+        self.packed_on_move = 0  # key groups a migration had to pack (not at rest), cumulative
+        self.dropped: list[dict] = []  # the state of key groups that moved away, freed in idle time
         self.migration_inbox: list = []
         self.early: list = []  # markers and migrate messages that overtook their plan
         self.queued_plans: list = []  # plans that arrived while one was still running
@@ -315,8 +367,8 @@ class JobEngine:
         return n
 
     def snapshot_groups(self):
-        """(operator, group, key count, checkpoint file bytes) for every non-empty key group this worker
-        owns, one at a time; a cold group's blob is written as it came, without decoding it."""
+        """(operator, group, key count, msgpack blob) for every non-empty key group this worker owns, one at
+        a time: a cold or rested group's blob as it is, any other group packed (and so put to rest)."""
         me = self.me
         for op in self.ops:
             if not op.stateful:
@@ -325,14 +377,37 @@ class JobEngine:
             for g, d in enumerate(op.groups):
                 if owners[g] != me:
                     continue
-                cold = op.cold.get(g)
-                if cold is not None:
-                    yield op.name, g, cold[1], wrap_blob(cold[0])
-                elif d:
-                    yield op.name, g, len(d), encode_blob(d)
+                blob = op.cold.get(g) or op.rested[g] or (op.rest(g) if d else None)
+                if blob is not None:
+                    yield op.name, g, blob[1], blob[0]
+
+    def changed(self) -> bool:
+        """Whether some key group here changed since it was last packed (`rest_one` has work)."""
+        return self.remote_state is None and any(
+            d and op.rested[g] is None for op in self.ops for g, d in enumerate(op.groups))
+
+    def rest_one(self) -> bool:
+        """Put one changed key group to rest; False when none is left. The worker calls it once its input has
+        paused (REST_IDLE_S without work), within a RestBudget: a migration or checkpoint that follows then
+        sends or writes the blobs as they are, O(key groups) instead of O(keys)."""
+        if self.remote_state is not None:
+            return False
+        for op in self.ops:
+            for g, d in enumerate(op.groups):
+                if d and op.rested[g] is None:
+                    op.rest(g)
+                    return True
+        return False
 
     def install_group(self, name: str, g: int, items: dict) -> None:
         self.op(name).install_items(g, items)
+
+    def free_one(self) -> bool:
+        """Free the state of one key group that moved away; False when none is left."""
+        if not self.dropped:
+            return False
+        self.dropped.pop()
+        return True
 
     def warm_one(self) -> bool:
         """Decode one key group that came by migration and has not been used yet; False when none is left.
@@ -545,7 +620,9 @@ class JobEngine:
                     if d != me and (op.groups[g] or g in op.cold or g in rows_of):
                         pending_units.append((d, op, g, rows_of.get(g, [])))
         for d, op, g, rows in pending_units:
-            blob, n = op.take_group(g)
+            if op.rested[g] is None and g not in op.cold:
+                self.packed_on_move += 1
+            blob, n = op.take_group(g, self.dropped)
             yield d, [op.index, g, blob, n, rows], None
         for d, rows in loose.items():
             yield d, None, rows
@@ -730,10 +807,14 @@ class JobEngine:
         timed = 0
         stall = self.stall
         last_rid, acc = -1, 0
+        rested = op.rested
         for i in range(n):
             _, value, key, rid, w = popleft()
             g = cached(key)
-            state = groups[group_of(key) if g is None else g]
+            if g is None:
+                g = group_of(key)
+            state = groups[g]
+            rested[g] = None  # before fn runs: it may change `old` in place, even when it then raises
             old = state.get(key)
             if i & TIMING_MASK:
                 try:
@@ -934,6 +1015,7 @@ class JobEngine:
             t0 = perf_counter()
             try:
                 if op.stateful:
+                    op.rested[op.group_of(key)] = None  # as in _run_stateful: `old` may change in place
                     new, out = await op.fn(op.get(key), value)
                     op.set_state(key, new)
                 else:

@@ -56,13 +56,7 @@ class StateStore(Protocol):
 
 
 def encode_blob(obj, compress: bool = True) -> bytes:
-    raw = msgpack.packb(obj, use_bin_type=True)
-    codec, payload = RAW, raw
-    if compress and len(raw) >= COMPRESS_MIN:
-        z = zlib.compress(raw, 1)
-        if len(z) <= 0.9 * len(raw):
-            codec, payload = ZLIB, z
-    return MAGIC + bytes([codec]) + struct.pack(">I", zlib.crc32(payload)) + payload
+    return wrap_blob(msgpack.packb(obj, use_bin_type=True), compress)
 
 
 def frame_blob(frame: bytes) -> bytes:
@@ -70,9 +64,15 @@ def frame_blob(frame: bytes) -> bytes:
     return MAGIC + bytes([FRAME]) + struct.pack(">I", zlib.crc32(frame)) + frame
 
 
-def wrap_blob(raw: bytes) -> bytes:
-    """A group file around a payload that is msgpack already (a migrated key group's blob)."""
-    return MAGIC + bytes([RAW]) + struct.pack(">I", zlib.crc32(raw)) + raw
+def wrap_blob(raw: bytes, compress: bool = True) -> bytes:
+    """A file around a payload that is msgpack already (a key group's blob), compressed where that pays.
+    zlib releases the GIL: checkpoints call this in their writer thread, off the event loop."""
+    codec, payload = RAW, raw
+    if compress and len(raw) >= COMPRESS_MIN:
+        z = zlib.compress(raw, 1)
+        if len(z) <= 0.9 * len(raw):
+            codec, payload = ZLIB, z
+    return MAGIC + bytes([codec]) + struct.pack(">I", zlib.crc32(payload)) + payload
 
 
 def decode_blob(data: bytes, path: str):

@@ -25,7 +25,7 @@ from clasp.core.migration import MigrationPlan, WorkerMigration
 from clasp.core.protocol import ProtocolError
 from clasp.core.routing import Placement, PlacementError
 from clasp.runtime.cpuquota import process_cpu_max
-from clasp.runtime.engine import JobEngine, OperatorError
+from clasp.runtime.engine import REST_IDLE_S, JobEngine, OperatorError, RestBudget
 from clasp.runtime.monitor import Monitor, WorkerCollector
 from clasp.runtime.net import advertised, batch_io_threads, bind, start_metrics_server, zero_copy
 from clasp.runtime.remote_state import RemoteState
@@ -52,6 +52,7 @@ class Worker(RecoveryMixin):
         self.planner_addr = planner
         self.state_dir = state_dir  # checkpoints; None: the directory the planner names
         self.checkpoint_failures = 0
+        self.busy_at = perf_counter()  # when this worker last did work (rounds, migrations): idle-time work waits
         self.host = host
         self.metrics_host = metrics_host or host
         self.security = security or Security()
@@ -324,7 +325,7 @@ class Worker(RecoveryMixin):
             return
         eng.migration = WorkerMigration(plan, self.id)
         eng.migration_req = body["req"]
-        eng.migration_t0 = perf_counter()
+        eng.migration_t0 = self.busy_at = perf_counter()
         eng.migration_stats = {"bytes": 0, "objects": 0, "rows": 0, "received_objects": 0, "busy_ms": 0.0,
                                "pause_ms": 0.0, "pause_cpu_ms": 0.0}
         # Step 3: what was batched under the old epoch leaves first, then the markers that close it.
@@ -386,6 +387,7 @@ class Worker(RecoveryMixin):
                 mig.received(sender)
             eng.release_groups(released)
             self._slice(eng.migration_stats, t - decode_s, tc - decode_s)
+            self.busy_at = perf_counter()
             self.wake.set()
         self.tasks.spawn(self._progress(eng), f"migration of job {eng.job}")
 
@@ -409,6 +411,7 @@ class Worker(RecoveryMixin):
             self._flush_data(eng)
             chunks: dict[str, list] = {}
             loose: dict[str, list] = {}
+            packed_before = eng.packed_on_move
             t, tc = perf_counter(), thread_time()
             for wid, unit, rows in eng.extract():
                 if wid in mig.plan.dead:
@@ -433,6 +436,7 @@ class Worker(RecoveryMixin):
                 self._send_migrate(eng, wid, epoch, chunks.pop(wid, []), loose.pop(wid, []), False)
             self._slice(stats, t, tc)
             stats["sent_ms"] = (perf_counter() - eng.migration_t0) * 1e3
+            stats["packed_groups"] = eng.packed_on_move - packed_before
             mig.finish_sending()
         if mig.done and eng.migration is mig:
             self._finish_migration(eng)
@@ -453,7 +457,8 @@ class Worker(RecoveryMixin):
         stats["pause_cpu_ms"] = max(stats.get("pause_cpu_ms", 0.0), (thread_time() - c0) * 1e3)
 
     def _finish_migration(self, eng: JobEngine) -> None:
-        hold = perf_counter() - eng.migration_t0
+        self.busy_at = perf_counter()
+        hold = self.busy_at - eng.migration_t0
         stats = eng.migration_stats
         pause = stats.get("pause_ms", 0.0) / 1e3
         reply = {"worker": self.id, "epoch": eng.epoch, "pause": pause, "hold": hold, "group_hold": eng.group_hold,
@@ -573,6 +578,8 @@ class Worker(RecoveryMixin):
     async def _executor_loop(self) -> None:
         flush_delay, max_batch = self.flush_delay, self.max_batch
         sleep = asyncio.sleep
+        budget = RestBudget(perf_counter())
+        timer = None
         while True:
             done = 0
             now = perf_counter()
@@ -583,6 +590,7 @@ class Worker(RecoveryMixin):
                     if now - eng.pending_since >= flush_delay or any(len(r) >= max_batch for r in eng.pending.values()):
                         self._flush_data(eng)
             if done:
+                self.busy_at = now
                 if self._returns_since is None:
                     self._returns_since = now
                 elif now - self._returns_since >= flush_delay:
@@ -597,12 +605,33 @@ class Worker(RecoveryMixin):
                     self._flush_data(eng)
                 self._flush_returns(eng)
             self._returns_since = None
-            if any(e.warm_one() for e in list(self.jobs.values())):
-                await sleep(0)  # idle: one migrated key group decoded, then look for work again
+            # Idle-time work, one key group per step, once the worker has had nothing to do for REST_IDLE_S
+            # (a migration counts as work: its messages, and the I/O thread under the same CPU quota, first).
+            now = perf_counter()
+            quiet = now - self.busy_at >= REST_IDLE_S
+            engines = list(self.jobs.values())
+            if quiet and any(e.free_one() or e.warm_one() for e in engines):
+                await sleep(0)  # one moved key group freed or one migrated group decoded, then look again
                 continue
+            if quiet and budget.allows(now):
+                c = thread_time()
+                if any(e.rest_one() for e in engines):
+                    budget.spend(thread_time() - c)
+                    await sleep(0)  # one changed key group put to rest, then look for work again
+                    continue
             self.wake.clear()
             if any(any(o.queue for o in e.ops) and not any(o.busy for o in e.ops) for e in self.jobs.values()):
                 continue
+            if timer is not None:
+                timer.cancel()
+                timer = None
+            at = None  # when idle-time work may start
+            if any(e.dropped or any(o.cold for o in e.ops) for e in engines):
+                at = self.busy_at + REST_IDLE_S
+            elif any(e.changed() for e in engines):
+                at = max(self.busy_at + REST_IDLE_S, budget.ready_at(now))
+            if at is not None:
+                timer = asyncio.get_running_loop().call_later(max(0.0, at - now), self.wake.set)
             self.monitor.idle_waits += 1
             await self.wake.wait()
 

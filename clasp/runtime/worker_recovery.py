@@ -16,7 +16,7 @@ from clasp.core.checkpoint import groups_to_restore
 from clasp.core.dag import DagSpec
 from clasp.core.routing import Placement
 from clasp.runtime.engine import JobEngine, OperatorError, check_serializable
-from clasp.runtime.state_store import CorruptCheckpoint, FileStore
+from clasp.runtime.state_store import CorruptCheckpoint, FileStore, wrap_blob
 
 log = logging.getLogger("clasp.worker")
 SNAPSHOT_SLICE_KEYS = 1000  # keys packed between two turns of the event loop (a slice ≈ 0.5 ms; at most one group)
@@ -152,9 +152,10 @@ class RecoveryMixin:
 
 
 def _write_all(store: FileStore, job: int, ckpt: int, blobs: list) -> int:
+    """Write the snapshot's group blobs (msgpack), compressed here in the writer thread, off the loop."""
     n = 0
     for op, g, blob in blobs:
-        n += store.write_blob(job, ckpt, op, g, blob)
+        n += store.write_blob(job, ckpt, op, g, wrap_blob(blob))
     return n
 
 
