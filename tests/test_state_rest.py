@@ -73,12 +73,17 @@ def migrate(engines: dict, old, new) -> int:
     return sum(e.packed_on_move for e in engines.values()) - packed
 
 
-def test_a_group_at_rest_moves_as_its_blob_and_a_request_of_it_drops_the_blob():
+def two_workers():
+    """Engines w0 and w1, all state on w0 (`old`), and the placement that moves it all to w1 (`new`)."""
     spec = dag().to_spec()
     ws = ["w0", "w1"]
     old = build_placement(spec, ws, {"a": {0: 1}, "b": {0: 1}}, 10, epoch=0)
     new = build_placement(spec, ws, {"a": {0: 1}, "b": {1: 1}}, 10, epoch=1, previous=old)
-    engines = {w: JobEngine(1, spec, w, old) for w in ws}
+    return {w: JobEngine(1, spec, w, old) for w in ws}, old, new
+
+
+def test_a_group_at_rest_moves_as_its_blob_and_a_request_of_it_drops_the_blob():
+    engines, old, new = two_workers()
     e0, b = engines["w0"], engines["w0"].ops[1]
     e0.enqueue_rows([(1, [k, k], k, k, 5) for k in range(500)])
     drain(e0)
@@ -101,11 +106,7 @@ def test_a_group_at_rest_moves_as_its_blob_and_a_request_of_it_drops_the_blob():
 
 
 def test_state_a_failing_function_changed_in_place_is_not_left_behind_by_its_blob():
-    spec = dag().to_spec()
-    ws = ["w0", "w1"]
-    old = build_placement(spec, ws, {"a": {0: 1}, "b": {0: 1}}, 10, epoch=0)
-    new = build_placement(spec, ws, {"a": {0: 1}, "b": {1: 1}}, 10, epoch=1, previous=old)
-    engines = {w: JobEngine(1, spec, w, old) for w in ws}
+    engines, old, new = two_workers()
     e0 = engines["w0"]
     e0.enqueue_rows([(1, [3, 1], 3, 1, 5)])
     drain(e0)
