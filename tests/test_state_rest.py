@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import clasp
 from clasp.bench import migration
 from clasp.core.routing import NUM_KEY_GROUPS, build_placement
-from clasp.runtime.engine import JobEngine, RestBudget
+from clasp.runtime.engine import SCAN_ROWS, JobEngine, RestBudget
 from tests.conftest import start_cluster
 
 BAD = -1  # the value the operator fails on, after changing its state in place
@@ -226,3 +226,33 @@ def test_a_settled_jobs_migration_packs_nothing_and_one_under_new_input_is_still
             assert migration.exact(job, 20_000, 2)
     finally:
         cl.stop()
+
+
+def test_a_backlog_is_scanned_in_pieces_with_nothing_run_between_and_arrivals_kept_after_it():
+    engines, old, _ = two_workers()
+    spec = dag().to_spec()
+    half = build_placement(spec, ["w0", "w1"], {"a": {0: 1}, "b": {0: 1, 1: 1}}, 10, epoch=1, previous=old)
+    e0, b = engines["w0"], engines["w0"].ops[1]
+    backlog = [(1, [k % 300, k], k % 300, k, 5) for k in range(5000)]
+    e0.enqueue_rows(backlog)  # queued, not run: the migration scans them
+    e0.begin_migration(half, {})
+    owners = half.operators["b"].key_groups
+    kept = [r for r in backlog if owners[b.group_of(r[2])] == "w0"]
+    stay = next(k for k in range(300) if owners[b.group_of(k)] == "w0")
+    pauses, units = 0, []
+    for dest, unit, _rows in e0.extract():
+        if dest is None:
+            pauses += 1
+            assert e0.run_round() == 0  # nothing of the job runs while its queues are scanned
+            if pauses == 3:
+                e0.enqueue_rows([(1, [stay, -2], stay, 99999, 5)])  # arrives mid-scan
+        elif unit is not None:
+            units.append(unit)
+    assert pauses == len(backlog) // SCAN_ROWS
+    assert list(b.queue) == kept + [(1, [stay, -2], stay, 99999, 5)]
+    moved = [r for u in units for r in u[4]]
+    assert sorted(moved, key=lambda r: r[3]) == [r for r in backlog if owners[b.group_of(r[2])] == "w1"]
+    for u in units:  # each group's requests in their arrival order
+        assert [r[3] for r in u[4]] == sorted(r[3] for r in u[4])
+    drain(e0)
+    assert b.processed == len(kept) + 1

@@ -46,6 +46,7 @@ MIN_BATCH = 16
 TIMING_SAMPLE = 8
 TIMING_MASK = TIMING_SAMPLE - 1
 KEY_CACHE_MAX = 1 << 20
+SCAN_ROWS = 512  # queued requests a migration scans between two pause points
 REST_IDLE_S = 0.05  # the worker without work this long: its input paused, not a gap between two requests
 REST_SHARE = 0.05  # of the wall clock, the most that putting state to rest costs on average
 REST_BURST_S = 0.25  # of CPU time: how much packing one pause may do at once (a few 100k keys)
@@ -542,7 +543,8 @@ class JobEngine:
                 and self._owner(op, row, self.before) is None)
 
     def _owner(self, op: OpRuntime, row, placement: Placement) -> str | None:
-        """The worker that should run `row` under `placement`; None when it is this one."""
+        """The worker that should run `row` under `placement`; None when it is this one (a stateless
+        operator's requests all have one owner: `row` may be None)."""
         p = placement.operators[op.name]
         if op.stateful:
             w = p.key_groups[op.group_of(row[2])]
@@ -593,37 +595,62 @@ class JobEngine:
         """Take out every state object and queued request this worker no longer owns, group by group.
 
         Yields (destination, unit, None) with unit = [op index, key group, msgpack blob of {key: state},
-        its key count, rows of that group] (the state serialized as the unit is taken), then (destination,
-        None, rows) for the requests of stateless operators handed over. Queues are scanned first, so the
-        caller may yield to the event loop between units: no request of a group being taken out can be run
-        here any more (they are out of the queues, and markers guarantee no more come)."""
+        its key count, rows of that group] (a group at rest as its blob, any other serialized as it is taken),
+        then (destination, None, rows) for the requests of stateless operators handed over; and, while the
+        queues are scanned (first), pause points (None, None, None). The caller may yield to the event loop
+        at any of them: during the scan nothing of this job runs, and after it no request of a group being
+        taken out can run here any more (they are out of the queues, and markers guarantee no more come)."""
         placement, me = self.placement, self.me
         loose: dict[str, list] = {}
         pending_units = []
+        # A backlog of many thousand requests is scanned in pieces, a pause point (None, None, None) after
+        # each SCAN_ROWS, where the caller may turn the event loop: nothing of this job runs meanwhile (every
+        # operator is busy), requests arriving join the queues after what the scan keeps.
         for op in self.ops:
-            p = placement.operators[op.name]
-            rows_of: dict[int, list] = {}
-            if op.queue:
-                keep = deque()
-                for r in op.queue:
-                    d = self._owner(op, r, placement)
-                    if d is None:
-                        keep.append(r)
-                    elif op.stateful:
-                        rows_of.setdefault(op.group_of(r[2]), []).append(r)
+            op.busy = True
+        try:
+            for op in self.ops:
+                p = placement.operators[op.name]
+                rows_of: dict[int, list] = {}
+                if op.queue:
+                    rows = list(op.queue)
+                    op.queue.clear()
+                    if op.stateful:
+                        keep = []
+                        owners, group_of = p.key_groups, op.group_of
+                        for i, r in enumerate(rows, 1):
+                            g = group_of(r[2])
+                            if owners[g] == me:
+                                keep.append(r)
+                            else:
+                                rows_of.setdefault(g, []).append(r)
+                            if not i % SCAN_ROWS:
+                                yield None, None, None
                     else:
-                        loose.setdefault(d, []).append(r)
-                op.queue.clear()
-                op.queue.extend(keep)
-            if op.stateful:
-                for g, d in enumerate(p.key_groups):
-                    if d != me and (op.groups[g] or g in op.cold or g in rows_of):
-                        pending_units.append((d, op, g, rows_of.get(g, [])))
-        for d, op, g, rows in pending_units:
+                        d = self._owner(op, None, placement)
+                        keep = rows if d is None else []
+                        if d is not None:
+                            loose.setdefault(d, []).extend(rows)
+                    op.queue.extendleft(reversed(keep))
+                    # The moved requests are then held by their units alone, so each is freed once its slice is
+                    # sent rather than all of them at the end of the scan's frame (O(requests) in one step).
+                    rows = keep = None
+                if op.stateful:
+                    for g, d in enumerate(p.key_groups):
+                        if d != me and (op.groups[g] or g in op.cold or g in rows_of):
+                            pending_units.append((d, op, g, rows_of.get(g, [])))
+        finally:
+            for op in self.ops:
+                op.busy = False
+        rows_of = None
+        pending_units.reverse()
+        while pending_units:  # popped, so a unit's requests are the caller's alone once it is yielded
+            d, op, g, rows = pending_units.pop()
             if op.rested[g] is None and g not in op.cold:
                 self.packed_on_move += 1
             blob, n = op.take_group(g, self.dropped)
-            yield d, [op.index, g, blob, n, rows], None
+            unit, rows = [op.index, g, blob, n, rows], None
+            yield d, unit, None
         for d, rows in loose.items():
             yield d, None, rows
 

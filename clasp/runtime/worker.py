@@ -8,6 +8,7 @@ process may ask for a key's state or a whole operator's. Metrics are served over
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import math
 import os
@@ -39,6 +40,7 @@ CLIENT_ERRORS = (OperatorError, DagError, PlacementError, ProtocolError)
 # Seconds of migration work (taking out and serializing key groups) between two turns of the event loop.
 # Short, because under a CPU quota a stretch that outlasts the period's allowance stalls for the rest of it.
 MIGRATE_SLICE_S = 0.0005
+MIGRATE_SLICE_ROWS = 1000  # queued requests one migrate message carries at most (with their groups' state)
 
 
 class Worker(RecoveryMixin):
@@ -401,45 +403,79 @@ class Worker(RecoveryMixin):
             stats["markers_ms"] = (perf_counter() - eng.migration_t0) * 1e3
             if eng.async_tasks:  # drain: let running executions finish before their state moves
                 await asyncio.gather(*list(eng.async_tasks), return_exceptions=True)
-            # Whole key groups, each serialized as one blob as it is taken out, sent in slices of about
-            # MIGRATE_SLICE_S of work with a turn of the event loop in between: the worker keeps running
-            # everything else, no single step holds it long, and each receiver can release the groups of
-            # a slice (and run their requests) while later ones are still on their way.
-            epoch = mig.plan.epoch
             # What this worker's own executions batched goes first: a new owner must not run a moved
             # group, and send its outputs on, before the outputs this worker made of that group left.
             self._flush_data(eng)
-            chunks: dict[str, list] = {}
-            loose: dict[str, list] = {}
-            packed_before = eng.packed_on_move
-            t, tc = perf_counter(), thread_time()
-            for wid, unit, rows in eng.extract():
-                if wid in mig.plan.dead:
-                    continue
-                if unit is None:
-                    loose[wid] = rows
-                    stats["rows"] += len(rows)
-                    continue
-                chunks.setdefault(wid, []).append(unit)
-                stats["objects"] += unit[3]
-                stats["rows"] += len(unit[4])
-                if perf_counter() - t >= MIGRATE_SLICE_S:
-                    for peer, units in chunks.items():
-                        self._send_migrate(eng, peer, epoch, units, [], True)
-                    chunks = {}
-                    self._slice(stats, t, tc)
-                    await asyncio.sleep(0)
-                    t, tc = perf_counter(), thread_time()
-                    if self.jobs.get(eng.job) is not eng:
-                        return  # a recovery replaced this engine: its migration is void
-            for wid in set(mig.plan.sends_to.get(self.id, [])) - set(mig.plan.dead):
-                self._send_migrate(eng, wid, epoch, chunks.pop(wid, []), loose.pop(wid, []), False)
-            self._slice(stats, t, tc)
+            # As in checkpoints: a full collection over the state's objects would land in one slice.
+            gc_was = gc.isenabled()
+            gc.disable()
+            try:
+                if not await self._send_state(eng, mig, stats):
+                    return  # a recovery replaced this engine: its migration is void
+            finally:
+                if gc_was:
+                    gc.enable()
             stats["sent_ms"] = (perf_counter() - eng.migration_t0) * 1e3
-            stats["packed_groups"] = eng.packed_on_move - packed_before
             mig.finish_sending()
         if mig.done and eng.migration is mig:
             self._finish_migration(eng)
+
+    async def _send_state(self, eng: JobEngine, mig: WorkerMigration, stats: dict) -> bool:
+        """Step 4: what this worker loses, in slices; False if a recovery replaced the engine meanwhile.
+
+        Whole key groups (at rest: as their blobs; else serialized as taken out), sent in slices of about
+        MIGRATE_SLICE_S of work with a turn of the event loop in between: the worker keeps running everything
+        else, no single step holds it long, and each receiver can release the groups of a slice (and run their
+        requests) while later ones are still on their way."""
+        epoch = mig.plan.epoch
+        chunks: dict[str, list] = {}
+        loose: dict[str, list] = {}
+        packed_before = eng.packed_on_move
+        chunk_rows = 0
+        t, tc = perf_counter(), thread_time()
+        for wid, unit, rows in eng.extract():
+            if wid is None:
+                pass  # a pause point of the queue scan
+            elif wid in mig.plan.dead:
+                continue
+            elif unit is None:
+                loose[wid] = rows
+                stats["rows"] += len(rows)
+                continue
+            else:
+                chunks.setdefault(wid, []).append(unit)
+                stats["objects"] += unit[3]
+                stats["rows"] += len(unit[4])
+                chunk_rows += len(unit[4])
+            # Requests moved with their groups are encoded when their slice is sent: a slice of groups at rest
+            # takes no time to gather but could carry a whole backlog, so rows end a slice too.
+            if perf_counter() - t >= MIGRATE_SLICE_S or chunk_rows >= MIGRATE_SLICE_ROWS:
+                for peer, units in chunks.items():
+                    self._send_migrate(eng, peer, epoch, units, [], True)
+                chunks, chunk_rows = {}, 0
+                self._slice(stats, t, tc)
+                await asyncio.sleep(0)
+                t, tc = perf_counter(), thread_time()
+                if self.jobs.get(eng.job) is not eng:
+                    return False
+        for peer, units in chunks.items():
+            self._send_migrate(eng, peer, epoch, units, [], True)
+        # Handed-over requests of stateless operators last, MIGRATE_SLICE_ROWS a message.
+        for peer, rows in loose.items():
+            pieces = [rows[i:i + MIGRATE_SLICE_ROWS] for i in range(0, len(rows), MIGRATE_SLICE_ROWS)] or [[]]
+            for piece in pieces[:-1]:
+                self._send_migrate(eng, peer, epoch, [], piece, True)
+                self._slice(stats, t, tc)
+                await asyncio.sleep(0)
+                t, tc = perf_counter(), thread_time()
+                if self.jobs.get(eng.job) is not eng:
+                    return False
+            loose[peer] = pieces[-1]
+        for wid in set(mig.plan.sends_to.get(self.id, [])) - set(mig.plan.dead):
+            self._send_migrate(eng, wid, epoch, [], loose.pop(wid, []), False)
+        self._slice(stats, t, tc)
+        stats["packed_groups"] = eng.packed_on_move - packed_before
+        return True
 
     def _send_migrate(self, eng: JobEngine, wid: str, epoch: int, units: list, rows: list, more: bool) -> None:
         """Step 4's message to one peer; the last one carries `more=False`."""
