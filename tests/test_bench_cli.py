@@ -88,6 +88,13 @@ def test_fig8_summary_judges_each_key_count_against_its_targets_and_plots_one_pa
     assert s["40000"]["met"] == {"planner_ms": True, "max_worker_pause_ms": False, "max_group_hold_ms": True}
     assert s["400000"]["met"] == {"planner_ms": False, "max_worker_pause_ms": False, "max_group_hold_ms": True}
     assert "met" not in s["4000"] and s["4000"]["exact"] is True
+    assert "flowing" not in s
+    # Transitions made with their input still running are summarized apart, without targets.
+    rows += [{**row(400_000, a, b, 900, 15, 800), "input": "flowing"} for a, b in pairs]
+    rows[-1]["exact"] = False
+    s = fig8_summary(None, rows)
+    assert s["400000"]["planner_ms_median"] == 60 and s["flowing"]["400000"]["planner_ms_median"] == 900
+    assert "met" not in s["flowing"]["400000"] and s["flowing"]["400000"]["exact"] is False
     pytest.importorskip("matplotlib")
     fig8_plot({"points": rows, "engine": "cluster"}, tmp_path / "fig8.png")
     assert (tmp_path / "fig8.png").stat().st_size > 10_000

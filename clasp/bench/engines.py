@@ -178,7 +178,7 @@ class ClusterEngine:
                 "pushed": d.sent, "completed": stats["completed"],
                 "drained_at": (d.idle_at - d.started) if d.idle_at else None}
 
-    def migration(self, ctx, a: int, b: int, keys: int) -> dict:
+    def migration(self, ctx, a: int, b: int, keys: int, flowing: bool = False) -> dict:
         """One a → b re-placement of Word Count state of `keys` words (clasp/bench/migration.py), every
         operator spread, on a cluster of the largest worker count under the same quotas; one job per key
         count, its state refilled before every transition, and every word's count checked after it."""
@@ -200,11 +200,13 @@ class ClusterEngine:
                 current[1].cancel()  # the previous key count's state goes
             current = ctx.cache["fig8-job"] = [keys, client.submit(migration.dag(), autoscale=False), 0]
         _, job, fills = current
-        r = migration.transition(job, a, b, keys)
+        r = migration.transition(job, a, b, keys, flowing)
         current[2] = fills = fills + 1
         exact = migration.exact(job, keys, fills)
         if r["failed"] or not exact:
             raise EngineError(f"migration {a}→{b} at {keys} keys failed or lost state: {r}")
         return {"planner_ms": r["duration_s"] * 1e3, "max_worker_pause_ms": r["max_pause_s"] * 1e3,
                 "max_group_hold_ms": r["max_group_hold_s"] * 1e3, "max_worker_duration_ms": r["max_hold_s"] * 1e3,
-                "max_worker_pause_cpu_ms": r["max_pause_cpu_s"] * 1e3, "state_bytes": r["bytes"], "exact": exact}
+                "max_worker_pause_cpu_ms": r["max_pause_cpu_s"] * 1e3, "state_bytes": r["bytes"],
+                "requests_moved": r["rows"], "key_groups_moved": r["key_groups_moved"],
+                "key_groups_packed": r["key_groups_packed"], "exact": exact}

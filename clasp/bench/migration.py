@@ -41,20 +41,30 @@ def dag() -> clasp.Dag:
     return d
 
 
-def fill(job, keys: int) -> None:
+FLOW_LEAD_S = 0.3  # a flowing transition re-places this long after its lines were pushed: mid-way through them
+
+
+def fill(job, keys: int, wait: bool = True) -> None:
+    """Push one line of 20 words per 20 of the `keys` words (one more count each); wait until they ran."""
     words = [f"key{i:07d}" for i in range(keys)]
     lines = [" ".join(words[i:i + 20]) for i in range(0, keys, 20)]
     job.push(lines)
-    job.wait_idle(300)
+    if wait:
+        job.wait_idle(300)
 
 
-def transition(job, a: int, b: int, keys: int) -> dict:
-    """Spread over `a` workers, fill `keys` words (one more count each), settle, re-place onto `b`: the
-    migration's record."""
+def transition(job, a: int, b: int, keys: int, flowing: bool = False) -> dict:
+    """Spread over `a` workers, fill `keys` words (one more count each), re-place onto `b`: the migration's
+    record. Settled (the paper's case): the fill has run and settled 0.2 s first; `flowing`: the re-placement
+    starts FLOW_LEAD_S after the fill was pushed, with its lines still being executed, queued and in flight."""
     spread(job, a)
-    fill(job, keys)
-    time.sleep(0.2)  # what the fill left (batched returns, throttled quota) settles first
-    return spread(job, b)
+    fill(job, keys, wait=not flowing)
+    # settled: what the fill left (batched returns, throttled quota) settles first
+    time.sleep(FLOW_LEAD_S if flowing else 0.2)
+    r = spread(job, b)
+    if flowing:
+        job.wait_idle(300)
+    return r
 
 
 def exact(job, keys: int, fills: int) -> bool:

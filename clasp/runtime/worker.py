@@ -41,6 +41,7 @@ CLIENT_ERRORS = (OperatorError, DagError, PlacementError, ProtocolError)
 # Short, because under a CPU quota a stretch that outlasts the period's allowance stalls for the rest of it.
 MIGRATE_SLICE_S = 0.0005
 MIGRATE_SLICE_ROWS = 1000  # queued requests one migrate message carries at most (with their groups' state)
+MIGRATE_SLICE_BYTES = 256 << 10  # and bytes of state, about: decoding it stays well under a millisecond
 
 
 class Worker(RecoveryMixin):
@@ -431,7 +432,7 @@ class Worker(RecoveryMixin):
         chunks: dict[str, list] = {}
         loose: dict[str, list] = {}
         packed_before = eng.packed_on_move
-        chunk_rows = 0
+        chunk_rows = chunk_bytes = 0
         t, tc = perf_counter(), thread_time()
         for wid, unit, rows in eng.extract():
             if wid is None:
@@ -447,12 +448,14 @@ class Worker(RecoveryMixin):
                 stats["objects"] += unit[3]
                 stats["rows"] += len(unit[4])
                 chunk_rows += len(unit[4])
-            # Requests moved with their groups are encoded when their slice is sent: a slice of groups at rest
-            # takes no time to gather but could carry a whole backlog, so rows end a slice too.
-            if perf_counter() - t >= MIGRATE_SLICE_S or chunk_rows >= MIGRATE_SLICE_ROWS:
+                chunk_bytes += len(unit[2])
+            # A slice is encoded when it is sent, and decoded by its receiver in one step: groups at rest take no
+            # time to gather but could carry megabytes or a whole backlog, so bytes and rows end a slice too.
+            if (perf_counter() - t >= MIGRATE_SLICE_S or chunk_rows >= MIGRATE_SLICE_ROWS
+                    or chunk_bytes >= MIGRATE_SLICE_BYTES):
                 for peer, units in chunks.items():
                     self._send_migrate(eng, peer, epoch, units, [], True)
-                chunks, chunk_rows = {}, 0
+                chunks, chunk_rows, chunk_bytes = {}, 0, 0
                 self._slice(stats, t, tc)
                 await asyncio.sleep(0)
                 t, tc = perf_counter(), thread_time()
