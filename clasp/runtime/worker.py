@@ -56,6 +56,7 @@ class Worker(RecoveryMixin):
         self.state_dir = state_dir  # checkpoints; None: the directory the planner names
         self.checkpoint_failures = 0
         self.busy_at = perf_counter()  # when this worker last did work (rounds, migrations): idle-time work waits
+        self._gc_paused = False  # collection turned off here for a migration in progress
         self.host = host
         self.metrics_host = metrics_host or host
         self.security = security or Security()
@@ -327,6 +328,7 @@ class Worker(RecoveryMixin):
             self.tasks.spawn(self._progress(eng), f"migration of job {eng.job}")
             return
         eng.migration = WorkerMigration(plan, self.id)
+        self._gc_for_migrations()
         eng.migration_req = body["req"]
         eng.migration_t0 = self.busy_at = perf_counter()
         eng.migration_stats = {"bytes": 0, "objects": 0, "rows": 0, "received_objects": 0, "busy_ms": 0.0,
@@ -407,15 +409,8 @@ class Worker(RecoveryMixin):
             # What this worker's own executions batched goes first: a new owner must not run a moved
             # group, and send its outputs on, before the outputs this worker made of that group left.
             self._flush_data(eng)
-            # As in checkpoints: a full collection over the state's objects would land in one slice.
-            gc_was = gc.isenabled()
-            gc.disable()
-            try:
-                if not await self._send_state(eng, mig, stats):
-                    return  # a recovery replaced this engine: its migration is void
-            finally:
-                if gc_was:
-                    gc.enable()
+            if not await self._send_state(eng, mig, stats):
+                return  # a recovery replaced this engine: its migration is void
             stats["sent_ms"] = (perf_counter() - eng.migration_t0) * 1e3
             mig.finish_sending()
         if mig.done and eng.migration is mig:
@@ -495,6 +490,18 @@ class Worker(RecoveryMixin):
         stats["pause_ms"] = max(stats.get("pause_ms", 0.0), ms)
         stats["pause_cpu_ms"] = max(stats.get("pause_cpu_ms", 0.0), (thread_time() - c0) * 1e3)
 
+    def _gc_for_migrations(self) -> None:
+        """No cyclic garbage collection while a migration runs here (as in checkpoints): a full pass over the
+        state's objects, tens of ms with millions of them, would land inside one of its slices. Also called
+        when idle, so a migration that a recovery voided does not leave collection off."""
+        busy = any(e.migration is not None for e in self.jobs.values())
+        if busy and not self._gc_paused and gc.isenabled():
+            gc.disable()
+            self._gc_paused = True
+        elif not busy and self._gc_paused:
+            gc.enable()
+            self._gc_paused = False
+
     def _finish_migration(self, eng: JobEngine) -> None:
         self.busy_at = perf_counter()
         hold = self.busy_at - eng.migration_t0
@@ -504,6 +511,7 @@ class Worker(RecoveryMixin):
                  **stats}
         self.dealer.send(protocol.reply(eng.migration_req, reply))
         eng.migration = None
+        self._gc_for_migrations()
         self.wake.set()
         if eng.queued_plans and self.jobs.get(eng.job) is eng:
             self._on_migrate_plan(eng.queued_plans.pop(0))
@@ -661,6 +669,8 @@ class Worker(RecoveryMixin):
             self.wake.clear()
             if any(any(o.queue for o in e.ops) and not any(o.busy for o in e.ops) for e in self.jobs.values()):
                 continue
+            if self._gc_paused:
+                self._gc_for_migrations()
             if timer is not None:
                 timer.cancel()
                 timer = None
