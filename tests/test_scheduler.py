@@ -270,7 +270,7 @@ def test_migration_record_sums_the_replies_and_names_the_failures():
     new = Placement({n: OperatorPlacement({"w0": 1.0}, {"w0": 1}, ["w0"] * 128 if n == "b" else None)
                      for n in "abc"}, 4, old.workers)
     replies = [{"worker": "w0", "pause": 0.01, "hold": 0.05, "group_hold": 0.03, "bytes": 100, "objects": 3, "rows": 7,
-                "markers_ms": 1.234, "busy_ms": 2.0, "pause_cpu_ms": 4.0},
+                "markers_ms": 1.234, "busy_ms": 2.0, "pause_cpu_ms": 4.0, "packed_groups": 2},
                {"worker": "w2", "pause": 0.02, "hold": 0.04, "group_hold": 0.0, "bytes": 50, "objects": 1, "rows": 0},
                TimeoutError("worker w1 did not answer")]
     r = scheduler.migration_record(old, new, "manual", 1.23456, 0.5, ["w0", "w2", "w1"], replies, 64, ["w9"])
@@ -278,7 +278,7 @@ def test_migration_record_sums_the_replies_and_names_the_failures():
                  "active": ["w0"], "duration_s": 0.5, "max_pause_s": 0.02, "max_hold_s": 0.05,
                  "max_group_hold_s": 0.03, "max_pause_cpu_s": 0.004, "pauses": {"w0": 0.01, "w2": 0.02},
                  "phases_ms": {"w0": {"markers_ms": 1.23, "busy_ms": 2.0, "pause_cpu_ms": 4.0}, "w2": {}},
-                 "bytes": 150, "objects": 4, "rows": 7, "key_groups_moved": 64, "dead": ["w9"],
+                 "bytes": 150, "objects": 4, "rows": 7, "key_groups_moved": 64, "key_groups_packed": 2, "dead": ["w9"],
                  "failed": {"w1": "worker w1 did not answer"}}
 
 

@@ -638,6 +638,9 @@ class Worker(RecoveryMixin):
                         self._flush_data(eng)
             if done:
                 self.busy_at = now
+                for eng in self.jobs.values():  # a worker that stays busy frees moved state too, a group a round
+                    if eng.dropped and eng.migration is None:
+                        eng.free_one()
                 if self._returns_since is None:
                     self._returns_since = now
                 elif now - self._returns_since >= flush_delay:
