@@ -21,11 +21,12 @@
   bisection, alternately). Neither placement is the spread that `bench.validate_sim` checks.
 - **α_split** (µs per local chained request to a stateless successor that other workers also hold: the
   runtime's table route, `clasp/runtime/engine.py` `_send`, instead of the single-holder fast path α is measured
-  on): SYN with every operator 98 % on worker 0 and 2 % on worker 1 (SPLIT: nearly every chained request
-  local, and every one through the table route), the value with which the simulator reproduces its
-  throughput, β and γ fixed. MIX (even operators on worker 0, odd ones split over workers 0 and 1) is
-  only a check: its worker 0 also sends and receives 2.5 remote requests per record, whose mispricing a
-  fit on MIX would absorb into α_split (docs/SIMULATOR.md); `--alpha-split-from mix` fits on it.
+  on): SYN with every operator nearly all on worker 0, its share there falling by 0.2 % an operator (SPLIT:
+  local-first routing keeps 99.8 % of every edge there, and every kept request takes the table route), the
+  value with which the simulator reproduces its throughput, β and γ fixed. MIX (even operators on worker 0,
+  odd ones split over workers 0 and 1) is only a check: its worker 0 also sends and receives 2.5 remote
+  requests per record, whose mispricing a fit on MIX would absorb into α_split (docs/SIMULATOR.md);
+  `--alpha-split-from mix` fits on it.
 - **α_keyed** (µs per chained request into a keyed operator whose key groups are not all on the sending
   worker: the runtime's keyed table route, `clasp/runtime/engine.py` `_send`, key function, key-group
   lookup and hit count per output, local or remote, in place of α or β_s): WC with its split on worker 0
@@ -96,9 +97,11 @@ FAN = {o: ({0: 1.0} if i % 2 == 0 else {1: 0.5, 2: 0.5}) for i, o in enumerate(S
 # and only receives; one remote chained request per record.
 PIPE = {o: ({1: 1.0} if i < len(SYN_OPS) // 2 else {0: 1.0}) for i, o in enumerate(SYN_OPS)}
 PIPE_RECEIVER, PIPE_SENDER = 0, 1
-# Every operator on worker 0 but a 2 % share on worker 1: nearly all chained requests stay local, and all
-# of them take the table route (their successor has two holders), the request α_split prices.
-SPLIT = {o: {0: 0.98, 1: 0.02} for o in SYN_OPS}
+# Every operator nearly all on worker 0, its share there falling by 0.2 % an operator: the runtime routes
+# local first, so worker 0 keeps 99.8 % of each edge and sends the surplus to worker 1, and every chained
+# request it keeps takes the table route (two destinations), the request α_split prices. (Equal shares
+# everywhere would keep all of them on the direct path.)
+SPLIT = {o: {0: 0.99 - 0.002 * i, 1: 0.01 + 0.002 * i} for i, o in enumerate(SYN_OPS)}
 # Even operators on worker 0, odd ones split over workers 0 and 1: worker 0's even operators route half of
 # their outputs locally through the runtime's table route (the successor has two holders), the chained
 # request that α_split prices; every other request is single-holder local or remote. Not a spread.
@@ -589,7 +592,8 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
     flush, peer_factor, flush_points = fit_flush_delay({"alt": (ALT, list(runs["alt"])),
                                                         "fan": (FAN, list(runs["fan"]))}, cpu)
     base = Costs(alpha, alpha, 0.0, w, tau_file, RECEIVE_SHARE, message_us=message_us,
-                 flush_delay_s=flush if flush is not None else 0.001, flush_peer_factor=peer_factor)
+                 flush_delay_s=flush if flush is not None else 0.001, flush_peer_factor=peer_factor,
+                 local_first=True)  # the runtime's routing (clasp.core.model.edge_flow)
     lam_alt, lam_fan = _mean_tput(runs["alt"]), _mean_tput(runs["fan"])
     gamma_zero = message_fitted and not gamma_with_messages
     gamma_rule = ("fixed 0 (message_us fitted: the per-destination cost is carried by the messages)" if gamma_zero
@@ -708,6 +712,7 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
         doc["flush_peer_factor"] = round(peer_factor, 4)
         measured["flush_fit"] = {"flush_delay_s": round(flush, 6), "flush_peer_factor": round(peer_factor, 4),
                                  "points": flush_points}
+    doc["local_first"] = True
     doc["tau_us"] = {a: {o: round(v, 4) for o, v in t.items()} for a, t in tau_file.items()}
     doc["measured"] = measured
     return doc

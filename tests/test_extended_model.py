@@ -159,9 +159,27 @@ def extended_cases(draw):
                           mu=draw(st.sampled_from([0.0, 5.0, 60.0])), capacities=caps,
                           alpha_split=draw(st.sampled_from([None, 5.0])), table_routed=stateless,
                           alpha_keyed=draw(st.sampled_from([None, 4.0])), keyed_routed=keyed,
-                          beta_split=draw(st.sampled_from([0.0, 3.0])))
+                          beta_split=draw(st.sampled_from([0.0, 3.0])), local_first=draw(st.booleans()))
     load = derive_load(rates, tau, edge_rates, draw(st.floats(100.0, 1000.0)), draw(st.floats(0.0, 2000.0)))
     return ops, edges, load, model
+
+
+def independent_flows(src: dict, dst: dict, local_first: bool) -> dict:
+    """Written out again: (w, v) → share of an edge, by σ of the successor or local first."""
+    if not local_first or not any(x > 0 for x in dst.values()):
+        return {(w, v): fs * fd for w, fs in src.items() for v, fd in dst.items() if fs > 0 and fd > 0}
+    out = {}
+    short = {v: fd - src.get(v, 0.0) for v, fd in dst.items() if fd - src.get(v, 0.0) > 1e-12}
+    for w, fs in src.items():
+        if fs <= 0:
+            continue
+        keep = min(fs, dst.get(w, 0.0))
+        if keep > 0:
+            out[(w, w)] = keep
+        for v, gap in short.items():
+            if fs - keep > 1e-12:
+                out[(w, v)] = (fs - keep) * gap / sum(short.values())
+    return out
 
 
 def independent_load(fractions, demand, edge_rates, m: CapacityModel) -> dict[int, float]:
@@ -175,18 +193,22 @@ def independent_load(fractions, demand, edge_rates, m: CapacityModel) -> dict[in
     for (s, d), rate in edge_rates.items():
         if rate <= 0:
             continue
-        for w, fs in fractions[s].items():
+        flows = independent_flows(fractions[s], fractions[d], m.local_first and d in m.table_routed)
+        for w in fractions[s]:
             keyed = m.alpha_keyed is not None and d in m.keyed_routed and fractions[d].get(w, 0.0) < 1
-            for v, fd in fractions[d].items():
+            table_route = sum(1 for (x, _) in flows if x == w) > 1
+            for (x, v), share in flows.items():
+                if x != w:
+                    continue
                 if v == w:
-                    a = m.alpha_split if (m.alpha_split is not None and d in m.table_routed and fd < 1) else m.alpha
-                    load[w] += rate * fs * fd * (m.alpha_keyed if keyed else a)
+                    split = m.alpha_split is not None and d in m.table_routed and table_route
+                    a = m.alpha_split if split else m.alpha
+                    load[w] += rate * share * (m.alpha_keyed if keyed else a)
                 else:
-                    holders = sum(1 for x in fractions[d].values() if x > 0)
-                    table = m.beta_split if d in m.table_routed and holders > 1 else 0.0
-                    load[w] += rate * fs * fd * (m.alpha_keyed if keyed else m.beta + table)
-                    load[v] = load.get(v, 0.0) + rate * fs * fd * m.beta_receive
-                    rows[(w, v)] = rows.get((w, v), 0.0) + rate * fs * fd
+                    table = m.beta_split if d in m.table_routed and table_route else 0.0
+                    load[w] += rate * share * (m.alpha_keyed if keyed else m.beta + table)
+                    load[v] = load.get(v, 0.0) + rate * share * m.beta_receive
+                    rows[(w, v)] = rows.get((w, v), 0.0) + rate * share
                     reach.setdefault(w, set()).add(v)
     for w, r in reach.items():
         load[w] += m.gamma * len(r)

@@ -18,6 +18,15 @@ def runtime_costs() -> Costs:
 
 
 @pytest.fixture(scope="module")
+def by_sigma(runtime_costs) -> Costs:
+    """This runtime's costs with every request routed by σ of its successor (the paper's routing), so that
+    an even spread sends remote requests: what the table-route and message tests below price."""
+    import dataclasses
+
+    return dataclasses.replace(runtime_costs, local_first=False)
+
+
+@pytest.fixture(scope="module")
 def paper_costs() -> Costs:
     return Costs.load(PAPER_COSTS_FILE)
 
@@ -124,28 +133,28 @@ def test_the_clasp_command_runs_simulate(capsys):
     assert json.loads(capsys.readouterr().out)["throughput"] > 0
 
 
-def test_alpha_split_prices_only_local_requests_to_split_successors(runtime_costs):
+def test_alpha_split_prices_only_local_requests_to_split_successors(by_sigma):
     import dataclasses
 
     from clasp.core.policies import uniform_placement
     from clasp.sim.simulator import Simulator
 
-    dag = app_dag(get_app("syn"), runtime_costs)
+    dag = app_dag(get_app("syn"), by_sigma)
     cfg = SimConfig(duration=4.0, warmup=1.0)
     # Default (no alpha_split, or a file without the key): the same as before.
     assert Costs.from_json_dict({"alpha": 1, "beta": 2, "gamma": 0, "capacity": 1e6, "tau_us": {}}).alpha_split \
         is None
-    base = [simulate(dag, n, costs=runtime_costs, config=cfg).throughput for n in (1, 2)]
-    same = dataclasses.replace(runtime_costs, alpha_split=runtime_costs.alpha)
+    base = [simulate(dag, n, costs=by_sigma, config=cfg).throughput for n in (1, 2)]
+    same = dataclasses.replace(by_sigma, alpha_split=by_sigma.alpha)
     assert [simulate(dag, n, costs=same, config=cfg).throughput for n in (1, 2)] == pytest.approx(base)
-    dear = dataclasses.replace(runtime_costs, alpha_split=runtime_costs.alpha + 5.0)
+    dear = dataclasses.replace(by_sigma, alpha_split=by_sigma.alpha + 5.0)
     # One worker holds every operator alone (the fast path): unchanged; a 2-worker spread pays it.
     assert simulate(dag, 1, costs=dear, config=cfg).throughput == pytest.approx(base[0])
     assert simulate(dag, 2, costs=dear, config=cfg).throughput < 0.8 * base[1]
     # Alternating over 2 workers: every chained request remote, none split-local: unchanged.
     alt = uniform_placement(dag.operators, dag.edges, 2, 10, 1.0, "alt", "alt")
     alt = dataclasses.replace(alt, fractions={o: {i % 2: 1.0} for i, o in enumerate(dag.operators)})
-    a = Simulator(dag, runtime_costs, 2, placement=alt, config=cfg).run().throughput
+    a = Simulator(dag, by_sigma, 2, placement=alt, config=cfg).run().throughput
     b = Simulator(dag, dear, 2, placement=alt, config=cfg).run().throughput
     assert b == pytest.approx(a)
     with pytest.raises(ValueError):
@@ -189,7 +198,7 @@ def test_alpha_keyed_prices_requests_into_a_keyed_operator_off_its_sender(runtim
         Costs.from_json_dict({"alpha": 1, "beta": 2, "gamma": 0, "capacity": 1e6, "tau_us": {}, "alpha_keyed": -1})
 
 
-def test_message_cost_is_opt_in_and_grows_with_destinations(runtime_costs):
+def test_message_cost_is_opt_in_and_grows_with_destinations(by_sigma):
     import dataclasses
 
     import numpy as np
@@ -202,12 +211,12 @@ def test_message_cost_is_opt_in_and_grows_with_destinations(runtime_costs):
     for bad in ({"message_us": -1}, {"message_us": True}, {"flush_delay_s": 0}, {"max_batch": 0.5}):
         with pytest.raises(ValueError):
             Costs.from_json_dict({"alpha": 1, "beta": 2, "gamma": 0, "capacity": 1e6, "tau_us": {}, **bad})
-    dag = app_dag(get_app("syn"), runtime_costs)
+    dag = app_dag(get_app("syn"), by_sigma)
     cfg = SimConfig(duration=4.0, warmup=1.0)
-    base = [simulate(dag, n, costs=runtime_costs, config=cfg).throughput for n in (1, 2, 5)]
-    zero = dataclasses.replace(runtime_costs, message_us=0.0)
+    base = [simulate(dag, n, costs=by_sigma, config=cfg).throughput for n in (1, 2, 5)]
+    zero = dataclasses.replace(by_sigma, message_us=0.0)
     assert [simulate(dag, n, costs=zero, config=cfg).throughput for n in (1, 2, 5)] == pytest.approx(base)
-    dear = dataclasses.replace(runtime_costs, message_us=30.0)
+    dear = dataclasses.replace(by_sigma, message_us=30.0)
     got = [simulate(dag, n, costs=dear, config=cfg).throughput for n in (1, 2, 5)]
     assert got[0] == pytest.approx(base[0])  # one worker sends no message
     # More destinations, more messages per record: the loss grows with the worker count.

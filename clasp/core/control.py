@@ -109,6 +109,7 @@ class Controller:
     estimator: Estimator = field(default_factory=lambda: Estimator(runtime_estimator_config()))
     stateless: tuple[str, ...] = ()  # operators whose local requests can take the table route
     keyed: tuple[str, ...] = ()  # operators whose requests take the keyed table route off their owner
+    local_first: bool = False  # the runtime routes requests into the stateless operators local first
     current: PlacementResult | None = None
     last: Observation | None = None
     rate_ref: float | None = None
@@ -212,7 +213,8 @@ class Controller:
                      max(obs.instances, 1), max(obs.active, 1), beta_receive=e.beta_receive, mu=e.mu,
                      flush_delay=e.flush_delay, capacities=capacities, alpha_split=e.config.alpha_split,
                      alpha_keyed=e.config.alpha_keyed, keyed=list(self.keyed), beta_split=e.config.beta_split,
-                     stateless=list(self.stateless), flush_peer_factor=e.config.flush_peer_factor)
+                     stateless=list(self.stateless), flush_peer_factor=e.config.flush_peer_factor,
+                     local_first=self.local_first)
 
     def place_on(self, workers: int, pool: list | None = None) -> PlacementResult:
         """The policy's placement for `workers` workers (`Policy.place_on`), from the latest observation;

@@ -12,6 +12,11 @@ saturated worker flushes each destination's batch once per flush delay of its CP
 workers exchanges min(rows, F_w) messages per second, F_w = W_w / 10⁶ / flush delay. A local request
 that takes the runtime's table route costs α_split. With β_r = 0, μ = 0, no α_split and no per-worker
 capacities it is the paper's model exactly (`CapacityModel.paper()`, policy `clasp-paper`).
+
+Routing (`edge_flow`): the paper's Eq. (8) sends a request of o on w to worker d with probability σ_s(d),
+whoever sent it. This runtime routes a stateless successor local first (ours, docs/POLICY.md, "Local-first
+routing"): a worker keeps what its own share of the successor takes and sends only the surplus, to the
+workers short of theirs. Every term below follows from the flows, so the model prices either routing.
 """
 
 from __future__ import annotations
@@ -43,33 +48,60 @@ def worker_capacity(execution: float, r_local: float, r_remote: float, delta: fl
             + gamma * delta)
 
 
+def edge_flow(src: Mapping[int, float], dst: Mapping[int, float], local_first: bool = False,
+              ) -> dict[tuple[int, int], float]:
+    """The share of an edge's chained requests that worker w sends to worker d (w = d: kept local).
+
+    Proportional (the paper's Eq. 8): σ_o(w)·σ_s(d). Local first (ours, for a stateless successor): w keeps
+    min(σ_o(w), σ_s(w)) and deals its surplus σ_o(w) − σ_s(w) out to the workers short of their share, in
+    proportion to the shortfall σ_s(d) − σ_o(d): every holder still gets its σ_s, with the least remote
+    traffic. A successor not placed yet (no share anywhere) is proportional: all of it remote, nobody's."""
+    src = {w: f for w, f in src.items() if f > 0}
+    dst = {d: f for d, f in dst.items() if f > 0}
+    flows: dict[tuple[int, int], float] = {}
+    if local_first and dst:
+        short = {d: f - src.get(d, 0.0) for d, f in dst.items() if f > src.get(d, 0.0) + 1e-12}
+        total_short = sum(short.values())
+        for w, f in src.items():
+            keep = min(f, dst.get(w, 0.0))
+            if keep > 0:
+                flows[(w, w)] = keep
+            surplus = f - keep
+            if surplus > 1e-12 and total_short > 0:
+                for d, s in short.items():
+                    flows[(w, d)] = surplus * s / total_short
+        return flows
+    for w, f in src.items():
+        for d, fd in dst.items():
+            flows[(w, d)] = f * fd
+    return flows
+
+
 def remote_destinations(fractions: Mapping[str, Mapping[int, float]],
-                        edge_rates: Mapping[Edge, float]) -> dict[int, set[int]]:
-    """δ_w(Φ) as sets: the remote workers each worker's outgoing chained requests reach under Φ (Eq. 8)."""
+                        edge_rates: Mapping[Edge, float], local_first: frozenset = frozenset(),
+                        ) -> dict[int, set[int]]:
+    """δ_w(Φ) as sets: the remote workers each worker's outgoing chained requests reach under Φ (Eq. 8);
+    edges into an operator of `local_first` are routed local first (`edge_flow`)."""
     reach: dict[int, set[int]] = {}
     for (src, dst), rate in edge_rates.items():
         if rate <= 0:
             continue  # an edge that carries nothing opens no connection
-        hosts = [w for w, f in fractions.get(dst, {}).items() if f > 0]
-        for w, f in fractions.get(src, {}).items():
-            if f > 0:
-                reach.setdefault(w, set()).update(h for h in hosts if h != w)
+        for (w, d), share in edge_flow(fractions.get(src, {}), fractions.get(dst, {}), dst in local_first).items():
+            if d != w and share > 0:
+                reach.setdefault(w, set()).add(d)
     return reach
 
 
 def pair_rates(fractions: Mapping[str, Mapping[int, float]], edge_rates: Mapping[Edge, float],
-               ) -> dict[tuple[int, int], float]:
-    """Remote chained requests per second from worker w to worker d ≠ w under proportional routing."""
+               local_first: frozenset = frozenset()) -> dict[tuple[int, int], float]:
+    """Remote chained requests per second from worker w to worker d ≠ w (`edge_flow`)."""
     rows: dict[tuple[int, int], float] = {}
     for (src, dst), rate in edge_rates.items():
         if rate <= 0:
             continue
-        hosts = [(d, f) for d, f in fractions.get(dst, {}).items() if f > 0]
-        for w, fs in fractions.get(src, {}).items():
-            if fs > 0:
-                for d, fd in hosts:
-                    if d != w:
-                        rows[(w, d)] = rows.get((w, d), 0.0) + rate * fs * fd
+        for (w, d), share in edge_flow(fractions.get(src, {}), fractions.get(dst, {}), dst in local_first).items():
+            if d != w:
+                rows[(w, d)] = rows.get((w, d), 0.0) + rate * share
     return rows
 
 
@@ -80,13 +112,13 @@ FLUSH_PEER_FACTOR = 0.2
 
 
 def message_load(fractions: Mapping[str, Mapping[int, float]], edge_rates: Mapping[Edge, float], mu: float,
-                 flush_rate, peer_factor: float = 0.0) -> dict[int, float]:
+                 flush_rate, peer_factor: float = 0.0, local_first: frozenset = frozenset()) -> dict[int, float]:
     """μ·M_w: each pair exchanges min(rows, F_w / (1 + c·(n_w − 1))) messages per second (F_w =
     `flush_rate(w)` of the sender, n_w its peers, c `peer_factor`), paid by the sender and the receiver."""
     load: dict[int, float] = {}
     if not mu:
         return load
-    pairs = pair_rates(fractions, edge_rates)
+    pairs = pair_rates(fractions, edge_rates, local_first)
     peers: dict[int, int] = {}
     for w, _ in pairs:
         peers[w] = peers.get(w, 0) + 1
@@ -97,19 +129,19 @@ def message_load(fractions: Mapping[str, Mapping[int, float]], edge_rates: Mappi
     return load
 
 
-def local_cost(alpha: float, alpha_split: float | None, table_routed: frozenset, dst: str, local: float) -> float:
+def local_cost(alpha: float, alpha_split: float | None, table_routed: frozenset, dst: str, table: bool) -> float:
     """α for a local chained request, or α_split where it takes the runtime's table route: to a stateless
-    successor also held by other workers (0 < σ_s(w) < 1)."""
-    if alpha_split is not None and 0.0 < local < 1.0 and dst in table_routed:
+    successor to which its worker also sends elsewhere (`table`: more than one destination)."""
+    if alpha_split is not None and table and dst in table_routed:
         return alpha_split
     return alpha
 
 
-def table_remote_cost(beta_split: float, table_routed: frozenset, dst: str, holders: int) -> float:
-    """β_split for a remote chained request that takes the table route, to a stateless successor held by
-    more than one worker (the weighted table deals out local and remote outputs alike); 0 otherwise, a
-    lone remote holder being the direct path. Beyond the paper."""
-    return beta_split if beta_split and holders > 1 and dst in table_routed else 0.0
+def table_remote_cost(beta_split: float, table_routed: frozenset, dst: str, table: bool) -> float:
+    """β_split for a remote chained request that takes the table route, to a stateless successor to which
+    its worker sends to more than one destination (`table`; the weighted table deals out local and remote
+    outputs alike); 0 otherwise, a lone remote destination being the direct path. Beyond the paper."""
+    return beta_split if beta_split and table and dst in table_routed else 0.0
 
 
 def keyed_cost(alpha_keyed: float | None, keyed_routed: frozenset, dst: str, local: float) -> float | None:
@@ -126,14 +158,16 @@ def load_terms(fractions: Mapping[str, Mapping[int, float]], demand: Mapping[str
                edge_rates: Mapping[Edge, float], alpha: float, beta: float,
                gamma: float, beta_receive: float = 0.0, alpha_split: float | None = None,
                table_routed: frozenset = frozenset(), alpha_keyed: float | None = None,
-               keyed_routed: frozenset = frozenset(), beta_split: float = 0.0) -> dict[int, dict[str, float]]:
-    """Eq. (8) term by term per worker (`TERMS`, messages 0 here: `message_load` adds them):
-    execution Σ_o φ[o,w]; local Σ Ẽ·σ_o(w)·σ_s(w)·α (α_split on the table route); remote_out
-    Σ Ẽ·σ_o(w)·(1 − σ_s(w))·β_s; remote_in Σ Ẽ·σ_s(w)·(1 − σ_o(w))·β_r; destinations γ·δ_w(Φ).
-    A remote request to a stateless successor with more than one holder costs β_split more
-    (`table_remote_cost`). Into a keyed successor of `keyed_routed` not wholly on w (σ_s(w) < 1) a
-    request costs its sender α_keyed instead of α or β_s (`keyed_cost`), in local and remote_out by where
-    it goes."""
+               keyed_routed: frozenset = frozenset(), beta_split: float = 0.0,
+               local_first: frozenset = frozenset()) -> dict[int, dict[str, float]]:
+    """Eq. (8) term by term per worker (`TERMS`, messages 0 here: `message_load` adds them), with x(w, d)
+    an edge's share from w to d (`edge_flow`; the paper's σ_o(w)·σ_s(d), local first into an operator of
+    `local_first`): execution Σ_o φ[o,w]; local Σ Ẽ·x(w, w)·α (α_split on the table route); remote_out
+    Σ Ẽ·(σ_o(w) − x(w, w))·β_s; remote_in Σ Ẽ·Σ_(v≠w) x(v, w)·β_r; destinations γ·δ_w(Φ).
+    A remote request on the table route (its sender has more than one destination for that successor)
+    costs β_split more (`table_remote_cost`). Into a keyed successor of `keyed_routed` not wholly on w
+    (σ_s(w) < 1) a request costs its sender α_keyed instead of α or β_s (`keyed_cost`), in local and
+    remote_out by where it goes."""
     terms: dict[int, dict[str, float]] = {}
 
     def at(w: int) -> dict[str, float]:
@@ -150,22 +184,29 @@ def load_terms(fractions: Mapping[str, Mapping[int, float]], demand: Mapping[str
         if rate <= 0:
             continue
         dst_fractions = fractions.get(dst, {})
-        src_fractions = fractions.get(src, {})
-        table = table_remote_cost(beta_split, table_routed, dst, sum(1 for v in dst_fractions.values() if v > 0))
-        for w, f in src_fractions.items():
-            local = dst_fractions.get(w, 0.0)
+        flows = edge_flow(fractions.get(src, {}), dst_fractions, dst in local_first)
+        kept: dict[int, float] = {}
+        fan: dict[int, int] = {}  # destinations per sender, itself included
+        for (w, d), share in flows.items():
+            fan[w] = fan.get(w, 0) + 1
+            if w == d:
+                kept[w] = share
+            elif beta_receive:
+                at(d)["remote_in"] += rate * share * beta_receive
+        for w, f in fractions.get(src, {}).items():
+            if f <= 0:
+                continue
+            table = fan.get(w, 0) > 1
+            local, remote = kept.get(w, 0.0), f - kept.get(w, 0.0)
             t = at(w)
-            k = keyed_cost(alpha_keyed, keyed_routed, dst, local)
+            k = keyed_cost(alpha_keyed, keyed_routed, dst, dst_fractions.get(w, 0.0))
             if k is None:
-                t["local"] += rate * f * local * local_cost(alpha, alpha_split, table_routed, dst, local)
-                t["remote_out"] += rate * f * (1.0 - local) * (beta + table)
+                t["local"] += rate * local * local_cost(alpha, alpha_split, table_routed, dst, table)
+                t["remote_out"] += rate * remote * (beta + table_remote_cost(beta_split, table_routed, dst, table))
             else:
-                t["local"] += rate * f * local * k
-                t["remote_out"] += rate * f * (1.0 - local) * k
-        if beta_receive:
-            for w, fd in dst_fractions.items():
-                at(w)["remote_in"] += rate * fd * (1.0 - src_fractions.get(w, 0.0)) * beta_receive
-    for w, remote in remote_destinations(fractions, edge_rates).items():
+                t["local"] += rate * local * k
+                t["remote_out"] += rate * remote * k
+    for w, remote in remote_destinations(fractions, edge_rates, local_first).items():
         at(w)["destinations"] += gamma * len(remote)
     return terms
 
@@ -196,7 +237,8 @@ class CapacityModel:
     DAG's keyed ones) costs its sender instead of α or β_s when that operator is not wholly on the sender's
     worker (None: α and β_s as for any request);
     `beta_split` what a remote request to an operator of `table_routed` with several holders costs its
-    sender on top of β_s (the same table route)."""
+    sender on top of β_s (the same table route); `local_first` that requests into the operators of
+    `table_routed` are routed local first, as this runtime routes them (False: the paper's σ_s(d))."""
 
     alpha: float = DEFAULT_ALPHA
     beta: float = DEFAULT_BETA
@@ -212,6 +254,12 @@ class CapacityModel:
     alpha_keyed: float | None = None
     keyed_routed: frozenset = frozenset()
     beta_split: float = 0.0
+    local_first: bool = False
+
+    @property
+    def local_routed(self) -> frozenset:
+        """The operators whose incoming requests are routed local first (`edge_flow`)."""
+        return self.table_routed if self.local_first else frozenset()
 
     def flush_rate(self, worker: int) -> float:
         """F_w: messages per second to one peer of a saturated worker (one batch per flush delay of CPU)."""
@@ -235,7 +283,7 @@ class CapacityModel:
     @property
     def extended(self) -> bool:
         return bool(self.beta_receive or self.mu or self.capacities or self.alpha_split is not None
-                    or self.alpha_keyed is not None or self.beta_split)
+                    or self.alpha_keyed is not None or self.beta_split or self.local_routed)
 
     def worker_load(self, execution: float, r_local: float, r_remote: float, delta: float,
                     r_received: float = 0.0, messages: float = 0.0) -> float:
@@ -248,8 +296,9 @@ class CapacityModel:
         """Eq. (8) term by term per worker (`TERMS`) with this model's coefficients."""
         terms = load_terms(fractions, demand, edge_rates, self.alpha, self.beta, self.gamma, self.beta_receive,
                            self.alpha_split, self.table_routed, self.alpha_keyed, self.keyed_routed,
-                           self.beta_split)
-        for w, v in message_load(fractions, edge_rates, self.mu, self.flush_rate, self.flush_peer_factor).items():
+                           self.beta_split, self.local_routed)
+        for w, v in message_load(fractions, edge_rates, self.mu, self.flush_rate, self.flush_peer_factor,
+                                 self.local_routed).items():
             terms.setdefault(w, dict.fromkeys(TERMS, 0.0))["messages"] += v
         return terms
 

@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from clasp.core.model import CapacityModel, Edge, keyed_cost, local_cost, table_remote_cost
+from clasp.core.model import CapacityModel, Edge, edge_flow, keyed_cost, local_cost, table_remote_cost
 
 # A share this small is rounding noise; placing it would only add a fan-out connection.
 MIN_FRACTION = 1e-9
@@ -200,7 +200,7 @@ def next_fit(order: Sequence[str], successors: Mapping[str, Sequence[tuple[str, 
     """
     alpha, gamma = model.alpha, model.gamma
     beta, beta_r = model.beta, model.beta_receive
-    split, routed = model.alpha_split, model.table_routed
+    split, routed, local_first = model.alpha_split, model.table_routed, model.local_routed
     kappa, keyed, beta_split = model.alpha_keyed, model.keyed_routed, model.beta_split
     if predecessors is None:
         beta_r = 0.0
@@ -223,8 +223,7 @@ def next_fit(order: Sequence[str], successors: Mapping[str, Sequence[tuple[str, 
     for o in order:
         d = float(demand.get(o, 0.0))
         outs = [(s, fractions[s], rate) for s, rate in successors.get(o, ()) if rate > 0]
-        tables = {s: table_remote_cost(beta_split, routed, s, sum(1 for v in fs.values() if v > 0))
-                  for s, fs, _ in outs}
+        holders = {s: sum(1 for v in fs.values() if v > 0) for s, fs, _ in outs}
         hosts: set[int] = set()
         for _, fs, _ in outs:
             hosts.update(w for w, f in fs.items() if f > 0)
@@ -235,29 +234,41 @@ def next_fit(order: Sequence[str], successors: Mapping[str, Sequence[tuple[str, 
         while True:
             w = current
             new = [h for h in hosts if h != w and h not in connected[w]]
-            cost = d + beta_r * incoming
+            # cost(f) of a share f of o here: linear per unit of f, except that a successor routed local
+            # first keeps min(f, σ_s(w)) here and sends the rest on, so its terms bend at f = σ_s(w).
+            slope = d + beta_r * incoming
+            bends: list[tuple[float, str, float, float]] = []  # (σ_s(w), successor, rate, kept part's α)
             for s, fs, rate in outs:
                 local = fs.get(w, 0.0)
-                a = local_cost(alpha, split, routed, s, local)
                 k = keyed_cost(kappa, keyed, s, local)
-                if k is None:
-                    cost += rate * (a * local + (beta + tables[s]) * (1.0 - local) - beta_r * local)
+                if k is not None:
+                    slope += rate * (k - beta_r * local)
+                elif s in local_first and local > 0:
+                    bends.append((local, s, rate, alpha))
                 else:
-                    cost += rate * (k - beta_r * local)
+                    table = holders[s] > 1
+                    a = local_cost(alpha, split, routed, s, table)
+                    slope += rate * (a * local + (beta + table_remote_cost(beta_split, routed, s, table))
+                                     * (1.0 - local) - beta_r * local)
             per_peer = gamma + model.peer_cost(w)
             room = remaining[w] - per_peer * len(new)
-            if room > 0 and cost > 0:
-                f = min(left, room / cost)
-            elif room >= 0 and cost <= 0:
-                f = left
+            if bends:
+                f, cost_f = _largest_share(slope, bends, left, room, alpha, split, routed, beta, beta_split,
+                                           beta_r)
             else:
-                f = 0.0
-            if f >= left * (1.0 - 1e-12):
-                f = left  # the last sliver rides along; its overload is rounding noise
+                if room > 0 and slope > 0:
+                    f = min(left, room / slope)
+                elif room >= 0 and slope <= 0:
+                    f = left
+                else:
+                    f = 0.0
+                cost_f = slope * f
+            if f >= left * (1.0 - 1e-12) and f != left:
+                f, cost_f = left, cost_f * left / f  # the last sliver rides along; its overload is rounding noise
             placed = f == left or f > MIN_FRACTION
             if placed:
                 mine[w] = mine.get(w, 0.0) + f
-                remaining[w] -= per_peer * len(new) + cost * f
+                remaining[w] -= per_peer * len(new) + cost_f
                 connected[w].update(new)
                 left -= f
             if left <= 0:
@@ -265,11 +276,47 @@ def next_fit(order: Sequence[str], successors: Mapping[str, Sequence[tuple[str, 
             if fresh and not placed:
                 raise InfeasiblePlacement(
                     f"operator {o!r} does not fit on an empty worker: fan-out cost {per_peer * len(new):.0f} "
-                    f"and per-share cost {cost:.0f} against capacity {model.capacity_of(w):.0f}")
+                    f"and per-share cost {slope:.0f} against capacity {model.capacity_of(w):.0f}")
             current = open_worker()
             fresh = True
         fractions[o] = mine
     return fractions, remaining
+
+
+def _share_cost(f: float, piece: float, slope: float, bends, alpha: float, split, routed, beta: float,
+                beta_split: float, beta_r: float) -> float:
+    """Next-fit's cost of a share f of an operator on one worker, on the piece of [0, 1] between bends
+    that holds `piece`: `slope`·f for the linear terms, and per successor routed local first (σ_s(w) = l,
+    `bends`) its requests kept here, min(f, l), at α (α_split once f > l puts the route on the table) and
+    the surplus f − l sent on at β_s + β_split, less the β_r its kept part gives back. Where the surplus
+    goes is not known yet, so it is charged as if on the table route (an upper bound)."""
+    cost = slope * f
+    for held, s, rate, a in bends:
+        if piece <= held:
+            cost += rate * f * (a - beta_r)
+        else:
+            cost += rate * (held * (local_cost(alpha, split, routed, s, True) - beta_r)
+                            + (f - held) * (beta + table_remote_cost(beta_split, routed, s, True)))
+    return cost
+
+
+def _largest_share(slope: float, bends, left: float, room: float, *coefficients) -> tuple[float, float]:
+    """The largest share f ≤ `left` whose `_share_cost` fits `room`, and that cost ((0, 0) if none does
+    or room < 0). The cost is linear on each piece between bends, so each is solved exactly, rightmost
+    first (a bend may jump, so the pieces are not one monotone line)."""
+    if room < 0:
+        return 0.0, 0.0
+    points = sorted({0.0, left, *(b for b, *_ in bends if 0.0 < b < left)})
+    for lo, hi in reversed(list(zip(points, points[1:], strict=False))):
+        mid = (lo + hi) / 2
+        c_lo, c_hi = (_share_cost(x, mid, slope, bends, *coefficients) for x in (lo, hi))
+        if c_hi <= room:
+            return hi, c_hi
+        if c_hi > c_lo and c_lo < room:  # c_lo: the piece's right limit at lo
+            f = lo + (room - c_lo) / (c_hi - c_lo) * (hi - lo)
+            if f > lo:
+                return f, _share_cost(f, mid, slope, bends, *coefficients)
+    return 0.0, 0.0
 
 
 def place(operators: Sequence[str], edges: Sequence[Edge], load: Load, model: CapacityModel,
@@ -308,16 +355,22 @@ def place(operators: Sequence[str], edges: Sequence[Edge], load: Load, model: Ca
 def _fewer_workers(operators: Sequence[str], edges: Sequence[Edge], load: Load, model: CapacityModel,
                    best: FractionalPlacement) -> FractionalPlacement:
     """The refinement's other candidates, for the planned rate: the fewest workers on which a whole-operator
-    cut (`whole_fit`) or the even spread fits, where that is fewer than next-fit needs (the same candidates
-    as at the worker limit, so the count planned for a rate and the rate found for a count agree)."""
+    cut (`whole_fit`) or the spread (`spread_fractions`) fits, where that is fewer than next-fit needs (the
+    same candidates as at the worker limit, so the count planned for a rate and the rate found for a count
+    agree). Counts whose capacities do not even hold the execution demand are skipped unexamined."""
     order = topological_order(operators, edges)
+    execution = sum(load.demand.values())
+    held = 0.0
     for n in range(1, best.workers):
         if len(operators) * n > WHOLE_LIMIT:
             break
+        held += model.capacity_of(n - 1)
+        if execution > held:
+            continue
         cut = whole_fit(order, load, model, n)
         if cut is not None:
             return cut
-        fractions = {o: {w: 1.0 / n for w in range(n)} for o in operators}
+        fractions = spread_fractions(operators, n, model)
         spread = FractionalPlacement(list(reversed(order)), n, fractions, dict(load.demand), dict(load.edge_rates))
         if model.fits(spread.load_map(model)):
             return spread
@@ -361,16 +414,23 @@ def _better(a: FractionalPlacement, b: FractionalPlacement, model: CapacityModel
     pa, pb = _peak(a, model), _peak(b, model)
     if abs(pa - pb) > 1e-9:
         return pa < pb
-    return _remote_rate(a) < _remote_rate(b) - 1e-9
+    return _remote_rate(a, model) < _remote_rate(b, model) - 1e-9
 
 
-def _remote_rate(p: FractionalPlacement) -> float:
-    """Remote chained requests per second under proportional routing."""
-    total = 0.0
-    for (src, dst), rate in p.edge_rates.items():
-        fd = p.fractions.get(dst, {})
-        total += rate * sum(f * (1.0 - fd.get(w, 0.0)) for w, f in p.fractions.get(src, {}).items())
-    return total
+def _remote_rate(p: FractionalPlacement, model: CapacityModel) -> float:
+    """Remote chained requests per second under the model's routing (`edge_flow`)."""
+    routed = model.local_routed
+    return sum(rate * share for (src, dst), rate in p.edge_rates.items()
+               for (w, d), share in edge_flow(p.fractions.get(src, {}), p.fractions.get(dst, {}),
+                                              dst in routed).items() if w != d)
+
+
+def spread_fractions(operators: Sequence[str], workers: int, model: CapacityModel) -> dict[str, dict[int, float]]:
+    """Every operator on every one of `workers` workers, each worker's share its part of their W_w (even
+    where they are equal): with local-first routing each worker then runs whole chains of its own."""
+    caps = [model.capacity_of(w) for w in range(workers)]
+    total = sum(caps)
+    return {o: {w: c / total for w, c in enumerate(caps)} for o in operators}
 
 
 def candidate_orders(operators: Sequence[str], edges: Sequence[Edge],
@@ -505,11 +565,13 @@ def _bisect_fixed(at, model: CapacityModel, upper: float, tolerance: float) -> L
 
 def spread_limit(operators: Sequence[str], base: Load, throughput: float, model: CapacityModel, workers: int,
                  upper: float, tolerance: float) -> LimitSearch | None:
-    """The highest rate at which every operator spread evenly over `workers` workers fits (the full Eq. 8).
+    """The highest rate at which every operator spread over `workers` workers (`spread_fractions`) fits
+    (the full Eq. 8).
 
     Beyond the paper, a candidate of the refinement at the worker limit: where chained requests are cheap
-    beside execution, or one chunk's messages overflow its receiver, the even spread sustains more."""
-    fractions = {o: {w: 1.0 / workers for w in range(workers)} for o in operators}
+    beside execution, where one chunk's messages overflow its receiver, or where requests are routed local
+    first (then a stateless chain sends nothing remote at all), the spread sustains more."""
+    fractions = spread_fractions(operators, workers, model)
 
     def at(rate: float) -> FractionalPlacement:
         load = base.scaled(rate / throughput)

@@ -15,6 +15,7 @@ import msgpack
 
 from clasp.core.dag import DagSpec
 from clasp.core.keygroups import assign_key_groups
+from clasp.core.model import edge_flow
 from clasp.core.parallelism import largest_remainder
 
 NUM_KEY_GROUPS = 128  # as Flink's default max parallelism: the unit of state ownership and migration
@@ -224,8 +225,11 @@ def table_period(table: list) -> list:
     return table
 
 
-def route_to(spec: DagSpec, placement: Placement, succ: int, me: str | None) -> Route:
-    """The route from process `me` to operator `succ` under `placement`."""
+def route_to(spec: DagSpec, placement: Placement, succ: int, me: str | None, src: int | None = None) -> Route:
+    """The route from process `me` to operator `succ` under `placement`; with `src`, the operator whose
+    outputs take it: a stateless successor is then reached local first (`edge_flow`: `me` keeps what its
+    own share of `succ` takes and deals the surplus out to the workers short of theirs), so an operator
+    spread alike over the same workers as its predecessor never leaves the worker."""
     op = spec.operators[succ]
     p = placement.operators[op.name]
     local = lambda w: None if w == me else w  # noqa: E731
@@ -233,5 +237,13 @@ def route_to(spec: DagSpec, placement: Placement, succ: int, me: str | None) -> 
         return Route(ROUTE_KEYED, succ, owners=[local(w) for w in p.key_groups])
     if p.workers() == [me]:
         return Route(ROUTE_LOCAL, succ)
-    table = [local(w) for w in weighted_table(p.shares)]
+    shares = p.shares
+    if src is not None and me is not None:
+        mine = placement.operators[spec.operators[src].name].shares
+        if mine.get(me, 0.0) > 0:
+            flows = edge_flow(mine, p.shares, local_first=True)
+            shares = {d: x for (w, d), x in flows.items() if w == me and x > 0}
+            if list(shares) == [me]:
+                return Route(ROUTE_LOCAL, succ)
+    table = [local(w) for w in weighted_table(shares)]
     return Route(ROUTE_TABLE, succ, table=table, period=table_period(table))

@@ -316,7 +316,7 @@ class JobEngine:
             op.instances = placement.operators[op.name].instances.get(self.me, 0)
             routes = []
             for s in op.successors:
-                r = route_to(self.spec, placement, s, self.me)
+                r = route_to(self.spec, placement, s, self.me, op.index)
                 target = self.ops[s]
                 if r.kind == ROUTE_LOCAL:
                     routes.append((ROUTE_LOCAL, s, self._appender(target), None, None, None))

@@ -276,8 +276,7 @@ class Planner(PlannerRecoveryMixin):
                              settled=placement, state=rec["state"], key_weights=rec["key_weights"] or {},
                              spec_wire=rec["dag"], policy=rec["policy"], created=float(rec["created"]))
             job.limit = self.bound.limit(None)
-            job.controller = Controller([o.name for o in spec.operators], spec.edges(), POLICIES[job.policy](),
-                                        self.p_max, len(workers), self.control)
+            job.controller = self._controller(spec, job.policy, len(workers))
             job.ckpt = self._new_ckpt_state(job.id)
             self._revive(job, stored)
             self._set_routes(job)
@@ -595,9 +594,7 @@ class Planner(PlannerRecoveryMixin):
         job.limit = self.bound.limit(None)
         if self._ckpt_enabled(state):
             job.ckpt = self._new_ckpt_state(job_id)
-        edges = spec.edges()
-        job.controller = Controller([o.name for o in spec.operators], edges, POLICIES[policy](), self.p_max,
-                                    len(workers), self.control)
+        job.controller = self._controller(spec, policy, len(workers))
         self._set_routes(job)
         peers = {w: self.workers[w].data for w in workers}
         packed = msg.dag
@@ -611,6 +608,13 @@ class Planner(PlannerRecoveryMixin):
         self._reply(ident, msg.req, {"job": job_id, "workers": workers, "placement": placement.to_wire(),
                                          "autoscale": autoscale, "policy": policy, "state": state,
                                          "state_server": self.state_server.endpoint})
+
+    def _controller(self, spec, policy: str, workers: int) -> Controller:
+        """A job's control loop; its model knows which operators the engines route local first (the
+        stateless ones) and which by key."""
+        return Controller([o.name for o in spec.operators], spec.edges(), POLICIES[policy](), self.p_max, workers,
+                          self.control, stateless=tuple(o.name for o in spec.operators if not o.stateful),
+                          keyed=tuple(o.name for o in spec.operators if o.stateful), local_first=True)
 
     def _set_routes(self, job: PlannerJob) -> None:
         n = len(job.spec.sources)

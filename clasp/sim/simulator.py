@@ -34,7 +34,7 @@ import numpy as np
 from clasp.core.control import Controller, Observation, runtime_estimator_config
 from clasp.core.estimator import Estimator, WorkerSample
 from clasp.core.keygroups import assign_key_groups
-from clasp.core.model import FLUSH_PEER_FACTOR, Edge, remote_destinations
+from clasp.core.model import FLUSH_PEER_FACTOR, Edge, edge_flow, remote_destinations
 from clasp.core.placement import topological_order
 from clasp.core.policies import POLICIES, OperatorStats, PlacementResult, uniform_placement
 
@@ -100,6 +100,10 @@ class Costs:
     # where a lone remote holder takes the direct path. Ours, not the paper's; 0 (the default, and a file
     # without the key) charges nothing, as before.
     beta_split: float = 0.0
+    # Requests into a stateless operator are routed local first (clasp.core.model.edge_flow), as this runtime
+    # routes them; false (the default, and the paper's file) routes each by σ of its successor, as the
+    # paper's Eq. (8) does.
+    local_first: bool = False
 
     @classmethod
     def from_json_dict(cls, d: Any) -> Costs:
@@ -128,10 +132,13 @@ class Costs:
         batch = d.get("max_batch", 2000)
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise CostError(f"costs field 'max_batch' must be an integer ≥ 1, not {batch!r}")
+        local_first = d.get("local_first", False)
+        if not isinstance(local_first, bool):
+            raise CostError(f"costs field 'local_first' must be true or false, not {local_first!r}")
         return cls(values["alpha"], values["beta"], values["gamma"], values["capacity"], table, float(share),
                    _non_negative(d, "alpha_split", None), _non_negative(d, "message_us", 0.0), float(flush), batch,
                    _non_negative(d, "flush_peer_factor", FLUSH_PEER_FACTOR), _non_negative(d, "alpha_keyed", None),
-                   _non_negative(d, "beta_split", 0.0))
+                   _non_negative(d, "beta_split", 0.0), local_first)
 
     @classmethod
     def load(cls, path: str | Path) -> Costs:
@@ -401,26 +408,38 @@ class Simulator:
         self.sigma = sigma
         self.cum = np.cumsum(sigma, axis=0)
         c = self.costs
-        local = sigma @ self.fan.T  # [w, o]: chained requests per request of o on w that stay on w
+        stateless = np.array([o not in self.dag.stateful for o in self.ops], dtype=bool)
+        fractions = {o: {w: float(sigma[w, j]) for w in range(self.pool) if sigma[w, j] > 0}
+                     for j, o in enumerate(self.ops)}
+        local_first = frozenset(o for j, o in enumerate(self.ops) if stateless[j]) if c.local_first else frozenset()
+        # [w, o, s, d]: requests of s that reach worker d per request of o served on w, as the runtime routes
+        # them (clasp.core.model.edge_flow: by σ_s, or local first into a stateless s).
+        route = np.zeros((self.pool, n, n, self.pool))
+        for j, o in enumerate(self.ops):
+            for k in np.flatnonzero(self.fan[j] > 0):
+                flows = edge_flow(fractions[o], fractions[self.ops[k]], self.ops[k] in local_first)
+                for (w, d), x in flows.items():
+                    route[w, j, k, d] = self.fan[j, k] * x / sigma[w, j]
+                for w in np.flatnonzero(sigma[:, j] == 0):  # not o's holder: what reaches it goes by σ
+                    route[w, j, k, :] = self.fan[j, k] * sigma[:, k]
+        diag = np.arange(self.pool)
+        kept = route[diag, :, :, diag]  # [w, o, s]: kept on w
+        sent = route.sum(axis=3) - kept  # [w, o, s]: to other workers
+        # The table route: a worker that sends one successor's requests to more than one destination.
+        table = ((route > 0).sum(axis=3) > 1) & stateless[None, None, :]
+        local = kept.sum(axis=2)  # [w, o]: chained requests per request of o on w that stay on w
         self.local_per_req = local
-        self.remote_per_req = self.fan.sum(axis=1)[None, :] - local
+        self.remote_per_req = sent.sum(axis=2)
         # β is split between the two ends of a remote request: the sender pays (1 − r)·β per remote chained
-        # request it emits, the receiver r·β per request that arrived from another worker. A request of o on
-        # w arrived from predecessor p's workers in proportion to σ_p, so 1 − σ_p(w) of them are remote.
+        # request it emits, the receiver r·β per request that arrived from another worker.
         r = c.receive_share
         self.cost = self.tau[None, :] + c.alpha * local + (1 - r) * c.beta * self.remote_per_req
         if c.alpha_split is not None:
-            # A local chained request to a stateless successor that is also held elsewhere (0 < σ_s(w) < 1)
-            # takes the runtime's table route: α_split instead of α.
-            stateless = np.array([o not in self.dag.stateful for o in self.ops], dtype=float)
-            split = ((sigma > 0) & (sigma < 1 - 1e-12)) * stateless[None, :]  # [w, s]
-            local_split = (sigma * split) @ self.fan.T  # [w, o]
-            self.cost = self.cost + (c.alpha_split - c.alpha) * local_split
+            # A local chained request on the table route: α_split instead of α.
+            self.cost = self.cost + (c.alpha_split - c.alpha) * (kept * table).sum(axis=2)
         if c.beta_split:
-            # A remote request to a stateless successor held by more than one worker takes the table route too.
-            stateless = np.array([o not in self.dag.stateful for o in self.ops], dtype=float)
-            table = (((sigma > 0).sum(axis=0) > 1) * stateless)[None, :]  # [1, s]
-            self.cost = self.cost + c.beta_split * (((1.0 - sigma) * table) @ self.fan.T)
+            # A remote request on the table route pays β_split more.
+            self.cost = self.cost + c.beta_split * (sent * table).sum(axis=2)
         if c.alpha_keyed is not None:
             stateful = np.array([o in self.dag.stateful for o in self.ops], dtype=float)
             keyed_routed = (sigma < 1 - 1e-12) * stateful[None, :]  # [w, s]: keyed s not wholly on w
@@ -428,20 +447,20 @@ class Simulator:
             keyed_remote = ((1.0 - sigma) * keyed_routed) @ self.fan.T
             self.cost = self.cost + ((c.alpha_keyed - c.alpha) * keyed_local
                                      + (c.alpha_keyed - (1 - r) * c.beta) * keyed_remote)
-        inflow = self.mult[:, None] * self.fan  # [p, o]: requests p → o per record
-        into = inflow.sum(axis=0)
+        # Remote arrivals per request of s on d: Σ_p mult_p Σ_(w≠d) σ_p(w)·route[w, p, s, d] / (into_s σ_s(d)).
+        into = (self.mult[:, None] * self.fan).sum(axis=0)
+        arrived = np.einsum("wp,p,wpsd->ds", sigma, self.mult, route) - np.einsum("dp,p,dps->ds", sigma, self.mult,
+                                                                                 kept)
         with np.errstate(divide="ignore", invalid="ignore"):
-            share = np.where(into[None, :] > 0, inflow / into[None, :], 0.0)
-        self.arrived_remote = (1.0 - sigma) @ share  # [w, o]: remote arrivals per request of o on w
+            self.arrived_remote = np.where(sigma * into[None, :] > 0, arrived / (sigma * into[None, :]), 0.0)
         if r > 0:
             self.cost = self.cost + r * c.beta * self.arrived_remote
-        fractions = {o: {w: float(sigma[w, j]) for w in range(self.pool) if sigma[w, j] > 0}
-                     for j, o in enumerate(self.ops)}
-        reach = remote_destinations(fractions, {e: f for e, f in self.dag.fanout.items()})
+        reach = remote_destinations(fractions, {e: f for e, f in self.dag.fanout.items()}, local_first)
         self.delta = np.array([len(reach.get(w, ())) for w in range(self.pool)], dtype=float)
-        # [o, d]: chained requests per request of o that go to worker d; a worker's remote rows to d per step
-        # are then done @ this, off the diagonal (`_message_work`).
-        self.to_worker = self.fan @ sigma.T
+        # [w, o, d]: chained requests per request of o on w that go to worker d (a worker's remote rows to d
+        # per step are done @ this, off the diagonal: `_message_work`), and the arrivals' map.
+        self.to_worker = route.sum(axis=2)
+        self.route = route.reshape(self.pool * n, n * self.pool)
         self.active = sigma.sum(axis=1) > 0
         self.window = (float(self.config.window) if self.config.window is not None
                        else float(max(50.0, self.window_per_worker * self.active.sum())))
@@ -505,8 +524,7 @@ class Simulator:
                         running = np.where(self.effective > 0,
                                            (paid + np.minimum(work, budget)) / (self.effective * dt), 0.0)
                     debt = debt + self._message_work(done, dt, np.minimum(running, 1.0))
-                arrivals = produced @ self.fan
-                queue += self.sigma * arrivals[None, :]
+                queue += (done.reshape(-1) @ self.route).reshape(n_ops, self.pool).T
                 if self.sink_mult > 0:
                     finished = sum(produced[i] for i in self.sinks) / self.sink_mult
                     completed_s += finished
@@ -542,7 +560,7 @@ class Simulator:
 
     def _messages(self, served: np.ndarray, running: np.ndarray) -> np.ndarray:
         c = self.costs
-        rate = served @ self.to_worker  # [w, d] remote rows per second
+        rate = np.einsum("wo,wod->wd", served, self.to_worker)  # [w, d] remote rows per second
         np.fill_diagonal(rate, 0.0)
         # The flush timer fires every flush_delay_s of wall time while the sender runs: a CPU share
         # capacity / 10⁶ when saturated, times its utilization when not.
@@ -628,7 +646,7 @@ def make_controller(dag: SimDag, costs: Costs, policy: str, pool: int, p_max: in
                                                    beta_split=costs.beta_split))
     return Controller(list(dag.operators), list(dag.edges), POLICIES[policy](), p_max, pool,
                       estimator=estimator, stateless=tuple(o for o in dag.operators if o not in dag.stateful),
-                      keyed=tuple(o for o in dag.operators if o in dag.stateful))
+                      keyed=tuple(o for o in dag.operators if o in dag.stateful), local_first=costs.local_first)
 
 
 def simulate(app: SimDag | ModuleType, workers: int, *, costs: Costs | None = None, policy: str | None = None,

@@ -84,7 +84,8 @@ class Stats:
     route, `stateless` the operators whose local requests can take it, `flush_peer_factor` how a sender's
     flush interval grows per extra peer, `alpha_keyed` what a request into an operator of `keyed` not
     wholly on its sender's worker costs in place of α or β_s (the keyed table route), `beta_split` what a
-    remote request to a stateless operator with several holders costs on top of β_s (the table route).
+    remote request to a stateless operator with several holders costs on top of β_s (the table route),
+    `local_first` that requests into the `stateless` operators are routed local first (`model.edge_flow`).
     """
 
     operators: dict[str, OperatorStats]
@@ -108,6 +109,7 @@ class Stats:
     alpha_keyed: float | None = None
     keyed: list[str] | None = None
     beta_split: float = 0.0
+    local_first: bool = False
 
     @classmethod
     def from_json_dict(cls, d: Any) -> Stats:
@@ -162,7 +164,7 @@ class Stats:
             stateless=_names(d, "stateless", operators),
             alpha_keyed=None if d.get("alpha_keyed") is None else _number(d, "alpha_keyed", ""),
             keyed=_names(d, "keyed", operators),
-            beta_split=_number(d, "beta_split", "", default=0.0))
+            beta_split=_number(d, "beta_split", "", default=0.0), local_first=_flag(d, "local_first"))
 
     def to_json_dict(self) -> dict:
         """The PROFILE.json object for these statistics."""
@@ -174,7 +176,7 @@ class Stats:
                 "mu": self.mu, "flush_delay": self.flush_delay, "flush_peer_factor": self.flush_peer_factor,
                 "capacities": None if self.capacities is None else list(self.capacities),
                 "alpha_split": self.alpha_split, "stateless": self.stateless, "alpha_keyed": self.alpha_keyed,
-                "keyed": self.keyed, "beta_split": self.beta_split}
+                "keyed": self.keyed, "beta_split": self.beta_split, "local_first": self.local_first}
 
     @property
     def model(self) -> CapacityModel:
@@ -182,7 +184,7 @@ class Stats:
         return CapacityModel(self.alpha, self.beta, self.gamma, self.capacity, self.beta_receive, self.mu,
                              self.flush_delay, None if self.capacities is None else tuple(self.capacities),
                              self.alpha_split, frozenset(self.stateless or ()), self.flush_peer_factor,
-                             self.alpha_keyed, frozenset(self.keyed or ()), self.beta_split)
+                             self.alpha_keyed, frozenset(self.keyed or ()), self.beta_split, self.local_first)
 
     def edge_rates(self) -> dict[Edge, float]:
         return {(e.src, e.dst): e.rate for e in self.edges}
@@ -213,7 +215,14 @@ class Stats:
                      self.alpha, self.beta, self.gamma, self.capacity, self.throughput, self.input_rate,
                      self.p_max, self.instances, self.workers, self.beta_receive, self.mu, self.flush_delay,
                      self.capacities, self.alpha_split, self.stateless, self.flush_peer_factor, self.alpha_keyed,
-                     self.keyed, self.beta_split)
+                     self.keyed, self.beta_split, self.local_first)
+
+
+def _flag(d: Mapping, key: str) -> bool:
+    v = d.get(key, False)
+    if not isinstance(v, bool):
+        raise StatsError(key, f"must be true or false, not {v!r}")
+    return v
 
 
 def _names(d: Mapping, key: str, operators: Mapping) -> list[str] | None:
