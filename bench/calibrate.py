@@ -63,6 +63,12 @@
   (m_o requests of o and C chained requests per record). If the unlimited τ̄ already exceed that, they
   are scaled down instead (reported as a negative ε).
 
+- **planner_us**, **client_us** (µs of the planner's and of the client's CPU per record: the planner
+  admits at most 10⁶ / planner_us records/s, and on one host both take their share before the workers,
+  `clasp.sim.simulator.Costs`): the median over the one-worker SYN runs of the planner's (the client's)
+  CPU over the steady window per completed record (`front_costs`; SYN runs fastest, so the planner's
+  base load weighs least). `--front-only` measures just these into an existing file.
+
 The file's "measured" block records the date, the quota, the method and every raw figure.
 """
 
@@ -127,6 +133,22 @@ SOURCE_SHARE = 0.5
 
 
 # ----------------------------------------------------------------------------- pure parts
+def front_costs(runs: list[dict]) -> dict[str, float | None]:
+    """µs of the planner's and of the client's CPU per completed record, the median over `runs`
+    (`planner_us`, `client_us`; None where no run reports that process)."""
+    def per_record(r: dict, cpu_s: float | None) -> float | None:
+        if cpu_s is None or not r.get("cpu_window_s") or not r.get("throughput"):
+            return None
+        return cpu_s / r["cpu_window_s"] / r["throughput"] * 1e6
+
+    out = {}
+    for key, get in (("planner_us", lambda r: (r.get("cpu_s") or {}).get("planner")),
+                     ("client_us", lambda r: r.get("client_cpu_s"))):
+        values = [v for v in (per_record(r, get(r)) for r in runs) if v is not None]
+        out[key] = round(statistics.median(values), 3) if values else None
+    return out
+
+
 def cpu_rate_us(cpu_s: float, window_s: float) -> float:
     """µs of CPU per second of wall time."""
     if not window_s > 0:
@@ -713,6 +735,9 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
         measured["flush_fit"] = {"flush_delay_s": round(flush, 6), "flush_peer_factor": round(peer_factor, 4),
                                  "points": flush_points}
     doc["local_first"] = True
+    front = front_costs(one["syn"])
+    doc.update({k: v for k, v in front.items() if v is not None})
+    measured["front_rule"] = FRONT_RULE
     doc["tau_us"] = {a: {o: round(v, 4) for o, v in t.items()} for a, t in tau_file.items()}
     doc["measured"] = measured
     return doc
@@ -751,6 +776,28 @@ def int_keys(obj):
     return obj
 
 
+FRONT_RULE = ("planner_us, client_us: median over the one-worker SYN runs of the planner's (the client's) CPU "
+              "over the steady window per completed record (SYN runs fastest, so the planner's base load, "
+              "about 0.06 CPU, weighs least)")
+
+
+def update_front(path: Path, cpu: float, seconds: float, repeat: int) -> int:
+    """`--front-only`: the front costs from one-worker SYN runs, written into the cost file at `path`."""
+    from clasp.sim.simulator import Costs
+
+    doc = json.loads(path.read_text())
+    runs = _runs(ce.unthrottled, repeat, app="syn", workers=1, cpu_per_worker=cpu, seconds=seconds)
+    front = front_costs(runs)
+    doc.update({k: v for k, v in front.items() if v is not None})
+    doc.setdefault("measured", {})["front"] = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "cpu_per_worker": cpu,
+        "seconds": seconds, "repeat": repeat, **front, "rule": "python -m bench.calibrate --front-only; " + FRONT_RULE}
+    Costs.from_json_dict(doc)  # the simulator must load it
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(front | {"out": str(path)}))
+    return 0
+
+
 def main(argv=None) -> int:
     from clasp.apps import APPS
 
@@ -781,6 +828,9 @@ def main(argv=None) -> int:
                                          "seconds and repeat are what --cpu-per-worker, --seconds, --repeat say)")
     ap.add_argument("--fit-gamma", action="store_true",
                     help="also fit γ on FAN when message_us is fitted (the old rule; default: γ = 0 then)")
+    ap.add_argument("--front-only", action="store_true",
+                    help="measure only planner_us and client_us (one-worker SYN runs) and set them in the "
+                         "existing --out file, every other coefficient kept")
     args = ap.parse_args(argv)
     apps = [a.strip() for a in args.apps.split(",") if a.strip()]
     if "syn" not in apps:
@@ -788,6 +838,8 @@ def main(argv=None) -> int:
     for a in apps:
         if a not in APPS:
             ap.error(f"unknown app {a!r}")
+    if args.front_only:
+        return update_front(Path(args.out), args.cpu_per_worker, args.seconds, args.repeat)
     doc = calibrate(args.cpu_per_worker, apps, args.seconds, args.repeat, mix=not args.no_mix,
                     messages=not args.no_messages, gamma_with_messages=args.fit_gamma, short=not args.no_short,
                     pipe=not args.no_pipe, beta_from=args.beta_from, alpha_split_from=args.alpha_split_from,

@@ -30,8 +30,9 @@ Emulated: `clasp.bench.cluster_engine.unthrottled` on a LocalCluster whose worke
 (cgroup quota), `--repeat` times (the apps and repetitions interleaved on one cluster per worker count, so
 a burst of load from the machine's other users hits all of them alike); the figure is the mean, the spread
 (max − min) / mean is reported. Simulated: `simulate(app_dag(app, costs), n, costs=costs,
-config=SimConfig(key_skew=True))` with the calibrated cost file (`bench.calibrate`, measured under the
-same quota). Prints a JSON line per point (emulated, simulated, ratio = simulated / emulated) and a final
+config=SimConfig(key_skew=True, host_capacity=…))` with the calibrated cost file (`bench.calibrate`, measured under the
+same quota), the planner, the client and the workers sharing this host's CPUs as they do when emulated
+(`--host-cpus`). Prints a JSON line per point (emulated, simulated, ratio = simulated / emulated) and a final
 summary line with the largest |ratio − 1|; draws workers against throughput, emulated and simulated lines
 per app.
 """
@@ -43,6 +44,7 @@ import dataclasses
 import datetime
 import json
 import math
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -76,8 +78,13 @@ def placements(apps: list[str], workers: list[int], mode: str, costs_file: Path 
     return {(a, n): engine.policy_placement(a, mode, n) for a in apps for n in workers}
 
 
+# The emulated cluster runs the planner, the client and every worker on this host: the simulator shares
+# its CPUs among them (SimConfig.host_capacity; `--host-cpus 0` gives each its own host).
+HOST_CPUS = os.cpu_count() or 1
+
+
 def simulated(apps: list[str], workers: list[int], costs, placed: dict | None = None,
-              duration: float = 20.0) -> dict[tuple[str, int], float]:
+              duration: float = 20.0, host_cpus: float | None = HOST_CPUS) -> dict[tuple[str, int], float]:
     from clasp.apps import get_app
     from clasp.sim.simulator import SimConfig, Simulator, app_dag
 
@@ -85,7 +92,8 @@ def simulated(apps: list[str], workers: list[int], costs, placed: dict | None = 
     for app in apps:
         dag = app_dag(get_app(app), costs, records=20_000)  # fan-outs and key-group weights of the app's input
         for n in workers:
-            cfg = SimConfig(duration=duration, warmup=2.0, key_skew=True)
+            cfg = SimConfig(duration=duration, warmup=2.0, key_skew=True,
+                            host_capacity=host_cpus * 1e6 if host_cpus else None)
             pl = (placed or {}).get((app, n))
             out[(app, n)] = Simulator(dag, costs, n, placement=pl, config=cfg).run().throughput
     return out
@@ -202,15 +210,17 @@ def predictions(apps: list[str], workers: list[int], calib: dict, repeat: int, p
 
     doc = fit_doc()
     costs = Costs.from_json_dict(doc)
-    sims = {"": simulated(apps, workers, costs, placed),
-            "no_split": simulated(apps, workers, dataclasses.replace(costs, alpha_split=None), placed),
-            "no_messages": simulated(apps, workers, dataclasses.replace(costs, message_us=0.0), placed)}
+    def sim(c: Costs) -> dict:
+        return simulated(apps, workers, c, placed, host_cpus=args.host_cpus)
+
+    sims = {"": sim(costs), "no_split": sim(dataclasses.replace(costs, alpha_split=None)),
+            "no_messages": sim(dataclasses.replace(costs, message_us=0.0))}
     other_beta = "pipe" if args.beta_from == "alt" else "alt"
     if calib.get("pipe"):
-        sims[f"{other_beta}_beta"] = simulated(apps, workers, fitted(beta_from=other_beta), placed)
+        sims[f"{other_beta}_beta"] = sim(fitted(beta_from=other_beta))
     other_split = "mix" if args.alpha_split_from == "split" else "split"
     if calib.get(other_split):
-        sims[f"{other_split}_split"] = simulated(apps, workers, fitted(split_from=other_split), placed)
+        sims[f"{other_split}_split"] = sim(fitted(split_from=other_split))
     return doc, sims
 
 
@@ -397,9 +407,9 @@ def compare_policies(args, apps: list[str], workers: list[int], costs, cpu: floa
     policies = [p.strip() for p in args.placement.split(",") if p.strip()]
     # Planned on the file being validated: each policy plans with the costs the simulator charges.
     placed = {p: placements(apps, workers, p, Path(args.costs), costs) for p in policies}
-    sim = {p: simulated(apps, workers, costs, placed[p]) for p in policies}
+    sim = {p: simulated(apps, workers, costs, placed[p], host_cpus=args.host_cpus) for p in policies}
     emu = emulated_policies(apps, workers, cpu, args.repeat, args.seconds, placed, args.speed_reference)
-    one = simulated(apps, [1], costs) if args.speed_reference else {}
+    one = simulated(apps, [1], costs, host_cpus=args.host_cpus) if args.speed_reference else {}
     points, rankings = [], []
     for app in apps:
         for n in workers:
@@ -505,6 +515,9 @@ def main(argv=None) -> int:
                     help="interleaved: before each validation run of n ≥ 2 workers, the app on one of them (with "
                          "--costs and several --placement policies: before each app's repeat), and report "
                          "ratio_speed_reference: the simulation scaled to the host's speed at the time")
+    ap.add_argument("--host-cpus", type=float, default=HOST_CPUS,
+                    help="CPUs the simulated planner, client and workers share, as the emulated cluster's "
+                         "processes share this host (default: this host's; 0: each its own)")
     ap.add_argument("--plot", default="out/validate_sim.png")
     ap.add_argument("--json", help="also write every point here")
     args = ap.parse_args(argv)
@@ -530,7 +543,7 @@ def main(argv=None) -> int:
     if "," in args.placement:
         return compare_policies(args, apps, workers, costs, cpu)
     placed = placements(apps, workers, args.placement)
-    sim = simulated(apps, workers, costs, placed)
+    sim = simulated(apps, workers, costs, placed, host_cpus=args.host_cpus)
     emu = emulated(apps, workers, cpu, args.repeat, args.seconds, placed)
     points = []
     for app in apps:

@@ -3,13 +3,17 @@ control loop adding workers through the real policy, and the CLI's argument chec
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
+import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from clasp.apps import get_app
 from clasp.cli.sim import main
-from clasp.sim.simulator import COSTS_FILE, PAPER_COSTS_FILE, Costs, SimConfig, app_dag, simulate
+from clasp.sim.simulator import COSTS_FILE, PAPER_COSTS_FILE, Costs, SimConfig, app_dag, share_host, simulate
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +25,6 @@ def runtime_costs() -> Costs:
 def by_sigma(runtime_costs) -> Costs:
     """This runtime's costs with every request routed by σ of its successor (the paper's routing), so that
     an even spread sends remote requests: what the table-route and message tests below price."""
-    import dataclasses
-
     return dataclasses.replace(runtime_costs, local_first=False)
 
 
@@ -254,3 +256,43 @@ def test_one_worker_of_a_pool_completes_at_its_maximum_from_the_first_seconds(pa
                   config=SimConfig(duration=4.0, warmup=0.0)).run()
     assert [s.workers for s in r.seconds] == [1, 1, 1, 1]
     assert r.seconds[1].throughput == pytest.approx(alone, rel=0.03)
+
+
+@given(st.lists(st.floats(0, 1e6), min_size=1, max_size=12), st.floats(0, 5e6))
+def test_share_host_is_max_min_fair(demand, available):
+    got = share_host(np.array(demand), available)
+    assert (got <= np.array(demand) + 1e-6).all()
+    assert got.sum() == pytest.approx(min(sum(demand), available), rel=1e-9, abs=1e-6)
+    # Max-min: whoever gets less than it asked gets at least as much as anyone else.
+    short = [g for g, d in zip(got, demand, strict=True) if g < d - 1e-6]
+    if short:
+        assert min(short) >= got.max() - 1e-6
+
+
+def test_share_host_by_hand():
+    assert share_host(np.array([1.0, 5.0, 5.0]), 7.0).tolist() == [1.0, 3.0, 3.0]
+    assert share_host(np.array([1.0, 2.0]), 10.0).tolist() == [1.0, 2.0]
+
+
+def test_the_planner_caps_admissions(runtime_costs):
+    """planner_us: one planner process of 10⁶ µs/s admits 10⁶ / planner_us records/s at most, however many
+    workers there are."""
+    free = dataclasses.replace(runtime_costs.with_coefficients(0.0, 0.0, 0.0), planner_us=4.0)
+    dag = app_dag(get_app("syn"), free)
+    cfg = SimConfig(duration=6.0, warmup=2.0)
+    ten = simulate(dag, 10, costs=free, config=cfg).throughput
+    assert ten == pytest.approx(250_000, rel=0.01)
+    assert simulate(dag, 10, costs=dataclasses.replace(free, planner_us=0.0), config=cfg).throughput > 1.5 * ten
+
+
+def test_a_shared_host_divides_its_cpu(runtime_costs):
+    """host_capacity: ten workers of W on a host of 2·10⁶ µs/s, with planner and client paying p per record,
+    complete Λ with Λ·(per-record work) + Λ·p = 2·10⁶ (every worker saturated at its fair share)."""
+    free = dataclasses.replace(runtime_costs.with_coefficients(0.0, 0.0, 0.0), capacity=400_000.0,
+                               planner_us=2.0, client_us=1.0)
+    dag = app_dag(get_app("syn"), free)
+    per_record = sum(dag.tau_us.values())  # every operator once per record, every request local and free
+    got = simulate(dag, 10, costs=free, config=SimConfig(duration=8.0, warmup=3.0, host_capacity=2e6)).throughput
+    assert got == pytest.approx(2e6 / (per_record + 3.0), rel=0.03)
+    alone = simulate(dag, 10, costs=free, config=SimConfig(duration=8.0, warmup=3.0)).throughput
+    assert alone == pytest.approx(min(10 * 400_000 / per_record, 1e6 / 2.0), rel=0.03)

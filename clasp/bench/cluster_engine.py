@@ -29,7 +29,8 @@ nothing completed), `records` (records pushed), `correct` (the app's answer from
 independent `expected()` for exactly those records), `seconds` (the steady window's length); and, for
 calibration and checks: `rate`, `placement`, `cpu_per_worker`, `state`, `completed`, `wall_s`,
 `warmup_s`, `throughput_overall` (records / (first push → idle)), `cpu_s` (CPU seconds of each worker
-process and the planner over the steady window, from /proc), `throttle` (per quota-limited worker, the
+process and the planner over the steady window, from /proc; `client_cpu_s`: this process's, the client
+pushing the input), `throttle` (per quota-limited worker, the
 cgroup's CFS counters over the same window: `nr_periods`, `nr_throttled`, `throttled_s`), `run_delay_s`
 (per process, seconds its threads were runnable but waiting for a CPU over that window, summed over
 threads; under a quota it evidently counts throttled time too, above 1 s/s for one saturated worker, so
@@ -258,6 +259,7 @@ class _Measured(Driver):
         self._throttle: list[dict] = []  # CFS counters at the same two instants as cpu_start / cpu_end
         self._run_delay: list[dict] = []  # and run-queue waits
         self._counters: list[dict] = []  # and every worker's exact cumulative counters (data messages included)
+        self._client: list[float] = []  # and this process's own CPU seconds (the client pushing the input)
 
     def _worker_counters(self) -> dict:
         try:
@@ -289,6 +291,7 @@ class _Measured(Driver):
         self._counters.append(self._worker_counters())
         self._throttle.append({k: cgroup_cpu_stat(p) for k, p in self.pids.items()})
         self._run_delay.append({k: run_delay_seconds(p) for k, p in self.pids.items()})
+        self._client.append(time.process_time())
         return time.monotonic(), {k: cpu_seconds(p) for k, p in self.pids.items()}
 
     def sample(self, force: bool = False) -> dict | None:
@@ -343,6 +346,12 @@ class _Measured(Driver):
             return {}, 0.0
         (t0, c0), (t1, c1) = self.cpu_start, self.cpu_end
         return {k: round(c1[k] - c0[k], 4) for k in c1}, round(t1 - t0, 3)
+
+    def client_cpu_window(self) -> float | None:
+        """CPU seconds of this process (the client: pushing, sampling) over the `cpu_window`."""
+        if self.cpu_start is None or self.cpu_end is None or len(self._client) < 2:
+            return None
+        return round(self._client[-1] - self._client[0], 4)
 
     def run_delay_window(self) -> dict:
         """Per process, seconds runnable but not running (waiting for a CPU) over the `cpu_window`."""
@@ -461,7 +470,7 @@ def _measure(app_name: str, workers: int, rate: float | None, *, placement, cpu_
             "completed": stats["completed"],
             "wall_s": summary["duration_s"], "warmup_s": warmup_s,
             "throughput_overall": summary["records_per_s"], "cpu_s": cpu, "cpu_window_s": cpu_window,
-            "throttle": throttle, "run_delay_s": run_delay,
+            "throttle": throttle, "run_delay_s": run_delay, "client_cpu_s": d.client_cpu_window(),
             "operators": {o: {"processed": v["processed"], "tau_us": v.get("tau_us_mean", 0.0)}
                           for o, v in stats["operators"].items()},
             "per_worker": per_worker, "model": stats.get("model", {}), "failed": stats["failed"],

@@ -104,6 +104,14 @@ class Costs:
     # routes them; false (the default, and the paper's file) routes each by σ of its successor, as the
     # paper's Eq. (8) does.
     local_first: bool = False
+    # µs of the planner's CPU per record (accepting it from the client, dispatching it to the sources,
+    # completing it): the planner is one process, so the job admits at most PLANNER_CAPACITY / planner_us
+    # records per second whatever the workers could do. Ours; the paper has no planner term. 0 (the default,
+    # and a file without the key) charges nothing, as before.
+    planner_us: float = 0.0
+    # µs of the client's CPU per record it pushes: counted only where the client shares a host with the
+    # cluster (`SimConfig.host_capacity`). Ours; 0 by default.
+    client_us: float = 0.0
 
     @classmethod
     def from_json_dict(cls, d: Any) -> Costs:
@@ -138,7 +146,8 @@ class Costs:
         return cls(values["alpha"], values["beta"], values["gamma"], values["capacity"], table, float(share),
                    _non_negative(d, "alpha_split", None), _non_negative(d, "message_us", 0.0), float(flush), batch,
                    _non_negative(d, "flush_peer_factor", FLUSH_PEER_FACTOR), _non_negative(d, "alpha_keyed", None),
-                   _non_negative(d, "beta_split", 0.0), local_first)
+                   _non_negative(d, "beta_split", 0.0), local_first, _non_negative(d, "planner_us", 0.0),
+                   _non_negative(d, "client_us", 0.0))
 
     @classmethod
     def load(cls, path: str | Path) -> Costs:
@@ -162,6 +171,27 @@ _DATA = resources.files("clasp.sim")
 COSTS_FILE = Path(str(_DATA / "sim_costs.json"))
 PAPER_COSTS_FILE = Path(str(_DATA / "sim_costs_paper.json"))
 MEASURED_COSTS_FILE = Path(str(_DATA / "sim_costs_measured.json"))
+PLANNER_CAPACITY = 1e6  # µs of CPU per second: the planner is one single-threaded process
+
+
+def share_host(demand: np.ndarray, available: float) -> np.ndarray:
+    """What each process gets of `available` CPU when their `demand`s compete for it: all of its demand
+    when the sum fits, else a fair share (max-min: no one gets more than it asks, the rest split equally),
+    as the kernel's fair scheduler shares a host among runnable processes."""
+    demand = np.maximum(np.asarray(demand, dtype=float), 0.0)
+    available = max(float(available), 0.0)
+    if demand.sum() <= available:
+        return demand
+    order = np.sort(demand)
+    level, left, rest = 0.0, available, len(order)
+    for d in order:
+        if d * rest > left:
+            level = left / rest
+            break
+        left -= d
+        rest -= 1
+        level = d
+    return np.minimum(demand, level)
 
 
 @dataclass(frozen=True)
@@ -276,6 +306,9 @@ class SimConfig:
     p_max: int = 10
     seed: int = 0
     key_skew: bool = False
+    # µs of CPU per second that the planner, the client and every worker share when they run on one host
+    # (the emulated cluster: `os.cpu_count()`·10⁶); None gives each its own (a real cluster).
+    host_capacity: float | None = None
 
     def __post_init__(self) -> None:
         if not self.duration > 0:
@@ -286,6 +319,8 @@ class SimConfig:
             raise ValueError(f"window must be at least 1, not {self.window}")
         if self.migration_pause < 0:
             raise ValueError(f"migration_pause must be ≥ 0, not {self.migration_pause}")
+        if self.host_capacity is not None and not self.host_capacity > 0:
+            raise ValueError(f"host_capacity must be > 0 µs/s, not {self.host_capacity}")
 
 
 @dataclass
@@ -499,11 +534,19 @@ class Simulator:
                 planner += push
                 pushed_s += push
                 admit = min(planner, max(0.0, self.window - (admitted_total - completed_total)))
+                if self.costs.planner_us > 0:
+                    admit = min(admit, PLANNER_CAPACITY * dt / self.costs.planner_us)
                 planner -= admit
                 admitted_total += admit
                 queue += self.sigma * (self.sources * admit)[None, :]
                 work = (queue * self.cost).sum(axis=1)
                 budget = self.effective * dt if t >= pause_until else np.zeros(self.pool)
+                if cfg.host_capacity is not None:
+                    # The planner and the client take their part of the host first (they run ahead of the
+                    # workers they feed; in steady state the client pushes what the planner admits); the
+                    # workers' demands share what is left.
+                    front = admit * (self.costs.planner_us + self.costs.client_us)
+                    budget = share_host(np.minimum(budget, work + debt), cfg.host_capacity * dt - front)
                 paid = 0.0
                 if self.costs.message_us > 0:
                     paid = np.minimum(budget, debt)
