@@ -44,7 +44,20 @@ def test_window_room_is_the_window_left_at_most_one_batch():
     assert scheduler.window_room(5000, 0, 2000) == 2000
     assert scheduler.window_room(5000, 4000, 2000) == 1000
     assert scheduler.window_room(5000, 5000, 2000) == 0
-    assert scheduler.window_room(5000, 5200, 2000) == -200  # suspects returned: over the window, no room
+    assert scheduler.window_room(5000, 5200, 2000) <= 0  # suspects returned: over the window, no room
+    # While records are in flight, nothing leaves until half a batch is free; with none, anything does.
+    assert scheduler.window_room(5000, 4200, 2000) == 0
+    assert scheduler.window_room(5000, 4000, 2000) == 1000
+    assert scheduler.window_room(5000, 0, 2000) == 2000
+    assert scheduler.window_room(200, 150, 2000) == 0 and scheduler.window_room(200, 100, 2000) == 100
+
+
+def test_dispatch_limits_scale_with_the_source_workers_unless_given():
+    assert scheduler.dispatch_limits(None, None, 1) == (5000, 2000)  # the one-worker floor
+    assert scheduler.dispatch_limits(None, None, 10) == (20_000, 8000)  # 2,000 and 800 per worker
+    assert scheduler.dispatch_limits(None, None, 0) == (5000, 2000)
+    assert scheduler.dispatch_limits(200, None, 10) == (200, 8000)  # a given value is kept as it is
+    assert scheduler.dispatch_limits(None, 50, 10) == (20_000, 50)
 
 
 def test_take_moves_through_the_head_chunk_then_drops_it():

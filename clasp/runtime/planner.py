@@ -110,6 +110,8 @@ class PlannerJob:
     cancelled: bool = False
     routes: list = field(default_factory=list)
     weight: int = ROOT_WEIGHT
+    window: int = scheduler.WINDOW_MIN  # records in flight and per dispatch (`scheduler.dispatch_limits`)
+    batch: int = scheduler.BATCH_MIN
     created: float = field(default_factory=time.time)
     errors: deque = field(default_factory=lambda: deque(maxlen=50))
     autoscale: bool = False
@@ -160,10 +162,10 @@ class Planner(PlannerRecoveryMixin):
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, metrics_port: int = 0, advertise: str | None = None,
                  heartbeat: float = 1.0, dead_after: float = 5.0, dead_after_disconnect: float = 1.0,
-                 max_inflight: int = 5000,
+                 max_inflight: int | None = None,
                  max_queue: int = 2_000_000, max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
                  max_queue_delay: float = DEFAULT_MAX_QUEUE_DELAY,
-                 dispatch_batch: int = 2000, p_max: int = 10,
+                 dispatch_batch: int | None = None, p_max: int = 10,
                  placement_fn: PlacementFn = spread_placement, rpc_timeout: float = 10.0,
                  autoscale: bool = True, policy: str = "clasp", migration_timeout: float = 5.0,
                  control: ControlConfig | None = None, state: str = "local", state_port: int = 0,
@@ -182,7 +184,7 @@ class Planner(PlannerRecoveryMixin):
         # frozen process or a silent network, whose connections stay up).
         self.dead_after_disconnect = dead_after_disconnect
         self.disconnected: dict[str, float] = {}  # worker -> when the data connection to it dropped
-        self.max_inflight = max_inflight
+        self.max_inflight = max_inflight  # None: per worker holding a source (`scheduler.dispatch_limits`)
         self.max_queue = max_queue
         # per job, on Q_p: records, bytes, and seconds of draining
         self.bound = QueueBound(max_queue, max_queued_bytes, max_queue_delay)
@@ -621,6 +623,8 @@ class Planner(PlannerRecoveryMixin):
         job.weight = (ROOT_WEIGHT // n) * n
         job.tracker.root = job.weight
         job.routes = [route_to(job.spec, job.placement, s, None) for s in job.spec.sources]
+        holders = {w for s in job.spec.sources for w in job.placement.operators[job.spec.operators[s].name].workers()}
+        job.window, job.batch = scheduler.dispatch_limits(self.max_inflight, self.dispatch_batch, len(holders))
 
     def _on_push(self, ident: bytes, msg: protocol.Push, frame: bytes = b"") -> None:
         job = self._job(msg)
@@ -959,7 +963,7 @@ class Planner(PlannerRecoveryMixin):
             head[1] = job.ckpt.log.records(head[0] >> CHUNK_BITS)
         size, offset = (len(head[1]), head[2]) if head else (0, 0)
         d = scheduler.dispatch(job.queue, job.spec, job.routes, job.weight,
-                               scheduler.window_room(self.max_inflight, job.inflight, self.dispatch_batch))
+                               scheduler.window_room(job.window, job.inflight, job.batch))
         if d is None:
             return 0
         n = d.count
