@@ -101,8 +101,14 @@ def run_bytewax(lines: list[str], processes: int) -> dict:
             procs = [subprocess.Popen([*cmd, "-i", str(i), "-a", addrs], cwd=ROOT, env=env)
                      for i in range(processes)]
         for s in feeds:  # every source is built and connected: the clock starts now
-            if not s.poll(120_000):
-                raise RuntimeError("a Bytewax worker did not connect within 120 s")
+            deadline = time.monotonic() + 120
+            while not s.poll(200):
+                dead = [p for p in procs if p.poll() is not None]
+                if dead:  # the answer is known: do not wait out the timeout
+                    raise RuntimeError(f"a Bytewax process exited with code {dead[0].returncode} before it "
+                                       "connected (is Bytewax installed? pip install '.[peers]')")
+                if time.monotonic() > deadline:
+                    raise RuntimeError("a Bytewax worker did not connect within 120 s")
             s.recv()
         t0 = time.perf_counter()
         for i in range(0, len(lines), BYTEWAX_BATCH * processes):
