@@ -52,6 +52,15 @@ def test_window_room_is_the_window_left_at_most_one_batch():
     assert scheduler.window_room(200, 150, 2000) == 0 and scheduler.window_room(200, 100, 2000) == 100
 
 
+def test_source_holders_counts_the_workers_of_every_source():
+    spec = stateful_spec()  # one source, a
+    assert scheduler.source_holders(spec, three_worker_placement()) == 3
+    one = Placement({"a": OperatorPlacement({"w2": 1.0}, {"w2": 1}),
+                     "b": OperatorPlacement({"w0": 1.0}, {"w0": 1}, ["w0"] * NUM_KEY_GROUPS),
+                     "c": OperatorPlacement({"w1": 1.0}, {"w1": 1})}, epoch=0, workers=["w0", "w1", "w2"])
+    assert scheduler.source_holders(spec, one) == 1
+
+
 def test_dispatch_limits_scale_with_the_source_workers_unless_given():
     assert scheduler.dispatch_limits(None, None, 1) == (5000, 2000)  # the one-worker floor
     assert scheduler.dispatch_limits(None, None, 10) == (20_000, 8000)  # 2,000 and 800 per worker

@@ -92,6 +92,12 @@ def dispatch_limits(max_inflight: int | None, dispatch_batch: int | None, holder
     return window, batch
 
 
+def source_holders(spec: DagSpec, placement: Placement) -> int:
+    """How many workers hold a share of some source operator under `placement` (each gets its own message
+    of every dispatch)."""
+    return len({w for s in spec.sources for w in placement.operators[spec.operators[s].name].workers()})
+
+
 def window_room(max_inflight: int, inflight: int, batch: int) -> int:
     """How many records may leave now: what the in-flight window has room for, at most one batch, and,
     while records are in flight, nothing until half a batch is free (so each worker's message is a batch's

@@ -623,8 +623,8 @@ class Planner(PlannerRecoveryMixin):
         job.weight = (ROOT_WEIGHT // n) * n
         job.tracker.root = job.weight
         job.routes = [route_to(job.spec, job.placement, s, None) for s in job.spec.sources]
-        holders = {w for s in job.spec.sources for w in job.placement.operators[job.spec.operators[s].name].workers()}
-        job.window, job.batch = scheduler.dispatch_limits(self.max_inflight, self.dispatch_batch, len(holders))
+        job.window, job.batch = scheduler.dispatch_limits(self.max_inflight, self.dispatch_batch,
+                                                          scheduler.source_holders(job.spec, job.placement))
 
     def _on_push(self, ident: bytes, msg: protocol.Push, frame: bytes = b"") -> None:
         job = self._job(msg)
