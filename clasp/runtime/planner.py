@@ -60,7 +60,7 @@ from clasp.core.scheduler import WorkerInfo
 from clasp.core.tracking import CHUNK_BITS, LatencyHistogram, Tracker
 from clasp.runtime.dashboard import Dashboard, planner_view
 from clasp.runtime.elastic import ElasticPool, PoolError
-from clasp.runtime.net import advertised, bind, start_metrics_server, zero_copy
+from clasp.runtime.net import DirectSend, advertised, bind, drained, start_metrics_server, zero_copy
 from clasp.runtime.planner_recovery import CheckpointState, PlannerRecoveryMixin
 from clasp.runtime.providers import Provider
 from clasp.runtime.security import Security
@@ -216,7 +216,7 @@ class Planner(PlannerRecoveryMixin):
         # client could no longer say "the planner requires CURVE keys" (tests/test_security.py).
         self.ctx = zmq.asyncio.Context()
         self.workers: dict[str, WorkerInfo] = {}
-        self.pushers: dict[str, zmq.asyncio.Socket] = {}
+        self.pushers: dict[str, DirectSend] = {}
         self.jobs: dict[int, PlannerJob] = {}
         self._job_ids = itertools.count(1)
         self._req_ids = itertools.count(1)
@@ -321,37 +321,43 @@ class Planner(PlannerRecoveryMixin):
             "scale": self._on_scale, "place": self._on_place, "autoscale": self._on_autoscale,
             "drain": self.elastic.on_drain, "leave": self.elastic.on_leave, "pool": self.elastic.on_pool,
         }
+        recv, raw = self.router.recv_multipart, zmq.Socket.shadow(self.router.underlying)
         while True:
-            frames = await self.router.recv_multipart()
-            ident = frames[0]
-            try:
-                if len(frames) != 2:
-                    raise ProtocolError("bad_envelope", f"{len(frames) - 1} payload frames")
-                mtype, body = protocol.decode_message(frames[1])  # a typed message (or a done list), checked
-                handler = handlers.get(mtype)
-                if handler is None:
-                    raise ProtocolError("unexpected_type", f"{mtype} is not for the planner")
-            except ProtocolError as e:
-                self._bad(e.reason)
-                log.warning("dropped a bad message from %r: %s", ident[:16], e)
-                await self._send(ident, protocol.error(e.reason, e.detail))
-                continue
-            try:
-                if mtype == "submit":
-                    check_dag(len(frames[1]), body.dag.get("functions"), self.security.limits)
-                tasks = self.client_tasks.get(ident, 0)
-                if tasks:
-                    check_client_pending(tasks, self.security.limits)
-                result = self._on_push(ident, body, frames[1]) if mtype == "push" else handler(ident, body)
-                if asyncio.iscoroutine(result):
-                    # Slow handlers (they wait on workers) run on their own so the loop keeps receiving.
-                    self.client_tasks[ident] = tasks + 1
-                    self._background(self._finish(ident, mtype, body, result), f"handling {mtype}")
-            except Exception as e:  # a failing handler answers its request; it never stops the planner
-                if isinstance(e, LimitError):
-                    self.security.rejected(e.limit)
-                    log.warning("refused %s from %r: %s", mtype, ident[:16], e)
-                self._reply_error(ident, getattr(body, "req", 0), e, mtype)
+            self._on_frames(handlers, await recv())
+            for frames in drained(raw, multipart=True):
+                self._on_frames(handlers, frames)
+
+    def _on_frames(self, handlers: dict, frames: list) -> None:
+        """One message on the router: checked, then handled (a slow handler on its own task)."""
+        ident = frames[0]
+        try:
+            if len(frames) != 2:
+                raise ProtocolError("bad_envelope", f"{len(frames) - 1} payload frames")
+            mtype, body = protocol.decode_message(frames[1])  # a typed message (or a done list), checked
+            handler = handlers.get(mtype)
+            if handler is None:
+                raise ProtocolError("unexpected_type", f"{mtype} is not for the planner")
+        except ProtocolError as e:
+            self._bad(e.reason)
+            log.warning("dropped a bad message from %r: %s", ident[:16], e)
+            self._post(ident, protocol.error(e.reason, e.detail))
+            return
+        try:
+            if mtype == "submit":
+                check_dag(len(frames[1]), body.dag.get("functions"), self.security.limits)
+            tasks = self.client_tasks.get(ident, 0)
+            if tasks:
+                check_client_pending(tasks, self.security.limits)
+            result = self._on_push(ident, body, frames[1]) if mtype == "push" else handler(ident, body)
+            if asyncio.iscoroutine(result):
+                # Slow handlers (they wait on workers) run on their own so the loop keeps receiving.
+                self.client_tasks[ident] = tasks + 1
+                self._background(self._finish(ident, mtype, body, result), f"handling {mtype}")
+        except Exception as e:  # a failing handler answers its request; it never stops the planner
+            if isinstance(e, LimitError):
+                self.security.rejected(e.limit)
+                log.warning("refused %s from %r: %s", mtype, ident[:16], e)
+            self._reply_error(ident, getattr(body, "req", 0), e, mtype)
 
     def _background(self, coro, what: str) -> None:
         """Run a coroutine on its own, owned by the planner's task group; a failure is logged."""
@@ -416,8 +422,8 @@ class Planner(PlannerRecoveryMixin):
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.LINGER, 1000)
             sock.connect(info.data)
-            self.pushers[wid] = sock
-            self._background(self._watch_connection(wid, sock), f"watching the connection to {wid}")
+            self.pushers[wid] = pusher = DirectSend(sock)
+            self._background(self._watch_connection(wid, pusher), f"watching the connection to {wid}")
         log.info("worker %s registered (data %s, metrics %s, pid %d)", wid, info.data, info.metrics, info.pid)
         self._post(ident, protocol.encode("welcome", {"planner": self.id, "heartbeat": self.heartbeat}))
         if restarted:
@@ -532,11 +538,11 @@ class Planner(PlannerRecoveryMixin):
                 recover = self._restore if job.ckpt is not None else self._recover
                 self._background(recover(job, wid), f"recovery of job {job.id}")
 
-    async def _watch_connection(self, wid: str, sock) -> None:
+    async def _watch_connection(self, wid: str, pusher: DirectSend) -> None:
         """Follow the data connection to worker `wid`: when it drops, the worker may have died."""
-        mon = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        mon = pusher.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         try:
-            while self.pushers.get(wid) is sock:
+            while self.pushers.get(wid) is pusher:
                 event = parse_monitor_message(await mon.recv_multipart())["event"]
                 if event == zmq.EVENT_DISCONNECTED:
                     self.disconnected[wid] = time.monotonic()

@@ -28,7 +28,7 @@ from clasp.core.routing import Placement, PlacementError
 from clasp.runtime.cpuquota import process_cpu_max
 from clasp.runtime.engine import REST_IDLE_S, JobEngine, OperatorError, RestBudget
 from clasp.runtime.monitor import Monitor, WorkerCollector
-from clasp.runtime.net import advertised, batch_io_threads, bind, start_metrics_server, zero_copy
+from clasp.runtime.net import DirectSend, advertised, batch_io_threads, bind, drained, start_metrics_server, zero_copy
 from clasp.runtime.remote_state import RemoteState
 from clasp.runtime.security import Security
 from clasp.runtime.tasks import ProcessTasks, internal_error
@@ -71,7 +71,7 @@ class Worker(RecoveryMixin):
         self.monitor = Monitor(self.id)
         self.monitor.cpus = cpus
         self.jobs = self.monitor.jobs
-        self.peers: dict[str, zmq.asyncio.Socket] = {}
+        self.peers: dict[str, DirectSend] = {}
         self.peer_addrs: dict[str, str] = {}
         self.wake = asyncio.Event()
         self.welcomed = asyncio.Event()
@@ -549,63 +549,69 @@ class Worker(RecoveryMixin):
 
     # ----------------------------------------------------------------- data path
     async def _data_loop(self) -> None:
-        recv = self.pull.recv
-        job_messages = self.monitor.job_messages
+        recv, raw = self.pull.recv, zmq.Socket.shadow(self.pull.underlying)
+        on_frame = self._on_data_frame
         while True:
-            frame = await recv(copy=False)
-            t0 = perf_counter()
-            try:
-                mtype, body = protocol.decode(frame.buffer)  # the frame's memory, not a copy of it
-                if mtype not in ("cols", "data", "runs", "marker", "migrate"):
-                    raise ProtocolError("unexpected_type", f"{mtype} on the data socket")
-                eng = self.jobs.get(body[0])
-                if eng is None:
-                    raise ProtocolError("unknown_job", f"{mtype} for job {body[0]}")
-                if mtype == "cols":
-                    protocol.check_columns(body[2], len(eng.ops))
-                elif mtype == "data":
-                    protocol.check_rows(body[2], len(eng.ops))
-                elif mtype == "runs":
-                    protocol.check_runs(body[2], len(eng.ops))
-                else:
-                    protocol.check_migrate(body, len(eng.ops))
-            except ProtocolError as e:
-                self._bad(e, "data")
-                continue
-            if body[1] < eng.floor:
-                continue  # sent before a recovery rolled the job back: that era's requests are void
-            if mtype == "cols":
-                n = protocol.column_count(body[2])
-                msgs = job_messages(body[0])
-                msgs[2] += 1
-                msgs[3] += n
-                eng.received_requests += n
-                eng.receive_columns(body[1], body[2])
-                self.wake.set()
-            elif mtype == "data":
-                msgs = job_messages(body[0])
-                msgs[2] += 1
-                msgs[3] += len(body[2])
-                eng.received_requests += len(body[2])
-                eng.receive(body[1], body[2])
-                self.wake.set()
-            elif mtype == "runs":
-                msgs = job_messages(body[0])
-                msgs[2] += 1
-                msgs[3] += eng.receive_runs(body[1], body[2])
-                self.wake.set()
-            else:
-                self._on_migration_message(eng, mtype, body, perf_counter() - t0)
+            on_frame(await recv(copy=False))
+            for frame in drained(raw):
+                on_frame(frame)
 
-    def _peer(self, wid: str) -> zmq.asyncio.Socket:
-        sock = self.peers.get(wid)
-        if sock is None:
+    def _on_data_frame(self, frame: zmq.Frame) -> None:
+        """One frame of the data socket: validated, then enqueued (or a migration step); a bad one counted."""
+        job_messages = self.monitor.job_messages
+        t0 = perf_counter()
+        try:
+            mtype, body = protocol.decode(frame.buffer)  # the frame's memory, not a copy of it
+            if mtype not in ("cols", "data", "runs", "marker", "migrate"):
+                raise ProtocolError("unexpected_type", f"{mtype} on the data socket")
+            eng = self.jobs.get(body[0])
+            if eng is None:
+                raise ProtocolError("unknown_job", f"{mtype} for job {body[0]}")
+            if mtype == "cols":
+                protocol.check_columns(body[2], len(eng.ops))
+            elif mtype == "data":
+                protocol.check_rows(body[2], len(eng.ops))
+            elif mtype == "runs":
+                protocol.check_runs(body[2], len(eng.ops))
+            else:
+                protocol.check_migrate(body, len(eng.ops))
+        except ProtocolError as e:
+            self._bad(e, "data")
+            return
+        if body[1] < eng.floor:
+            return  # sent before a recovery rolled the job back: that era's requests are void
+        if mtype == "cols":
+            n = protocol.column_count(body[2])
+            msgs = job_messages(body[0])
+            msgs[2] += 1
+            msgs[3] += n
+            eng.received_requests += n
+            eng.receive_columns(body[1], body[2])
+            self.wake.set()
+        elif mtype == "data":
+            msgs = job_messages(body[0])
+            msgs[2] += 1
+            msgs[3] += len(body[2])
+            eng.received_requests += len(body[2])
+            eng.receive(body[1], body[2])
+            self.wake.set()
+        elif mtype == "runs":
+            msgs = job_messages(body[0])
+            msgs[2] += 1
+            msgs[3] += eng.receive_runs(body[1], body[2])
+            self.wake.set()
+        else:
+            self._on_migration_message(eng, mtype, body, perf_counter() - t0)
+
+    def _peer(self, wid: str) -> DirectSend:
+        peer = self.peers.get(wid)
+        if peer is None:
             sock = zero_copy(self.security.peer(self.ctx.socket(zmq.PUSH)))
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.LINGER, 2000)
             sock.connect(self.peer_addrs[wid])
-            self.peers[wid] = sock
-        return sock
+            peer = self.peers[wid] = DirectSend(sock)
+        return peer
 
     def _flush_data(self, eng: JobEngine) -> None:
         encode, columns = protocol.encode, protocol.columns
