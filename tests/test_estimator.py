@@ -148,9 +148,17 @@ def test_adversarial_data_never_gives_negative_coefficients():
     for _ in range(60):
         rl, rr, d = rng.uniform(0, 3000), rng.uniform(0, 800), rng.randint(0, 4)
         rows.append((100000 + 500 * rr + 10 * rl + 1000 * d, rl, rr, d))
-    u = saturated_stream(Estimator(), rows)
+    # Without the precision rule the fit clamps β at 0.
+    u = saturated_stream(Estimator(EstimatorConfig(max_relative_error=math.inf)), rows)
     assert min(u.alpha, u.beta, u.gamma) >= 0 and u.beta == 0.0
     assert u.capacity > 0 and all(math.isfinite(v) for v in (u.alpha, u.beta, u.gamma, u.capacity))
+    # With it, the model's misfit leaves the residuals large: what the fit cannot pin down keeps its prior,
+    # and says so; nothing is ever negative.
+    u = saturated_stream(Estimator(), rows)
+    assert min(u.alpha, u.beta, u.gamma) >= 0 and u.capacity > 0
+    for name in ("alpha", "beta", "gamma"):
+        assert u.terms[name] == "estimated" or "standard error" in u.terms[name]
+    assert any("standard error" in u.terms[name] for name in ("alpha", "beta", "gamma"))
 
 
 def test_missing_worker_restarts_its_history():
@@ -284,6 +292,65 @@ def test_the_message_cost_is_estimated_where_messages_vary_apart_from_rows():
     assert set(u.terms.values()) == {"estimated"}
 
 
+def _noisy_stream(est, rng, messages, noise, rounds=150):
+    """Measured samples of 4 workers whose CPU carries Gaussian noise of `noise` µs/s; `messages(rng)` draws
+    one worker's data messages per second (sent, received). Returns the last update."""
+    u = None
+    for _ in range(rounds):
+        samples = {}
+        for w in range(4):
+            sent, received = rng.uniform(100, 3000), rng.uniform(100, 3000)
+            out, into = messages(rng)
+            r_local, delta = rng.uniform(500, 3000), rng.randint(1, 3)
+            work = ALPHA * r_local + BETA_S * sent + BETA_R * received + MU * (out + into) + GAMMA * delta
+            samples[w] = WorkerSample(0, 0.0, 300000.0, r_local, sent, delta, busy=True,
+                                      cpu=300000.0 + work + rng.gauss(0.0, noise),
+                                      r_received=received, messages_out=out, messages_in=into)
+        u = est.update(samples)
+    return u
+
+
+def test_a_term_that_is_a_sliver_of_the_load_keeps_its_prior_and_says_why():
+    """A few messages a second (μM ≈ 0.1 % of the load) under CPU noise of 1 %: μ cannot be told from noise,
+    so it keeps its prior, with its standard error in `terms`; the terms the load is made of are estimated."""
+    prior = 120.0
+    est = Estimator(EstimatorConfig(rho=0.999, receive_share=0.5, mu=prior))
+    u = _noisy_stream(est, random.Random(11), lambda r: (r.uniform(0, 4), r.uniform(0, 4)), noise=3000.0)
+    assert u.mu == pytest.approx(prior, rel=0.01)  # the prior's pull can move it a hair while it is held
+    assert u.terms["mu"].startswith("standard error") and "value kept" in u.terms["mu"]
+    assert "not determined precisely: mu kept" in u.reason
+    assert u.terms["alpha"] == "estimated" and u.alpha == pytest.approx(ALPHA, rel=0.1)
+    # Without the rule the same data fit μ to the noise.
+    loose = _noisy_stream(Estimator(EstimatorConfig(rho=0.999, receive_share=0.5, mu=prior,
+                                                    max_relative_error=math.inf)),
+                          random.Random(11), lambda r: (r.uniform(0, 4), r.uniform(0, 4)), noise=3000.0)
+    assert loose.terms["mu"] == "estimated" and abs(loose.mu - MU) / MU > 0.25
+
+
+def test_the_same_noise_leaves_a_term_with_a_large_share_estimated():
+    """The same noise, but hundreds of messages a second: μ is determined and lands near the truth."""
+    est = Estimator(EstimatorConfig(rho=0.999, receive_share=0.5, mu=120.0))
+    u = _noisy_stream(est, random.Random(11), lambda r: (r.uniform(20, 300), r.uniform(20, 300)), noise=3000.0)
+    assert u.terms["mu"] == "estimated" and u.mu == pytest.approx(MU, rel=0.1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.floats(0.05, 5.0))
+def test_the_precision_rule_never_holds_an_exact_fit(seed, message_scale):
+    """Noise-free samples and a negligible prior (whose pull is a misfit of its own): every identifiable
+    coefficient's standard error is 0, so the precision rule
+    holds nothing the identifiability rule would estimate (the two rules give the same terms)."""
+    def run(limit):
+        rng = random.Random(seed)
+        est = Estimator(EstimatorConfig(rho=0.999, max_relative_error=limit, prior_weight=1e-9))
+        return _noisy_stream(est, rng, lambda r: (r.uniform(0, 100) * message_scale, r.uniform(0, 100)),
+                             noise=0.0, rounds=30)
+    strict, free = run(0.25), run(math.inf)
+    assert dict(strict.terms) == dict(free.terms)
+    assert (strict.alpha, strict.beta, strict.beta_receive, strict.mu, strict.gamma) == pytest.approx(
+        (free.alpha, free.beta, free.beta_receive, free.mu, free.gamma), rel=1e-6)
+
+
 def test_a_message_count_that_moves_with_the_rows_is_not_identified_and_keeps_its_prior():
     """One row per message (messages = rows sent + received): μ is confounded with β_s and β_r; those three
     keep their priors (here the truth, so that what they leave unexplained does not bias the rest) and say
@@ -320,11 +387,16 @@ def test_a_coefficient_whose_regressor_never_varies_keeps_its_value_while_the_ot
 
 
 def test_one_worker_alone_identifies_alpha_from_measured_cpu():
-    """Every chained request local (R^r = δ = 0): the paper's differences need R^l to change; one measured
-    saturated sample in levels already gives α, and β, γ keep their values."""
+    """Every chained request local (R^r = δ = 0): the paper's differences need R^l to change; measured
+    saturated samples in levels give α although it never does, and β, γ keep their values. The first sample
+    alone leaves α at its prior: one observation of one coefficient has no residual to judge it by."""
     est = Estimator()
-    u = est.update({0: WorkerSample(0, 0.0, 300000.0, 20000.0, 0.0, 0, busy=True, cpu=300000.0 + ALPHA * 20000)})
+    sample = WorkerSample(0, 0.0, 300000.0, 20000.0, 0.0, 0, busy=True, cpu=300000.0 + ALPHA * 20000)
+    first = est.update({0: sample})
+    assert first.alpha == 38.5 and first.terms["alpha"].startswith("too few observations")
+    u = est.update({0: sample})
     assert u.alpha == pytest.approx(ALPHA, rel=0.05) and (u.beta, u.gamma) == (275.0, 51500.0)
+    assert u.terms["alpha"] == "estimated"
 
 
 def test_capacity_of_a_receiving_worker_counts_what_it_pays_for_receiving():

@@ -31,7 +31,10 @@ data messages it sent and received (M) reported, θ = [α, β_s, β_r, μ, γ] (
 identified only where its regressor is not (nearly) a combination of the others': its unique share
 1 − R²_i = 1 / (C⁻¹)_ii of the pooled observations' correlation matrix C must reach `identifiability`;
 a coefficient below it keeps its value (the calibrated prior until it was once identified), and
-`EstimatorUpdate.terms` says which. Capacity is per worker as well (Eq. 3–4 per worker, W_w): each worker's
+`EstimatorUpdate.terms` says which. A coefficient must also be determined precisely: its standard error
+(from the residual variance of the pooled fit and the inverse information, σ̂²(A⁻¹)_ii) may be at most
+`max_relative_error` of its estimate, else it too keeps its value, so a term that is a sliver of every
+observed load (μ where the only messages are a few per second) is not fitted to noise. Capacity is per worker as well (Eq. 3–4 per worker, W_w): each worker's
 saturated samples smooth its own W_w, which starts from its CPU allowance (`WorkerSample.cpus` × the prior
 per CPU) or the pooled W̄. The flush rate the engine achieves (messages per peer per CPU-second, 1 / the
 effective flush delay) is smoothed from saturated senders whose batches held more than one row.
@@ -118,7 +121,8 @@ class EstimatorConfig:
     own; `scale_*`: the fixed per-term normalization of R^l, R^r (req/s), M (messages/s), δ (workers) and
     E (µs/s); `prior_weight`: how many unit observations the initial coefficients are worth (it decays with
     ρ like any observation); `identifiability`: the smallest unique share 1 − R²_i of a coefficient's
-    regressor among the others' for which that coefficient is estimated; `capacity_per_cpu`: W of one
+    regressor among the others' for which that coefficient is estimated; `max_relative_error`: the largest
+    standard error of an estimate, as a fraction of it, for which it is used; `capacity_per_cpu`: W of one
     whole CPU, which turns a worker's CPU allowance into the prior of its W_w (default: `capacity`).
     """
 
@@ -144,6 +148,7 @@ class EstimatorConfig:
     scale_execution: float = 100000.0
     prior_weight: float = 1.0
     identifiability: float = 0.01
+    max_relative_error: float = 0.25
     capacity_per_cpu: float | None = None
 
     def __post_init__(self) -> None:
@@ -159,7 +164,7 @@ class EstimatorConfig:
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be ≥ 0, not {getattr(self, name)}")
         for name in ("capacity", "scale_local", "scale_remote", "scale_messages", "scale_delta",
-                     "scale_execution", "prior_weight", "flush_delay"):
+                     "scale_execution", "prior_weight", "flush_delay", "max_relative_error"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, not {getattr(self, name)}")
 
@@ -284,6 +289,8 @@ class Estimator:
         n = len(TERMS)
         self._info = [[0.0] * n for _ in range(n)]  # RLS information over θ (scaled)
         self._moment = [0.0] * n
+        self._response = 0.0  # Σ ρ^k y², for the residual variance
+        self._weight = 0.0  # Σ ρ^k: how many observations the information is worth
         self._prior_decay = 1.0
         self._prior = [v * s / c.scale_execution for v, s in zip(self.coefficients, self._scales, strict=True)]
         self._history: dict[Hashable, _History] = {}
@@ -328,6 +335,8 @@ class Estimator:
             for j, xj in enumerate(x):
                 row[j] = rho * row[j] + xi * xj
             moment[i] = rho * moment[i] + xi * y
+        self._response = rho * self._response + y * y
+        self._weight = rho * self._weight + 1.0
         self._prior_decay *= rho
         self.observations += 1
 
@@ -386,6 +395,56 @@ class Estimator:
             theta[i] = v
         out = tuple(t * se / s for t, s in zip(theta, self._scales, strict=True))
         return out if all(math.isfinite(v) and v >= 0 for v in out) else None
+
+    def relative_errors(self, theta: tuple[float, ...], solve: list[int]) -> dict[int, float]:
+        """Standard error of each solved coefficient of `theta` (µs units) as a fraction of the larger of its
+        estimate and its value now (a fit that clamps a coefficient to 0 far below its prior has told it
+        apart): σ̂² = residual sum of squares / (observations − coefficients solved), var θ_i = σ̂²(A⁻¹)_ii
+        with A the observations' information over `solve`, without the prior's (what the data determine,
+        not what the prior already said). Infinite while there are no more observations than coefficients:
+        there is no residual to judge by, and a fit of that few fits the noise too."""
+        se = self.config.scale_execution
+        t = [v * s / se for v, s in zip(theta, self._scales, strict=True)]
+        now = [v * s / se for v, s in zip(self.coefficients, self._scales, strict=True)]
+        info, moment = self._info, self._moment
+        n = len(TERMS)
+        rss = (self._response - 2.0 * sum(t[i] * moment[i] for i in range(n))
+               + sum(t[i] * info[i][j] * t[j] for i in range(n) for j in range(n)))
+        dof = self._weight - len(solve)
+        if dof <= 0:
+            return {i: math.inf for i in solve}
+        a = np.array([[info[i][j] for j in solve] for i in solve], dtype=float)
+        try:
+            inverse = np.linalg.inv(a)
+        except np.linalg.LinAlgError:
+            return {i: math.inf for i in solve}
+        variance = max(rss, 0.0) / dof
+        out = {}
+        for k, i in enumerate(solve):
+            error = math.sqrt(max(float(inverse[k, k]), 0.0) * variance)
+            scale = max(t[i], now[i])
+            out[i] = error / scale if scale > 0 else (0.0 if error == 0 else math.inf)
+        return out
+
+    def _solve_precise(self, solve: list[int]) -> tuple[float, ...] | None:
+        """Solve `solve`, then hold (at their values) the coefficients the fit leaves imprecise and solve
+        the rest again, until every solved one is within `max_relative_error` (recorded in `_held`)."""
+        limit = self.config.max_relative_error
+        solve = list(solve)
+        while solve:
+            theta = self._solve_coefficients(solve)
+            if theta is None:
+                return None
+            errors = self.relative_errors(theta, solve)
+            loose = [i for i in solve if errors.get(i, 0.0) > limit]
+            if not loose:
+                return theta
+            for i in loose:
+                self._held[i] = (f"standard error {errors[i]:.0%} of its value (> {limit:.0%}): value kept"
+                                 if math.isfinite(errors[i]) else "too few observations to judge its precision: "
+                                 "value kept")
+            solve = [i for i in solve if i not in loose]
+        return self.coefficients
 
     def _capacity_hat(self, s: WorkerSample) -> float:
         """Ŵ of a saturated sample (Eq. 3, extended)."""
@@ -458,14 +517,18 @@ class Estimator:
             if not solve:
                 reasons.append("collinear observations do not identify any coefficient: unchanged")
             else:
-                theta = self._solve_coefficients(solve)
+                theta = self._solve_precise(solve)
                 if theta is None:
                     reasons.append("regression has no non-negative finite solution: α, β, γ unchanged")
                 else:
                     coefficients_changed = theta != self.coefficients
                     self.alpha, self.beta, self.beta_receive, self.mu, self.gamma = theta
-                    if self._held:
-                        reasons.append("collinear: " + ", ".join(TERMS[i] for i in sorted(self._held)) + " kept")
+                    collinear = [TERMS[i] for i in sorted(self._held) if self._held[i].startswith("collinear")]
+                    loose = [TERMS[i] for i in sorted(self._held) if not self._held[i].startswith("collinear")]
+                    if collinear:
+                        reasons.append("collinear: " + ", ".join(collinear) + " kept")
+                    if loose:
+                        reasons.append("not determined precisely: " + ", ".join(loose) + " kept")
 
         capacity_changed = False
         for w, s in saturated:
