@@ -34,7 +34,8 @@ a coefficient below it keeps its value (the calibrated prior until it was once i
 `EstimatorUpdate.terms` says which. A coefficient must also be determined precisely: its standard error
 (from the residual variance of the pooled fit and the inverse information, σ̂²(A⁻¹)_ii) may be at most
 `max_relative_error` of its estimate, else it too keeps its value, so a term that is a sliver of every
-observed load (μ where the only messages are a few per second) is not fitted to noise. Capacity is per worker as well (Eq. 3–4 per worker, W_w): each worker's
+observed load (μ where the only messages are a few per second) is not fitted to noise.
+Capacity is per worker as well (Eq. 3–4 per worker, W_w): each worker's
 saturated samples smooth its own W_w, which starts from its CPU allowance (`WorkerSample.cpus` × the prior
 per CPU) or the pooled W̄. The flush rate the engine achieves (messages per peer per CPU-second, 1 / the
 effective flush delay) is smoothed from saturated senders whose batches held more than one row.
