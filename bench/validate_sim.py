@@ -84,7 +84,10 @@ HOST_CPUS = os.cpu_count() or 1
 
 
 def simulated(apps: list[str], workers: list[int], costs, placed: dict | None = None,
-              duration: float = 20.0, host_cpus: float | None = HOST_CPUS) -> dict[tuple[str, int], float]:
+              duration: float = 20.0, host_cpus: float | None = HOST_CPUS,
+              detail: dict | None = None) -> dict[tuple[str, int], float]:
+    """Simulated throughput per (app, n); with `detail`, also fills it per (app, n) with what `_brief`
+    reports of an emulated run, as the simulator predicts it (`_sim_brief`)."""
     from clasp.apps import get_app
     from clasp.sim.simulator import SimConfig, Simulator, app_dag
 
@@ -95,8 +98,24 @@ def simulated(apps: list[str], workers: list[int], costs, placed: dict | None = 
             cfg = SimConfig(duration=duration, warmup=2.0, key_skew=True,
                             host_capacity=host_cpus * 1e6 if host_cpus else None)
             pl = (placed or {}).get((app, n))
-            out[(app, n)] = Simulator(dag, costs, n, placement=pl, config=cfg).run().throughput
+            res = Simulator(dag, costs, n, placement=pl, config=cfg).run()
+            out[(app, n)] = res.throughput
+            if detail is not None:
+                detail[(app, n)] = _sim_brief(res, costs.capacity, warmup=cfg.warmup)
     return out
+
+
+def _sim_brief(res, capacity: float, warmup: float) -> dict:
+    """The simulator's CPU rate per worker (CPUs), worker CPU per record and data message ends per record
+    over the seconds after the warm-up: the emulated run's `_brief`, predicted."""
+    after = [s for s in res.seconds if s.t >= warmup] or res.seconds
+    cpu = [u * capacity / 1e6 for u in res.utilization]
+    ends = statistics.fmean(sum(w.messages_out + w.messages_in for w in s.observation.workers.values())
+                            for s in after) if after else 0.0
+    tput = res.throughput or math.nan
+    return {"throughput": round(res.throughput, 1), "cpu_rate": [round(c, 3) for c in cpu],
+            "cpu_us_per_record": round(sum(cpu) * 1e6 / tput, 2) if res.throughput else None,
+            "message_ends_per_record": round(ends / tput, 5) if res.throughput else None}
 
 
 def _fractions(placed: dict | None, app: str, n: int):
@@ -407,7 +426,9 @@ def compare_policies(args, apps: list[str], workers: list[int], costs, cpu: floa
     policies = [p.strip() for p in args.placement.split(",") if p.strip()]
     # Planned on the file being validated: each policy plans with the costs the simulator charges.
     placed = {p: placements(apps, workers, p, Path(args.costs), costs) for p in policies}
-    sim = {p: simulated(apps, workers, costs, placed[p], host_cpus=args.host_cpus) for p in policies}
+    sim_detail: dict[str, dict] = {p: {} for p in policies}
+    sim = {p: simulated(apps, workers, costs, placed[p], host_cpus=args.host_cpus, detail=sim_detail[p])
+           for p in policies}
     emu = emulated_policies(apps, workers, cpu, args.repeat, args.seconds, placed, args.speed_reference)
     one = simulated(apps, [1], costs, host_cpus=args.host_cpus) if args.speed_reference else {}
     points, rankings = [], []
@@ -419,7 +440,10 @@ def compare_policies(args, apps: list[str], workers: list[int], costs, cpu: floa
                 mean = statistics.fmean(t)
                 p = {"app": app, "workers": n, "policy": policy, "emulated": round(mean, 1),
                      "emulated_runs": [round(x, 1) for x in t], "simulated": round(sim[policy][(app, n)], 1),
-                     "ratio": round(sim[policy][(app, n)] / mean, 4)}
+                     "ratio": round(sim[policy][(app, n)] / mean, 4),
+                     # Where the two engines part: CPU per worker, per record, and messages per record.
+                     "emulated_detail": [_brief(r) for r in emu[(policy, app, n)]],
+                     "simulated_detail": sim_detail[policy][(app, n)]}
                 if args.speed_reference:
                     # Scaled to the host's speed at the time: the reference runs' mean over the simulated one worker.
                     ref = statistics.fmean(r["throughput"] for r in emu[(REFERENCE, app, n)])
