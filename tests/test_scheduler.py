@@ -69,6 +69,23 @@ def test_dispatch_limits_scale_with_the_source_workers_unless_given():
     assert scheduler.dispatch_limits(None, 50, 10) == (20_000, 50)
 
 
+def test_the_window_covers_every_worker_the_job_spans_and_the_batch_the_source_workers():
+    # A chain over ten workers fed by one: each of the ten needs its own records in flight, while each
+    # dispatch still goes to the one source worker.
+    assert scheduler.dispatch_limits(None, None, 1, 10) == (20_000, 2000)
+    assert scheduler.dispatch_limits(None, None, 3, 3) == (6000, 2400)
+    assert scheduler.dispatch_limits(None, None, 10, 1) == (20_000, 8000)  # never below the holders' own
+    assert scheduler.dispatch_limits(7000, None, 1, 10) == (7000, 2000)
+
+
+def test_spanned_workers_counts_every_operator_s_workers():
+    assert scheduler.spanned_workers(three_worker_placement()) == 3
+    two = Placement({"a": OperatorPlacement({"w2": 1.0}, {"w2": 1}),
+                     "b": OperatorPlacement({"w0": 1.0}, {"w0": 1}, ["w0"] * NUM_KEY_GROUPS),
+                     "c": OperatorPlacement({"w0": 1.0}, {"w0": 1})}, epoch=0, workers=["w0", "w1", "w2"])
+    assert scheduler.spanned_workers(two) == 2
+
+
 def test_take_moves_through_the_head_chunk_then_drops_it():
     q = queue_of([10, 11, 12], [20])
     assert scheduler.take(q, 2) == (0, [10, 11])

@@ -323,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dead-after", type=_positive(float), default=5.0,
                    help="heartbeat silence that marks a worker dead (one whose connection dropped: 1 s)")
     p.add_argument("--max-inflight", type=_positive(int), default=None,
-                   help="records in flight per job (default: 2,000 per worker holding a source, at least 5,000)")
+                   help="records in flight per job (default: 2,000 per worker the job spans, at least 5,000)")
     p.add_argument("--dispatch-batch", type=_positive(int), default=None,
                    help="the most records one dispatch step sends, one message per source worker (default: 800 "
                         "per worker holding a source, at least 2,000)")

@@ -72,22 +72,29 @@ class Dispatch:
     errors: list[dict] = field(default_factory=list)
 
 
-# A job's in-flight window and dispatch batch per worker that holds a source operator, where the planner
-# is not given them: a dispatch is cut into one message per such worker, so a fixed window spread over ten
-# workers leaves each a few dozen records per message and a queue that keeps running dry. Measured on
-# ten 0.1-CPU workers of a SYN spread (docs/RUNTIME.md, "The in-flight window"): 36 rows per message and
-# 9.2 µs of worker CPU per record with 5,000 / 2,000 in all, 395 rows and 7.1–8.1 µs with these.
+# A job's in-flight window and dispatch batch where the planner is not given them. A dispatch is cut into
+# one message per worker holding a source, so the batch scales with those workers: a fixed batch spread
+# over ten of them left each a few dozen records per message and a queue that kept running dry (measured
+# on ten 0.1-CPU workers of a SYN spread, docs/RUNTIME.md "The in-flight window": 36 rows per message and
+# 9.2 µs of worker CPU per record with 5,000 / 2,000 in all, 395 rows and 7.1–8.1 µs with these). The
+# window scales with every worker the job spans, sources or not: records in flight sit in the queues along
+# their path, and a chain of ten workers fed by one source worker ran 78,932 records/s with 5,000 in
+# flight and 130,895 with 20,000 (SYN, one operator per 0.18-CPU worker, 2026-12-05): each worker needs
+# its own records queued, wherever in the DAG it is.
 WINDOW_PER_WORKER = 2000
 BATCH_PER_WORKER = 800
 WINDOW_MIN, BATCH_MIN = 5000, 2000  # the one-worker defaults, kept as the floor
 
 
-def dispatch_limits(max_inflight: int | None, dispatch_batch: int | None, holders: int) -> tuple[int, int]:
-    """(window, batch) of a job whose source operators are on `holders` workers: a value the planner was
-    given as it is; by default WINDOW_PER_WORKER and BATCH_PER_WORKER per holder, at least the one-worker
+def dispatch_limits(max_inflight: int | None, dispatch_batch: int | None, holders: int,
+                    spanned: int | None = None) -> tuple[int, int]:
+    """(window, batch) of a job whose source operators are on `holders` workers and whose operators span
+    `spanned` workers (default: the holders): a value the planner was given as it is; by default
+    WINDOW_PER_WORKER per spanned worker and BATCH_PER_WORKER per holder, at least the one-worker
     WINDOW_MIN and BATCH_MIN."""
     n = max(1, holders)
-    window = max_inflight if max_inflight is not None else max(WINDOW_MIN, WINDOW_PER_WORKER * n)
+    window = (max_inflight if max_inflight is not None
+              else max(WINDOW_MIN, WINDOW_PER_WORKER * max(n, spanned or 0)))
     batch = dispatch_batch if dispatch_batch is not None else max(BATCH_MIN, BATCH_PER_WORKER * n)
     return window, batch
 
@@ -96,6 +103,11 @@ def source_holders(spec: DagSpec, placement: Placement) -> int:
     """How many workers hold a share of some source operator under `placement` (each gets its own message
     of every dispatch)."""
     return len({w for s in spec.sources for w in placement.operators[spec.operators[s].name].workers()})
+
+
+def spanned_workers(placement: Placement) -> int:
+    """How many workers hold a share of some operator under `placement`."""
+    return len({w for op in placement.operators.values() for w in op.workers()})
 
 
 def window_room(max_inflight: int, inflight: int, batch: int) -> int:

@@ -184,7 +184,7 @@ class Planner(PlannerRecoveryMixin):
         # frozen process or a silent network, whose connections stay up).
         self.dead_after_disconnect = dead_after_disconnect
         self.disconnected: dict[str, float] = {}  # worker -> when the data connection to it dropped
-        self.max_inflight = max_inflight  # None: per worker holding a source (`scheduler.dispatch_limits`)
+        self.max_inflight = max_inflight  # None: per worker of the job (`scheduler.dispatch_limits`)
         self.max_queue = max_queue
         # per job, on Q_p: records, bytes, and seconds of draining
         self.bound = QueueBound(max_queue, max_queued_bytes, max_queue_delay)
@@ -630,7 +630,8 @@ class Planner(PlannerRecoveryMixin):
         job.tracker.root = job.weight
         job.routes = [route_to(job.spec, job.placement, s, None) for s in job.spec.sources]
         job.window, job.batch = scheduler.dispatch_limits(self.max_inflight, self.dispatch_batch,
-                                                          scheduler.source_holders(job.spec, job.placement))
+                                                          scheduler.source_holders(job.spec, job.placement),
+                                                          scheduler.spanned_workers(job.placement))
 
     def _on_push(self, ident: bytes, msg: protocol.Push, frame: bytes = b"") -> None:
         job = self._job(msg)
