@@ -12,7 +12,9 @@ Both do the same work and are timed the same way: the clock starts when this pro
 lines and stops when it holds every word's count. In between, the lines are serialized here with msgpack
 and sent over loopback ZeroMQ, split with `clasp.apps.wc.split`, every word is routed by its key to the
 worker that counts it and counted there (no pre-aggregation on either side), and the final counts come
-back over ZeroMQ. Process start, connection set-up and a warm-up are outside both clocks.
+back over ZeroMQ. Process start, connection set-up and a warm-up are outside both clocks. Each run also
+reports the CPU its processes spent over the clock (`cpu_us_per_line`: the system's processes and this one,
+which feeds them), so that a ratio of throughputs on this 2-core host can be read as a ratio of costs.
 
 - clasp: a fresh `LocalCluster` of N workers (no autoscaling, the spread placement: both operators on
   every worker, the key groups split into contiguous ranges, or by their measured weights with
@@ -44,6 +46,7 @@ import zmq
 
 import clasp
 from clasp.apps import wc
+from clasp.bench.cluster_engine import cpu_seconds
 from clasp.local.cluster import LocalCluster
 
 # Lines per batch to a Bytewax source (its `next_batch`); clasp's client sends up to 5,000 per push.
@@ -66,13 +69,21 @@ def run_clasp(lines: list[str], workers: int, warm: list[str], checkpoint_interv
         w.wait_idle(120)
         w.cancel()
         job = c.submit(wc.build_dag(), autoscale=False, **({"key_weights": key_weights} if key_weights else {}))
+        pids = [cl.info()["pids"]["planner"], *cl.info()["pids"]["workers"]]
+        cpu0 = _cpu(pids)
         t0 = time.perf_counter()
         job.push(lines)
         job.wait_idle(600)
         state = job.state("count")
         wall = time.perf_counter() - t0
+        cpu = _cpu(pids) - cpu0
         active = len(job.stats()["active_workers"])
-    return {"wall": wall, "answer": state, "active": active}
+    return {"wall": wall, "answer": state, "active": active, "cpu_s": cpu}
+
+
+def _cpu(pids: list[int]) -> float:
+    """CPU seconds of these processes and of this one (the client that feeds them and reads the answer)."""
+    return sum(cpu_seconds(p) for p in pids) + time.process_time()
 
 
 def _free_ports(n: int) -> list[int]:
@@ -110,6 +121,7 @@ def run_bytewax(lines: list[str], processes: int) -> dict:
                 if time.monotonic() > deadline:
                     raise RuntimeError("a Bytewax worker did not connect within 120 s")
             s.recv()
+        cpu0 = _cpu([p.pid for p in procs])
         t0 = time.perf_counter()
         for i in range(0, len(lines), BYTEWAX_BATCH * processes):
             for k, s in enumerate(feeds):
@@ -118,6 +130,7 @@ def run_bytewax(lines: list[str], processes: int) -> dict:
             s.send(msgpack.packb([]))
         answer_parts = [msgpack.unpackb(answers.recv(), raw=False) for _ in range(processes)]
         wall = time.perf_counter() - t0
+        cpu = _cpu([p.pid for p in procs]) - cpu0  # before they exit: their start-up and shutdown left out
         for p in procs:
             if p.wait(900) != 0:
                 raise RuntimeError(f"bytewax exited {p.returncode}")
@@ -127,7 +140,7 @@ def run_bytewax(lines: list[str], processes: int) -> dict:
     merged: dict = {}
     for _, counts in answer_parts:
         merged.update(counts)
-    return {"wall": wall, "answer": merged, "active": len(answer_parts)}
+    return {"wall": wall, "answer": merged, "active": len(answer_parts), "cpu_s": cpu}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,16 +174,21 @@ def main(argv: list[str] | None = None) -> int:
                  else run_bytewax(lines, n))
                 ok = r["answer"] == want
                 row = {"round": rnd, "system": system, "workers": n, "wall_s": round(r["wall"], 3),
-                       "lines_per_s": round(args.lines / r["wall"], 1), "exact": ok, "active": r["active"]}
+                       "lines_per_s": round(args.lines / r["wall"], 1), "exact": ok, "active": r["active"],
+                       "cpu_us_per_line": round(r["cpu_s"] * 1e6 / args.lines, 2)}
                 runs.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
                 if not ok:
                     raise SystemExit(f"{system} with {n} worker(s): the answer differs from the count")
-    med = {(s, n): statistics.median(r["lines_per_s"] for r in runs if r["system"] == s and r["workers"] == n)
-           for s in systems for n in counts}
+    def median(key: str) -> dict:
+        return {(s, n): statistics.median(r[key] for r in runs if r["system"] == s and r["workers"] == n)
+                for s in systems for n in counts}
+
+    med = median("lines_per_s")
     summary = {"lines": args.lines, "rounds": args.rounds, "checkpoint_interval": args.checkpoint_interval,
                "key_weights": args.key_weights, "words": sum(want.values()), "distinct": len(want),
                "median_lines_per_s": {f"{s}_{n}": round(v, 1) for (s, n), v in med.items()},
+               "median_cpu_us_per_line": {f"{s}_{n}": round(v, 2) for (s, n), v in median("cpu_us_per_line").items()},
                "clasp_over_bytewax": ({str(n): round(med["clasp", n] / med["bytewax", n], 3) for n in counts}
                                       if len(systems) == 2 else None),
                "scaling_2_over_1": ({s: round(med[s, 2] / med[s, 1], 3) for s in systems}
