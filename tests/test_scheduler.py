@@ -249,6 +249,9 @@ class FakeJob:
     migrations: list = field(default_factory=list)
     lost_workers: set = field(default_factory=lambda: {"w2"})
     series: list = field(default_factory=lambda: list(range(200)))
+    window: int = 6000
+    batch: int = 2000
+    inflight: int = 4
 
 
 def op_sample(rate, tau, processed, errors=0, queue=0):
@@ -273,6 +276,7 @@ def test_job_stats_aggregates_the_workers_samples():
                               "b": {"rate": 10.0, "tau_us": 5.0, "processed": 8, "errors": 0, "queue": 4},
                               "c": {"rate": 0.0, "tau_us": 0.0, "processed": 0, "errors": 0, "queue": 0}}
     assert s["edges"] == [{"src": "a", "dst": "b", "rate": 42.0}]
+    assert s["in_flight"] == {"records": 4, "window": 6000, "dispatch_batch": 2000}
     assert s["failed"] == 2 + 1 + 1  # the workers' failures and the planner's source errors
     assert s["workers"]["w0"] == {"alive": True, "queue": 1, "r_local": 0.0, "r_remote": 0.0, "delta": 2,
                                   "exec_us": 0.0, "cpu_us": 9.0, "queue_delay": 0.0,

@@ -278,6 +278,9 @@ class JobView(Protocol):
     migrations: list
     lost_workers: set
     series: Any
+    window: int
+    batch: int
+    inflight: int
 
 
 def worker_row(w: WorkerInfo | None, js: dict) -> dict:
@@ -338,6 +341,7 @@ def job_stats(job: JobView, workers: Mapping[str, WorkerInfo], workers_alive: in
         "latency": {"last": {k: job.last.get(k) for k in ("p50", "p95", "p99")}, **t.cumulative.summary()},
         "pushed": job.counters["pushed"], "completed": t.completed, "outstanding": t.outstanding,
         "queued": job.queued, "queued_bytes": job.queued_bytes, "lost": t.lost, "suspected_lost": t.suspects,
+        "in_flight": {"records": job.inflight, "window": job.window, "dispatch_batch": job.batch},
         "failed": failed + job.counters["source_errors"],
         "errors": list(job.errors), "workers": per_worker, "operators": operators,
         "edges": [{"src": s, "dst": d, "rate": r} for (s, d), r in edges.items()],
