@@ -107,8 +107,12 @@ class Tracker:
         """`returned` for a large batch: the records whose whole weight came back at once (the common case,
         e.g. every record of a one-operator job) are counted per chunk with numpy; the rest one by one."""
         n = len(returns)
-        rids = np.fromiter(returns.keys(), np.int64, n)
         whole = np.fromiter(returns.values(), np.int64, n) == self.root
+        if whole.sum() * 2 < n:
+            # Mostly parts of records (a record's requests finished on several workers): the masks and the
+            # set operations below would cost more than the loop they leave most returns to.
+            return self._count(self._returned_rids(returns.items(), {}), now)
+        rids = np.fromiter(returns.keys(), np.int64, n)
         if self.lost_below:
             whole &= rids >= self.lost_below
         if self.partial:  # a record partly returned before is not whole now: it goes one by one
