@@ -78,12 +78,6 @@ def test_the_window_covers_every_worker_the_job_spans_and_the_batch_the_source_w
     assert scheduler.dispatch_limits(7000, None, 1, 10) == (7000, 2000)
 
 
-def test_spanned_workers_counts_every_operator_s_workers():
-    assert scheduler.spanned_workers(three_worker_placement()) == 3
-    two = Placement({"a": OperatorPlacement({"w2": 1.0}, {"w2": 1}),
-                     "b": OperatorPlacement({"w0": 1.0}, {"w0": 1}, ["w0"] * NUM_KEY_GROUPS),
-                     "c": OperatorPlacement({"w0": 1.0}, {"w0": 1})}, epoch=0, workers=["w0", "w1", "w2"])
-    assert scheduler.spanned_workers(two) == 2
 
 
 def test_take_moves_through_the_head_chunk_then_drops_it():

@@ -77,10 +77,9 @@ class Dispatch:
 # over ten of them left each a few dozen records per message and a queue that kept running dry (measured
 # on ten 0.1-CPU workers of a SYN spread, docs/RUNTIME.md "The in-flight window": 36 rows per message and
 # 9.2 µs of worker CPU per record with 5,000 / 2,000 in all, 395 rows and 7.1–8.1 µs with these). The
-# window scales with every worker the job spans, sources or not: records in flight sit in the queues along
-# their path, and a chain of ten workers fed by one source worker ran 78,932 records/s with 5,000 in
-# flight and 130,895 with 20,000 (SYN, one operator per 0.18-CPU worker, 2026-12-05): each worker needs
-# its own records queued, wherever in the DAG it is.
+# window scales with every worker the job spans (`Placement.active_workers`), sources or not: records in
+# flight sit in the queues along their path, and each worker needs its own queued, wherever in the DAG it
+# is (a ten-worker chain fed by one worker: +40 % over the holders' window, same section).
 WINDOW_PER_WORKER = 2000
 BATCH_PER_WORKER = 800
 WINDOW_MIN, BATCH_MIN = 5000, 2000  # the one-worker defaults, kept as the floor
@@ -103,11 +102,6 @@ def source_holders(spec: DagSpec, placement: Placement) -> int:
     """How many workers hold a share of some source operator under `placement` (each gets its own message
     of every dispatch)."""
     return len({w for s in spec.sources for w in placement.operators[spec.operators[s].name].workers()})
-
-
-def spanned_workers(placement: Placement) -> int:
-    """How many workers hold a share of some operator under `placement`."""
-    return len({w for op in placement.operators.values() for w in op.workers()})
 
 
 def window_room(max_inflight: int, inflight: int, batch: int) -> int:

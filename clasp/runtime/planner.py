@@ -631,7 +631,7 @@ class Planner(PlannerRecoveryMixin):
         job.routes = [route_to(job.spec, job.placement, s, None) for s in job.spec.sources]
         job.window, job.batch = scheduler.dispatch_limits(self.max_inflight, self.dispatch_batch,
                                                           scheduler.source_holders(job.spec, job.placement),
-                                                          scheduler.spanned_workers(job.placement))
+                                                          len(job.placement.active_workers()))
 
     def _on_push(self, ident: bytes, msg: protocol.Push, frame: bytes = b"") -> None:
         job = self._job(msg)
