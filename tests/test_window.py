@@ -1,10 +1,11 @@
 """The planner's in-flight window on a real cluster: 2,000 records per worker the job spans (sources or
 not), the dispatch batch per worker holding a source (`scheduler.dispatch_limits`), reported in
-`job.stats()["in_flight"]`, never exceeded, and every record still exact."""
+`job.stats()["in_flight"]` and Prometheus, never exceeded, and every record still exact."""
 
 from __future__ import annotations
 
 import time
+import urllib.request
 
 import clasp
 
@@ -40,10 +41,13 @@ def test_a_chain_fed_by_one_worker_gets_a_window_for_every_worker_it_spans(clien
     job.cancel()
 
 
-def test_a_spread_keeps_the_window_of_its_source_workers(client3):
+def test_a_spread_keeps_the_window_of_its_source_workers(client3, cluster3):
     job = client3.submit(_chain(), autoscale=False)  # every operator on every worker
     job.push(range(3000))
     job.wait_idle(60)
     assert job.stats()["in_flight"] == {"records": 0, "window": 6000, "dispatch_batch": 2400}
+    text = urllib.request.urlopen(cluster3.metrics["planner"]).read().decode()
+    assert f'clasp_planner_inflight_window{{job="{job.id}"}} 6000.0' in text
+    assert f'clasp_planner_inflight_records{{job="{job.id}"}} 0.0' in text
     assert sorted(job.collected("c")) == [(v + 1) * 3 - 2 for v in range(3000)]
     job.cancel()

@@ -1070,11 +1070,16 @@ class _PlannerCollector:
                                labels=["job"])
         qb = GaugeMetricFamily("clasp_planner_queued_bytes", "Bytes of the records accepted and not yet dispatched "
                                "(their push frames' bytes plus a per-record overhead), per job", labels=["job"])
+        fr = GaugeMetricFamily("clasp_planner_inflight_records", "Records dispatched and not complete, per job",
+                               labels=["job"])
+        fw = GaugeMetricFamily("clasp_planner_inflight_window", "The most records a job may have in flight "
+                               "(--max-inflight, or 2,000 per worker it spans)", labels=["job"])
         for j in list(p.jobs.values()):
             qr.add_metric([str(j.id)], j.queued)
             qb.add_metric([str(j.id)], j.queued_bytes)
-        yield qr
-        yield qb
+            fr.add_metric([str(j.id)], j.inflight)
+            fw.add_metric([str(j.id)], j.window)
+        yield from (qr, qb, fr, fw)
         for name, value, doc in (("clasp_planner_max_queued_records", p.bound.max_records, "records"),
                                  ("clasp_planner_max_queued_bytes", p.bound.max_bytes, "bytes")):
             m = GaugeMetricFamily(name, f"Each job's bound on its queue, {doc}; pushes wait while it is reached")
