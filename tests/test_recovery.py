@@ -63,8 +63,16 @@ def _kill(client, wid: str) -> None:
             pass
 
 
+# The source on one worker and the rest on the other three: the planner's in-flight window is that of
+# every worker the job spans (8,000), not of its one source worker (5,000), so more records are in flight
+# on the workers that are killed.
+ONE_SOURCE = {"source_order": {0: 1.0}, "inner_order": {1: 1.0}, "split": {2: 0.5, 3: 0.5},
+              "count": {1: 0.3, 2: 0.35, 3: 0.35}}
+
+
+@pytest.mark.parametrize("layout", ["scaled", "one source"])
 @pytest.mark.parametrize("seed", range(SEEDS))
-def test_chaos_five_worker_kills_exact_results(tmp_path_factory, seed):
+def test_chaos_five_worker_kills_exact_results(tmp_path_factory, seed, layout):
     rng = random.Random(seed)
     records = generate(RECORDS, rng)
     extra = os.environ.get("CLASP_CHAOS_PLANNER_ARGS", "").split()
@@ -72,8 +80,12 @@ def test_chaos_five_worker_kills_exact_results(tmp_path_factory, seed):
                             planner_args=["--no-autoscale", "--checkpoint-interval", "0.5", *extra])
     try:
         with clasp.connect(cluster.planner) as client:
-            job = client.submit(build_dag(), autoscale=False)
-            job.scale(4)
+            if layout == "scaled":
+                job = client.submit(build_dag(), autoscale=False)
+                job.scale(4)
+            else:
+                job = client.submit(build_dag(), autoscale=False, placement=ONE_SOURCE)
+                assert job.stats()["in_flight"]["window"] == 8000
             stop = threading.Event()
 
             def feed():

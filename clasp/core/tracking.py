@@ -99,10 +99,7 @@ class Tracker:
 
     def returned(self, returns: Mapping[int, int], now: float) -> int:
         """Apply weight returned by a worker; returns how many records completed."""
-        # A batch whose first return is a part of a record is most likely all parts (a record's requests
-        # finishing on several workers): the loop takes those (`_returned_vector` checks the whole batch).
-        if (len(returns) >= VECTOR_MIN and not self.suspect_chunks
-                and next(iter(returns.values())) == self.root):
+        if len(returns) >= VECTOR_MIN and not self.suspect_chunks:
             return self._returned_vector(returns, now)
         return self._count(self._returned_rids(returns.items(), {}), now)
 
