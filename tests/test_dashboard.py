@@ -15,7 +15,7 @@ import clasp
 from clasp.apps import wc
 from clasp.core import dashboard as views
 from clasp.core.routing import build_placement
-from clasp.core.scheduler import WorkerInfo
+from clasp.core.scheduler import WorkerInfo, job_stats
 from clasp.runtime.dashboard import Dashboard, dumps
 from tests.conftest import wait_for
 from tests.test_scheduler import FakeJob, stateful_spec, three_worker_placement, workers_with_samples
@@ -49,7 +49,8 @@ def test_job_view_graph_matrix_and_decision_results():
                              {"t": 9.0, "trigger": "x", "reason": "no", "change": False, "workers": None}],
                   migrations=[{"t": 5.1, "epoch": 4, "to_workers": 2, "from_workers": 3, "phases_ms": {},
                                "pauses": {}}])
-    v = views.job_view(job, workers_with_samples(), 2)
+    workers = workers_with_samples()
+    v = views.job_view(job, workers, job_stats(job, workers, 2))
     g = v["graph"]
     assert [o["name"] for o in g["operators"]] == ["a", "b", "c"]
     assert g["operators"][0]["source"] and g["operators"][1]["stateful"] and g["operators"][0]["rate"] == 400.0
@@ -63,18 +64,15 @@ def test_job_view_graph_matrix_and_decision_results():
     assert d[0]["result_workers"] == 2 and d[0]["result_throughput"] == pytest.approx(105.0)  # t = 8..13
     assert "result_workers" not in d[1]
     assert "phases_ms" not in v["migrations"][0] and "operators" not in v["workers"]["w0"]
-    assert v["recovery"] is None
     json.loads(dumps(v))
 
 
-def test_recovery_section_shows_checkpoints_once_job_stats_carry_them(monkeypatch):
-    from clasp.core import scheduler
-
-    real = scheduler.job_stats
-    monkeypatch.setattr(views, "job_stats",
-                        lambda *a, **k: {**real(*a, **k), "checkpoints": [{"id": 1, "bytes": 10}], "recoveries": []})
-    v = views.job_view(FakeJob(stateful_spec(), three_worker_placement()), workers_with_samples(), 2)
-    assert v["recovery"] == {"checkpoints": [{"id": 1, "bytes": 10}], "recoveries": []}
+def test_job_view_carries_the_checkpoints_section_of_the_job_stats():
+    job, workers = FakeJob(stateful_spec(), three_worker_placement()), workers_with_samples()
+    ckpt = {"completed": 41, "failed": 0, "recoveries": 1, "last_recovery": {"checkpoint": 40, "replayed": 7}}
+    v = views.job_view(job, workers, {**job_stats(job, workers, 2), "checkpoints": ckpt})
+    assert v["checkpoints"] == ckpt
+    assert views.job_view(job, workers, {**job_stats(job, workers, 2), "checkpoints": None})["checkpoints"] is None
 
 
 def test_dumps_turns_non_finite_numbers_into_null():
@@ -111,7 +109,7 @@ def test_views_at_100_workers_and_50_operators_build_in_well_under_a_second():
     job, workers = big_job()
     t0 = time.perf_counter()
     c = dumps(views.cluster_view(workers, {1: job}, 0.0))
-    j = dumps(views.job_view(job, workers, 100))
+    j = dumps(views.job_view(job, workers, job_stats(job, workers, 100)))
     took = time.perf_counter() - t0
     v = json.loads(j)
     assert len(v["matrix"]["workers"]) == 100 and len(v["graph"]["operators"]) == 50
@@ -182,6 +180,12 @@ def test_the_api_of_a_running_planner(client3, cluster3):
     j = get(base + f"api/jobs/{job.id}")
     assert [o["name"] for o in j["graph"]["operators"]] == ["split", "count"]
     assert j["completed"] == 100 or j["pushed"] == 100
+    # checkpoints are on (the planner's default interval): the page's panel reads this section
+    ckpt = wait_for(lambda: (lambda c: c and c["completed"] >= 1 and c)(get(f"{base}api/jobs/{job.id}")["checkpoints"]),
+                    timeout=30, what="a completed checkpoint in /api/jobs/ID")
+    now = job.stats()["checkpoints"]
+    assert set(ckpt) == set(now) and ckpt["completed"] <= now["completed"], (ckpt, now)
+    assert ckpt["failed"] == 0 and ckpt["interval_s"] == now["interval_s"] > 0
     with pytest.raises(urllib.error.HTTPError) as e:
         get(base + "api/jobs/999999")
     assert e.value.code == 404

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import threading
 import time
@@ -93,6 +94,23 @@ def test_the_page_shows_a_running_job_and_a_forced_scale(cluster3, client3, brow
         assert second[1] > first[1], (first, second)  # the page updates itself
         assert second != first
         assert text(browser, "#live") in ("live (server-sent events)", "live (polling)")
+
+        # The checkpoints panel (checkpoints are on: the planner's default interval) shows the count that
+        # job.stats() reports. The page's figure is at most ~2 s old (a view a second, an update a second)
+        # and checkpoints complete about once a second: it lies between job.stats() a few seconds before and
+        # job.stats() just after, and within a few seconds it equals a count read at the same moment.
+        wait.until(lambda d: (number(d, "#ckpt-completed") or 0) >= 1)
+        before = job.stats()["checkpoints"]["completed"]
+        time.sleep(3)
+        shown = number(browser, "#ckpt-completed")
+        after = job.stats()["checkpoints"]["completed"]
+        assert before <= shown <= after, (before, shown, after)
+        wait.until(lambda d: number(d, "#ckpt-completed") == job.stats()["checkpoints"]["completed"])
+        assert number(browser, "#ckpt-failed") == 0
+        headings = [h.get_attribute("textContent") for h in browser.find_elements(By.CSS_SELECTOR, "h1, h2, h3, title")]
+        assert any(h.startswith("Checkpoints and recoveries") for h in headings), headings
+        assert not [h for h in headings if re.search(r"issue|\b\d/8\b|branch", h, re.I)], headings
+        assert "no checkpoints" not in text(browser, "#checkpoints")
 
         job.scale(2)
         wait.until(lambda d: "job.scale(2)" in text(d, "#decisions"))

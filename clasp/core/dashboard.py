@@ -19,12 +19,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from clasp.core.model import worker_capacity
-from clasp.core.scheduler import JobView, WorkerInfo, job_stats
+from clasp.core.scheduler import JobView, WorkerInfo
 
 SERIES_KEPT = 600  # timeline points per job sent to the page (one a second: ten minutes)
 RESULT_WINDOW = (3.0, 8.0)  # seconds after a decision over which its resulting throughput is averaged
-# Checkpoints and recoveries (issue "4/8", branch `recovery`): shown once job stats carry these keys.
-RECOVERY_KEYS = ("checkpoints", "recoveries", "checkpoint")
 
 
 def worker_status(w: WorkerInfo) -> str:
@@ -168,10 +166,9 @@ def decision_results(decisions: Sequence[Mapping], migrations: Sequence[Mapping]
     return out
 
 
-def job_view(job: JobView, workers: Mapping[str, WorkerInfo], workers_alive: int) -> dict:
-    """`/api/jobs/ID`: `job_stats` (what `job.stats()` returns) with the DAG as a graph, the placement
-    matrix, decisions with their results, and the recovery section's data where the job has it."""
-    stats = job_stats(job, workers, workers_alive)
+def job_view(job: JobView, workers: Mapping[str, WorkerInfo], stats: Mapping) -> dict:
+    """`/api/jobs/ID`: the job's `stats` (what `job.stats()` returns, its `checkpoints` section included)
+    with the DAG as a graph, the placement matrix, and decisions with their results."""
     names = [o.name for o in job.spec.operators]
     split = edge_split({wid: {"edges": ((workers[wid].sample.get("jobs") or {}).get(job.id) or {}).get("edges", ())}
                         for wid in job.workers if wid in workers and workers[wid].sample}, stats["placement"])
@@ -192,6 +189,5 @@ def job_view(job: JobView, workers: Mapping[str, WorkerInfo], workers_alive: int
     out.update({"graph": {"operators": graph_ops, "edges": graph_edges}, "workers": per_worker,
                 "matrix": placement_matrix(stats["placement"], names), "series": series,
                 "migrations": migrations,
-                "decisions": decision_results(stats["decisions"], stats["migrations"], series),
-                "recovery": {k: stats[k] for k in RECOVERY_KEYS if k in stats} or None})
+                "decisions": decision_results(stats["decisions"], stats["migrations"], series)})
     return out

@@ -66,7 +66,7 @@ def planner_view(planner, key: str):
     job = planner.jobs.get(int(key.split("/", 1)[1]))
     if job is None:
         return None
-    return views.job_view(job, planner.workers, len(planner.live_workers()))
+    return views.job_view(job, planner.workers, planner.job_stats(job))
 
 
 class Dashboard:

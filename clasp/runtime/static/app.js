@@ -137,21 +137,33 @@ function renderJob(j) {
     `<td>${Object.keys(m.failed || {}).length ? esc(Object.keys(m.failed).join(", ")) : ""}</td></tr>`).join("");
   $("errors").tBodies[0].innerHTML = (j.errors || []).slice().reverse().map((e) =>
     `<tr><td>${esc(e.worker)}</td><td>${esc(e.operator)}</td><td class="wrap">${esc(e.error)}</td><td class="wrap"><code>${esc(e.value)}</code></td></tr>`).join("");
-  renderRecovery(j.recovery);
+  renderCheckpoints(j.checkpoints);
 }
 
-// RECOVERY (issue "4/8"): whatever the job stats carry under "checkpoints" / "recoveries", as tables.
-function renderRecovery(r) {
-  const el = $("recovery");
-  if (!r) { el.className = "muted"; el.textContent = "this planner reports no checkpoints or recoveries yet"; return; }
+// Checkpoints and recoveries: the job stats' "checkpoints" section (docs/RECOVERY.md, "Knobs, metrics, files").
+function renderCheckpoints(c) {
+  const cards = $("checkpoint-cards"), el = $("checkpoints");
+  if (!c) {
+    cards.innerHTML = "";
+    el.className = "muted";
+    el.textContent = "no checkpoints for this job: they are off (--checkpoint-interval 0) or its state is remote, so a dead worker's keyed state is lost";
+    return;
+  }
+  cards.innerHTML = [
+    card("checkpoints completed", fmt(c.completed), "ckpt-completed"), card("failed", fmt(c.failed), "ckpt-failed"),
+    card("recoveries", fmt(c.recoveries), "ckpt-recoveries"), card("records replayed", fmt(c.replayed)),
+    card("last checkpoint", c.last_id ? "#" + fmt(c.last_id) : "none yet"), card("its duration ms", ms(c.last_duration_s)),
+    card("its bytes", fmt(c.last_bytes)), card("longest worker pause ms", ms(c.last_pause_s)),
+    card("interval s", fmt(c.interval_s, 1)), card("input log records", fmt(c.input_log_records)),
+  ].join("");
+  const r = c.last_recovery;
+  const lines = [c.pending ? `checkpoint #${fmt(c.pending)} in progress` : "no checkpoint in progress",
+    r ? `last recovery at t = ${fmt(r.t, 1)} s: ${esc(r.cause)}; rolled back to checkpoint #${fmt(r.checkpoint)}, ` +
+        `${fmt(r.replayed)} records replayed, ${ms(r.duration_s)} ms, epoch ${fmt(r.epoch)}` : "no recovery yet"];
   el.className = "";
-  el.innerHTML = Object.entries(r).map(([k, v]) => {
-    const rows = Array.isArray(v) ? v : [v];
-    const cols = [...new Set(rows.flatMap((x) => (x && typeof x === "object") ? Object.keys(x) : ["value"]))];
-    return `<h3>${esc(k)}</h3><div class="scroll"><table id="recovery-${esc(k)}"><thead><tr>${cols.map((c) => `<th>${esc(c)}</th>`).join("")}</tr></thead><tbody>` +
-      rows.slice().reverse().map((x) => `<tr>${cols.map((c) => { const y = (x && typeof x === "object") ? x[c] : x; return `<td class="wrap">${esc(typeof y === "object" ? JSON.stringify(y) : y)}</td>`; }).join("")}</tr>`).join("") +
-      `</tbody></table></div>`;
-  }).join("");
+  el.innerHTML = `<p class="muted" id="ckpt-status">${lines.join(" · ")}</p>` + ((c.failures || []).length ?
+    `<div class="scroll"><table id="ckpt-failures"><thead><tr><th>failed checkpoints (last 10)</th></tr></thead><tbody>` +
+    c.failures.slice().reverse().map((f) => `<tr><td class="wrap">${esc(f)}</td></tr>`).join("") + `</tbody></table></div>` : "");
 }
 
 // The DAG: operators in layers by longest path from a source, drawn once per shape; labels updated in place.
