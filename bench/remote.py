@@ -1,4 +1,5 @@
-"""Word Count on 1 and 2 quota-limited workers: what the remote path costs the cluster (issue 22, 8/8).
+"""Word Count on 1 and 2 quota-limited workers: what the remote path costs the cluster
+(docs/results.md, "Remote path").
 
 `python bench/remote.py [--cpu-per-worker 0.25] [--rounds 3] [--seconds 8] [--json FILE]` (a script, so that
 `PYTHONPATH=OTHER_CHECKOUT python bench/remote.py` measures another checkout's runtime the same way).

@@ -418,7 +418,8 @@ def _tiers(row: dict[str, dict], key: str) -> list[list[str]]:
     return groups
 
 
-POLICY_TOLERANCE = 0.20  # across policies (issue "2/8"): each policy's simulated/emulated within 20 %
+# Across policies (docs/results.md, "simulator vs emulated cluster"): each policy's simulated/emulated within 20 %.
+POLICY_TOLERANCE = 0.20
 
 
 def compare_policies(args, apps: list[str], workers: list[int], costs, cpu: float | None) -> int:

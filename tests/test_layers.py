@@ -47,7 +47,7 @@ def test_no_module_level_import_cycle():
 def test_public_api_is_unchanged():
     import clasp
 
-    # AuthError: a failed CURVE handshake (issue 19), the one name added since the restructure.
+    # AuthError: a failed CURVE handshake (docs/SECURITY.md), the one name added since the restructure.
     assert set(clasp.__all__) == {"Dag", "DagError", "Operator", "connect", "ClaspError", "ClaspTimeout",
                                   "PlannerUnavailable", "AuthError"}
     assert all(getattr(clasp, n) for n in clasp.__all__)

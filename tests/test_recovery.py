@@ -1,4 +1,4 @@
-"""Crash recovery with checkpoints (issue "4/8"): real processes, SIGKILL, exact results.
+"""Crash recovery with checkpoints (docs/RECOVERY.md): real processes, SIGKILL, exact results.
 
 The chaos test runs Word Count plus order-sensitive keyed operators on 4 workers while input flows, and
 SIGKILLs workers 5 times at random moments: once while a migration runs, once while a checkpoint is

@@ -83,7 +83,7 @@ def _pids(client) -> dict[str, int]:
 
 
 def test_a_killed_worker_is_restarted_and_the_cluster_runs_a_new_job_exactly(tmp_path):
-    # The run: Word Count scaled to 3 workers, 200,000 lines pushed, one worker SIGKILLed 1 s later.
+    # A worker's death under load: Word Count scaled to 3 workers, 200,000 lines pushed, one worker SIGKILLed 1 s later.
     with LocalCluster(workers=3, port=0, log_dir=tmp_path) as cluster, clasp.connect(cluster.planner) as client:
         planner = cluster.procs[0]
         before = _pids(client)

@@ -175,7 +175,7 @@ def _fig8_figures(rs: list[dict]) -> dict:
 
 def fig8_summary(ctx: Context, rows: list[dict]) -> dict:
     """Per key count: the planner's median and largest duration, the largest worker pause and key-group
-    hold, and whether issue 22's targets for that count are met (settled transitions, the paper's case);
+    hold, and whether the targets for that count (`FIG8_TARGETS`) are met (settled transitions, the paper's case);
     under "flowing" the same figures for the transitions made with their input still running (no targets)."""
     from clasp.bench.migration import FIG8_TARGETS
 
@@ -456,7 +456,7 @@ def fig4_plot(result: dict, path: Path) -> None:
 
 def fig8_plot(result: dict, path: Path) -> None:
     """One panel per figure of Fig. 8 against the key count: the median and the largest over the
-    transitions, and issue 22's targets."""
+    transitions, and the targets (`FIG8_TARGETS`)."""
     from clasp.bench.migration import FIG8_TARGETS
 
     every = result["points"]

@@ -1,6 +1,6 @@
 """Placement and estimator speed: `python -m clasp.bench.placement` prints JSON.
 
-Targets (issue "3/6"): 10 operators on up to 10 workers ≤ 5 ms, 100 operators on up to 1,000 workers
+Targets (docs/POLICY.md): 10 operators on up to 10 workers ≤ 5 ms, 100 operators on up to 1,000 workers
 ≤ 1 s, an estimator update O(1) and ≤ 50 µs.
 """
 

@@ -1,4 +1,4 @@
-"""Worker counts per policy: `python -m clasp.bench.policies` prints JSON (issue "5/6", Fig. 13 style).
+"""Worker counts per policy: `python -m clasp.bench.policies` prints JSON (Fig. 13 style).
 
 For WC and SYN, with this runtime's measured costs and with the paper's, a PROFILE as observed on one
 saturated worker is placed by every policy (what `clasp place PROFILE.json --policy P --max-workers 10`

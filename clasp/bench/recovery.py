@@ -1,4 +1,4 @@
-"""Checkpoints and recovery (issue "4/8"), measured on this machine.
+"""Checkpoints and recovery (docs/RECOVERY.md), measured on this machine.
 
 `python -m clasp.bench.recovery [--what throughput,kill,size] [--json FILE] [--plot PNG]` prints JSON:
 

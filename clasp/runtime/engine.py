@@ -124,7 +124,7 @@ class OpRuntime:
         self.successors = list(spec_op.successors)
         self.queue: deque = deque()
         # The state, one dict per key group ({key: state}): a key group moves as one object, serialized
-        # in one call, with no work per key in Python (paper §4.4; issue 22).
+        # in one call, with no work per key in Python (paper §4.4; docs/SCALING.md).
         self.groups: list[dict] = [{} for _ in range(NUM_KEY_GROUPS)] if spec_op.stateful else []
         self.instances = 0
         self.routes: list[tuple] = []
