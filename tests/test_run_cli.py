@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -60,9 +62,14 @@ def test_bad_arguments_start_no_process(monkeypatch, capsys, argv, message):
 
 
 def test_short_word_count_run_writes_a_correct_json(tmp_path):
-    out = tmp_path / "run.json"
-    r = _clasp("wc", "--records", "2000", "--profile", "constant:2000", "--workers", "1", "--json", str(out))
+    out, cwd = tmp_path / "run.json", tmp_path / "project"
+    cwd.mkdir()
+    r = _clasp("wc", "--records", "2000", "--profile", "constant:2000", "--workers", "1", "--json", str(out), cwd=cwd)
     assert r.returncode == 0, r.stderr
+    # checkpoints went to a temporary directory, named, and removed at the end; nothing into the cwd
+    state = re.search(r"state in (\S+) \(temporary: removed at the end of the run\)", r.stderr)
+    assert state and not Path(state.group(1)).exists(), r.stderr
+    assert list(cwd.iterdir()) == []
     doc = json.loads(out.read_text())
     s = doc["summary"]
     assert s["correct"] is True and s["sent"] == s["completed"] == 2000

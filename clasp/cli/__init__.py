@@ -49,16 +49,19 @@ def _planner(args) -> int:
     from clasp.core.control import ControlConfig
     from clasp.runtime.net import run, setup_logging
     from clasp.runtime.planner import Planner
-    from clasp.runtime.state_store import StateStoreError, check_state_dir
+    from clasp.runtime.state_store import StateStoreError, check_state_dir, lock_state_dir, user_state_dir
 
     security = _security(args, "planner")
     if isinstance(security, int):
         return security
     setup_logging("planner", args.log_level)
+    state_dir = None
     if args.checkpoint_interval > 0:
+        state_dir = args.state_dir or str(user_state_dir())
         try:
-            check_state_dir(args.state_dir)
-        except StateStoreError as e:
+            check_state_dir(state_dir)
+            lock_state_dir(state_dir)  # held until this process ends
+        except (StateStoreError, OSError) as e:
             print(f"clasp planner: {e}", file=sys.stderr)
             return 2
     from clasp.core.pool import PoolConfig
@@ -75,7 +78,7 @@ def _planner(args) -> int:
                 migration_timeout=args.migration_timeout, control=ControlConfig(warmup_requests=args.warmup),
                 state=args.state, state_port=args.state_port, security=security, metrics_host=args.metrics_host,
                 provider=provider, checkpoint_interval=args.checkpoint_interval,
-                state_dir=args.state_dir if args.checkpoint_interval > 0 else None)
+                state_dir=state_dir)
     return run(p.serve)
 
 
@@ -153,7 +156,8 @@ def _cluster(args) -> int:
                            restart_workers=args.restart_workers, on_event=_say, keys=args.keys,
                            insecure=args.insecure, metrics_host=args.metrics_host, provider=args.provider,
                            min_workers=min(args.min_workers, args.workers), max_workers=args.max_workers,
-                           pool_cooldown=args.pool_cooldown, prometheus_sd=args.prometheus_sd)
+                           pool_cooldown=args.pool_cooldown, prometheus_sd=args.prometheus_sd,
+                           state_dir=args.state_dir)
     try:
         cluster.start()
     except KeysError as e:
@@ -171,7 +175,9 @@ def _cluster(args) -> int:
              if args.provider == "local" else " (static)")
           + f"; metrics {cluster.metrics['planner']}; dashboard {cluster.dashboard}"
           + (f"; keys {cluster.keys_dir} (clients: CLASP_KEYS={cluster.keys_dir})" if cluster.keys_dir else
-             "; plaintext (--insecure)") + " — Ctrl-C stops every process", flush=True)
+             "; plaintext (--insecure)")
+          + f"; state {cluster.state_dir}" + ("" if cluster.state_dir_kept else " (temporary: removed when it stops)")
+          + " — Ctrl-C stops every process", flush=True)
     try:
         # A worker that exits is the supervisor's (it logs it and restarts it); the planner's exit ends the
         # cluster: the supervisor has logged it and stopped every process.
@@ -203,12 +209,10 @@ def check_state_option(args, who: str) -> int:
 
 
 def planner_options(args) -> list[str]:
-    """The planner flags that `clasp cluster` (and `clasp run`) pass through."""
+    """The planner flags that `clasp cluster` passes through (the state directory is the cluster's own)."""
     out = ["--max-queued-bytes", str(args.max_queued_bytes), "--max-queued", str(args.max_queued),
-           "--max-queue-delay", str(args.max_queue_delay), "--checkpoint-interval", str(args.checkpoint_interval)]
-    if getattr(args, "state_dir", None):
-        out += ["--state-dir", args.state_dir]
-    out += ["--policy", args.policy, "--warmup", str(args.warmup), "--state", args.state]
+           "--max-queue-delay", str(args.max_queue_delay), "--checkpoint-interval", str(args.checkpoint_interval),
+           "--policy", args.policy, "--warmup", str(args.warmup), "--state", args.state]
     if not args.autoscale:
         out.append("--no-autoscale")
     return out
@@ -217,42 +221,52 @@ def planner_options(args) -> list[str]:
 def add_pool_options(p: argparse.ArgumentParser, cluster: bool = False) -> None:
     """The elastic pool's bounds (planner, cluster)."""
     p.add_argument("--min-workers", type=_positive(int), default=1,
-                   help="the fewest workers the provider keeps when idle ones are given back")
+                   help="the fewest workers the provider keeps when idle ones are given back (default %(default)s)")
     p.add_argument("--max-workers", type=_positive(int), default=None,
                    help="the most workers the provider may start" + (" (default: --workers)" if cluster else
                                                                      " (default: none are started)"))
     p.add_argument("--pool-cooldown", type=_positive(float), default=10.0,
-                   help="seconds a worker holds nothing before it is given back")
+                   help="seconds a worker holds nothing before it is given back (default %(default)s)")
 
 
-def add_control_options(p: argparse.ArgumentParser, default_state_dir: str | None = None) -> None:
-    """Scaling options shared by `clasp planner`, `clasp cluster` and `clasp run`."""
+def add_control_options(p: argparse.ArgumentParser, cluster: bool = False) -> None:
+    """Scaling options shared by `clasp planner` and `clasp cluster` (`clasp run` has its own)."""
     from clasp.core.policies import POLICIES
 
-    p.add_argument("--policy", default="clasp", choices=sorted(POLICIES), help="scaling policy")
+    p.add_argument("--policy", default="clasp", choices=sorted(POLICIES),
+                   help="scaling policy: %(choices)s (docs/POLICY.md; default %(default)s)")
     p.add_argument("--autoscale", action=argparse.BooleanOptionalAction, default=True,
-                   help="let the control loop re-place jobs as their load changes")
-    p.add_argument("--warmup", type=int, default=10_000, help="requests completed before the first re-plan")
+                   help="let the control loop re-place jobs as their load changes, or keep them where they are "
+                        "until job.scale() (default: --autoscale)")
+    p.add_argument("--warmup", type=int, default=10_000,
+                   help="requests a job completes before its first re-plan (default %(default)s)")
     p.add_argument("--state", default="local", choices=["local", "remote"],
-                   help="jobs' default state: on the workers, or remote on the planner's state server (Fig. 4)")
+                   help="jobs' default state: local on the workers, or remote on the planner's state server "
+                        "(the Fig. 4 baseline; default %(default)s)")
     p.add_argument("--checkpoint-interval", type=_non_negative, default=1.0,
-                   help="seconds between checkpoints of keyed state (0: off; a dead worker's state is then lost)")
-    p.add_argument("--state-dir", default=default_state_dir,
-                   help="checkpoints and the input log (a shared volume across hosts); default: ./clasp-state "
-                        "for `clasp planner`, under the log directory for `clasp cluster` and `clasp run`")
+                   help="seconds between checkpoints of keyed state (0: off; a dead worker's state is then lost; "
+                        "default %(default)s)")
+    if cluster:
+        where = ("default: a temporary directory, removed when the cluster stops; a directory given here is kept "
+                 "after it stops, and a planner started on it takes up its jobs (docs/RECOVERY.md)")
+    else:
+        where = ("default: $XDG_STATE_HOME/clasp, else ~/.local/state/clasp; one planner at a time uses a "
+                 "directory, and one restarted on it resumes its jobs")
+    p.add_argument("--state-dir", help=f"checkpoints and the input log (a volume every host shares); {where}")
     add_queue_options(p)
 
 
 def add_queue_options(p: argparse.ArgumentParser) -> None:
-    """The bound on each job's planner queue (planner, cluster, run): pushes wait while it is reached."""
-    p.add_argument("--max-queued-bytes", type=byte_size, default=DEFAULT_MAX_QUEUED_BYTES,
+    """The bound on each job's planner queue (planner, cluster): pushes wait while it is reached."""
+    p.add_argument("--max-queued-bytes", type=byte_size, default=f"{DEFAULT_MAX_QUEUED_BYTES >> 20}M",
                    help="per job: bytes of input accepted and not yet dispatched (push frames' bytes plus 64 per "
-                        "record), N or NK/NM/NG; push() blocks while it is reached (default 128M)")
+                        "record), N or NK/NM/NG; push() blocks while it is reached (default %(default)s)")
     p.add_argument("--max-queued", type=_positive(int), default=DEFAULT_MAX_QUEUED,
-                   help="per job: records accepted and not yet dispatched (default 2000000)")
+                   help="per job: records accepted and not yet dispatched (default %(default)s)")
     p.add_argument("--max-queue-delay", type=_non_negative, default=DEFAULT_MAX_QUEUE_DELAY,
                    help="per job: seconds of input, at the rate the job's queue drains, accepted and not yet "
-                        "dispatched (within --max-queued-bytes and at least 8 pushes; 0: no time bound; default 2)")
+                        "dispatched (within --max-queued-bytes and at least 8 pushes; 0: no time bound; "
+                        "default %(default)s)")
 
 
 def _keys(args) -> int:
@@ -311,95 +325,122 @@ def build_parser() -> argparse.ArgumentParser:
     from clasp.cli.run import add_parser as add_run_parser
 
     ap = argparse.ArgumentParser(prog="clasp", description="Elastic stream processing with CLASP placement")
-    sub = ap.add_subparsers(dest="command", required=True)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                            help="what to run; `clasp COMMAND --help` describes each")
+    log_levels = ["DEBUG", "INFO", "WARNING", "ERROR"]
 
     p = sub.add_parser("planner", help="run the planner")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for all)")
-    p.add_argument("--port", type=int, default=5555, help="ZeroMQ port (0: a free one)")
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus HTTP port (0: a free one)")
-    p.add_argument("--state-port", type=int, default=0, help="remote-state server's ZeroMQ port (0: a free one)")
-    p.add_argument("--advertise", help="address others dial, when --host is a wildcard")
-    p.add_argument("--heartbeat", type=_positive(float), default=1.0, help="metrics interval, seconds")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind, 0.0.0.0 for all (default %(default)s)")
+    p.add_argument("--port", type=int, default=5555, help="ZeroMQ port, 0 for a free one (default %(default)s)")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="Prometheus and dashboard HTTP port, 0 for a free one (default %(default)s)")
+    p.add_argument("--state-port", type=int, default=0,
+                   help="remote-state server's ZeroMQ port, 0 for a free one (default %(default)s)")
+    p.add_argument("--advertise", help="address others dial, when --host is a wildcard (default: --host)")
+    p.add_argument("--heartbeat", type=_positive(float), default=1.0,
+                   help="seconds between workers' metrics heartbeats and the planner's control ticks "
+                        "(default %(default)s)")
     p.add_argument("--dead-after", type=_positive(float), default=5.0,
-                   help="heartbeat silence that marks a worker dead (one whose connection dropped: 1 s)")
+                   help="seconds of heartbeat silence that mark a worker dead (one whose connection dropped: 1 s; "
+                        "default %(default)s)")
     p.add_argument("--max-inflight", type=_positive(int), default=None,
                    help="records in flight per job (default: 2,000 per worker the job spans, at least 5,000)")
     p.add_argument("--dispatch-batch", type=_positive(int), default=None,
                    help="the most records one dispatch step sends, one message per source worker (default: 800 "
                         "per worker holding a source, at least 2,000)")
-    p.add_argument("--p-max", type=_positive(int), default=10, help="executor slots per worker (P_max)")
+    p.add_argument("--p-max", type=_positive(int), default=10,
+                   help="executor slots per worker, P_max, that placements assume (default %(default)s)")
     p.add_argument("--migration-timeout", type=_positive(float), default=5.0,
-                   help="seconds a migration waits for its workers before it is reported failed")
-    add_control_options(p, default_state_dir="clasp-state")
+                   help="seconds a migration waits for its workers before it is reported failed (default %(default)s)")
+    add_control_options(p)
     add_pool_options(p)
     p.add_argument("--provider", default="static", choices=["static", "local", "kubernetes"],
                    help="what starts and stops workers (docs/DEPLOY.md): static (whatever registers), local (the "
-                        "local cluster polls the planner's wish), kubernetes (scales --statefulset)")
-    p.add_argument("--statefulset", default="clasp-worker", help="kubernetes provider: the worker StatefulSet")
+                        "local cluster polls the planner's wish), kubernetes (scales --statefulset); "
+                        "default %(default)s")
+    p.add_argument("--statefulset", default="clasp-worker",
+                   help="kubernetes provider: the worker StatefulSet it scales (default %(default)s)")
     add_security_options(p)
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", choices=log_levels, help="log verbosity (default %(default)s)")
     p.set_defaults(fn=_planner)
 
     w = sub.add_parser("worker", help="run a worker")
-    w.add_argument("--planner", required=True, help="the planner's endpoint, tcp://HOST:PORT")
-    w.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for all)")
-    w.add_argument("--data-port", type=int, default=0)
-    w.add_argument("--state-port", type=int, default=0)
-    w.add_argument("--metrics-port", type=int, default=0)
-    w.add_argument("--advertise", help="address others dial, when --host is a wildcard")
+    w.add_argument("--planner", required=True, help="the planner's endpoint, tcp://HOST:PORT (required)")
+    w.add_argument("--host", default="127.0.0.1", help="address to bind, 0.0.0.0 for all (default %(default)s)")
+    w.add_argument("--data-port", type=int, default=0,
+                   help="ZeroMQ port the planner and peer workers send requests to, 0 for a free one "
+                        "(default %(default)s)")
+    w.add_argument("--state-port", type=int, default=0,
+                   help="ZeroMQ port of its state server (job.state() reads, state moved between workers), 0 for "
+                        "a free one (default %(default)s)")
+    w.add_argument("--metrics-port", type=int, default=0,
+                   help="Prometheus HTTP port, 0 for a free one (default %(default)s)")
+    w.add_argument("--advertise", help="address others dial, when --host is a wildcard (default: --host)")
     w.add_argument("--id", help="worker id (default: random)")
-    w.add_argument("--p-max", type=_positive(int), default=10, help="executor slots (P_max)")
+    w.add_argument("--p-max", type=_positive(int), default=10,
+                   help="executor slots, P_max (default %(default)s)")
     w.add_argument("--flush-delay-ms", type=_positive(float), default=1.0,
-                   help="longest a remote chained request waits for its batch")
+                   help="milliseconds a remote chained request waits at most for its batch (default %(default)s)")
     w.add_argument("--max-batch", type=_positive(int), default=2000,
-                   help="rows of remote chained requests that flush a batch at once, whatever its age")
+                   help="rows of remote chained requests that flush a batch at once, whatever its age "
+                        "(default %(default)s)")
     w.add_argument("--leave-timeout", type=_positive(float), default=300.0,
-                   help="after SIGTERM, the longest wait for the planner to drain this worker before exiting 1")
+                   help="after SIGTERM, the longest wait in seconds for the planner to drain this worker before "
+                        "exiting 1 (default %(default)s)")
     w.add_argument("--cpus", type=_positive(float),
                    help="the CPUs this worker may use (default: its cgroup quota, if any): the placement's "
                         "starting estimate of its capacity W_w, refined online")
     w.add_argument("--state-dir", help="where checkpoints are (default: the directory the planner names)")
     add_security_options(w)
-    w.add_argument("--log-level", default="INFO")
+    w.add_argument("--log-level", default="INFO", choices=log_levels, help="log verbosity (default %(default)s)")
     w.set_defaults(fn=_worker)
 
     c = sub.add_parser("cluster", help="run a planner and N workers here, in the foreground")
-    c.add_argument("--workers", type=_positive(int), default=4)
-    c.add_argument("--host", default="127.0.0.1")
-    c.add_argument("--port", type=int, default=5555, help="the planner's ZeroMQ port (0: a free one)")
-    c.add_argument("--p-max", type=_positive(int), default=10)
-    c.add_argument("--info", help="write the cluster's endpoints as JSON to this file once it is up")
-    c.add_argument("--log-dir", help="write each process's log here instead of the terminal")
+    c.add_argument("--workers", type=_positive(int), default=4,
+                   help="worker processes to start with (default %(default)s)")
+    c.add_argument("--host", default="127.0.0.1",
+                   help="address every process binds (default %(default)s); unused with --hosts")
+    c.add_argument("--port", type=int, default=5555,
+                   help="the planner's ZeroMQ port, 0 for a free one (default %(default)s)")
+    c.add_argument("--p-max", type=_positive(int), default=10,
+                   help="executor slots per worker, P_max (default %(default)s)")
+    c.add_argument("--info", help="write the cluster's endpoints, pids and state directory as JSON to this file "
+                   "once it is up (default: none)")
+    c.add_argument("--log-dir", help="write each process's log here instead of the terminal (default: the terminal)")
     c.add_argument("--cpu-per-worker", type=_quotas,
                    help="limit each worker to F CPUs with a cgroup quota, like a separate host (root); "
-                        "F1,F2,... gives each worker its own (one per worker: an unequal pool)")
+                        "F1,F2,... gives each worker its own (one per worker: an unequal pool; default: no limit)")
     c.add_argument("--hosts", action="store_true",
                    help="the planner and each worker in its own network namespace and address, joined by a "
                         "bridge, like separate hosts (root, iproute2); --host is then unused")
     c.add_argument("--restart-workers", action=argparse.BooleanOptionalAction, default=True,
                    help="start a worker that exits again, same id and ports, at most 5 times a minute (with "
-                        "backoff); without, it stays down. Either way the rest of the cluster keeps running")
-    add_control_options(c)
+                        "backoff); without, it stays down. Either way the rest of the cluster keeps running "
+                        "(default: --restart-workers)")
+    add_control_options(c, cluster=True)
     add_pool_options(c, cluster=True)
     c.add_argument("--provider", default="local", choices=["local", "static"],
-                   help="local (default): start workers on demand up to --max-workers and stop idle ones down to "
-                        "--min-workers; static: exactly --workers")
+                   help="local: start workers on demand up to --max-workers and stop idle ones down to "
+                        "--min-workers; static: exactly --workers (default %(default)s)")
     c.add_argument("--prometheus-sd", help="write Prometheus file-based service discovery JSON for every process's "
-                   "metrics endpoint to this file, rewritten as workers come and go")
+                   "metrics endpoint to this file, rewritten as workers come and go (default: none)")
     add_security_options(c, cluster=True)
     c.set_defaults(fn=_cluster)
     add_security_options(add_run_parser(sub), cluster=True)
 
     d = sub.add_parser("drain", help="live-migrate a worker's shares and key groups to the others, then stop it")
     d.add_argument("worker", help="the worker's id (`clasp.connect(ADDR).workers()`)")
-    d.add_argument("--planner", default="tcp://127.0.0.1:5555", help="the planner's endpoint")
-    d.add_argument("--timeout", type=_positive(float), default=300.0, help="seconds to wait for the drain")
-    d.add_argument("--keys", help="CURVE key directory (default: CLASP_KEYS)")
-    d.add_argument("--insecure", action="store_true", help="plaintext")
+    d.add_argument("--planner", default="tcp://127.0.0.1:5555", help="the planner's endpoint (default %(default)s)")
+    d.add_argument("--timeout", type=_positive(float), default=300.0,
+                   help="seconds to wait for the drain (default %(default)s)")
+    d.add_argument("--keys", help="CURVE key directory (default: CLASP_KEYS; none: plaintext)")
+    d.add_argument("--insecure", action="store_true", help="plaintext, no CURVE")
     d.set_defaults(fn=_drain)
 
     k = sub.add_parser("keys", help="make CURVE keys: `init DIR` (a cluster's and one client's), `add-client DIR NAME`")
-    k.add_argument("action", choices=["init", "add-client"])
+    k.add_argument("action", choices=["init", "add-client"],
+                   help="init: make a cluster's keys and one client's in DIR; add-client: allow one more client")
     k.add_argument("dir", help="the key directory")
     k.add_argument("name", nargs="?", help="add-client: the new client's name")
     k.set_defaults(fn=_keys)

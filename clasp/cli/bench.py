@@ -28,15 +28,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("figure", help=f"one of {', '.join(FIGURE_NAMES)}, or all")
     p.add_argument("--quick", action="store_true", help="fewer apps and points: under a minute per figure")
     p.add_argument("--engine", choices=["sim", "cluster"], help="default: the figure's own (sim where it can)")
-    p.add_argument("--out", default="out/bench", help="directory for FIG.png and FIG.json (default out/bench)")
+    p.add_argument("--out", default="out/bench", help="directory for FIG.png and FIG.json (default %(default)s)")
     p.add_argument("--apps", help="comma-separated apps (default: all seven; --quick: wc,syn)")
     p.add_argument("--costs", default="runtime",
-                   help="simulator costs: runtime (measured here), paper, or a cost JSON file (default runtime)")
+                   help="simulator costs: runtime (measured here), paper, or a cost JSON file (default %(default)s)")
     p.add_argument("--cpu-per-worker", type=float, default=None,
                    help="cluster engine: CPU quota per worker (default: what fits the cores)")
     p.add_argument("--workers", type=int, default=None,
                    help="fig10: the cluster's size (default 10, the paper's testbed)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the burst and gradual input profiles (Fig. 14; default %(default)s)")
     p.add_argument("--yes", action="store_true", help="start a long full run without the 5 s pause")
     p.add_argument("--fresh", action="store_true",
                    help="measure every point, even those another figure measured the same way in --out")

@@ -63,39 +63,45 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     r = subparsers.add_parser("run", description=__doc__.split("\n\n")[0],
                               help="run an app on a local cluster at a rate profile and check its answer")
     # Numbers are taken as text and checked here, so every bad value gets the same one-line error.
-    r.add_argument("app", help="wc, sd, aa, pl, nwm, etl or syn")
-    r.add_argument("--workers", default="1", help="workers the local cluster starts with (default 1)")
+    r.add_argument("app", help="wc, sd, aa, pl, nwm, etl or syn (clasp/apps/README.md)")
+    r.add_argument("--workers", default="1", help="workers the local cluster starts with (default %(default)s)")
     r.add_argument("--max-workers", help="the most workers the local provider starts on demand (default: --workers)")
-    r.add_argument("--min-workers", default="1", help="the fewest it keeps when it stops idle ones (default 1)")
+    r.add_argument("--min-workers", default="1",
+                   help="the fewest it keeps when it stops idle ones (default %(default)s)")
     r.add_argument("--pool-cooldown", default="3", help="seconds a worker holds nothing before the provider "
-                                                         "stops it (default 3)")
-    r.add_argument("--provider", default="local", help="local (default): workers started and stopped on demand; "
-                                                       "static: exactly --workers")
-    r.add_argument("--profile", default="gradual", help=f"input rate profile: {ACCEPTED} (default gradual)")
-    r.add_argument("--duration", help="seconds the profile lasts (burst/gradual: 60, constant: 30)")
+                                                         "stops it (default %(default)s)")
+    r.add_argument("--provider", default="local", help="local: workers started and stopped on demand; "
+                                                       "static: exactly --workers (default %(default)s)")
+    r.add_argument("--profile", default="gradual", help=f"input rate profile: {ACCEPTED} (default %(default)s)")
+    r.add_argument("--duration", help="seconds the profile lasts (default: burst and gradual 60, constant 30, "
+                                      "steps their own, unthrottled 10 s of input)")
     r.add_argument("--records", help="input records to generate (default: the profile's volume)")
-    r.add_argument("--seed", default="0", help="seed of the input and of burst/gradual (default 0)")
-    r.add_argument("--max-rate", help="reference max rate, records/s, for burst and gradual")
-    r.add_argument("--json", help="write the summary and the per-second series here")
-    r.add_argument("--plot", help="draw input rate, throughput, workers and latency to this PNG")
-    r.add_argument("--planner", help="use the cluster at tcp://HOST:PORT instead of starting one")
-    r.add_argument("--log-dir", help="the local cluster's process logs (default: a temporary directory)")
+    r.add_argument("--seed", default="0", help="seed of the input and of burst/gradual (default %(default)s)")
+    r.add_argument("--max-rate", help="reference max rate, records/s, that burst and gradual levels are fractions "
+                                      "of (default: 80%% of what the workers sustain, from the app's measured "
+                                      "one-worker rate)")
+    r.add_argument("--json", help="write the summary and the per-second series to this file (default: none)")
+    r.add_argument("--plot", help="draw input rate, throughput, workers and latency to this PNG (default: none)")
+    r.add_argument("--planner", help="use the cluster at tcp://HOST:PORT (default: start a local cluster)")
+    r.add_argument("--log-dir", help="the local cluster's process logs (default: a temporary directory, kept)")
     r.add_argument("--policy", help="scaling policy: clasp, faasflow, faasflow-sp, zhang24 or zhang24-sp "
                                     "(default: the planner's, clasp)")
-    r.add_argument("--state", help="where stateful operators keep state: local (default) or remote (the "
-                                   "planner's state server, the Fig. 4 baseline)")
+    r.add_argument("--state", help="where stateful operators keep state: local or remote (the planner's state "
+                                   "server, the Fig. 4 baseline; default: the planner's, local)")
     r.add_argument("--max-queued-bytes", help="per job: bytes of input the planner holds accepted and not yet "
                                               "dispatched, N or NK/NM/NG; push() waits while it is reached "
-                                              "(default 128M)")
+                                              "(default: the planner's, 128M)")
     r.add_argument("--cpu-per-worker", help="limit each worker to F CPUs with a cgroup quota, like a separate "
-                                            "host (needs root)")
+                                            "host (needs root; default: no limit)")
     r.add_argument("--hosts", action="store_true", help="the planner and each worker in its own network "
                    "namespace and address, like separate hosts (needs root and iproute2)")
     r.add_argument("--restart-workers", action=argparse.BooleanOptionalAction, default=True,
-                   help="start a worker of the local cluster that exits again (default), or leave it down")
+                   help="start a worker of the local cluster that exits again, or leave it down "
+                        "(default: --restart-workers)")
     r.add_argument("--checkpoint-interval", default="1",
-                   help="seconds between checkpoints of keyed state (default 1; 0: off)")
-    r.add_argument("--state-dir", help="checkpoints and the input log (default: under the log directory)")
+                   help="seconds between checkpoints of keyed state (0: off; default %(default)s)")
+    r.add_argument("--state-dir", help="checkpoints and the input log, kept after the run (default: a temporary "
+                                       "directory, removed at the end of the run)")
     r.set_defaults(fn=main)
     return r
 
@@ -405,7 +411,9 @@ class _cluster:
                                min_workers=c["min_workers"], max_workers=c["max_workers"],
                                pool_cooldown=c["pool_cooldown"])
         self.cl.start()
-        self.console.print(f"dashboard: {self.cl.dashboard}", highlight=False)
+        self.console.print(f"dashboard: {self.cl.dashboard}; state in {self.cl.state_dir}"
+                           + ("" if self.cl.state_dir_kept else " (temporary: removed at the end of the run)"),
+                           highlight=False)
         return self.cl.planner, self.cl
 
     def _say(self, message: str) -> None:

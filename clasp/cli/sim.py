@@ -22,16 +22,18 @@ class OneLineParser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="clasp simulate", description="Simulate an app on a cluster of N workers.")
-    p.add_argument("app")
-    p.add_argument("--workers", type=int, required=True, help="workers in the pool")
-    p.add_argument("--policy", help="run the control loop with this policy, starting on one worker")
+    p.add_argument("app", help="wc, sd, aa, pl, nwm, etl or syn (clasp/apps/README.md)")
+    p.add_argument("--workers", type=int, required=True, help="workers in the pool (required)")
+    p.add_argument("--policy", help="run the control loop with this policy, starting on one worker (default: no "
+                                    "control loop, the app spread evenly over every worker)")
     load = p.add_mutually_exclusive_group()
     load.add_argument("--rate", type=float, help="constant input rate, records/s")
     load.add_argument("--unthrottled", action="store_true", help="keep the planner queue full (default)")
-    p.add_argument("--duration", type=float, default=60.0, help="simulated seconds (default 60)")
-    p.add_argument("--costs", default=str(COSTS_FILE), help="cost coefficients JSON (default clasp/sim/sim_costs.json)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", dest="json_out", help="also write the summary with its per-second series here")
+    p.add_argument("--duration", type=float, default=60.0, help="simulated seconds (default %(default)s)")
+    p.add_argument("--costs", default=str(COSTS_FILE), help="cost coefficients JSON (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulation's random draws (default %(default)s)")
+    p.add_argument("--json", dest="json_out",
+                   help="also write the summary with its per-second series to this file (default: none)")
     return p
 
 

@@ -9,6 +9,9 @@ Secure by default: without `keys` (and without CLASP_KEYS) the cluster makes eph
 log directory (or a private temporary one, removed by `stop()`), gives them to every process, publishes
 them in `info()["keys"]`, and tells `clasp.connect` in this process to use them for its planner address.
 `insecure=True` runs every process in plaintext.
+
+Checkpoints and the input log go to `state_dir`, kept when the cluster stops; without one, to a fresh
+temporary directory that `stop()` removes. Nothing is written to the working directory.
 """
 
 from __future__ import annotations
@@ -124,13 +127,14 @@ class LocalCluster:
         self.p_max = p_max
         self.log_dir = Path(log_dir) if log_dir else None
         self.planner_args = list(planner_args or [])
-        # Checkpoints: one directory for the planner and every worker (default: under the log directory, or
-        # the working directory), unless the planner's arguments name one.
         if "--state-dir" in self.planner_args:
-            self.state_dir = Path(self.planner_args[self.planner_args.index("--state-dir") + 1])
-        else:
-            self.state_dir = Path(state_dir) if state_dir else (self.log_dir or Path.cwd()) / "clasp-state"
-            self.planner_args += ["--state-dir", str(self.state_dir)]
+            raise ValueError("give the cluster's state directory as state_dir=, not in planner_args: the workers "
+                             "read and write the same one")
+        # Checkpoints and the input log: one directory for the planner and every worker. Given, it is kept (a
+        # planner restarted on it resumes its jobs); otherwise each start() makes a temporary one and stop()
+        # removes it, so that nothing is written where the cluster happens to be started.
+        self.state_dir: Path | None = Path(state_dir) if state_dir else None
+        self.state_dir_kept = bool(state_dir)
         self.worker_args = worker_args or []
         self.start_timeout = start_timeout
         self.cpu_per_worker = cpu_per_worker
@@ -249,9 +253,11 @@ class LocalCluster:
             if self.provider == "local":
                 pool_args = ["--provider", "local", "--min-workers", str(self.min_workers), "--max-workers",
                              str(self.max_workers), "--pool-cooldown", str(self.pool_cooldown)]
+            if not self.state_dir_kept:
+                self.state_dir = Path(tempfile.mkdtemp(prefix="clasp-state-"))
             proc = self._spawn("planner", ["planner", "--host", addresses["planner"], "--port", str(self.port),
                                            "--p-max", str(self.p_max), *self._security_args(), *pool_args,
-                                           *self.planner_args],
+                                           "--state-dir", str(self.state_dir), *self.planner_args],
                                "planner" if self.hosts else None)
             info = self._announced("planner", proc)
             self.planner = info["endpoint"]
@@ -527,10 +533,12 @@ class LocalCluster:
 
     def info(self) -> dict:
         """{"planner": endpoint, "metrics": URLs, "dashboard": URL, "keys": the key directory clients use
-        (None: plaintext), "state_dir": checkpoints, "pids": {"planner": pid, "workers": [pid, ...]}}."""
+        (None: plaintext), "state_dir": checkpoints and the input log, "state_dir_kept": false when it is
+        temporary (removed by `stop()`), "pids": {"planner": pid, "workers": [pid, ...]}}."""
         procs = list(self.procs)
         return {"planner": self.planner, "metrics": self.metrics, "dashboard": self.dashboard,
-                "keys": str(self.keys_dir) if self.keys_dir else None, "state_dir": str(self.state_dir),
+                "keys": str(self.keys_dir) if self.keys_dir else None,
+                "state_dir": str(self.state_dir) if self.state_dir else None, "state_dir_kept": self.state_dir_kept,
                 "pids": {"planner": procs[0].pid if procs else None, "workers": [p.pid for p in procs[1:]]}}
 
     def write_info(self, path: str | os.PathLike) -> None:
@@ -583,6 +591,8 @@ class LocalCluster:
                     if self._ephemeral is not None:
                         shutil.rmtree(self._ephemeral, ignore_errors=True)
                         self._ephemeral = None
+                    if not self.state_dir_kept and self.state_dir is not None:
+                        shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def alive(self) -> bool:
         """Every process of the cluster is running now (a restarted worker counts once it is started)."""

@@ -251,7 +251,8 @@ class Planner(PlannerRecoveryMixin):
         self.state_server.bind(self.host, self.state_port, self.advertise)
         print(f"clasp planner {self.id} endpoint={self.endpoint} metrics={self.metrics_url} "
               f"dashboard={self.dashboard_url} state={self.state_server.endpoint} "
-              f"curve={'on' if self.security.enabled else 'off'}", flush=True)
+              f"curve={'on' if self.security.enabled else 'off'} "
+              f"state_dir={self.store.root if self.store is not None else 'none'}", flush=True)
         try:
             loops = [self._recv_loop(), self._dispatch_loop(), self._tick_loop(), self.state_server.serve(),
                      self.security.run(), self._liveness_loop()]

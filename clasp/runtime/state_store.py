@@ -6,6 +6,7 @@ Layout under the state directory (a shared volume when processes run on several 
     job-<J>/ckpt-<K>/COMPLETE.json       written by the planner once every worker acked: the checkpoint exists
     job-<J>/input/<chunk>.log            input chunks of the planner's input log
     planner/...                          the planner's own tables
+    planner.lock                         held by the planner using the directory (its pid)
 
 A group file is `MAGIC, codec byte, crc32 of the payload (4 bytes, big endian), payload`: the payload is
 msgpack of {key: state}, zlib-compressed when that saves at least a tenth; an input chunk's payload can
@@ -17,12 +18,14 @@ torn one fails its checksum.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import shutil
 import struct
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -32,6 +35,7 @@ log = logging.getLogger("clasp.state_store")
 MAGIC = b"CLSPKG1"
 RAW, ZLIB, FRAME = 0, 1, 2
 COMPRESS_MIN = 1024  # bytes: below this compression never pays for its CPU
+LOCK_FILE = "planner.lock"
 
 
 class CorruptCheckpoint(Exception):
@@ -133,6 +137,34 @@ def check_state_dir(path: str | os.PathLike) -> Path:
     except OSError as e:
         raise StateStoreError(f"the state directory {p} cannot be used: {e.strerror or e}") from None
     return p
+
+
+def user_state_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """Where a planner started by hand keeps its state when it is given no directory: $XDG_STATE_HOME/clasp,
+    else ~/.local/state/clasp (the XDG base directory spec ignores an empty or relative XDG_STATE_HOME).
+    Per user, not the working directory: a planner restarted from anywhere finds its jobs again."""
+    base = env.get("XDG_STATE_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(env.get("HOME") or os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "clasp"
+
+
+def lock_state_dir(path: str | os.PathLike) -> int:
+    """Take the state directory for this planner until the process ends (an flock, released by the kernel
+    however it ends), or raise StateStoreError: two planners taking up and rewriting the same jobs would
+    corrupt each other's checkpoints and input logs. Returns the lock's descriptor, to keep open."""
+    p = Path(path)
+    fd = os.open(p / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise StateStoreError(f"the state directory {p} is in use by another planner (pid {holder}); give this one "
+                              "its own --state-dir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
 
 
 class FileStore:
