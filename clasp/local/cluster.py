@@ -11,11 +11,13 @@ them in `info()["keys"]`, and tells `clasp.connect` in this process to use them 
 `insecure=True` runs every process in plaintext.
 
 Checkpoints and the input log go to `state_dir`, kept when the cluster stops; without one, to a fresh
-temporary directory that `stop()` removes. Nothing is written to the working directory.
+temporary directory that `stop()` removes (or, if its owner is killed first, the next local cluster's
+`start()`: `sweep_state_dirs`). Nothing is written to the working directory.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -33,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _FIELDS = re.compile(r"(\w+)=(\S+)")
+STATE_PREFIX = "clasp-state-"  # a local cluster's temporary state directory, in tempfile.gettempdir()
+STATE_LOCK = "cluster.lock"  # held (flock) by the process that owns the cluster, for as long as it lives
 _PORT = re.compile(r":(\d+)(?:/|$)")
 log = logging.getLogger("clasp.cluster")
 
@@ -73,6 +77,38 @@ def describe_exit(returncode: int) -> str:
             name = f"signal {-returncode}"
         return f"was killed by {name}"
     return f"exited with code {returncode}"
+
+
+def temporary_state_dir() -> tuple[Path, int]:
+    """A fresh temporary state directory and the descriptor of its held lock: while the owner lives (and
+    until it closes the descriptor), `sweep_state_dirs` leaves the directory alone."""
+    d = Path(tempfile.mkdtemp(prefix=STATE_PREFIX))
+    fd = os.open(d / STATE_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return d, fd
+
+
+def sweep_state_dirs(root: str | os.PathLike | None = None) -> list[Path]:
+    """Remove the temporary state directories of local clusters whose owner died without stopping them (a
+    SIGKILLed `clasp run` or test): nobody holds their lock. The kernel drops an flock with its process,
+    so no pid can be reused into a false owner. A directory whose lock file is not made yet is skipped."""
+    removed = []
+    for d in Path(root or tempfile.gettempdir()).glob(STATE_PREFIX + "*"):
+        try:
+            fd = os.open(d / STATE_LOCK, os.O_RDWR)
+        except OSError:  # being made right now, or not ours to open
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # its cluster is running
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(d, ignore_errors=True)
+        finally:
+            os.close(fd)
+        removed.append(d)
+    return removed
 
 
 def _ports(fields: dict) -> list[str]:
@@ -135,6 +171,7 @@ class LocalCluster:
         # removes it, so that nothing is written where the cluster happens to be started.
         self.state_dir: Path | None = Path(state_dir) if state_dir else None
         self.state_dir_kept = bool(state_dir)
+        self._state_lock: int | None = None  # the held lock of a temporary state directory
         self.worker_args = worker_args or []
         self.start_timeout = start_timeout
         self.cpu_per_worker = cpu_per_worker
@@ -254,7 +291,9 @@ class LocalCluster:
                 pool_args = ["--provider", "local", "--min-workers", str(self.min_workers), "--max-workers",
                              str(self.max_workers), "--pool-cooldown", str(self.pool_cooldown)]
             if not self.state_dir_kept:
-                self.state_dir = Path(tempfile.mkdtemp(prefix="clasp-state-"))
+                for d in sweep_state_dirs():
+                    log.info("removed %s, the state directory of a local cluster whose owner was killed", d)
+                self.state_dir, self._state_lock = temporary_state_dir()
             proc = self._spawn("planner", ["planner", "--host", addresses["planner"], "--port", str(self.port),
                                            "--p-max", str(self.p_max), *self._security_args(), *pool_args,
                                            "--state-dir", str(self.state_dir), *self.planner_args],
@@ -591,8 +630,10 @@ class LocalCluster:
                     if self._ephemeral is not None:
                         shutil.rmtree(self._ephemeral, ignore_errors=True)
                         self._ephemeral = None
-                    if not self.state_dir_kept and self.state_dir is not None:
+                    if self._state_lock is not None:
                         shutil.rmtree(self.state_dir, ignore_errors=True)
+                        os.close(self._state_lock)
+                        self._state_lock = None
 
     def alive(self) -> bool:
         """Every process of the cluster is running now (a restarted worker counts once it is started)."""
