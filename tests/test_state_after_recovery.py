@@ -4,13 +4,13 @@
 a keyed source keeping an order-sensitive hash of its records, a keyed inner operator doing the same and
 collecting each record's sequence number, a stateless splitter and a keyed word counter; `job.scale(4)`;
 records pushed from a thread in chunks of 2,000 every 50 ms. The second worker is killed after 1.5 s, the
-third 2.5 s later; then, per seed, one more worker is killed just before `wait_idle()` once every record
-is done, or none is, or
-(`after wait_idle`) more records are pushed, and one more worker is killed as soon as `wait_idle()` says
-they are done (the last checkpoint may not hold them yet: the rollback reopens them and they are
-replayed). `wait_idle()` must not return while a recovery or a restarted worker's rejoin is under way,
-and `state()` / `collected()` called at once must wait for the job to serve again, its replay caught up:
-every count exact, every key's hash equal to the sequential reference, every output collected once.
+third 2.5 s later. Then, per seed: no more kills; or one more worker killed once every record is done,
+just before `wait_idle()` (which must wait for its recovery: it has nothing else to wait for); or more
+records pushed and one more worker killed as soon as `wait_idle()` says they are done (the last checkpoint
+may not hold them yet: the rollback reopens them and `state()` must wait for their replay). `wait_idle()`
+must not return while a recovery or a restarted worker's rejoin is under way, and `state()` /
+`collected()` called at once must wait for the job to serve again: every count exact, every key's hash
+equal to the sequential reference, every output collected once, one recovery per kill.
 
 CLASP_STRESS_SEEDS=N runs N seeds (default 3); CLASP_STRESS_RECORDS=M records per seed (default 100000,
 and a fifth more for `after wait_idle`).
