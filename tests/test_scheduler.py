@@ -224,6 +224,34 @@ def test_lost_error_names_the_dead_workers():
                  "their key groups restarted empty"}
 
 
+# ----------------------------------------------------------------- idle, and serving again
+def test_a_job_is_idle_only_with_nothing_outstanding_and_nothing_under_way():
+    C = scheduler.JobCondition
+    assert scheduler.busy(C()) is None and scheduler.unsettled(C()) is None
+    assert scheduler.busy(C(outstanding=5, queued=2)) == "still has 5 records in flight (2 queued at the planner)"
+    for c, why in ((C(suspected=("w2",)), "may have lost worker(s) w2: the connection dropped"),
+                   (C(recovering=("w3", "w1")), "is recovering from the death of worker(s) w1, w3"),
+                   (C(rolling_back=True), "is rolling back to its last complete checkpoint"),
+                   (C(orphaned=True), "lost every worker and waits for one to recover on"),
+                   (C(replaying=40), "is replaying 40 records a rollback reopened")):
+        assert scheduler.busy(c) == scheduler.unsettled(c) == why  # state() waits for these too
+    # wait_idle waits for these; the state is whole already, so state() does not
+    for c, why in ((C(rejoining=("w1",)), "is deploying on restarted worker(s) w1"),
+                   (C(migrating=True), "is migrating")):
+        assert scheduler.busy(c) == why and scheduler.unsettled(c) is None
+
+
+def test_a_worker_is_suspected_from_its_connection_dropping_until_heard_from_again():
+    dropped = {"w1": 10.0, "w2": 10.0, "w9": 10.0}
+    heard = {"w0": 9.0, "w1": 9.5, "w2": 10.5}  # w2 sent a heartbeat since: alive; w9 serves no more
+    assert scheduler.suspected(["w0", "w1", "w2"], dropped, heard) == ("w1",)
+
+
+def test_a_refused_restart_is_expected_back_for_a_while():
+    refused = {"w1": 100.0, "w2": 100.0 - scheduler.REJOIN_WAIT, "w7": 100.0}
+    assert scheduler.expected_rejoins(["w0", "w1", "w2"], refused, 100.0 + 1.0) == ("w1",)
+
+
 # ----------------------------------------------------------------- job statistics
 @dataclass
 class FakeJob:

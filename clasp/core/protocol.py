@@ -153,6 +153,11 @@ def _check_shares(mtype: str, name: str, placement: dict | None) -> None:
                 raise _bad_field(mtype, name, f"{op!r}: expected {{worker index: share}}, got {i!r}: {v!r}")
 
 
+def _check_timeout(mtype: str, timeout: float) -> None:
+    if not (timeout >= 0 and math.isfinite(timeout)):
+        raise _bad_field(mtype, "timeout", f"{timeout!r} s")
+
+
 # Client -> planner
 @dataclass(slots=True)
 class Request(Message):
@@ -210,8 +215,7 @@ class WaitIdle(JobRequest):
     timeout: float = _req(_NUM)  # seconds
 
     def check(self) -> None:
-        if not (self.timeout >= 0 and math.isfinite(self.timeout)):
-            raise _bad_field(self.TYPE, "timeout", f"{self.timeout!r} s")
+        _check_timeout(self.TYPE, self.timeout)
 
 
 @dataclass(slots=True)
@@ -220,6 +224,11 @@ class StateRequest(JobRequest):
 
     TYPE: ClassVar[str] = "state"
     op: str = _req(_STR)
+    timeout: float | None = _opt(_NUM)  # seconds to wait for a recovering job (default: the planner's)
+
+    def check(self) -> None:
+        if self.timeout is not None:
+            _check_timeout(self.TYPE, self.timeout)
 
 
 @dataclass(slots=True)

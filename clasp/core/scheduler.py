@@ -9,6 +9,8 @@ functions here, and then carries out (sends the frames, awaits the workers), the
 - `plan_recovery`: a dead worker's share re-placed on the survivors, the fence below which records are
   suspected lost with it, and the decision recorded for the job.
 - `sweep_step`: whether the suspects still open are now counted as lost (two clean checks in a row).
+- `busy` and `unsettled`: whether `wait_idle` may return, and whether the job's workers may be asked for
+  its state, from what the planner knows of the job (`JobCondition`).
 - `job_stats`: a job's statistics, aggregated over its workers' samples or exact counters.
 - `migration_record`: what one migration did, from the workers' replies.
 """
@@ -250,6 +252,75 @@ def lost_error(n: int, lost_workers: set[str] | Sequence[str]) -> dict:
     return {"worker": dead, "operator": "", "value": "",
             "error": f"{n} records lost with dead worker(s) {dead}: they had requests or "
                      f"state there; their key groups restarted empty"}
+
+
+# ----------------------------------------------------------------- idle, and serving again
+# A worker that registers while its old process's recovery runs is refused and registers again within 2 s
+# (`Worker._register_loop`): for this long after a refusal its rejoin is still expected.
+REJOIN_WAIT = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class JobCondition:
+    """What the planner knows of a job at one moment besides its placement: what `busy` and `unsettled`
+    decide on (`Planner._condition` fills it)."""
+
+    outstanding: int = 0  # records admitted and neither complete nor given up on (the queued ones too)
+    queued: int = 0  # of those, still in the planner's queue
+    suspected: tuple[str, ...] = ()  # serving workers whose connection dropped, silent since: maybe dead
+    recovering: tuple[str, ...] = ()  # workers declared dead whose job recovery has not finished
+    rolling_back: bool = False  # a rollback to a checkpoint is under way
+    orphaned: bool = False  # the job lost every worker: it waits for one to recover on
+    replaying: int = 0  # records complete before the last rollback and not complete again yet
+    rejoining: tuple[str, ...] = ()  # restarted workers the job is not deployed on again yet
+    migrating: bool = False
+
+
+def suspected(serving: Sequence[str], dropped: Mapping[str, float], heard: Mapping[str, float]) -> tuple[str, ...]:
+    """The serving workers whose data connection dropped (`dropped`: when it last did) and who sent
+    nothing since (`heard`: when each was last heard from): a killed process, not declared dead yet. A
+    restarted process on the same ports soon reconnects, so the drop itself, not the connection being
+    down now, is what counts until the worker is heard from again or declared dead."""
+    return tuple(w for w in serving if w in dropped and dropped[w] >= heard.get(w, float("-inf")))
+
+
+def expected_rejoins(workers: Sequence[str], refused: Mapping[str, float], now: float) -> tuple[str, ...]:
+    """The job's workers a new process of which was refused registration (`refused`: when) while the old
+    process's recovery ran, recently enough that it is still expected to register again."""
+    return tuple(w for w in workers if w in refused and now - refused[w] < REJOIN_WAIT)
+
+
+def unsettled(c: JobCondition) -> str | None:
+    """Why the job's workers cannot answer for its state now, or None when they can: a worker that may
+    have died, a recovery not over, no worker left, or a rollback's replay that has not caught up (state
+    read then would lack records whose effect was in it before)."""
+    if c.orphaned:
+        return "lost every worker and waits for one to recover on"
+    if c.recovering:
+        return f"is recovering from the death of worker(s) {', '.join(sorted(c.recovering))}"
+    if c.rolling_back:
+        return "is rolling back to its last complete checkpoint"
+    if c.suspected:
+        return f"may have lost worker(s) {', '.join(sorted(c.suspected))}: the connection dropped"
+    if c.replaying:
+        return f"is replaying {c.replaying} records a rollback reopened"
+    return None
+
+
+def busy(c: JobCondition) -> str | None:
+    """Why `wait_idle` must not return yet, or None when the job is idle: no record outstanding, and no
+    recovery, rollback, rejoin or migration under way (after one, the job's state and workers are those
+    it will keep while no more input comes)."""
+    if c.outstanding:
+        return f"still has {c.outstanding} records in flight ({c.queued} queued at the planner)"
+    why = unsettled(c)
+    if why is not None:
+        return why
+    if c.rejoining:
+        return f"is deploying on restarted worker(s) {', '.join(sorted(c.rejoining))}"
+    if c.migrating:
+        return "is migrating"
+    return None
 
 
 # ----------------------------------------------------------------- job statistics

@@ -374,18 +374,27 @@ class Job:
                              f"{e}") from None
 
     def wait_idle(self, timeout: float = 60.0) -> dict:
-        """Block until every pushed record and all its chained requests are done."""
+        """Block until every pushed record and all its chained requests are done, and no recovery from a
+        worker's death, rollback, restarted worker's rejoin or migration of the job is under way."""
         c = self.client
         return c._wait(c._send("wait_idle", {"job": self.id, "timeout": float(timeout)}), timeout + 10.0,
                        "wait_idle")
 
-    def state(self, operator: str) -> dict:
-        """The keyed state of a stateful operator, gathered from every worker."""
-        return self.client._call("state", {"job": self.id, "op": operator}, max(self.client.timeout, 60.0))
+    def state(self, operator: str, timeout: float = 60.0) -> dict:
+        """The keyed state of a stateful operator, gathered from every worker. While the job recovers from a
+        worker's death (or one may have died unnoticed), it waits up to `timeout` s for the job to serve
+        again: recovered, and its replay caught up with what was complete before (docs/RECOVERY.md)."""
+        return self._serving_call("state", operator, timeout)
 
-    def collected(self, operator: str) -> list:
-        """The outputs of an operator declared with collect=True, from every worker (order unspecified)."""
-        return self.client._call("collected", {"job": self.id, "op": operator}, max(self.client.timeout, 60.0))
+    def collected(self, operator: str, timeout: float = 60.0) -> list:
+        """The outputs of an operator declared with collect=True, from every worker (order unspecified);
+        waits for a recovering job like `state`."""
+        return self._serving_call("collected", operator, timeout)
+
+    def _serving_call(self, mtype: str, operator: str, timeout: float) -> Any:
+        c = self.client
+        return c._wait(c._send(mtype, {"job": self.id, "op": operator, "timeout": float(timeout)}),
+                       max(c.timeout, timeout + 10.0), mtype)
 
     def stats(self, fresh: bool = False) -> dict:
         """Throughput, input rate, latency p50/p95/p99, errors, and per-worker metrics.

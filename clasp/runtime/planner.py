@@ -72,11 +72,21 @@ log = logging.getLogger("clasp.planner")
 
 PlacementFn = Callable[[DagSpec, list[str], int], Placement]
 CLIENT_IDLE = 2.0  # s without a push after which a client no longer shares a job's credit
+ANSWER_TIMEOUT = 50.0  # s `state` and `collected` wait for a recovering job when the request names none
+SETTLE_POLL = 0.05  # s between looks at a recovering job by a request waiting for it
 STATE_MODES = ("local", "remote")  # where stateful operators keep their state (remote: the paper's Fig. 4 baseline)
 
 
 class RequestError(Exception):
     """A client request that cannot be served; the message goes back to the client."""
+
+
+class NoAnswer(RequestError):
+    """A worker did not answer a request in time."""
+
+
+class WorkerDied(NoAnswer):
+    """A worker was declared dead before it answered: once the job recovered, the question may be asked again."""
 
 
 # Errors whose text is meant for the client (a bad request); any other exception in a handler is a bug:
@@ -124,6 +134,9 @@ class PlannerJob:
     key_weights: dict = field(default_factory=dict)  # stateful operator -> requests/s per key group (smoothed)
     lost_workers: set = field(default_factory=set)  # every worker that died while serving the job
     retired: set = field(default_factory=set)  # of those, the ones not serving it again (no redeploy yet)
+    recovering: set = field(default_factory=set)  # declared dead while serving it, the recovery not over
+    rejoining: set = field(default_factory=set)  # restarted workers being deployed the job again
+    confirming: bool = False  # asking every worker whether it is alive before wait_idle returns
     sweep: tuple | None = None  # (suspects, clean checks in a row) while looking for records lost with a worker
     settled: Placement | None = None  # the placement of the last migration every worker completed
     state: str = "local"  # "remote": stateful operators keep their state in the planner's state server
@@ -184,6 +197,8 @@ class Planner(PlannerRecoveryMixin):
         # frozen process or a silent network, whose connections stay up).
         self.dead_after_disconnect = dead_after_disconnect
         self.disconnected: dict[str, float] = {}  # worker -> when the data connection to it dropped
+        self.dropped: dict[str, float] = {}  # worker -> when the data connection to it last dropped
+        self.refused: dict[str, float] = {}  # worker -> when a new process of it was told to register later
         self.max_inflight = max_inflight  # None: per worker of the job (`scheduler.dispatch_limits`)
         self.max_queue = max_queue
         # per job, on Q_p: records, bytes, and seconds of draining
@@ -410,7 +425,9 @@ class Planner(PlannerRecoveryMixin):
             return  # drained: this process is exiting
         restarted = prev is not None and ((prev.pid, prev.data) != (msg.pid, msg.data) or not prev.alive)
         if restarted and not self._old_incarnation_gone(prev, msg.pid):
-            return  # no welcome yet: the worker registers again in 2 s
+            self.refused[wid] = now  # no welcome yet: the worker registers again in 2 s
+            return
+        self.refused.pop(wid, None)
         info = WorkerInfo(wid, msg.host, msg.data, msg.state, msg.metrics, msg.p_max,
                           msg.pid, prev.registered if prev else now, now)
         self.workers[wid] = info
@@ -430,6 +447,7 @@ class Planner(PlannerRecoveryMixin):
         if restarted:
             for job in list(self.jobs.values()):
                 if wid in job.workers:
+                    job.rejoining.add(wid)
                     self._background(self._redeploy(job, wid), f"deploying job {job.id} on restarted worker {wid}")
         elif prev is None:
             self.elastic.joined(wid)  # a newcomer joins the running jobs' pools at once
@@ -453,6 +471,12 @@ class Planner(PlannerRecoveryMixin):
     async def _redeploy(self, job: PlannerJob, wid: str) -> None:
         """Deploy `job` on a restarted worker of its pool, holding nothing (its share was re-placed when the old
         process died), so that it answers for the job and can take part in the job's next placement."""
+        try:
+            await self._deploy_again(job, wid)
+        finally:
+            job.rejoining.discard(wid)
+
+    async def _deploy_again(self, job: PlannerJob, wid: str) -> None:
         async with job.lock:
             if self.jobs.get(job.id) is not job or job.cancelled:
                 return
@@ -499,7 +523,7 @@ class Planner(PlannerRecoveryMixin):
         if job.tracker.returned(body[1], now):
             self.dispatch_wake.set()
             if job.tracker.outstanding == 0 and job.queued == 0:
-                self._wake_waiters(job)
+                self._check_waiters(job)
 
     def _on_reply(self, ident: bytes, msg: protocol.Reply) -> None:
         fut = self.pending_rpcs.pop(msg.req, None)
@@ -519,7 +543,7 @@ class Planner(PlannerRecoveryMixin):
         try:
             reply = await asyncio.wait_for(fut, timeout or self.rpc_timeout)
         except TimeoutError:
-            raise RequestError(f"worker {wid} did not answer {mtype} within {timeout or self.rpc_timeout} s") from None
+            raise NoAnswer(f"worker {wid} did not answer {mtype} within {timeout or self.rpc_timeout} s") from None
         finally:
             self.pending_rpcs.pop(req, None)
             self.rpc_meta.pop(req, None)
@@ -529,24 +553,32 @@ class Planner(PlannerRecoveryMixin):
 
     @staticmethod
     def _rpc_failure(message: str) -> Exception:
-        return RequestError(message)
+        return WorkerDied(message)
 
     def _worker_died(self, wid: str) -> None:
         """Worker `wid` is declared dead: fail what waits on it and recover each of its jobs."""
         self._fail_rpcs_of(wid)
         for job in list(self.jobs.values()):
             if wid in job.workers:
-                recover = self._restore if job.ckpt is not None else self._recover
-                self._background(recover(job, wid), f"recovery of job {job.id}")
+                job.recovering.add(wid)
+                self._background(self._recovery(job, wid), f"recovery of job {job.id}")
+
+    async def _recovery(self, job: PlannerJob, wid: str) -> None:
+        try:
+            await (self._restore if job.ckpt is not None else self._recover)(job, wid)
+        finally:
+            job.recovering.discard(wid)
 
     async def _watch_connection(self, wid: str, pusher: DirectSend) -> None:
         """Follow the data connection to worker `wid`: when it drops, the worker may have died."""
         mon = pusher.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         try:
-            while self.pushers.get(wid) is pusher:
+            while True:
                 event = parse_monitor_message(await mon.recv_multipart())["event"]
+                if self.pushers.get(wid) is not pusher:
+                    break  # closed for a restarted worker on other ports: its new connection has its own watch
                 if event == zmq.EVENT_DISCONNECTED:
-                    self.disconnected[wid] = time.monotonic()
+                    self.disconnected[wid] = self.dropped[wid] = time.monotonic()
                 else:
                     self.disconnected.pop(wid, None)
         except zmq.ZMQError:
@@ -567,6 +599,8 @@ class Planner(PlannerRecoveryMixin):
                     log.warning("worker %s: its connection dropped and it sent nothing for %.1f s: marked dead",
                                 w.id, now - w.last_seen)
                     self._worker_died(w.id)
+            for job in list(self.jobs.values()):
+                self._check_waiters(job)  # a recovery, rejoin or migration that held it up may be over
 
     # ----------------------------------------------------------------- jobs
     def _job(self, msg: Any) -> PlannerJob:
@@ -689,16 +723,42 @@ class Planner(PlannerRecoveryMixin):
 
     def _on_wait_idle(self, ident: bytes, msg: protocol.WaitIdle) -> None:
         job = self._job(msg)
-        if job.tracker.outstanding == 0 and job.queued == 0:
-            self._reply(ident, msg.req, self._idle_summary(job))
-        else:
-            check_client_pending(sum(1 for w in job.waiters if w[0] == ident), self.security.limits)
-            job.waiters.append([ident, msg.req, time.monotonic() + float(msg.timeout)])
+        check_client_pending(sum(1 for w in job.waiters if w[0] == ident), self.security.limits)
+        job.waiters.append([ident, msg.req, time.monotonic() + float(msg.timeout)])
+        self._check_waiters(job)
 
     def _idle_summary(self, job: PlannerJob) -> dict:
         return {"pushed": job.counters["pushed"], "completed": job.tracker.completed, "lost": job.tracker.lost}
 
-    def _wake_waiters(self, job: PlannerJob) -> None:
+    def _condition(self, job: PlannerJob) -> scheduler.JobCondition:
+        """What `scheduler.busy` and `scheduler.unsettled` decide on, for `job` now."""
+        c = job.ckpt
+        t = job.tracker
+        heard = {w: self.workers[w].last_seen for w in job.workers if w in self.workers}
+        return scheduler.JobCondition(
+            outstanding=t.outstanding, queued=job.queued,
+            suspected=scheduler.suspected(self._job_workers(job), self.dropped, heard),
+            recovering=tuple(job.recovering), rolling_back=c is not None and c.restoring,
+            orphaned=c is not None and c.orphaned is not None,
+            replaying=max(0, c.replay_to - t.completed - t.lost) if c is not None else 0,
+            rejoining=(*job.rejoining, *scheduler.expected_rejoins(job.workers, self.refused, time.monotonic())),
+            migrating=job.migrating)
+
+    def _check_waiters(self, job: PlannerJob) -> None:
+        """Answer the job's `wait_idle` calls if it is idle, once every worker serving it answered that it is
+        alive: one killed a moment ago may not have been noticed yet."""
+        if job.waiters and not job.confirming and scheduler.busy(self._condition(job)) is None:
+            job.confirming = True
+            self._background(self._confirm_idle(job), f"idle check of job {job.id}")
+
+    async def _confirm_idle(self, job: PlannerJob) -> None:
+        try:
+            replies = await asyncio.gather(*(self.rpc(w, "counters", {"job": job.id}, 2.0)
+                                             for w in self._job_workers(job)), return_exceptions=True)
+        finally:
+            job.confirming = False
+        if any(isinstance(r, NoAnswer) for r in replies) or scheduler.busy(self._condition(job)) is not None:
+            return  # a worker died (its recovery follows) or the job is busy again: the waiters wait on
         for ident, req, _ in job.waiters:
             self._reply(ident, req, self._idle_summary(job))
         job.waiters.clear()
@@ -720,26 +780,52 @@ class Planner(PlannerRecoveryMixin):
         if job.state == "remote":
             self._reply(ident, msg.req, self.state_server.dump(job.id, op.name))
             return
-        owners = sorted(set(job.placement.operators[op.name].key_groups))
-        parts = await asyncio.gather(*(self.rpc(w, "state_dump", {"job": job.id, "op": op.name}) for w in owners))
-        merged: dict = {}
-        for p in parts:
-            merged.update(p)
-        self._reply(ident, msg.req, merged)
+
+        async def dump() -> dict:
+            owners = sorted(set(job.placement.operators[op.name].key_groups))
+            parts = await asyncio.gather(*(self.rpc(w, "state_dump", {"job": job.id, "op": op.name})
+                                           for w in owners))
+            merged: dict = {}
+            for p in parts:
+                merged.update(p)
+            return merged
+
+        self._reply(ident, msg.req, await self._when_serving(job, msg, dump))
 
     async def _on_collected(self, ident: bytes, msg: protocol.Collected) -> None:
         job = self._job(msg)
         if msg.op not in {o.name for o in job.spec.operators}:
             raise RequestError(f"job {job.id} has no operator {msg.op!r}")
-        if job.ckpt is not None:
-            async with job.lock:  # not while a checkpoint carries outputs from the workers to the planner
-                parts = await asyncio.gather(*(self.rpc(w, "collected_dump", {"job": job.id, "op": msg.op})
-                                               for w in self._job_workers(job)))
-        else:
+
+        async def dump() -> list:
             parts = await asyncio.gather(*(self.rpc(w, "collected_dump", {"job": job.id, "op": msg.op})
                                            for w in self._job_workers(job)))
-        released = job.ckpt.released(msg.op) if job.ckpt is not None else []
-        self._reply(ident, msg.req, [*released, *(x for p in parts for x in p)])
+            return [*(job.ckpt.released(msg.op) if job.ckpt is not None else []), *(x for p in parts for x in p)]
+
+        async def locked_dump() -> list:
+            async with job.lock:  # not while a checkpoint carries outputs from the workers to the planner
+                return await dump()
+
+        self._reply(ident, msg.req, await self._when_serving(job, msg, locked_dump if job.ckpt is not None else dump))
+
+    async def _when_serving(self, job: PlannerJob, msg: protocol.StateRequest, ask: Callable) -> Any:
+        """`await ask()` (a question to the job's workers) once the job serves: not while a worker of it may
+        have died, a recovery is under way or its replay has not caught up (`scheduler.unsettled`); asked
+        again when a worker dies before it answers. Within the request's timeout: past it, the error says
+        what the job is still doing."""
+        deadline = time.monotonic() + (ANSWER_TIMEOUT if msg.timeout is None else msg.timeout)
+        while True:
+            why = scheduler.unsettled(self._condition(job))
+            if why is None:
+                try:
+                    return await ask()
+                except WorkerDied as e:
+                    why = f"is recovering: {e}"
+            if job.cancelled or self.jobs.get(job.id) is not job:
+                raise RequestError(f"job {job.id} was cancelled")
+            if time.monotonic() >= deadline:
+                raise RequestError(f"timeout: job {job.id} {why}")
+            await asyncio.sleep(SETTLE_POLL)
 
     def _on_stats(self, ident: bytes, msg: protocol.Stats):
         job = self._job(msg)
@@ -909,7 +995,7 @@ class Planner(PlannerRecoveryMixin):
         log.error("job %d: %d records lost with worker(s) %s", job.id, n, ",".join(sorted(job.lost_workers)))
         job.errors.append(scheduler.lost_error(n, job.lost_workers))
         if t.outstanding == 0 and job.queued == 0:
-            self._wake_waiters(job)
+            self._check_waiters(job)
 
     async def _check_idle(self, job: PlannerJob) -> None:
         workers = self._job_workers(job)
@@ -1027,11 +1113,12 @@ class Planner(PlannerRecoveryMixin):
                     self._background(self._check_idle(job), f"idle check of job {job.id}")
                 total_in += rate_in
                 total_out += rate_out
-                for waiter in [x for x in job.waiters if x[2] <= now]:
+                expired = [x for x in job.waiters if x[2] <= now]
+                why = (scheduler.busy(self._condition(job)) or "has not heard from all its workers yet"
+                       if expired else None)
+                for waiter in expired:
                     job.waiters.remove(waiter)
-                    self._reply_error(waiter[0], waiter[1], RequestError(
-                        f"timeout: job {job.id} still has {job.tracker.outstanding} records in flight "
-                        f"({job.queued} queued at the planner)"))
+                    self._reply_error(waiter[0], waiter[1], RequestError(f"timeout: job {job.id} {why}"))
             self.last_rates = {"input_rate": total_in, "throughput": total_out}
             self.elastic.tick()
 

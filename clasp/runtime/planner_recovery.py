@@ -46,6 +46,7 @@ class CheckpointState:
         # checkpoint id -> operator -> the collected outputs that complete checkpoint released
         self.released_by: dict[int, dict[str, list]] = {}
         self.replayed = 0
+        self.replay_to = 0  # records complete (or lost) before the last rollback: the replay catches up to it
         self.last_recovery: dict | None = None
         self.dying: set[str] = set()  # workers declared dead whose recovery has not run yet
         self.last_pause = 0.0
@@ -256,6 +257,7 @@ class PlannerRecoveryMixin:
                 self.store.remove_file(f"job-{job.id}/collected/{k}.kg")
             boundary = target.boundary if target else 0
             dispatched_before = job.counters["dispatched"]
+            c.replay_to = max(c.replay_to, job.tracker.completed + job.tracker.lost)
             reopened, _ = rollback(job.tracker, boundary, c.log.sizes_from(boundary))
             job.queue.clear()
             job.queue_bytes.clear()
