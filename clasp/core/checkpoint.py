@@ -2,13 +2,13 @@
 
 A checkpoint `k` is a cut through the stream at a record-id *boundary*: its state holds the effect of every
 record below the boundary and of none above it. Boundaries fall on admission chunks (`tracking.CHUNK_BITS`):
-the planner stops dispatching at a chunk boundary, tells every worker of the job the boundary (the
-barrier), and dispatches on. A worker holding a barrier keeps every request of a record at or above the
-boundary out of its stateful operators' queues (stateless operators run on: they have no state). Weight
-throwing tells the planner when every record below the boundary is complete, anywhere in the cluster:
-that is the alignment (the barrier "has arrived on every input" of every operator, since no request below
-it is left anywhere). The planner then asks for the snapshot; each worker writes the key groups it owns,
-releases what it held and acknowledges. The checkpoint is complete when every worker of the job acked.
+the planner stops dispatching at a chunk boundary, tells every worker of the job the boundary (the barrier),
+and dispatches on. A worker holding a barrier keeps every request of a record at or above the boundary out
+of its stateful operators' queues (stateless operators run on: they have no state). Epoch progress
+(`clasp.core.tracking`) tells the planner when every record below the boundary is complete, anywhere in the
+cluster: that is the alignment (the barrier "has arrived on every input" of every operator, since no request
+below it is left anywhere). The planner then asks for the snapshot; each worker writes the key groups it
+owns, releases what it held and acknowledges. The checkpoint is complete when every worker of the job acked.
 
 Recovery rolls the whole job back to the newest complete checkpoint: survivors (and new workers) restore
 the groups they own in the recovery placement, every request of the aborted era is dropped (its epoch is
@@ -150,26 +150,6 @@ def dispatch_boundary(queue: Sequence, tracker: Tracker) -> int | None:
         return tracker.next_chunk
     base, _records, offset = queue[0]
     return base >> CHUNK_BITS if offset == 0 else None
-
-
-def rollback(tracker: Tracker, boundary: int, chunks: Mapping[int, tuple[float, int]]) -> tuple[int, int]:
-    """Make every record of the chunks at or above `boundary` open again, as admitted (`chunks`: chunk ->
-    (admission time, size), every chunk admitted from `boundary` on). Returns (records reopened, of those
-    the ones that had completed)."""
-    first = boundary << CHUNK_BITS
-    uncompleted = reopened = 0
-    for c, (t, size) in chunks.items():
-        if c < boundary:
-            continue
-        old = tracker.chunks.get(c)
-        open_now = old[1] if old is not None else 0
-        uncompleted += size - open_now
-        reopened += size
-        tracker.chunks[c] = [t, size, size]
-    tracker.chunks = dict(sorted(tracker.chunks.items()))
-    tracker.partial = {rid: w for rid, w in tracker.partial.items() if rid < first}
-    tracker.completed -= uncompleted
-    return reopened, uncompleted
 
 
 def recovery_placement(spec: DagSpec, old: Placement, alive: Sequence[str], key_weights: Mapping[str, list],

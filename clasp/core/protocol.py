@@ -13,11 +13,10 @@ Message types and who sends them (C client, P planner, W worker):
 | welcome | P → W | planner id, heartbeat interval |
 | heartbeat | W → P | id, sample (the worker's Table 2 metrics of the last interval) |
 | deploy | P → W | req, job, dag (DagSpec.pack()), placement (Placement.to_wire()), peers {id: data endpoint} |
-| data | P/W → W | [job, epoch, rows]: requests, each row [op, value, key, rid, weight] |
-| runs | P → W | [job, epoch, runs]: records for stateless sources, each run [op, first rid, weight, values] |
-| cols | W → W | [job, epoch, groups]: requests in columns, per operator [op, values, keys, rids, weights, counts] |
-| done | W → P | [job, {rid: weight}, extends] — weight returned by finished requests (termination detection) |
-| extend_ack | P → W | [job, token] — the planner has added weight, parked children may go |
+| data | P/W → W | [job, epoch, rows]: requests, each row [op, value, key, rid] |
+| runs | P → W | [job, epoch, runs]: records for stateless sources, each run [op, first rid, values] |
+| cols | W → W | [job, epoch, groups]: requests in columns, per operator [op, values, keys, rids, counts] |
+| done | W → P | [job, {progress epoch: {op: requests produced − finished}}] — epoch progress (`clasp.core.tracking`) |
 | migrate_plan | P → W | req, job, plan, placement; the reply comes when the worker is done |
 | marker | P/W → W | [job, epoch, sender]: the sender's last message under the previous epoch |
 | migrate | W → W | [job, epoch, sender, units, rows, more]: key groups and requests changing owner |
@@ -56,10 +55,6 @@ from typing import Any, ClassVar
 import msgpack
 
 VERSION = 1
-
-# Weight of one input record for termination detection (weight throwing): lcm(1..40) * 1024, so a
-# record splits exactly into up to 40 children several levels deep and fits an unsigned 64-bit int.
-ROOT_WEIGHT = 5342931457063200 * 1024
 
 
 class ProtocolError(ValueError):
@@ -102,7 +97,7 @@ _OPTIONAL: dict[str, dict[str, tuple | None]] = {
     "restore": {"state": _STR, "state_server": _STR},
 }
 # List-bodied messages on the data path; the first element is always the job id.
-_LIST_BODIES = {"data": 3, "runs": 3, "cols": 3, "done": 3, "extend_ack": 2, "marker": 3, "migrate": 6}
+_LIST_BODIES = {"data": 3, "runs": 3, "cols": 3, "done": 2, "marker": 3, "migrate": 6}
 
 
 # ----------------------------------------------------------------- typed control messages
@@ -392,7 +387,7 @@ def parse(mtype: str, body: Any) -> Any:
     cls = MESSAGES.get(mtype)
     if cls is None:
         if mtype == "done":
-            check_returns(body)
+            check_progress(body)
         return body
     msg = cls(**{f.name: body.get(f.name) for f in fields(cls)})
     msg.check()
@@ -411,66 +406,66 @@ def pack(msg: Message) -> bytes:
 
 
 def check_rows(rows: Any, n_ops: int) -> None:
-    """Validate the rows [op, value, key, rid, weight] of a data message before any is enqueued."""
+    """Validate the rows [op, value, key, rid] of a data message before any is enqueued."""
     if type(rows) is not list:
         raise ProtocolError("bad_batch", "rows is not a list")
     if not rows:
         return
-    if not set(map(type, rows)) <= {list} or set(map(len, rows)) != {5}:
-        raise ProtocolError("bad_batch", "each row must be [op, value, key, rid, weight]")
+    if not set(map(type, rows)) <= {list} or set(map(len, rows)) != {4}:
+        raise ProtocolError("bad_batch", "each row must be [op, value, key, rid]")
     ops = set(map(_first, rows))
     if not all(type(o) is int and 0 <= o < n_ops for o in ops):
         raise ProtocolError("bad_batch", f"operator index out of range 0..{n_ops - 1}")
-    if not set(map(type, map(_rid, rows))) <= {int} or not set(map(type, map(_weight, rows))) <= {int}:
-        raise ProtocolError("bad_batch", "rids and weights must be integers")
-    if min(map(_weight, rows)) < 0:
-        raise ProtocolError("bad_batch", "negative weight")
+    if not set(map(type, map(_rid, rows))) <= {int}:
+        raise ProtocolError("bad_batch", "rids must be integers")
+    if min(map(_rid, rows)) < 0:
+        raise ProtocolError("bad_batch", "negative rid")
 
 
-_first, _rid, _weight = itemgetter(0), itemgetter(3), itemgetter(4)
+_first, _rid = itemgetter(0), itemgetter(3)
 
 
 def check_runs(runs: Any, n_ops: int) -> None:
-    """Validate the runs [op, first rid, weight, values] of a runs message before any is enqueued."""
+    """Validate the runs [op, first rid, values] of a runs message before any is enqueued."""
     if type(runs) is not list:
         raise ProtocolError("bad_batch", "runs is not a list")
     for r in runs:
-        if (type(r) is not list or len(r) != 4 or type(r[0]) is not int or not 0 <= r[0] < n_ops
-                or type(r[1]) is not int or r[1] < 0 or type(r[2]) is not int or r[2] < 0 or type(r[3]) is not list):
-            raise ProtocolError("bad_batch", "each run must be [op, first rid, weight, values]")
+        if (type(r) is not list or len(r) != 3 or type(r[0]) is not int or not 0 <= r[0] < n_ops
+                or type(r[1]) is not int or r[1] < 0 or type(r[2]) is not list):
+            raise ProtocolError("bad_batch", "each run must be [op, first rid, values]")
 
 
-def expand_run(op: int, first: int, w: int, values: list) -> zip:
-    """The rows (op, value, key, rid, weight) of one validated run, built without a Python-level loop."""
-    return zip(repeat(op), values, repeat(None), range(first, first + len(values)), repeat(w))
+def expand_run(op: int, first: int, values: list) -> zip:
+    """The rows (op, value, key, rid) of one validated run, built without a Python-level loop."""
+    return zip(repeat(op), values, repeat(None), range(first, first + len(values)))
 
 
 def expand_runs(runs: list) -> list:
-    """The rows [op, value, key, rid, weight] of validated runs."""
-    return [row for op, first, w, values in runs for row in expand_run(op, first, w, values)]
+    """The rows [op, value, key, rid] of validated runs."""
+    return [row for op, first, values in runs for row in expand_run(op, first, values)]
 
 
-# A run of rows with one (rid, weight) is sent once with its count when runs are at least this long on
-# average: a line's words to one owner share both, a chain's single outputs do not.
+# A run of rows with one rid is sent once with its count when runs are at least this long on average: a
+# line's words to one owner share it, a chain's single outputs do not.
 MIN_RUN = 3
 
 
 def columns(rows: list) -> list:
-    """The groups of a `cols` message for rows (op, value, key, rid, weight), one per operator in order of
-    first appearance, rows of an operator in their order: [op, values, keys, rids, weights, counts], keys
-    None (every key None) or True (every key is its value) or one per row; counts None (rids and weights
-    one per row) or run lengths (rids[i], weights[i] for counts[i] consecutive rows)."""
-    ops, values, keys, rids, weights = zip(*rows, strict=True)
+    """The groups of a `cols` message for rows (op, value, key, rid), one per operator in order of first
+    appearance, rows of an operator in their order: [op, values, keys, rids, counts], keys None (every key
+    None) or True (every key is its value) or one per row; counts None (one rid per row) or run lengths
+    (rids[i] for counts[i] consecutive rows)."""
+    ops, values, keys, rids = zip(*rows, strict=True)
     first = ops[0]
     if ops.count(first) == len(ops):
-        return [_group(first, values, keys, rids, weights)]
+        return [_group(first, values, keys, rids)]
     by_op: dict[int, list] = {}
     for r in rows:
         by_op.setdefault(r[0], []).append(r)
     return [_group(op, *list(zip(*part, strict=True))[1:]) for op, part in by_op.items()]
 
 
-def _group(op: int, values: tuple, keys: tuple, rids: tuple, weights: tuple) -> list:
+def _group(op: int, values: tuple, keys: tuple, rids: tuple) -> list:
     n = len(values)
     if keys.count(None) == n:
         ks: Any = None
@@ -479,13 +474,12 @@ def _group(op: int, values: tuple, keys: tuple, rids: tuple, weights: tuple) -> 
     else:
         ks = list(keys)
     if len(set(rids)) * MIN_RUN <= n:
-        rs, ws, cs = [], [], []
-        for (rid, w), g in groupby(zip(rids, weights, strict=True)):
+        rs, cs = [], []
+        for rid, g in groupby(rids):
             rs.append(rid)
-            ws.append(w)
             cs.append(len(list(g)))
-        return [op, list(values), ks, rs, ws, cs]
-    return [op, list(values), ks, list(rids), list(weights), None]
+        return [op, list(values), ks, rs, cs]
+    return [op, list(values), ks, list(rids), None]
 
 
 def check_columns(groups: Any, n_ops: int) -> None:
@@ -493,21 +487,19 @@ def check_columns(groups: Any, n_ops: int) -> None:
     if type(groups) is not list:
         raise ProtocolError("bad_batch", "groups is not a list")
     for g in groups:
-        if type(g) is not list or len(g) != 6:
-            raise ProtocolError("bad_batch", "each group must be [op, values, keys, rids, weights, counts]")
-        op, values, keys, rids, weights, counts = g
+        if type(g) is not list or len(g) != 5:
+            raise ProtocolError("bad_batch", "each group must be [op, values, keys, rids, counts]")
+        op, values, keys, rids, counts = g
         if type(op) is not int or not 0 <= op < n_ops:
             raise ProtocolError("bad_batch", f"operator index out of range 0..{n_ops - 1}")
-        if type(values) is not list or type(rids) is not list or type(weights) is not list:
-            raise ProtocolError("bad_batch", "values, rids and weights must be lists")
+        if type(values) is not list or type(rids) is not list:
+            raise ProtocolError("bad_batch", "values and rids must be lists")
         if not (keys is None or keys is True or (type(keys) is list and len(keys) == len(values))):
             raise ProtocolError("bad_batch", "keys must be None, true or one per value")
-        if len(rids) != len(weights):
-            raise ProtocolError("bad_batch", "one weight per rid")
-        if not set(map(type, rids)) <= {int} or not set(map(type, weights)) <= {int}:
-            raise ProtocolError("bad_batch", "rids and weights must be integers")
-        if weights and min(weights) < 0:
-            raise ProtocolError("bad_batch", "negative weight")
+        if not set(map(type, rids)) <= {int}:
+            raise ProtocolError("bad_batch", "rids must be integers")
+        if rids and min(rids) < 0:
+            raise ProtocolError("bad_batch", "negative rid")
         if counts is None:
             if len(rids) != len(values):
                 raise ProtocolError("bad_batch", "one rid per value")
@@ -517,13 +509,12 @@ def check_columns(groups: Any, n_ops: int) -> None:
 
 
 def column_rows(group: list):
-    """The rows (op, value, key, rid, weight) of one validated group, as an iterator (no loop in Python)."""
-    op, values, keys, rids, weights, counts = group
+    """The rows (op, value, key, rid) of one validated group, as an iterator (no loop in Python)."""
+    op, values, keys, rids, counts = group
     if counts is not None:
         rids = chain.from_iterable(map(repeat, rids, counts))
-        weights = chain.from_iterable(map(repeat, weights, counts))
     ks = values if keys is True else (repeat(None) if keys is None else keys)
-    return zip(repeat(op), values, ks, rids, weights, strict=False)  # repeat() is endless; the check counted
+    return zip(repeat(op), values, ks, rids, strict=False)  # repeat() is endless; the check counted
 
 
 def expand_columns(groups: list) -> list:
@@ -554,16 +545,16 @@ def check_migrate(body: list, n_ops: int, n_groups: int = 128) -> None:
         check_rows(rows, n_ops)
 
 
-def check_returns(body: list) -> None:
-    """Validate a done message body [job, {rid: weight}, [[rid, amount, token], ...]]."""
-    _, returns, extends = body
-    if not isinstance(returns, dict) or not isinstance(extends, list):
-        raise ProtocolError("bad_body", "done: expected [job, {rid: weight}, extends]")
-    if not set(map(type, returns)) <= {int} or not set(map(type, returns.values())) <= {int}:
-        raise ProtocolError("bad_body", "done: rids and weights must be integers")
-    for e in extends:
-        if type(e) is not list or len(e) != 3 or any(type(x) is not int for x in e):
-            raise ProtocolError("bad_body", "done: extends must be [rid, amount, token] integers")
+def check_progress(body: list) -> None:
+    """Validate a done message body [job, {progress epoch: {op: requests produced minus finished}}]."""
+    progress = body[1]
+    if not isinstance(progress, dict):
+        raise ProtocolError("bad_body", "done: expected [job, {epoch: {op: delta}}]")
+    for e, d in progress.items():
+        if type(e) is not int or not isinstance(d, dict):
+            raise ProtocolError("bad_body", "done: epochs must be integers, each with {op: delta}")
+        if not set(map(type, d)) <= {int} or not set(map(type, d.values())) <= {int}:
+            raise ProtocolError("bad_body", "done: operators and deltas must be integers")
 
 
 def reply(req: int, result: Any = None) -> bytes:

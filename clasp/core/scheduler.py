@@ -35,7 +35,7 @@ from clasp.core.routing import (
     key_group,
     key_groups_for_shares,
 )
-from clasp.core.tracking import CHUNK_BITS, Tracker
+from clasp.core.tracking import CHUNK_BITS, EPOCH_BITS, Tracker, add_range
 
 PLANNER_WORKER = "planner"  # the "worker" named in errors that happened at the planner
 
@@ -62,14 +62,16 @@ class WorkerInfo:
 class Dispatch:
     """One dispatch step: records `first .. first + count - 1` leave the planner's queue.
 
-    `data`: destination -> rows `(op, value, key, rid, weight)` for keyed sources; `runs`: destination
-    -> runs `[op, first rid, weight, values]` for stateless sources; `failed`: rids whose key function
-    raised (they complete at once), with one `errors` entry each for the job's error list."""
+    `data`: destination -> rows `(op, value, key, rid)` for keyed sources; `runs`: destination -> runs
+    `[op, first rid, values]` for stateless sources; `counts`: the requests sent, epoch -> {source
+    operator: requests} (`clasp.core.tracking`); `failed`: rids whose key function raised (sent nowhere:
+    they are done at once), with one `errors` entry each for the job's error list."""
 
     first: int
     count: int
     data: dict[str, list] = field(default_factory=dict)
     runs: dict[str, list] = field(default_factory=dict)
+    counts: dict[int, dict[int, int]] = field(default_factory=dict)
     failed: list[int] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)
 
@@ -129,30 +131,34 @@ def take(queue: deque, room: int) -> tuple[int, list]:
     return base + offset, part
 
 
-def route_records(spec: DagSpec, routes: Sequence[Route], first: int, part: list, weight: int) -> Dispatch:
-    """Send every record of `part` (rids from `first`) to each source operator, `weight // len(routes)`
-    each: keyed sources by the owner of the key's group, stateless ones in consecutive blocks per slot of
-    the weighted table's period (runs, so the planner builds and packs no row per record, and a batch
-    split evenly over two workers is two runs)."""
+def route_records(spec: DagSpec, routes: Sequence[Route], first: int, part: list) -> Dispatch:
+    """Send every record of `part` (rids from `first`) to each source operator: keyed sources by the owner
+    of the key's group, stateless ones in consecutive blocks per slot of the weighted table's period (runs,
+    so the planner builds and packs no row per record, and a batch split evenly over two workers is two
+    runs); `counts` per epoch and operator, by ranges for runs."""
     n = len(part)
     d = Dispatch(first, n)
-    w = weight // len(routes)
-    out, runs = d.data, d.runs
+    out, runs, counts = d.data, d.runs, d.counts
     for route in routes:
         s = route.succ
         if route.kind == ROUTE_KEYED:
             key_fn = spec.operators[s].key
             owners = route.owners
+            bad = []
             for i, v in enumerate(part):
                 try:
                     key = key_fn(v)
                     g = key_group(key, NUM_KEY_GROUPS)
                 except Exception as e:
-                    d.failed.append(first + i)
+                    bad.append(first + i)
                     d.errors.append({"worker": PLANNER_WORKER, "operator": spec.operators[s].name,
                                      "error": f"key function failed: {e!r}"[:300], "value": repr(v)[:200]})
                     continue
-                out.setdefault(owners[g], []).append((s, v, key, first + i, w))
+                out.setdefault(owners[g], []).append((s, v, key, first + i))
+            add_range(counts, s, first, n)
+            for rid in bad:  # sent nowhere: not outstanding at the operator
+                counts[rid >> EPOCH_BITS][s] -= 1
+            d.failed.extend(bad)
         elif route.kind == ROUTE_LOCAL:  # cannot happen from the planner: it holds no operator
             raise PlacementError("a source routed to the planner")
         else:
@@ -161,16 +167,17 @@ def route_records(spec: DagSpec, routes: Sequence[Route], first: int, part: list
             block = max(1, n // tn) if n >= tn else 1
             for start in range(0, n, block):
                 dest = table[(first + start) // block % tn]
-                runs.setdefault(dest, []).append([s, first + start, w, part[start:start + block]])
+                runs.setdefault(dest, []).append([s, first + start, part[start:start + block]])
+            add_range(counts, s, first, n)
     return d
 
 
-def dispatch(queue: deque, spec: DagSpec, routes: Sequence[Route], weight: int, room: int) -> Dispatch | None:
+def dispatch(queue: deque, spec: DagSpec, routes: Sequence[Route], room: int) -> Dispatch | None:
     """One step of the planner's scheduling engine: None when the window is full or the queue empty."""
     if room <= 0 or not queue:
         return None
     first, part = take(queue, room)
-    return route_records(spec, routes, first, part, weight)
+    return route_records(spec, routes, first, part)
 
 
 # ----------------------------------------------------------------- recovery of a dead worker

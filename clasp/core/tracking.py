@@ -1,21 +1,26 @@
 """End-to-end completion and latency of input records, as pure bookkeeping (time is passed in).
 
-Weight throwing: each admitted record is worth `root` units; workers return units as requests finish
-and the record is complete when every unit is back, however its chained requests spread. Records are
-admitted in chunks (one push message), so the per-record cost is one dict operation at most.
+Epoch progress, after timely dataflow's progress tracking (its pointstamps, here per operator): records
+are admitted in chunks (one push message) and each chunk is cut into epochs of `EPOCH_SIZE` consecutive
+record ids; every request carries its record's id, so its epoch is `rid >> EPOCH_BITS`. The planner
+counts what it dispatched to each source operator per epoch; each worker counts per (epoch, operator) the
+requests it finished (-1) and the chained requests they produced (+1 at each successor) and reports both
+together in one message. An epoch is complete when the planner has sent all its records and every count
+is back at zero. Counts are kept per operator, not summed: a request finished on one worker may be
+reported before the report of the worker that produced it, which leaves its operator's count below zero
+and its parent's above, and the epoch open, until that report comes. Nothing is kept per record.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
-from clasp.core.protocol import ROOT_WEIGHT
-
 CHUNK_BITS = 20  # record id = chunk << CHUNK_BITS | index; a chunk holds at most 2**20 records
-VECTOR_MIN = 64  # returns in one batch from which counting them with numpy pays
+EPOCH_BITS = 9  # epoch = record id >> EPOCH_BITS: up to 512 consecutive records of one chunk
+EPOCH_SIZE = 1 << EPOCH_BITS
 
 
 class LatencyHistogram:
@@ -56,24 +61,46 @@ class LatencyHistogram:
                 "p50": self.percentile(50), "p95": self.percentile(95), "p99": self.percentile(99)}
 
 
-class Tracker:
-    """Which admitted records are complete; latencies of those that completed."""
+def add_range(counts: dict[int, dict[int, int]], op: int, first: int, n: int) -> None:
+    """Count `n` requests of operator `op` for the records `first .. first + n - 1` into `counts`
+    (epoch -> {operator: requests}), epoch by epoch: O(epochs), not O(records)."""
+    rid, end = first, first + n
+    while rid < end:
+        e = rid >> EPOCH_BITS
+        stop = min(end, (e + 1) << EPOCH_BITS)
+        c = counts.setdefault(e, {})
+        c[op] = c.get(op, 0) + stop - rid
+        rid = stop
 
-    def __init__(self, root: int = ROOT_WEIGHT):
-        self.root = root
-        self.chunks: dict[int, list] = {}  # chunk -> [t_admitted, records still open]
-        self.partial: dict[int, int] = {}  # rid -> weight still out, for records partly returned
+
+def _merge(counts: dict[int, int], delta: Mapping[int, int]) -> None:
+    """Add `delta` to `counts` (operator -> requests outstanding), keeping no zero entry."""
+    for op, k in delta.items():
+        v = counts.get(op, 0) + k
+        if v:
+            counts[op] = v
+        else:
+            counts.pop(op, None)
+
+
+class Tracker:
+    """Which admitted records are complete, epoch by epoch; latencies of those that completed."""
+
+    def __init__(self):
+        self.chunks: dict[int, list] = {}  # chunk -> [t_admitted, records still open, size]
+        # Open epochs that have started to leave the planner: epoch -> [records not sent yet, size,
+        # {operator: requests outstanding}].
+        self.epochs: dict[int, list] = {}
         self.next_chunk = 0
         self.admitted = 0
         self.completed = 0
         self.lost = 0
-        self.overreturned = 0  # weight returned beyond a record's total: a runtime bug if ever > 0
-        # After a worker died: records below `fence` were dispatched before the job was re-placed, so
-        # some of their weight may have died with it. They are `suspects` (open ones, per chunk) until
-        # `lose_suspects`; returns for records below `lost_below` (given up on) are ignored.
+        self.unknown = 0  # counts for an epoch never dispatched: a runtime bug if ever > 0
+        # After a worker died: the epochs dispatched below `fence` (a record id) may have lost requests with
+        # it. They are `suspect_epochs` until they complete or `lose_suspects` gives up on them;
+        # counts for epochs below `lost_below` (given up on) are ignored.
         self.fence = 0
-        self.suspect_chunks: dict[int, int] = {}
-        self.suspects = 0
+        self.suspect_epochs: set[int] = set()
         self.lost_below = 0
         self.interval = LatencyHistogram()
         self.cumulative = LatencyHistogram()
@@ -82,121 +109,142 @@ class Tracker:
     def outstanding(self) -> int:
         return self.admitted - self.completed - self.lost
 
+    @property
+    def suspects(self) -> int:
+        """Records of the suspect epochs that were dispatched (they stop counting as in flight)."""
+        eps = self.epochs
+        return sum(eps[e][1] - eps[e][0] for e in self.suspect_epochs if e in eps)
+
     def admit(self, n: int, now: float) -> int:
         """Admit n records entering at `now`; returns the first record id (the rest follow)."""
         if not 0 < n <= 1 << CHUNK_BITS:
             raise ValueError(f"chunk of {n} records")
         c = self.next_chunk
         self.next_chunk += 1
-        self.chunks[c] = [now, n, n]  # admitted at, still open, size
+        self.chunks[c] = [now, n, n]
         self.admitted += n
         return c << CHUNK_BITS
 
-    def extend(self, rid: int, amount: int) -> None:
-        """A worker split more ways than the record's weight allowed: it gets `amount` more."""
-        if rid >= self.lost_below:
-            self.partial[rid] = self.partial.get(rid, self.root) + amount
+    def _epoch_size(self, e: int) -> int:
+        first = e << EPOCH_BITS
+        size = self.chunks[first >> CHUNK_BITS][2]
+        return min(EPOCH_SIZE, size - (first & ((1 << CHUNK_BITS) - 1)))
 
-    def returned(self, returns: Mapping[int, int], now: float) -> int:
-        """Apply weight returned by a worker; returns how many records completed."""
-        if len(returns) >= VECTOR_MIN and not self.suspect_chunks:
-            return self._returned_vector(returns, now)
-        return self._count(self._returned_rids(returns.items(), {}), now)
-
-    def _returned_vector(self, returns: Mapping[int, int], now: float) -> int:
-        """`returned` for a large batch: the records whose whole weight came back at once (the common case,
-        e.g. every record of a one-operator job) are counted per chunk with numpy; the rest one by one."""
-        n = len(returns)
-        whole = np.fromiter(returns.values(), np.int64, n) == self.root
-        if whole.sum() * 2 < n:
-            # Mostly parts of records (a record's requests finished on several workers): the masks and the
-            # set operations below would cost more than the loop they leave most returns to.
-            return self._count(self._returned_rids(returns.items(), {}), now)
-        rids = np.fromiter(returns.keys(), np.int64, n)
-        if self.lost_below:
-            whole &= rids >= self.lost_below
-        if self.partial:  # a record partly returned before is not whole now: it goes one by one
-            both = self.partial.keys() & returns.keys()
-            if both:
-                whole &= ~np.isin(rids, np.fromiter(both, np.int64, len(both)))
-        chunks, counts = np.unique(rids[whole] >> CHUNK_BITS, return_counts=True)
-        done = dict(zip(chunks.tolist(), counts.tolist(), strict=True))
-        if not whole.all():
-            self._returned_rids([(rid, returns[rid]) for rid in rids[~whole].tolist()], done)
-        return self._count(done, now)
-
-    def _returned_rids(self, returns: Iterable[tuple[int, int]], done_chunks: dict[int, int]) -> dict[int, int]:
-        """Apply returned (rid, weight) pairs one by one; adds to `done_chunks` (chunk -> records completed)."""
-        partial, root = self.partial, self.root
-        fence, lost_below = self.fence, self.lost_below
-        for rid, w in returns:
-            if rid < lost_below:
-                continue  # weight of a record already counted as lost: it can no longer complete
-            rem = partial.pop(rid, root) - w
-            if rem > 0:
-                partial[rid] = rem
+    def dispatched(self, first: int, n: int, counts: Mapping[int, Mapping[int, int]], now: float) -> int:
+        """Records `first .. first + n - 1` left the planner (the contiguous part of one chunk a dispatch
+        took), `counts` of them sent to each source operator (epoch -> {operator: requests}); a record
+        sent nowhere (its key function failed) is done. Returns how many records completed."""
+        epochs, lost_below = self.epochs, self.lost_below
+        touched = []
+        rid, end = first, first + n
+        while rid < end:
+            e = rid >> EPOCH_BITS
+            stop = min(end, (e + 1) << EPOCH_BITS)
+            if e >= lost_below:
+                ep = epochs.get(e)
+                if ep is None:
+                    size = self._epoch_size(e)
+                    ep = epochs[e] = [size, size, {}]
+                ep[0] -= stop - rid
+                touched.append(e)
+            rid = stop
+        for e, c in counts.items():
+            ep = epochs.get(e)
+            if ep is None:
                 continue
-            if rem < 0:
-                self.overreturned += 1
-            c = rid >> CHUNK_BITS
-            done_chunks[c] = done_chunks.get(c, 0) + 1
-            if rid < fence and c in self.suspect_chunks:
-                self.suspect_chunks[c] -= 1
-                self.suspects -= 1
-        return done_chunks
+            _merge(ep[2], c)
+        return self._complete(touched, now)
 
-    def _count(self, done_chunks: dict[int, int], now: float) -> int:
+    def progress(self, deltas: Mapping[int, Mapping[int, int]], now: float) -> int:
+        """Apply a worker's report, epoch -> {operator: requests produced minus finished there}; returns
+        how many records completed."""
+        epochs, lost_below = self.epochs, self.lost_below
+        touched = []
+        for e, d in deltas.items():
+            ep = epochs.get(e)
+            if ep is None:
+                if e >= lost_below and (e << EPOCH_BITS) >> CHUNK_BITS in self.chunks:
+                    self.unknown += 1
+                continue  # an epoch given up on, or rolled back and not dispatched again yet
+            _merge(ep[2], d)
+            touched.append(e)
+        return self._complete(touched, now)
+
+    def _complete(self, touched: list[int], now: float) -> int:
+        epochs, chunks = self.epochs, self.chunks
         n = 0
-        for c, k in done_chunks.items():
-            chunk = self.chunks.get(c)
-            if chunk is None:
+        for e in touched:
+            ep = epochs.get(e)
+            if ep is None or ep[0] or ep[2]:
                 continue
+            del epochs[e]
+            size = ep[1]
+            c = e >> (CHUNK_BITS - EPOCH_BITS)
+            chunk = chunks[c]
             lat = now - chunk[0]
-            self.interval.add(lat, k)
-            self.cumulative.add(lat, k)
-            chunk[1] -= k
-            n += k
+            self.interval.add(lat, size)
+            self.cumulative.add(lat, size)
+            chunk[1] -= size
             if chunk[1] <= 0:
-                del self.chunks[c]
+                del chunks[c]
+            self.suspect_epochs.discard(e)
+            n += size
         self.completed += n
         return n
 
-    def complete_now(self, rids: Iterable[int], now: float) -> int:
-        """Records finished without any worker (e.g. the source's key function failed at the planner)."""
-        return self.returned({rid: self.partial.get(rid, self.root) for rid in rids}, now)
+    def open_epochs(self) -> dict[int, dict[int, int]]:
+        """Every open epoch's outstanding requests per operator (a copy, for statistics and tests)."""
+        return {e: dict(ep[2]) for e, ep in self.epochs.items()}
 
     def suspect_below(self, fence: int) -> int:
-        """A worker died: every record below `fence` (all dispatched, none above) may have lost weight
-        with it. They stop counting as in flight until they complete or `lose_suspects` gives up on them;
-        returns how many are open. A second death moves the fence up over everything dispatched since."""
-        chunk_of_fence, offset = fence >> CHUNK_BITS, fence & ((1 << CHUNK_BITS) - 1)
-        suspects: dict[int, int] = {}
-        for c, (_, open_, size) in self.chunks.items():
-            if c < chunk_of_fence:
-                suspects[c] = open_
-            elif c == chunk_of_fence and offset:
-                suspects[c] = open_ - (size - offset)  # the rest of the chunk is not dispatched yet
+        """A worker died: every epoch dispatched below record id `fence` (all dispatched records are below
+        it) may have lost requests with it. They stop counting as in flight until they complete or
+        `lose_suspects` gives up on them; returns how many dispatched records they hold. A second death
+        moves the fence up over everything dispatched since."""
         self.fence = max(self.fence, fence)
-        self.suspect_chunks = {c: k for c, k in suspects.items() if k > 0}
-        self.suspects = sum(self.suspect_chunks.values())
+        limit = (self.fence + EPOCH_SIZE - 1) >> EPOCH_BITS
+        self.suspect_epochs = {e for e in self.epochs if e < limit}
         return self.suspects
 
     def lose_suspects(self) -> int:
-        """Give up on the suspects still open (no live worker holds anything of them); returns how many."""
-        n = self.suspects
-        for c, k in self.suspect_chunks.items():
+        """Give up on the suspect epochs still open (no live worker holds anything of them): every record of
+        them counts as lost, those not dispatched yet included (they will run, uncounted). Returns how many."""
+        n = 0
+        for e in self.suspect_epochs:
+            ep = self.epochs.pop(e, None)
+            if ep is None:
+                continue
+            size = ep[1]
+            c = e >> (CHUNK_BITS - EPOCH_BITS)
             chunk = self.chunks.get(c)
             if chunk is not None:
-                chunk[1] -= k
+                chunk[1] -= size
                 if chunk[1] <= 0:
                     del self.chunks[c]
-        fence = self.fence
-        for rid in [r for r in self.partial if r < fence]:
-            del self.partial[rid]
+            n += size
         self.lost += n
-        self.lost_below = max(self.lost_below, fence)
-        self.fence, self.suspect_chunks, self.suspects = 0, {}, 0
+        self.lost_below = max(self.lost_below, (self.fence + EPOCH_SIZE - 1) >> EPOCH_BITS)
+        self.fence, self.suspect_epochs = 0, set()
         return n
+
+    def rollback(self, boundary: int, chunks: Mapping[int, tuple[float, int]]) -> tuple[int, int]:
+        """Make every record of the chunks at or above `boundary` open again, as admitted (`chunks`: chunk
+        -> (admission time, size), every chunk admitted from `boundary` on): their epochs start over.
+        Returns (records reopened, of those the ones that had completed)."""
+        first_epoch = boundary << (CHUNK_BITS - EPOCH_BITS)
+        self.epochs = {e: ep for e, ep in self.epochs.items() if e < first_epoch}
+        self.suspect_epochs = {e for e in self.suspect_epochs if e < first_epoch}
+        uncompleted = reopened = 0
+        for c, (t, size) in chunks.items():
+            if c < boundary:
+                continue
+            old = self.chunks.get(c)
+            uncompleted += size - (old[1] if old is not None else 0)
+            reopened += size
+            self.chunks[c] = [t, size, size]
+        self.chunks = dict(sorted(self.chunks.items()))
+        self.completed -= uncompleted
+        return reopened, uncompleted
 
     def take_interval(self) -> dict:
         """Latency summary of completions since the last call."""

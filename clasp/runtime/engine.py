@@ -1,13 +1,14 @@
 """A worker's local scheduling engine and executor pool for one job: the hot path.
 
-Requests are 5-tuples `(op, value, key, rid, weight)`. Each operator has a FIFO queue; executors run
+Requests are 4-tuples `(op, value, key, rid)`. Each operator has a FIFO queue; executors run
 micro-batches of it in a tight loop and hand every output to the successor's route: a local chained
 request is appended to the successor's queue in memory (no serialization, no socket); a remote one is
 appended to the per-destination batch that the worker flushes within the flush delay.
 
-Termination detection is weight throwing: every input record carries ROOT_WEIGHT; a request splits its
-weight among its children and a request with no children returns its weight to the planner, which
-declares the record complete when all of it is back. No per-request message, no global counter.
+Termination detection is epoch progress (`clasp.core.tracking`): the engine counts, per progress epoch
+(`rid >> EPOCH_BITS`) and operator, the requests it finished (-1) and the chained requests they produced
+(+1 at the successor), a run of one epoch at a time, and the worker reports the counts it gathered in
+one message per flush. No per-request message, no per-record bookkeeping.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import msgpack
 
 from clasp.core.dag import DagSpec
 from clasp.core.outputs import ITEMS_EXACT, ONE_EXACT, as_outputs
-from clasp.core.protocol import ROOT_WEIGHT, column_rows, expand_columns, expand_run, expand_runs
+from clasp.core.protocol import column_rows, expand_columns, expand_run, expand_runs
 from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE, Placement, key_group, route_to
+from clasp.core.tracking import EPOCH_BITS
 
 log = logging.getLogger("clasp.worker.engine")
 HOLD = "\x00hold"  # the route of a key group whose state is on its way here: its requests wait
@@ -263,10 +265,8 @@ class JobEngine:
         # flushes it then (the worker sets it from --max-batch): the cap holds per micro-batch, not per round.
         self.max_batch = 2000
         self.pending_since: float | None = None
-        self.returns: dict[int, int] = {}  # rid -> weight finished here, not yet reported
-        self.extends: list[list[int]] = []  # [rid, amount, token] asked of the planner
-        self.parked: dict[int, tuple] = {}  # token -> (op, outputs, rid) waiting for extend_ack
-        self._token = 0
+        # Progress epoch -> {op index: requests produced minus finished here}, not reported yet.
+        self.progress: dict[int, dict[int, int]] = {}
         self.local_requests = 0  # chained requests handed over in memory (R^l), cumulative
         self.remote_requests = 0  # chained requests batched for another worker (R^r), cumulative
         self.received_requests = 0  # chained requests that came from other workers, cumulative
@@ -443,12 +443,10 @@ class JobEngine:
                 + sum(len(r) for r in self.barrier_held.values()))
 
     def holds_below(self, fence: int) -> bool:
-        """Whether anything here still belongs to a record below `fence`: a queued, held, early, batched
-        or parked request, weight not yet reported, or an execution in progress. O(requests held), asked
+        """Whether anything here still belongs to a record below `fence`: a queued, held, early or batched
+        request, progress not yet reported, or an execution in progress. O(requests held), asked
         only while the planner looks for records lost with a dead worker."""
-        if self.async_tasks or any(rid < fence for rid in self.returns):
-            return True
-        if any(p[2] < fence for p in self.parked.values()):
+        if self.async_tasks or any(e << EPOCH_BITS < fence for e in self.progress):
             return True
         rows = [op.queue for op in self.ops]
         rows += [r for h in self.held.values() for r in h.values()]
@@ -462,7 +460,7 @@ class JobEngine:
 
     # ----------------------------------------------------------------- input
     def enqueue_rows(self, rows: list) -> None:
-        """Append validated rows [op, value, key, rid, weight] to their operators' queues."""
+        """Append validated rows [op, value, key, rid] to their operators' queues."""
         ops = self.ops
         if self.barrier is not None:
             boundary, held = self.barrier, self.barrier_held
@@ -476,7 +474,7 @@ class JobEngine:
             ops[r[0]].queue.append(r)
 
     def receive_runs(self, epoch: int, runs: list) -> int:
-        """Validated runs [op, first rid, weight, values] from the planner; returns the requests. In the
+        """Validated runs [op, first rid, values] from the planner; returns the requests. In the
         steady state (no barrier, no migration, the current epoch) each run joins its operator's queue in
         one `extend` of rows built in C; otherwise row by row, as `receive`."""
         if self.barrier is not None or self.held or epoch != self.epoch:
@@ -484,8 +482,8 @@ class JobEngine:
             self.receive(epoch, rows)
             return len(rows)
         ops, n = self.ops, 0
-        for op, first, w, values in runs:
-            ops[op].queue.extend(expand_run(op, first, w, values))
+        for op, first, values in runs:
+            ops[op].queue.extend(expand_run(op, first, values))
             n += len(values)
         return n
 
@@ -704,16 +702,27 @@ class JobEngine:
             if not ran or spent >= ROUND_TIME_US:
                 return done
 
-    def _leaf(self, rid: int, w: int) -> None:
-        r = self.returns
-        r[rid] = r.get(rid, 0) + w
+    def _count(self, e: int, op_index: int, k: int) -> None:
+        """Add `k` to this worker's progress count of operator `op_index` in progress epoch `e`."""
+        d = self.progress.get(e)
+        if d is None:
+            d = self.progress[e] = {}
+        d[op_index] = d.get(op_index, 0) + k
 
-    def _fail(self, op: OpRuntime, exc: BaseException, value, rid: int, w: int) -> None:
+    def _ran(self, e: int, op_index: int, used: int, succ: int, made: int) -> None:
+        """A run of `used` requests of one epoch finished at `op_index`, having handed `made` to `succ`."""
+        d = self.progress.get(e)
+        if d is None:
+            d = self.progress[e] = {}
+        d[op_index] = d.get(op_index, 0) - used
+        if made:
+            d[succ] = d.get(succ, 0) + made
+
+    def _fail(self, op: OpRuntime, exc: BaseException, value) -> None:
         op.errors += 1
         self.failed += 1
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         self.error_samples.append({"operator": op.name, "error": text[:300], "value": repr(value)[:200]})
-        self._leaf(rid, w)
 
     def _run_stateless(self, op: OpRuntime, budget: int) -> int:
         q = op.queue
@@ -723,7 +732,6 @@ class JobEngine:
         pc = perf_counter
         dts = op.dts
         dts_append = dts.append
-        returns = self.returns
         routes = op.routes
         one, items = ONE_EXACT, ITEMS_EXACT
         fast = routes[0][2] if len(routes) == 1 and routes[0][0] == ROUTE_LOCAL else None
@@ -736,25 +744,33 @@ class JobEngine:
                 batch = self.pending[remote_to] = []
             fast = batch.append
         succ0 = routes[0][1] if routes else -1
+        me = op.index
         collect = op.add_collected if op.collect else None
         t_exec = 0.0
         timed = 0
         stall = self.stall
         emitted = 0  # children handed over by the fast path; the general path counts in _send
+        cur, used, made = -1, 0, 0  # the progress epoch of the run being counted, its requests, their children
         for i in range(n):
-            _, value, _k, rid, w = popleft()
+            _, value, _k, rid = popleft()
+            e = rid >> EPOCH_BITS
+            if e != cur:
+                if used:
+                    self._ran(cur, me, used, succ0, made)
+                cur, used, made = e, 0, 0
+            used += 1
             if i & TIMING_MASK:
                 try:
                     out = fn(value)
                 except Exception as e:
-                    self._fail(op, e, value, rid, w)
+                    self._fail(op, e, value)
                     continue
             else:  # one request in TIMING_SAMPLE is timed: τ̄ and the histogram come from the sample
                 t0 = pc()
                 try:
                     out = fn(value)
                 except Exception as e:
-                    self._fail(op, e, value, rid, w)
+                    self._fail(op, e, value)
                     continue
                 dt = pc() - t0
                 if dt < stall:
@@ -762,7 +778,6 @@ class JobEngine:
                     timed += 1
                     dts_append(dt)
             if out is None:
-                returns[rid] = returns.get(rid, 0) + w
                 continue
             # clasp.core.outputs' rule: its exact-type fast path inline (no call for the common returns),
             # the rest by the shared function.
@@ -775,28 +790,24 @@ class JobEngine:
                 try:
                     outs = list(out) if cls in items else as_outputs(out)
                 except Exception as e:  # a generator's body raised: the request fails
-                    self._fail(op, e, value, rid, w)
+                    self._fail(op, e, value)
                     continue
             if collect is not None:
                 collect(outs, rid)
             if fast is not None:
                 k = len(outs)
                 if k == 1:
-                    fast((succ0, outs[0], None, rid, w))
-                    emitted += 1
-                    continue
-                if k == 0:
-                    returns[rid] = returns.get(rid, 0) + w
-                    continue
-                wc, r = divmod(w, k)
-                if wc:
-                    if r:
-                        returns[rid] = returns.get(rid, 0) + r
+                    fast((succ0, outs[0], None, rid))
+                else:
                     for o in outs:
-                        fast((succ0, o, None, rid, wc))
-                    emitted += k
-                    continue
-            self._emit(op, outs, rid, w)
+                        fast((succ0, o, None, rid))
+                made += k
+                emitted += k
+                continue
+            if routes:
+                self._send(op, outs, rid)
+        if used:
+            self._ran(cur, me, used, succ0, made)
         op.exec_time += _estimate(op, t_exec, timed, n)
         op.processed += n
         if remote_to is not None:
@@ -823,20 +834,26 @@ class JobEngine:
         fn = op.fn
         pc = perf_counter
         dts_append = op.dts.append
-        returns = self.returns
         groups = op.groups
         cached = op.key_cache.get
         group_of = op.group_of
         routes = op.routes
+        me = op.index
         collect = op.add_collected if op.collect else None
         one, items = ONE_EXACT, ITEMS_EXACT
         t_exec = 0.0
         timed = 0
         stall = self.stall
-        last_rid, acc = -1, 0
+        cur, used = -1, 0  # the progress epoch of the run being counted, and its requests
         rested = op.rested
         for i in range(n):
-            _, value, key, rid, w = popleft()
+            _, value, key, rid = popleft()
+            e = rid >> EPOCH_BITS
+            if e != cur:
+                if used:
+                    self._ran(cur, me, used, me, 0)
+                cur, used = e, 0
+            used += 1
             g = cached(key)
             if g is None:
                 g = group_of(key)
@@ -847,14 +864,14 @@ class JobEngine:
                 try:
                     new, out = fn(old, value)
                 except Exception as e:
-                    self._fail(op, e, value, rid, w)
+                    self._fail(op, e, value)
                     continue
             else:
                 t0 = pc()
                 try:
                     new, out = fn(old, value)
                 except Exception as e:
-                    self._fail(op, e, value, rid, w)
+                    self._fail(op, e, value)
                     continue
                 dt = pc() - t0
                 if dt < stall:
@@ -866,12 +883,6 @@ class JobEngine:
             elif old is not None:
                 del state[key]
             if out is None or not routes and collect is None:
-                if rid == last_rid:
-                    acc += w  # a line's words arrive together: one dict update per run, not per word
-                else:
-                    if acc:
-                        returns[last_rid] = returns.get(last_rid, 0) + acc
-                    last_rid, acc = rid, w
                 continue
             cls = type(out)  # as in _run_stateless: clasp.core.outputs' fast path inline
             if cls is list or cls is tuple:
@@ -882,57 +893,39 @@ class JobEngine:
                 try:
                     outs = list(out) if cls in items else as_outputs(out)
                 except Exception as e:  # a generator's body raised: the request fails, the loop goes on
-                    self._fail(op, e, value, rid, w)
+                    self._fail(op, e, value)
                     continue
             if collect is not None:
                 collect(outs, rid)
-            if not routes or not outs:
-                returns[rid] = returns.get(rid, 0) + w
-                continue
-            self._emit(op, outs, rid, w)
-        if acc:
-            returns[last_rid] = returns.get(last_rid, 0) + acc
+            if routes and outs:
+                self._send(op, outs, rid)
+        if used:
+            self._ran(cur, me, used, me, 0)
         op.exec_time += _estimate(op, t_exec, timed, n)
         op.processed += n
         if len(op.dts) > 20_000:
             self._fold_histogram(op)
         return n
 
-    def _emit(self, op: OpRuntime, outs, rid: int, w: int) -> int:
-        """Send every output to every successor with its share of weight `w`; returns the count sent."""
-        routes = op.routes
-        k = len(outs) * len(routes)
-        if k == 0:
-            self._leaf(rid, w)
-            return 0
-        wc, r = divmod(w, k)
-        if wc == 0:
-            # The record's weight is exhausted by deep fan-out: ask the planner for more, and hold the
-            # children until it has added it, so the planner can never see the record complete early.
-            self._token += 1
-            self.extends.append([rid, ROOT_WEIGHT, self._token])
-            self.parked[self._token] = (op, list(outs), rid)
-            self._leaf(rid, w)
-            return 0
-        if r:
-            self._leaf(rid, r)
-        return self._send(op, outs, rid, wc)
-
-    def _send(self, op: OpRuntime, outs, rid: int, wc: int) -> int:
+    def _send(self, op: OpRuntime, outs, rid: int) -> int:
+        """Hand every output to every successor by its route, and count them in the progress of `rid`'s
+        epoch; returns how many requests were made."""
         local = remote = 0
         pending = self.pending
+        made = []
         for j, (kind, succ, append, table, aux, target) in enumerate(op.routes):
+            k = len(outs)
             if kind == ROUTE_LOCAL:
                 for o in outs:
-                    append((succ, o, None, rid, wc))
-                local += len(outs)
+                    append((succ, o, None, rid))
+                local += k
             elif kind == ROUTE_ONE_REMOTE:
                 batch = pending.get(target)
                 if batch is None:
                     batch = pending[target] = []
                 for o in outs:
-                    batch.append((succ, o, None, rid, wc))
-                remote += len(outs)
+                    batch.append((succ, o, None, rid))
+                remote += k
             elif kind == ROUTE_TABLE:
                 n = len(table)
                 for o in outs:
@@ -940,13 +933,13 @@ class JobEngine:
                     aux[0] = i + 1
                     d = table[i % n]
                     if d is None:
-                        append((succ, o, None, rid, wc))
+                        append((succ, o, None, rid))
                         local += 1
                     else:
                         batch = pending.get(d)
                         if batch is None:
                             batch = pending[d] = []
-                        batch.append((succ, o, None, rid, wc))
+                        batch.append((succ, o, None, rid))
                         remote += 1
             elif kind == KEYED_HERE:
                 key_fn = target.key_fn
@@ -954,10 +947,10 @@ class JobEngine:
                     try:
                         key = key_fn(o)
                     except Exception as e:
-                        self._fail(target, OperatorError(f"key function of {target.name!r} failed: {e!r}"),
-                                   o, rid, wc)
+                        self._fail(target, OperatorError(f"key function of {target.name!r} failed: {e!r}"), o)
+                        k -= 1
                         continue
-                    append((succ, o, key, rid, wc))
+                    append((succ, o, key, rid))
                     local += 1
                 # Every group is here, so none is computed to route: weigh the groups from a sample.
                 hits = target.group_hits
@@ -978,38 +971,31 @@ class JobEngine:
                             if len(aux) < KEY_CACHE_MAX:
                                 aux[key] = g
                     except Exception as e:
-                        self._fail(target, OperatorError(f"key function of {target.name!r} failed: {e!r}"),
-                                   o, rid, wc)
+                        self._fail(target, OperatorError(f"key function of {target.name!r} failed: {e!r}"), o)
+                        k -= 1
                         continue
                     hits[g] += 1
                     d = table[g]
                     if d is None:
-                        append((succ, o, key, rid, wc))
+                        append((succ, o, key, rid))
                         local += 1
                     else:
                         batch = pending.get(d)
                         if batch is None:  # not setdefault: it would build a list per request
                             batch = pending[d] = []
-                        batch.append((succ, o, key, rid, wc))
+                        batch.append((succ, o, key, rid))
                         remote += 1
             op.edge_counts[j] += len(outs)
+            made.append((succ, k))
+        e = rid >> EPOCH_BITS
+        for succ, k in made:
+            if k:
+                self._count(e, succ, k)
         if remote and self.pending_since is None:
             self.pending_since = perf_counter()
         self.local_requests += local
         self.remote_requests += remote
         return local + remote
-
-    def release_parked(self, token: int) -> None:
-        """The planner acknowledged an extension: send the parked children with fresh weight."""
-        parked = self.parked.pop(token, None)
-        if parked is None:
-            return
-        op, outs, rid = parked
-        k = len(outs) * len(op.routes)
-        wc, r = divmod(ROOT_WEIGHT, k)
-        if r:
-            self._leaf(rid, r)
-        self._send(op, outs, rid, wc)
 
     # ----------------------------------------------------------------- async operators
     def _start_async(self, op: OpRuntime, budget: int) -> int:
@@ -1038,7 +1024,7 @@ class JobEngine:
 
     async def _run_async(self, op: OpRuntime, batch: list) -> None:
         async def one(row):
-            _, value, key, rid, w = row
+            _, value, key, rid = row
             t0 = perf_counter()
             try:
                 if op.stateful:
@@ -1050,14 +1036,18 @@ class JobEngine:
                 outs = as_outputs(out)
             except Exception as e:
                 op.exec_time += perf_counter() - t0
-                self._fail(op, e, value, rid, w)
+                self._fail(op, e, value)
+                self._count(rid >> EPOCH_BITS, op.index, -1)
                 return
             dt = perf_counter() - t0
             op.exec_time += dt
             op.dts.append(dt)
             if op.collect:
                 op.add_collected(outs, rid)
-            self._emit(op, outs, rid, w)
+            # Its children and its own end in the same report (no await in between).
+            if op.routes and outs:
+                self._send(op, outs, rid)
+            self._count(rid >> EPOCH_BITS, op.index, -1)
 
         try:
             await asyncio.gather(*(one(r) for r in batch))
@@ -1081,22 +1071,24 @@ class JobEngine:
             try:
                 states = await self.remote_state.get_many(self.job, op.name, keys)
             except Exception as e:  # nothing ran yet: every request of the batch fails, the worker goes on
-                for _, value, _key, rid, w in batch:
-                    self._fail(op, e, value, rid, w)
+                for _, value, _key, rid in batch:
+                    self._fail(op, e, value)
+                    self._count(rid >> EPOCH_BITS, op.index, -1)
                 return
             t0 = perf_counter()
             emits = []
-            for _, value, key, rid, w in batch:
+            for _, value, key, rid in batch:
                 try:
                     new, out = op.fn(states.get(key), value)
                     outs = as_outputs(out)
                 except Exception as e:
-                    self._fail(op, e, value, rid, w)
-                    continue
-                states[key] = new
-                if op.collect:
-                    op.add_collected(outs, rid)
-                emits.append((outs, rid, w))
+                    self._fail(op, e, value)
+                    outs = ()
+                else:
+                    states[key] = new
+                    if op.collect:
+                        op.add_collected(outs, rid)
+                emits.append((outs, rid))
             op.exec_time += perf_counter() - t0
             try:
                 await self.remote_state.put_many(self.job, op.name, {k: states.get(k) for k in keys})
@@ -1104,10 +1096,12 @@ class JobEngine:
                 op.errors += 1
                 self.error_samples.append({"operator": op.name, "error": f"remote state write failed: {e!r}"[:300],
                                            "value": f"{len(keys)} keys"})
-            # Outputs and returned weight only after the write: a record is never complete before the
-            # state server holds what its requests wrote.
-            for outs, rid, w in emits:
-                self._emit(op, outs, rid, w)
+            # Outputs and progress only after the write: a record is never complete before the state server
+            # holds what its requests wrote.
+            for outs, rid in emits:
+                if op.routes and outs:
+                    self._send(op, outs, rid)
+                self._count(rid >> EPOCH_BITS, op.index, -1)
         finally:
             op.processed += len(batch)
             op.busy = False
@@ -1122,10 +1116,10 @@ class JobEngine:
         self.pending_since = None
         return p
 
-    def take_returns(self) -> tuple[dict[int, int], list[list[int]]]:
-        r, e = self.returns, self.extends
-        self.returns, self.extends = {}, []
-        return r, e
+    def take_progress(self) -> dict[int, dict[int, int]]:
+        """The progress counts gathered since the last call (the worker reports them in one message)."""
+        p, self.progress = self.progress, {}
+        return p
 
     def _fold_histogram(self, op: OpRuntime) -> None:
         import numpy as np

@@ -47,7 +47,7 @@ from clasp.core.limits import LimitError, check_client_pending, check_dag, check
 from clasp.core.migration import PLANNER, plan_migration
 from clasp.core.placement import NoPlacementError
 from clasp.core.policies import POLICIES
-from clasp.core.protocol import ROOT_WEIGHT, ProtocolError
+from clasp.core.protocol import ProtocolError
 from clasp.core.routing import (
     NUM_KEY_GROUPS,
     Placement,
@@ -119,7 +119,6 @@ class PlannerJob:
     clients: dict = field(default_factory=dict)  # client -> when it last pushed: they share the credit
     cancelled: bool = False
     routes: list = field(default_factory=list)
-    weight: int = ROOT_WEIGHT
     window: int = scheduler.WINDOW_MIN  # records in flight and per dispatch (`scheduler.dispatch_limits`)
     batch: int = scheduler.BATCH_MIN
     created: float = field(default_factory=time.time)
@@ -516,11 +515,7 @@ class Planner(PlannerRecoveryMixin):
         job = self.jobs.get(body[0])
         if job is None or (job.ckpt is not None and self._ckpt_stale_done(job, ident)):
             return
-        now = time.monotonic()
-        for rid, amount, token in body[2]:
-            job.tracker.extend(rid, amount)
-            self._post(ident, protocol.encode("extend_ack", [job.id, token]))
-        if job.tracker.returned(body[1], now):
+        if job.tracker.progress(body[1], time.monotonic()):
             self.dispatch_wake.set()
             if job.tracker.outstanding == 0 and job.queued == 0:
                 self._check_waiters(job)
@@ -660,9 +655,6 @@ class Planner(PlannerRecoveryMixin):
                           keyed=tuple(o.name for o in spec.operators if o.stateful), local_first=True)
 
     def _set_routes(self, job: PlannerJob) -> None:
-        n = len(job.spec.sources)
-        job.weight = (ROOT_WEIGHT // n) * n
-        job.tracker.root = job.weight
         job.routes = [route_to(job.spec, job.placement, s, None) for s in job.spec.sources]
         job.window, job.batch = scheduler.dispatch_limits(self.max_inflight, self.dispatch_batch,
                                                           scheduler.source_holders(job.spec, job.placement),
@@ -1056,7 +1048,7 @@ class Planner(PlannerRecoveryMixin):
         if head is not None and head[1] is None:  # a replayed chunk, read from the input log when it is due
             head[1] = job.ckpt.log.records(head[0] >> CHUNK_BITS)
         size, offset = (len(head[1]), head[2]) if head else (0, 0)
-        d = scheduler.dispatch(job.queue, job.spec, job.routes, job.weight,
+        d = scheduler.dispatch(job.queue, job.spec, job.routes,
                                scheduler.window_room(job.window, job.inflight, job.batch))
         if d is None:
             return 0
@@ -1074,7 +1066,8 @@ class Planner(PlannerRecoveryMixin):
         if d.failed:
             job.errors.extend(d.errors)
             job.counters["source_errors"] += len(d.failed)
-            job.tracker.complete_now(d.failed, time.monotonic())
+        if job.tracker.dispatched(d.first, n, d.counts, time.monotonic()) and not job.tracker.outstanding:
+            self._wake_waiters(job)
         if job.deferred_acks:
             self._release_acks(job)
         return n

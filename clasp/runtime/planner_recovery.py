@@ -21,7 +21,6 @@ from clasp.core.checkpoint import (
     boundary_reached,
     dispatch_boundary,
     recovery_placement,
-    rollback,
 )
 from clasp.core.credit import charge
 from clasp.core.tracking import CHUNK_BITS
@@ -258,7 +257,7 @@ class PlannerRecoveryMixin:
             boundary = target.boundary if target else 0
             dispatched_before = job.counters["dispatched"]
             c.replay_to = max(c.replay_to, job.tracker.completed + job.tracker.lost)
-            reopened, _ = rollback(job.tracker, boundary, c.log.sizes_from(boundary))
+            reopened, _ = job.tracker.rollback(boundary, c.log.sizes_from(boundary))
             job.queue.clear()
             job.queue_bytes.clear()
             for chunk in c.log.sizes_from(boundary):

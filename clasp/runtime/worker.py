@@ -1,6 +1,6 @@
 """The worker process: sockets, registration and heartbeats around the engines of its jobs.
 
-Sockets: a DEALER to the planner (control, heartbeats, returned weight); a PULL bound for data from the
+Sockets: a DEALER to the planner (control, heartbeats, progress counts); a PULL bound for data from the
 planner and from peers; a PUSH per peer it sends to; a ROUTER bound as its state server, which any
 process may ask for a key's state or a whole operator's. Metrics are served over HTTP.
 """
@@ -77,7 +77,7 @@ class Worker(RecoveryMixin):
         self.welcomed = asyncio.Event()
         self.stopping = False
         self._ports = (data_port, state_port, metrics_port)
-        self._returns_since: float | None = None
+        self._progress_since: float | None = None
         self.remote_states: dict[str, RemoteState] = {}  # state-server endpoint -> its client (remote state)
         self.tasks = ProcessTasks(log)  # every task of this process; cancelled together when serve() ends
         self.leave_timeout = leave_timeout  # after SIGTERM: longest wait for the planner's drain, then exit 1
@@ -152,7 +152,7 @@ class Worker(RecoveryMixin):
 
     # ----------------------------------------------------------------- control channel (planner)
     async def _control_loop(self) -> None:
-        handlers = {"welcome": self._on_welcome, "deploy": self._on_deploy, "extend_ack": self._on_extend_ack,
+        handlers = {"welcome": self._on_welcome, "deploy": self._on_deploy,
                     "state_dump": self._on_state_dump, "collected_dump": self._on_collected_dump,
                     "stop_job": self._on_stop_job, "error": self._on_error, "state_get": self._on_state_get,
                     "state_put": self._on_state_put, "counters": self._on_counters,
@@ -228,7 +228,7 @@ class Worker(RecoveryMixin):
             log.error("the planner could not drain this worker: %s; exiting", body["detail"])
         for eng in self.jobs.values():  # what is batched leaves before the sockets close
             self._flush_data(eng)
-            self._flush_returns(eng)
+            self._flush_progress(eng)
         await asyncio.sleep(0.05)
         self._exit(0 if body["ok"] else 1)
 
@@ -275,12 +275,6 @@ class Worker(RecoveryMixin):
                              security=self.security)
             self.remote_states[endpoint] = rs
         return rs
-
-    def _on_extend_ack(self, body) -> None:
-        eng = self.jobs.get(body[0])
-        if eng is not None:
-            eng.release_parked(body[1])
-            self.wake.set()
 
     def _engine(self, body) -> JobEngine:
         eng = self.jobs.get(body["job"])
@@ -623,10 +617,9 @@ class Worker(RecoveryMixin):
             msgs[0] += 1
             msgs[1] += len(rows)
 
-    def _flush_returns(self, eng: JobEngine) -> None:
-        if eng.returns or eng.extends:
-            returns, extends = eng.take_returns()
-            self.dealer.send(protocol.encode("done", [eng.job, returns, extends]), copy=False)
+    def _flush_progress(self, eng: JobEngine) -> None:
+        if eng.progress:
+            self.dealer.send(protocol.encode("done", [eng.job, eng.take_progress()]), copy=False)
 
     async def _executor_loop(self) -> None:
         flush_delay, max_batch = self.flush_delay, self.max_batch
@@ -647,20 +640,20 @@ class Worker(RecoveryMixin):
                 for eng in self.jobs.values():  # a worker that stays busy frees moved state too, a group a round
                     if eng.dropped and eng.migration is None:
                         eng.free_one()
-                if self._returns_since is None:
-                    self._returns_since = now
-                elif now - self._returns_since >= flush_delay:
+                if self._progress_since is None:
+                    self._progress_since = now
+                elif now - self._progress_since >= flush_delay:
                     for eng in self.jobs.values():
-                        self._flush_returns(eng)
-                    self._returns_since = None
+                        self._flush_progress(eng)
+                    self._progress_since = None
                 await sleep(0)
                 continue
             # Nothing runnable: send whatever is batched now, then wait for work.
             for eng in list(self.jobs.values()):
                 if eng.pending:
                     self._flush_data(eng)
-                self._flush_returns(eng)
-            self._returns_since = None
+                self._flush_progress(eng)
+            self._progress_since = None
             # Idle-time work, one key group per step, once the worker has had nothing to do for REST_IDLE_S
             # (a migration counts as work: its messages, and the I/O thread under the same CPU quota, first).
             now = perf_counter()
