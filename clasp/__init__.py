@@ -1,8 +1,8 @@
 """clasp: an elastic stream-processing runtime implementing CLASP's capacity-aware placement."""
 
-from clasp.core.dag import Dag, DagError, Operator
+from clasp.core.dag import Dag, DagError, Operator, identity
 
-__all__ = ["Dag", "DagError", "Operator", "connect", "ClaspError", "ClaspTimeout", "PlannerUnavailable", "AuthError"]
+__all__ = ["Dag", "DagError", "Operator", "identity", "connect", "ClaspError", "ClaspTimeout", "PlannerUnavailable", "AuthError"]
 __version__ = "0.1.0"
 
 

@@ -85,14 +85,14 @@ def two_workers():
 def test_a_group_at_rest_moves_as_its_blob_and_a_request_of_it_drops_the_blob():
     engines, old, new = two_workers()
     e0, b = engines["w0"], engines["w0"].ops[1]
-    e0.enqueue_rows([(1, [k, k], k, k, 5) for k in range(500)])
+    e0.enqueue_rows([(1, [k, k], k, k) for k in range(500)])
     drain(e0)
     while e0.rest_one():
         pass
     assert not e0.changed() and check_rested(e0) == sum(1 for d in b.groups if d)
     blobs = {g: r[0] for g, r in enumerate(b.rested) if r is not None}
     touched = b.group_of(7)
-    e0.enqueue_rows([(1, [7, 999], 7, 999, 5)])
+    e0.enqueue_rows([(1, [7, 999], 7, 999)])
     drain(e0)
     assert b.rested[touched] is None and e0.changed()
     assert all(b.rested[g][0] is blob for g, blob in blobs.items() if g != touched)
@@ -108,11 +108,11 @@ def test_a_group_at_rest_moves_as_its_blob_and_a_request_of_it_drops_the_blob():
 def test_state_a_failing_function_changed_in_place_is_not_left_behind_by_its_blob():
     engines, old, new = two_workers()
     e0 = engines["w0"]
-    e0.enqueue_rows([(1, [3, 1], 3, 1, 5)])
+    e0.enqueue_rows([(1, [3, 1], 3, 1)])
     drain(e0)
     while e0.rest_one():
         pass
-    e0.enqueue_rows([(1, [3, BAD], 3, 2, 5)])  # appends in place, then raises
+    e0.enqueue_rows([(1, [3, BAD], 3, 2)])  # appends in place, then raises
     drain(e0)
     assert e0.failed == 1 and e0.ops[1].get(3) == [[3, 1], [3, BAD]]
     migrate(engines, old, new)
@@ -122,7 +122,7 @@ def test_state_a_failing_function_changed_in_place_is_not_left_behind_by_its_blo
 def test_a_checkpoint_snapshot_writes_rested_blobs_as_they_are_and_puts_the_others_to_rest():
     spec = dag().to_spec()
     eng = JobEngine(1, spec, "w0", build_placement(spec, ["w0"], {"a": {0: 1}, "b": {0: 1}}, 10))
-    eng.enqueue_rows([(1, [k, 0], k, k, 5) for k in range(300)])
+    eng.enqueue_rows([(1, [k, 0], k, k) for k in range(300)])
     drain(eng)
     b = eng.ops[1]
     eng.rest_one()
@@ -161,7 +161,7 @@ def test_randomized_rest_migrate_checkpoint_and_fail_keep_every_keys_exact_histo
                 owners = placement.operators["b"].key_groups
                 for k, v in rows:
                     g = engines["w0"].ops[1].group_of(k)
-                    by_owner.setdefault(owners[g], []).append((1, [k, v], k, rid, 5))
+                    by_owner.setdefault(owners[g], []).append((1, [k, v], k, rid))
                 for w, rs in by_owner.items():
                     engines[w].enqueue_rows(rs)
                     drain(engines[w])
@@ -233,7 +233,7 @@ def test_a_backlog_is_scanned_in_pieces_with_nothing_run_between_and_arrivals_ke
     spec = dag().to_spec()
     half = build_placement(spec, ["w0", "w1"], {"a": {0: 1}, "b": {0: 1, 1: 1}}, 10, epoch=1, previous=old)
     e0, b = engines["w0"], engines["w0"].ops[1]
-    backlog = [(1, [k % 300, k], k % 300, k, 5) for k in range(5000)]
+    backlog = [(1, [k % 300, k], k % 300, k) for k in range(5000)]
     e0.enqueue_rows(backlog)  # queued, not run: the migration scans them
     e0.begin_migration(half, {})
     owners = half.operators["b"].key_groups
@@ -245,11 +245,11 @@ def test_a_backlog_is_scanned_in_pieces_with_nothing_run_between_and_arrivals_ke
             pauses += 1
             assert e0.run_round() == 0  # nothing of the job runs while its queues are scanned
             if pauses == 3:
-                e0.enqueue_rows([(1, [stay, -2], stay, 99999, 5)])  # arrives mid-scan
+                e0.enqueue_rows([(1, [stay, -2], stay, 99999)])  # arrives mid-scan
         elif unit is not None:
             units.append(unit)
     assert pauses == len(backlog) // SCAN_ROWS
-    assert list(b.queue) == kept + [(1, [stay, -2], stay, 99999, 5)]
+    assert list(b.queue) == kept + [(1, [stay, -2], stay, 99999)]
     moved = [r for u in units for r in u[4]]
     assert sorted(moved, key=lambda r: r[3]) == [r for r in backlog if owners[b.group_of(r[2])] == "w1"]
     for u in units:  # each group's requests in their arrival order

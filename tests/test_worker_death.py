@@ -117,7 +117,9 @@ def test_records_on_no_dead_worker_all_complete(tmp_path_factory):
             counts = job.state("count")
             assert summary["completed"] + summary["lost"] == len(lines)
             assert summary["lost"] > 0
-            # Each completed line was counted once, no lost line was counted.
-            assert len(counts) == summary["completed"] and set(counts.values()) == {1}
+            # No line was counted twice, every completed line was counted; records are lost a progress epoch at
+            # a time (512 records of a push), so a lost epoch's lines that ran before the death may be in it.
+            assert set(counts.values()) == {1}
+            assert summary["completed"] <= len(counts) < summary["completed"] + summary["lost"]
     finally:
         cluster.stop()

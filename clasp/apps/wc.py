@@ -52,13 +52,9 @@ def count(state: int | None, word: str) -> tuple[int, None]:
     return (state or 0) + 1, None
 
 
-def word_key(word: str) -> str:
-    return word
-
-
 def build_dag() -> clasp.Dag:
     dag = clasp.Dag(NAME)
-    dag.operator("split", split) >> dag.operator("count", count, stateful=True, key=word_key)
+    dag.operator("split", split) >> dag.operator("count", count, stateful=True, key=clasp.identity)
     return dag
 
 

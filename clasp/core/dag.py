@@ -17,6 +17,12 @@ class DagError(ValueError):
     """A malformed DAG, raised before anything is sent."""
 
 
+def identity(value):
+    """The key function of an operator whose key is the value itself (`key=clasp.identity`): the runtime
+    recognizes it and uses the value without calling it."""
+    return value
+
+
 @dataclass(eq=False)
 class Operator:
     """One node of a DAG: a stateless function `fn(value) -> outputs` or a stateful `fn(state, value)`."""
@@ -29,6 +35,7 @@ class Operator:
     is_async: bool = False
     index: int = -1
     collect: bool = False
+    batch: bool = False
 
     def __rshift__(self, other: Operator) -> Operator:
         self.dag.edge(self, other)
@@ -47,8 +54,10 @@ class Dag:
     edges: list[tuple[str, str]] = field(default_factory=list)
 
     def operator(self, name: str, fn: Callable, *, stateful: bool = False, key: Callable | None = None,
-                 collect: bool = False) -> Operator:
-        """Add an operator. `collect=True` keeps its outputs on the workers for `job.collected(name)`."""
+                 collect: bool = False, batch: bool = False) -> Operator:
+        """Add an operator. `collect=True` keeps its outputs on the workers for `job.collected(name)`.
+        `batch=True` (stateless only): `fn` takes a list of values and returns a list of outputs for all of
+        them, called once per batch the engine runs (like Bytewax's `flat_map_batch`)."""
         if not isinstance(name, str) or not name:
             raise DagError(f"operator name must be a non-empty string, not {name!r}")
         if any(o.name == name for o in self.operators):
@@ -59,8 +68,10 @@ class Dag:
             raise DagError(f"operator {name!r} is stateful but has no key function (key=...)")
         if key is not None and not callable(key):
             raise DagError(f"operator {name!r}: key {key!r} is not callable")
-        op = Operator(self, name, fn, stateful, key, inspect.iscoroutinefunction(fn), len(self.operators),
-                      bool(collect))
+        is_async = inspect.iscoroutinefunction(fn)
+        if batch and (stateful or is_async):
+            raise DagError(f"operator {name!r}: batch=True is for stateless, synchronous operators")
+        op = Operator(self, name, fn, stateful, key, is_async, len(self.operators), bool(collect), bool(batch))
         self.operators.append(op)
         return op
 
@@ -161,6 +172,7 @@ class OperatorSpec:
     fn: Callable
     key: Callable | None
     collect: bool = False
+    batch: bool = False
 
 
 @dataclass
@@ -178,7 +190,7 @@ class DagSpec:
         def succ(o):
             return sorted((index[d] for d in dag.successors(o.name)), key=lambda i: topo[dag.operators[i].name])
 
-        ops = [OperatorSpec(o.index, o.name, o.stateful, o.is_async, succ(o), o.fn, o.key, o.collect)
+        ops = [OperatorSpec(o.index, o.name, o.stateful, o.is_async, succ(o), o.fn, o.key, o.collect, o.batch)
                for o in dag.operators]
         return cls(dag.name, ops, [index[s] for s in dag.sources()])
 
@@ -205,7 +217,8 @@ class DagSpec:
             fns.extend([o.fn, o.key])
         return {"name": self.name, "sources": self.sources,
                 "operators": [{"index": o.index, "name": o.name, "stateful": o.stateful, "async": o.is_async,
-                               "collect": o.collect, "successors": o.successors} for o in self.operators],
+                               "collect": o.collect, "batch": o.batch, "successors": o.successors}
+                              for o in self.operators],
                 "functions": _pickle_functions(fns)}
 
     @classmethod
@@ -223,8 +236,11 @@ class DagSpec:
                 succ = [int(s) for s in o["successors"]]
                 if any(not 0 <= s < len(raw) for s in succ):
                     raise DagError(f"operator {o['name']!r} has a successor out of range")
+                if o.get("batch") and (o["stateful"] or o["async"]):
+                    raise DagError(f"operator {o['name']!r}: batch=True is for stateless, synchronous operators")
                 ops.append(OperatorSpec(i, str(o["name"]), bool(o["stateful"]), bool(o["async"]), succ,
-                                        fns[2 * i], fns[2 * i + 1], bool(o.get("collect", False))))
+                                        fns[2 * i], fns[2 * i + 1], bool(o.get("collect", False)),
+                                        bool(o.get("batch", False))))
             sources = [int(s) for s in d["sources"]]
             return cls(str(d["name"]), ops, sources)
         except DagError:

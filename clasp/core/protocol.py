@@ -104,7 +104,7 @@ _LIST_BODIES = {"data": 3, "runs": 3, "cols": 3, "done": 2, "marker": 3, "migrat
 # A typed message is a dataclass: its fields are the body's, `_req(types)` required and `_opt(types)`
 # optional (None when absent); `decode` checks their types, `parse` builds the dataclass and runs its
 # `check` (what a type cannot say: a share is a number, a timeout is not negative). Handlers read
-# attributes, never a raw body. The data path's list bodies (rows, runs, returned weight) stay lists.
+# attributes, never a raw body. The data path's list bodies (rows, runs, progress counts) stay lists.
 def _req(types: tuple | None) -> Any:
     return field(metadata={"types": types})
 

@@ -18,11 +18,12 @@ import logging
 import math
 import traceback
 from collections import deque
+from itertools import repeat
 from time import perf_counter
 
 import msgpack
 
-from clasp.core.dag import DagSpec
+from clasp.core.dag import DagSpec, identity
 from clasp.core.outputs import ITEMS_EXACT, ONE_EXACT, as_outputs
 from clasp.core.protocol import column_rows, expand_columns, expand_run, expand_runs
 from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE, Placement, key_group, route_to
@@ -113,13 +114,15 @@ class OpRuntime:
     __slots__ = ("index", "name", "fn", "key_fn", "stateful", "is_async", "collect", "queue", "groups",
                  "instances", "routes", "successors", "processed", "exec_time", "errors", "edge_counts",
                  "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_hits",
-                 "collected_rids", "cold", "rested")
+                 "collected_rids", "cold", "rested", "batch", "key_is_value")
 
     def __init__(self, spec_op):
         self.index = spec_op.index
         self.name = spec_op.name
         self.fn = spec_op.fn
         self.key_fn = spec_op.key
+        self.key_is_value = spec_op.key is identity  # the key is the value: no call
+        self.batch = spec_op.batch  # fn takes a list of values and returns a list of outputs
         self.stateful = spec_op.stateful
         self.is_async = spec_op.is_async
         self.collect = spec_op.collect
@@ -692,6 +695,8 @@ class JobEngine:
                         n = self._start_remote(op, budget)
                     elif op.stateful:
                         n = self._run_stateful(op, budget)
+                    elif op.batch:
+                        n = self._run_batch(op, budget)
                     else:
                         n = self._run_stateless(op, budget)
                     ran += n
@@ -744,12 +749,20 @@ class JobEngine:
                 batch = self.pending[remote_to] = []
             fast = batch.append
         succ0 = routes[0][1] if routes else -1
+        # One keyed successor whose every key group is here and whose key is the value (Word Count on one
+        # worker): a line's words join its queue in one extend of rows built in C; the group weights from
+        # the sampled requests' outputs. Not while a checkpoint barrier filters what joins a stateful queue.
+        here = None
+        if (fast is None and len(routes) == 1 and routes[0][0] == KEYED_HERE and routes[0][5].key_is_value
+                and self.barrier is None):
+            target = routes[0][5]
+            here, hits, group_of = target.queue.extend, target.group_hits, target.group_of
         me = op.index
         collect = op.add_collected if op.collect else None
         t_exec = 0.0
         timed = 0
         stall = self.stall
-        emitted = 0  # children handed over by the fast path; the general path counts in _send
+        emitted = 0  # children handed over by the fast paths; the general path counts in _send
         cur, used, made = -1, 0, 0  # the progress epoch of the run being counted, its requests, their children
         for i in range(n):
             _, value, _k, rid = popleft()
@@ -801,6 +814,15 @@ class JobEngine:
                 else:
                     for o in outs:
                         fast((succ0, o, None, rid))
+                made += k
+                emitted += k
+                continue
+            if here is not None:
+                k = len(outs)
+                here(zip(repeat(succ0), outs, outs, repeat(rid, k)))
+                if not i & TIMING_MASK:  # the timed request's outputs weigh the groups for all of them
+                    for o in outs:
+                        hits[group_of(o)] += TIMING_SAMPLE
                 made += k
                 emitted += k
                 continue
@@ -907,6 +929,41 @@ class JobEngine:
             self._fold_histogram(op)
         return n
 
+    def _run_batch(self, op: OpRuntime, budget: int) -> int:
+        """A `batch=True` operator: `fn` once per run of requests of one progress epoch, on their values;
+        the outputs go out as the children of the run's last record (one epoch, so one chunk: checkpoints
+        and progress see them where the run's records are)."""
+        q = op.queue
+        n = min(budget, len(q))
+        rows = [q.popleft() for _ in range(n)]
+        me = op.index
+        start = 0
+        t0 = perf_counter()
+        while start < n:
+            e = rows[start][3] >> EPOCH_BITS
+            end = start + 1
+            while end < n and rows[end][3] >> EPOCH_BITS == e:
+                end += 1
+            values = [r[1] for r in rows[start:end]]
+            rid = rows[end - 1][3]
+            try:
+                outs = as_outputs(op.fn(values))
+            except Exception as exc:
+                self._fail(op, exc, values[:3])
+                outs = ()
+            self._ran(e, me, end - start, me, 0)
+            if outs:
+                if op.collect:
+                    op.add_collected(outs, rid)
+                if op.routes:
+                    self._send(op, outs, rid)
+            start = end
+        dt = perf_counter() - t0
+        op.exec_time += dt
+        op.dts.append(dt / max(1, n))
+        op.processed += n
+        return n
+
     def _send(self, op: OpRuntime, outs, rid: int) -> int:
         """Hand every output to every successor by its route, and count them in the progress of `rid`'s
         epoch; returns how many requests were made."""
@@ -943,15 +1000,20 @@ class JobEngine:
                         remote += 1
             elif kind == KEYED_HERE:
                 key_fn = target.key_fn
-                for o in outs:
-                    try:
-                        key = key_fn(o)
-                    except Exception as e:
-                        self._fail(target, OperatorError(f"key function of {target.name!r} failed: {e!r}"), o)
-                        k -= 1
-                        continue
-                    append((succ, o, key, rid))
-                    local += 1
+                if target.key_is_value:
+                    for o in outs:
+                        append((succ, o, o, rid))
+                    local += k
+                else:
+                    for o in outs:
+                        try:
+                            key = key_fn(o)
+                        except Exception as e:
+                            self._fail(target, OperatorError(f"key function of {target.name!r} failed: {e!r}"), o)
+                            k -= 1
+                            continue
+                        append((succ, o, key, rid))
+                        local += 1
                 # Every group is here, so none is computed to route: weigh the groups from a sample.
                 hits = target.group_hits
                 for o in outs[::HIT_SAMPLE]:
@@ -961,10 +1023,11 @@ class JobEngine:
                         continue
             else:
                 key_fn = target.key_fn
+                ident = target.key_is_value
                 hits = target.group_hits
                 for o in outs:
                     try:
-                        key = key_fn(o)
+                        key = o if ident else key_fn(o)
                         g = aux.get(key)
                         if g is None:
                             g = key_group(key, NUM_KEY_GROUPS)

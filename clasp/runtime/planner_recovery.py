@@ -41,7 +41,7 @@ class CheckpointState:
         self.log = InputLog(store, job, memory_records, memory_bytes, notify)
         self.want = False  # stop dispatching at the next chunk boundary
         self.hold = False  # dispatching stopped for a barrier
-        self.restoring = False  # a rollback is under way: dispatch stops, returned weight is stale
+        self.restoring = False  # a rollback is under way: dispatch stops, progress reports are stale
         # checkpoint id -> operator -> the collected outputs that complete checkpoint released
         self.released_by: dict[int, dict[str, list]] = {}
         self.replayed = 0
@@ -85,7 +85,7 @@ class PlannerRecoveryMixin:
             job.ckpt.log.append(base >> CHUNK_BITS, t, records, nbytes, frame)
 
     def _ckpt_stale_done(self, job, ident: bytes) -> bool:
-        """Returned weight that belongs to a rolled-back era: during a restore, or from a retired worker."""
+        """Progress reports that belong to a rolled-back era: during a restore, or from a retired worker."""
         c = job.ckpt
         if c is None:
             return False
