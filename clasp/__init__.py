@@ -2,7 +2,8 @@
 
 from clasp.core.dag import Dag, DagError, Operator, identity
 
-__all__ = ["Dag", "DagError", "Operator", "identity", "connect", "ClaspError", "ClaspTimeout", "PlannerUnavailable", "AuthError"]
+__all__ = ["Dag", "DagError", "Operator", "identity", "connect", "ClaspError", "ClaspTimeout", "PlannerUnavailable",
+           "AuthError"]
 __version__ = "0.1.0"
 
 
