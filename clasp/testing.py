@@ -66,6 +66,13 @@ class LocalJob:
         return {n: (self._busy_ns[n] / c / 1000.0 if c else 0.0) for n, c in self.processed.items()}
 
 
+def _emit(outs: list, sink: list | None, successors: list) -> None:
+    if sink is not None:
+        sink.extend(outs)
+    for q in successors:
+        q.extend(outs)
+
+
 def run_local(dag: Dag, records: Iterable, *, roundtrip: bool = True) -> LocalJob:
     """Run `dag` over `records` in this process and return a LocalJob.
 
@@ -103,6 +110,15 @@ def run_local(dag: Dag, records: Iterable, *, roundtrip: bool = True) -> LocalJo
                 sink = collected.get(op.name)
                 st = states.get(op.name)
                 while q:
+                    if op.batch:  # what is queued, as one batch: the values one pushed record led to
+                        values = [_roundtrip(v, f"input of {op.name!r}") if roundtrip else v for v in q]
+                        q.clear()
+                        t0 = perf()
+                        out = op.fn(values)
+                        busy[op.name] += perf() - t0
+                        processed[op.name] += len(values)
+                        _emit(as_outputs(out), sink, succ)
+                        continue
                     value = q.popleft()
                     if roundtrip:
                         value = _roundtrip(value, f"input of {op.name!r}")
@@ -135,11 +151,7 @@ def run_local(dag: Dag, records: Iterable, *, roundtrip: bool = True) -> LocalJo
                             t1 = perf()
                         busy[op.name] += t1 - t0
                     processed[op.name] += 1
-                    outs = as_outputs(out)
-                    if sink is not None:
-                        sink.extend(outs)
-                    for sq in succ:
-                        sq.extend(outs)
+                    _emit(as_outputs(out), sink, succ)
     finally:
         if loop is not None:
             loop.close()

@@ -92,3 +92,14 @@ def test_batch_is_for_stateless_synchronous_operators():
     with pytest.raises(clasp.DagError, match="batch=True"):
         dag.operator("a", slow, batch=True)
     assert clasp.identity("x") == "x"
+
+
+def test_run_local_runs_batch_operators_with_the_same_answers():
+    from clasp.testing import run_local
+
+    lines = wc.generate(2_000, seed=9)
+    expected = collections.Counter(w for line in lines for w in wc.split(line))
+    job = run_local(batch_dag(), lines)
+    assert job.state("count") == dict(expected)
+    assert sorted(job.collected("new")) == sorted(expected)
+    assert job.processed["split"] == len(lines)
