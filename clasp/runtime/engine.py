@@ -298,9 +298,13 @@ class JobEngine:
         # The remote-state baseline (paper Fig. 4): an object with `async get_many(job, op, keys) -> dict`
         # and `async put_many(job, op, {key: state or None})`; None keeps state in this worker.
         self.remote_state = None
-        # Checkpoints (clasp.core.checkpoint): while a barrier is up, requests of records at or above its
-        # boundary wait here, per stateful operator, out of the queues; `floor`: rows of an epoch below it
+        # Checkpoints (clasp.core.checkpoint, docs/RECOVERY.md): while a barrier is up, a synchronous
+        # stateful operator runs on and keeps, per key group that a request at or above the boundary touched,
+        # the group's image before that request (`shadows`: op index -> group -> msgpack blob, or the dict it
+        # was decoded into to apply a later request below the boundary); an async stateful operator's
+        # requests at or above the boundary wait in `barrier_held` instead. `floor`: rows of an epoch below it
         # belong to an era a recovery rolled back, and are dropped.
+        self.shadows: dict[int, dict[int, bytes | dict]] = {}
         self.barrier: int | None = None
         self.barrier_held: dict[int, list] = {}
         self.floor = 0
@@ -338,9 +342,9 @@ class JobEngine:
 
     def _appender(self, target: OpRuntime):
         """How requests join `target`'s queue: directly, or past the barrier's filter while one is up."""
-        if self.barrier is None or not target.stateful:
+        if self.barrier is None or target.index not in self.barrier_held:
             return target.queue.append
-        boundary, append, held = self.barrier, target.queue.append, self.barrier_held.setdefault(target.index, [])
+        boundary, append, held = self.barrier, target.queue.append, self.barrier_held[target.index]
         hold = held.append
 
         def admit(row):
@@ -352,10 +356,13 @@ class JobEngine:
 
     # ----------------------------------------------------------------- checkpoints
     def begin_barrier(self, boundary: int) -> None:
-        """Hold every request of a record at or above `boundary` out of the stateful operators until
-        `release_barrier` (nothing of those records is here yet: the planner dispatches them after this)."""
+        """Keep the state below `boundary` for the snapshot until `release_barrier` (nothing of the records
+        at or above it is here yet: the planner dispatches them after this). A synchronous stateful operator
+        runs on and keeps a key group's image before the first request at or above the boundary changes
+        it (`_run_shadowed`); an async one's requests at or above the boundary are held out of its queue."""
         self.barrier = boundary
-        self.barrier_held = {op.index: [] for op in self.ops if op.stateful}
+        self.shadows = {op.index: {} for op in self.ops if op.stateful and not op.is_async}
+        self.barrier_held = {op.index: [] for op in self.ops if op.stateful and op.is_async}
         self.apply_placement(self.placement)
 
     def release_barrier(self) -> int:
@@ -363,6 +370,7 @@ class JobEngine:
         if self.barrier is None:
             return 0
         held, self.barrier_held, self.barrier = self.barrier_held, {}, None
+        self.shadows = {}
         n = 0
         for op_index, rows in held.items():
             self.ops[op_index].queue.extend(rows)
@@ -372,14 +380,23 @@ class JobEngine:
 
     def snapshot_groups(self):
         """(operator, group, key count, msgpack blob) for every non-empty key group this worker owns, one at
-        a time: a cold or rested group's blob as it is, any other group packed (and so put to rest)."""
+        a time, as it was below the barrier's boundary: the image kept of a group that a request above it
+        changed, a cold or rested group's blob as it is, any other group packed (and so put to rest)."""
         me = self.me
         for op in self.ops:
             if not op.stateful:
                 continue
             owners = self.placement.operators[op.name].key_groups
+            shadow = self.shadows.get(op.index, {})
             for g, d in enumerate(op.groups):
                 if owners[g] != me:
+                    continue
+                image = shadow.get(g)
+                if image is not None:
+                    if type(image) is dict:
+                        image = (msgpack.packb(image, use_bin_type=True), len(image)) if image else None
+                    if image is not None:
+                        yield op.name, g, image[1], image[0]
                     continue
                 blob = op.cold.get(g) or op.rested[g] or (op.rest(g) if d else None)
                 if blob is not None:
@@ -465,7 +482,7 @@ class JobEngine:
     def enqueue_rows(self, rows: list) -> None:
         """Append validated rows [op, value, key, rid] to their operators' queues."""
         ops = self.ops
-        if self.barrier is not None:
+        if self.barrier_held:
             boundary, held = self.barrier, self.barrier_held
             for r in rows:
                 if r[3] >= boundary and r[0] in held:
@@ -480,7 +497,7 @@ class JobEngine:
         """Validated runs [op, first rid, values] from the planner; returns the requests. In the
         steady state (no barrier, no migration, the current epoch) each run joins its operator's queue in
         one `extend` of rows built in C; otherwise row by row, as `receive`."""
-        if self.barrier is not None or self.held or epoch != self.epoch:
+        if self.barrier_held or self.held or epoch != self.epoch:
             rows = expand_runs(runs)
             self.receive(epoch, rows)
             return len(rows)
@@ -504,7 +521,7 @@ class JobEngine:
         """A `cols` message's validated groups (clasp.core.protocol.columns): straight onto their operators'
         queues in steady state (one extend per group, the rows built without a loop in Python), row by
         row through `receive` during a migration or a barrier."""
-        if epoch == self.epoch and not self.held and self.barrier is None:
+        if epoch == self.epoch and not self.held and not self.barrier_held:
             ops = self.ops
             for g in groups:
                 ops[g[0]].queue.extend(column_rows(g))
@@ -526,7 +543,7 @@ class JobEngine:
             if d is not None and self._extracting_later(op, r):
                 d = None
             if d is None:
-                if self.barrier is not None and op.stateful and r[3] >= self.barrier:
+                if op.index in self.barrier_held and r[3] >= self.barrier:
                     self.barrier_held[op.index].append(r)
                 else:
                     op.queue.append(r)
@@ -751,10 +768,10 @@ class JobEngine:
         succ0 = routes[0][1] if routes else -1
         # One keyed successor whose every key group is here and whose key is the value (Word Count on one
         # worker): a line's words join its queue in one extend of rows built in C; the group weights from
-        # the sampled requests' outputs. Not while a checkpoint barrier filters what joins a stateful queue.
+        # the sampled requests' outputs. Not while a checkpoint barrier holds what would join its queue.
         here = None
         if (fast is None and len(routes) == 1 and routes[0][0] == KEYED_HERE and routes[0][5].key_is_value
-                and self.barrier is None):
+                and routes[0][5].index not in self.barrier_held):
             target = routes[0][5]
             here, hits, group_of = target.queue.extend, target.group_hits, target.group_of
         me = op.index
@@ -852,7 +869,44 @@ class JobEngine:
         n = min(budget, len(q))
         if op.cold:
             op.warm_rows(q, n)
-        popleft = q.popleft
+        if self.shadows:
+            return self._run_shadowed(op, [q.popleft() for _ in range(n)])
+        return self._apply(op, q.popleft, n)
+
+    def _run_shadowed(self, op: OpRuntime, rows: list) -> int:
+        """`rows` of a stateful operator while a checkpoint barrier is up (copy on write): before the first
+        request at or above the boundary changes a key group, the group's image is kept for the snapshot (a
+        group at rest: its blob, no copy); a request below the boundary that comes after it is applied to
+        the image as well (its outputs come once, from the live state). The rows run as they came, in runs
+        between two such points."""
+        boundary, shadow, group_of, fn = self.barrier, self.shadows[op.index], op.group_of, op.fn
+        start = 0
+        for i, (_, value, key, rid) in enumerate(rows):
+            g = group_of(key)
+            image = shadow.get(g)
+            if rid >= boundary:
+                if image is None:
+                    if i > start:
+                        self._apply(op, iter(rows[start:i]).__next__, i - start)
+                        start = i
+                    shadow[g] = op.rested[g] or (op.rest(g) if op.groups[g] else {})
+            elif image is not None:
+                if type(image) is not dict:
+                    image = shadow[g] = unpack_group(image[0])
+                try:
+                    new, _ = fn(image.get(key), value)
+                except Exception:  # the live call reports the request's failure
+                    continue
+                if new is None:
+                    image.pop(key, None)
+                else:
+                    image[key] = new
+        if start < len(rows):
+            self._apply(op, iter(rows[start:]).__next__, len(rows) - start)
+        return len(rows)
+
+    def _apply(self, op: OpRuntime, take, n: int) -> int:
+        """Run `n` requests of a stateful operator, each from `take()`, on its live state."""
         fn = op.fn
         pc = perf_counter
         dts_append = op.dts.append
@@ -869,7 +923,7 @@ class JobEngine:
         cur, used = -1, 0  # the progress epoch of the run being counted, and its requests
         rested = op.rested
         for i in range(n):
-            _, value, key, rid = popleft()
+            _, value, key, rid = take()
             e = rid >> EPOCH_BITS
             if e != cur:
                 if used:

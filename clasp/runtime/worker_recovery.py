@@ -63,9 +63,10 @@ class RecoveryMixin:
             self.dealer.send(protocol.reply_error(body["req"], f"checkpoint {body['ckpt']} failed: {text}"[:500]))
 
     async def _snapshot_inner(self, eng: JobEngine, body: dict) -> None:
-        """Every record below the boundary is complete and nothing above it reached a stateful operator:
-        pack the owned groups (in slices, yielding in between, the barrier still up), release the barrier,
-        then write the files off the event loop and answer."""
+        """Every record below the boundary is complete, and every key group a request above it changed has
+        its image from before: pack the owned groups as of the boundary (in slices, yielding in between,
+        the barrier still up while requests above it run on), release the barrier, then write the files off
+        the event loop and answer."""
         req, job, ckpt = body["req"], body["job"], body["ckpt"]
         t0 = perf_counter()
         pause = pause_cpu = 0.0  # the longest slice, wall clock and this thread's CPU time
