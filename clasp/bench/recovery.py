@@ -1,9 +1,10 @@
 """Checkpoints and recovery (docs/RECOVERY.md), measured on this machine.
 
-`python -m clasp.bench.recovery [--what throughput,kill,size] [--json FILE] [--plot PNG]` prints JSON:
+`python -m clasp.bench.recovery [--what throughput,kill,size] [--workers 1,2,4] [--json FILE] [--plot PNG]`
+prints JSON:
 
 - throughput: Word Count lines/s with checkpoints every 1 s and with checkpoints off, alternating runs
-  on fresh 2-worker clusters (side by side in one run);
+  on fresh clusters of each of `--workers` workers (side by side in one run);
 - kill: 4 workers, Word Count with 40,000 distinct words of state, input pushed as fast as it is taken;
   one worker SIGKILLed (no restart): seconds from the kill until the completion rate is back at >= 90 %
   of its level before, and the detection and rollback times;
@@ -62,19 +63,20 @@ def _cpu_s(pids: list[int]) -> float:
     return total
 
 
-def throughput(records: int, rounds: int, logs: str) -> dict:
-    """Alternating A B, B A per round, each on a fresh 2-worker cluster: lines/s and CPU µs per line."""
+def throughput(records: int, rounds: int, logs: str, workers: int = 2) -> dict:
+    """Alternating A B, B A per round, each on a fresh cluster of `workers` workers: lines/s and CPU µs
+    per line."""
     lines = wc.generate(records, seed=5)
     out: dict[str, list[float]] = {"checkpoints_1s": [], "checkpoints_off": [], "cpu_us_per_line_1s": [],
                                    "cpu_us_per_line_off": [], "checkpoints_taken": []}
     for r in range(rounds):
         order = (("off", 0), ("1s", 1.0)) if r % 2 == 0 else (("1s", 1.0), ("off", 0))
         for name, interval in order:
-            cl = cluster(2, interval, os.path.join(logs, f"tp-{name}-{r}"))
+            cl = cluster(workers, interval, os.path.join(logs, f"tp-{workers}-{name}-{r}"))
             try:
                 with clasp.connect(cl.planner) as c:
                     job = c.submit(wc.build_dag(), autoscale=False)
-                    job.scale(2)
+                    job.scale(workers)
                     pids = [p.pid for p in cl.procs]
                     cpu0, t0 = _cpu_s(pids), time.monotonic()
                     job.push(lines)
@@ -95,7 +97,7 @@ def throughput(records: int, rounds: int, logs: str) -> dict:
     con, coff = med(out["cpu_us_per_line_1s"]), med(out["cpu_us_per_line_off"])
     res.update({"median_on": round(on), "median_off": round(off), "ratio": round(on / off, 3),
                 "cpu_median_on": round(con, 2), "cpu_median_off": round(coff, 2),
-                "cpu_ratio": round(con / coff, 3), "records": records, "rounds": rounds})
+                "cpu_ratio": round(con / coff, 3), "records": records, "rounds": rounds, "workers": workers})
     return res
 
 
@@ -219,6 +221,7 @@ def main(argv=None) -> int:
     ap.add_argument("--what", default="throughput,kill,size")
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--workers", default="2", help="worker counts of the throughput runs, comma-separated")
     ap.add_argument("--keys", type=int, default=40_000)
     ap.add_argument("--sizes", default="4000,40000,400000")
     ap.add_argument("--json")
@@ -228,7 +231,7 @@ def main(argv=None) -> int:
     what = args.what.split(",")
     res: dict = {"logs": logs}
     if "throughput" in what:
-        res["throughput"] = throughput(args.records, args.rounds, logs)
+        res["throughput"] = [throughput(args.records, args.rounds, logs, int(n)) for n in args.workers.split(",")]
         print(json.dumps({"throughput": res["throughput"]}), file=sys.stderr, flush=True)
     if "kill" in what:
         res["kill"] = kill(args.keys, logs)
