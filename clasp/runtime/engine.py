@@ -18,14 +18,15 @@ import logging
 import math
 import traceback
 from collections import deque
-from itertools import repeat
+from itertools import compress, repeat
+from operator import eq
 from time import perf_counter
 
 import msgpack
 
 from clasp.core.dag import DagSpec, identity
 from clasp.core.outputs import ITEMS_EXACT, ONE_EXACT, as_outputs
-from clasp.core.protocol import column_rows, expand_columns, expand_run, expand_runs
+from clasp.core.protocol import column_rows, columns, expand_columns, expand_run, expand_runs
 from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE, Placement, key_group, route_to
 from clasp.core.tracking import EPOCH_BITS
 
@@ -264,6 +265,11 @@ class JobEngine:
         self.ops = [OpRuntime(o) for o in spec.operators]
         self.order = [self.ops[i] for i in spec.topological()]
         self.pending: dict[str, list] = {}  # destination worker -> rows of remote chained requests
+        # What the keyed fast path batched (`_run_stateless`: a keyed successor whose key is the value), as
+        # columns: destination -> {successor: [values, record ids, run lengths]}. For one operator, rows in
+        # `pending` always came before these (`_settle_columns` turns them into rows wherever routes change),
+        # so a flush sends rows first.
+        self.pending_cols: dict[str, dict[int, list]] = {}
         # A batch this long ends the scheduling round after the operator that filled it, so the worker
         # flushes it then (the worker sets it from --max-batch): the cap holds per micro-batch, not per round.
         self.max_batch = 2000
@@ -316,7 +322,8 @@ class JobEngine:
     # ----------------------------------------------------------------- placement and routing
     def apply_placement(self, placement: Placement) -> None:
         """Rebuild every route and instance count for a new placement; key groups still on their way
-        here (`self.held`) route to the HOLD destination, which `take_pending` keeps back."""
+        here (`self.held`) route to the HOLD destination, which `take_batches` keeps back."""
+        self._settle_columns()
         self.placement = placement
         self.epoch = placement.epoch
         for op in self.ops:
@@ -339,6 +346,15 @@ class JobEngine:
                     kind = KEYED_HERE if all(w is None for w in owners) else ROUTE_KEYED
                     routes.append((kind, s, self._appender(target), owners, target.key_cache, target))
             op.routes = routes
+
+    def _settle_columns(self) -> None:
+        """Turn the keyed fast path's columns into rows of `pending`, behind the rows there: routes are
+        about to change, and what an operator sends from now on must queue after what it sent so far."""
+        for d, by_succ in self.pending_cols.items():
+            rows = self.pending.setdefault(d, [])
+            for succ, (values, rids, counts) in by_succ.items():
+                rows.extend(column_rows([succ, values, True, rids, counts]))
+        self.pending_cols = {}
 
     def _appender(self, target: OpRuntime):
         """How requests join `target`'s queue: directly, or past the barrier's filter while one is up."""
@@ -472,11 +488,14 @@ class JobEngine:
         rows += [r for h in self.held.values() for r in h.values()]
         rows += [r for _, r in self.future]
         rows += list(self.pending.values())
+        if any(rid < fence for by_succ in self.pending_cols.values() for c in by_succ.values() for rid in c[1]):
+            return True
         return any(r[3] < fence for part in rows for r in part)
 
     def idle(self) -> bool:
         return (not self.async_tasks and not self.held and not self.future and not self.pending
-                and all(not op.queue for op in self.ops) and not any(self.barrier_held.values()))
+                and not self.pending_cols and all(not op.queue for op in self.ops)
+                and not any(self.barrier_held.values()))
 
     # ----------------------------------------------------------------- input
     def enqueue_rows(self, rows: list) -> None:
@@ -718,7 +737,7 @@ class JobEngine:
                         n = self._run_stateless(op, budget)
                     ran += n
                     spent += n * cost
-                    if self.pending and max(map(len, self.pending.values())) >= self.max_batch:
+                    if self.batch_full():
                         return done + ran
             done += ran
             if not ran or spent >= ROUND_TIME_US:
@@ -769,11 +788,20 @@ class JobEngine:
         # One keyed successor whose every key group is here and whose key is the value (Word Count on one
         # worker): a line's words join its queue in one extend of rows built in C; the group weights from
         # the sampled requests' outputs. Not while a checkpoint barrier holds what would join its queue.
-        here = None
+        here = keyed = None
         if (fast is None and len(routes) == 1 and routes[0][0] == KEYED_HERE and routes[0][5].key_is_value
                 and routes[0][5].index not in self.barrier_held):
             target = routes[0][5]
             here, hits, group_of = target.queue.extend, target.group_hits, target.group_of
+        # One keyed successor spread over workers, its key the value (Word Count on several): a line's
+        # words are routed by key group in passes over the line in C (map, compress), the local ones
+        # extend the successor's queue, the remote ones the destination's columns.
+        elif (fast is None and len(routes) == 1 and routes[0][0] == ROUTE_KEYED and routes[0][5].key_is_value
+              and not self.held and routes[0][5].index not in self.barrier_held):
+            target = routes[0][5]
+            keyed, owners, hits, group_of = target.queue.extend, routes[0][3], target.group_hits, target.group_of
+            cache_get, owner_of, cols = target.key_cache.get, owners.__getitem__, self.pending_cols
+            remote_made = 0
         me = op.index
         collect = op.add_collected if op.collect else None
         t_exec = 0.0
@@ -834,6 +862,38 @@ class JobEngine:
                 made += k
                 emitted += k
                 continue
+            if keyed is not None:
+                try:
+                    gs = list(map(cache_get, outs))
+                    if None in gs:
+                        gs = list(map(group_of, outs))
+                except Exception:  # a value that cannot be a key: the general path reports it
+                    self._send(op, outs, rid)
+                    continue
+                k = len(outs)
+                ds = list(map(owner_of, gs))
+                if not i & TIMING_MASK:  # the timed request's outputs weigh the groups for all of them
+                    for g in gs:
+                        hits[g] += TIMING_SAMPLE
+                for d in set(ds):
+                    words = outs if len(ds) == ds.count(d) else list(compress(outs, map(eq, ds, repeat(d))))
+                    m = len(words)
+                    if d is None:
+                        keyed(zip(repeat(succ0), words, words, repeat(rid, m)))
+                        continue
+                    by_succ = cols.get(d)
+                    if by_succ is None:
+                        by_succ = cols[d] = {}
+                    c = by_succ.get(succ0)
+                    if c is None:
+                        c = by_succ[succ0] = [[], [], []]
+                    c[0].extend(words)
+                    c[1].append(rid)
+                    c[2].append(m)
+                    remote_made += m
+                made += k
+                emitted += k
+                continue
             if here is not None:
                 k = len(outs)
                 here(zip(repeat(succ0), outs, outs, repeat(rid, k)))
@@ -849,7 +909,13 @@ class JobEngine:
             self._ran(cur, me, used, succ0, made)
         op.exec_time += _estimate(op, t_exec, timed, n)
         op.processed += n
-        if remote_to is not None:
+        if keyed is not None:
+            if remote_made and self.pending_since is None:
+                self.pending_since = perf_counter()
+            self.remote_requests += remote_made
+            self.local_requests += emitted - remote_made
+            op.edge_counts[0] += emitted
+        elif remote_to is not None:
             if emitted:
                 if self.pending_since is None:
                     self.pending_since = perf_counter()
@@ -1225,13 +1291,28 @@ class JobEngine:
             self.on_work()
 
     # ----------------------------------------------------------------- flushing and metrics
-    def take_pending(self) -> dict[str, list]:
-        """The remote batches to send now, per destination; resets the flush timer."""
+    def batch_full(self) -> bool:
+        """Whether some destination's batch reached `max_batch` requests (the worker flushes it then)."""
+        m = self.max_batch
+        return (any(len(r) >= m for r in self.pending.values())
+                or any(len(c[0]) >= m for by_succ in self.pending_cols.values() for c in by_succ.values()))
+
+    def take_batches(self) -> dict[str, tuple[list, int]]:
+        """The remote batches to send now: destination -> (the groups of its `cols` message, requests);
+        resets the flush timer."""
         self._hold_local()
-        p = self.pending
-        self.pending = {}
-        self.pending_since = None
-        return p
+        out: dict[str, tuple[list, int]] = {}
+        for d, rows in self.pending.items():
+            if rows:
+                out[d] = (columns(rows), len(rows))
+        for d, by_succ in self.pending_cols.items():
+            groups, n = out.get(d, ([], 0))
+            for succ, (values, rids, counts) in by_succ.items():
+                groups.append([succ, values, True, rids, counts])
+                n += len(values)
+            out[d] = (groups, n)
+        self.pending, self.pending_cols, self.pending_since = {}, {}, None
+        return out
 
     def take_progress(self) -> dict[int, dict[int, int]]:
         """The progress counts gathered since the last call (the worker reports them in one message)."""

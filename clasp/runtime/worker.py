@@ -608,21 +608,21 @@ class Worker(RecoveryMixin):
         return peer
 
     def _flush_data(self, eng: JobEngine) -> None:
-        encode, columns = protocol.encode, protocol.columns
+        encode = protocol.encode
         dests = self.monitor.destinations_interval
         msgs = self.monitor.job_messages(eng.job)
-        for wid, rows in eng.take_pending().items():
-            self._peer(wid).send(encode("cols", [eng.job, eng.epoch, columns(rows)]), copy=False)
+        for wid, (groups, n) in eng.take_batches().items():
+            self._peer(wid).send(encode("cols", [eng.job, eng.epoch, groups]), copy=False)
             dests.add(wid)
             msgs[0] += 1
-            msgs[1] += len(rows)
+            msgs[1] += n
 
     def _flush_progress(self, eng: JobEngine) -> None:
         if eng.progress:
             self.dealer.send(protocol.encode("done", [eng.job, eng.take_progress()]), copy=False)
 
     async def _executor_loop(self) -> None:
-        flush_delay, max_batch = self.flush_delay, self.max_batch
+        flush_delay = self.flush_delay
         sleep = asyncio.sleep
         budget = RestBudget(perf_counter())
         timer = None
@@ -631,9 +631,9 @@ class Worker(RecoveryMixin):
             now = perf_counter()
             for eng in list(self.jobs.values()):
                 done += eng.run_round()
-                if eng.pending:
+                if eng.pending or eng.pending_cols:
                     now = perf_counter()
-                    if now - eng.pending_since >= flush_delay or any(len(r) >= max_batch for r in eng.pending.values()):
+                    if now - eng.pending_since >= flush_delay or eng.batch_full():
                         self._flush_data(eng)
             if done:
                 self.busy_at = now
@@ -650,7 +650,7 @@ class Worker(RecoveryMixin):
                 continue
             # Nothing runnable: send whatever is batched now, then wait for work.
             for eng in list(self.jobs.values()):
-                if eng.pending:
+                if eng.pending or eng.pending_cols:
                     self._flush_data(eng)
                 self._flush_progress(eng)
             self._progress_since = None
