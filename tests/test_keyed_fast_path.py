@@ -17,25 +17,6 @@ from clasp.core.tracking import Tracker
 from clasp.runtime.engine import JobEngine
 
 
-def words_of(line):
-    return line.split()
-
-
-def history(state, word_and_rid):
-    return (state or []) + [word_and_rid[1]], None
-
-
-def dag() -> clasp.Dag:
-    d = clasp.Dag("fast")
-    s = d.operator("split", lambda line: [(w, int(line.split()[0])) for w in line.split()[1:]])
-    h = d.operator("hist", history, stateful=True, key=lambda wr: wr[0])
-    c = d.operator("words", words_of)
-    n = d.operator("count", lambda st, w: ((st or 0) + 1, None), stateful=True, key=clasp.identity)
-    s >> h
-    c >> n
-    return d
-
-
 def identity_dag() -> clasp.Dag:
     """split → an order-sensitive history per word, keyed by the word itself (the fast path)."""
     d = clasp.Dag("fast-id")
