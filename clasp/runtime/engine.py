@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import sys
 import traceback
 from collections import deque
 from itertools import compress, repeat
-from operator import eq
+from operator import is_
 from time import perf_counter
 
 import msgpack
@@ -339,7 +340,8 @@ class JobEngine:
                 elif r.kind == ROUTE_TABLE:
                     routes.append((ROUTE_TABLE, s, self._appender(target), r.table, [0], None))
                 else:
-                    owners = list(r.owners)
+                    # interned: the keyed fast path tells destinations apart by identity
+                    owners = [w if w is None else sys.intern(w) for w in r.owners]
                     for g in self.held.get(s, ()):
                         owners[g] = HOLD
                     # Every key group here: the key is all a request needs (no group lookup per request).
@@ -876,7 +878,7 @@ class JobEngine:
                     for g in gs:
                         hits[g] += TIMING_SAMPLE
                 for d in set(ds):
-                    words = outs if len(ds) == ds.count(d) else list(compress(outs, map(eq, ds, repeat(d))))
+                    words = outs if len(ds) == ds.count(d) else list(compress(outs, map(is_, ds, repeat(d))))
                     m = len(words)
                     if d is None:
                         keyed(zip(repeat(succ0), words, words, repeat(rid, m)))
