@@ -27,17 +27,18 @@ def cluster2(tmp_path_factory):
 
 
 def garbage(rng: random.Random) -> list[bytes]:
-    valid = protocol.encode("data", [1, 0, [[0, "x", None, 1, 1]]])
+    valid = protocol.encode("data", [1, 0, [[0, "x", None, 1]]])
     return ([rng.randbytes(rng.randint(0, 300)) for _ in range(150)]
             + [valid[: rng.randint(1, len(valid) - 1)] for _ in range(20)]  # truncated
             + [msgpack.packb([protocol.VERSION, "no_such_type", {}]), msgpack.packb([99, "push", {}]),
                msgpack.packb([protocol.VERSION, "push", {"req": 1}]), msgpack.packb({"not": "a list"}),
-               msgpack.packb([protocol.VERSION, "data", [1, 0, [[0, "x", None, "rid", -5]]]]),
-               msgpack.packb([protocol.VERSION, "data", [1, 0, [[99, "x", None, 1, 1]]]]),
-               msgpack.packb([protocol.VERSION, "runs", [1, 0, [[0, -3, 1, ["x"]]]]]),
-               msgpack.packb([protocol.VERSION, "cols", [1, 0, [[0, ["x", "y"], True, [1], [1], [3]]]]]),
-               msgpack.packb([protocol.VERSION, "cols", [1, 0, [[9, ["x"], None, [1], [1], None]]]]),
-               msgpack.packb([protocol.VERSION, "done", [1, {"a": "b"}, []]]),
+               msgpack.packb([protocol.VERSION, "data", [1, 0, [[0, "x", None, "rid"]]]]),
+               msgpack.packb([protocol.VERSION, "data", [1, 0, [[99, "x", None, 1]]]]),
+               msgpack.packb([protocol.VERSION, "runs", [1, 0, [[0, -3, ["x"]]]]]),
+               msgpack.packb([protocol.VERSION, "cols", [1, 0, [[0, ["x", "y"], True, [1], [3]]]]]),
+               msgpack.packb([protocol.VERSION, "cols", [1, 0, [[9, ["x"], None, [1], None]]]]),
+               msgpack.packb([protocol.VERSION, "done", [1, {"a": "b"}]]),
+               msgpack.packb([protocol.VERSION, "done", [1, {3: {0: "x"}}]]),
                msgpack.packb([protocol.VERSION, "heartbeat", {"id": "w0", "sample": {}}]),
                msgpack.packb([protocol.VERSION, "submit", {"req": 5, "dag": {"functions": b"\x80garbage"}}])])
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,12 +16,11 @@ from clasp.core.checkpoint import (
     dispatch_boundary,
     groups_to_restore,
     recovery_placement,
-    rollback,
     split_collected,
 )
-from clasp.core.protocol import ROOT_WEIGHT
 from clasp.core.routing import NUM_KEY_GROUPS, build_placement
-from clasp.core.tracking import CHUNK_BITS, Tracker
+from clasp.core.scheduler import take
+from clasp.core.tracking import CHUNK_BITS, EPOCH_BITS, Tracker, add_range
 
 
 def _spec():
@@ -73,34 +74,62 @@ def test_boundaries_fall_on_chunks():
     assert dispatch_boundary([[b0, list(range(10)), 4]], t) is None
     assert dispatch_boundary([[b1, list(range(10)), 0]], t) == 1
     assert boundary_reached(t, 0) and not boundary_reached(t, 1)
-    t.returned({b0 + i: ROOT_WEIGHT for i in range(10)}, 1.0)
+    t.dispatched(b0, 10, {b0 >> EPOCH_BITS: {0: 10}}, 1.0)
+    assert not boundary_reached(t, 1)
+    t.progress({b0 >> EPOCH_BITS: {0: -10}}, 1.0)
     assert boundary_reached(t, 1) and not boundary_reached(t, 2)
 
 
-@given(st.lists(st.integers(1, 20), min_size=1, max_size=6), st.data())
+def dispatch_all(t: Tracker, queue: deque, pieces, now: float) -> dict[int, int]:
+    """Dispatch the queue to one source operator (0) in pieces of the sizes `pieces` draws (the planner's
+    `take`); returns the requests sent per epoch."""
+    sent: dict[int, int] = {}
+    while queue:
+        first, part = take(queue, pieces())
+        counts: dict = {}
+        add_range(counts, 0, first, len(part))
+        t.dispatched(first, len(part), counts, now)
+        for e, c in counts.items():
+            sent[e] = sent.get(e, 0) + c[0]
+    return sent
+
+
+@given(st.lists(st.integers(1, 1300), min_size=1, max_size=5), st.data())
 @settings(max_examples=200, deadline=None)
 def test_rollback_then_replay_completes_every_record_once(sizes, data):
+    """Chunks of up to three epochs, dispatched in random pieces; some epochs complete, some partly reported,
+    then everything below a checkpoint's boundary completes and the job rolls back to it: the reopened epochs
+    start from zero (what their old era reported is gone) and the replay completes each record once."""
     t = Tracker()
     bases = [t.admit(n, float(i)) for i, n in enumerate(sizes)]
     log = {b >> CHUNK_BITS: (float(i), n) for i, (b, n) in enumerate(zip(bases, sizes, strict=True))}
-    rids = [b + j for b, n in zip(bases, sizes, strict=True) for j in range(n)]
-    done = data.draw(st.sets(st.sampled_from(rids)))
-    halves = data.draw(st.sets(st.sampled_from(rids)))
-    t.returned({r: ROOT_WEIGHT for r in done}, 5.0)
-    t.returned({r: ROOT_WEIGHT // 2 for r in halves - done}, 5.0)
+    pieces = lambda: data.draw(st.integers(1, 700))  # noqa: E731
     boundary = data.draw(st.integers(0, len(sizes)))
-    # only records of chunks below the boundary are complete when a checkpoint exists there
-    t.returned({r: ROOT_WEIGHT for r in rids if r >> CHUNK_BITS < boundary and r not in done
-                and r not in halves}, 6.0)
-    t.returned({r: ROOT_WEIGHT - ROOT_WEIGHT // 2 for r in rids if r >> CHUNK_BITS < boundary
-                and r in halves - done}, 6.0)
+    upto = data.draw(st.integers(boundary, len(sizes)))  # the chunks dispatched before the failure
+    sent = dispatch_all(t, deque([[b, [None] * n, 0] for b, n in zip(bases[:upto], sizes[:upto], strict=True)]),
+                        pieces, 1.0)
+    reported = {e: data.draw(st.integers(0, n)) for e, n in sent.items()}
+    t.progress({e: {0: -k} for e, k in reported.items() if k}, 2.0)
+    completed_above = sum(n for e, n in sent.items() if reported[e] == n and e >> (CHUNK_BITS - EPOCH_BITS) >= boundary)
+    # the checkpoint at `boundary` exists: everything below it is complete
+    t.progress({e: {0: reported[e] - k} for e, k in sent.items() if e >> (CHUNK_BITS - EPOCH_BITS) < boundary
+                and k > reported[e]}, 3.0)
     assert boundary_reached(t, boundary)
-    reopened, _ = rollback(t, boundary, log)
-    replay = [r for r in rids if r >> CHUNK_BITS >= boundary]
-    assert reopened == len(replay)
-    assert t.outstanding == len(replay)
-    t.returned({r: ROOT_WEIGHT for r in replay}, 7.0)
-    assert t.completed == len(rids) and t.outstanding == 0 and t.overreturned == 0
+    reopened, uncompleted = t.rollback(boundary, log)
+    replay = sum(sizes[boundary:])
+    assert (reopened, uncompleted) == (replay, completed_above)
+    assert t.outstanding == replay and t.completed == sum(sizes[:boundary])
+    assert all(e >> (CHUNK_BITS - EPOCH_BITS) < boundary for e in t.epochs)
+    again = dispatch_all(t, deque([[b, [None] * n, 0] for b, n in zip(bases[boundary:], sizes[boundary:],
+                                                                     strict=True)]), pieces, 4.0)
+    assert sum(again.values()) == replay
+    order = list(again.items())
+    data.draw(st.randoms(use_true_random=False)).shuffle(order)
+    for i, (e, k) in enumerate(order):
+        assert t.completed < t.admitted
+        t.progress({e: {0: -k}}, 5.0 + i)
+    assert t.completed == t.admitted == sum(sizes) and t.outstanding == 0 and not t.epochs and not t.chunks
+    assert t.unknown == 0
 
 
 def test_recovery_placement_moves_the_dead_workers_groups_only():

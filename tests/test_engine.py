@@ -1,4 +1,4 @@
-"""The worker engine without sockets: weight exhaustion and migration hold/extract/install, step by step."""
+"""The worker engine without sockets: progress counts and migration hold/extract/install, step by step."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import msgpack
 
 import clasp
 from clasp.core import protocol
-from clasp.core.protocol import ROOT_WEIGHT
 from clasp.core.routing import build_placement
+from clasp.core.tracking import EPOCH_SIZE, Tracker
 from clasp.runtime.engine import HOLD, JobEngine
 
 
@@ -24,19 +24,33 @@ def drain(eng: JobEngine) -> None:
         pass
 
 
-def test_exhausted_weight_parks_children_until_the_planner_extends():
-    spec = fanout_dag().to_spec()
-    eng = JobEngine(1, spec, "w0", build_placement(spec, ["w0"], {"a": {0: 1}, "b": {0: 1}}, 10))
-    eng.enqueue_rows([(0, 10, None, 7, 2)])  # weight 2 cannot split three ways
+def nonzero(progress: dict) -> dict:
+    """Progress counts without their zero entries (an engine may keep an operator that came back to 0)."""
+    return {e: {op: k for op, k in d.items() if k} for e, d in progress.items() if any(d.values())}
+
+
+def test_a_deep_fan_out_needs_nothing_from_the_planner():
+    """Three levels of 30-way fan-out from one record: 27,000 requests at the last operator run at once, with
+    no message to the planner but the one progress report, which completes the record's epoch."""
+    dag = clasp.Dag("deep")
+    a = dag.operator("a", lambda v: [v * 30 + i for i in range(30)])
+    b = dag.operator("b", lambda v: [v * 30 + i for i in range(30)])
+    c = dag.operator("c", lambda v: [v * 30 + i for i in range(30)])
+    d = dag.operator("d", lambda s, v: ((s or 0) + 1, None), stateful=True, key=lambda v: v % 1000)
+    a >> b >> c >> d
+    spec = dag.to_spec()
+    eng = JobEngine(1, spec, "w0", build_placement(spec, ["w0"], {n: {0: 1} for n in "abcd"}, 10))
+    t = Tracker()
+    rid = t.admit(1, now=0.0)
+    t.dispatched(rid, 1, {0: {0: 1}}, now=0.0)
+    eng.enqueue_rows([(0, 1, None, rid)])
     drain(eng)
-    returns, extends = eng.take_returns()
-    assert returns == {7: 2} and len(extends) == 1 and extends[0][:2] == [7, ROOT_WEIGHT]
-    assert eng.ops[1].processed == 0  # nothing ran before the planner answered
-    eng.release_parked(extends[0][2])
-    drain(eng)
-    returns, _ = eng.take_returns()
-    assert returns == {7: ROOT_WEIGHT}  # the children returned exactly the extension
-    assert eng.ops[1].state_dict() == {10: 10, 11: 11, 12: 12}
+    assert eng.idle() and not eng.pending and eng.ops[3].processed == 30 ** 3
+    assert sum(eng.ops[3].state_dict().values()) == 30 ** 3
+    progress = eng.take_progress()
+    assert nonzero(progress) == {0: {0: -1}}  # a, b, c and d each made and finished the same number
+    assert t.progress(progress, now=1.0) == 1 and t.outstanding == 0 and not t.epochs
+    assert eng.take_progress() == {}
 
 
 def test_moved_group_requests_wait_for_their_state_and_keep_their_order():
@@ -49,12 +63,12 @@ def test_moved_group_requests_wait_for_their_state_and_keep_their_order():
     loser = JobEngine(1, spec, "w0", old)
     gainer = JobEngine(1, spec, "w1", old)
     key = next(k for k in range(1000) if loser.ops[1].group_of(k) in moved)
-    loser.enqueue_rows([(1, key, key, 1, 5)])
+    loser.enqueue_rows([(1, key, key, 1)])
     drain(loser)  # the old owner ran one request for `key`; a second one waits in its queue
-    loser.enqueue_rows([(1, key, key, 2, 5)])
+    loser.enqueue_rows([(1, key, key, 2)])
     g = loser.ops[1].group_of(key)
     gainer.begin_migration(new, {1: set(moved)})
-    gainer.receive(1, [[1, key, key, 3, 5]])  # a new-epoch request overtakes the state: it is held
+    gainer.receive(1, [[1, key, key, 3]])  # a new-epoch request overtakes the state: it is held
     drain(gainer)
     assert gainer.ops[1].processed == 0 and gainer.held[1][g]
     loser.begin_migration(new, {})
@@ -97,7 +111,7 @@ def test_timed_requests_longer_than_the_stall_threshold_are_not_execution_time()
         slow["n"] = 0
         eng = JobEngine(1, spec, "w0", build_placement(spec, ["w0"], {"a": {0: 1}}, 10))
         eng.stall = stall
-        eng.enqueue_rows([(0, i, None, i, 1) for i in range(2000)])
+        eng.enqueue_rows([(0, i, None, i) for i in range(2000)])
         drain(eng)
         assert eng.ops[0].processed == 2000
         times[stall] = eng.ops[0].exec_time / eng.ops[0].processed
@@ -117,7 +131,7 @@ def test_remote_batches_travel_in_columns_and_count_exactly():
     engines = {w: JobEngine(1, spec, w, placement) for w in ("w0", "w1")}
     lines = wc.generate(300, 3)
     for i, line in enumerate(lines):
-        engines[("w0", "w1")[i % 2]].enqueue_rows([(0, line, None, i, ROOT_WEIGHT)])
+        engines[("w0", "w1")[i % 2]].enqueue_rows([(0, line, None, i)])
     frames = 0
     while any(not e.idle() for e in engines.values()):
         for eng in engines.values():
@@ -130,15 +144,17 @@ def test_remote_batches_travel_in_columns_and_count_exactly():
     want = collections.Counter(w for line in lines for w in wc.split(line))
     got = {**engines["w0"].ops[1].state_dict(), **engines["w1"].ops[1].state_dict()}
     assert frames > 0 and got == dict(want)
-    returned = collections.Counter()
+    progress = collections.Counter()
     for eng in engines.values():
-        returned.update(eng.take_returns()[0])
-    assert returned == {i: ROOT_WEIGHT for i in range(len(lines))}  # every record's weight came back whole
+        for op, k in eng.take_progress()[0].items():
+            progress[op] += k
+    # every line finished at `split`; `count` finished what `split` made, on whichever worker
+    assert +progress == {} and -progress == {0: len(lines)}
 
     held = JobEngine(1, spec, "w1", placement)
     g = held.ops[1].group_of("held")
     held.held = {1: {g: []}}
-    held.receive_columns(placement.epoch, protocol.columns([(1, "held", "held", 5, 7), (1, "x", "x", 5, 7)]))
+    held.receive_columns(placement.epoch, protocol.columns([(1, "held", "held", 5), (1, "x", "x", 5)]))
     assert [r[1] for r in held.held[1][g]] == ["held"] + (["x"] if held.ops[1].group_of("x") == g else [])
 
 
@@ -151,19 +167,23 @@ def test_a_successor_on_one_other_worker_takes_requests_straight_into_its_batch(
     spec = dag.to_spec()
     placement = build_placement(spec, ["w0", "w1"], {"a": {0: 1}, "b": {1: 1}, "c": {0: 1}}, 10)
     w0, w1 = JobEngine(1, spec, "w0", placement), JobEngine(1, spec, "w1", placement)
-    w0.enqueue_rows([(0, v, None, v, 6) for v in range(40)])
+    w0.enqueue_rows([(0, v, None, v * 20) for v in range(40)])  # rids over two epochs
     drain(w0)
     rows = w0.take_pending()["w1"]
-    assert rows == [(1, v + 1, None, v, 6) for v in range(40)] and w0.remote_requests == 40
+    assert rows == [(1, v + 1, None, v * 20) for v in range(40)] and w0.remote_requests == 40
     assert w0.ops[0].edge_counts == [40] and w0.local_requests == 0
     w1.receive_columns(placement.epoch, protocol.columns(rows))
-    drain(w1)  # b's two outputs per request go back the same way, the weight split in two
+    drain(w1)  # b's two outputs per request go back the same way
     back = w1.take_pending()["w0"]
-    assert back == [(2, x, None, v, 3) for v in range(40) for x in (v + 1, (v + 1) * 10)]
+    assert back == [(2, x, None, v * 20) for v in range(40) for x in (v + 1, (v + 1) * 10)]
+    n0 = sum(1 for v in range(40) if v * 20 < EPOCH_SIZE)
+    assert 0 < n0 < 40
+    assert nonzero(w1.take_progress()) == {0: {1: -n0, 2: 2 * n0}, 1: {1: n0 - 40, 2: 2 * (40 - n0)}}
     assert not w0.pending and not w1.pending  # no empty batch is left behind for a flush
     w0.receive_columns(placement.epoch, protocol.columns(back))
     drain(w0)
-    assert w0.take_returns()[0] == {v: 6 for v in range(40)}
+    n1 = 40 - n0
+    assert nonzero(w0.take_progress()) == {0: {0: -n0, 1: n0, 2: -2 * n0}, 1: {0: -n1, 1: n1, 2: -2 * n1}}
 
 
 def test_a_migrated_group_stays_serialized_until_used_or_idle_time_decodes_it():
@@ -171,7 +191,7 @@ def test_a_migrated_group_stays_serialized_until_used_or_idle_time_decodes_it():
     old = build_placement(spec, ["w0", "w1"], {"a": {0: 1}, "b": {0: 1}}, 10, epoch=0)
     new = build_placement(spec, ["w0", "w1"], {"a": {0: 1}, "b": {1: 1}}, 10, epoch=1, previous=old)
     loser, gainer = JobEngine(1, spec, "w0", old), JobEngine(1, spec, "w1", old)
-    loser.enqueue_rows([(1, k, k, k, 5) for k in range(300)])
+    loser.enqueue_rows([(1, k, k, k) for k in range(300)])
     drain(loser)
     loser.begin_migration(new, {})
     units = [u for _, u, _ in loser.extract() if u is not None]
@@ -181,7 +201,7 @@ def test_a_migrated_group_stays_serialized_until_used_or_idle_time_decodes_it():
     gainer.release_groups({1: [u[1] for u in units]})
     b = gainer.ops[1]
     assert len(b.cold) == len(units) and b.keys() == 300 and not any(b.groups)
-    gainer.enqueue_rows([(1, 7, 7, 1000, 5)])  # a request decodes its own group only
+    gainer.enqueue_rows([(1, 7, 7, 1000)])  # a request decodes its own group only
     drain(gainer)
     assert b.get(7) == 14 and len(b.cold) == len(units) - 1
     # a group moving on before its first use leaves as the blob it came in

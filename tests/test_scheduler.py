@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -11,7 +12,6 @@ from hypothesis import strategies as st
 import clasp
 from clasp.core import scheduler
 from clasp.core.dag import DagSpec
-from clasp.core.protocol import ROOT_WEIGHT
 from clasp.core.routing import (
     NUM_KEY_GROUPS,
     ROUTE_KEYED,
@@ -24,7 +24,7 @@ from clasp.core.routing import (
     weighted_table,
 )
 from clasp.core.scheduler import WorkerInfo
-from clasp.core.tracking import CHUNK_BITS, Tracker
+from clasp.core.tracking import CHUNK_BITS, EPOCH_BITS, EPOCH_SIZE, Tracker
 
 
 def two_source_spec() -> DagSpec:
@@ -93,33 +93,49 @@ def test_take_moves_through_the_head_chunk_then_drops_it():
 def test_stateless_source_gets_consecutive_runs_per_table_slot():
     spec = two_source_spec()
     route = Route(ROUTE_TABLE, 0, table=["w0", "w1"])
-    d = scheduler.route_records(spec, [route], 100, list(range(6)), ROOT_WEIGHT)
+    d = scheduler.route_records(spec, [route], 100, list(range(6)))
     # 6 records over a table of 2: blocks of 3; block k goes to slot (first + 3k) // 3 % 2.
-    assert d.runs == {"w1": [[0, 100, ROOT_WEIGHT, [0, 1, 2]]], "w0": [[0, 103, ROOT_WEIGHT, [3, 4, 5]]]}
+    assert d.runs == {"w1": [[0, 100, [0, 1, 2]]], "w0": [[0, 103, [3, 4, 5]]]}
     assert d.data == {} and d.failed == [] and (d.first, d.count) == (100, 6)
+    assert d.counts == {0: {0: 6}}  # epoch 0 (rids 0..511): six requests of operator 0
 
 
-def test_keyed_source_goes_to_the_key_groups_owner_and_a_failing_key_completes_at_once():
+def test_keyed_source_goes_to_the_key_groups_owner_and_a_failing_key_is_sent_nowhere():
     spec = two_source_spec()
     owners = ["w0"] * 64 + ["w1"] * 64
     routes = [Route(ROUTE_TABLE, 0, table=["w2"]), Route(ROUTE_KEYED, 1, owners=owners)]
-    d = scheduler.route_records(spec, routes, 0, [0, 1, 2], 10)  # two sources: 10 // 2 each
-    assert d.runs == {"w2": [[0, 0, 5, [0, 1, 2]]]}  # a table of one slot: one run
+    d = scheduler.route_records(spec, routes, 0, [0, 1, 2])
+    assert d.runs == {"w2": [[0, 0, [0, 1, 2]]]}  # a table of one slot: one run
     expected: dict[str, list] = {}
     for rid, v in ((1, 1), (2, 2)):
         key = 1 // v
-        expected.setdefault(owners[key_group(key, NUM_KEY_GROUPS)], []).append((1, v, key, rid, 5))
+        expected.setdefault(owners[key_group(key, NUM_KEY_GROUPS)], []).append((1, v, key, rid))
     assert d.data == expected
     assert d.failed == [0]
+    assert d.counts == {0: {0: 3, 1: 2}}  # record 0 went to `a` only: `b` has two requests outstanding
     assert d.errors == [{"worker": "planner", "operator": "b", "error": "key function failed: "
                          "ZeroDivisionError('integer division or modulo by zero')", "value": "0"}]
+
+
+def test_counts_are_per_epoch_for_a_dispatch_across_an_epoch_boundary_less_the_failed_keys():
+    spec = two_source_spec()
+    n = EPOCH_SIZE + 10
+    values = [0 if i in (EPOCH_SIZE - 3, EPOCH_SIZE + 2) else i + 1 for i in range(n)]
+    q = deque([[0, values, EPOCH_SIZE - 5]])  # chunk 0, all but its first epoch's last five dispatched
+    routes = [Route(ROUTE_TABLE, 0, table=["w0", "w1"]), Route(ROUTE_KEYED, 1, owners=["w0"] * NUM_KEY_GROUPS)]
+    d = scheduler.dispatch(q, spec, routes, 15)
+    assert (d.first, d.count) == (EPOCH_SIZE - 5, 15)
+    assert d.failed == [EPOCH_SIZE - 3, EPOCH_SIZE + 2]
+    assert d.counts == {0: {0: 5, 1: 4}, 1: {0: 10, 1: 9}}
+    assert sorted(r[3] for r in d.data["w0"]) == [r for r in range(EPOCH_SIZE - 5, EPOCH_SIZE + 10)
+                                                  if r not in d.failed]
 
 
 def test_dispatch_with_no_room_or_no_records_decides_nothing():
     spec = two_source_spec()
     route = [Route(ROUTE_TABLE, 0, table=["w0"])]
-    assert scheduler.dispatch(queue_of([1, 2]), spec, route, ROOT_WEIGHT, 0) is None
-    assert scheduler.dispatch(deque(), spec, route, ROOT_WEIGHT, 100) is None
+    assert scheduler.dispatch(queue_of([1, 2]), spec, route, 0) is None
+    assert scheduler.dispatch(deque(), spec, route, 100) is None
 
 
 @settings(max_examples=150, deadline=None)
@@ -139,19 +155,21 @@ def test_dispatch_never_exceeds_the_room_and_sends_every_record_once_in_order(ch
         steps += 1
         if steps > 10_000:
             break
-        d = scheduler.dispatch(q, spec, [Route(ROUTE_TABLE, 0, table=table)], ROOT_WEIGHT, room)
+        d = scheduler.dispatch(q, spec, [Route(ROUTE_TABLE, 0, table=table)], room)
         if room <= 0:
             assert d is None
             if all(r <= 0 for r in rooms):
                 break
             continue
         assert 0 < d.count <= room
-        rids = sorted(first + i for runs in d.runs.values() for _, first, _, vals in runs for i in range(len(vals)))
+        rids = sorted(first + i for runs in d.runs.values() for _, first, vals in runs for i in range(len(vals)))
         assert rids == list(range(d.first, d.first + d.count))
         for runs in d.runs.values():
-            for op, first, w, vals in runs:
-                assert op == 0 and w == ROOT_WEIGHT
+            for op, first, vals in runs:
+                assert op == 0
                 assert vals == [value[first + i] for i in range(len(vals))]
+        per_epoch = collections.Counter(rid >> EPOCH_BITS for rid in rids)
+        assert d.counts == {e: {0: k} for e, k in per_epoch.items()}
         seen += rids
     if any(r > 0 for r in rooms):
         assert seen == expected and not q
