@@ -120,8 +120,9 @@ def test_timed_requests_longer_than_the_stall_threshold_are_not_execution_time()
 
 
 def test_remote_batches_travel_in_columns_and_count_exactly():
-    """Word Count split over two engines: every remote batch goes through protocol.columns, msgpack and
-    receive_columns (steady state), and a held key group takes the row-by-row path; counts are exact."""
+    """Word Count split over two engines: every remote batch goes through its `cols` groups (the keyed fast
+    path's columns), msgpack and receive_columns (steady state), and a held key group takes the row-by-row
+    path; counts are exact."""
     import collections
 
     from clasp.apps import wc
@@ -136,8 +137,8 @@ def test_remote_batches_travel_in_columns_and_count_exactly():
     while any(not e.idle() for e in engines.values()):
         for eng in engines.values():
             drain(eng)
-            for dest, rows in eng.take_pending().items():
-                mtype, body = protocol.decode(protocol.encode("cols", [1, eng.epoch, protocol.columns(rows)]))
+            for dest, (groups, _n) in eng.take_batches().items():
+                mtype, body = protocol.decode(protocol.encode("cols", [1, eng.epoch, groups]))
                 protocol.check_columns(body[2], len(spec.operators))
                 engines[dest].receive_columns(body[1], body[2])
                 frames += 1
@@ -169,12 +170,13 @@ def test_a_successor_on_one_other_worker_takes_requests_straight_into_its_batch(
     w0, w1 = JobEngine(1, spec, "w0", placement), JobEngine(1, spec, "w1", placement)
     w0.enqueue_rows([(0, v, None, v * 20) for v in range(40)])  # rids over two epochs
     drain(w0)
-    rows = w0.take_pending()["w1"]
-    assert rows == [(1, v + 1, None, v * 20) for v in range(40)] and w0.remote_requests == 40
+    groups, n = w0.take_batches()["w1"]
+    rows = protocol.expand_columns(groups)
+    assert n == 40 and rows == [(1, v + 1, None, v * 20) for v in range(40)] and w0.remote_requests == 40
     assert w0.ops[0].edge_counts == [40] and w0.local_requests == 0
     w1.receive_columns(placement.epoch, protocol.columns(rows))
     drain(w1)  # b's two outputs per request go back the same way
-    back = w1.take_pending()["w0"]
+    back = protocol.expand_columns(w1.take_batches()["w0"][0])
     assert back == [(2, x, None, v * 20) for v in range(40) for x in (v + 1, (v + 1) * 10)]
     n0 = sum(1 for v in range(40) if v * 20 < EPOCH_SIZE)
     assert 0 < n0 < 40
