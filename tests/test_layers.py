@@ -47,9 +47,10 @@ def test_no_module_level_import_cycle():
 def test_public_api_is_unchanged():
     import clasp
 
-    # AuthError: a failed CURVE handshake (docs/SECURITY.md), the one name added since the restructure.
+    # Added since the restructure: AuthError, a failed CURVE handshake (docs/SECURITY.md); identity, the key
+    # function of an operator keyed by the value itself (README, "Semantics").
     assert set(clasp.__all__) == {"Dag", "DagError", "Operator", "connect", "ClaspError", "ClaspTimeout",
-                                  "PlannerUnavailable", "AuthError"}
+                                  "PlannerUnavailable", "AuthError", "identity"}
     assert all(getattr(clasp, n) for n in clasp.__all__)
     from clasp.testing import run_local  # noqa: F401  (the in-process runner is public too)
 

@@ -427,8 +427,8 @@ def test_two_engines_counts_complete_each_epoch_exactly_and_the_state_is_exact(d
                 engines[to].receive_columns(placement.epoch, body)
         elif m == "run":
             eng.run_round()
-            for to, rows in eng.take_pending().items():
-                _, body = protocol.decode(protocol.encode("cols", [1, eng.epoch, protocol.columns(rows)]))
+            for to, (groups, _n) in eng.take_batches().items():
+                _, body = protocol.decode(protocol.encode("cols", [1, eng.epoch, groups]))
                 flight.append((to, "cols", body[2]))
         elif m == "flush":
             outbox[w].append(eng.take_progress())

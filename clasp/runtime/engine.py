@@ -813,11 +813,11 @@ class JobEngine:
         cur, used, made = -1, 0, 0  # the progress epoch of the run being counted, its requests, their children
         for i in range(n):
             _, value, _k, rid = popleft()
-            e = rid >> EPOCH_BITS
-            if e != cur:
+            ep = rid >> EPOCH_BITS
+            if ep != cur:
                 if used:
                     self._ran(cur, me, used, succ0, made)
-                cur, used, made = e, 0, 0
+                cur, used, made = ep, 0, 0
             used += 1
             if i & TIMING_MASK:
                 try:
@@ -992,11 +992,11 @@ class JobEngine:
         rested = op.rested
         for i in range(n):
             _, value, key, rid = take()
-            e = rid >> EPOCH_BITS
-            if e != cur:
+            ep = rid >> EPOCH_BITS
+            if ep != cur:
                 if used:
                     self._ran(cur, me, used, me, 0)
-                cur, used = e, 0
+                cur, used = ep, 0
             used += 1
             g = cached(key)
             if g is None:
