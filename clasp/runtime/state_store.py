@@ -96,8 +96,9 @@ def decode_blob(data: bytes, path: str):
         raise CorruptCheckpoint(path, f"{type(e).__name__}: {e}") from None
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write, fsync, rename; the directory is fsynced too so the rename survives a power cut."""
+def atomic_write(path: Path, data: bytes, sync_dir: bool = True) -> None:
+    """Write, fsync, rename; the directory is fsynced too so the rename survives a power cut (`sync_dir`
+    False: the caller fsyncs it once after a batch of files)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -111,7 +112,8 @@ def atomic_write(path: Path, data: bytes) -> None:
         except OSError:
             pass
         raise
-    fsync_dir(path.parent)
+    if sync_dir:
+        fsync_dir(path.parent)
 
 
 def fsync_dir(path: Path) -> None:
@@ -187,6 +189,18 @@ class FileStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, blob)
         return len(blob)
+
+    def write_blobs(self, job: int, ckpt: int, blobs) -> int:
+        """Write (op, group, file bytes) items of one checkpoint; the directory is fsynced once, after the
+        last (its entries are what a restore looks up), not once per file. Returns the bytes written."""
+        d = self.ckpt_dir(job, ckpt)
+        d.mkdir(parents=True, exist_ok=True)
+        n = 0
+        for op, group, blob in blobs:
+            atomic_write(self.group_path(job, ckpt, op, group), blob, sync_dir=False)
+            n += len(blob)
+        fsync_dir(d)
+        return n
 
     def read_group(self, job: int, ckpt: int, op: str, group: int) -> dict:
         path = self.group_path(job, ckpt, op, group)

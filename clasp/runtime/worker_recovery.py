@@ -154,10 +154,7 @@ class RecoveryMixin:
 
 def _write_all(store: FileStore, job: int, ckpt: int, blobs: list) -> int:
     """Write the snapshot's group blobs (msgpack), compressed here in the writer thread, off the loop."""
-    n = 0
-    for op, g, blob in blobs:
-        n += store.write_blob(job, ckpt, op, g, wrap_blob(blob))
-    return n
+    return store.write_blobs(job, ckpt, ((op, g, wrap_blob(blob)) for op, g, blob in blobs))
 
 
 def _read_all(store: FileStore, job: int, ckpt: int, groups: dict[str, list[int]]) -> list:
