@@ -69,10 +69,10 @@ class ClaspPolicy(Policy):
         limit = max_workers if max_workers is not None else self.config.max_workers
         load = stats.load_at(stats.input_rate)
         model = self.model_of(stats)
-        # The budget's cluster: the limit, or as many workers as the execution demand fills.
-        execution = sum(load.demand.values())
-        size = limit if limit is not None else max(1, math.ceil(execution / model.capacity))
-        self.work = work = Work.for_size(len(operators), size)
+        # The refinement's budget is for as many workers as the execution demand fills (the fewest that
+        # can sustain the rate), or the limit where that is fewer.
+        filled = max(1, math.ceil(sum(load.demand.values()) / model.capacity))
+        self.work = work = Work.for_size(len(operators), filled if limit is None else min(limit, filled))
         try:
             p = place(operators, edges, load, model, limit, refine=self.refine, work=work)
             if self.refine and p.workers > 1 and stats.throughput > 0:
