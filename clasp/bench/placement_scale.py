@@ -32,6 +32,7 @@ from pathlib import Path
 from clasp.bench import emit
 from clasp.bench.placement import timed
 from clasp.core.model import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_CAPACITY, DEFAULT_GAMMA
+from clasp.core.placement import Work
 from clasp.core.policies import POLICIES as REGISTRY
 from clasp.core.policies import Decision, Policy, Stats
 
@@ -112,22 +113,25 @@ def plot(result: dict, path: str) -> None:
     rows = result["grid"]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     style = {"clasp": "-", "clasp-paper": "--"}
-    for limit in (100, 2000):
+    for color, limit in enumerate((100, 2000)):
         for name in POLICIES:
             pts = sorted((r["operators"], r["ms"]) for r in rows if r["policy"] == name and r["max_workers"] == limit)
-            axes[0].plot(*zip(*pts, strict=True), style[name], marker="o", label=f"{name}, ≤ {limit} workers")
+            axes[0].plot(*zip(*pts, strict=True), style[name], color=f"C{color}", marker="o",
+                         label=f"{name}, ≤ {limit} workers")
     axes[0].set(xlabel="operators", ylabel="placement time (ms, in process)", yscale="log",
                 title="against DAG size")
-    for ops in (10, 100, 200):
+    for color, ops in enumerate((10, 100, 200)):
         for name in POLICIES:
             pts = sorted((r["max_workers"], r["ms"]) for r in rows if r["policy"] == name and r["operators"] == ops)
-            axes[1].plot(*zip(*pts, strict=True), style[name], marker="o", label=f"{name}, {ops} operators")
+            axes[1].plot(*zip(*pts, strict=True), style[name], color=f"C{color + 2}", marker="o",
+                         label=f"{name}, {ops} operators")
     axes[1].set(xlabel="worker limit (--max-workers)", ylabel="placement time (ms, in process)", xscale="log",
                 yscale="log", title="against cluster size")
     mine = sorted((r["operators"] * r["max_workers"], r["priced"]) for r in rows if r["policy"] == "clasp")
     axes[2].scatter(*zip(*mine, strict=True), s=14, label="clasp: shares and flows priced")
     ns = sorted({n for n, _ in mine})
-    axes[2].plot(ns, [n * math.log2(n) for n in ns], ":", color="gray", label="N log₂ N")
+    budget = [Work.for_size(1, n).budget for n in ns]
+    axes[2].plot(ns, budget, ":", color="gray", label="budget of the optional candidates, 4 N log₂ N")
     axes[2].set(xlabel="N = operators × worker limit", ylabel="priced", xscale="log", yscale="log",
                 title="what the refinement evaluated")
     for ax in axes:
@@ -146,7 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot", help="draw the grid into this PNG")
     ap.add_argument("--write-profile", nargs=2, metavar=("OPERATORS", "FILE"),
                     help="write the OPERATORS-operator profile to FILE and exit")
+    ap.add_argument("--replot", metavar="JSON", help="draw --plot from this earlier result instead of measuring")
     args = ap.parse_args(argv)
+    if args.replot:
+        plot(json.loads(Path(args.replot).read_text()), args.plot)
+        return 0
     if args.write_profile:
         n, path = args.write_profile
         Path(path).write_text(json.dumps(profile(int(n)), indent=1) + "\n")
