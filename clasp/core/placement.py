@@ -16,6 +16,10 @@ from clasp.core.model import CapacityModel, Edge, edge_flow, keyed_cost, local_c
 MIN_FRACTION = 1e-9
 # A hard stop for pathological inputs (e.g. γ·g close to W̄): beyond this, next-fit is not converging.
 WORKER_HARD_LIMIT = 100_000
+WHOLE_LIMIT = 4096  # operators × workers above which the whole-operator candidate is skipped (its cost)
+# What the refinement's optional candidates may price, per N log₂ N (`Work.for_size`): the paper's apps on
+# ten workers price at most a fifth of it.
+REFINE_BUDGET = 4
 
 
 class NoPlacementError(ValueError):
@@ -33,6 +37,48 @@ class WorkerLimitExceeded(NoPlacementError):
 
 class LoadError(ValueError):
     """The observed statistics give nothing to project from (zero throughput)."""
+
+
+@dataclass
+class Work:
+    """What a placement cost, counted by the pure code itself: `evaluations` candidate placements priced
+    (a next-fit run, a step of a whole-operator cut, a spread), `priced` what they priced in all: their
+    σ_o(w) shares and per-edge flows between workers, the size of Eq. (8) for each. `budget` bounds what
+    the refinement's optional candidates may price (`for_size`; docs/POLICY.md, "Bounded refinement")."""
+
+    evaluations: int = 0
+    priced: int = 0
+    budget: float = math.inf
+
+    @classmethod
+    def for_size(cls, operators: int, workers: int) -> Work:
+        """A counter with the refinement's budget for `operators` × `workers`: REFINE_BUDGET · N log₂ N
+        shares and flows, N = operators × workers, at least WHOLE_LIMIT (below it the refinement searches
+        every candidate, as it always did)."""
+        n = max(operators * workers, WHOLE_LIMIT)
+        return cls(budget=REFINE_BUDGET * n * math.log2(n))
+
+    def count(self, fractions: Mapping[str, Mapping[int, float]], edge_rates: Mapping[Edge, float],
+              model: CapacityModel) -> None:
+        """One evaluation of the placement `fractions`."""
+        self.evaluations += 1
+        self.priced += priced_size({o: len(pw) for o, pw in fractions.items()}, edge_rates, model)
+
+    def affords(self, cost: int = 0) -> bool:
+        """Whether an optional candidate that prices `cost` more stays within the budget."""
+        return self.priced + cost <= self.budget
+
+
+def priced_size(holders: Mapping[str, int], edge_rates: Mapping[Edge, float], model: CapacityModel) -> int:
+    """What pricing a placement with `holders` workers per operator costs: its shares, and per edge its
+    flows (`edge_flow`: every pair of holders under σ routing, about one per holder local first)."""
+    routed = model.local_routed
+    flows = 0
+    for (src, dst), rate in edge_rates.items():
+        if rate > 0:
+            a, b = holders.get(src, 0), holders.get(dst, 0)
+            flows += a + b if dst in routed else a * b
+    return sum(holders.values()) + flows
 
 
 def scale_factor(input_rate: float, throughput: float) -> float:
@@ -321,11 +367,13 @@ def _largest_share(slope: float, bends, left: float, room: float, *coefficients)
 
 def place(operators: Sequence[str], edges: Sequence[Edge], load: Load, model: CapacityModel,
           max_workers: int | None = None, order: Sequence[str] | None = None,
-          refine: bool = False) -> FractionalPlacement:
+          refine: bool = False, work: Work | None = None) -> FractionalPlacement:
     """Place every operator of the projected `load` with next-fit in reverse-topological order.
 
     `refine` (beyond the paper) also tries the other admissible orders of `candidate_orders` and keeps
-    the best placement (`_better`): never more workers, nor a higher peak load, than the paper's order."""
+    the best placement (`_Ranked.better`): never more workers, nor a higher peak load, than the paper's order.
+    `work` counts what was evaluated; its budget bounds `_fewer_workers`."""
+    work = Work() if work is None else work
     edges = [tuple(e) for e in edges]
     if order is None:
         order = placement_order(operators, edges, load.edge_rates)
@@ -335,43 +383,53 @@ def place(operators: Sequence[str], edges: Sequence[Edge], load: Load, model: Ca
     orders = [list(order)]
     if refine:
         orders += [o for o in candidate_orders(operators, edges, load.edge_rates) if o != orders[0]]
-    best: FractionalPlacement | None = None
+    best: _Ranked | None = None
     failure: NoPlacementError | None = None
     for candidate in orders:
         try:
-            p = _fit(candidate, succ, pred, demand, rates, model, max_workers)
+            p = _Ranked(_fit(candidate, succ, pred, demand, rates, model, max_workers, work), model)
         except NoPlacementError as e:
             failure = failure or e
             continue
-        if best is None or _better(p, best, model):
+        if best is None or p.better(best):
             best = p
     if best is None:
         raise failure
-    if refine:
-        best = _fewer_workers(operators, edges, load, model, best)
-    return best
+    if refine and work.affords():
+        return _fewer_workers(operators, edges, load, model, best.placement, work)
+    return best.placement
 
 
 def _fewer_workers(operators: Sequence[str], edges: Sequence[Edge], load: Load, model: CapacityModel,
-                   best: FractionalPlacement) -> FractionalPlacement:
+                   best: FractionalPlacement, work: Work) -> FractionalPlacement:
     """The refinement's other candidates, for the planned rate: the fewest workers on which a whole-operator
     cut (`whole_fit`) or the spread (`spread_fractions`) fits, where that is fewer than next-fit needs (the
     same candidates as at the worker limit, so the count planned for a rate and the rate found for a count
-    agree). Counts whose capacities do not even hold the execution demand are skipped unexamined."""
-    order = topological_order(operators, edges)
+    agree), up to WHOLE_LIMIT operators × workers. Counts whose capacities do not even hold the execution
+    demand are skipped unexamined, and so is the spread where its fan-out alone overflows
+    (`spread_overflows`). The cut is one pass (`whole_fit`), the cut of each count that holds it. Within
+    `work`'s budget."""
+    top = min(best.workers - 1, WHOLE_LIMIT // max(len(operators), 1))
     execution = sum(load.demand.values())
-    held = 0.0
-    for n in range(1, best.workers):
-        if len(operators) * n > WHOLE_LIMIT:
-            break
+    held, counts = 0.0, []
+    for n in range(1, top + 1):
         held += model.capacity_of(n - 1)
-        if execution > held:
-            continue
-        cut = whole_fit(order, load, model, n)
-        if cut is not None:
+        if execution <= held:
+            counts.append(n)
+    if not counts:
+        return best
+    order = topological_order(operators, edges)
+    cut = whole_fit(order, load, model, counts[-1], work)
+    for n in counts:
+        if cut is not None and cut.workers <= n:
             return cut
+        if spread_overflows(load.edge_rates, model, n):
+            continue
+        if not work.affords(priced_size(dict.fromkeys(operators, n), load.edge_rates, model)):
+            break
         fractions = spread_fractions(operators, n, model)
         spread = FractionalPlacement(list(reversed(order)), n, fractions, dict(load.demand), dict(load.edge_rates))
+        work.count(fractions, spread.edge_rates, model)
         if model.fits(spread.load_map(model)):
             return spread
     return best
@@ -384,13 +442,19 @@ HOLD_ROUNDS = 6  # next-fit runs per order while a worker's received messages ov
 
 
 def _fit(order: Sequence[str], succ, pred, demand: Mapping[str, float], rates: dict[Edge, float],
-         model: CapacityModel, max_workers: int | None) -> FractionalPlacement:
+         model: CapacityModel, max_workers: int | None, work: Work) -> FractionalPlacement:
     """Next-fit over `order`, checked against the full Eq. (8): a worker the messages it receives push
     past its W_w has that overflow held back and next-fit runs again (a few rounds, then NoPlacementError)."""
     held: dict[int, float] = {}
     for _ in range(HOLD_ROUNDS):
-        fractions, remaining = next_fit(order, succ, demand, model, max_workers, pred, held)
+        try:
+            fractions, remaining = next_fit(order, succ, demand, model, max_workers, pred, held)
+        except NoPlacementError:
+            work.evaluations += 1  # a run that fails part-way priced at most a share per operator and worker
+            work.priced += len(order) + (max_workers or 0)
+            raise
         p = FractionalPlacement(list(order), len(remaining), fractions, demand, rates, remaining)
+        work.count(fractions, rates, model)
         if not model.mu:
             return p
         over = {w: v - model.capacity_of(w) for w, v in enumerate(p.load(model))
@@ -407,14 +471,34 @@ def _peak(p: FractionalPlacement, model: CapacityModel) -> float:
     return max((v / model.capacity_of(w) for w, v in enumerate(p.load(model))), default=0.0)
 
 
-def _better(a: FractionalPlacement, b: FractionalPlacement, model: CapacityModel) -> bool:
-    """Fewer workers first, then a lower peak load, then less remote traffic."""
-    if a.workers != b.workers:
-        return a.workers < b.workers
-    pa, pb = _peak(a, model), _peak(b, model)
-    if abs(pa - pb) > 1e-9:
-        return pa < pb
-    return _remote_rate(a, model) < _remote_rate(b, model) - 1e-9
+class _Ranked:
+    """A candidate placement with what `better` compares, each priced once however often it is compared."""
+
+    def __init__(self, placement: FractionalPlacement, model: CapacityModel) -> None:
+        self.placement, self.model = placement, model
+        self._peak: float | None = None
+        self._remote: float | None = None
+
+    @property
+    def peak(self) -> float:
+        if self._peak is None:
+            self._peak = _peak(self.placement, self.model)
+        return self._peak
+
+    @property
+    def remote(self) -> float:
+        if self._remote is None:
+            self._remote = _remote_rate(self.placement, self.model)
+        return self._remote
+
+    def better(self, other: _Ranked) -> bool:
+        """Fewer workers first, then a lower peak load, then less remote traffic."""
+        a, b = self.placement, other.placement
+        if a.workers != b.workers:
+            return a.workers < b.workers
+        if abs(self.peak - other.peak) > 1e-9:
+            return self.peak < other.peak
+        return self.remote < other.remote - 1e-9
 
 
 def _remote_rate(p: FractionalPlacement, model: CapacityModel) -> float:
@@ -433,6 +517,18 @@ def spread_fractions(operators: Sequence[str], workers: int, model: CapacityMode
     return {o: {w: c / total for w, c in enumerate(caps)} for o in operators}
 
 
+def spread_overflows(edge_rates: Mapping[Edge, float], model: CapacityModel, workers: int) -> bool:
+    """Whether the spread over `workers` workers overflows at every positive rate by its fan-out alone:
+    requests into an operator not routed local first go from every worker to every other (σ_s(d) > 0
+    everywhere), so each worker has n − 1 destinations and pays γ·(n − 1) of Eq. (8) whatever else it
+    does. Pricing the spread (n² flows per such edge) is then skipped: it cannot fit."""
+    routed = model.local_routed
+    if workers < 2 or not any(r > 0 and dst not in routed for (_, dst), r in edge_rates.items()):
+        return False
+    fan = model.gamma * (workers - 1)
+    return any(fan > model.capacity_of(w) * (1.0 + 1e-9) for w in range(workers))
+
+
 def candidate_orders(operators: Sequence[str], edges: Sequence[Edge],
                      edge_rates: Mapping[Edge, float]) -> list[list[str]]:
     """Admissible next-fit orders beside the paper's (every operator after all its successors): the
@@ -449,10 +545,15 @@ def candidate_orders(operators: Sequence[str], edges: Sequence[Edge],
 
 def single_worker_rate(load: Load, throughput: float, model: CapacityModel, worker: int = 0) -> float:
     """The input rate one worker sustains with every operator on it: W_w / (Σ D + α·Σ E) per unit of s."""
+    return workers_rate(load, throughput, model, range(worker, worker + 1))
+
+
+def workers_rate(load: Load, throughput: float, model: CapacityModel, workers: Sequence[int]) -> float:
+    """Σ `single_worker_rate` over `workers`: the worker-limit search's first upper bound."""
     per_unit = (sum(load.demand.values()) + model.alpha * sum(load.edge_rates.values())) / load.scale
     if per_unit <= 0:
         return math.inf
-    return model.capacity_of(worker) / per_unit * throughput
+    return sum(model.capacity_of(w) / per_unit * throughput for w in workers)
 
 
 @dataclass
@@ -467,13 +568,16 @@ class LimitSearch:
 
 def highest_rate_placement(operators: Sequence[str], edges: Sequence[Edge], observed: Load, throughput: float,
                            model: CapacityModel, max_workers: int, tolerance: float = 50.0,
-                           upper: float | None = None, refine: bool = False) -> LimitSearch:
+                           upper: float | None = None, refine: bool = False,
+                           work: Work | None = None) -> LimitSearch:
     """Binary-search the highest input rate whose placement fits on `max_workers` workers (SPEC.md).
 
     `observed` is the load at the observed throughput (s = 1). The first upper bound is one worker's
     maximum rate × `max_workers`; the search stops when the interval is under `tolerance` req/s (or 1% of
-    the bound, when the bound itself is that small).
+    the bound, when the bound itself is that small). `work` counts what was evaluated; the refinement's
+    candidates beyond next-fit stay within its budget.
     """
+    work = Work() if work is None else work
     if max_workers < 1:
         raise NoPlacementError(f"max_workers must be at least 1, not {max_workers}")
     if not throughput > 0:
@@ -486,12 +590,11 @@ def highest_rate_placement(operators: Sequence[str], edges: Sequence[Edge], obse
 
     def attempt(rate: float) -> FractionalPlacement | None:
         try:
-            return place(operators, edges, base.scaled(rate / throughput), model, max_workers, order, refine)
+            return place(operators, edges, base.scaled(rate / throughput), model, max_workers, order, refine, work)
         except NoPlacementError:
             return None
 
-    hi = upper if upper is not None else sum(single_worker_rate(base, throughput, model, w)
-                                             for w in range(max_workers))
+    hi = upper if upper is not None else workers_rate(base, throughput, model, range(max_workers))
     if not math.isfinite(hi):
         hi = throughput * 1e6  # nothing costs anything: any rate fits, report a large finite one
     top = attempt(hi)
@@ -523,7 +626,7 @@ def highest_rate_placement(operators: Sequence[str], edges: Sequence[Edge], obse
         base_rate = lo
         for i in range(1, SCAN_POINTS + 1):
             rate = base_rate * (1 + SCAN_STEP * i)
-            if rate >= hi:
+            if rate >= hi or not work.affords():
                 break
             steps += 1
             if (p := attempt(rate)) is not None:
@@ -532,8 +635,9 @@ def highest_rate_placement(operators: Sequence[str], edges: Sequence[Edge], obse
         # The spread first, so that the whole-operator scan starts above the best rate found so far:
         # whole_fit is not monotone in the rate and scans a window above it.
         for candidate in ("spread", "whole"):
-            other = (spread_limit(operators, base, throughput, model, max_workers, hi, tol) if candidate == "spread"
-                     else whole_limit(operators, edges, base, throughput, model, max_workers, lo, hi))
+            other = (spread_limit(operators, base, throughput, model, max_workers, hi, tol, work)
+                     if candidate == "spread"
+                     else whole_limit(operators, edges, base, throughput, model, max_workers, lo, hi, work))
             if other is None:
                 continue
             steps += other.steps
@@ -542,18 +646,24 @@ def highest_rate_placement(operators: Sequence[str], edges: Sequence[Edge], obse
     return LimitSearch(lo, hi_found, best, steps)
 
 
-def _bisect_fixed(at, model: CapacityModel, upper: float, tolerance: float) -> LimitSearch | None:
-    """The highest rate in [0, upper] for which the placement `at(rate)` (None: none) fits Eq. (8)."""
+def _bisect_fixed(at, model: CapacityModel, upper: float, tolerance: float, work: Work,
+                  cost: int) -> LimitSearch | None:
+    """The highest rate in [0, upper] for which the placement `at(rate)` fits Eq. (8), each pricing
+    `cost`: as far as `work`'s budget affords (None: nothing fits, or nothing was affordable)."""
     def ok(rate: float) -> FractionalPlacement | None:
         p = at(rate)
-        return p if p is not None and model.fits(p.load_map(model)) else None
+        work.count(p.fractions, p.edge_rates, model)
+        return p if model.fits(p.load_map(model)) else None
+
+    if not work.affords(2 * cost):
+        return None
 
     if (top := ok(upper)) is not None:
         return LimitSearch(upper, upper, top, 1)
     lo, hi, steps, best = 0.0, upper, 1, ok(0.0)
     if best is None:
         return None
-    while hi - lo > tolerance:
+    while hi - lo > tolerance and work.affords(cost):
         mid = (lo + hi) / 2
         steps += 1
         if (p := ok(mid)) is not None:
@@ -564,51 +674,96 @@ def _bisect_fixed(at, model: CapacityModel, upper: float, tolerance: float) -> L
 
 
 def spread_limit(operators: Sequence[str], base: Load, throughput: float, model: CapacityModel, workers: int,
-                 upper: float, tolerance: float) -> LimitSearch | None:
+                 upper: float, tolerance: float, work: Work | None = None) -> LimitSearch | None:
     """The highest rate at which every operator spread over `workers` workers (`spread_fractions`) fits
-    (the full Eq. 8).
+    (the full Eq. 8); None where nothing fits, nor above rate 0 where its fan-out overflows
+    (`spread_overflows`).
 
     Beyond the paper, a candidate of the refinement at the worker limit: where chained requests are cheap
     beside execution, where one chunk's messages overflow its receiver, or where requests are routed local
     first (then a stateless chain sends nothing remote at all), the spread sustains more."""
+    if spread_overflows(base.edge_rates, model, workers):
+        return None
     fractions = spread_fractions(operators, workers, model)
 
     def at(rate: float) -> FractionalPlacement:
         load = base.scaled(rate / throughput)
         return FractionalPlacement(list(operators), workers, fractions, dict(load.demand), dict(load.edge_rates))
 
-    return _bisect_fixed(at, model, upper, tolerance)
+    work = Work() if work is None else work
+    cost = priced_size(dict.fromkeys(operators, workers), base.edge_rates, model)
+    return _bisect_fixed(at, model, upper, tolerance, work, cost)
 
 
-WHOLE_LIMIT = 4096  # operators × workers above which the whole-operator candidate is skipped (its cost)
 # Rates probed above next-fit's: +1 % to +30 %, then (given the search's upper bound) on up to it, each
 # 1 % above the last, at most WHOLE_SCAN_MAX of those.
 WHOLE_SCAN, WHOLE_STEP, WHOLE_SCAN_MAX = 30, 0.01, 200
 
 
-def whole_fit(order: Sequence[str], load: Load, model: CapacityModel, workers: int) -> FractionalPlacement | None:
+def whole_fit(order: Sequence[str], load: Load, model: CapacityModel, workers: int,
+              work: Work | None = None) -> FractionalPlacement | None:
     """Next-fit over `order` (topological: predecessors first) that never splits an operator: one that
     does not fit what is left of the current worker opens the next; one that fits no worker alone is
     spread evenly over as few fresh workers as hold it. None if that needs more than `workers` or the
     result does not fit the full Eq. (8). While placing, requests to operators not yet placed count as
-    remote; only their messages are unknown until the end."""
+    remote; only their messages are unknown until the end.
+
+    One pass whatever `workers` is: on fewer workers it is this pass if that used no more of them. What
+    cannot fit is not priced: spreads whose execution share alone overflows a fresh worker (D̃_o / k >
+    W_w), and the rest of the pass once the execution demand left exceeds the capacity left. Without a
+    message term a worker's load depends only on the edges of the operators it holds, so each step prices
+    the workers it changed (those of the operator and of its predecessors) with their operators' edges."""
     fractions: dict[str, dict[int, float]] = {}
     demand, rates = dict(load.demand), dict(load.edge_rates)
+    incident: dict[str, list[int]] = {}
+    predecessors: dict[str, list[str]] = {}
+    edge_list = list(rates)
+    for i, (src, dst) in enumerate(edge_list):
+        incident.setdefault(src, []).append(i)
+        incident.setdefault(dst, []).append(i)
+        predecessors.setdefault(dst, []).append(src)
 
-    def fits() -> bool:
-        return model.fits(model.placement_load(fractions, demand, rates))
+    def fits(o: str | None = None) -> bool:
+        shares, priced = fractions, rates
+        if o is not None and not model.mu:
+            # Other workers' loads are as last checked, or (those of an edge's far end) priced in part.
+            changed = set(fractions[o]).union(*(fractions.get(p, ()) for p in predecessors.get(o, ())))
+            held = {x for x, f in fractions.items() if not changed.isdisjoint(f)}
+            near = sorted({i for x in held for i in incident.get(x, ())})
+            priced = {edge_list[i]: rates[edge_list[i]] for i in near}
+            ends = held.union(*(edge_list[i] for i in near))
+            shares = {x: f for x, f in fractions.items() if x in ends}
+        if work is not None:
+            work.count(shares, priced, model)
+        return model.fits(model.placement_load(shares, demand, priced))
 
-    current = 0
+    def overflows(share: float, worker: int) -> bool:
+        return share > model.capacity_of(worker) * (1.0 + 1e-9)
+
+    # left[w]: the capacity of workers w.. (`workers` - 1), against the execution demand still to place
+    left = [0.0] * (workers + 1)
+    for w in range(workers - 1, -1, -1):
+        left[w] = left[w + 1] + model.capacity_of(w)
+    to_place = sum(float(demand.get(o, 0.0)) for o in order)
+    current, on_current = 0, 0.0
     for o in order:
-        fractions[o] = {current: 1.0}
-        if fits():
-            continue
-        del fractions[o]
+        if to_place + on_current > left[current] * (1.0 + 1e-6):
+            return None
+        d = float(demand.get(o, 0.0))
+        to_place -= d
+        if not overflows(d, current):
+            fractions[o] = {current: 1.0}
+            if fits(o):
+                on_current += d
+                continue
+            del fractions[o]
         first = current + 1 if any(current in f for f in fractions.values()) else current
         for k in range(1, workers - first + 1):
+            if any(overflows(1.0 / k * d, first + i) for i in range(k)):
+                continue
             fractions[o] = {first + i: 1.0 / k for i in range(k)}
-            if fits():
-                current = first + k - 1
+            if fits(o):
+                current, on_current = first + k - 1, 1.0 / k * d
                 break
         else:
             return None
@@ -618,7 +773,8 @@ def whole_fit(order: Sequence[str], load: Load, model: CapacityModel, workers: i
 
 
 def whole_limit(operators: Sequence[str], edges: Sequence[Edge], base: Load, throughput: float,
-                model: CapacityModel, workers: int, above: float, upper: float | None = None) -> LimitSearch | None:
+                model: CapacityModel, workers: int, above: float, upper: float | None = None,
+                work: Work | None = None) -> LimitSearch | None:
     """The highest rate above `above`, up to `upper` (without one: WHOLE_SCAN steps), that `whole_fit`
     places on `workers` workers (None: skipped, or nothing above `above` fits). Whether it fits is not
     monotone in the rate (a different rate cuts the order elsewhere), so the rates are probed, not
@@ -631,16 +787,19 @@ def whole_limit(operators: Sequence[str], edges: Sequence[Edge], base: Load, thr
     if len(operators) * workers > WHOLE_LIMIT or not above > 0:
         return None
     order = topological_order(operators, edges)
-    best = None
     rates = [above * (1 + i * WHOLE_STEP) for i in range(1, WHOLE_SCAN + 1)]
     if upper is not None:
         beyond = rates[-1]
         rates += [r for i in range(1, WHOLE_SCAN_MAX + 1) if (r := beyond * (1 + WHOLE_STEP) ** i) <= upper]
-    for i, rate in enumerate(rates, 1):
-        p = whole_fit(order, base.scaled(rate / throughput), model, workers)
+    # From the top down: the first rate that fits is the highest, and the ones below it cannot beat it.
+    work = Work() if work is None else work
+    for i, rate in reversed(list(enumerate(rates, 1))):
+        if not work.affords():
+            break
+        p = whole_fit(order, base.scaled(rate / throughput), model, workers, work)
         if p is not None:
-            best = LimitSearch(rate, rate, p, i)
-    return best
+            return LimitSearch(rate, rate, p, i)
+    return None
 
 
 def _profile_key(base: Load, throughput: float) -> tuple:
@@ -672,7 +831,7 @@ class WorkerLimitCache:
     def get_or_search(self, operators: Sequence[str], edges: Sequence[Edge], observed: Load,
                       throughput: float,
                       model: CapacityModel, max_workers: int, search_tolerance: float = 50.0,
-                      refine: bool = False) -> LimitSearch:
+                      refine: bool = False, work: Work | None = None) -> LimitSearch:
         """The cached search result for this limit, or a fresh search (then cached)."""
         key = (tuple(operators), tuple(tuple(e) for e in edges), int(max_workers), refine)
         demand, edge_rates = _profile_key(observed, throughput)
@@ -688,6 +847,6 @@ class WorkerLimitCache:
                 return result
         self.misses += 1
         result = highest_rate_placement(operators, edges, observed, throughput, model, max_workers,
-                                        search_tolerance, refine=refine)
+                                        search_tolerance, refine=refine, work=work)
         self.entries[key] = (demand, edge_rates, coeffs, result)
         return result

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from clasp.core.model import CapacityModel, Edge
 from clasp.core.parallelism import placement_parallelism
 from clasp.core.placement import (
+    WHOLE_LIMIT,
     FractionalPlacement,
     LoadError,
     NoPlacementError,
+    Work,
     WorkerLimitCache,
     place,
 )
 from clasp.core.policies.base import Decision, PlacementResult, Policy, Stats, uniform_placement
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -37,6 +43,8 @@ class ClaspPolicy(Policy):
     cache: WorkerLimitCache = field(default_factory=WorkerLimitCache)
     name: str = "clasp"
     refine: bool = True
+    # What the last `plan` or `place_on` evaluated (docs/POLICY.md, "Bounded refinement").
+    work: Work = field(default_factory=Work)
 
     def __post_init__(self) -> None:
         self.cache.tolerance = self.config.cache_tolerance
@@ -61,8 +69,12 @@ class ClaspPolicy(Policy):
         limit = max_workers if max_workers is not None else self.config.max_workers
         load = stats.load_at(stats.input_rate)
         model = self.model_of(stats)
+        # The refinement's budget is for as many workers as the execution demand fills (the fewest that
+        # can sustain the rate), or the limit where that is fewer.
+        filled = max(1, math.ceil(sum(load.demand.values()) / model.capacity))
+        self.work = work = Work.for_size(len(operators), filled if limit is None else min(limit, filled))
         try:
-            p = place(operators, edges, load, model, limit, refine=self.refine)
+            p = place(operators, edges, load, model, limit, refine=self.refine, work=work)
             if self.refine and p.workers > 1 and stats.throughput > 0:
                 fewer = self._fewer_by_limit(operators, edges, stats, model, p.workers)
                 if fewer is not None:
@@ -73,7 +85,7 @@ class ClaspPolicy(Policy):
             if limit is None:
                 raise
             found = self.cache.get_or_search(operators, edges, stats.observed_load(), stats.throughput, model,
-                                             limit, self.config.search_tolerance, self.refine)
+                                             limit, self.config.search_tolerance, self.refine, work)
             # Next-fit failing does not mean the limit is needed: when the limit placement sustains the
             # rate, fewer workers' limit placements may too (next-fit's fit is not monotone in the rate).
             if self.refine and found.rate >= stats.input_rate:
@@ -87,22 +99,38 @@ class ClaspPolicy(Policy):
     def _fewer_by_limit(self, operators, edges, stats: Stats, model, workers: int) -> PlacementResult | None:
         """Beyond the paper: whether next-fit fits is not monotone in the rate, so the worker-limit search
         for fewer workers can sustain the rate next-fit needed `workers` for. The fewest n < `workers` whose
-        limit placement (cached) sustains the input rate, that placement at the input rate; None if none."""
+        limit placement (cached) sustains the input rate, that placement at the input rate; None if none.
+        Counts whose capacities do not hold the execution demand Σ D̃_o at that rate are not searched; of
+        the rest, up to FEWER_SCAN of a small DAG and cluster are searched in turn, more from the top down
+        (`fewest_from_top`: O(log n) searches, none past the first count that does not sustain the rate)."""
         rate = stats.input_rate
+        load = stats.load_at(rate)
+        execution = sum(load.demand.values())
+        counts, held = [], 0.0
         for n in range(1, workers):
+            held += model.capacity_of(n - 1)
+            if execution <= held * (1 + 1e-6):
+                counts.append(n)
+
+        def sustains(n: int) -> PlacementResult | None:
+            if not self.work.affords():
+                return None
             try:
                 found = self.cache.get_or_search(operators, edges, stats.observed_load(), stats.throughput, model,
-                                                 n, self.config.search_tolerance, self.refine)
+                                                 n, self.config.search_tolerance, self.refine, self.work)
             except (NoPlacementError, LoadError):
-                continue
+                return None
             if found.rate >= rate and found.placement.workers <= n:
-                load = stats.load_at(rate)
                 at_rate = replace(found.placement, demand=dict(load.demand), edge_rates=dict(load.edge_rates))
                 if model.fits(at_rate.load_map(model)):
                     return self._result(at_rate, stats, rate,
                                         f"{n} worker(s) sustain {rate:g} req/s (their limit placement: "
                                         f"{found.rate:.0f} req/s)")
-        return None
+            return None
+
+        if len(counts) <= FEWER_SCAN and len(operators) * workers <= WHOLE_LIMIT:
+            return next((r for n in counts if (r := sustains(n)) is not None), None)
+        return fewest_from_top(counts, sustains)
 
     def decide(self, operators: Sequence[str], edges: Sequence[Edge], current: PlacementResult | None,
                stats: Stats, *, max_workers: int | None = None) -> Decision:
@@ -142,13 +170,14 @@ class ClaspPolicy(Policy):
         edges = [tuple(e) for e in edges]
         stats = stats.aligned(operators, edges)
         demand = sum(s.rate * s.tau_us for s in stats.operators.values())
+        self.work = Work.for_size(len(operators), workers)
         if not stats.throughput > 0 or demand <= 0:
             return uniform_placement(list(operators), edges, workers, stats.p_max, stats.capacity,
                                      "no throughput observed: operators spread evenly", self.name)
         try:
             found = self.cache.get_or_search(list(stats.operators), edges, stats.observed_load(),
                                              stats.throughput, self.model_of(stats), workers,
-                                             self.config.search_tolerance, self.refine)
+                                             self.config.search_tolerance, self.refine, self.work)
         except (NoPlacementError, LoadError) as exc:
             return uniform_placement(list(operators), edges, workers, stats.p_max, stats.capacity,
                                      f"no placement fits {workers} worker(s) ({exc}): spread evenly",
@@ -159,6 +188,36 @@ class ClaspPolicy(Policy):
 
 
 MOVE_TOLERANCE = 0.02  # σ_o(w) changes up to this are not worth a migration at the worker limit
+# Counts below next-fit's that `_fewer_by_limit` searches one by one, the fewest first (the paper's apps
+# on its ten workers need at most ten); beyond them, or above WHOLE_LIMIT operators × workers, `fewest_from_top`.
+FEWER_SCAN = 16
+
+
+def fewest_from_top(counts: Sequence[int], sustains: Callable[[int], T | None]) -> T | None:
+    """`sustains` of the fewest of the ascending `counts` found to sustain the rate, probing from the top:
+    the most, then 1, 2, 4, … fewer while they sustain it, then bisecting between the last that did and
+    the first that did not: O(log n) probes. More workers sustain more but for next-fit's rounding, so
+    once the most counts do not sustain the rate, fewer are not searched (the refinement cannot beat
+    next-fit there)."""
+    best, fail, ok = None, -1, len(counts)
+    step, i = 1, len(counts) - 1
+    while i >= 0:
+        found = sustains(counts[i])
+        if found is None:
+            fail = i
+            break
+        best, ok = found, i
+        i, step = ok - step, step * 2
+    if best is None:
+        return None
+    while ok - fail > 1:
+        mid = (fail + ok) // 2
+        found = sustains(counts[mid])
+        if found is None:
+            fail = mid
+        else:
+            best, ok = found, mid
+    return best
 
 
 def _moves_little(current: PlacementResult, new: PlacementResult) -> bool:
