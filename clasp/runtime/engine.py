@@ -754,12 +754,9 @@ class JobEngine:
 
     def _ran(self, e: int, op_index: int, used: int, succ: int, made: int) -> None:
         """A run of `used` requests of one epoch finished at `op_index`, having handed `made` to `succ`."""
-        d = self.progress.get(e)
-        if d is None:
-            d = self.progress[e] = {}
-        d[op_index] = d.get(op_index, 0) - used
+        self._count(e, op_index, -used)
         if made:
-            d[succ] = d.get(succ, 0) + made
+            self._count(e, succ, made)
 
     def _fail(self, op: OpRuntime, exc: BaseException, value) -> None:
         op.errors += 1
@@ -1082,7 +1079,8 @@ class JobEngine:
             start = end
         dt = perf_counter() - t0
         op.exec_time += dt
-        op.dts.append(dt / max(1, n))
+        if n:  # the histogram's samples stand for TIMING_SAMPLE requests each: one per TIMING_SAMPLE run here
+            op.dts.extend([dt / n] * max(1, n // TIMING_SAMPLE))
         op.processed += n
         return n
 
