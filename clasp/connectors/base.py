@@ -40,6 +40,7 @@ class SourcePartition(ABC):
 
     async def close(self) -> None:
         """Release the reader's resources; the runtime calls it when the partition moves away or the job ends."""
+        return None
 
 
 class Source(ABC):
@@ -78,9 +79,11 @@ class SinkPartition(ABC):
 
     async def abort(self) -> None:
         """Drop what was written since the last prepare (the runtime replays it from the checkpoint)."""
+        return None
 
     async def close(self) -> None:
         """Release the writer's resources."""
+        return None
 
 
 class Sink(ABC):
