@@ -8,9 +8,12 @@ import sys
 import sysconfig
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import cloudpickle
 import networkx as nx
+
+from clasp.core.connector import Sink, Source
 
 
 class DagError(ValueError):
@@ -36,6 +39,9 @@ class Operator:
     index: int = -1
     collect: bool = False
     batch: bool = False
+    #: The `Source` of an operator added by `Dag.source`, the `Sink` of one added by `Dag.sink`.
+    connector: Source | Sink | None = None
+    kind: str = "operator"
 
     def __rshift__(self, other: Operator) -> Operator:
         self.dag.edge(self, other)
@@ -75,8 +81,30 @@ class Dag:
         self.operators.append(op)
         return op
 
+    def source(self, name: str, source: Source) -> Operator:
+        """Add a partitioned input read by the workers (a `clasp.connectors.Source`): its values enter only its
+        own successors, which `>>` connects like any operator's."""
+        if not isinstance(source, Source):
+            raise DagError(f"source {name!r}: {source!r} is not a clasp.connectors.Source")
+        op = self.operator(name, identity)
+        op.connector, op.kind = source, "source"
+        return op
+
+    def sink(self, name: str, sink: Sink) -> Operator:
+        """Add an output (a `clasp.connectors.Sink`) that operators connect into: each value reaching it is
+        written to the sink partition of the worker that holds it, committed with the checkpoints."""
+        if not isinstance(sink, Sink):
+            raise DagError(f"sink {name!r}: {sink!r} is not a clasp.connectors.Sink")
+        op = self.operator(name, identity)
+        op.connector, op.kind = sink, "sink"
+        return op
+
     def edge(self, src: Operator | str, dst: Operator | str) -> None:
         s, d = self._resolve(src), self._resolve(dst)
+        if d.kind == "source":
+            raise DagError(f"dag {self.name!r}: source {d.name!r} cannot have an input ({s.name} -> {d.name})")
+        if s.kind == "sink":
+            raise DagError(f"dag {self.name!r}: sink {s.name!r} cannot have an output ({s.name} -> {d.name})")
         if (s.name, d.name) in self.edges:
             raise DagError(f"dag {self.name!r}: duplicate edge {s.name} -> {d.name}")
         if s is d or nx.has_path(self.graph(), d.name, s.name):
@@ -173,6 +201,8 @@ class OperatorSpec:
     key: Callable | None
     collect: bool = False
     batch: bool = False
+    connector: Any = None
+    kind: str = "operator"
 
 
 @dataclass
@@ -190,7 +220,8 @@ class DagSpec:
         def succ(o):
             return sorted((index[d] for d in dag.successors(o.name)), key=lambda i: topo[dag.operators[i].name])
 
-        ops = [OperatorSpec(o.index, o.name, o.stateful, o.is_async, succ(o), o.fn, o.key, o.collect, o.batch)
+        ops = [OperatorSpec(o.index, o.name, o.stateful, o.is_async, succ(o), o.fn, o.key, o.collect, o.batch,
+                            o.connector, o.kind)
                for o in dag.operators]
         return cls(dag.name, ops, [index[s] for s in dag.sources()])
 
@@ -214,10 +245,11 @@ class DagSpec:
         """A msgpack-ready description: plain fields plus one cloudpickle blob of all functions."""
         fns = []
         for o in self.operators:
-            fns.extend([o.fn, o.key])
+            fns.extend([o.fn, o.key, o.connector])
         return {"name": self.name, "sources": self.sources,
                 "operators": [{"index": o.index, "name": o.name, "stateful": o.stateful, "async": o.is_async,
-                               "collect": o.collect, "batch": o.batch, "successors": o.successors}
+                               "collect": o.collect, "batch": o.batch, "successors": o.successors,
+                               "kind": o.kind}
                               for o in self.operators],
                 "functions": _pickle_functions(fns)}
 
@@ -227,7 +259,7 @@ class DagSpec:
         try:
             fns = cloudpickle.loads(d["functions"])
             raw = d["operators"]
-            if len(fns) != 2 * len(raw):
+            if len(fns) != 3 * len(raw):
                 raise DagError("function blob does not match the operator list")
             ops = []
             for i, o in enumerate(raw):
@@ -238,9 +270,12 @@ class DagSpec:
                     raise DagError(f"operator {o['name']!r} has a successor out of range")
                 if o.get("batch") and (o["stateful"] or o["async"]):
                     raise DagError(f"operator {o['name']!r}: batch=True is for stateless, synchronous operators")
+                kind = str(o.get("kind", "operator"))
+                if kind not in ("operator", "source", "sink"):
+                    raise DagError(f"operator {o['name']!r} has an unknown kind {kind!r}")
                 ops.append(OperatorSpec(i, str(o["name"]), bool(o["stateful"]), bool(o["async"]), succ,
-                                        fns[2 * i], fns[2 * i + 1], bool(o.get("collect", False)),
-                                        bool(o.get("batch", False))))
+                                        fns[3 * i], fns[3 * i + 1], bool(o.get("collect", False)),
+                                        bool(o.get("batch", False)), fns[3 * i + 2], kind))
             sources = [int(s) for s in d["sources"]]
             return cls(str(d["name"]), ops, sources)
         except DagError:

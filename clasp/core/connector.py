@@ -1,5 +1,5 @@
-"""The interfaces a connector implements: a partitioned source read by the workers and a sink committed with
-the checkpoints (docs/CONNECTORS.md, "Writing a connector").
+"""The interfaces a connector implements (exported as `clasp.connectors.Source`, `Sink`, ...): a partitioned
+source read by the workers and a sink committed with the checkpoints (docs/CONNECTORS.md, "Writing a connector").
 
 A source lists its partitions once, when a job is submitted; the planner places them on the workers with the
 source operator's shares, as it places key groups, and moves them with their positions on rescale, drain and
