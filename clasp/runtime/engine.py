@@ -1,6 +1,7 @@
 """A worker's local scheduling engine and executor pool for one job: the hot path.
 
-Requests are 4-tuples `(op, value, key, rid)`. Each operator has a FIFO queue; executors run
+Requests are 4-tuples `(op, value, key, rid)`, or column blocks of them where the key is the value
+(`clasp.runtime.records`). Each operator has a FIFO queue; executors run
 micro-batches of it in a tight loop and hand every output to the successor's route: a local chained
 request is appended to the successor's queue in memory (no serialization, no socket); a remote one is
 appended to the per-destination batch that the worker flushes within the flush delay.
@@ -19,7 +20,7 @@ import math
 import sys
 import traceback
 from collections import deque
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 from operator import is_
 from time import perf_counter
 
@@ -30,6 +31,7 @@ from clasp.core.outputs import ITEMS_EXACT, ONE_EXACT, as_outputs
 from clasp.core.protocol import column_rows, columns, expand_columns, expand_run, expand_runs
 from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE, Placement, key_group, route_to
 from clasp.core.tracking import EPOCH_BITS
+from clasp.runtime.records import RecordQueue
 
 log = logging.getLogger("clasp.worker.engine")
 HOLD = "\x00hold"  # the route of a key group whose state is on its way here: its requests wait
@@ -129,7 +131,7 @@ class OpRuntime:
         self.is_async = spec_op.is_async
         self.collect = spec_op.collect
         self.successors = list(spec_op.successors)
-        self.queue: deque = deque()
+        self.queue = RecordQueue()
         # The state, one dict per key group ({key: state}): a key group moves as one object, serialized
         # in one call, with no work per key in Python (paper §4.4; docs/SCALING.md).
         self.groups: list[dict] = [{} for _ in range(NUM_KEY_GROUPS)] if spec_op.stateful else []
@@ -545,7 +547,12 @@ class JobEngine:
         if epoch == self.epoch and not self.held and not self.barrier_held:
             ops = self.ops
             for g in groups:
-                ops[g[0]].queue.extend(column_rows(g))
+                op = ops[g[0]]
+                if g[2] is True and op.stateful:  # keys are the values: the columns join as a block
+                    rids = g[3] if g[4] is None else list(chain.from_iterable(map(repeat, g[3], g[4])))
+                    op.queue.append_block(g[0], g[1], rids)
+                else:
+                    op.queue.extend(column_rows(g))
         else:
             self.receive(epoch, expand_columns(groups))
 
@@ -767,7 +774,6 @@ class JobEngine:
     def _run_stateless(self, op: OpRuntime, budget: int) -> int:
         q = op.queue
         n = min(budget, len(q))
-        popleft = q.popleft
         fn = op.fn
         pc = perf_counter
         dts = op.dts
@@ -785,20 +791,25 @@ class JobEngine:
             fast = batch.append
         succ0 = routes[0][1] if routes else -1
         # One keyed successor whose every key group is here and whose key is the value (Word Count on one
-        # worker): a line's words join its queue in one extend of rows built in C; the group weights from
-        # the sampled requests' outputs. Not while a checkpoint barrier holds what would join its queue.
+        # worker): a line's words extend the round's block of its queue (values and record ids, in C); the
+        # group weights from the sampled requests' outputs. Not while a checkpoint barrier holds what would
+        # join its queue.
         here = keyed = None
         if (fast is None and len(routes) == 1 and routes[0][0] == KEYED_HERE and routes[0][5].key_is_value
                 and routes[0][5].index not in self.barrier_held):
             target = routes[0][5]
-            here, hits, group_of = target.queue.extend, target.group_hits, target.group_of
+            block_values, block_rids = [], []
+            here, here_rids = block_values.extend, block_rids.extend
+            hits, group_of = target.group_hits, target.group_of
         # One keyed successor spread over workers, its key the value (Word Count on several): a line's
         # words are routed by key group in passes over the line in C (map, compress), the local ones
-        # extend the successor's queue, the remote ones the destination's columns.
+        # extend the round's block of the successor's queue, the remote ones the destination's columns.
         elif (fast is None and len(routes) == 1 and routes[0][0] == ROUTE_KEYED and routes[0][5].key_is_value
               and not self.held and routes[0][5].index not in self.barrier_held):
             target = routes[0][5]
-            keyed, owners, hits, group_of = target.queue.extend, routes[0][3], target.group_hits, target.group_of
+            block_values, block_rids = [], []
+            keyed, keyed_rids = block_values.extend, block_rids.extend
+            owners, hits, group_of = routes[0][3], target.group_hits, target.group_of
             cache_get, owner_of, cols = target.key_cache.get, owners.__getitem__, self.pending_cols
             remote_made = 0
         me = op.index
@@ -808,8 +819,9 @@ class JobEngine:
         stall = self.stall
         emitted = 0  # children handed over by the fast paths; the general path counts in _send
         cur, used, made = -1, 0, 0  # the progress epoch of the run being counted, its requests, their children
-        for i in range(n):
-            _, value, _k, rid = popleft()
+        i = -1
+        for _, value, _k, rid in q.take_rows(n):
+            i += 1
             ep = rid >> EPOCH_BITS
             if ep != cur:
                 if used:
@@ -878,7 +890,8 @@ class JobEngine:
                     words = outs if len(ds) == ds.count(d) else list(compress(outs, map(is_, ds, repeat(d))))
                     m = len(words)
                     if d is None:
-                        keyed(zip(repeat(succ0), words, words, repeat(rid, m)))
+                        keyed(words)
+                        keyed_rids(repeat(rid, m))
                         continue
                     by_succ = cols.get(d)
                     if by_succ is None:
@@ -895,7 +908,8 @@ class JobEngine:
                 continue
             if here is not None:
                 k = len(outs)
-                here(zip(repeat(succ0), outs, outs, repeat(rid, k)))
+                here(outs)
+                here_rids(repeat(rid, k))
                 if not i & TIMING_MASK:  # the timed request's outputs weigh the groups for all of them
                     for o in outs:
                         hits[group_of(o)] += TIMING_SAMPLE
@@ -908,6 +922,8 @@ class JobEngine:
             self._ran(cur, me, used, succ0, made)
         op.exec_time += _estimate(op, t_exec, timed, n)
         op.processed += n
+        if here is not None or keyed is not None:
+            target.queue.append_block(succ0, block_values, block_rids)
         if keyed is not None:
             if remote_made and self.pending_since is None:
                 self.pending_since = perf_counter()
@@ -935,8 +951,10 @@ class JobEngine:
         if op.cold:
             op.warm_rows(q, n)
         if self.shadows:
-            return self._run_shadowed(op, [q.popleft() for _ in range(n)])
-        return self._apply(op, q.popleft, n)
+            return self._run_shadowed(op, q.take_rows(n))
+        for part in q.take(n):
+            self._apply(op, part if type(part) is list else part.rows(), len(part))
+        return n
 
     def _run_shadowed(self, op: OpRuntime, rows: list) -> int:
         """`rows` of a stateful operator while a checkpoint barrier is up (copy on write): before the first
@@ -952,7 +970,7 @@ class JobEngine:
             if rid >= boundary:
                 if image is None:
                     if i > start:
-                        self._apply(op, iter(rows[start:i]).__next__, i - start)
+                        self._apply(op, rows[start:i], i - start)
                         start = i
                     shadow[g] = op.rested[g] or (op.rest(g) if op.groups[g] else {})
             elif image is not None:
@@ -967,11 +985,11 @@ class JobEngine:
                 else:
                     image[key] = new
         if start < len(rows):
-            self._apply(op, iter(rows[start:]).__next__, len(rows) - start)
+            self._apply(op, rows[start:], len(rows) - start)
         return len(rows)
 
-    def _apply(self, op: OpRuntime, take, n: int) -> int:
-        """Run `n` requests of a stateful operator, each from `take()`, on its live state."""
+    def _apply(self, op: OpRuntime, rows, n: int) -> int:
+        """Run the `n` requests `rows` (an iterable of rows) of a stateful operator on its live state."""
         fn = op.fn
         pc = perf_counter
         dts_append = op.dts.append
@@ -987,8 +1005,9 @@ class JobEngine:
         stall = self.stall
         cur, used = -1, 0  # the progress epoch of the run being counted, and its requests
         rested = op.rested
-        for i in range(n):
-            _, value, key, rid = take()
+        i = -1
+        for _, value, key, rid in rows:
+            i += 1
             ep = rid >> EPOCH_BITS
             if ep != cur:
                 if used:
@@ -1054,7 +1073,7 @@ class JobEngine:
         and progress see them where the run's records are)."""
         q = op.queue
         n = min(budget, len(q))
-        rows = [q.popleft() for _ in range(n)]
+        rows = q.take_rows(n)
         me = op.index
         start = 0
         t0 = perf_counter()

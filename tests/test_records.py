@@ -1,0 +1,62 @@
+"""The operator queue with column blocks behaves as a deque of rows under any sequence of operations."""
+
+from __future__ import annotations
+
+from collections import deque
+from itertools import chain
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clasp.runtime.records import Block, RecordQueue
+
+row = st.tuples(st.just(1), st.integers(0, 50), st.integers(0, 50), st.integers(0, 10_000))
+block = st.lists(st.tuples(st.integers(0, 50), st.integers(0, 10_000)), max_size=8)
+ops = st.lists(st.one_of(
+    st.tuples(st.just("append"), row),
+    st.tuples(st.just("extend"), st.lists(row, max_size=5)),
+    st.tuples(st.just("extendleft"), st.lists(row, max_size=5)),
+    st.tuples(st.just("block"), block),
+    st.tuples(st.just("popleft"), st.none()),
+    st.tuples(st.just("take"), st.integers(0, 12)),
+    st.tuples(st.just("take_rows"), st.integers(0, 12)),
+    st.tuples(st.just("clear"), st.none()),
+), max_size=40)
+
+
+def _rows(parts: list) -> list:
+    return list(chain.from_iterable(p if type(p) is list else p.rows() for p in parts))
+
+
+@settings(max_examples=400, deadline=None)
+@given(ops)
+def test_a_record_queue_is_a_fifo_of_rows(sequence):
+    q, model = RecordQueue(), deque()
+    for name, arg in sequence:
+        if name == "append":
+            q.append(arg)
+            model.append(arg)
+        elif name == "extend":
+            q.extend(iter(arg))  # the engine extends with iterators (zip): the length is counted, not asked
+            model.extend(arg)
+        elif name == "extendleft":
+            q.extendleft(reversed(arg))
+            model.extendleft(reversed(arg))
+        elif name == "block":
+            values, rids = [v for v, _ in arg], [r for _, r in arg]
+            q.append_block(1, values, rids)
+            model.extend((1, v, v, r) for v, r in arg)
+        elif name == "popleft" and model:
+            assert q[0] == model[0]
+            assert q.popleft() == model.popleft()
+        elif name == "take":
+            parts = q.take(arg)
+            assert all(type(p) is list or (type(p) is Block and len(p)) for p in parts)
+            assert _rows(parts) == [model.popleft() for _ in range(min(arg, len(model)))]
+        elif name == "take_rows":
+            assert q.take_rows(arg) == [model.popleft() for _ in range(min(arg, len(model)))]
+        elif name == "clear":
+            q.clear()
+            model.clear()
+        assert len(q) == len(model) and bool(q) == bool(model)
+        assert list(q) == list(model)
