@@ -1,6 +1,6 @@
 """The emulated-cluster engine: one app on a real local cluster (planner + N worker processes), measured.
 
-The figure harness (`clasp bench FIG --engine cluster`) and `bench.calibrate` / `bench.validate_sim` call
+The figure harness (`clasp bench FIG --engine cluster`) and `clasp.bench.calibrate` / `clasp.bench.validate_sim` call
 two functions; both return the same keys:
 
 ```python
@@ -59,6 +59,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from clasp.apps import get_app
+from clasp.bench import cpu_seconds
 from clasp.core.profiles import parse_profile
 from clasp.runtime.driver import Driver
 
@@ -121,16 +122,6 @@ def steady_throughput(samples: list[tuple[float, int, int]], start: float, end: 
         return None, 0.0
     (t0, c0, _), (t1, c1, _) = inside[0], inside[-1]
     return (c1 - c0) / (t1 - t0), t1 - t0
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process, from /proc (Linux)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return math.nan
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def cgroup_cpu_stat(pid: int) -> dict | None:

@@ -22,8 +22,7 @@ import time
 import urllib.request
 
 import clasp
-from clasp.bench import emit
-from clasp.bench.runtime import cpu_seconds
+from clasp.bench import cpu_seconds, emit
 from clasp.local.cluster import LocalCluster
 
 SETTLE = 1.0  # seconds before each run, A and B alike

@@ -87,7 +87,7 @@ class Costs:
     flush_delay_s: float = 0.001
     max_batch: int = 2000
     # A sender's flush round serves every peer, so each peer's batches come 1 + c·(peers − 1) times as far
-    # apart (clasp.core.model.FLUSH_PEER_FACTOR; `bench.calibrate` fits it).
+    # apart (clasp.core.model.FLUSH_PEER_FACTOR; `clasp.bench.calibrate` fits it).
     flush_peer_factor: float = FLUSH_PEER_FACTOR
     # µs per chained request to a keyed successor whose key groups are not all on the sending worker, local
     # or remote, paid by the sender in place of α or (1 − r)·β: the runtime then routes each output through

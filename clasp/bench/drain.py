@@ -1,6 +1,6 @@
 """Drain time at 40,000 moved keys: two workers, a keyed count of 80,000 keys split evenly, `clasp drain w1`.
 
-Run: .venv/bin/python bench/drain.py (docs/DEPLOY.md, "How long a drain takes")."""
+Run: .venv/bin/python -m clasp.bench.drain (docs/DEPLOY.md, "How long a drain takes")."""
 
 import time
 

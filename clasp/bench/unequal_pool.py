@@ -1,6 +1,6 @@
 """An unequal pool, emulated: `clasp` against `clasp-paper` on workers with different CPU quotas, one run.
 
-`python -m bench.unequal_pool [--quotas 0.2,0.2,0.4,0.6] [--apps wc,syn] [--policies clasp,clasp-paper]
+`python -m clasp.bench.unequal_pool [--quotas 0.2,0.2,0.4,0.6] [--apps wc,syn] [--policies clasp,clasp-paper]
 [--seconds 10] [--warmup 4] [--repeat 2] [--json FILE]`
 
 One LocalCluster whose workers stand for unequal hosts (a cgroup quota each, root). Per repeat, app and

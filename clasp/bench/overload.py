@@ -1,6 +1,6 @@
 """Planner and worker memory under overload: one big push, large records, an endless generator, 2 × capacity.
 
-`python -m bench.overload [--case lines:2000000] [--case blobs:300000x2048] [--case endless:30]
+`python -m clasp.bench.overload [--case lines:2000000] [--case blobs:300000x2048] [--case endless:30]
 [--case rate:2x60] [--max-queued-bytes 128M] [--max-queue-delay S] [--json FILE]` runs each case on a
 fresh 1-worker local cluster (no autoscaling) and prints one JSON object per case: the planner's and the
 worker's resident memory at the start and at their peak (VmRSS from /proc, sampled every 20 ms), how long
@@ -209,7 +209,7 @@ def run_case(case: str, max_bytes: str | None, max_delay: str | None = None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.overload", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m clasp.bench.overload", description=__doc__.split("\n\n")[0])
     ap.add_argument("--case", action="append", help="lines:N, blobs:NxB or endless:S (repeatable)")
     ap.add_argument("--max-queued-bytes", help="the planner's bound (default: its own, 128M)")
     ap.add_argument("--max-queue-delay", help="the planner's time bound in seconds (default: its own, 5; 0: off)")
