@@ -56,7 +56,6 @@ import os
 import tempfile
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from clasp.apps import get_app
 from clasp.bench import cpu_seconds
@@ -484,9 +483,3 @@ def fixed_rate(app: str, workers: int, rate: float, *, placement="spread", cpu_p
     """Input paced at `rate` records/s for `seconds` (a constant profile); same keys as `unthrottled`."""
     return _measure(app, workers, float(rate), placement=placement, cpu_per_worker=cpu_per_worker,
                     records=None, seconds=seconds, state=state, seed=seed, log_dir=log_dir)
-
-
-def result_line(r: Mapping[str, Any]) -> dict:
-    """The compact part of a result (for printing): no per-operator and per-worker detail."""
-    skip = {"operators", "per_worker", "placement", "cpu_s", "model", "throttle", "run_delay_s"}
-    return {k: v for k, v in r.items() if k not in skip}

@@ -261,11 +261,6 @@ def measure_app(app: ModuleType, records: int = 2000, seed: int = 0
     return fanout, weights
 
 
-def measure_fanout(app: ModuleType, records: int = 2000, seed: int = 0) -> dict[Edge, float]:
-    """Per-edge fan-out of an app, counted on a local run: outputs of src per request of src."""
-    return measure_app(app, records, seed)[0]
-
-
 def app_dag(app: ModuleType, costs: Costs, records: int = 2000, seed: int = 0) -> SimDag:
     """The SimDag of a benchmark app (a module with the app API of `clasp.apps`, e.g. `get_app("wc")`): its
     topology, measured fan-outs and τ_o from `costs`. The app is passed in, not looked up by name, so the
