@@ -60,6 +60,7 @@ from collections.abc import Mapping
 from clasp.apps import get_app
 from clasp.bench import cpu_seconds
 from clasp.core.profiles import parse_profile
+from clasp.runtime.config import WorkerConfig
 from clasp.runtime.driver import Driver
 
 WARMUP_RECORDS = 2000  # per (cluster, app), outside any measurement
@@ -200,10 +201,10 @@ class Clusters:
             while len(self.running) >= self.keep:
                 self._stop(self.running.pop(next(iter(self.running))))
             logs = log_dir or tempfile.mkdtemp(prefix=f"clasp-engine-{workers}w-")
-            args = [] if flush_delay_ms is None else ["--flush-delay-ms", str(flush_delay_ms)]
-            args += [] if max_batch is None else ["--max-batch", str(int(max_batch))]
+            batching = ({} if flush_delay_ms is None else {"flush_delay": flush_delay_ms / 1000.0}) | (
+                {} if max_batch is None else {"max_batch": int(max_batch)})
             cl = LocalCluster(workers=workers, port=0, log_dir=logs, cpu_per_worker=cpu_per_worker,
-                              worker_args=args).start()
+                              worker_config=WorkerConfig(**batching)).start()
             client = clasp.connect(cl.planner, timeout=60)
             entry = {"cluster": cl, "client": client, "warm": {}, "logs": str(logs),
                      "pids": {w["id"]: w["pid"] for w in client.workers()}, "planner_pid": cl.procs[0].pid}

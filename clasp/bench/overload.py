@@ -32,7 +32,9 @@ from collections.abc import Iterator
 
 import clasp
 from clasp.apps import wc
+from clasp.core.credit import parse_size
 from clasp.local.cluster import LocalCluster
+from clasp.runtime.config import PlannerConfig
 
 GROUPS = 64
 POOL = 100_000  # distinct Word Count lines the rate case cycles through
@@ -127,10 +129,11 @@ def paced(pool: list[str], rate: float, seconds: float, due: list) -> Iterator[s
 def run_case(case: str, max_bytes: str | None, max_delay: str | None = None) -> dict:
     kind, _, arg = case.partition(":")
     logs = tempfile.mkdtemp(prefix="clasp-overload-")
-    args = (["--no-autoscale"] + (["--max-queued-bytes", max_bytes] if max_bytes else [])
-            + (["--max-queue-delay", max_delay] if max_delay else []))
+    bounds = ({"max_queued_bytes": parse_size(max_bytes)} if max_bytes else {}) | (
+        {"max_queue_delay": float(max_delay)} if max_delay else {})
+    config = PlannerConfig(autoscale=False, **bounds)
     extra: dict = {}
-    with LocalCluster(workers=1, port=0, log_dir=logs, provider="static", planner_args=args) as cl, \
+    with LocalCluster(workers=1, port=0, log_dir=logs, provider="static", planner_config=config) as cl, \
             clasp.connect(cl.planner) as c:
         pids = {"planner": cl.procs[0].pid, "worker": c.workers()[0]["pid"]}
         if kind == "lines":

@@ -24,6 +24,7 @@ import time
 import clasp
 from clasp.apps import get_app
 from clasp.local.cluster import LocalCluster
+from clasp.runtime.config import PlannerConfig
 
 
 def _saturate(job, app, seed: int, until: float, chunk: int = 5000) -> list:
@@ -90,7 +91,7 @@ def main(argv=None) -> int:
     policies = [p for p in args.policies.split(",") if p]
     rows = []
     with LocalCluster(workers=len(quotas), port=0, cpu_per_worker=quotas,
-                      planner_args=["--no-autoscale"]) as cluster:
+                      planner_config=PlannerConfig(autoscale=False)) as cluster:
         quota_of = dict(zip(cluster.worker_ids, quotas, strict=True))
         for k in range(args.repeat):
             for app in apps:

@@ -48,6 +48,7 @@ import clasp
 from clasp.apps import wc
 from clasp.bench import cpu_seconds
 from clasp.local.cluster import LocalCluster
+from clasp.runtime.config import PlannerConfig
 
 # Lines per batch to a Bytewax source (its `next_batch`); clasp's client sends up to 5,000 per push.
 BYTEWAX_BATCH = 1000
@@ -63,7 +64,7 @@ def run_clasp(lines: list[str], workers: int, warm: list[str], checkpoint_interv
               key_weights: dict | None = None) -> dict:
     logs = tempfile.mkdtemp(prefix="clasp-peers-")
     with LocalCluster(workers=workers, port=0, log_dir=logs, provider="static",
-                      planner_args=["--no-autoscale", "--checkpoint-interval", str(checkpoint_interval)]
+                      planner_config=PlannerConfig(autoscale=False, checkpoint_interval=checkpoint_interval)
                       ) as cl, clasp.connect(cl.planner) as c:
         w = c.submit(wc.build_dag(), autoscale=False)
         w.push(warm)
