@@ -1,4 +1,4 @@
-"""clasp.bench.cluster_engine on a real 2-worker cluster, its pure helpers, and bench.calibrate's pure parts."""
+"""clasp.bench.cluster_engine on a real 2-worker cluster, its pure helpers, and clasp.bench.calibrate's pure parts."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_unthrottled_wc_two_workers_is_correct(engine):
 
 
 def test_the_steady_window_measures_the_planner_and_the_client(engine):
-    # Their CPU per record is what bench.calibrate's front costs come from.
+    # Their CPU per record is what clasp.bench.calibrate's front costs come from.
     r = engine.unthrottled("wc", 2, seconds=3.0)
     assert r["correct"] is True and r["cpu_window_s"] > 0
     assert r["cpu_s"]["planner"] > 0 and 0 < r["client_cpu_s"] <= 1.5 * r["cpu_window_s"]
@@ -62,9 +62,9 @@ def test_steady_throughput_window():
     assert ce.steady_throughput(samples[:1], 0.0, 5.0, saturated=False) == (None, 0.0)
 
 
-# ----------------------------------------------------------------------------- bench.calibrate, pure parts
+# ----------------------------------------------------------------------------- clasp.bench.calibrate, pure parts
 def test_capacity_and_alpha_from_numbers():
-    from bench import calibrate as cal
+    from clasp.bench import calibrate as cal
 
     assert cal.cpu_rate_us(1.0, 4.0) == 250_000.0
     mult = {"split": 1.0, "count": 15.0}
@@ -77,7 +77,7 @@ def test_capacity_and_alpha_from_numbers():
 
 
 def test_two_chain_lengths_separate_alpha_from_the_per_record_cost():
-    from bench import calibrate as cal
+    from clasp.bench import calibrate as cal
 
     # W 250,000 µs/s; τ̄ 0.1 µs per no-op; α 0.5 µs per chained request; F 1.2 µs per record.
     def lam(n_ops):
@@ -93,7 +93,7 @@ def test_two_chain_lengths_separate_alpha_from_the_per_record_cost():
 
 
 def test_record_cost_goes_half_to_the_sources_and_half_to_the_sinks_per_record():
-    from bench import calibrate as cal
+    from clasp.bench import calibrate as cal
 
     # WC-like: one split per record, 15 counts per record: the sink's half is spread over the 15.
     tau = cal.with_record_cost({"split": 3.0, "count": 0.2}, {"split": 1.0, "count": 15.0}, ["split"], ["count"],
@@ -106,7 +106,7 @@ def test_record_cost_goes_half_to_the_sources_and_half_to_the_sinks_per_record()
 
 
 def test_fit_tau_adds_a_per_request_residual_or_scales_down():
-    from bench import calibrate as cal
+    from clasp.bench import calibrate as cal
 
     mult = {"a": 1.0, "b": 3.0}
     tau = {"a": 2.0, "b": 1.0}
@@ -120,7 +120,7 @@ def test_fit_tau_adds_a_per_request_residual_or_scales_down():
 
 
 def test_front_costs_are_median_cpu_per_record():
-    from bench import calibrate as cal
+    from clasp.bench import calibrate as cal
 
     runs = [{"cpu_s": {0: 2.0, "planner": 0.5}, "client_cpu_s": 0.2, "cpu_window_s": 10.0, "throughput": 20_000.0},
             {"cpu_s": {0: 2.0, "planner": 0.9}, "client_cpu_s": 0.3, "cpu_window_s": 10.0, "throughput": 30_000.0},
@@ -132,7 +132,7 @@ def test_front_costs_are_median_cpu_per_record():
 
 
 def test_solve_bisects_a_decreasing_function():
-    from bench import calibrate as cal
+    from clasp.bench import calibrate as cal
 
     assert cal.solve(lambda x: 100.0 / (1 + x), 0.0, 10.0, 50.0) == pytest.approx(1.0, abs=1e-6)
     assert cal.solve(lambda x: 100.0 / (1 + x), 0.0, 10.0, 200.0) == 0.0
@@ -158,7 +158,7 @@ def test_cgroup_and_run_delay_readers_on_this_process():
 
 
 def test_mix_calibration_placement_is_not_a_spread():
-    from bench import calibrate as cal
+    from clasp.bench import calibrate as cal
 
     assert cal.MIX["op0"] == {0: 1.0} and cal.MIX["op1"] == {0: 0.5, 1: 0.5}
     assert all(cal.MIX[o] != {0: 0.5, 1: 0.5} for o in cal.SYN_OPS[::2])
@@ -171,7 +171,7 @@ def test_mix_calibration_placement_is_not_a_spread():
 
 
 def test_fit_message_us_recovers_a_common_slope():
-    from bench import calibrate as cal
+    from clasp.bench import calibrate as cal
 
     def run(msgs_sent_per_s, cpu_per_record, tput=10_000.0, win=4.0, flush=None):
         # Two workers splitting the CPU and the messages.
@@ -196,7 +196,7 @@ def test_fit_flush_delay_is_cpu_seconds_per_batch_to_one_peer_growing_with_the_p
     """FAN's worker 0 sends to 2 peers: 0.25 CPU and 200 messages/s of 10 rows, 100 per peer, is one batch
     per 2.5 ms of its CPU; ALT's senders (1 peer) 125 per peer, one per 2 ms: d₁ = 2 ms, c = 0.25. A worker
     whose messages hold one row each (not timer-bound), or below 90 % of its quota, is left out."""
-    from bench import calibrate as cal
+    from clasp.bench import calibrate as cal
 
     def run(w0_sent, w0_rows, w1_sent=50.0, w1_cpu=0.25, win=4.0):
         return {"cpu_window_s": win, "cpu_s": {0: 0.25 * win, 1: w1_cpu * win, 2: 0.25 * win},
@@ -229,7 +229,7 @@ def test_monitor_counts_data_messages_per_interval():
 
 
 def test_fit_fixes_gamma_to_zero_when_message_us_is_fitted(monkeypatch):
-    from bench import calibrate as cal
+    from clasp.bench import calibrate as cal
 
     def fake_sim(costs, placement, workers):  # decreasing in β and γ; ALT has δ = 1, FAN δ = 2
         delta = 1 if placement is cal.ALT else 2
@@ -282,7 +282,7 @@ def test_pipe_fit_recovers_beta_and_the_receive_share():
     receiver/sender utilization fed back as the measurement)."""
     import dataclasses
 
-    from bench import calibrate as cal
+    from clasp.bench import calibrate as cal
     from clasp.sim.simulator import MEASURED_COSTS_FILE, Costs
 
     assert [cal.PIPE[o] for o in cal.SYN_OPS] == [{1: 1.0}] * 5 + [{0: 1.0}] * 5
@@ -305,7 +305,7 @@ def test_keyed_and_table_route_fits_recover_what_the_simulator_was_given():
     shift leaves one worker's cost per line as it was."""
     import dataclasses
 
-    from bench import calibrate as cal
+    from clasp.bench import calibrate as cal
     from clasp.sim.simulator import MEASURED_COSTS_FILE, Costs
 
     base = dataclasses.replace(Costs.load(MEASURED_COSTS_FILE), gamma=0.0, beta_split=0.0, alpha_keyed=None)

@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clasp.core.keygroups import DEFAULT_KEY_GROUPS, assign_key_groups, diff_key_groups, group_counts
+from clasp.core.keygroups import assign_key_groups, diff_key_groups, group_counts
+from clasp.core.routing import NUM_KEY_GROUPS
 
 
 def counts(owners):
@@ -15,7 +16,7 @@ def counts(owners):
 
 
 def test_default_is_128_groups():
-    assert DEFAULT_KEY_GROUPS == 128
+    assert NUM_KEY_GROUPS == 128
 
 
 def test_proportional_fresh_assignment_is_contiguous():

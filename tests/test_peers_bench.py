@@ -1,4 +1,4 @@
-"""bench.peers on a small input: both answers checked against a Counter, and the CPU each system spent,
+"""clasp.bench.peers on a small input: both answers checked against a Counter, and the CPU each system spent,
 bounded below by the application's own Python (measured here on the same lines) and above by what the
 host's cores could give in the run's wall time."""
 
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from bench.peers.__main__ import main
 from clasp.apps import wc
+from clasp.bench.peers.__main__ import main
 
 LINES = 50_000  # enough that /proc's clock ticks are small beside the per-line costs
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")  # /proc's CPU times come in clock ticks, per process

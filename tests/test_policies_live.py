@@ -138,4 +138,5 @@ def test_run_takes_policy_and_state():
     with pytest.raises(UsageError, match="--state must be local or remote"):
         cfg("--state", "cloud")
     args = cli.build_parser().parse_args(["cluster", "--state", "remote", "--policy", "faasflow"])
-    assert cli.planner_options(args)[-2:] == ["--state", "remote"]
+    config = cli.cluster_planner_config(args)
+    assert (config.state, config.policy) == ("remote", "faasflow")

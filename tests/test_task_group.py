@@ -12,6 +12,7 @@ import pytest
 
 import clasp
 from clasp.runtime.client import ClaspError
+from clasp.runtime.config import PlannerConfig
 from clasp.runtime.planner import Planner, RequestError
 from clasp.runtime.tasks import ProcessTasks
 from tests.conftest import wait_for
@@ -30,7 +31,7 @@ class InProcessPlanner:
 
     def _main(self, **kw):
         asyncio.set_event_loop(self.loop)
-        self.planner = Planner(**kw)
+        self.planner = Planner(PlannerConfig(**kw))
         self.task = self.loop.create_task(self.planner.serve())
         self.loop.call_soon(self.started.set)
         try:

@@ -1,7 +1,7 @@
 """Synthetic (SYN): ten identical no-op operators in a line, op0 → op1 → ... → op9.
 
 The paper's probe of chained-request cost alone: no state, no work, every request forwarded once.
-`chain(n)` is the same app with n operators (`apps.get_app("syn5")`): `bench.calibrate` runs a shorter
+`chain(n)` is the same app with n operators (`apps.get_app("syn5")`): `clasp.bench.calibrate` runs a shorter
 chain beside the ten to tell the cost per chained request from the cost per record.
 """
 

@@ -1,8 +1,22 @@
-"""clasp's benchmarks: each module prints one JSON object (`python -m clasp.bench.NAME --help`)."""
+"""clasp's benchmarks, one package: the paper's figures (`clasp bench FIG`), the runtime's own benchmarks, the
+simulator's calibration and validation, and the peer benchmark against Bytewax (`peers/`). Each module is run as
+`python -m clasp.bench.NAME --help` and prints JSON; this module owns what they share (`emit`, `cpu_seconds`)."""
 
 from __future__ import annotations
 
 import json
+import math
+import os
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process, from /proc (Linux); NaN once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def emit(result: dict, path: str | None) -> int:

@@ -1,6 +1,6 @@
 """The emulated-cluster engine: one app on a real local cluster (planner + N worker processes), measured.
 
-The figure harness (`clasp bench FIG --engine cluster`) and `bench.calibrate` / `bench.validate_sim` call
+The figure harness (`clasp bench FIG --engine cluster`) and `clasp.bench.calibrate` / `clasp.bench.validate_sim` call
 two functions; both return the same keys:
 
 ```python
@@ -56,10 +56,11 @@ import os
 import tempfile
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from clasp.apps import get_app
+from clasp.bench import cpu_seconds
 from clasp.core.profiles import parse_profile
+from clasp.runtime.config import WorkerConfig
 from clasp.runtime.driver import Driver
 
 WARMUP_RECORDS = 2000  # per (cluster, app), outside any measurement
@@ -121,16 +122,6 @@ def steady_throughput(samples: list[tuple[float, int, int]], start: float, end: 
         return None, 0.0
     (t0, c0, _), (t1, c1, _) = inside[0], inside[-1]
     return (c1 - c0) / (t1 - t0), t1 - t0
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process, from /proc (Linux)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return math.nan
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def cgroup_cpu_stat(pid: int) -> dict | None:
@@ -210,10 +201,10 @@ class Clusters:
             while len(self.running) >= self.keep:
                 self._stop(self.running.pop(next(iter(self.running))))
             logs = log_dir or tempfile.mkdtemp(prefix=f"clasp-engine-{workers}w-")
-            args = [] if flush_delay_ms is None else ["--flush-delay-ms", str(flush_delay_ms)]
-            args += [] if max_batch is None else ["--max-batch", str(int(max_batch))]
+            batching = ({} if flush_delay_ms is None else {"flush_delay": flush_delay_ms / 1000.0}) | (
+                {} if max_batch is None else {"max_batch": int(max_batch)})
             cl = LocalCluster(workers=workers, port=0, log_dir=logs, cpu_per_worker=cpu_per_worker,
-                              worker_args=args).start()
+                              worker_config=WorkerConfig(**batching)).start()
             client = clasp.connect(cl.planner, timeout=60)
             entry = {"cluster": cl, "client": client, "warm": {}, "logs": str(logs),
                      "pids": {w["id"]: w["pid"] for w in client.workers()}, "planner_pid": cl.procs[0].pid}
@@ -493,9 +484,3 @@ def fixed_rate(app: str, workers: int, rate: float, *, placement="spread", cpu_p
     """Input paced at `rate` records/s for `seconds` (a constant profile); same keys as `unthrottled`."""
     return _measure(app, workers, float(rate), placement=placement, cpu_per_worker=cpu_per_worker,
                     records=None, seconds=seconds, state=state, seed=seed, log_dir=log_dir)
-
-
-def result_line(r: Mapping[str, Any]) -> dict:
-    """The compact part of a result (for printing): no per-operator and per-worker detail."""
-    skip = {"operators", "per_worker", "placement", "cpu_s", "model", "throttle", "run_delay_s"}
-    return {k: v for k, v in r.items() if k not in skip}

@@ -22,9 +22,9 @@ import time
 import urllib.request
 
 import clasp
-from clasp.bench import emit
-from clasp.bench.runtime import cpu_seconds
+from clasp.bench import cpu_seconds, emit
 from clasp.local.cluster import LocalCluster
+from clasp.runtime.config import PlannerConfig
 
 SETTLE = 1.0  # seconds before each run, A and B alike
 
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     runs = []
     dag = clasp.Dag("sink")
     dag.operator("sink", sink)
-    with LocalCluster(workers=2, planner_args=["--max-inflight", "200000"],
+    with LocalCluster(workers=2, planner_config=PlannerConfig(max_inflight=200_000),
                       log_dir=tempfile.mkdtemp(prefix="clasp-bench-")) as cl, clasp.connect(cl.planner) as c:
         planner_pid = cl.procs[0].pid if hasattr(cl, "procs") else None
         job = c.submit(dag)

@@ -185,12 +185,13 @@ class ClusterEngine:
         from clasp.bench import migration
         from clasp.local.cluster import LocalCluster
         from clasp.runtime.client import connect
+        from clasp.runtime.config import PlannerConfig
 
         def start():
             n = 5 if self.quick else 10
             cl = ctx.stack.enter_context(LocalCluster(
                 workers=n, port=0, cpu_per_worker=self.cpu_per_worker, log_dir=tempfile.mkdtemp(prefix="clasp-fig8-"),
-                planner_args=["--no-autoscale", "--migration-timeout", "120"]))
+                planner_config=PlannerConfig(autoscale=False, migration_timeout=120)))
             return ctx.stack.enter_context(connect(cl.planner, timeout=120))
 
         client = ctx.memo("fig8-client", start)

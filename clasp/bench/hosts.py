@@ -16,8 +16,8 @@ import tempfile
 import time
 
 import clasp
-from clasp.bench import emit
-from clasp.bench.runtime import CHAIN, chain_dag, cpu_seconds
+from clasp.bench import cpu_seconds, emit
+from clasp.bench.runtime import CHAIN, chain_dag
 from clasp.local.cluster import LocalCluster
 
 

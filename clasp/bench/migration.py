@@ -16,6 +16,7 @@ import time
 import clasp
 from clasp.bench import emit
 from clasp.local.cluster import LocalCluster
+from clasp.runtime.config import PlannerConfig
 
 TRANSITIONS = [(1, 5), (5, 1), (5, 10), (10, 5), (1, 10), (10, 1)]
 # Issue 22's targets per key count: planner duration (median over the transitions), worker pause and
@@ -76,7 +77,7 @@ def exact(job, keys: int, fills: int) -> bool:
 def transitions(keys: int, workers: int = 10) -> list[dict]:
     out = []
     logs = tempfile.mkdtemp(prefix="clasp-bench-mig-")
-    with LocalCluster(workers=workers, planner_args=["--no-autoscale", "--migration-timeout", "60"],
+    with LocalCluster(workers=workers, planner_config=PlannerConfig(autoscale=False, migration_timeout=60),
                       log_dir=logs) as cl, clasp.connect(cl.planner) as c:
         job = c.submit(dag(), autoscale=False)
         for fills, (a, b) in enumerate(TRANSITIONS, 1):
@@ -100,7 +101,7 @@ def main(argv=None) -> int:
     result = {"fig8": transitions(args.keys), "growth": []}
     for n in [int(x) for x in args.sizes.split(",") if x]:
         logs = tempfile.mkdtemp(prefix="clasp-bench-mig-")
-        with LocalCluster(workers=5, planner_args=["--no-autoscale", "--migration-timeout", "120"],
+        with LocalCluster(workers=5, planner_config=PlannerConfig(autoscale=False, migration_timeout=120),
                           log_dir=logs) as cl, clasp.connect(cl.planner) as c:
             job = c.submit(dag(), autoscale=False)
             spread(job, 1)

@@ -156,13 +156,15 @@ def live(records: dict[str, int] | None = None, seed: int = 3) -> dict:
     import clasp
     from clasp.apps import get_app
     from clasp.local.cluster import LocalCluster
+    from clasp.runtime.config import PlannerConfig
 
     records = {**LIVE_RECORDS, **(records or {})}
     inputs = {name: get_app(name).generate(n, seed) for name, n in records.items()}
     out: dict = {"workers": LIVE_WORKERS, "policies": {}, "state": {}}
     logs = tempfile.mkdtemp(prefix="clasp-bench-policies-")
     # A warm-up of 5,000 requests: the control loop acts within the first seconds of a run.
-    with LocalCluster(workers=LIVE_WORKERS, port=0, log_dir=logs, planner_args=["--warmup", "5000"]) as cl, \
+    with LocalCluster(workers=LIVE_WORKERS, port=0, log_dir=logs,
+                      planner_config=PlannerConfig(warmup=5000)) as cl, \
             clasp.connect(cl.planner, timeout=30) as c:
         for name, recs in inputs.items():
             app = get_app(name)

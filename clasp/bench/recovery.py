@@ -26,6 +26,7 @@ import time
 import clasp
 from clasp.apps import wc
 from clasp.local.cluster import LocalCluster
+from clasp.runtime.config import PlannerConfig
 
 
 def count(state, word):
@@ -47,7 +48,7 @@ def lines_over(keys: int, n: int, words: int = 10, seed: int = 0) -> list[str]:
 
 def cluster(workers: int, interval: float, logs: str, restart: bool = True) -> LocalCluster:
     return LocalCluster(workers=workers, port=0, log_dir=logs, restart_workers=restart,
-                        planner_args=["--no-autoscale", "--checkpoint-interval", str(interval)]).start()
+                        planner_config=PlannerConfig(autoscale=False, checkpoint_interval=interval)).start()
 
 
 def _cpu_s(pids: list[int]) -> float:

@@ -13,7 +13,8 @@ import tempfile
 import time
 
 import clasp
-from clasp.bench import emit
+from clasp.bench import cpu_seconds, emit
+from clasp.bench.ingest import one_run
 from clasp.local.cluster import LocalCluster
 
 CHAIN = 10
@@ -31,16 +32,9 @@ def chain_dag(n: int = CHAIN) -> clasp.Dag:
     return dag
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process, from /proc (Linux)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _run(workers: int, dag: clasp.Dag, records: list, placement=None, planner_args=None) -> dict:
+def _run(workers: int, dag: clasp.Dag, records: list, placement=None) -> dict:
     logs = tempfile.mkdtemp(prefix="clasp-bench-")
-    with LocalCluster(workers=workers, planner_args=planner_args or [], log_dir=logs) as cl, \
+    with LocalCluster(workers=workers, log_dir=logs) as cl, \
             clasp.connect(cl.planner) as c:
         pids = {w["id"]: w["pid"] for w in c.workers()}
         job = c.submit(dag, placement=placement)
@@ -83,11 +77,10 @@ def remote_chain(n_records: int) -> dict:
 
 
 def ingest(n_records: int) -> dict:
-    dag = clasp.Dag("sink")
-    dag.operator("sink", lambda v: None)
-    r = _run(2, dag, list(range(n_records)), planner_args=["--max-inflight", "200000"])
-    return {"records_per_s": n_records / r["wall"], "push_accept_per_s": n_records / r["push_wall"],
-            "records": n_records, "wall_s": r["wall"]}
+    """`clasp.bench.ingest`'s measurement, once: integers through a one-operator no-op job on 2 workers."""
+    r = one_run(n_records, "int", workers=2, inflight=200_000)
+    return {"records_per_s": r["records_per_s"], "push_accept_per_s": r["accept_per_s"], "records": n_records,
+            "wall_s": r["wall_s"], "exact": r["exact"]}
 
 
 def main(argv=None) -> int:

@@ -46,7 +46,7 @@ def add_security_options(p: argparse.ArgumentParser, cluster: bool = False) -> N
 
 
 def _planner(args) -> int:
-    from clasp.core.control import ControlConfig
+    from clasp.runtime.config import PlannerConfig
     from clasp.runtime.net import run, setup_logging
     from clasp.runtime.planner import Planner
     from clasp.runtime.state_store import StateStoreError, check_state_dir, lock_state_dir, user_state_dir
@@ -67,22 +67,14 @@ def _planner(args) -> int:
     from clasp.core.pool import PoolConfig
     from clasp.runtime.providers import make_provider
 
-    provider = make_provider(args.provider, PoolConfig(args.min_workers, args.max_workers, args.pool_cooldown),
-                             args.statefulset)
-    p = Planner(host=args.host, port=args.port, metrics_port=args.metrics_port, advertise=args.advertise,
-                heartbeat=args.heartbeat, dead_after=args.dead_after, max_inflight=args.max_inflight,
-                dispatch_batch=args.dispatch_batch,
-                max_queue=args.max_queued, max_queued_bytes=args.max_queued_bytes,
-                max_queue_delay=args.max_queue_delay, p_max=args.p_max,
-                autoscale=args.autoscale, policy=args.policy,
-                migration_timeout=args.migration_timeout, control=ControlConfig(warmup_requests=args.warmup),
-                state=args.state, state_port=args.state_port, security=security, metrics_host=args.metrics_host,
-                provider=provider, checkpoint_interval=args.checkpoint_interval,
-                state_dir=state_dir)
-    return run(p.serve)
+    config = PlannerConfig.from_args(args, state_dir=state_dir)
+    provider = make_provider(config.provider, PoolConfig(config.min_workers, config.max_workers,
+                                                         config.pool_cooldown), config.statefulset)
+    return run(Planner(config, security=security, provider=provider).serve)
 
 
 def _worker(args) -> int:
+    from clasp.runtime.config import WorkerConfig
     from clasp.runtime.net import run, setup_logging
     from clasp.runtime.state_store import StateStoreError, check_state_dir
     from clasp.runtime.worker import Worker
@@ -97,10 +89,7 @@ def _worker(args) -> int:
         except StateStoreError as e:
             print(f"clasp worker: {e}", file=sys.stderr)
             return 2
-    w = Worker(args.planner, host=args.host, data_port=args.data_port, state_port=args.state_port,
-               metrics_port=args.metrics_port, advertise=args.advertise, worker_id=args.id, p_max=args.p_max,
-               flush_delay=args.flush_delay_ms / 1000.0, max_batch=args.max_batch, cpus=args.cpus, security=security,
-               metrics_host=args.metrics_host, leave_timeout=args.leave_timeout, state_dir=args.state_dir)
+    w = Worker(WorkerConfig.from_args(args), security=security)
     return run(w.serve, on_term=w.leave)
 
 
@@ -151,7 +140,7 @@ def _cluster(args) -> int:
     if code:
         return code
     cluster = LocalCluster(workers=args.workers, host=args.host, port=args.port, p_max=args.p_max,
-                           log_dir=args.log_dir, planner_args=planner_options(args),
+                           log_dir=args.log_dir, planner_config=cluster_planner_config(args),
                            cpu_per_worker=args.cpu_per_worker, hosts=args.hosts,
                            restart_workers=args.restart_workers, on_event=_say, keys=args.keys,
                            insecure=args.insecure, metrics_host=args.metrics_host, provider=args.provider,
@@ -208,14 +197,12 @@ def check_state_option(args, who: str) -> int:
     return 0
 
 
-def planner_options(args) -> list[str]:
-    """The planner flags that `clasp cluster` passes through (the state directory is the cluster's own)."""
-    out = ["--max-queued-bytes", str(args.max_queued_bytes), "--max-queued", str(args.max_queued),
-           "--max-queue-delay", str(args.max_queue_delay), "--checkpoint-interval", str(args.checkpoint_interval),
-           "--policy", args.policy, "--warmup", str(args.warmup), "--state", args.state]
-    if not args.autoscale:
-        out.append("--no-autoscale")
-    return out
+def cluster_planner_config(args):
+    """The planner's settings that `clasp cluster` passes through; where it runs, its pool and its state
+    directory are the cluster's own (`LocalCluster`)."""
+    from clasp.runtime.config import PlannerConfig
+
+    return PlannerConfig.from_args(args, state_dir=None)
 
 
 def add_pool_options(p: argparse.ArgumentParser, cluster: bool = False) -> None:

@@ -55,6 +55,21 @@ def capacity_factor(workers: int, cpus: int | None = None) -> float:
     return room / (1 + 0.25 * (workers - room) / room)
 
 
+def _planner_config(args):
+    """The settings of the planner that `clasp run` starts: the run's flags where given, else the defaults."""
+    from clasp.runtime.config import PlannerConfig
+
+    try:
+        interval = float(args.checkpoint_interval)
+        if not 0 <= interval < float("inf"):
+            raise ValueError
+    except ValueError:
+        raise UsageError(f"--checkpoint-interval must be a non-negative number, not {args.checkpoint_interval!r}"
+                         ) from None
+    given = {"policy": args.policy, "state": args.state, "max_queued_bytes": _queued_bytes(args.max_queued_bytes)}
+    return PlannerConfig(checkpoint_interval=interval, **{k: v for k, v in given.items() if v is not None})
+
+
 class UsageError(ValueError):
     """A bad argument: one line, printed after `clasp run: `."""
 
@@ -107,13 +122,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 # ----------------------------------------------------------------------------- argument checking
-def _queued_bytes(text: str | None) -> str | None:
+def _queued_bytes(text: str | None) -> int | None:
     if text is None:
         return None
     from clasp.core.credit import parse_size
 
     try:
-        return str(parse_size(text))
+        return parse_size(text)
     except ValueError as e:
         raise UsageError(f"--max-queued-bytes: {e}") from None
 
@@ -209,7 +224,7 @@ def plan(args) -> dict:
             raise UsageError(f"profile {text!r} has no end: give --duration or --records")
     return {"app": app, "workers": workers, "seed": seed, "profile": profile, "profile_text": text,
             "cpu_per_worker": cpu, "hosts": args.hosts, "submit": {"policy": args.policy, "state": args.state},
-            "planner": {"max-queued-bytes": _queued_bytes(args.max_queued_bytes)},
+            "planner": _planner_config(args),
             "restart_workers": args.restart_workers, "provider": args.provider, "max_workers": max_workers,
             "min_workers": min(min_workers, workers), "pool_cooldown": cooldown,
             "records": records, "max_rate": reference if kind in ("burst", "gradual") else None}
@@ -314,15 +329,7 @@ def main(args) -> int:
     except UsageError as e:
         print(f"clasp run: {e}", file=sys.stderr)
         return 2
-    try:
-        interval = float(args.checkpoint_interval)
-        if not 0 <= interval < float("inf"):
-            raise ValueError
-    except ValueError:
-        print(f"clasp run: --checkpoint-interval must be a non-negative number, not {args.checkpoint_interval!r}",
-              file=sys.stderr)
-        return 2
-    if args.state_dir and interval > 0:
+    if args.state_dir and cfg["planner"].checkpoint_interval > 0:
         from clasp.runtime.state_store import StateStoreError, check_state_dir
 
         try:
@@ -398,12 +405,9 @@ class _cluster:
         grow = (f", {c['provider']} provider: {c['min_workers']} to {c['max_workers']} workers on demand"
                 if c["provider"] == "local" else "")
         self.console.print(f"starting a local cluster: 1 planner, {n} worker(s){grow}; logs in {logs}")
-        sub = self.cfg["submit"]
         self.cl = LocalCluster(workers=self.cfg["workers"], port=0, log_dir=logs,
                                cpu_per_worker=self.cfg["cpu_per_worker"], hosts=self.cfg["hosts"],
-                               planner_args=[a for k, v in {**sub, **self.cfg.get("planner", {})}.items()
-                                             if v is not None for a in (f"--{k}", v)]
-                               + ["--checkpoint-interval", str(self.args.checkpoint_interval)],
+                               planner_config=self.cfg["planner"],
                                state_dir=self.args.state_dir,
                                restart_workers=self.cfg["restart_workers"],
                                on_event=self._say, keys=self.args.keys, insecure=self.args.insecure,

@@ -30,7 +30,7 @@ from clasp.core.routing import NUM_KEY_GROUPS, OperatorPlacement, Placement, key
 # µs/s of operator work one single-threaded worker process sustains. The estimator refines them online.
 RUNTIME_ALPHA = 1.3
 RUNTIME_CAPACITY = 800000.0
-# The extended model's priors, from `bench.calibrate` on this machine (docs/POLICY.md, "Extended model"):
+# The extended model's priors, from `clasp.bench.calibrate` on this machine (docs/POLICY.md, "Extended model"):
 # β (sender and receiver together; `bench.runtime`'s 7.0 counted the messages too), γ 0 (with the messages
 # priced, a destination costs its messages), the receiver's share of β, µs per data message at either end,
 # and the CPU seconds a saturated sender takes per batch to one peer (the flush delay is 1 ms of wall time).

@@ -14,8 +14,6 @@ from collections.abc import Mapping, Sequence
 
 from clasp.core.parallelism import largest_remainder
 
-DEFAULT_KEY_GROUPS = 128
-
 
 def group_counts(shares: Mapping[int, float], num_groups: int) -> dict[int, int]:
     """Key groups per worker: proportional to its share, ≥ 1 for a positive share when there are enough."""

@@ -106,7 +106,7 @@ def pair_rates(fractions: Mapping[str, Mapping[int, float]], edge_rates: Mapping
 
 
 # How much a sender's flush interval grows per peer beyond the first (the flush round sends to every peer):
-# measured by `bench.calibrate` (`flush_peer_factor`, 0.21 on 2026-12-03; Word Count's splitter sending to
+# measured by `clasp.bench.calibrate` (`flush_peer_factor`, 0.21 on 2026-12-03; Word Count's splitter sending to
 # 4 peers batched each once per 2.8 ms of its CPU against 1.9 ms for one peer, 0.17).
 FLUSH_PEER_FACTOR = 0.2
 

@@ -17,6 +17,7 @@ temporary directory that `stop()` removes (or, if its owner is killed first, the
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import logging
@@ -33,6 +34,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from clasp.runtime.config import PlannerConfig, WorkerConfig
 
 _FIELDS = re.compile(r"(\w+)=(\S+)")
 STATE_PREFIX = "clasp-state-"  # a local cluster's temporary state directory, in tempfile.gettempdir()
@@ -144,7 +147,8 @@ class LocalCluster:
                  keys: str | os.PathLike | None = None, insecure: bool = False, metrics_host: str | None = None,
                  provider: str = "static", min_workers: int = 1, max_workers: int | None = None,
                  pool_cooldown: float = 10.0, prometheus_sd: str | os.PathLike | None = None,
-                 state_dir: str | os.PathLike | None = None):
+                 state_dir: str | os.PathLike | None = None, planner_config: PlannerConfig | None = None,
+                 worker_config: WorkerConfig | None = None):
         if workers < 1:
             raise ValueError(f"a cluster needs at least one worker, not {workers}")
         if provider not in ("static", "local"):
@@ -162,17 +166,22 @@ class LocalCluster:
         self.port = port
         self.p_max = p_max
         self.log_dir = Path(log_dir) if log_dir else None
+        # The processes' settings: the configs, then any further flags (`planner_args`, `worker_args`). Where
+        # the processes run, the pool, the keys and the state directory are the cluster's own and override them.
+        self.planner_config = planner_config or PlannerConfig()
+        self.worker_config = worker_config or WorkerConfig()
         self.planner_args = list(planner_args or [])
-        if "--state-dir" in self.planner_args:
-            raise ValueError("give the cluster's state directory as state_dir=, not in planner_args: the workers "
-                             "read and write the same one")
+        self.worker_args = list(worker_args or [])
+        if ("--state-dir" in self.planner_args + self.worker_args or self.planner_config.state_dir
+                or self.worker_config.state_dir):
+            raise ValueError("give the cluster's state directory as state_dir=, not to the planner or the workers: "
+                             "they read and write the same one")
         # Checkpoints and the input log: one directory for the planner and every worker. Given, it is kept (a
         # planner restarted on it resumes its jobs); otherwise each start() makes a temporary one and stop()
         # removes it, so that nothing is written where the cluster happens to be started.
         self.state_dir: Path | None = Path(state_dir) if state_dir else None
         self.state_dir_kept = bool(state_dir)
         self._state_lock: int | None = None  # the held lock of a temporary state directory
-        self.worker_args = worker_args or []
         self.start_timeout = start_timeout
         self.cpu_per_worker = cpu_per_worker
         # One quota for every worker, or one each (an unequal pool: the workers stand for unequal hosts).
@@ -263,16 +272,19 @@ class LocalCluster:
         self.keys_dir = Keys(init_keys(d)).dir
 
     def _worker_args(self, wid: str) -> list[str]:
-        return ["worker", "--planner", self.planner, "--host", self._addresses[wid], "--p-max", str(self.p_max),
-                "--id", wid, *self._pinned.get(wid, []), *self._cpus_args(wid), *self._security_args(),
-                "--state-dir", str(self.state_dir),
-                *self.worker_args]
+        # A quota'd worker declares its CPUs too: the quota is read from its cgroup only once it is in it.
+        cpus = None if self.cpu_quotas is None else self.cpu_quotas[self.worker_ids.index(wid)]
+        config = dataclasses.replace(self.worker_config, planner=self.planner, host=self._addresses[wid],
+                                     p_max=self.p_max, worker_id=wid, cpus=cpus, state_dir=str(self.state_dir),
+                                     metrics_host=None)
+        return ["worker", *config.flags(), *self._pinned.get(wid, []), *self._security_args(), *self.worker_args]
 
-    def _cpus_args(self, wid: str) -> list[str]:
-        """A quota'd worker declares its CPUs too: the quota is read from its cgroup only once it is in it."""
-        if self.cpu_quotas is None:
-            return []
-        return ["--cpus", str(self.cpu_quotas[self.worker_ids.index(wid)])]
+    def _planner_args(self) -> list[str]:
+        pool = (dict(provider="local", min_workers=self.min_workers, max_workers=self.max_workers,
+                     pool_cooldown=self.pool_cooldown) if self.provider == "local" else {})
+        config = dataclasses.replace(self.planner_config, host=self._addresses["planner"], port=self.port,
+                                     p_max=self.p_max, state_dir=str(self.state_dir), metrics_host=None, **pool)
+        return ["planner", *config.flags(), *self._security_args(), *self.planner_args]
 
     def start(self) -> LocalCluster:
         self._stopping.clear()
@@ -286,18 +298,11 @@ class LocalCluster:
                 # Before the CPU limits: its sweep kills a dead owner's processes, which empties their cgroups.
                 self.netns = Hosts()
                 addresses = self._addresses = {name: self.netns.add(name) for name in addresses}
-            pool_args = []
-            if self.provider == "local":
-                pool_args = ["--provider", "local", "--min-workers", str(self.min_workers), "--max-workers",
-                             str(self.max_workers), "--pool-cooldown", str(self.pool_cooldown)]
             if not self.state_dir_kept:
                 for d in sweep_state_dirs():
                     log.info("removed %s, the state directory of a local cluster whose owner was killed", d)
                 self.state_dir, self._state_lock = temporary_state_dir()
-            proc = self._spawn("planner", ["planner", "--host", addresses["planner"], "--port", str(self.port),
-                                           "--p-max", str(self.p_max), *self._security_args(), *pool_args,
-                                           "--state-dir", str(self.state_dir), *self.planner_args],
-                               "planner" if self.hosts else None)
+            proc = self._spawn("planner", self._planner_args(), "planner" if self.hosts else None)
             info = self._announced("planner", proc)
             self.planner = info["endpoint"]
             self.metrics["planner"] = info["metrics"]

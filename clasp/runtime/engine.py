@@ -301,7 +301,6 @@ class JobEngine:
         self.migration_stats: dict = {}
         self.packed_on_move = 0  # key groups a migration had to pack (not at rest), cumulative
         self.dropped: list[dict] = []  # the state of key groups that moved away, freed in idle time
-        self.migration_inbox: list = []
         self.early: list = []  # markers and migrate messages that overtook their plan
         self.queued_plans: list = []  # plans that arrived while one was still running
         # The remote-state baseline (paper Fig. 4): an object with `async get_many(job, op, keys) -> dict`

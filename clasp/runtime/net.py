@@ -117,12 +117,6 @@ class DirectSend:
         self.queued = q = self.sock.send(frame, copy=copy)
         return q
 
-    async def send_wait(self, frame, copy: bool = True) -> None:
-        """`send`, then wait until libzmq holds the frame."""
-        q = self.send(frame, copy)
-        if q is not None:
-            await q
-
     def close(self, linger: int | None = None) -> None:
         self.sock.close(linger=linger)
 

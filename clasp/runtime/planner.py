@@ -34,7 +34,6 @@ from clasp.core.control import (
     to_runtime_placement,
 )
 from clasp.core.credit import (
-    DEFAULT_MAX_QUEUE_DELAY,
     DEFAULT_MAX_QUEUED_BYTES,
     ByteQueue,
     QueueBound,
@@ -58,6 +57,7 @@ from clasp.core.routing import (
 )
 from clasp.core.scheduler import WorkerInfo
 from clasp.core.tracking import CHUNK_BITS, LatencyHistogram, Tracker
+from clasp.runtime.config import STATE_MODES, PlannerConfig
 from clasp.runtime.dashboard import Dashboard, planner_view
 from clasp.runtime.elastic import ElasticPool, PoolError
 from clasp.runtime.net import DirectSend, advertised, bind, drained, start_metrics_server, zero_copy
@@ -74,7 +74,6 @@ PlacementFn = Callable[[DagSpec, list[str], int], Placement]
 CLIENT_IDLE = 2.0  # s without a push after which a client no longer shares a job's credit
 ANSWER_TIMEOUT = 50.0  # s `state` and `collected` wait for a recovering job when the request names none
 SETTLE_POLL = 0.05  # s between looks at a recovering job by a request waiting for it
-STATE_MODES = ("local", "remote")  # where stateful operators keep their state (remote: the paper's Fig. 4 baseline)
 
 
 class RequestError(Exception):
@@ -172,51 +171,46 @@ def _key_weights(spec: DagSpec, raw: dict) -> dict[str, list[float]]:
 class Planner(PlannerRecoveryMixin):
     """The planner. `await Planner(...).serve()` runs until cancelled."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, metrics_port: int = 0, advertise: str | None = None,
-                 heartbeat: float = 1.0, dead_after: float = 5.0, dead_after_disconnect: float = 1.0,
-                 max_inflight: int | None = None,
-                 max_queue: int = 2_000_000, max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
-                 max_queue_delay: float = DEFAULT_MAX_QUEUE_DELAY,
-                 dispatch_batch: int | None = None, p_max: int = 10,
-                 placement_fn: PlacementFn = spread_placement, rpc_timeout: float = 10.0,
-                 autoscale: bool = True, policy: str = "clasp", migration_timeout: float = 5.0,
-                 control: ControlConfig | None = None, state: str = "local", state_port: int = 0,
-                 security: Security | None = None, metrics_host: str | None = None,
-                 provider: Provider | None = None, checkpoint_interval: float = 1.0, state_dir: str | None = None,
-                 input_log_records: int = 1_000_000):
-        self.host, self.port, self.metrics_port = host, port, metrics_port
-        self.metrics_host = metrics_host or host
+    def __init__(self, config: PlannerConfig | None = None, *, security: Security | None = None,
+                 provider: Provider | None = None, placement_fn: PlacementFn = spread_placement,
+                 control: ControlConfig | None = None):
+        """`config`: every setting `clasp planner` has a flag for; beside it what no flag carries: the CURVE
+        keys, the elastic pool's provider, the initial placement, and the control loop's settings (default:
+        `ControlConfig` with `config.warmup`)."""
+        config = config or PlannerConfig()
+        self.config = config
+        self.host, self.port, self.metrics_port = config.host, config.port, config.metrics_port
+        self.metrics_host = config.metrics_host or config.host
         self.security = security or Security()
         self.client_tasks: dict[bytes, int] = {}  # slow requests being served, per client
-        self.advertise = advertised(host, advertise)
-        self.heartbeat = heartbeat
-        self.dead_after = dead_after
+        self.advertise = advertised(config.host, config.advertise)
+        self.heartbeat = config.heartbeat
+        self.dead_after = config.dead_after
         # A worker whose data connection dropped (a process that died: the kernel closes its sockets) and
         # that sent no heartbeat for this long is dead, without waiting out `dead_after` (which covers a
         # frozen process or a silent network, whose connections stay up).
-        self.dead_after_disconnect = dead_after_disconnect
+        self.dead_after_disconnect = config.dead_after_disconnect
         self.disconnected: dict[str, float] = {}  # worker -> when the data connection to it dropped
         self.dropped: dict[str, float] = {}  # worker -> when the data connection to it last dropped
         self.refused: dict[str, float] = {}  # worker -> when a new process of it was told to register later
-        self.max_inflight = max_inflight  # None: per worker of the job (`scheduler.dispatch_limits`)
-        self.max_queue = max_queue
+        self.max_inflight = config.max_inflight  # None: per worker of the job (`scheduler.dispatch_limits`)
+        self.max_queue = config.max_queued
         # per job, on Q_p: records, bytes, and seconds of draining
-        self.bound = QueueBound(max_queue, max_queued_bytes, max_queue_delay)
-        self.dispatch_batch = dispatch_batch
-        self.p_max = p_max
+        self.bound = QueueBound(config.max_queued, config.max_queued_bytes, config.max_queue_delay)
+        self.dispatch_batch = config.dispatch_batch
+        self.p_max = config.p_max
         self.placement_fn = placement_fn
-        self.rpc_timeout = rpc_timeout
-        self.autoscale = autoscale
-        self.policy = policy
-        self.migration_timeout = migration_timeout
-        self.control = control or ControlConfig()
-        if state not in STATE_MODES:
-            raise ValueError(f"state must be one of {', '.join(STATE_MODES)}, not {state!r}")
-        self.state, self.state_port = state, state_port
-        self.checkpoint_interval = checkpoint_interval
-        self.state_dir = state_dir
-        self.store = FileStore(check_state_dir(state_dir)) if state_dir and checkpoint_interval > 0 else None
-        self.input_log_records = input_log_records
+        self.rpc_timeout = config.rpc_timeout
+        self.autoscale = config.autoscale
+        self.policy = config.policy
+        self.migration_timeout = config.migration_timeout
+        self.control = control or ControlConfig(warmup_requests=config.warmup)
+        self.state, self.state_port = config.state, config.state_port
+        self.checkpoint_interval = config.checkpoint_interval
+        self.state_dir = config.state_dir
+        self.store = (FileStore(check_state_dir(config.state_dir))
+                      if config.state_dir and config.checkpoint_interval > 0 else None)
+        self.input_log_records = config.input_log_records
         self.recoveries = 0
         self.records_replayed = 0
         self.checkpoint_hist = LatencyHistogram()

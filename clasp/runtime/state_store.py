@@ -27,7 +27,6 @@ import struct
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
 
 import msgpack
 
@@ -48,15 +47,6 @@ class CorruptCheckpoint(Exception):
 
 class StateStoreError(Exception):
     """The state directory cannot be used (created, written)."""
-
-
-class StateStore(Protocol):
-    """What the runtime needs of a checkpoint store; an object store can implement the same."""
-
-    def write_group(self, job: int, ckpt: int, op: str, group: int, state: dict) -> int: ...
-    def read_group(self, job: int, ckpt: int, op: str, group: int) -> dict: ...
-    def commit(self, job: int, ckpt: int, meta: dict) -> None: ...
-    def delete(self, job: int, ckpt: int) -> None: ...
 
 
 def encode_blob(obj, compress: bool = True) -> bytes:

@@ -25,6 +25,7 @@ from clasp.core.dag import DagError, DagSpec
 from clasp.core.migration import MigrationPlan, WorkerMigration
 from clasp.core.protocol import ProtocolError
 from clasp.core.routing import Placement, PlacementError
+from clasp.runtime.config import WorkerConfig
 from clasp.runtime.cpuquota import process_cpu_max
 from clasp.runtime.engine import REST_IDLE_S, JobEngine, OperatorError, RestBudget
 from clasp.runtime.monitor import Monitor, WorkerCollector
@@ -51,40 +52,38 @@ MIGRATE_SLICE_BYTES = 256 << 10  # and bytes of state, about: decoding it stays 
 class Worker(RecoveryMixin):
     """One worker process. `await Worker(...).serve()` runs until cancelled."""
 
-    def __init__(self, planner: str, host: str = "127.0.0.1", data_port: int = 0, state_port: int = 0,
-                 metrics_port: int = 0, advertise: str | None = None, worker_id: str | None = None,
-                 p_max: int = 10, heartbeat: float = 1.0, flush_delay: float = 0.001, max_batch: int = 2000,
-                 cpus: float | None = None, security: Security | None = None, metrics_host: str | None = None,
-                 leave_timeout: float = 300.0, state_dir: str | None = None):
-        self.planner_addr = planner
-        self.state_dir = state_dir  # checkpoints; None: the directory the planner names
+    def __init__(self, config: WorkerConfig, *, security: Security | None = None):
+        """`config`: every setting `clasp worker` has a flag for; `security`: the CURVE keys (default: none)."""
+        self.config = config
+        self.planner_addr = config.planner
+        self.state_dir = config.state_dir  # checkpoints; None: the directory the planner names
         self.checkpoint_failures = 0
         self.busy_at = perf_counter()  # when this worker last did work (rounds, migrations): idle-time work waits
         self._gc_paused = False  # collection turned off here for a migration in progress
-        self.host = host
-        self.metrics_host = metrics_host or host
+        self.host = config.host
+        self.metrics_host = config.metrics_host or config.host
         self.security = security or Security()
-        self.advertise = advertised(host, advertise)
-        self.id = worker_id or f"w-{uuid.uuid4().hex[:8]}"
-        self.p_max = p_max
-        self.heartbeat = heartbeat
-        self.flush_delay = flush_delay
-        self.max_batch = max_batch
+        self.advertise = advertised(config.host, config.advertise)
+        self.id = config.worker_id or f"w-{uuid.uuid4().hex[:8]}"
+        self.p_max = config.p_max
+        self.heartbeat = config.heartbeat
+        self.flush_delay = config.flush_delay
+        self.max_batch = config.max_batch
         self.stall = math.inf  # JobEngine.stall: set from this process's CPU quota
         self.ctx = batch_io_threads(zmq.asyncio.Context())
         self.monitor = Monitor(self.id)
-        self.monitor.cpus = cpus
+        self.monitor.cpus = config.cpus
         self.jobs = self.monitor.jobs
         self.peers: dict[str, DirectSend] = {}
         self.peer_addrs: dict[str, str] = {}
         self.wake = asyncio.Event()
         self.welcomed = asyncio.Event()
         self.stopping = False
-        self._ports = (data_port, state_port, metrics_port)
+        self._ports = (config.data_port, config.state_port, config.metrics_port)
         self._progress_since: float | None = None
         self.remote_states: dict[str, RemoteState] = {}  # state-server endpoint -> its client (remote state)
         self.tasks = ProcessTasks(log)  # every task of this process; cancelled together when serve() ends
-        self.leave_timeout = leave_timeout  # after SIGTERM: longest wait for the planner's drain, then exit 1
+        self.leave_timeout = config.leave_timeout  # after SIGTERM: longest wait for the planner's drain, then exit 1
         self.exit_code: int | None = None  # set when the planner's `shutdown` (or a failed drain) ends serve()
         self._leaving = False
         self._main: asyncio.Task | None = None

@@ -87,7 +87,7 @@ class Costs:
     flush_delay_s: float = 0.001
     max_batch: int = 2000
     # A sender's flush round serves every peer, so each peer's batches come 1 + c·(peers − 1) times as far
-    # apart (clasp.core.model.FLUSH_PEER_FACTOR; `bench.calibrate` fits it).
+    # apart (clasp.core.model.FLUSH_PEER_FACTOR; `clasp.bench.calibrate` fits it).
     flush_peer_factor: float = FLUSH_PEER_FACTOR
     # µs per chained request to a keyed successor whose key groups are not all on the sending worker, local
     # or remote, paid by the sender in place of α or (1 − r)·β: the runtime then routes each output through
@@ -259,11 +259,6 @@ def measure_app(app: ModuleType, records: int = 2000, seed: int = 0
     fanout = {(s, d): (emitted[s] / job.processed[s] if job.processed[s] else 0.0) for s, d in dag.edges}
     weights = {name: [c / sum(h) for c in h] for name, h in groups.items() if sum(h) > 0}
     return fanout, weights
-
-
-def measure_fanout(app: ModuleType, records: int = 2000, seed: int = 0) -> dict[Edge, float]:
-    """Per-edge fan-out of an app, counted on a local run: outputs of src per request of src."""
-    return measure_app(app, records, seed)[0]
 
 
 def app_dag(app: ModuleType, costs: Costs, records: int = 2000, seed: int = 0) -> SimDag:

@@ -1,6 +1,6 @@
 """Planner ingest: records/s that one client's batched `push()` gets through the planner to the workers.
 
-`python -m bench.ingest [--records 2000000] [--kind int|line|blob] [--workers 2] [--runs 3]
+`python -m clasp.bench.ingest [--records 2000000] [--kind int|line|blob] [--workers 2] [--runs 3]
 [--compare TREE] [--json FILE]` starts a fresh local cluster per run (a one-operator no-op job, as
 `clasp.bench.runtime`'s ingest), pushes the records in one call after a warm-up and reports:
 `records_per_s` (push start to idle: every record dispatched, executed and completed), `accept_per_s`
@@ -22,14 +22,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TREE = os.path.dirname(HERE)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process, from /proc (Linux)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+# The checkout this file is in (the directory holding its `clasp` package): run A of `--compare`.
+TREE = os.path.dirname(os.path.dirname(HERE))
 
 
 def make_records(kind: str, n: int) -> list:
@@ -48,7 +42,10 @@ def noop(value):
 
 def one_run(n: int, kind: str, workers: int, inflight: int, extra: list[str] = (), chunk: int = 0) -> dict:
     """One fresh cluster, one measured push; the figures of this run."""
+    # Imported here, not at the top: under `--compare` this file runs with PYTHONPATH set to another checkout,
+    # whose clasp is the one measured.
     import clasp
+    from clasp.bench.cluster_engine import cpu_seconds
     from clasp.local.cluster import LocalCluster
 
     records = make_records(kind, n)
@@ -103,7 +100,7 @@ def summary(runs: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.ingest", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m clasp.bench.ingest", description=__doc__.split("\n\n")[0])
     ap.add_argument("--records", type=int, default=2_000_000)
     ap.add_argument("--kind", default="int", help="int (default), line (~60 B strings) or blob (1 KB strings)")
     ap.add_argument("--workers", type=int, default=2)
@@ -126,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             r = run_in(tree, args)
             runs[k].append(r)
             print(json.dumps({"run": i, "tree": k, **r}), file=sys.stderr, flush=True)
-    out = {"command": "python -m bench.ingest " + " ".join(argv if argv is not None else sys.argv[1:]),
+    out = {"command": "python -m clasp.bench.ingest " + " ".join(argv if argv is not None else sys.argv[1:]),
            "trees": trees, **{k: summary(v) for k, v in runs.items()}}
     if args.compare:
         out["ratio_A_over_B"] = {f: statistics.median(a[f] / b[f] for a, b in zip(runs["A"], runs["B"],

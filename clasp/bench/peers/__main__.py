@@ -1,6 +1,6 @@
 """Word Count with clasp and with Bytewax, 1 and 2 workers or processes, on the same generated lines.
 
-`python -m bench.peers [--lines N] [--rounds R] [--workers 1,2] [--systems clasp,bytewax]
+`python -m clasp.bench.peers [--lines N] [--rounds R] [--workers 1,2] [--systems clasp,bytewax]
 [--checkpoint-interval S] [--key-weights] [--json FILE]` (repository root; Bytewax from
 `pip install .[peers]`). The lines are `clasp.apps.wc.generate(N, seed 0)`; both answers are checked
 against a count made here (`collections.Counter` over `clasp.apps.wc.split` of every line) and a run that
@@ -21,7 +21,7 @@ which feeds them), so that a ratio of throughputs on this 2-core host can be rea
   `--key-weights`), a 2,000-line warm-up job first; timed from `push()` of all the lines (client →
   planner → workers) through `wait_idle()` to `state("count")` returning (workers → planner → client).
   Checkpoints off by default (`--checkpoint-interval 0`), as Bytewax runs without recovery here.
-- Bytewax 0.21: `python -m bytewax.run bench.peers.bytewax_flow:flow`, N processes of one worker each
+- Bytewax 0.21: `python -m bytewax.run clasp.bench.peers.bytewax_flow:flow`, N processes of one worker each
   (`-i/-a` on loopback); each worker's source says it is ready on its own ZeroMQ PAIR socket, and is then
   sent its slice of the lines (`lines[i::N]`) in msgpack batches of 1,000; `flat_map(split)` then
   `count_final` (each word's count emitted once, at the end of input); each worker's sink sends its counts
@@ -46,12 +46,14 @@ import zmq
 
 import clasp
 from clasp.apps import wc
-from clasp.bench.cluster_engine import cpu_seconds
+from clasp.bench import cpu_seconds
 from clasp.local.cluster import LocalCluster
+from clasp.runtime.config import PlannerConfig
 
 # Lines per batch to a Bytewax source (its `next_batch`); clasp's client sends up to 5,000 per push.
 BYTEWAX_BATCH = 1000
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The directory holding the `clasp` package, for the Bytewax processes' PYTHONPATH.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(clasp.__file__)))
 
 
 def expected(lines: list[str]) -> collections.Counter:
@@ -62,7 +64,7 @@ def run_clasp(lines: list[str], workers: int, warm: list[str], checkpoint_interv
               key_weights: dict | None = None) -> dict:
     logs = tempfile.mkdtemp(prefix="clasp-peers-")
     with LocalCluster(workers=workers, port=0, log_dir=logs, provider="static",
-                      planner_args=["--no-autoscale", "--checkpoint-interval", str(checkpoint_interval)]
+                      planner_config=PlannerConfig(autoscale=False, checkpoint_interval=checkpoint_interval)
                       ) as cl, clasp.connect(cl.planner) as c:
         w = c.submit(wc.build_dag(), autoscale=False)
         w.push(warm)
@@ -104,7 +106,7 @@ def run_bytewax(lines: list[str], processes: int) -> dict:
         ends = [f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in feeds]
         answer = f"tcp://127.0.0.1:{answers.bind_to_random_port('tcp://127.0.0.1')}"
         env = {**os.environ, "PEERS_INPUT": ";".join(ends), "PEERS_ANSWER": answer, "PYTHONPATH": ROOT}
-        cmd = [sys.executable, "-m", "bytewax.run", "bench.peers.bytewax_flow:flow"]
+        cmd = [sys.executable, "-m", "bytewax.run", "clasp.bench.peers.bytewax_flow:flow"]
         if processes == 1:
             procs = [subprocess.Popen(cmd, cwd=ROOT, env=env)]
         else:
@@ -144,7 +146,7 @@ def run_bytewax(lines: list[str], processes: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m clasp.bench.peers", description=__doc__.split("\n\n")[0])
     ap.add_argument("--lines", type=int, default=200_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", default="1,2", help="worker (process) counts, comma-separated")

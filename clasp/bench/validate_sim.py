@@ -1,10 +1,10 @@
 """Validate the simulator against the emulated cluster: same app, same profile, 1–5 workers.
 
-`python -m bench.validate_sim [--cpu-per-worker F] [--apps wc,syn] [--workers 1,2,3,4,5] [--repeat K]
+`python -m clasp.bench.validate_sim [--cpu-per-worker F] [--apps wc,syn] [--workers 1,2,3,4,5] [--repeat K]
 [--seconds S] [--costs FILE] [--write-costs FILE] [--plot out/validate_sim.png] [--json FILE]`
 
 Without `--costs` (the default) calibration and validation are **interleaved**, so that drift in the
-machine's speed (a shared host) cancels: per repeat, the `bench.calibrate` runs (one worker per app and
+machine's speed (a shared host) cancels: per repeat, the `clasp.bench.calibrate` runs (one worker per app and
 the short SYN chain, SYN ALT, PIPE, SPLIT and MIX over 2, FAN over 3 workers) and the validation runs (every app
 over 1..5 workers) are measured back to back, worker count by worker count; that repeat's cost file is
 fitted from its own calibration runs only and compared with its own validation runs (a JSON line per
@@ -30,11 +30,11 @@ Emulated: `clasp.bench.cluster_engine.unthrottled` on a LocalCluster whose worke
 (cgroup quota), `--repeat` times (the apps and repetitions interleaved on one cluster per worker count, so
 a burst of load from the machine's other users hits all of them alike); the figure is the mean, the spread
 (max − min) / mean is reported. Simulated: `simulate(app_dag(app, costs), n, costs=costs,
-config=SimConfig(key_skew=True, host_capacity=…))` with the calibrated cost file (`bench.calibrate`, measured under the
-same quota), the planner, the client and the workers sharing this host's CPUs as they do when emulated
-(`--host-cpus`). Prints a JSON line per point (emulated, simulated, ratio = simulated / emulated) and a final
-summary line with the largest |ratio − 1|; draws workers against throughput, emulated and simulated lines
-per app.
+config=SimConfig(key_skew=True, host_capacity=…))` with the calibrated cost file (`clasp.bench.calibrate`,
+measured under the same quota), the planner, the client and the workers sharing this host's CPUs as they do
+when emulated (`--host-cpus`). Prints a JSON line per point (emulated, simulated, ratio = simulated /
+emulated) and a final summary line with the largest |ratio − 1|; draws workers against throughput, emulated
+and simulated lines per app.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from clasp.sim.simulator import MEASURED_COSTS_FILE
 
 # The calibrated file is package data of clasp.sim, where `clasp bench` and `clasp simulate` look for it.
 COSTS = MEASURED_COSTS_FILE
-# The calibration runs besides the one-worker ones, by bench.calibrate's names.
+# The calibration runs besides the one-worker ones, by clasp.bench.calibrate's names.
 CALIB_RUNS = ("short", "alt", "pipe", "split", "mix", "fan", "alt_fast", "fan_fast")
 TOLERANCE = 0.15
 
@@ -146,7 +146,7 @@ def _brief(r: dict) -> dict:
 
 
 def _msg_ends(r: dict) -> float | None:
-    from bench.calibrate import peer_messages_per_record
+    from clasp.bench.calibrate import peer_messages_per_record
 
     v = peer_messages_per_record(r)
     return None if v is None else round(v, 5)
@@ -157,7 +157,7 @@ def interleaved_repeat(apps: list[str], workers: list[int], cpu: float, seconds:
     """One repeat: calibration and validation runs back to back, worker count by worker count; with
     `speed_reference`, each validation run of n ≥ 2 workers right after the app on one of those workers
     (the rest idle): the host's speed at that moment (returned as the third dict, by (app, n))."""
-    from bench import calibrate as cal
+    from clasp.bench import calibrate as cal
 
     calib: dict = {"one": {}, **{k: [] for k in CALIB_RUNS}}
     val: dict = {}
@@ -217,7 +217,7 @@ def predictions(apps: list[str], workers: list[int], calib: dict, repeat: int, p
     """The cost file fitted from `calib` under the chosen rules and what it predicts (""), beside the
     variants the report compares it with: without α_split, without the message cost, β from the other of
     ALT and PIPE, α_split from the other of SPLIT and MIX (each when its runs are there)."""
-    from bench import calibrate as cal
+    from clasp.bench import calibrate as cal
     from clasp.sim.simulator import Costs
 
     def fit_doc(beta_from: str = args.beta_from, split_from: str = args.alpha_split_from) -> dict:
@@ -308,7 +308,7 @@ def interleaved(args, apps: list[str], workers: list[int], cpu: float) -> int:
             doc["measured"]["tau_us_carried_over"] = {
                 "apps": carried, "from": old.get("measured", {}).get("date"),
                 "note": "not measured in this run; their tau include the older file's epsilon"}
-        doc["measured"]["how"] += "; python -m bench.validate_sim (interleaved, pooled over repeats)"
+        doc["measured"]["how"] += "; python -m clasp.bench.validate_sim (interleaved, pooled over repeats)"
         Costs.from_json_dict(doc)
         out.write_text(json.dumps(doc, indent=1) + "\n")
     per_app = {}

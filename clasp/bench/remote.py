@@ -1,12 +1,12 @@
 """Word Count on 1 and 2 quota-limited workers: what the remote path costs the cluster
 (docs/results.md, "Remote path").
 
-`python bench/remote.py [--cpu-per-worker 0.25] [--rounds 3] [--seconds 8] [--json FILE]` (a script, so that
-`PYTHONPATH=OTHER_CHECKOUT python bench/remote.py` measures another checkout's runtime the same way).
+`python -m clasp.bench.remote [--cpu-per-worker 0.25] [--rounds 3] [--seconds 8] [--json FILE]`; run as a file,
+`PYTHONPATH=OTHER_CHECKOUT python clasp/bench/remote.py` measures another checkout's runtime the same way.
 Each round runs WC unthrottled (`clasp.bench.cluster_engine.unthrottled`: the spread placement, key groups
 owned by their measured weights, every answer checked) on 1 and on 2 workers, alternating which goes first;
 prints a JSON line per run and the medians, lines/s, and 2 / 1. The workers are limited to F CPUs each
-(a cgroup quota, as in `bench.calibrate`), so 2 workers have twice the CPU of one and the ratio measures
+(a cgroup quota, as in `clasp.bench.calibrate`), so 2 workers have twice the CPU of one and the ratio measures
 what remote chained requests cost, not how many cores the host has free.
 """
 

@@ -1,6 +1,6 @@
 """Calibrate the simulator's cost file from runs of the real runtime under a per-worker CPU quota.
 
-`python -m bench.calibrate [--cpu-per-worker F] [--apps wc,syn,...] [--seconds S] [--repeat K]
+`python -m clasp.bench.calibrate [--cpu-per-worker F] [--apps wc,syn,...] [--seconds S] [--repeat K]
 [--out clasp/sim/sim_costs_measured.json]` runs, on local clusters whose workers are limited to F CPUs each
 (`clasp.bench.cluster_engine`), and writes a file `clasp simulate APP --costs FILE` loads unchanged:
 
@@ -18,7 +18,7 @@
   (i) operators alternating between 2 workers (every chained request remote, δ = 1 on both) and (ii) even
   operators on worker 0, odd ones spread over workers 1 and 2 (every request remote, δ = 2 on worker 0);
   β and γ are the values with which the simulator reproduces both measured throughputs (solved by
-  bisection, alternately). Neither placement is the spread that `bench.validate_sim` checks.
+  bisection, alternately). Neither placement is the spread that `clasp.bench.validate_sim` checks.
 - **α_split** (µs per local chained request to a stateless successor that other workers also hold: the
   runtime's table route, `clasp/runtime/engine.py` `_send`, instead of the single-holder fast path α is measured
   on): SYN with every operator nearly all on worker 0, its share there falling by 0.2 % an operator (SPLIT:
@@ -670,14 +670,14 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "cpu_per_worker": cpu,
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
-        "how": ("python -m bench.calibrate: LocalCluster workers under a cgroup quota of cpu_per_worker CPUs; "
+        "how": ("python -m clasp.bench.calibrate: LocalCluster workers under a cgroup quota of cpu_per_worker CPUs; "
                 "W = median CPU rate of a saturated one-worker run; alpha (and the per-record cost F, see "
                 "record_cost_rule) from SYN on one worker; beta and its receive share fitted so the "
                 "simulator reproduces SYN in two chunks over 2 workers (or, see beta_rule, alternating over 2); "
                 "gamma on SYN even->w0, odd->w1/w2 (fixed 0 when message_us is fitted, see gamma_rule); "
                 "alpha_split from SYN even->w0, odd->w0/w1; tau shares from unlimited one-worker "
                 "runs plus a per-request residual epsilon so that one worker predicts its measured throughput "
-                "(bench/calibrate.py docstring)"),
+                "(clasp/bench/calibrate.py docstring)"),
         "seconds": seconds, "repeat": repeat, "gamma_rule": gamma_rule, "beta_rule": beta_rule,
         "alpha_split_rule": split_rule,
         "one_worker_throughput": {app: tput_list(rs) for app, rs in one.items()},
@@ -791,7 +791,8 @@ def update_front(path: Path, cpu: float, seconds: float, repeat: int) -> int:
     doc.update({k: v for k, v in front.items() if v is not None})
     doc.setdefault("measured", {})["front"] = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "cpu_per_worker": cpu,
-        "seconds": seconds, "repeat": repeat, **front, "rule": "python -m bench.calibrate --front-only; " + FRONT_RULE}
+        "seconds": seconds, "repeat": repeat, **front,
+        "rule": "python -m clasp.bench.calibrate --front-only; " + FRONT_RULE}
     Costs.from_json_dict(doc)  # the simulator must load it
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(front | {"out": str(path)}))

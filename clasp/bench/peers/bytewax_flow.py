@@ -1,4 +1,4 @@
-"""Word Count as a Bytewax dataflow, for `python -m bench.peers` (run by `python -m bytewax.run`).
+"""Word Count as a Bytewax dataflow, for `python -m clasp.bench.peers` (run by `python -m bytewax.run`).
 
 Fed and answered like a clasp job: each worker's source connects a ZeroMQ PAIR socket to the benchmark's
 (PEERS_INPUT: one endpoint per worker, `;`-separated), says it is ready, and receives its slice of the

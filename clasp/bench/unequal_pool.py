@@ -1,6 +1,6 @@
 """An unequal pool, emulated: `clasp` against `clasp-paper` on workers with different CPU quotas, one run.
 
-`python -m bench.unequal_pool [--quotas 0.2,0.2,0.4,0.6] [--apps wc,syn] [--policies clasp,clasp-paper]
+`python -m clasp.bench.unequal_pool [--quotas 0.2,0.2,0.4,0.6] [--apps wc,syn] [--policies clasp,clasp-paper]
 [--seconds 10] [--warmup 4] [--repeat 2] [--json FILE]`
 
 One LocalCluster whose workers stand for unequal hosts (a cgroup quota each, root). Per repeat, app and
@@ -24,6 +24,7 @@ import time
 import clasp
 from clasp.apps import get_app
 from clasp.local.cluster import LocalCluster
+from clasp.runtime.config import PlannerConfig
 
 
 def _saturate(job, app, seed: int, until: float, chunk: int = 5000) -> list:
@@ -90,7 +91,7 @@ def main(argv=None) -> int:
     policies = [p for p in args.policies.split(",") if p]
     rows = []
     with LocalCluster(workers=len(quotas), port=0, cpu_per_worker=quotas,
-                      planner_args=["--no-autoscale"]) as cluster:
+                      planner_config=PlannerConfig(autoscale=False)) as cluster:
         quota_of = dict(zip(cluster.worker_ids, quotas, strict=True))
         for k in range(args.repeat):
             for app in apps:

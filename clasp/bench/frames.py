@@ -1,6 +1,6 @@
 """What a frame costs through pyzmq's asyncio API and without its futures (`clasp.runtime.net`).
 
-`python -m bench.frames [--frames N] [--rounds R]`: one process, a PUSH and a PULL over loopback TCP
+`python -m clasp.bench.frames [--frames N] [--rounds R]`: one process, a PUSH and a PULL over loopback TCP
 under uvloop, N frames of 200 bytes each way per run, four ways: sends and receives both through the
 asyncio socket (`await recv`, `send` per frame: the runtime before `DirectSend` / `drained`), only the
 send direct, only the receive drained, and both (what the data path does now). Prints the process CPU
@@ -63,7 +63,7 @@ async def one(way: str, n: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.frames", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m clasp.bench.frames", description=__doc__.split("\n\n")[0])
     ap.add_argument("--frames", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)

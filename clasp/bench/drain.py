@@ -1,16 +1,17 @@
 """Drain time at 40,000 moved keys: two workers, a keyed count of 80,000 keys split evenly, `clasp drain w1`.
 
-Run: .venv/bin/python bench/drain.py (docs/DEPLOY.md, "How long a drain takes")."""
+Run: .venv/bin/python -m clasp.bench.drain (docs/DEPLOY.md, "How long a drain takes")."""
 
 import time
 
 import clasp
 from clasp.local.cluster import LocalCluster
+from clasp.runtime.config import PlannerConfig
 
 
 def main() -> None:
-    args = ["--no-autoscale", "--migration-timeout", "60"]
-    with LocalCluster(workers=2, port=0, planner_args=args) as cl, clasp.connect(cl.planner) as c:
+    config = PlannerConfig(autoscale=False, migration_timeout=60)
+    with LocalCluster(workers=2, port=0, planner_config=config) as cl, clasp.connect(cl.planner) as c:
         dag = clasp.Dag("keys")
         src = dag.operator("src", lambda x: x)
         cnt = dag.operator("count", lambda s, x: ((s or 0) + 1, None), stateful=True, key=lambda x: x)

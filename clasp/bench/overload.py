@@ -1,6 +1,6 @@
 """Planner and worker memory under overload: one big push, large records, an endless generator, 2 × capacity.
 
-`python -m bench.overload [--case lines:2000000] [--case blobs:300000x2048] [--case endless:30]
+`python -m clasp.bench.overload [--case lines:2000000] [--case blobs:300000x2048] [--case endless:30]
 [--case rate:2x60] [--max-queued-bytes 128M] [--max-queue-delay S] [--json FILE]` runs each case on a
 fresh 1-worker local cluster (no autoscaling) and prints one JSON object per case: the planner's and the
 worker's resident memory at the start and at their peak (VmRSS from /proc, sampled every 20 ms), how long
@@ -32,7 +32,9 @@ from collections.abc import Iterator
 
 import clasp
 from clasp.apps import wc
+from clasp.core.credit import parse_size
 from clasp.local.cluster import LocalCluster
+from clasp.runtime.config import PlannerConfig
 
 GROUPS = 64
 POOL = 100_000  # distinct Word Count lines the rate case cycles through
@@ -127,10 +129,11 @@ def paced(pool: list[str], rate: float, seconds: float, due: list) -> Iterator[s
 def run_case(case: str, max_bytes: str | None, max_delay: str | None = None) -> dict:
     kind, _, arg = case.partition(":")
     logs = tempfile.mkdtemp(prefix="clasp-overload-")
-    args = (["--no-autoscale"] + (["--max-queued-bytes", max_bytes] if max_bytes else [])
-            + (["--max-queue-delay", max_delay] if max_delay else []))
+    bounds = ({"max_queued_bytes": parse_size(max_bytes)} if max_bytes else {}) | (
+        {"max_queue_delay": float(max_delay)} if max_delay else {})
+    config = PlannerConfig(autoscale=False, **bounds)
     extra: dict = {}
-    with LocalCluster(workers=1, port=0, log_dir=logs, provider="static", planner_args=args) as cl, \
+    with LocalCluster(workers=1, port=0, log_dir=logs, provider="static", planner_config=config) as cl, \
             clasp.connect(cl.planner) as c:
         pids = {"planner": cl.procs[0].pid, "worker": c.workers()[0]["pid"]}
         if kind == "lines":
@@ -209,7 +212,7 @@ def run_case(case: str, max_bytes: str | None, max_delay: str | None = None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.overload", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m clasp.bench.overload", description=__doc__.split("\n\n")[0])
     ap.add_argument("--case", action="append", help="lines:N, blobs:NxB or endless:S (repeatable)")
     ap.add_argument("--max-queued-bytes", help="the planner's bound (default: its own, 128M)")
     ap.add_argument("--max-queue-delay", help="the planner's time bound in seconds (default: its own, 5; 0: off)")
