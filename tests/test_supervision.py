@@ -273,8 +273,9 @@ def test_a_cluster_whose_owner_is_sigkilled_does_not_outlive_it(tmp_path):
 
     pids = tmp_path / "pids"
     code = ("import sys, time; from clasp.local.cluster import LocalCluster; "
-            "cl = LocalCluster(workers=2, port=0, insecure=True).start(); "
+            "cl = LocalCluster(workers=2, port=0).start(); "
             f"open({str(pids)!r} + '.state', 'w').write(str(cl.state_dir)); "
+            f"open({str(pids)!r} + '.keys', 'w').write(str(cl.keys_dir)); "
             f"open({str(pids)!r}, 'w').write(' '.join(str(p.pid) for p in cl.procs)); time.sleep(600)")
     owner = subprocess.Popen([sys.executable, "-c", code])
     try:
@@ -303,16 +304,18 @@ def test_a_cluster_whose_owner_is_sigkilled_does_not_outlive_it(tmp_path):
         os.kill(p, signal.SIGKILL)
     assert not left, f"still running after their owner was SIGKILLed: {left}"
 
-    # Its temporary state directory outlived it; the next local cluster's start() sweeps it away, and
-    # leaves alone one whose owner lives.
+    # Its temporary state and keys directories outlived it; the next local cluster's start() sweeps them
+    # away, and leaves alone one whose owner lives.
     from clasp.local.cluster import sweep_state_dirs, temporary_state_dir
 
     state = Path((tmp_path / "pids.state").read_text())
-    assert state.is_dir()
+    keys = Path((tmp_path / "pids.keys").read_text()).parent  # its ephemeral CURVE keys: swept the same way
+    assert state.is_dir() and keys.is_dir()
     live, fd = temporary_state_dir()
     try:
         removed = sweep_state_dirs()
         assert state in removed and not state.exists()
+        assert keys in removed and not keys.exists()
         assert live not in removed and live.is_dir()
     finally:
         os.close(fd)

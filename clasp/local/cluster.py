@@ -40,6 +40,7 @@ from clasp.runtime.config import PlannerConfig, WorkerConfig
 _FIELDS = re.compile(r"(\w+)=(\S+)")
 STATE_PREFIX = "clasp-state-"  # a local cluster's temporary state directory, in tempfile.gettempdir()
 STATE_LOCK = "cluster.lock"  # held (flock) by the process that owns the cluster, for as long as it lives
+KEYS_PREFIX = "clasp-keys-"  # its ephemeral CURVE keys (no --keys, no CLASP_KEYS), locked and swept the same way
 _PORT = re.compile(r":(\d+)(?:/|$)")
 log = logging.getLogger("clasp.cluster")
 
@@ -82,24 +83,28 @@ def describe_exit(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
-def temporary_state_dir() -> tuple[Path, int]:
-    """A fresh temporary state directory and the descriptor of its held lock: while the owner lives (and
-    until it closes the descriptor), `sweep_state_dirs` leaves the directory alone."""
-    d = Path(tempfile.mkdtemp(prefix=STATE_PREFIX))
-    fd = os.open(d / STATE_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+def temporary_state_dir(prefix: str = STATE_PREFIX) -> tuple[Path, int]:
+    """A fresh temporary state (or keys) directory and the descriptor of its held lock: while the owner lives
+    (and until it closes the descriptor), `sweep_state_dirs` leaves the directory alone."""
+    # Made under a name the sweep does not match and renamed once locked: a sweep never sees it unlocked.
+    made = Path(tempfile.mkdtemp(prefix="." + prefix))
+    fd = os.open(made / STATE_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
+    d = made.with_name(made.name[1:])
+    os.rename(made, d)
     return d, fd
 
 
 def sweep_state_dirs(root: str | os.PathLike | None = None) -> list[Path]:
-    """Remove the temporary state directories of local clusters whose owner died without stopping them (a
-    SIGKILLed `clasp run` or test): nobody holds their lock. The kernel drops an flock with its process,
-    so no pid can be reused into a false owner. A directory whose lock file is not made yet is skipped."""
+    """Remove the temporary state and keys directories of local clusters whose owner died without stopping
+    them (a SIGKILLed `clasp run` or test): nobody holds their lock. The kernel drops an flock with its
+    process, so no pid can be reused into a false owner."""
     removed = []
-    for d in Path(root or tempfile.gettempdir()).glob(STATE_PREFIX + "*"):
+    base = Path(root or tempfile.gettempdir())
+    for d in [*base.glob(STATE_PREFIX + "*"), *base.glob(KEYS_PREFIX + "*")]:
         try:
             fd = os.open(d / STATE_LOCK, os.O_RDWR)
-        except OSError:  # being made right now, or not ours to open
+        except OSError:  # not ours to open
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -219,6 +224,7 @@ class LocalCluster:
         self._keys_arg = keys
         self.keys_dir: Path | None = None  # the CURVE key directory every process uses (None: plaintext)
         self._ephemeral: Path | None = None  # keys this cluster made, and removes when it stops
+        self._keys_lock: int | None = None  # the flock on them that keeps `sweep_state_dirs` away
 
     def _spawn(self, name: str, args: list[str], netns: str | None = None, index: int | None = None
                ) -> subprocess.Popen:
@@ -267,8 +273,8 @@ class LocalCluster:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             d = Path(tempfile.mkdtemp(prefix="keys-", dir=self.log_dir))
         else:
-            d = Path(tempfile.mkdtemp(prefix="clasp-keys-"))
-            self._ephemeral = d
+            self._ephemeral, self._keys_lock = temporary_state_dir(KEYS_PREFIX)
+            d = self._ephemeral / "keys"
         self.keys_dir = Keys(init_keys(d)).dir
 
     def _worker_args(self, wid: str) -> list[str]:
@@ -634,7 +640,8 @@ class LocalCluster:
                         forget(self.planner)
                     if self._ephemeral is not None:
                         shutil.rmtree(self._ephemeral, ignore_errors=True)
-                        self._ephemeral = None
+                        os.close(self._keys_lock)
+                        self._ephemeral = self._keys_lock = None
                     if self._state_lock is not None:
                         shutil.rmtree(self.state_dir, ignore_errors=True)
                         os.close(self._state_lock)
