@@ -1,0 +1,31 @@
+"""The Nexmark queries written for Bytewax 0.21 (bench/peers/nexmark_bytewax.py) give the reference's exact answers
+on generated events, in order and out of order within the generator's bound."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from clasp.apps import nexmark as nx
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("bytewax") is None,
+                                reason="Bytewax is not installed: pip install '.[peers]'")
+
+SLOW = nx.Config(first_event_rate=100)
+SLOW_SHUFFLED = nx.Config(first_event_rate=100, out_of_order_group=40)
+
+
+@pytest.mark.parametrize("config", [SLOW, SLOW_SHUFFLED], ids=["in_order", "out_of_order"])
+@pytest.mark.parametrize("query", sorted(nx.QUERIES))
+def test_each_bytewax_query_equals_the_reference(query, config):
+    from bytewax.testing import TestingSink, TestingSource, run_main
+
+    from bench.peers import nexmark_bytewax as bw
+
+    events = nx.generate(6000, 11, config)
+    rows: list = []
+    run_main(bw.build(query, TestingSource(events), TestingSink(rows), nx.max_out_of_order(config)))
+    want = nx.QUERIES[query](events)
+    assert want
+    assert bw.answer(query, rows) == want
