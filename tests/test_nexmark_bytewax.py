@@ -16,16 +16,19 @@ SLOW = nx.Config(first_event_rate=100)
 SLOW_SHUFFLED = nx.Config(first_event_rate=100, out_of_order_group=40)
 
 
-@pytest.mark.parametrize("config", [SLOW, SLOW_SHUFFLED], ids=["in_order", "out_of_order"])
+@pytest.mark.parametrize("config,batch", [(SLOW, 1), (SLOW_SHUFFLED, 1), (SLOW_SHUFFLED, 500)],
+                         ids=["in_order", "out_of_order", "out_of_order_batches"])
 @pytest.mark.parametrize("query", sorted(nx.QUERIES))
-def test_each_bytewax_query_equals_the_reference(query, config):
+def test_each_bytewax_query_equals_the_reference(query, config, batch):
     from bytewax.testing import TestingSink, TestingSource, run_main
 
     from bench.peers import nexmark_bytewax as bw
 
     events = nx.generate(6000, 11, config)
     rows: list = []
-    run_main(bw.build(query, TestingSource(events), TestingSink(rows), nx.max_out_of_order(config)))
+    # A batch of `batch` events spans (batch - 1) / rate s of event time: the disorder a merge can add.
+    bound = nx.max_out_of_order(config) + (batch - 1) * 1000 // config.first_event_rate + 1
+    run_main(bw.build(query, TestingSource(events, batch_size=batch), TestingSink(rows), bound))
     want = nx.QUERIES[query](events)
     assert want
     assert bw.answer(query, rows) == want

@@ -5,10 +5,13 @@ from any Bytewax source and writing the query's rows to any sink; `answer(query,
 the reference's canonical form (`clasp.apps.nexmark.reference`), so that on the same events
 `answer(q, rows) == reference.QUERIES[q](events)` (tests/test_nexmark_bytewax.py).
 
-Event time is Bytewax's `EventClock` on each event's `dateTime`, waiting `bound_ms` (the generator's
-`max_out_of_order`) and never advanced by the system clock (a fixed `now_getter`, no wake-ups): its watermarks then
-depend on the events alone, as clasp's do, and a run is exact whatever the host's speed. Bytewax keeps a clock per
-key, so a key's windows close when that key's events pass their end, or at the end of the input.
+Event time is Bytewax's `EventClock` on each event's `dateTime`, waiting `bound_ms` and never advanced by the
+system clock (a fixed `now_getter`, no wake-ups): its watermarks then depend on the events alone, as clasp's do,
+and a run is exact whatever the host's speed. Bytewax keeps a clock per key, so a key's windows close when that
+key's events pass their end, or at the end of the input. `bound_ms` is the disorder the windowing steps see: the
+generator's `max_out_of_order`, plus, where a step reads two streams merged (Q8's people and auctions), the event
+time one input batch spans, since a merge may deliver one stream's part of a batch before the other's (a person
+behind an auction of theirs from later in the same batch would be late).
 
 How each query is written, at Bytewax's best (unordered folds where the fold does not care):
 - Q0-Q2: `map` / `filter_map` over the bids.
@@ -32,6 +35,7 @@ import bytewax.operators as op
 from bytewax.dataflow import Dataflow, Stream
 from bytewax.operators.windowing import EventClock, SlidingWindower, TumblingWindower, fold_window, join_window
 
+from clasp.apps.nexmark.queries import better_bid, merge_max
 from clasp.apps.nexmark.reference import Q2_MODULUS, Q3_CATEGORY, Q3_STATES, Q5_SLIDE_MS, WINDOW_MS, euros
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -101,20 +105,13 @@ def _auction_fold(state: dict, value: tuple) -> dict:
     if kind == "auction":
         state["terms"] = body
         for bts, price in state["early"]:
-            state["best"] = _better(body, state["best"], bts, price)
+            state["best"] = better_bid(body, state["best"], bts, price)
         state["early"] = []
     elif state["terms"] is not None:
-        state["best"] = _better(state["terms"], state["best"], ts, body)
+        state["best"] = better_bid(state["terms"], state["best"], ts, body)
     else:
         state["early"].append((ts, body))
     return state
-
-
-def _better(terms: list, best: int | None, ts: int, price: int) -> int | None:
-    opened, expires, _, reserve = terms
-    if opened <= ts <= expires and price >= reserve and (best is None or price > best):
-        return price
-    return best
 
 
 def q4(events: Stream, bound_ms: int) -> Stream:
@@ -155,21 +152,15 @@ def _max_bids(acc: list, bid: dict) -> list:
     return [acc[0], acc[1] + [row]] if row[1] == acc[0] else acc
 
 
-def _merge_max(acc: list, other: list) -> list:
-    if not acc or other[0] > acc[0]:
-        return [other[0], list(other[1])]
-    return [acc[0], acc[1] + other[1]] if other[0] == acc[0] else acc
-
-
 def _highest(state: list | None, acc: list) -> tuple[list, list]:
-    state = _merge_max(state or [], acc)
+    state = merge_max(state or [], acc)
     return state, state
 
 
 def q7(events: Stream, bound_ms: int) -> Stream:
     bids = op.key_on("by_auction", _kind(events, "bid"), lambda b: str(b["auction"]))
     per_auction = fold_window("per_auction", bids, clock(bound_ms), TumblingWindower(WINDOW_MS * MS, EPOCH),
-                              list, _max_bids, _merge_max, ordered=False)
+                              list, _max_bids, merge_max, ordered=False)
     by_window = op.map("by_window", per_auction.down, lambda kv: (str(kv[1][0]), kv[1][1]))
     highest = op.stateful_map("highest", by_window, _highest)
     return op.map("rows", highest, lambda kv: [int(kv[0]) * WINDOW_MS, kv[1]])

@@ -83,19 +83,20 @@ def _auction_fn(state: dict | None, value: list, timers) -> tuple[dict | None, l
     if kind == "auction":
         state["terms"] = body  # [dateTime, expires, category, reserve]
         for bts, price in state["early"]:
-            state["best"] = _better(state["terms"], state["best"], bts, price)
+            state["best"] = better_bid(state["terms"], state["best"], bts, price)
             timers.cancel(after(bts), "early")
         state["early"] = []
         timers.at(after(body[1]), "close")  # every bid up to `expires` included is in
     elif state["terms"] is not None:
-        state["best"] = _better(state["terms"], state["best"], ts, body)
+        state["best"] = better_bid(state["terms"], state["best"], ts, body)
     else:
         state["early"].append([ts, body])
         timers.at(after(ts), "early")  # an auction that opened before this bid has arrived by then
     return state, []
 
 
-def _better(terms: list, best: int | None, ts: int, price: int) -> int | None:
+def better_bid(terms: list, best: int | None, ts: int, price: int) -> int | None:
+    """The auction's best price after a bid at `ts`: a bid counts within [opening, expiry] and at the reserve."""
     opened, expires, _, reserve = terms
     if opened <= ts <= expires and price >= reserve and (best is None or price > best):
         return price
@@ -141,7 +142,8 @@ def _max_bids(acc: list, bid: list) -> list:
     return acc
 
 
-def _merge_max(acc: list, other: list) -> list:
+def merge_max(acc: list, other: list) -> list:
+    """Two [price, bids at that price] into one."""
     if not acc or other[0] > acc[0]:
         return [other[0], list(other[1])]
     if other[0] == acc[0]:
@@ -173,7 +175,7 @@ def q7() -> list[Stage]:
                                                [b["auction"], b["price"], b["bidder"], b["dateTime"]]]]),
         Stage("per_auction", ["bids"], op=WindowOperator(tumbling(WINDOW_MS), _max_bids, list)),
         Stage("by_window", ["per_auction"], map=lambda o: [[o[1], o[2] - 1, o[3]]]),
-        Stage("highest", ["by_window"], op=WindowOperator(tumbling(WINDOW_MS), _merge_max, list)),
+        Stage("highest", ["by_window"], op=WindowOperator(tumbling(WINDOW_MS), merge_max, list)),
         Stage("rows", ["highest"], map=lambda o: [[o[0], o[0] + WINDOW_MS, *bid] for bid in o[3][1]]),
     ]
 
