@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 from clasp.core.eventtime import after
-from clasp.core.windows import Sliding, Step, Tumbling, Window, insert_by_end
+from clasp.core.windows import Sliding, Step, Tumbling, Window, own_entry
 
 LEFT, RIGHT = 0, 1
 # A window in a key's state: [start, end, lefts, rights, fired].
@@ -39,17 +39,14 @@ class WindowJoin:
     def on_record(self, state: list | None, key: Any, ts: float, value: Any, watermark: float, now: float = 0,
                   input: int = LEFT) -> Step:
         side = _side(input)
-        windows = [[w[0], w[1], list(w[2]), list(w[3]), w[4]] for w in state] if state else []
+        windows = list(state) if state else []
         out, accepted = [], False
         for start, end in self.window.assign(ts):
             if end + self.allowed_lateness <= watermark:
                 continue
             accepted = True
-            entry = next((w for w in windows if w[_START] == start and w[_END] == end), None)
-            if entry is None:
-                entry = [start, end, [], [], False]
-                insert_by_end(windows, entry)
-            entry[_L + side].append(value)
+            entry = own_entry(windows, start, end, lambda: [start, end, [], [], False])  # noqa: B023
+            entry[_L + side] = entry[_L + side] + [value]
             if end <= watermark:
                 entry[_FIRED] = True
                 others = entry[_L + 1 - side]
@@ -92,16 +89,15 @@ class IntervalJoin:
         side = _side(input)
         if ts + self.allowed_lateness < watermark:
             return Step(state, [], [[key, ts, value]])
-        lefts, rights = (list(state[0]), list(state[1])) if state else ([], [])
-        out = []
+        lefts, rights = state if state else ([], [])
         if side == LEFT:
             out = [[key, value, rv] for rt, rv in rights if self.lower <= rt - ts <= self.upper]
             if self._keeps(LEFT, ts, watermark):
-                lefts.append([ts, value])
+                lefts = lefts + [[ts, value]]
         else:
             out = [[key, lv, value] for lt, lv in lefts if self.lower <= ts - lt <= self.upper]
             if self._keeps(RIGHT, ts, watermark):
-                rights.append([ts, value])
+                rights = rights + [[ts, value]]
         return Step([lefts, rights] if lefts or rights else None, out, [])
 
     def on_time(self, state: list | None, key: Any, watermark: float, now: float = 0) -> Step:

@@ -111,9 +111,23 @@ def insert_by_end(windows: list, entry: list) -> None:
     windows.insert(i, entry)
 
 
+def own_entry(windows: list, start: float, end: float, new: Callable[[], list]) -> list:
+    """The entry of window `[start, end)` in `windows` (a fresh list of the key's windows), as a copy this call may
+    change: a state once returned is never changed in place (a checkpoint may still be packing it)."""
+    for i, w in enumerate(windows):
+        if w[_START] == start and w[_END] == end:
+            windows[i] = list(w)
+            return windows[i]
+    entry = new()
+    insert_by_end(windows, entry)
+    return entry
+
+
 class WindowOperator:
     """Fold each key's values into its windows (`fold(acc, value)` from `init()`); `merge(a, b)` joins two
-    sessions' accumulators when a record bridges them (required for session windows, as Bytewax's `merger`)."""
+    sessions' accumulators when a record bridges them (required for session windows, as Bytewax's `merger`).
+    Both return a new accumulator and leave the ones they are given unchanged: those are still in the state
+    returned before, which a checkpoint may be packing."""
 
     def __init__(self, window: Window, fold: Callable, init: Callable[[], Any], allowed_lateness: float = 0,
                  merge: Callable | None = None):
@@ -128,7 +142,7 @@ class WindowOperator:
 
     def on_record(self, state: list | None, key: Any, ts: float, value: Any, watermark: float, now: float = 0,
                   input: int = 0) -> Step:
-        windows = [list(w) for w in state] if state else []
+        windows = list(state) if state else []
         if isinstance(self.window, Session):
             out, accepted = self._session_record(windows, key, ts, value, watermark)
         else:
@@ -137,10 +151,7 @@ class WindowOperator:
                 if end + self.allowed_lateness <= watermark:
                     continue  # purged already, or would be at once
                 accepted = True
-                entry = next((w for w in windows if w[_START] == start and w[_END] == end), None)
-                if entry is None:
-                    entry = [start, end, self.init(), False]
-                    insert_by_end(windows, entry)
+                entry = own_entry(windows, start, end, lambda: [start, end, self.init(), False])  # noqa: B023
                 entry[_ACC] = self.fold(entry[_ACC], value)
                 if end <= watermark:  # fired already: the late record updates it
                     entry[_FIRED] = True

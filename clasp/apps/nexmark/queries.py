@@ -78,7 +78,8 @@ def q3() -> list[Stage]:
 def _auction_fn(state: dict | None, value: list, timers) -> tuple[dict | None, list]:
     """One auction's bids until it closes: the auction's terms once it arrived, the best valid bid, and the bids
     that arrived before it (kept until no auction that could take them can still arrive)."""
-    state = state or {"terms": None, "best": None, "early": []}
+    # A copy: the state returned before is never changed in place (a checkpoint may still be packing it).
+    state = dict(state) if state else {"terms": None, "best": None, "early": []}
     kind, ts, body = value
     if kind == "auction":
         state["terms"] = body  # [dateTime, expires, category, reserve]
@@ -90,7 +91,7 @@ def _auction_fn(state: dict | None, value: list, timers) -> tuple[dict | None, l
     elif state["terms"] is not None:
         state["best"] = better_bid(state["terms"], state["best"], ts, body)
     else:
-        state["early"].append([ts, body])
+        state["early"] = state["early"] + [[ts, body]]
         timers.at(after(ts), "early")  # an auction that opened before this bid has arrived by then
     return state, []
 
@@ -110,9 +111,8 @@ def _auction_timer(state: dict | None, t: float, payload: str, timers) -> tuple[
         category = state["terms"][2]
         return None, ([[category, state["terms"][1], state["best"]]] if state["best"] is not None else [])
     if state["terms"] is None:
-        state["early"] = [e for e in state["early"] if e[0] >= timers.watermark]
-        if not state["early"]:
-            return None, []
+        early = [e for e in state["early"] if e[0] >= timers.watermark]
+        return ({**state, "early": early} if early else None), []
     return state, []
 
 
