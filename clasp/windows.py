@@ -12,7 +12,6 @@ from clasp.core.eventtime import (
     NEG_INF,
     ON_TIME,
     POS_INF,
-    Arrival,
     InputWatermarks,
     PartitionClock,
     after,
@@ -25,7 +24,7 @@ from clasp.core.timers import EVENT, PROCESSING
 from clasp.core.windows import Session, Sliding, Step, Tumbling, WindowOperator, session, sliding, tumbling
 
 __all__ = [
-    "DROPPED", "EVENT", "LATE", "LEFT", "NEG_INF", "ON_TIME", "POS_INF", "PROCESSING", "RIGHT", "Arrival",
+    "DROPPED", "EVENT", "LATE", "LEFT", "NEG_INF", "ON_TIME", "POS_INF", "PROCESSING", "RIGHT",
     "InputWatermarks", "IntervalJoin", "KeyedDriver", "PartitionClock", "Session", "Sliding", "Step",
     "TimerContext", "TimerOperator", "Tumbling", "WindowJoin", "WindowOperator", "after", "classify", "combine",
     "session", "sliding", "tumbling",

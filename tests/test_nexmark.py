@@ -6,6 +6,7 @@ events, in order and out of order, with every stage's states serialized mid-stre
 from __future__ import annotations
 
 import collections
+import json
 import random
 
 import msgpack
@@ -13,7 +14,6 @@ import pytest
 
 from clasp.apps import nexmark as nx
 from clasp.apps.nexmark import reference as ref
-from clasp.windows import POS_INF, KeyedDriver, PartitionClock
 
 # Small rates so that a few thousand events span many 10-second windows.
 SLOW = nx.Config(first_event_rate=100)
@@ -140,46 +140,13 @@ def test_each_reference_query_gives_the_hand_checked_answer(query):
 # ---------------------------------------------------------------------------------------------- the stages
 
 
-def run_stages(stages, events, bound, snapshot_at=None):
-    """Events from one partition whose watermark lags the newest time by `bound`; after each event the watermark
-    moves through the stages in order, each stage's outputs reaching the later ones before it. At `snapshot_at`
-    every keyed stage's states go through msgpack into fresh drivers. Returns (last stage's outputs, late count)."""
-    drivers = {s.name: KeyedDriver(s.op) for s in stages if s.op is not None}
-    readers = collections.defaultdict(list)
-    for s in stages:
-        for i, source in enumerate(s.inputs):
-            readers[source].append((s, i))
-    last, out = stages[-1].name, []
+def _through_msgpack(states: dict) -> dict:
+    return dict(msgpack.unpackb(msgpack.packb(list(states.items())), strict_map_key=False))
 
-    def emit(source, values):
-        if source == last:
-            out.extend(values)
-        for stage, i in readers[source]:
-            for v in values:
-                if stage.op is None:
-                    emit(stage.name, stage.map(v))
-                else:
-                    o, late = drivers[stage.name].record(v[0], v[1], v[2], i)
-                    emit(stage.name, o)
 
-    def advance(wm):
-        for s in stages:
-            if s.op is not None:
-                emit(s.name, drivers[s.name].advance(wm))
-
-    clock = PartitionClock(bound)
-    for n, e in enumerate(events):
-        if n == snapshot_at:
-            for name, d in list(drivers.items()):
-                states = msgpack.unpackb(msgpack.packb(list(d.states.items())), strict_map_key=False)
-                drivers[name] = KeyedDriver(d.op, dict((k, s) for k, s in states), d.watermark)
-        emit(e["kind"], [e])
-        clock.record(e["dateTime"], now=n)
-        advance(clock.watermark)
-    advance(POS_INF)
-    for d in drivers.values():
-        assert not any(t is not None and t != POS_INF for k in d.states for t in d.index.current(k))
-    return out, sum(d.late for d in drivers.values())
+def run_stages(stages, events, bound, snapshot_at=None, batch=1):
+    """`nx.run`, every keyed stage's states through msgpack at `snapshot_at` (a checkpoint's, a migration's)."""
+    return nx.run(stages, events, bound, batch, snapshot_at, _through_msgpack)
 
 
 @pytest.mark.parametrize("query", sorted(HAND_ANSWERS))
@@ -194,13 +161,14 @@ def test_the_stages_of_each_query_give_the_hand_checked_answer_in_order_and_shuf
     assert (nx.answer(query, out), late) == (want, 0)
 
 
-@pytest.mark.parametrize("config", [SLOW, SLOW_SHUFFLED], ids=["in_order", "out_of_order"])
+@pytest.mark.parametrize("config,batch", [(SLOW, 1), (SLOW_SHUFFLED, 1), (SLOW_SHUFFLED, 250)],
+                         ids=["in_order", "out_of_order", "out_of_order_batches"])
 @pytest.mark.parametrize("query", sorted(nx.QUERIES))
-def test_the_stages_of_each_query_equal_the_reference_on_generated_events(query, config):
+def test_the_stages_of_each_query_equal_the_reference_on_generated_events(query, config, batch):
     events = nx.generate(6000, 11, config)
     want = nx.QUERIES[query](events)
     assert want  # every query has answers at this size
-    out, late = run_stages(nx.STAGES[query](), events, nx.max_out_of_order(config), snapshot_at=3000)
+    out, late = run_stages(nx.STAGES[query](), events, nx.max_out_of_order(config), snapshot_at=3000, batch=batch)
     assert late == 0
     assert nx.answer(query, out) == want
 
@@ -209,3 +177,13 @@ def test_windowed_answers_span_many_windows_at_the_test_rate():
     events = nx.generate(6000, 11, SLOW)
     assert len({r[0] for r in ref.q7(events)}) >= 5 and len({r[0] for r in ref.q5(events)}) >= 25
     assert len(ref.q8(events)) >= 15 and len(ref.q3(events)) >= 10 and len(ref.q4(events)) == 5
+
+
+def test_the_in_process_benchmark_checks_every_answer(tmp_path):
+    from bench.nexmark import main
+
+    out = tmp_path / "nexmark.json"
+    assert main(["--events", "4000", "--batch", "500", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["query"] for r in rows] == list(nx.QUERIES)
+    assert all(r["clasp_exact"] and r["clasp_events_per_s"] > 0 for r in rows)

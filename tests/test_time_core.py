@@ -44,27 +44,31 @@ cases = settings(max_examples=150, deadline=None)
 def test_a_partition_watermark_is_the_largest_time_seen_less_the_bound():
     c = PartitionClock(max_out_of_order=5)
     assert c.watermark == NEG_INF
-    a = c.record(100, now=0)
-    assert (a.on_time, a.watermark, a.advanced) == (True, 95, True)
-    a = c.record(96, now=1)  # behind the newest but within the bound
-    assert (a.on_time, a.watermark, a.advanced) == (True, 95, False)
-    a = c.record(94, now=2)  # beyond it
-    assert (a.on_time, a.watermark, a.advanced) == (False, 95, False)
-    assert c.record(110, now=3).watermark == 105
+    assert c.record(100, now=0) is True and c.watermark == 95
+    assert c.record(96, now=1) is True and c.watermark == 95  # behind the newest but within the bound
+    assert c.record(94, now=2) is False and c.watermark == 95  # beyond it
+    assert c.record(110, now=3) is True and c.watermark == 105
     assert PartitionClock.from_state(c.state(), 5).watermark == 105
 
 
 @cases
-@given(st.lists(st.integers(-1000, 1000), max_size=60), st.integers(0, 50))
-def test_partition_watermarks_never_go_back_and_classify_each_record_against_the_one_before_it(times, bound):
-    c = PartitionClock(bound)
+@given(st.lists(st.integers(-1000, 1000), max_size=60), st.integers(0, 50), st.integers(1, 7))
+def test_partition_watermarks_never_go_back_and_classify_each_record_against_the_one_before_it(times, bound,
+                                                                                               batch):
+    c, b = PartitionClock(bound), PartitionClock(bound)
     seen = []
     for i, ts in enumerate(times):
         before = c.watermark
-        a = c.record(ts, now=i)
+        on_time = c.record(ts, now=i)
         seen.append(ts)
-        assert a.watermark == max(seen) - bound >= before
-        assert a.on_time == (ts >= before) == (classify(ts, before) == ON_TIME)
+        assert c.watermark == max(seen) - bound >= before
+        assert on_time == (ts >= before) == (classify(ts, before) == ON_TIME)
+    # In batches: the same watermark, and the same records behind it.
+    late = []
+    for start in range(0, len(times), batch):
+        late += [start + i for i in b.record_batch(times[start:start + batch], now=start)]
+    assert b.watermark == c.watermark
+    assert late == [i for i, ts in enumerate(times) if i and ts < max(times[:i]) - bound]
 
 
 def test_classify_separates_on_time_late_within_the_lateness_and_dropped():

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Iterable
-from dataclasses import dataclass
 
 NEG_INF = -math.inf
 POS_INF = math.inf
@@ -33,17 +32,8 @@ def classify(ts: float, watermark: float, allowed_lateness: float = 0) -> str:
     return LATE if ts >= watermark - allowed_lateness else DROPPED
 
 
-@dataclass(slots=True, frozen=True)
-class Arrival:
-    """What one record did to its partition: whether it was within the bound, and the watermark after it."""
-
-    on_time: bool
-    watermark: float
-    advanced: bool
-
-
 class PartitionClock:
-    """One source partition's event time. `record(ts, now)` for each record, `tick(now)` when nothing arrives;
+    """One source partition's event time. `record(ts, now)` for each record (or `record_batch`), `tick(now)`;
     `state()` / `from_state()` carry the largest event time seen through a checkpoint or a migration."""
 
     __slots__ = ("max_out_of_order", "idle_timeout", "max_seen", "last_record_at", "idle")
@@ -63,12 +53,25 @@ class PartitionClock:
     def watermark(self) -> float:
         return self.max_seen - self.max_out_of_order
 
-    def record(self, ts: float, now: float) -> Arrival:
-        before = self.watermark
+    def record(self, ts: float, now: float) -> bool:
+        """Whether the record was within the bound (not behind the watermark before it); `watermark` after it."""
+        on_time = ts >= self.max_seen - self.max_out_of_order
         self.last_record_at, self.idle = now, False
         if ts > self.max_seen:
             self.max_seen = ts
-        return Arrival(ts >= before, self.watermark, self.watermark > before)
+        return on_time
+
+    def record_batch(self, times: list, now: float) -> list[int]:
+        """`record` for each time of a batch, in order; the positions of those behind the bound."""
+        top, bound, late = self.max_seen, self.max_out_of_order, []
+        for i, ts in enumerate(times):
+            if ts < top - bound:
+                late.append(i)
+            elif ts > top:
+                top = ts
+        if times:
+            self.max_seen, self.last_record_at, self.idle = top, now, False
+        return late
 
     def tick(self, now: float) -> bool:
         """Whether the partition became idle at `now` (no record for `idle_timeout` since the last one, or since

@@ -54,9 +54,11 @@ class TimerOperator:
 
     def on_record(self, state: list | None, key: Any, ts: float, value: Any, watermark: float, now: float = 0,
                   input: int = 0) -> Step:
-        user, timers = state if state else (None, [])
-        ctx = TimerContext(key, ts, watermark, now, list(timers))
-        user, out = self.fn(user, value, ctx)
+        before, timers = state if state else (None, [])
+        ctx = TimerContext(key, ts, watermark, now, timers)  # `at` and `cancel` make new lists
+        user, out = self.fn(before, value, ctx)
+        if state and user is before and ctx.timers is timers:
+            return Step(state, list(out or ()), [])  # unchanged: the driver has nothing to re-index
         return Step(self._pack(user, ctx.timers), list(out or ()), [])
 
     def on_time(self, state: list | None, key: Any, watermark: float, now: float = 0) -> Step:
@@ -89,6 +91,8 @@ class KeyedDriver:
         self.index = TimerIndex.rebuild(self.states, op.deadline)
 
     def _store(self, key: Hashable, state: Any) -> None:
+        if state is not None and state is self.states.get(key):
+            return  # the same object, unchanged (operators never change a state in place)
         if state is None:
             self.states.pop(key, None)
         else:

@@ -50,8 +50,17 @@ def pop_due(timers: list | None, watermark: float, now: float) -> tuple[list, li
 
 def deadlines(timers: list | None) -> tuple[float | None, float | None]:
     """(the earliest event-time timer, the earliest processing-time timer), None where there is none."""
-    ev = next((e[0] for e in timers or () if e[1] == EVENT), None)
-    pt = next((e[0] for e in timers or () if e[1] == PROCESSING), None)
+    ev = pt = None
+    for t, kind, _ in timers or ():  # sorted by time: the first of each kind
+        if kind == EVENT:
+            if ev is None:
+                ev = t
+                if pt is not None:
+                    break
+        elif pt is None:
+            pt = t
+            if ev is not None:
+                break
     return ev, pt
 
 

@@ -5,8 +5,8 @@ windows, joins and timers (`queries`, built from `clasp.windows`).
 
 from clasp.apps.nexmark.generator import Config, generate, max_out_of_order
 from clasp.apps.nexmark.queries import QUERIES as STAGES
-from clasp.apps.nexmark.queries import Stage, answer
+from clasp.apps.nexmark.queries import Stage, answer, run
 from clasp.apps.nexmark.reference import QUERIES
 
 NAME = "nexmark"
-__all__ = ["NAME", "QUERIES", "STAGES", "Config", "Stage", "answer", "generate", "max_out_of_order"]
+__all__ = ["NAME", "QUERIES", "STAGES", "Config", "Stage", "answer", "generate", "max_out_of_order", "run"]

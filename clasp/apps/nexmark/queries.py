@@ -26,7 +26,10 @@ from clasp.apps.nexmark.reference import (
     euros,
 )
 from clasp.windows import (
+    POS_INF,
     IntervalJoin,
+    KeyedDriver,
+    PartitionClock,
     TimerOperator,
     WindowJoin,
     WindowOperator,
@@ -78,9 +81,12 @@ def q3() -> list[Stage]:
 def _auction_fn(state: dict | None, value: list, timers) -> tuple[dict | None, list]:
     """One auction's bids until it closes: the auction's terms once it arrived, the best valid bid, and the bids
     that arrived before it (kept until no auction that could take them can still arrive)."""
+    kind, ts, body = value
+    if state and state["terms"] is not None and kind == "bid":
+        best = better_bid(state["terms"], state["best"], ts, body)
+        return (state if best == state["best"] else {**state, "best": best}), []
     # A copy: the state returned before is never changed in place (a checkpoint may still be packing it).
     state = dict(state) if state else {"terms": None, "best": None, "early": []}
-    kind, ts, body = value
     if kind == "auction":
         state["terms"] = body  # [dateTime, expires, category, reserve]
         for bts, price in state["early"]:
@@ -88,8 +94,6 @@ def _auction_fn(state: dict | None, value: list, timers) -> tuple[dict | None, l
             timers.cancel(after(bts), "early")
         state["early"] = []
         timers.at(after(body[1]), "close")  # every bid up to `expires` included is in
-    elif state["terms"] is not None:
-        state["best"] = better_bid(state["terms"], state["best"], ts, body)
     else:
         state["early"] = state["early"] + [[ts, body]]
         timers.at(after(ts), "early")  # an auction that opened before this bid has arrived by then
@@ -209,6 +213,58 @@ def q8() -> list[Stage]:
 
 QUERIES: dict[str, Callable[[], list[Stage]]] = {
     "q0": q0, "q1": q1, "q2": q2, "q3": q3, "q4": q4, "q5": q5, "q7": q7, "q8": q8}
+
+
+def run(stages: list[Stage], events: list[dict], bound: float, batch: int = 1,
+        restore_at: int | None = None, restore: Callable[[dict], dict] | None = None) -> tuple[list, int]:
+    """Run `stages` in this process over `events` from one source partition whose watermark lags the newest event
+    time by `bound`, moving it through the stages after every batch of `batch` events (each stage's outputs reach
+    the later ones before the watermark does) and to +inf at the end. Before the batch holding event
+    `restore_at`, every keyed stage's states go through `restore` (a checkpoint's serialization, say) into a
+    fresh driver. Returns (the last
+    stage's outputs, the records sent to late outputs)."""
+    drivers = {s.name: KeyedDriver(s.op) for s in stages if s.op is not None}
+    readers: dict[str, list] = {}
+    for s in stages:
+        for i, source in enumerate(s.inputs):
+            readers.setdefault(source, []).append((s, i))
+    last, out = stages[-1].name, []
+
+    def emit(source: str, values: list) -> None:
+        if source == last:
+            out.extend(values)
+        for stage, i in readers.get(source, ()):
+            produced: list = []
+            if stage.op is None:
+                for v in values:
+                    produced += stage.map(v)
+            else:
+                record = drivers[stage.name].record
+                for v in values:
+                    produced += record(v[0], v[1], v[2], i)[0]
+            if produced:
+                emit(stage.name, produced)
+
+    def advance(watermark: float) -> None:
+        for s in stages:
+            if s.op is not None:
+                emit(s.name, drivers[s.name].advance(watermark))
+
+    clock = PartitionClock(bound)
+    for start in range(0, len(events), batch):
+        if restore is not None and restore_at is not None and start <= restore_at < start + batch:
+            drivers = {name: KeyedDriver(d.op, restore(d.states), d.watermark, d.now) for name, d in drivers.items()}
+        chunk = events[start:start + batch]
+        # Within a batch the watermark stands still, so each kind's events may go on together.
+        by_kind: dict[str, list] = {}
+        for e in chunk:
+            by_kind.setdefault(e["kind"], []).append(e)
+        for kind, values in by_kind.items():
+            emit(kind, values)
+        clock.record_batch([e["dateTime"] for e in chunk], now=start)
+        advance(clock.watermark)
+    advance(POS_INF)
+    return out, sum(d.late for d in drivers.values())
 
 
 def answer(query: str, outputs: list) -> list:
