@@ -485,3 +485,35 @@ def test_a_driver_runs_the_keys_with_the_earliest_deadline_first_each_firing_its
     for k in "abcdef":
         assert [o[2] for o in out if o[0] == k] == sorted({o[2] for o in out if o[0] == k})
     assert sum(o[3] for o in out + d.advance(POS_INF)) == 500
+
+
+def test_a_quiet_partition_holds_windows_back_until_its_idle_timeout_and_its_old_records_are_late_after():
+    """Two source partitions feed one window operator; p1 goes quiet at event time 20 while p0 goes on. Its
+    watermark holds the windows back until `idle_timeout` of processing time passes; then they fire on p0's
+    alone, and what p1 sends when it resumes, behind them, goes to the late output."""
+
+    def run_with(idle_timeout):
+        clocks = {p: PartitionClock(max_out_of_order=2, idle_timeout=idle_timeout) for p in ("p0", "p1")}
+        inputs = InputWatermarks(clocks)
+        d = KeyedDriver(WindowOperator(tumbling(10), lambda a, v: a + v, int))
+        fired, late = [], []
+        for now in range(100):  # one processing-time unit per step; p0 sends event time now, p1 until 20
+            for p, clock in clocks.items():
+                if p == "p0" or now <= 20:
+                    d_out, d_late = d.record("k", now, 1)
+                    fired += d_out
+                    late += d_late
+                    clock.record(now, now)
+                clock.tick(now)
+                inputs.update(p, clock.watermark, clock.idle)
+            fired += d.advance(inputs.current)
+        # p1 resumes with an old record.
+        out, lt = d.record("k", 25, 1)
+        return fired, late + lt, inputs.current
+
+    held, late, wm = run_with(idle_timeout=None)
+    assert [w[1] for w in held] == [0] and wm == 18 and late == []  # p1's 20 - 2 holds [10, 20) and after
+    freed, late, wm = run_with(idle_timeout=5)
+    assert [w[1] for w in freed] == list(range(0, 90, 10)) and wm == 97
+    assert freed[2] == ["k", 20, 30, 1 + 10]  # p1's record at 20, then p0's 20..29
+    assert late == [["k", 25, 1]]
