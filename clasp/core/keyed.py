@@ -7,9 +7,10 @@ at an event time (`timers.at(t, payload)`) or a processing time (`timers.at_proc
 `notify_at`, Flink's timers). The timers are kept in the key's state beside the user's.
 
 `KeyedDriver` is the part of a shell that does not need the shell: one operator's states by key, the timer index
-beside them, the watermark and the clock it was last told. Records go to `record`, time to `advance`; both return
-what the operator emitted. `states` is what a checkpoint stores and a migration moves (any subset of keys);
-`KeyedDriver(op, states, watermark)` takes them back and rebuilds its index from them.
+beside them, the watermark and the clock it was last told. Records go to `record` (which returns the outputs and
+the records for the late output), time to `advance` (which returns the outputs). `states` is what a checkpoint
+stores and a migration moves (any subset of keys); `KeyedDriver(op, states, watermark)` takes them back and
+rebuilds its index from them.
 """
 
 from __future__ import annotations

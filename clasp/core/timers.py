@@ -66,7 +66,7 @@ def deadlines(timers: list | None) -> tuple[float | None, float | None]:
 
 class TimerIndex:
     """Which keys have a deadline, earliest first, per kind. Entries are replaced, not removed: `set` records a
-    key's current deadlines and `due` skips the entries that no longer match them."""
+    key's current deadlines and `next_due` skips the entries that no longer match them."""
 
     __slots__ = ("_heaps", "_current", "_seq")
 
