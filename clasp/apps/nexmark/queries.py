@@ -1,0 +1,277 @@
+"""The Nexmark queries as stages of stateless maps and keyed time operators (`clasp.windows`): what the runtime
+will run, each stage an operator of the job.
+
+A query is a list of `Stage`s, each reading the events of a kind ("person", "auction", "bid") or an earlier stage's
+outputs. A map stage turns one value into a list of values. A keyed stage runs a keyed time operator; its inputs
+are `[key, event time, value]` (made by the map before it) and for a join the first input is the left, the second
+the right. A stage's outputs reach the later stages before the watermark that released them does, as they would
+travel in a batch ahead of it, so a window's result, timed at the window's last instant (`end - 1` ms, as Flink
+times window results), is never late for the next window. `answer(query, outputs)` turns the last stage's outputs
+into the reference's canonical answer (`reference.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from clasp.apps.nexmark.reference import (
+    Q2_MODULUS,
+    Q3_CATEGORY,
+    Q3_STATES,
+    Q5_SLIDE_MS,
+    WINDOW_MS,
+    euros,
+)
+from clasp.windows import (
+    POS_INF,
+    IntervalJoin,
+    KeyedDriver,
+    PartitionClock,
+    TimerOperator,
+    WindowJoin,
+    WindowOperator,
+    after,
+    sliding,
+    tumbling,
+)
+
+
+@dataclass
+class Stage:
+    name: str
+    inputs: list[str]
+    map: Callable[[Any], list] | None = None
+    op: Any = None
+
+
+def _bid_row(b: dict) -> list:
+    return [b["auction"], b["bidder"], b["price"], b["dateTime"], b["extra"]]
+
+
+def q0() -> list[Stage]:
+    return [Stage("pass", ["bid"], map=lambda b: [_bid_row(b)])]
+
+
+def q1() -> list[Stage]:
+    return [Stage("euros", ["bid"], map=lambda b: [[b["auction"], b["bidder"], euros(b["price"]), b["dateTime"],
+                                                    b["extra"]]])]
+
+
+def q2() -> list[Stage]:
+    return [Stage("select", ["bid"],
+                  map=lambda b: [[b["auction"], b["price"]]] if b["auction"] % Q2_MODULUS == 0 else [])]
+
+
+def q3() -> list[Stage]:
+    # An unbounded join of two keyed streams: each seller's person with every one of their auctions, whichever
+    # comes first; an interval join with infinite bounds.
+    return [
+        Stage("sellers", ["person"], map=lambda p: [[p["id"], p["dateTime"], [p["name"], p["city"], p["state"]]]]
+              if p["state"] in Q3_STATES else []),
+        Stage("auctions", ["auction"], map=lambda a: [[a["seller"], a["dateTime"], a["id"]]]
+              if a["category"] == Q3_CATEGORY else []),
+        Stage("join", ["sellers", "auctions"], op=IntervalJoin(-math.inf, math.inf)),
+        Stage("rows", ["join"], map=lambda o: [[*o[1], o[2]]]),
+    ]
+
+
+def _auction_fn(state: dict | None, value: list, timers) -> tuple[dict | None, list]:
+    """One auction's bids until it closes: the auction's terms once it arrived, the best valid bid, and the bids
+    that arrived before it (kept until no auction that could take them can still arrive)."""
+    kind, ts, body = value
+    if state and state["terms"] is not None and kind == "bid":
+        best = better_bid(state["terms"], state["best"], ts, body)
+        return (state if best == state["best"] else {**state, "best": best}), []
+    # A copy: the state returned before is never changed in place (a checkpoint may still be packing it).
+    state = dict(state) if state else {"terms": None, "best": None, "early": []}
+    if kind == "auction":
+        state["terms"] = body  # [dateTime, expires, category, reserve]
+        for bts, price in state["early"]:
+            state["best"] = better_bid(state["terms"], state["best"], bts, price)
+            timers.cancel(after(bts), "early")
+        state["early"] = []
+        timers.at(after(body[1]), "close")  # every bid up to `expires` included is in
+    else:
+        state["early"] = state["early"] + [[ts, body]]
+        timers.at(after(ts), "early")  # an auction that opened before this bid has arrived by then
+    return state, []
+
+
+def better_bid(terms: list, best: int | None, ts: int, price: int) -> int | None:
+    """The auction's best price after a bid at `ts`: a bid counts within [opening, expiry] and at the reserve."""
+    opened, expires, _, reserve = terms
+    if opened <= ts <= expires and price >= reserve and (best is None or price > best):
+        return price
+    return best
+
+
+def _auction_timer(state: dict | None, t: float, payload: str, timers) -> tuple[dict | None, list]:
+    if state is None:  # an earlier timer due in the same advance already forgot the auction
+        return None, []
+    if payload == "close":
+        category = state["terms"][2]
+        return None, ([[category, state["terms"][1], state["best"]]] if state["best"] is not None else [])
+    if state["terms"] is None:
+        early = [e for e in state["early"] if e[0] >= timers.watermark]
+        return ({**state, "early": early} if early else None), []
+    return state, []
+
+
+def _category_fn(state: list | None, price: int, timers) -> tuple[list, list]:
+    n, total = state or (0, 0)
+    n, total = n + 1, total + price
+    return [n, total], [[timers.key, n, total, total / n]]
+
+
+def q4() -> list[Stage]:
+    return [
+        Stage("auctions", ["auction"], map=lambda a: [[a["id"], a["dateTime"], ["auction", a["dateTime"], [
+            a["dateTime"], a["expires"], a["category"], a["reserve"]]]]]),
+        Stage("bids", ["bid"], map=lambda b: [[b["auction"], b["dateTime"], ["bid", b["dateTime"], b["price"]]]]),
+        Stage("close", ["auctions", "bids"], op=TimerOperator(_auction_fn, _auction_timer)),
+        Stage("by_category", ["close"], map=lambda o: [[o[0], o[1], o[2]]]),
+        Stage("average", ["by_category"], op=TimerOperator(_category_fn, lambda s, t, p, timers: (s, []))),
+    ]
+
+
+def _max_bids(acc: list, bid: list) -> list:
+    """[price, bids at that price]."""
+    if not acc or bid[1] > acc[0]:
+        return [bid[1], [bid]]
+    if bid[1] == acc[0]:
+        return [acc[0], acc[1] + [bid]]
+    return acc
+
+
+def merge_max(acc: list, other: list) -> list:
+    """Two [price, bids at that price] into one."""
+    if not acc or other[0] > acc[0]:
+        return [other[0], list(other[1])]
+    if other[0] == acc[0]:
+        return [acc[0], acc[1] + other[1]]
+    return acc
+
+
+def q5() -> list[Stage]:
+    # Bids per auction per sliding window, then per window the auctions with the most.
+    def most(acc: list, row: list) -> list:
+        auction, n = row
+        if not acc or n > acc[0]:
+            return [n, [auction]]
+        return [n, acc[1] + [auction]] if n == acc[0] else acc
+
+    return [
+        Stage("bids", ["bid"], map=lambda b: [[b["auction"], b["dateTime"], 1]]),
+        Stage("count", ["bids"], op=WindowOperator(sliding(WINDOW_MS, Q5_SLIDE_MS), lambda a, v: a + v, int)),
+        Stage("by_window", ["count"], map=lambda o: [[o[1], o[2] - 1, [o[0], o[3]]]]),
+        Stage("hottest", ["by_window"], op=WindowOperator(tumbling(Q5_SLIDE_MS), most, list)),
+        Stage("rows", ["hottest"], map=lambda o: [[o[0], o[0] + WINDOW_MS, a, o[3][0]] for a in o[3][1]]),
+    ]
+
+
+def q7() -> list[Stage]:
+    # The highest bids per auction per window, then per window the highest of those.
+    return [
+        Stage("bids", ["bid"], map=lambda b: [[b["auction"], b["dateTime"],
+                                               [b["auction"], b["price"], b["bidder"], b["dateTime"]]]]),
+        Stage("per_auction", ["bids"], op=WindowOperator(tumbling(WINDOW_MS), _max_bids, list)),
+        Stage("by_window", ["per_auction"], map=lambda o: [[o[1], o[2] - 1, o[3]]]),
+        Stage("highest", ["by_window"], op=WindowOperator(tumbling(WINDOW_MS), merge_max, list)),
+        Stage("rows", ["highest"], map=lambda o: [[o[0], o[0] + WINDOW_MS, *bid] for bid in o[3][1]]),
+    ]
+
+
+def _once(state: list | None, value: list, timers) -> tuple[list | None, list]:
+    # A person is joined once per auction of theirs in the window: keep the windows already reported until they end.
+    if state and value[2] in state:
+        return state, []
+    timers.at(value[2] + WINDOW_MS, value[2])
+    return (state or []) + [value[2]], [value]
+
+
+def _forget(state: list, t: float, start: int, timers) -> tuple[list | None, list]:
+    rest = [s for s in state if s != start]
+    return (rest or None), []
+
+
+def q8() -> list[Stage]:
+    def start(ts: int) -> int:
+        return ts - ts % WINDOW_MS
+
+    return [
+        Stage("people", ["person"], map=lambda p: [[p["id"], p["dateTime"], [p["id"], p["name"],
+                                                                              start(p["dateTime"])]]]),
+        Stage("sellers", ["auction"], map=lambda a: [[a["seller"], a["dateTime"], a["id"]]]),
+        Stage("join", ["people", "sellers"], op=WindowJoin(tumbling(WINDOW_MS))),
+        Stage("by_person", ["join"], map=lambda o: [[o[0], o[1][2] + WINDOW_MS - 1, o[1]]]),
+        Stage("distinct", ["by_person"], op=TimerOperator(_once, _forget)),
+    ]
+
+
+QUERIES: dict[str, Callable[[], list[Stage]]] = {
+    "q0": q0, "q1": q1, "q2": q2, "q3": q3, "q4": q4, "q5": q5, "q7": q7, "q8": q8}
+
+
+def run(stages: list[Stage], events: list[dict], bound: float, batch: int = 1,
+        restore_at: int | None = None, restore: Callable[[dict], dict] | None = None) -> tuple[list, int]:
+    """Run `stages` in this process over `events` from one source partition whose watermark lags the newest event
+    time by `bound`, moving it through the stages after every batch of `batch` events (each stage's outputs reach
+    the later ones before the watermark does) and to +inf at the end. Before the batch holding event
+    `restore_at`, every keyed stage's states go through `restore` (a checkpoint's serialization, say) into a
+    fresh driver. Returns (the last
+    stage's outputs, the records sent to late outputs)."""
+    drivers = {s.name: KeyedDriver(s.op) for s in stages if s.op is not None}
+    readers: dict[str, list] = {}
+    for s in stages:
+        for i, source in enumerate(s.inputs):
+            readers.setdefault(source, []).append((s, i))
+    last, out = stages[-1].name, []
+
+    def emit(source: str, values: list) -> None:
+        if source == last:
+            out.extend(values)
+        for stage, i in readers.get(source, ()):
+            produced: list = []
+            if stage.op is None:
+                for v in values:
+                    produced += stage.map(v)
+            else:
+                record = drivers[stage.name].record
+                for v in values:
+                    produced += record(v[0], v[1], v[2], i)[0]
+            if produced:
+                emit(stage.name, produced)
+
+    def advance(watermark: float) -> None:
+        for s in stages:
+            if s.op is not None:
+                emit(s.name, drivers[s.name].advance(watermark))
+
+    clock = PartitionClock(bound)
+    for start in range(0, len(events), batch):
+        if restore is not None and restore_at is not None and start <= restore_at < start + batch:
+            drivers = {name: KeyedDriver(d.op, restore(d.states), d.watermark, d.now) for name, d in drivers.items()}
+        chunk = events[start:start + batch]
+        # Within a batch the watermark stands still, so each kind's events may go on together.
+        by_kind: dict[str, list] = {}
+        for e in chunk:
+            by_kind.setdefault(e["kind"], []).append(e)
+        for kind, values in by_kind.items():
+            emit(kind, values)
+        clock.record_batch([e["dateTime"] for e in chunk], now=start)
+        advance(clock.watermark)
+    advance(POS_INF)
+    return out, sum(d.late for d in drivers.values())
+
+
+def answer(query: str, outputs: list) -> list:
+    """The last stage's outputs, in the reference's canonical form."""
+    if query in ("q0", "q1", "q2"):
+        return list(outputs)
+    if query == "q4":
+        last = {o[0]: o for o in outputs}  # each category's running average, the last one is the answer
+        return sorted(last.values())
+    return sorted(outputs)

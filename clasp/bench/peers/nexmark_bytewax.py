@@ -1,0 +1,200 @@
+"""The Nexmark queries Q0-Q5, Q7 and Q8 as Bytewax 0.21 dataflows, beside clasp's (clasp/apps/nexmark/).
+
+`build(query, source, sink, bound_ms)` is the dataflow reading events (the dicts of `clasp.apps.nexmark.generate`)
+from any Bytewax source and writing the query's rows to any sink; `answer(query, rows)` puts what the sink got in
+the reference's canonical form (`clasp.apps.nexmark.reference`), so that on the same events
+`answer(q, rows) == reference.QUERIES[q](events)` (tests/test_nexmark_bytewax.py).
+
+Event time is Bytewax's `EventClock` on each event's `dateTime`, waiting `bound_ms` and never advanced by the
+system clock (a fixed `now_getter`, no wake-ups): its watermarks then depend on the events alone, as clasp's do,
+and a run is exact whatever the host's speed. Bytewax keeps a clock per key, so a key's windows close when that
+key's events pass their end, or at the end of the input. `bound_ms` is the disorder the windowing steps see: the
+generator's `max_out_of_order`, plus, where a step reads two streams merged (Q8's people and auctions), the event
+time one input batch spans, since a merge may deliver one stream's part of a batch before the other's (a person
+behind an auction of theirs from later in the same batch would be late).
+
+How each query is written, at Bytewax's best (unordered folds where the fold does not care):
+- Q0-Q2: `map` / `filter_map` over the bids.
+- Q3: Bytewax's `join` either re-emits a key's whole product on each value ("running") or emits only at the end of
+  the input ("final"), so the incremental person-auction join is a `stateful_flat_map` per seller.
+- Q4: an auction's bids are folded per auction (`fold_final`: Bytewax has no event-time timer per key, so auctions
+  close at the end of the input), then averaged per category (`fold_final`).
+- Q5: bids counted per auction in 10 s windows sliding by 2 s (`fold_window`, `SlidingWindower`), then per window
+  the auctions with the most, updated as counts arrive (`stateful_map`; the last update is the answer).
+- Q7: the highest bids per auction in 10 s tumbling windows (`fold_window`, `TumblingWindower`), then per window
+  the highest of those (`stateful_map`).
+- Q8: people and auctions joined per person in 10 s tumbling windows (`join_window`, emitted when a window closes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import bytewax.operators as op
+from bytewax.dataflow import Dataflow, Stream
+from bytewax.operators.windowing import EventClock, SlidingWindower, TumblingWindower, fold_window, join_window
+
+from clasp.apps.nexmark.queries import better_bid, merge_max
+from clasp.apps.nexmark.reference import Q2_MODULUS, Q3_CATEGORY, Q3_STATES, Q5_SLIDE_MS, WINDOW_MS, euros
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MS = timedelta(milliseconds=1)
+
+
+def _event_time(e: dict) -> datetime:
+    return EPOCH + e["dateTime"] * MS
+
+
+def _frozen_now() -> datetime:
+    return EPOCH
+
+
+def _no_wake_up(_: datetime) -> None:
+    return None
+
+
+def clock(bound_ms: int) -> EventClock:
+    return EventClock(_event_time, wait_for_system_duration=bound_ms * MS, now_getter=_frozen_now,
+                      to_system_utc=_no_wake_up)
+
+
+def _kind(events: Stream, kind: str) -> Stream:
+    return op.filter(f"only_{kind}s", events, lambda e: e["kind"] == kind)
+
+
+def _bid_row(b: dict) -> list:
+    return [b["auction"], b["bidder"], b["price"], b["dateTime"], b["extra"]]
+
+
+def q0(events: Stream, bound_ms: int) -> Stream:
+    return op.map("q0", _kind(events, "bid"), _bid_row)
+
+
+def q1(events: Stream, bound_ms: int) -> Stream:
+    return op.map("q1", _kind(events, "bid"),
+                  lambda b: [b["auction"], b["bidder"], euros(b["price"]), b["dateTime"], b["extra"]])
+
+
+def q2(events: Stream, bound_ms: int) -> Stream:
+    return op.filter_map("q2", _kind(events, "bid"),
+                         lambda b: [b["auction"], b["price"]] if b["auction"] % Q2_MODULUS == 0 else None)
+
+
+def _seller_join(state: list | None, value: tuple) -> tuple[list, list]:
+    person, auctions = state or (None, [])
+    side, body = value
+    if side == "p":
+        return [body, []], [[*body, a] for a in auctions]
+    if person is not None:
+        return [person, []], [[*person, body]]
+    return [None, auctions + [body]], []
+
+
+def q3(events: Stream, bound_ms: int) -> Stream:
+    people = op.filter_map("people", _kind(events, "person"), lambda p: (
+        str(p["id"]), ("p", [p["name"], p["city"], p["state"]])) if p["state"] in Q3_STATES else None)
+    auctions = op.filter_map("sellers", _kind(events, "auction"), lambda a: (
+        str(a["seller"]), ("a", a["id"])) if a["category"] == Q3_CATEGORY else None)
+    joined = op.stateful_flat_map("join", op.merge("both", people, auctions), _seller_join)
+    return op.map("rows", joined, lambda kv: kv[1])
+
+
+def _auction_fold(state: dict, value: tuple) -> dict:
+    kind, ts, body = value
+    if kind == "auction":
+        state["terms"] = body
+        for bts, price in state["early"]:
+            state["best"] = better_bid(body, state["best"], bts, price)
+        state["early"] = []
+    elif state["terms"] is not None:
+        state["best"] = better_bid(state["terms"], state["best"], ts, body)
+    else:
+        state["early"].append((ts, body))
+    return state
+
+
+def q4(events: Stream, bound_ms: int) -> Stream:
+    auctions = op.map("auctions", _kind(events, "auction"), lambda a: (
+        str(a["id"]), ("auction", a["dateTime"], [a["dateTime"], a["expires"], a["category"], a["reserve"]])))
+    bids = op.map("bids", _kind(events, "bid"), lambda b: (str(b["auction"]), ("bid", b["dateTime"], b["price"])))
+    closed = op.fold_final("close", op.merge("both", auctions, bids),
+                           lambda: {"terms": None, "best": None, "early": []}, _auction_fold)
+    prices = op.filter_map("prices", closed, lambda kv: (str(kv[1]["terms"][2]), kv[1]["best"])
+                           if kv[1]["terms"] is not None and kv[1]["best"] is not None else None)
+    sums = op.fold_final("average", prices, lambda: [0, 0], lambda s, p: [s[0] + 1, s[1] + p])
+    return op.map("rows", sums, lambda kv: [int(kv[0]), kv[1][0], kv[1][1], kv[1][1] / kv[1][0]])
+
+
+def _most(state: list | None, row: tuple) -> tuple[list, list]:
+    auction, n = row
+    if state is None or n > state[0]:
+        state = [n, [auction]]
+    elif n == state[0]:
+        state = [n, state[1] + [auction]]
+    return state, state
+
+
+def q5(events: Stream, bound_ms: int) -> Stream:
+    bids = op.key_on("by_auction", _kind(events, "bid"), lambda b: str(b["auction"]))
+    counts = fold_window("count", bids, clock(bound_ms),
+                         SlidingWindower(WINDOW_MS * MS, Q5_SLIDE_MS * MS, EPOCH),
+                         int, lambda n, _: n + 1, lambda a, b: a + b, ordered=False)
+    by_window = op.map("by_window", counts.down, lambda kv: (str(kv[1][0]), (int(kv[0]), kv[1][1])))
+    hottest = op.stateful_map("hottest", by_window, _most)
+    return op.map("rows", hottest, lambda kv: [int(kv[0]) * Q5_SLIDE_MS, kv[1][0], kv[1][1]])
+
+
+def _max_bids(acc: list, bid: dict) -> list:
+    row = [bid["auction"], bid["price"], bid["bidder"], bid["dateTime"]]
+    if not acc or row[1] > acc[0]:
+        return [row[1], [row]]
+    return [acc[0], acc[1] + [row]] if row[1] == acc[0] else acc
+
+
+def _highest(state: list | None, acc: list) -> tuple[list, list]:
+    state = merge_max(state or [], acc)
+    return state, state
+
+
+def q7(events: Stream, bound_ms: int) -> Stream:
+    bids = op.key_on("by_auction", _kind(events, "bid"), lambda b: str(b["auction"]))
+    per_auction = fold_window("per_auction", bids, clock(bound_ms), TumblingWindower(WINDOW_MS * MS, EPOCH),
+                              list, _max_bids, merge_max, ordered=False)
+    by_window = op.map("by_window", per_auction.down, lambda kv: (str(kv[1][0]), kv[1][1]))
+    highest = op.stateful_map("highest", by_window, _highest)
+    return op.map("rows", highest, lambda kv: [int(kv[0]) * WINDOW_MS, kv[1]])
+
+
+def q8(events: Stream, bound_ms: int) -> Stream:
+    people = op.key_on("people", _kind(events, "person"), lambda p: str(p["id"]))
+    sellers = op.key_on("sellers", _kind(events, "auction"), lambda a: str(a["seller"]))
+    joined = join_window("join", clock(bound_ms), TumblingWindower(WINDOW_MS * MS, EPOCH), people, sellers,
+                         insert_mode="first", emit_mode="final", ordered=False)
+    return op.filter_map("rows", joined.down, lambda kv: [kv[1][1][0]["id"], kv[1][1][0]["name"],
+                                                          kv[1][0] * WINDOW_MS]
+                         if kv[1][1][0] is not None and kv[1][1][1] is not None else None)
+
+
+QUERIES: dict[str, Callable[[Stream, int], Stream]] = {
+    "q0": q0, "q1": q1, "q2": q2, "q3": q3, "q4": q4, "q5": q5, "q7": q7, "q8": q8}
+
+
+def build(query: str, source, sink, bound_ms: int = 0) -> Dataflow:
+    flow = Dataflow(f"nexmark_{query}")
+    op.output("out", QUERIES[query](op.input("events", flow, source), bound_ms), sink)
+    return flow
+
+
+def answer(query: str, rows: list) -> list:
+    """What the sink got, in the reference's canonical form: Q5 and Q7 send each window's answer again as it
+    improves, the last is the answer."""
+    if query in ("q0", "q1", "q2"):
+        return list(rows)
+    if query == "q5":
+        last = {start: (n, auctions) for start, n, auctions in rows}
+        return sorted([start, start + WINDOW_MS, a, n] for start, (n, auctions) in last.items() for a in auctions)
+    if query == "q7":
+        last = {start: acc for start, acc in rows}
+        return sorted([start, start + WINDOW_MS, *bid] for start, acc in last.items() for bid in acc[1])
+    return sorted(rows)
