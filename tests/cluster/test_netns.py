@@ -17,12 +17,12 @@ import pytest
 import clasp
 from clasp.local import cpulimit, netns
 from clasp.local.cluster import LocalCluster
-from tests.test_runtime import make_lines, wordcount_dag
+from tests.conftest import make_lines, wordcount_dag
 
 why = netns.available()
 pytestmark_live = pytest.mark.skipif(why is not None, reason=f"network namespaces unavailable here: {why}")
 no_cpu = cpulimit.available()
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
