@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from clasp.local.cluster import LocalCluster
@@ -21,3 +23,9 @@ def test_a_unit_test_cannot_start_a_cluster():
     with pytest.raises(AssertionError, match="belongs in tests/cluster/"):
         cluster.start()
     assert not cluster.alive()
+
+
+def test_every_test_file_is_in_one_of_the_two_suites():
+    # `make test` runs tests/unit and tests/cluster: a test file beside them would never run there.
+    tests = Path(__file__).resolve().parents[1]
+    assert sorted(p.name for p in tests.glob("test_*.py")) == [], "move it to tests/unit/ or tests/cluster/"
