@@ -24,8 +24,14 @@ help: ## list the targets
 
 install: $(BIN)/clasp ## create .venv and install clasp with its dev extra
 
-test: $(BIN)/clasp ## run the whole test suite (real planner and worker processes)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+test: $(BIN)/clasp ## the whole suite: tests/unit (no planner or worker processes), then tests/cluster (real ones)
+	$(BIN)/python -m pytest -q tests/unit tests/cluster $(PYTEST_ARGS)
+
+test-unit: $(BIN)/clasp ## the unit tests only: pure code and in-process parts, no planner or worker processes
+	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
+
+test-cluster: $(BIN)/clasp ## the cluster tests only: real planner and worker processes, real faults
+	$(BIN)/python -m pytest -q tests/cluster $(PYTEST_ARGS)
 
 lint: $(BIN)/clasp ## ruff, and the layer contracts of docs/ARCHITECTURE.md (import-linter)
 	$(BIN)/ruff check .
@@ -45,4 +51,4 @@ bench: $(BIN)/clasp ## every paper figure in quick mode: out/bench/FIG.png and F
 bench-runtime: $(BIN)/clasp ## the runtime's own benchmarks: chains, ingest, alpha and beta (JSON on stdout)
 	$(BIN)/python -m clasp.bench.runtime
 
-.PHONY: help install test lint cluster run bench bench-runtime
+.PHONY: help install test test-unit test-cluster lint cluster run bench bench-runtime

@@ -1,7 +1,11 @@
-"""One cluster fixture for the integration tests: real planner and worker processes on free ports."""
+"""What both suites share: the cluster fixtures of tests/cluster/ (real planner and worker processes on free
+ports), a word-count DAG and its input, and `wait_for`. tests/unit/ runs no planner or worker process
+(tests/unit/conftest.py refuses to start one)."""
 
 from __future__ import annotations
 
+import itertools
+import random
 import time
 
 import pytest
@@ -51,3 +55,26 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05, what: str
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+def make_lines(n: int, seed: int, vocab: int = 20000) -> list[str]:
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(vocab)]
+    cum = list(itertools.accumulate(1.0 / (i + 1) for i in range(vocab)))  # Zipf-like, as word frequencies are
+    return [" ".join(rng.choices(words, cum_weights=cum, k=rng.randint(10, 20))) for _ in range(n)]
+
+
+def split(line):
+    return line.split()
+
+
+def count(state, word):
+    return (state or 0) + 1, None
+
+
+def wordcount_dag(name: str = "wordcount") -> clasp.Dag:
+    dag = clasp.Dag(name)
+    s = dag.operator("split", split)
+    c = dag.operator("count", count, stateful=True, key=lambda w: w)
+    s >> c
+    return dag

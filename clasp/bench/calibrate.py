@@ -759,7 +759,7 @@ def calibrate(cpu: float, apps: list[str], seconds: float, repeat: int, mix: boo
               alpha_split_from=alpha_split_from)
     if pipe and beta_from == "alt":
         # The other rule on the same runs: β and its receive share from PIPE, so that β_s and β_r are each
-        # measured and not only their sum (docs/results.md, "Remote path" compares both).
+        # measured and not only their sum (docs/results-log.md, "Remote path" compares both).
         other = fit(runs, cpu, seconds, repeat, gamma_with_messages=gamma_with_messages, beta_from="pipe",
                     alpha_split_from=alpha_split_from)
         doc["measured"]["pipe_fit"] = {k: other.get(k) for k in ("alpha", "beta", "receive_share", "message_us",

@@ -12,7 +12,7 @@ does, a policy's `decide` on a PROFILE.json, for the default policy `clasp` and 
 
 The profiles are seeded random DAGs (`profile`), the paper's α, β, γ, W̄. `--plot FILE` draws the grid,
 `--json FILE` writes the result, `--write-profile N FILE` writes the N-operator profile and exits. About a
-minute. Results: docs/results.md, "Placement at scale".
+minute. Results: docs/results-log.md, "Placement at scale".
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Word Count on 1 and 2 quota-limited workers: what the remote path costs the cluster
-(docs/results.md, "Remote path").
+(docs/results-log.md, "Remote path").
 
 `python -m clasp.bench.remote [--cpu-per-worker 0.25] [--rounds 3] [--seconds 8] [--json FILE]`; run as a file,
 `PYTHONPATH=OTHER_CHECKOUT python clasp/bench/remote.py` measures another checkout's runtime the same way.

@@ -418,7 +418,7 @@ def _tiers(row: dict[str, dict], key: str) -> list[list[str]]:
     return groups
 
 
-# Across policies (docs/results.md, "simulator vs emulated cluster"): each policy's simulated/emulated within 20 %.
+# Across policies (docs/results-log.md, "simulator vs emulated cluster"): each policy's simulated/emulated within 20 %.
 POLICY_TOLERANCE = 0.20
 
 

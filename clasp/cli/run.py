@@ -7,12 +7,13 @@ stopped and the partial summary still printed).
 
 Defaults, chosen so that `clasp run wc --profile gradual` takes about 75 s on a 2-core machine:
 - `--max-rate` (the reference maximum that burst and gradual levels are fractions of) is 80% of what
-  the workers sustain, estimated as the app's unthrottled one-worker rate (REFERENCE_RATE, measured by
-  `python -m clasp.bench.apps` on this machine) times `capacity_factor(workers)`: linear up to one worker per
-  two CPU cores (the planner and the driver need the rest), then falling, because extra workers only
-  share the same cores and add remote chained requests. Measured here (2 cores, unthrottled WC): 2
-  workers 0.88x and 4 workers 0.59x of one; the factor gives 0.80x and 0.57x. A table rather than a
-  calibration run keeps a seed's run repeatable; pass `--max-rate` on other hardware.
+  the workers sustain, estimated as the app's unthrottled rate on one worker of `--cpu-per-worker` CPUs
+  (`one_worker_rate`: measured on this machine the first time it is needed, as `python -m clasp.bench.apps`
+  does, and kept in the user's state directory, so that a seed's runs on one machine stay repeatable) times
+  `capacity_factor(workers)`: linear up to one worker per two CPU cores (the planner and the driver need the
+  rest), then falling, because extra workers only share the same cores and add remote chained requests.
+  Measured on a 2-core machine (unthrottled WC): 2 workers 0.88x and 4 workers 0.59x of one; the factor
+  gives 0.80x and 0.57x. `--max-rate` sets the reference directly.
 - `--duration`: gradual is squeezed to 60 s (its natural length, 19 stages of 5-10 s, is about 140 s;
   stage lengths shrink in proportion, rates and shape do not change) and burst by the same factor, so
   that the two still have equal volumes (burst then lasts about 60 s too); a constant profile
@@ -36,11 +37,9 @@ from pathlib import Path
 
 from clasp.core.profiles import ACCEPTED, Profile, ProfileError, parse_profile
 
-# Unthrottled lines/s of each app on one worker (python -m clasp.bench.apps, this 2-core machine, shared;
-# clasp/apps/README.md "Unthrottled on one worker").
-REFERENCE_RATE = {"wc": 17_300, "sd": 45_600, "aa": 32_400, "pl": 48_800, "nwm": 11_700, "etl": 2_770,
-                  "syn": 56_800}
 REFERENCE_SHARE = 0.8
+RATES_FILE = "reference_rates.json"  # in the user's state directory: one-worker rates measured on this machine
+RATE_SECONDS = 3.0  # the measured part of a one-worker rate's measurement, after a warm-up
 SHAPED_SECONDS = 60.0
 CONSTANT_SECONDS = 30.0
 UNTHROTTLED_SECONDS = 10.0
@@ -53,6 +52,56 @@ def capacity_factor(workers: int, cpus: int | None = None) -> float:
     if workers <= room:
         return float(workers)
     return room / (1 + 0.25 * (workers - room) / room)
+
+
+def _measure_one_worker(app: str, cpu: float | None) -> float:
+    """The app's unthrottled lines/s on a fresh one-worker local cluster (`clasp.bench.apps`), answer checked."""
+    import tempfile
+
+    import clasp
+    from clasp.bench.apps import bench_app
+    from clasp.local.cluster import LocalCluster
+
+    logs = tempfile.mkdtemp(prefix="clasp-rate-")
+    with LocalCluster(workers=1, port=0, cpu_per_worker=cpu, log_dir=logs) as cl, clasp.connect(cl.planner) as c:
+        r = bench_app(c, app, RATE_SECONDS, seed=0)
+    if not r["correct"]:
+        raise RuntimeError(f"measuring {app}'s one-worker rate: the answer was wrong (logs in {logs})")
+    return float(r["lines_per_s"])
+
+
+def one_worker_rate(app: str, cpu: float | None, *, path: Path | None = None, measure=_measure_one_worker,
+                    say=lambda message: None) -> float:
+    """The app's unthrottled rate on one worker of `cpu` CPUs (None: unlimited): measured the first time on
+    this machine, then read from `path` (default: RATES_FILE in the user's state directory; a file made on
+    another machine, or not writable, means measuring again)."""
+    import platform
+
+    if path is None:
+        from clasp.runtime.state_store import user_state_dir
+
+        path = user_state_dir() / RATES_FILE
+    machine = {"cpus": os.cpu_count(), "python": platform.python_version(), "host": platform.node()}
+    key = f"{app}@{'unlimited' if cpu is None else cpu}"
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        doc = {}
+    if not isinstance(doc, dict) or doc.get("machine") != machine or not isinstance(doc.get("rates"), dict):
+        doc = {"machine": machine, "rates": {}}
+    rate = doc["rates"].get(key)
+    if isinstance(rate, int | float) and rate > 0:
+        return float(rate)
+    say(f"measuring {app}'s unthrottled rate on one worker{'' if cpu is None else f' of {cpu:g} CPUs'}, once on "
+        f"this machine (kept in {path}; --max-rate skips it) ...")
+    rate = measure(app, cpu)
+    doc["rates"][key] = rate
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+    except OSError as e:
+        say(f"could not keep it in {path}: {e}")
+    return rate
 
 
 def _planner_config(args):
@@ -93,8 +142,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--records", help="input records to generate (default: the profile's volume)")
     r.add_argument("--seed", default="0", help="seed of the input and of burst/gradual (default %(default)s)")
     r.add_argument("--max-rate", help="reference max rate, records/s, that burst and gradual levels are fractions "
-                                      "of (default: 80%% of what the workers sustain, from the app's measured "
-                                      "one-worker rate)")
+                                      "of (default: 80%% of what the workers sustain, from the app's one-worker "
+                                      "rate, measured the first time on this machine and kept)")
     r.add_argument("--json", help="write the summary and the per-second series to this file (default: none)")
     r.add_argument("--plot", help="draw input rate, throughput, workers and latency to this PNG (default: none)")
     r.add_argument("--planner", help="use the cluster at tcp://HOST:PORT (default: start a local cluster)")
@@ -148,8 +197,10 @@ def _number(text: str | None, flag: str, kind=float, minimum: float = 0.0, stric
     return v
 
 
-def plan(args) -> dict:
-    """Everything the run needs, from the arguments, or UsageError. Starts nothing."""
+def plan(args, rate_of=one_worker_rate) -> dict:
+    """Everything the run needs, from the arguments, or UsageError. Starts nothing once the arguments are
+    checked but `rate_of(app, cpu)`, the app's one-worker rate, when the profile needs it and no --max-rate
+    gives it (`one_worker_rate`: measured once per machine)."""
     from clasp.apps import get_app
 
     try:
@@ -195,10 +246,17 @@ def plan(args) -> dict:
             raise UsageError(f"--plot writes a PNG: give a FILE.png, got {args.plot!r}")
         if importlib.util.find_spec("matplotlib") is None:
             raise UsageError(NO_MATPLOTLIB)
+    text = args.profile
+    try:
+        kind = parse_profile(text, max_rate=1.0, seed=seed, duration=None).kind  # checked before measuring
+    except ProfileError as e:
+        raise UsageError(str(e)) from None
+    rate = None
+    if (max_rate is None and kind in ("burst", "gradual")) or (records is None and kind == "unthrottled"):
+        rate = rate_of(app.NAME, cpu)
     reference = max_rate
     if reference is None:
-        reference = REFERENCE_SHARE * REFERENCE_RATE[app.NAME] * capacity_factor(workers)
-    text = args.profile
+        reference = REFERENCE_SHARE * (rate or 1.0) * capacity_factor(workers)
     try:
         profile = parse_profile(text, max_rate=reference, seed=seed, duration=None)
         kind = profile.kind
@@ -219,7 +277,7 @@ def plan(args) -> dict:
             secs = duration if duration is not None else UNTHROTTLED_SECONDS
             # With a --duration the pushing stops at the deadline; 1.5x leaves room to keep it busy.
             slack = 1.5 if duration else 1.0
-            records = math.ceil(REFERENCE_RATE[app.NAME] * min(workers, 4) * secs * slack)
+            records = math.ceil(rate * min(workers, 4) * secs * slack)
         else:
             raise UsageError(f"profile {text!r} has no end: give --duration or --records")
     return {"app": app, "workers": workers, "seed": seed, "profile": profile, "profile_text": text,
@@ -324,11 +382,19 @@ def _on_term(signum, frame):
 
 
 def main(args) -> int:
+    def say(message: str) -> None:
+        print(f"clasp run: {message}", file=sys.stderr, flush=True)
+
     try:
-        cfg = plan(args)
+        cfg = plan(args, rate_of=lambda app, cpu: one_worker_rate(app, cpu, say=say))
     except UsageError as e:
         print(f"clasp run: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # measuring the one-worker rate failed (a cluster that did not start, a wrong answer)
+        say(f"{type(e).__name__}: {e}; give --max-rate to skip the measurement")
+        return 1
     if args.state_dir and cfg["planner"].checkpoint_interval > 0:
         from clasp.runtime.state_store import StateStoreError, check_state_dir
 

@@ -2,6 +2,6 @@
 estimator, placement, parallelism, control loop, migration planning, policies).
 
 Imports only the standard library, numpy, networkx, msgpack and cloudpickle: no asyncio, zmq or
-subprocess (tests/test_layers.py checks it in a fresh interpreter), so all of it is testable without
+subprocess (tests/unit/test_layers.py checks it in a fresh interpreter), so all of it is testable without
 sockets or an event loop. See docs/ARCHITECTURE.md for the layers.
 """

@@ -74,7 +74,7 @@ def batch_io_threads(ctx: zmq.Context) -> zmq.Context:
     """`ctx` with its I/O threads under SCHED_BATCH (call before its first socket). A send wakes the I/O
     thread; under the default policy the woken thread preempts the sender, and on a busy host the sender
     then waits for a slice: an isolated send took 40-50 µs at the median and 0.6-1.4 ms on average here,
-    against 20-40 µs and 40-110 µs with batch I/O threads (docs/results.md, "Remote path")."""
+    against 20-40 µs and 40-110 µs with batch I/O threads (docs/results-log.md, "Remote path")."""
     if hasattr(os, "SCHED_BATCH"):
         ctx.set(zmq.THREAD_SCHED_POLICY, os.SCHED_BATCH)
         ctx.set(zmq.THREAD_PRIORITY, 0)

@@ -221,7 +221,7 @@ class Planner(PlannerRecoveryMixin):
         self.id = f"p-{uuid.uuid4().hex[:8]}"
         # Not under SCHED_BATCH (`net.batch_io_threads`, the workers' choice): with batch I/O threads the
         # planner's side of a refused plaintext handshake reached the client as a bare disconnect, and the
-        # client could no longer say "the planner requires CURVE keys" (tests/test_security.py).
+        # client could no longer say "the planner requires CURVE keys" (tests/cluster/test_security.py).
         self.ctx = zmq.asyncio.Context()
         self.workers: dict[str, WorkerInfo] = {}
         self.pushers: dict[str, DirectSend] = {}

@@ -1,4 +1,4 @@
-"""Where checkpoints live: a small interface and its embedded implementation, files in a directory.
+"""Where checkpoints live: files in a state directory (`FileStore`), their format, and the directory's lock.
 
 Layout under the state directory (a shared volume when processes run on several hosts):
 

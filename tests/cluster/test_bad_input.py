@@ -15,8 +15,7 @@ import zmq
 import clasp
 from clasp.core import protocol
 from clasp.runtime.security import Security
-from tests.conftest import start_cluster
-from tests.test_runtime import make_lines, wordcount_dag
+from tests.conftest import make_lines, start_cluster, wordcount_dag
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import yaml
 
 from clasp.cli import build_parser
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 K8S_VERSION = "1.33.0"  # a current release; kubernetes-validate bundles its schemas
 
 

@@ -21,7 +21,7 @@ from clasp.apps import wc
 from clasp.local.cluster import LocalCluster
 from tests.conftest import wait_for
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "clasp.json"
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "clasp.json"
 SUFFIXES = ("_total", "_bucket", "_sum", "_count", "_created")
 
 

@@ -13,7 +13,7 @@ import pytest
 
 grimp = pytest.importorskip("grimp")  # the dev extra (import-linter brings it)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # Importing every module of clasp.core in a fresh interpreter must not pull in the event loop, sockets or
 # processes: the core is what can be tested, and reused, without any of them.

@@ -19,8 +19,8 @@ import threading
 import pytest
 
 import clasp
+from tests.cluster.test_order_stress import chain
 from tests.conftest import start_cluster
-from tests.test_order_stress import chain
 
 SEEDS = int(os.environ.get("CLASP_MIGRATION_STRESS_SEEDS", "3"))
 KEYS = int(os.environ.get("CLASP_MIGRATION_STRESS_KEYS", "400000"))

@@ -19,8 +19,7 @@ import clasp
 from clasp.core import protocol
 from clasp.runtime.client import AuthError, ClaspError
 from clasp.runtime.security import Keys, KeysError, Security, add_client, init_keys
-from tests.conftest import start_cluster, wait_for
-from tests.test_runtime import wordcount_dag
+from tests.conftest import start_cluster, wait_for, wordcount_dag
 
 
 @pytest.fixture(scope="module")

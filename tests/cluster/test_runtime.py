@@ -4,37 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
-import random
 import urllib.request
 
 import pytest
 
 import clasp
 from clasp.runtime.client import ClaspError, ClaspTimeout
-
-
-def make_lines(n: int, seed: int, vocab: int = 20000) -> list[str]:
-    rng = random.Random(seed)
-    words = [f"w{i}" for i in range(vocab)]
-    cum = list(itertools.accumulate(1.0 / (i + 1) for i in range(vocab)))  # Zipf-like, as word frequencies are
-    return [" ".join(rng.choices(words, cum_weights=cum, k=rng.randint(10, 20))) for _ in range(n)]
-
-
-def split(line):
-    return line.split()
-
-
-def count(state, word):
-    return (state or 0) + 1, None
-
-
-def wordcount_dag(name: str = "wordcount") -> clasp.Dag:
-    dag = clasp.Dag(name)
-    s = dag.operator("split", split)
-    c = dag.operator("count", count, stateful=True, key=lambda w: w)
-    s >> c
-    return dag
+from tests.conftest import count, make_lines, split, wordcount_dag
 
 
 @pytest.mark.parametrize("n_workers", [1, 3])

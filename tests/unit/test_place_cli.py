@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from clasp.cli.place import main
-from tests.test_policy import PROFILE, profile
+from tests.unit.test_policy import PROFILE, profile
 
 
 @pytest.fixture

@@ -127,19 +127,22 @@ def test_ctrl_c_stops_the_cluster_and_prints_the_partial_summary(tmp_path):
     assert s["interrupted"] is True and s["correct"] is None and 0 < s["sent"] < 30_000
 
 
+ONE_WORKER = 17_300.0  # lines/s: what `one_worker_rate` would measure (tests/unit/test_run_rate.py)
+
+
 def _plan(*argv):
     from clasp.cli.run import plan
 
-    return plan(cli.build_parser().parse_args(["run", *argv]))
+    return plan(cli.build_parser().parse_args(["run", *argv]), rate_of=lambda app, cpu: ONE_WORKER)
 
 
 def test_defaults_squeeze_gradual_to_a_minute_at_what_the_workers_sustain():
-    from clasp.cli.run import REFERENCE_RATE, REFERENCE_SHARE, capacity_factor
+    from clasp.cli.run import REFERENCE_SHARE, capacity_factor
 
     cfg = _plan("wc", "--workers", "2")
     p = cfg["profile"]
     assert p.kind == "gradual" and p.duration == pytest.approx(60.0)
-    assert cfg["max_rate"] == pytest.approx(REFERENCE_SHARE * REFERENCE_RATE["wc"] * capacity_factor(2))
+    assert cfg["max_rate"] == pytest.approx(REFERENCE_SHARE * ONE_WORKER * capacity_factor(2))
     assert max(r for r, _ in p.stages) == pytest.approx(cfg["max_rate"])
     assert cfg["records"] == p.volume
     # Same seed, same run; burst has gradual's volume.
@@ -156,6 +159,16 @@ def test_defaults_for_constant_steps_and_unthrottled():
     assert _plan("sd", "--profile", "steps:10@1,20@2")["records"] == 50
     u = _plan("syn", "--profile", "unthrottled", "--records", "7")
     assert u["records"] == 7 and u["profile"].unthrottled
+
+
+def test_the_one_worker_rate_is_measured_once_on_a_real_worker_and_kept(tmp_path):
+    from clasp.cli.run import one_worker_rate
+
+    said = []
+    rate = one_worker_rate("syn", None, path=tmp_path / "rates.json", say=said.append)
+    assert rate > 1000 and len(said) == 1 and "measuring syn's unthrottled rate on one worker" in said[0]
+    assert json.loads((tmp_path / "rates.json").read_text())["rates"] == {"syn@unlimited": rate}
+    assert one_worker_rate("syn", None, path=tmp_path / "rates.json", say=said.append) == rate and len(said) == 1
 
 
 def test_capacity_factor_is_linear_up_to_one_worker_per_two_cores_then_falls():

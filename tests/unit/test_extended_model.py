@@ -25,7 +25,7 @@ from clasp.core.placement import (
     whole_fit,
 )
 from clasp.core.policies import POLICIES, EdgeStats, OperatorStats, Stats
-from tests.test_placement import check_order, dags
+from tests.unit.test_placement import check_order, dags
 
 M = CapacityModel(alpha=1.0, beta=2.0, gamma=10.0, capacity=1e6, beta_receive=3.0)
 

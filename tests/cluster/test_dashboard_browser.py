@@ -1,6 +1,6 @@
 """The dashboard in a real headless browser (Selenium, Debian's chromium + chromium-driver) while a job runs.
 
-`CLASP_SCREENSHOTS=docs pytest tests/test_dashboard_browser.py` also saves the screenshots of the README
+`CLASP_SCREENSHOTS=docs pytest tests/cluster/test_dashboard_browser.py` also saves the screenshots of the README
 (docs/dashboard-cluster.png, docs/dashboard-job.png).
 """
 

@@ -29,9 +29,9 @@ from collections import Counter
 import pytest
 
 import clasp
+from tests.cluster.test_order_stress import reference
+from tests.cluster.test_recovery import _kill, build_dag, generate
 from tests.conftest import start_cluster, wait_for
-from tests.test_order_stress import reference
-from tests.test_recovery import _kill, build_dag, generate
 
 SEEDS = int(os.environ.get("CLASP_STRESS_SEEDS", "3"))
 RECORDS = int(os.environ.get("CLASP_STRESS_RECORDS", "100000"))

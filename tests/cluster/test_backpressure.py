@@ -16,8 +16,7 @@ import pytest
 
 import clasp
 from clasp.core.credit import CHUNK_RECORDS
-
-from .conftest import start_cluster
+from tests.conftest import start_cluster
 
 BOUND = 256 << 10
 RECORD = 2048

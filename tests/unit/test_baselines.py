@@ -26,7 +26,7 @@ from clasp.core.policies.baselines import (
     model_throughput,
     neighbour_traffic,
 )
-from tests.test_placement import FIG6_EDGES, FIG6_RATES, independent_load
+from tests.unit.test_placement import FIG6_EDGES, FIG6_RATES, independent_load
 
 BASELINE_NAMES = ["faasflow", "zhang24", "faasflow-sp", "zhang24-sp"]
 

@@ -129,7 +129,7 @@ def test_run_takes_policy_and_state():
     from clasp.cli.run import UsageError, plan
 
     def cfg(*argv):
-        return plan(cli.build_parser().parse_args(["run", "wc", *argv]))
+        return plan(cli.build_parser().parse_args(["run", "wc", *argv]), rate_of=lambda app, cpu: 10_000.0)
 
     assert cfg("--policy", "zhang24-sp", "--state", "remote")["submit"] == {"policy": "zhang24-sp", "state": "remote"}
     assert cfg()["submit"] == {"policy": None, "state": None}  # the planner's defaults

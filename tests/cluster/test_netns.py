@@ -17,12 +17,12 @@ import pytest
 import clasp
 from clasp.local import cpulimit, netns
 from clasp.local.cluster import LocalCluster
-from tests.test_runtime import make_lines, wordcount_dag
+from tests.conftest import make_lines, wordcount_dag
 
 why = netns.available()
 pytestmark_live = pytest.mark.skipif(why is not None, reason=f"network namespaces unavailable here: {why}")
 no_cpu = cpulimit.available()
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -186,10 +186,11 @@ def test_clasp_run_hosts_is_checked_before_anything_starts():
     from clasp.cli.run import UsageError, plan
 
     parse = cli.build_parser().parse_args
+    rate = lambda app, cpu: 10_000.0  # noqa: E731 - what one_worker_rate would measure
     with pytest.raises(UsageError, match="--planner"):
-        plan(parse(["run", "wc", "--hosts", "--planner", "tcp://127.0.0.1:5555"]))
+        plan(parse(["run", "wc", "--hosts", "--planner", "tcp://127.0.0.1:5555"]), rate)
     if why is None:
-        assert plan(parse(["run", "wc", "--hosts", "--records", "10"]))["hosts"] is True
+        assert plan(parse(["run", "wc", "--hosts", "--records", "10"]), rate)["hosts"] is True
     else:
         with pytest.raises(UsageError):
-            plan(parse(["run", "wc", "--hosts"]))
+            plan(parse(["run", "wc", "--hosts"]), rate)

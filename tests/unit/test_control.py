@@ -8,7 +8,7 @@ from clasp.core.control import ControlConfig, Controller, Observation, pool_orde
 from clasp.core.estimator import WorkerSample
 from clasp.core.policies import ClaspPolicy, OperatorStats
 from clasp.core.routing import build_placement
-from tests.test_runtime import wordcount_dag
+from tests.conftest import wordcount_dag
 
 OPS = ["split", "count"]
 EDGES = [("split", "count")]

@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 
 import clasp
-from tests import test_order_stress as order_stress
+from tests.cluster import test_order_stress as order_stress
+from tests.cluster.test_order_stress import chain, reference
 from tests.conftest import start_cluster, wait_for
-from tests.test_order_stress import chain, reference
 
 SEEDS = int(os.environ.get("CLASP_CHAOS_SEEDS", "1"))
 RECORDS = int(os.environ.get("CLASP_CHAOS_RECORDS", "40000"))

@@ -85,7 +85,7 @@ def test_spike_detection_keeps_per_key_order_across_rescales(cluster4):
 
 def test_a_worker_dying_mid_migration_does_not_hang_the_planner(tmp_path_factory):
     # Without checkpoints: the migration waits out its timeout on the frozen worker (with checkpoints the
-    # job rolls back instead, tests/test_recovery.py).
+    # job rolls back instead, tests/cluster/test_recovery.py).
     cluster = start_cluster(tmp_path_factory, 3, planner_args=["--no-autoscale", "--dead-after", "1.5",
                                                                "--migration-timeout", "2",
                                                                "--checkpoint-interval", "0"])

@@ -18,7 +18,7 @@ from clasp.core.routing import build_placement
 from clasp.core.scheduler import WorkerInfo, job_stats
 from clasp.runtime.dashboard import Dashboard, dumps
 from tests.conftest import wait_for
-from tests.test_scheduler import FakeJob, stateful_spec, three_worker_placement, workers_with_samples
+from tests.unit.test_scheduler import FakeJob, stateful_spec, three_worker_placement, workers_with_samples
 
 
 def test_cluster_view_has_status_queue_cpu_capacity_and_load():

@@ -1,7 +1,7 @@
 """A worker SIGKILLed while its job runs.
 
 With checkpoints (the default, `--checkpoint-interval 1`) the job rolls back to its last complete checkpoint
-and replays its input: nothing is lost and the results are exact (tests/test_recovery.py has the chaos
+and replays its input: nothing is lost and the results are exact (tests/cluster/test_recovery.py has the chaos
 test). With `--checkpoint-interval 0` the old contract holds: the dead worker's key groups restart empty
 and the records that had requests on it are lost; every other record must finish, the loss must be
 counted and reported, and `wait_idle` must return instead of waiting on records that can never complete.
