@@ -3,7 +3,7 @@
 `build(query, source, sink, bound_ms)` is the dataflow reading events (the dicts of `clasp.apps.nexmark.generate`)
 from any Bytewax source and writing the query's rows to any sink; `answer(query, rows)` puts what the sink got in
 the reference's canonical form (`clasp.apps.nexmark.reference`), so that on the same events
-`answer(q, rows) == reference.QUERIES[q](events)` (tests/test_nexmark_bytewax.py).
+`answer(q, rows) == reference.QUERIES[q](events)` (tests/unit/test_nexmark_bytewax.py).
 
 Event time is Bytewax's `EventClock` on each event's `dateTime`, waiting `bound_ms` and never advanced by the
 system clock (a fixed `now_getter`, no wake-ups): its watermarks then depend on the events alone, as clasp's do,
