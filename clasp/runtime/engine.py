@@ -68,6 +68,11 @@ def _estimate(op: OpRuntime, t_exec: float, timed: int, n: int) -> float:
     return op.exec_time / op.processed * n if op.processed else 0.0
 
 
+def _one_output(value):
+    """A sink operator's function: the value reaching it is one value for the sink, whatever its type."""
+    return (value,)
+
+
 class OperatorError(Exception):
     """An operator's function raised or returned something unusable."""
 
@@ -116,7 +121,7 @@ class OpRuntime:
     __slots__ = ("index", "name", "fn", "key_fn", "stateful", "is_async", "collect", "queue", "groups",
                  "instances", "routes", "successors", "processed", "exec_time", "errors", "edge_counts",
                  "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_hits",
-                 "collected_rids", "cold", "rested", "batch", "key_is_value")
+                 "collected_rids", "cold", "rested", "batch", "key_is_value", "sink", "sink_wake", "sink_room")
 
     def __init__(self, spec_op):
         self.index = spec_op.index
@@ -128,6 +133,15 @@ class OpRuntime:
         self.stateful = spec_op.stateful
         self.is_async = spec_op.is_async
         self.collect = spec_op.collect
+        # A sink operator keeps each value reaching it, with its record, as a collecting one keeps its
+        # outputs; the worker's sink writer (clasp.runtime.sinks) takes them out to the sink's partition.
+        # It stops taking requests (`busy`) while `sink_room` values wait, so a slow sink holds its input back.
+        self.sink = spec_op.kind == "sink"
+        self.sink_wake = None
+        self.sink_room = math.inf
+        if self.sink:
+            self.fn = _one_output
+            self.collect = True
         self.successors = list(spec_op.successors)
         self.queue: deque = deque()
         # The state, one dict per key group ({key: state}): a key group moves as one object, serialized
@@ -242,6 +256,10 @@ class OpRuntime:
     def add_collected(self, outs, rid: int) -> None:
         self.collected.extend(outs)
         self.collected_rids.extend([rid] * len(outs))
+        if self.sink_wake is not None:
+            self.sink_wake()
+            if len(self.collected) >= self.sink_room:
+                self.busy = True
 
     def set_state(self, key, new) -> None:
         """Store `new` for `key` (None deletes)."""
@@ -462,7 +480,7 @@ class JobEngine:
         """The collected outputs of records below `boundary`, taken out (the planner releases them)."""
         out = {}
         for op in self.ops:
-            if not op.collect or not op.collected:
+            if not op.collect or not op.collected or op.sink:
                 continue
             lo, keep, keep_r = [], [], []
             for o, r in zip(op.collected, op.collected_rids, strict=True):

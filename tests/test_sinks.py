@@ -1,0 +1,223 @@
+"""Sinks committed with the checkpoints (docs/CONNECTORS.md): real planner and worker processes, real SIGKILLs.
+
+Word Count's running counts, `[word, n]` for each occurrence, go to a sink on 4 workers while a worker is
+killed mid-run: the committed output holds each word's counts exactly 1..n once each, against
+collections.Counter over the input.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+import clasp
+from clasp.connectors import Sink, SinkPartition
+from clasp.connectors.file_sink import FileSink
+from clasp.core.sinks import SinkBook, partition_name, take_writable
+from clasp.testing import ListSink, run_local
+from tests.conftest import start_cluster, wait_for
+
+
+def split(line):
+    return line.split()
+
+
+def running_count(state, word):
+    n = (state or 0) + 1
+    return n, [[word, n]]
+
+
+def count_dag(sink, name: str = "sinks") -> clasp.Dag:
+    d = clasp.Dag(name)
+    s = d.operator("split", split)
+    c = d.operator("count", running_count, stateful=True, key=clasp.identity)
+    out = d.sink("out", sink)
+    s >> c >> out
+    return d
+
+
+def lines(n: int, seed: int = 0, vocabulary: int = 300) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(f"w{rng.randrange(vocabulary)}" for _ in range(rng.randint(1, 8))) for _ in range(n)]
+
+
+def check_exact(pairs: list, records: list[str]) -> None:
+    """Each word's emitted counts are exactly 1..n, once each, n its occurrences in the input."""
+    want = Counter(w for line in records for w in line.split())
+    got: dict[str, list[int]] = {}
+    for word, n in pairs:
+        got.setdefault(word, []).append(n)
+    dup = {w: ns for w, ns in got.items() if len(ns) != len(set(ns))}
+    assert not dup, f"{len(dup)} words with a count written twice, e.g. {list(dup.items())[:3]}"
+    bad = {w: (sorted(got.get(w, [])), n) for w, n in want.items() if sorted(got.get(w, [])) != list(range(1, n + 1))}
+    assert not bad, f"{len(bad)} words wrong, e.g. {list(bad.items())[:3]}"
+    assert set(got) == set(want)
+
+
+def _kill_one(client, rng) -> str:
+    alive = [w for w in client.workers() if w["alive"]]
+    victim = rng.choice(alive)
+    os.kill(victim["pid"], signal.SIGKILL)
+    return victim["id"]
+
+
+def run_with_kill(cluster, sink, records: list[str], seed: int = 1, name: str = "sinks"):
+    """Push `records` in steps while a worker is SIGKILLed mid-run; wait_idle; return the job."""
+    rng = random.Random(seed)
+    with clasp.connect(cluster.planner) as client:
+        job = client.submit(count_dag(sink, name), autoscale=False)
+        job.scale(4)
+        done = threading.Event()
+
+        def feed():
+            with clasp.connect(cluster.planner) as c2:
+                j2 = c2.job(job.id)
+                for i in range(0, len(records), 300):
+                    j2.push(records[i:i + 300])
+                    time.sleep(0.05)
+            done.set()
+
+        feeder = threading.Thread(target=feed)
+        feeder.start()
+        wait_for(lambda: job.stats()["checkpoints"]["completed"] >= 2, timeout=30, what="two checkpoints")
+        before = job.stats()["checkpoints"]["recoveries"]
+        victim = _kill_one(client, rng)
+        wait_for(lambda: job.stats()["checkpoints"]["recoveries"] > before, timeout=30,
+                 what=f"the recovery from the kill of {victim}")
+        feeder.join()
+        summary = job.wait_idle(timeout=120)
+        assert summary["completed"] == len(records) and summary["lost"] == 0, summary
+        stats = job.stats()
+        return job, stats
+
+
+@pytest.fixture(scope="module")
+def cluster4(tmp_path_factory):
+    c = start_cluster(tmp_path_factory, 4, planner_args=["--no-autoscale", "--checkpoint-interval", "0.2"])
+    yield c
+    c.stop()
+
+
+def test_file_sink_exactly_once_through_a_worker_kill(cluster4, tmp_path):
+    records = lines(12_000, seed=3)
+    sink = FileSink(tmp_path / "out", format="jsonl")
+    _job, stats = run_with_kill(cluster4, sink, records)
+    assert stats["checkpoints"]["recoveries"] >= 1
+    assert stats["sinks"]["owed"] == [] and stats["sinks"]["commits"] > 0, stats["sinks"]
+    parts = sink.read()
+    assert len({p.split("-")[1] for p in parts}) >= 2  # written by several workers' partitions
+    check_exact([v for vs in parts.values() for v in vs], records)
+    # Nothing is left in progress or pending once wait_idle returned.
+    assert not [p for p in os.listdir(tmp_path / "out") if p.startswith(".")]
+
+
+def test_list_sink_on_a_cluster_and_in_process(cluster4):
+    records = lines(500, seed=5)
+    sink = ListSink()
+    with clasp.connect(cluster4.planner) as client:
+        job = client.submit(count_dag(sink, "listsink"), autoscale=False)
+        job.scale(4)
+        job.push(records)
+        job.wait_idle(timeout=60)
+        check_exact(sink.values, records)
+        # wait_idle after more input commits that too
+        job.push(records)
+        job.wait_idle(timeout=60)
+        check_exact(sink.values, records + records)
+    local = ListSink()
+    run_local(count_dag(local, "local"), records)
+    check_exact(local.values, records)
+    assert local.values == ListSink(local.directory).values
+
+
+class FlakySink(Sink):
+    """Fails every batch holding the word `bad`; the rest go to a ListSink."""
+
+    def __init__(self):
+        self.inner = ListSink()
+
+    def open(self, partition):
+        return FlakyPartition(self.inner.open(partition))
+
+
+class FlakyPartition(SinkPartition):
+    def __init__(self, inner):
+        self.inner = inner
+
+    async def write_batch(self, values):
+        if any(v[0] == "bad" for v in values):
+            raise RuntimeError("the sink refused a batch")
+        await self.inner.write_batch(values)
+
+    async def prepare(self, checkpoint):
+        return await self.inner.prepare(checkpoint)
+
+    async def commit(self, checkpoint, prepared):
+        await self.inner.commit(checkpoint, prepared)
+
+
+def test_a_sink_that_raises_is_reported_not_a_crash(cluster4):
+    sink = FlakySink()
+    with clasp.connect(cluster4.planner) as client:
+        job = client.submit(count_dag(sink, "flaky"), autoscale=False)
+        job.push(["good word", "bad"])
+        job.wait_idle(timeout=60)
+        time.sleep(1.5)  # the next heartbeat carries the errors
+        stats = job.stats()
+        errors = [e for e in stats["errors"] if "the sink refused a batch" in e["error"]]
+        assert errors and errors[0]["operator"] == "out", stats["errors"]
+        assert stats["operators"]["out"]["errors"] >= 1
+        job.push(["good again"])
+        job.wait_idle(timeout=60)
+        assert sorted(map(tuple, sink.inner.values)) == [("again", 1), ("good", 1), ("good", 2), ("word", 1)]
+        assert all(w["alive"] for w in client.workers())
+
+
+def test_checkpoints_off_commits_at_wait_idle(tmp_path_factory, tmp_path):
+    cluster = start_cluster(tmp_path_factory, 2, planner_args=["--no-autoscale", "--checkpoint-interval", "0"])
+    try:
+        records = lines(2000, seed=7)
+        sink = FileSink(tmp_path / "o", format="jsonl")
+        with clasp.connect(cluster.planner) as client:
+            job = client.submit(count_dag(sink, "nockpt"), autoscale=False)
+            job.push(records)
+            job.wait_idle(timeout=60)
+            check_exact([v for vs in sink.read().values() for v in vs], records)
+            assert job.stats()["checkpoints"] is None
+    finally:
+        cluster.stop()
+
+
+# ----------------------------------------------------------------- the pure bookkeeping
+def test_take_writable_respects_the_fence_and_order():
+    vals, rids = list("abcdef"), [1, 5, 2, 6, 3, 1]
+    batch, keep, keep_r = take_writable(vals, rids, 4, 10)
+    assert batch == ["a", "c", "e", "f"] and keep == ["b", "d"] and keep_r == [5, 6]
+    batch, keep, keep_r = take_writable(vals, rids, None, 4)
+    assert batch == list("abcd") and keep == ["e", "f"] and keep_r == [3, 1]
+    batch, keep, _ = take_writable(vals, rids, 4, 2)
+    assert batch == ["a", "c"] and keep == ["b", "d", "e", "f"]
+
+
+def test_sink_book_owes_commits_until_acked_and_hands_them_over_in_a_recovery():
+    book = SinkBook()
+    p0, p1 = partition_name("out", "w0", "r"), partition_name("out", "w1", "r")
+    book.completed(1, {"w0": {p0: ["out", [[1, "a"]]]}, "w1": {p1: ["out", [[1, "b"]]]}})
+    book.completed(3, {"w1": {p1: ["out", [[2, "c"], [3, "d"]]]}, "w0": {}})
+    book.acked(1, "w0")
+    assert not book.settled and sorted(book.pending) == [1, 3]
+    duties = book.recovery_duties(["w0", "w2"], ["w1"], ["out"], "r")
+    # w1's commits (checkpoints 1, 2 and 3, in order) and its partition's abort go to one survivor
+    heir = [w for w, d in duties.items() if d["commit"]]
+    assert len(heir) == 1
+    assert duties[heir[0]]["commit"] == [[p1, "out", [[1, "b"], [2, "c"], [3, "d"]]]]
+    assert duties[heir[0]]["abort"] == [["out", p1]]
+    book.acked(1, "w1")
+    book.acked(3, "w1")
+    assert book.settled and book.commits == 3
