@@ -221,3 +221,56 @@ def test_sink_book_owes_commits_until_acked_and_hands_them_over_in_a_recovery():
     book.acked(1, "w1")
     book.acked(3, "w1")
     assert book.settled and book.commits == 3
+
+
+class SlowSink(Sink):
+    """A FileSink (jsonl) whose every batch takes `delay` seconds to write."""
+
+    def __init__(self, directory, delay: float):
+        self.inner, self.delay = FileSink(directory, format="jsonl"), delay
+
+    def open(self, partition):
+        return SlowPartition(self.inner.open(partition), self.delay)
+
+
+class SlowPartition(FlakyPartition):
+    def __init__(self, inner, delay):
+        super().__init__(inner)
+        self.delay = delay
+
+    async def write_batch(self, values):
+        import asyncio
+
+        await asyncio.sleep(self.delay)
+        await self.inner.write_batch(values)
+        self.inner.file.flush()  # so that the test can count what was written
+
+
+def _written(directory) -> int:
+    return sum(p.read_bytes().count(b"\n") for p in directory.iterdir()) if directory.exists() else 0
+
+
+def test_a_slow_sink_holds_the_input_back(tmp_path_factory, tmp_path):
+    """The values waiting for a slow sink stay bounded: its operator stops taking requests, the records stay
+    incomplete and the planner's in-flight window stops dispatching (push blocks) instead."""
+    from clasp.core.sinks import SINK_BATCH, SINK_BUFFER
+
+    cluster = start_cluster(tmp_path_factory, 1, planner_args=["--no-autoscale", "--checkpoint-interval", "0"])
+    try:
+        out = tmp_path / "slow"
+        records = [f"v{i}" for i in range(30_000)]
+        with clasp.connect(cluster.planner) as client:
+            job = client.submit(count_dag(SlowSink(out, 0.5), "slow"), autoscale=False)
+            job.push(records)
+            waiting, queued = [], []
+            while (st := job.stats())["completed"] < len(records):
+                waiting.append(st["completed"] - _written(out))
+                queued.append(st["queued"])
+                time.sleep(0.1)
+            job.wait_idle(timeout=60)
+            check_exact([v for vs in FileSink(out, "jsonl").read().values() for v in vs], records)
+        # about 4,000 values/s: seconds, the input held back at the planner meanwhile
+        assert len(waiting) > 20 and max(queued) > 0
+        assert max(waiting) <= SINK_BUFFER + 2 * SINK_BATCH, max(waiting)
+    finally:
+        cluster.stop()
