@@ -11,9 +11,9 @@ A sink partition receives batches between checkpoints, `prepare`s when a checkpo
 kept in the checkpoint) and `commit`s when the checkpoint is complete (a checkpoint that failed after the prepare
 is committed with the next one, in order); after a failure the runtime first re-drives `commit` for every complete
 checkpoint whose commit it cannot be sure of, then `abort`s what is written or prepared and not committed, and
-replays from the checkpoint (docs/CONNECTORS.md, "How a sink runs"). A sink whose commits are idempotent is exactly-once; others are at-least-once
-(`Sink.exactly_once`). Every method may be called from the worker's event loop: a blocking call belongs in
-`asyncio.to_thread`.
+replays from the checkpoint (docs/CONNECTORS.md, "How a sink runs"). A sink whose commits are idempotent is
+exactly-once; others are at-least-once (`Sink.exactly_once`). Every method may be called from the worker's event
+loop: a blocking call belongs in `asyncio.to_thread`.
 """
 
 from __future__ import annotations
