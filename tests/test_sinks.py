@@ -274,3 +274,37 @@ def test_a_slow_sink_holds_the_input_back(tmp_path_factory, tmp_path):
         assert max(waiting) <= SINK_BUFFER + 2 * SINK_BATCH, max(waiting)
     finally:
         cluster.stop()
+
+
+class CommitOnceFailsSink(Sink):
+    """A ListSink whose partitions each fail their first commit."""
+
+    def __init__(self):
+        self.inner = ListSink()
+
+    def open(self, partition):
+        return CommitOnceFails(self.inner.open(partition))
+
+
+class CommitOnceFails(FlakyPartition):
+    failed = False
+
+    async def commit(self, checkpoint, prepared):
+        if not self.failed:
+            self.failed = True
+            raise OSError("the sink's store is briefly unavailable")
+        await self.inner.commit(checkpoint, prepared)
+
+
+def test_a_failed_commit_is_reported_and_made_again(cluster4):
+    records = lines(300, seed=9)
+    sink = CommitOnceFailsSink()
+    with clasp.connect(cluster4.planner) as client:
+        job = client.submit(count_dag(sink, "commit-once-fails"), autoscale=False)
+        job.scale(2)
+        job.push(records)
+        job.wait_idle(timeout=60)
+        check_exact(sink.inner.values, records)
+        stats = job.stats()
+        assert stats["sinks"]["owed"] == []
+        assert any("briefly unavailable" in e for e in stats["sinks"]["errors"]), stats["sinks"]

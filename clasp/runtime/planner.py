@@ -1115,8 +1115,8 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin):
                 total_in += rate_in
                 total_out += rate_out
                 expired = [x for x in job.waiters if x[2] <= now]
-                why = (scheduler.busy(self._condition(job)) or "has not heard from all its workers yet"
-                       if expired else None)
+                why = (scheduler.busy(self._condition(job)) or self._sinks_unsettled(job)
+                       or "has not heard from all its workers yet" if expired else None)
                 for waiter in expired:
                     job.waiters.remove(waiter)
                     self._reply_error(waiter[0], waiter[1], RequestError(f"timeout: job {job.id} {why}"))

@@ -67,7 +67,7 @@ class PlannerSinkMixin:
                 if isinstance(r, Exception):
                     continue  # a recovery re-drives it (a dead worker), or the next wait_idle does
                 if r.get("failed"):
-                    msg = f"sink commit failed on {w} for {', '.join(r['failed'])}"
+                    msg = f"sink commit failed on {w}: " + "; ".join(f"{p}: {e}" for p, e in r["failed"])
                     book.errors = [*book.errors[-9:], msg]
                     continue
                 for k in ks:
@@ -93,7 +93,7 @@ class PlannerSinkMixin:
         for w, r in zip(workers, replies, strict=True):
             if isinstance(r, Exception) or r.get("failed"):
                 ok = False
-                why = r if isinstance(r, Exception) else ", ".join(r["failed"])
+                why = r if isinstance(r, Exception) else "; ".join(f"{p}: {e}" for p, e in r["failed"])
                 book.errors = [*book.errors[-9:], f"sink flush failed on {w}: {why}"]
         return ok
 
@@ -117,6 +117,18 @@ class PlannerSinkMixin:
                 if p in failed:
                     owed.setdefault(max(e[0] for e in entries), {}).setdefault(w, {})[p] = [s, entries]
         book.pending = owed
+
+    def _sinks_unsettled(self, job) -> str | None:
+        """Why `wait_idle` still waits on the job's sinks, if it does."""
+        if not self._has_sinks(job):
+            return None
+        book = self._sink_book(job)
+        if book.pending:
+            last = f": {book.errors[-1]}" if book.errors else ""
+            return f"has sink commits of checkpoints {sorted(book.pending)} not acknowledged yet{last}"
+        if book.errors:
+            return f"has sinks that did not commit: {book.errors[-1]}"
+        return None
 
     def sink_stats(self, job) -> dict | None:
         if not self._has_sinks(job):

@@ -178,7 +178,8 @@ class SinkMixin:
             return
         self.dealer.send(protocol.reply(body["req"], {"worker": self.id, "failed": failed}))
 
-    async def _commit_parts(self, eng: JobEngine, parts: dict) -> list[str]:
+    async def _commit_parts(self, eng: JobEngine, parts: dict) -> list[list[str]]:
+        """Commit each partition's prepared checkpoints in order; returns [[partition, error], ...] that failed."""
         _, locks = self._sink_state()
         mine = {w.name: w for w in self._writers_of(eng.job)}
         failed = []
@@ -189,7 +190,7 @@ class SinkMixin:
                 try:
                     await commit_entries(part, entries)
                 except Exception as e:
-                    failed.append(name)
+                    failed.append([name, f"{type(e).__name__}: {e}"[:300]])
                     self._sink_error(eng, sink_name, name, "commit", e)
                     continue
                 finally:
@@ -205,7 +206,7 @@ class SinkMixin:
         log.error("job %d sink %s: %s of %s failed: %s: %s", eng.job, sink_name, what, partition,
                   type(e).__name__, e)
 
-    async def _flush_sinks(self, eng: JobEngine, seq: int) -> list[str]:
+    async def _flush_sinks(self, eng: JobEngine, seq: int) -> list[list[str]]:
         """Checkpoints off: write and commit everything this worker holds for the job's sinks now, as
         flush `seq` (in place of a checkpoint id)."""
         failed = []
@@ -221,7 +222,7 @@ class SinkMixin:
                     if prepared is not None:
                         await w.part.commit(seq, prepared)
                 except Exception as e:
-                    failed.append(w.name)
+                    failed.append([w.name, f"{type(e).__name__}: {e}"[:300]])
                     self._sink_error(eng, w.op.name, w.name, "commit", e)
         return failed
 
