@@ -136,23 +136,21 @@ def test_list_sink_on_a_cluster_and_in_process(cluster4):
     assert local.values == ListSink(local.directory).values
 
 
-class FlakySink(Sink):
-    """Fails every batch holding the word `bad`; the rest go to a ListSink."""
+class Wrapped(Sink):
+    """Another sink (a ListSink by default) whose partitions are wrapped in `part(inner partition, *args)`."""
 
-    def __init__(self):
-        self.inner = ListSink()
+    def __init__(self, part, *args, inner=None):
+        self.part, self.args, self.inner = part, args, inner or ListSink()
 
     def open(self, partition):
-        return FlakyPartition(self.inner.open(partition))
+        return self.part(self.inner.open(partition), *self.args)
 
 
-class FlakyPartition(SinkPartition):
+class Passing(SinkPartition):
     def __init__(self, inner):
         self.inner = inner
 
     async def write_batch(self, values):
-        if any(v[0] == "bad" for v in values):
-            raise RuntimeError("the sink refused a batch")
         await self.inner.write_batch(values)
 
     async def prepare(self, checkpoint):
@@ -162,8 +160,17 @@ class FlakyPartition(SinkPartition):
         await self.inner.commit(checkpoint, prepared)
 
 
+class FlakyPartition(Passing):
+    """Fails every batch holding the word `bad`."""
+
+    async def write_batch(self, values):
+        if any(v[0] == "bad" for v in values):
+            raise RuntimeError("the sink refused a batch")
+        await self.inner.write_batch(values)
+
+
 def test_a_sink_that_raises_is_reported_not_a_crash(cluster4):
-    sink = FlakySink()
+    sink = Wrapped(FlakyPartition)
     with clasp.connect(cluster4.planner) as client:
         job = client.submit(count_dag(sink, "flaky"), autoscale=False)
         job.push(["good word", "bad"])
@@ -223,17 +230,9 @@ def test_sink_book_owes_commits_until_acked_and_hands_them_over_in_a_recovery():
     assert book.settled and book.commits == 3
 
 
-class SlowSink(Sink):
-    """A FileSink (jsonl) whose every batch takes `delay` seconds to write."""
+class SlowPartition(Passing):
+    """Every batch takes `delay` seconds to write."""
 
-    def __init__(self, directory, delay: float):
-        self.inner, self.delay = FileSink(directory, format="jsonl"), delay
-
-    def open(self, partition):
-        return SlowPartition(self.inner.open(partition), self.delay)
-
-
-class SlowPartition(FlakyPartition):
     def __init__(self, inner, delay):
         super().__init__(inner)
         self.delay = delay
@@ -260,7 +259,8 @@ def test_a_slow_sink_holds_the_input_back(tmp_path_factory, tmp_path):
         out = tmp_path / "slow"
         records = [f"v{i}" for i in range(30_000)]
         with clasp.connect(cluster.planner) as client:
-            job = client.submit(count_dag(SlowSink(out, 0.5), "slow"), autoscale=False)
+            slow = Wrapped(SlowPartition, 0.5, inner=FileSink(out, "jsonl"))
+            job = client.submit(count_dag(slow, "slow"), autoscale=False)
             job.push(records)
             waiting, queued = [], []
             while (st := job.stats())["completed"] < len(records):
@@ -276,17 +276,9 @@ def test_a_slow_sink_holds_the_input_back(tmp_path_factory, tmp_path):
         cluster.stop()
 
 
-class CommitOnceFailsSink(Sink):
-    """A ListSink whose partitions each fail their first commit."""
+class CommitOnceFails(Passing):
+    """Each partition fails its first commit."""
 
-    def __init__(self):
-        self.inner = ListSink()
-
-    def open(self, partition):
-        return CommitOnceFails(self.inner.open(partition))
-
-
-class CommitOnceFails(FlakyPartition):
     failed = False
 
     async def commit(self, checkpoint, prepared):
@@ -298,7 +290,7 @@ class CommitOnceFails(FlakyPartition):
 
 def test_a_failed_commit_is_reported_and_made_again(cluster4):
     records = lines(300, seed=9)
-    sink = CommitOnceFailsSink()
+    sink = Wrapped(CommitOnceFails)
     with clasp.connect(cluster4.planner) as client:
         job = client.submit(count_dag(sink, "commit-once-fails"), autoscale=False)
         job.scale(2)
