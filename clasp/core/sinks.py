@@ -18,11 +18,28 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from clasp.core.dag import DagSpec
+
 #: Values a sink partition buffers on its worker before the sink operator stops taking requests: then its
 #: requests stay queued, their records incomplete, and the planner's in-flight window stops the input.
 SINK_BUFFER = 10_000
 #: Values handed to one `write_batch`.
 SINK_BATCH = 2_000
+
+
+def aligned_operators(spec: DagSpec) -> set[int]:
+    """The stateful operators whose outputs reach a sink or a collecting operator (themselves included).
+
+    A checkpoint's barrier holds their requests above the boundary until the snapshot, as Flink's aligned
+    checkpoints do, instead of copy on write: there a request below the boundary that reaches a key after one
+    above it emits from a state that already holds the later one, while the checkpoint keeps the state
+    without it, so a rollback would emit that value again (and never the one the later request emitted)."""
+    ops = spec.operators
+    reach: dict[int, bool] = {}
+    for i in reversed(spec.topological()):
+        o = ops[i]
+        reach[i] = o.kind == "sink" or o.collect or any(reach[s] for s in o.successors)
+    return {o.index for o in ops if o.stateful and reach[o.index]}
 
 
 def run_token(job: int, created: float) -> str:

@@ -29,6 +29,7 @@ from clasp.core.dag import DagSpec, identity
 from clasp.core.outputs import ITEMS_EXACT, ONE_EXACT, as_outputs
 from clasp.core.protocol import column_rows, columns, expand_columns, expand_run, expand_runs
 from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE, Placement, key_group, route_to
+from clasp.core.sinks import aligned_operators
 from clasp.core.tracking import EPOCH_BITS
 
 log = logging.getLogger("clasp.worker.engine")
@@ -332,6 +333,11 @@ class JobEngine:
         self.shadows: dict[int, dict[int, bytes | dict]] = {}
         self.barrier: int | None = None
         self.barrier_held: dict[int, list] = {}
+        # Stateful operators whose outputs reach a sink or a collecting operator: their outputs must agree with
+        # the cut, so a barrier holds their requests above the boundary (aligned, as Flink aligns) instead of
+        # copy on write, where a request below the boundary that comes after one above it would emit from a
+        # state holding the later one, and a rollback would then emit that value again.
+        self.aligned = aligned_operators(spec)
         self.floor = 0
         self.placement = placement
         self.before: Placement | None = None  # the placement the migration in progress started from
@@ -395,10 +401,12 @@ class JobEngine:
         """Keep the state below `boundary` for the snapshot until `release_barrier` (nothing of the records
         at or above it is here yet: the planner dispatches them after this). A synchronous stateful operator
         runs on and keeps a key group's image before the first request at or above the boundary changes
-        it (`_run_shadowed`); an async one's requests at or above the boundary are held out of its queue."""
+        it (`_run_shadowed`); an async one's requests at or above the boundary are held out of its queue, and
+        so are those of one whose outputs reach a sink or a collecting operator (`aligned`)."""
         self.barrier = boundary
-        self.shadows = {op.index: {} for op in self.ops if op.stateful and not op.is_async}
-        self.barrier_held = {op.index: [] for op in self.ops if op.stateful and op.is_async}
+        hold = {op.index for op in self.ops if op.stateful and (op.is_async or op.index in self.aligned)}
+        self.shadows = {op.index: {} for op in self.ops if op.stateful and op.index not in hold}
+        self.barrier_held = {i: [] for i in sorted(hold)}
         self.apply_placement(self.placement)
 
     def release_barrier(self) -> int:
@@ -952,7 +960,7 @@ class JobEngine:
         n = min(budget, len(q))
         if op.cold:
             op.warm_rows(q, n)
-        if self.shadows:
+        if self.shadows and op.index in self.shadows:
             return self._run_shadowed(op, [q.popleft() for _ in range(n)])
         return self._apply(op, q.popleft, n)
 

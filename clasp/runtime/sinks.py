@@ -35,6 +35,7 @@ class SinkWriter:
         self.event = asyncio.Event()
         self.on_room = on_room
         self.task: asyncio.Task | None = None
+        self.stopped = False
         self.written = 0
         op.sink_wake = self.event.set
         op.sink_room = SINK_BUFFER
@@ -45,20 +46,27 @@ class SinkWriter:
         return self.part
 
     async def run(self) -> None:
-        while True:
+        while not self.stopped:
             await self.event.wait()
             self.event.clear()
             async with self.lock:
-                await self._drain()
+                if not self.stopped:
+                    await self._drain()
+
+    def stop(self) -> None:
+        """No more writes: a batch being written finishes (whoever takes the lock next waits for it)."""
+        self.stopped = True
+        self.event.set()
 
     async def _drain(self, fence: int | None = -1) -> None:
         """Write what may be written now (below `fence`; by default the writer's own), then let the sink
         operator take requests again if its buffer has room."""
         op = self.op
-        fence = self.fence if fence == -1 else fence
-        while op.collected:
-            batch, op.collected, op.collected_rids = take_writable(op.collected, op.collected_rids, fence,
-                                                                   SINK_BATCH)
+        own = fence == -1
+        while op.collected and not self.stopped:
+            # Read at every batch: a barrier that goes up while a batch is written fences the next one.
+            batch, op.collected, op.collected_rids = take_writable(op.collected, op.collected_rids,
+                                                                   self.fence if own else fence, SINK_BATCH)
             if not batch:
                 break
             try:
@@ -132,8 +140,7 @@ class SinkMixin:
         out = []
         for key in [k for k in writers if k[0] == job]:
             w = writers.pop(key)
-            if w.task is not None:
-                w.task.cancel()
+            w.stop()
             out.append(w)
         return out
 
@@ -261,9 +268,10 @@ class SinkMixin:
     async def _sinks_stop(self, job: int) -> None:
         """The job is cancelled: drop what its partitions did not commit."""
         for w in self._sinks_detach(job):
-            if w.part is not None:
-                await _quietly(w.part.abort(), f"abort of {w.name}")
-                await _quietly(w.part.close())
+            async with w.lock:
+                if w.part is not None:
+                    await _quietly(w.part.abort(), f"abort of {w.name}")
+                    await _quietly(w.part.close())
 
 
 async def _quietly(coro, what: str = "") -> None:

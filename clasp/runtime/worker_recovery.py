@@ -107,6 +107,7 @@ class RecoveryMixin:
             log.error("job %d checkpoint %d: writing the state failed: %s", job, ckpt, e)
             self.checkpoint_failures += 1
             self.dealer.send(protocol.reply_error(req, f"checkpoint {ckpt} not written: {e}"))
+            self._sinks_unfence(eng)
             # the outputs go back: the checkpoint that would have released them failed
             for name, outs in collected.items():
                 op = eng.op(name)
