@@ -214,12 +214,10 @@ def test_checkpoints_off_commits_at_wait_idle(tmp_path_factory, tmp_path):
 # ----------------------------------------------------------------- the pure bookkeeping
 def test_take_writable_respects_the_fence_and_order():
     vals, rids = list("abcdef"), [1, 5, 2, 6, 3, 1]
-    batch, keep, keep_r = take_writable(vals, rids, 4, 10)
+    batch, keep, keep_r = take_writable(vals, rids, 4)
     assert batch == ["a", "c", "e", "f"] and keep == ["b", "d"] and keep_r == [5, 6]
-    batch, keep, keep_r = take_writable(vals, rids, None, 4)
-    assert batch == list("abcd") and keep == ["e", "f"] and keep_r == [3, 1]
-    batch, keep, _ = take_writable(vals, rids, 4, 2)
-    assert batch == ["a", "c"] and keep == ["b", "d", "e", "f"]
+    batch, keep, keep_r = take_writable(vals, rids, None)
+    assert batch is vals and keep == [] and keep_r == []
 
 
 def test_sink_book_owes_commits_until_acked_and_hands_them_over_in_a_recovery():

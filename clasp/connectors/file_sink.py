@@ -38,13 +38,19 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # one encoder: json.dumps(**kw) makes one a call
+
+
 def encode_values(values: list, fmt: str) -> bytes:
     """Values as the bytes a part file of `fmt` holds for them."""
+    if not values:
+        return b""
     if fmt == "lines":
-        return "".join((v if isinstance(v, str) else str(v)) + "\n" for v in values).encode()
+        return ("\n".join(v if isinstance(v, str) else str(v) for v in values) + "\n").encode()
     if fmt == "jsonl":
-        return "".join(json.dumps(v, separators=(",", ":"), ensure_ascii=False) + "\n" for v in values).encode()
-    return b"".join(msgpack.packb(v, use_bin_type=True) for v in values)
+        return ("\n".join(map(_JSON.encode, values)) + "\n").encode()
+    packer = msgpack.Packer(use_bin_type=True)
+    return b"".join(map(packer.pack, values))
 
 
 def decode_values(data: bytes, fmt: str) -> list:

@@ -52,15 +52,15 @@ def partition_name(sink: str, worker: str, run: str) -> str:
     return f"{sink}.{worker}.{run}"
 
 
-def take_writable(values: list, rids: list, fence: int | None, limit: int) -> tuple[list, list, list]:
-    """What a sink writer may write now, in arrival order, at most `limit` values: everything without a
-    fence; while a checkpoint's barrier is up, only values of records below its boundary `fence` (the rest
-    belong to the next checkpoint). Returns (batch, values kept, their rids)."""
+def take_writable(values: list, rids: list, fence: int | None) -> tuple[list, list, list]:
+    """What a sink writer may write now, in arrival order: everything without a fence; while a checkpoint's
+    barrier is up, only values of records below its boundary `fence` (the rest belong to the next
+    checkpoint). Returns (what to write, the values kept, their rids); O(values), no copy without a fence."""
     if fence is None:
-        return values[:limit], values[limit:], rids[limit:]
+        return values, [], []
     batch, keep, keep_r = [], [], []
     for v, r in zip(values, rids, strict=True):
-        if r < fence and len(batch) < limit:
+        if r < fence:
             batch.append(v)
         else:
             keep.append(v)

@@ -64,17 +64,20 @@ class SinkWriter:
         op = self.op
         own = fence == -1
         while op.collected and not self.stopped:
-            # Read at every batch: a barrier that goes up while a batch is written fences the next one.
-            batch, op.collected, op.collected_rids = take_writable(op.collected, op.collected_rids,
-                                                                   self.fence if own else fence, SINK_BATCH)
-            if not batch:
+            # The fence is read again after each take: a barrier that goes up while values are written fences
+            # the next take (what was taken before it came is below its boundary: dispatched before it).
+            taken, op.collected, op.collected_rids = take_writable(op.collected, op.collected_rids,
+                                                                   self.fence if own else fence)
+            if not taken:
                 break
-            try:
-                await self.open().write_batch(batch)
-                self.written += len(batch)
-            except Exception as e:  # the sink's failure is the batch's: counted and reported, never fatal
-                self.report(e, batch[0], len(batch))
-            await asyncio.sleep(0)
+            for i in range(0, len(taken), SINK_BATCH):
+                batch = taken[i:i + SINK_BATCH]
+                try:
+                    await self.open().write_batch(batch)
+                    self.written += len(batch)
+                except Exception as e:  # the sink's failure is the batch's: counted and reported, never fatal
+                    self.report(e, batch[0], len(batch))
+                await asyncio.sleep(0)
         # While a barrier is up, values above it wait here without holding back the requests below it.
         op.sink_room = math.inf if self.fence is not None else SINK_BUFFER
         if op.busy and len(op.collected) < op.sink_room:
