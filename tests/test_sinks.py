@@ -338,3 +338,43 @@ def test_a_barrier_holds_the_requests_above_it_at_a_stateful_operator_that_feeds
         pass
     after = list(zip(out.collected, out.collected_rids, strict=True))
     assert after == [(["w", 1], boundary - 1), (["w", 2], boundary + 1)]
+
+
+def test_a_planner_sigkilled_and_restarted_leaves_the_sink_exact(tmp_path):
+    """The commits owed are in the job's record: a planner restarted on its state directory re-drives them
+    in the rollback, and the input replayed from its log is written once."""
+    from tests.test_recovery import _connect, _free_port, _start
+
+    port = _free_port()
+    addr = f"tcp://127.0.0.1:{port}"
+    planner = ["planner", "--port", str(port), "--state-dir", str(tmp_path / "state"), "--no-autoscale",
+               "--checkpoint-interval", "0.2"]
+    procs = [_start(planner, tmp_path / "planner.log")]
+    procs += [_start(["worker", "--planner", addr, "--id", f"w{i}"], tmp_path / f"w{i}.log") for i in range(3)]
+    records = lines(9000, seed=21)
+    sink = FileSink(tmp_path / "out", format="jsonl")
+    try:
+        client = wait_for(lambda: _connect(addr), timeout=60, interval=0.5, what="the planner")
+        with client:
+            wait_for(lambda: len([w for w in client.workers() if w["alive"]]) == 3, timeout=60, what="3 workers")
+            job = client.submit(count_dag(sink, "planner-restart"), autoscale=False)
+            job.scale(3)
+            job_id = job.id
+            job.push(records[:3000])
+            job.wait_idle(timeout=60)
+            job.push(records[3000:6000])  # accepted, then the planner dies before it is all done
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait(timeout=10)
+        procs[0] = _start(planner, tmp_path / "planner.log")
+        client = wait_for(lambda: _connect(addr), timeout=60, interval=0.5, what="the restarted planner")
+        with client:
+            job = client.job(job_id)
+            wait_for(lambda: job.stats()["checkpoints"]["recoveries"] >= 1, timeout=60, what="the job resumed")
+            job.push(records[6000:])
+            summary = job.wait_idle(timeout=120)
+            assert summary["completed"] == len(records) and summary["lost"] == 0, summary
+            check_exact([v for vs in sink.read().values() for v in vs], records)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(timeout=10)
