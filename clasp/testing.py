@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import tempfile
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -18,8 +20,10 @@ from typing import Any
 
 import msgpack
 
+from clasp.connectors.file_sink import FileSink
 from clasp.core.dag import Dag, DagError
 from clasp.core.outputs import as_outputs
+from clasp.core.sinks import SINK_BATCH, partition_name
 
 _KEY_TYPES = (str, int, bytes)
 
@@ -66,11 +70,43 @@ class LocalJob:
         return {n: (self._busy_ns[n] / c / 1000.0 if c else 0.0) for n, c in self.processed.items()}
 
 
+class ListSink(FileSink):
+    """A sink for tests and demos: what it committed, read back as a list (`values`).
+
+    It keeps its part files (msgpack, so values come back as the runtime carries them) in `directory`, a
+    fresh temporary one by default: the workers of a local cluster share it, and `run_local` writes there
+    too. Exactly once, as `FileSink`: `values` holds only what a complete checkpoint (or the end of the
+    run) committed."""
+
+    def __init__(self, directory: str | None = None):
+        super().__init__(directory or tempfile.mkdtemp(prefix="clasp-listsink-"), format="msgpack")
+
+    @property
+    def values(self) -> list:
+        """Every committed value: partition by partition, each in the order written."""
+        return [v for vs in self.read().values() for v in vs]
+
+    def __repr__(self) -> str:
+        return f"ListSink({self.directory!r})"
+
+
 def _emit(outs: list, sink: list | None, successors: list) -> None:
     if sink is not None:
         sink.extend(outs)
     for q in successors:
         q.extend(outs)
+
+
+async def _write_sink(sink, partition: str, values: list) -> None:
+    part = sink.open(partition)
+    try:
+        for i in range(0, len(values), SINK_BATCH):
+            await part.write_batch(values[i:i + SINK_BATCH])
+        prepared = await part.prepare(1)
+        if prepared is not None:
+            await part.commit(1, prepared)
+    finally:
+        await part.close()
 
 
 def run_local(dag: Dag, records: Iterable, *, roundtrip: bool = True) -> LocalJob:
@@ -85,6 +121,8 @@ def run_local(dag: Dag, records: Iterable, *, roundtrip: bool = True) -> LocalJo
     queues: list[deque] = [deque() for _ in ops]
     states: dict[str, dict] = {o.name: {} for o in ops if o.stateful}
     collected: dict[str, list] = {o.name: [] for o in ops if o.collect}
+    # A sink operator's input, written to one partition of its sink and committed when the run ends.
+    to_sink: dict[str, list] = {o.name: [] for o in ops if o.kind == "sink"}
     processed = {o.name: 0 for o in ops}
     busy = {o.name: 0 for o in ops}
     loop: asyncio.AbstractEventLoop | None = None
@@ -109,6 +147,12 @@ def run_local(dag: Dag, records: Iterable, *, roundtrip: bool = True) -> LocalJo
                 succ = [queues[s] for s in op.successors]
                 sink = collected.get(op.name)
                 st = states.get(op.name)
+                if op.name in to_sink:
+                    values = [_roundtrip(v, f"input of {op.name!r}") if roundtrip else v for v in q]
+                    q.clear()
+                    processed[op.name] += len(values)
+                    to_sink[op.name].extend(values)
+                    continue
                 while q:
                     if op.batch:  # what is queued, as one batch: the values one pushed record led to
                         values = [_roundtrip(v, f"input of {op.name!r}") if roundtrip else v for v in q]
@@ -152,6 +196,9 @@ def run_local(dag: Dag, records: Iterable, *, roundtrip: bool = True) -> LocalJo
                         busy[op.name] += t1 - t0
                     processed[op.name] += 1
                     _emit(as_outputs(out), sink, succ)
+        run = uuid.uuid4().hex[:12]
+        for name, values in to_sink.items():
+            wait(_write_sink(spec.by_name(name).connector, partition_name(name, "local", run), values))
     finally:
         if loop is not None:
             loop.close()

@@ -8,11 +8,12 @@ asks it for batches while its queues have room. The position a reader reports is
 runtime keeps it in each checkpoint and on recovery reopens the partition there, so keyed state is exactly-once.
 
 A sink partition receives batches between checkpoints, `prepare`s when a checkpoint is taken (what it returns is
-kept in the checkpoint) and `commit`s when the checkpoint is complete; after a failure the runtime `abort`s what was
-written since the last prepare and replays from the checkpoint, re-driving `commit` for a prepared checkpoint whose
-commit it cannot be sure of. A sink whose commits are idempotent is exactly-once; others are at-least-once
-(`Sink.exactly_once`). Every method may be called from the worker's event loop: a blocking call belongs in
-`asyncio.to_thread`.
+kept in the checkpoint) and `commit`s when the checkpoint is complete (a checkpoint that failed after the prepare
+is committed with the next one, in order); after a failure the runtime first re-drives `commit` for every complete
+checkpoint whose commit it cannot be sure of, then `abort`s what is written or prepared and not committed, and
+replays from the checkpoint (docs/CONNECTORS.md, "How a sink runs"). A sink whose commits are idempotent is
+exactly-once; others are at-least-once (`Sink.exactly_once`). Every method may be called from the worker's event
+loop: a blocking call belongs in `asyncio.to_thread`.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ class SinkPartition(ABC):
         failure (possibly on another worker, with the same `prepared`): it must then do nothing twice."""
 
     async def abort(self) -> None:
-        """Drop what was written since the last prepare (the runtime replays it from the checkpoint)."""
+        """Drop what was written or prepared and not committed (the runtime replays it from the checkpoint);
+        called after the commits still owed were made, on the writer or on a fresh `open` of the partition."""
         return None
 
     async def close(self) -> None:

@@ -31,6 +31,9 @@ Message types and who sends them (C client, P planner, W worker):
 | ckpt_snapshot | P → W | req, job, ckpt, boundary, dir: all below the boundary complete; write owned groups |
 | ckpt_abort | P → W | req, job, ckpt: the checkpoint failed; release what the barrier holds |
 | restore | P → W | req, job, dag, placement, peers, ckpt, groups {op: [g]}, dir: roll back to ckpt (0: empty) |
+| restore (sinks) | P → W | optional: sinks {worker: {commit: owed commits, abort: dead workers' partitions}}, run |
+| sink_commit | P → W | req, job, parts {partition: [sink, [[ckpt, prepared], ...]]}: commit, checkpoint complete |
+| sink_flush | P → W | req, job, seq: checkpoints off: write, prepare and commit every sink partition now |
 | rstate_get_many | W → P state server | req, job, op, keys — reply {key: state} for the keys that have one |
 | rstate_put_many | W → P state server | req, job, op, states {key: state, None deletes} — reply true |
 | reply | any → requester | req, ok, result or error |
@@ -87,14 +90,16 @@ SCHEMAS: dict[str, dict[str, tuple | None]] = {
     "restore": {"req": _INT, "job": _INT, "dag": _DICT, "placement": _DICT, "peers": _DICT, "ckpt": _INT,
                 "groups": _DICT, "dir": _STR},
     "peers": {"req": _INT, "job": _INT, "peers": _DICT},
+    "sink_commit": {"req": _INT, "job": _INT, "parts": _DICT},
+    "sink_flush": {"req": _INT, "job": _INT, "seq": _INT},
     "shutdown": {"ok": _BOOL, "detail": _STR},
     "rstate_get_many": {"req": _INT, "job": _INT, "op": _STR, "keys": _LIST},
     "rstate_put_many": {"req": _INT, "job": _INT, "op": _STR, "states": _DICT},
 }
 _OPTIONAL: dict[str, dict[str, tuple | None]] = {
     "counters": {"below": _INT},  # also answer `holds_below`: anything of a record below this id here
-    "deploy": {"state": _STR, "state_server": _STR, "floor": _INT},
-    "restore": {"state": _STR, "state_server": _STR},
+    "deploy": {"state": _STR, "state_server": _STR, "floor": _INT, "run": _STR},
+    "restore": {"state": _STR, "state_server": _STR, "run": _STR, "sinks": _DICT},
 }
 # List-bodied messages on the data path; the first element is always the job id.
 _LIST_BODIES = {"data": 3, "runs": 3, "cols": 3, "done": 2, "marker": 3, "migrate": 6}

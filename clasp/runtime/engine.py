@@ -30,6 +30,7 @@ from clasp.core.dag import DagSpec, identity
 from clasp.core.outputs import ITEMS_EXACT, ONE_EXACT, as_outputs
 from clasp.core.protocol import column_rows, columns, expand_columns, expand_run, expand_runs
 from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE, Placement, key_group, route_to
+from clasp.core.sinks import aligned_operators
 from clasp.core.tracking import EPOCH_BITS
 from clasp.runtime.records import RecordQueue
 
@@ -68,6 +69,11 @@ def _estimate(op: OpRuntime, t_exec: float, timed: int, n: int) -> float:
     if timed:
         return t_exec * n / timed
     return op.exec_time / op.processed * n if op.processed else 0.0
+
+
+def _one_output(value):
+    """A sink operator's function: the value reaching it is one value for the sink, whatever its type."""
+    return (value,)
 
 
 class OperatorError(Exception):
@@ -118,7 +124,7 @@ class OpRuntime:
     __slots__ = ("index", "name", "fn", "key_fn", "stateful", "is_async", "collect", "queue", "groups",
                  "instances", "routes", "successors", "processed", "exec_time", "errors", "edge_counts",
                  "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_hits",
-                 "collected_rids", "cold", "rested", "batch", "key_is_value")
+                 "collected_rids", "cold", "rested", "batch", "key_is_value", "sink", "sink_wake", "sink_room")
 
     def __init__(self, spec_op):
         self.index = spec_op.index
@@ -130,6 +136,15 @@ class OpRuntime:
         self.stateful = spec_op.stateful
         self.is_async = spec_op.is_async
         self.collect = spec_op.collect
+        # A sink operator keeps each value reaching it, with its record, as a collecting one keeps its
+        # outputs; the worker's sink writer (clasp.runtime.sinks) takes them out to the sink's partition.
+        # It stops taking requests (`busy`) while `sink_room` values wait, so a slow sink holds its input back.
+        self.sink = spec_op.kind == "sink"
+        self.sink_wake = None
+        self.sink_room = math.inf
+        if self.sink:
+            self.fn = _one_output
+            self.collect = True
         self.successors = list(spec_op.successors)
         self.queue = RecordQueue()
         # The state, one dict per key group ({key: state}): a key group moves as one object, serialized
@@ -244,6 +259,10 @@ class OpRuntime:
     def add_collected(self, outs, rid: int) -> None:
         self.collected.extend(outs)
         self.collected_rids.extend([rid] * len(outs))
+        if self.sink_wake is not None:
+            self.sink_wake()
+            if len(self.collected) >= self.sink_room:
+                self.busy = True
 
     def set_state(self, key, new) -> None:
         """Store `new` for `key` (None deletes)."""
@@ -315,6 +334,11 @@ class JobEngine:
         self.shadows: dict[int, dict[int, bytes | dict]] = {}
         self.barrier: int | None = None
         self.barrier_held: dict[int, list] = {}
+        # Stateful operators whose outputs reach a sink or a collecting operator: their outputs must agree with
+        # the cut, so a barrier holds their requests above the boundary (aligned, as Flink aligns) instead of
+        # copy on write, where a request below the boundary that comes after one above it would emit from a
+        # state holding the later one, and a rollback would then emit that value again.
+        self.aligned = aligned_operators(spec)
         self.floor = 0
         self.placement = placement
         self.before: Placement | None = None  # the placement the migration in progress started from
@@ -378,10 +402,12 @@ class JobEngine:
         """Keep the state below `boundary` for the snapshot until `release_barrier` (nothing of the records
         at or above it is here yet: the planner dispatches them after this). A synchronous stateful operator
         runs on and keeps a key group's image before the first request at or above the boundary changes
-        it (`_run_shadowed`); an async one's requests at or above the boundary are held out of its queue."""
+        it (`_run_shadowed`); an async one's requests at or above the boundary are held out of its queue, and
+        so are those of one whose outputs reach a sink or a collecting operator (`aligned`)."""
         self.barrier = boundary
-        self.shadows = {op.index: {} for op in self.ops if op.stateful and not op.is_async}
-        self.barrier_held = {op.index: [] for op in self.ops if op.stateful and op.is_async}
+        hold = {op.index for op in self.ops if op.stateful and (op.is_async or op.index in self.aligned)}
+        self.shadows = {op.index: {} for op in self.ops if op.stateful and op.index not in hold}
+        self.barrier_held = {i: [] for i in sorted(hold)}
         self.apply_placement(self.placement)
 
     def release_barrier(self) -> int:
@@ -463,7 +489,7 @@ class JobEngine:
         """The collected outputs of records below `boundary`, taken out (the planner releases them)."""
         out = {}
         for op in self.ops:
-            if not op.collect or not op.collected:
+            if not op.collect or not op.collected or op.sink:
                 continue
             lo, keep, keep_r = [], [], []
             for o, r in zip(op.collected, op.collected_rids, strict=True):
@@ -949,7 +975,7 @@ class JobEngine:
         n = min(budget, len(q))
         if op.cold:
             op.warm_rows(q, n)
-        if self.shadows:
+        if self.shadows and op.index in self.shadows:
             return self._run_shadowed(op, q.take_rows(n))
         for part in q.take(n):
             self._apply(op, part if type(part) is list else part.rows(), len(part))

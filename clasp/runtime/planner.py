@@ -62,6 +62,7 @@ from clasp.runtime.dashboard import Dashboard, planner_view
 from clasp.runtime.elastic import ElasticPool, PoolError
 from clasp.runtime.net import DirectSend, advertised, bind, drained, start_metrics_server, zero_copy
 from clasp.runtime.planner_recovery import CheckpointState, PlannerRecoveryMixin
+from clasp.runtime.planner_sinks import PlannerSinkMixin
 from clasp.runtime.providers import Provider
 from clasp.runtime.security import Security
 from clasp.runtime.state_server import StateServer
@@ -168,7 +169,7 @@ def _key_weights(spec: DagSpec, raw: dict) -> dict[str, list[float]]:
     return out
 
 
-class Planner(PlannerRecoveryMixin):
+class Planner(PlannerRecoveryMixin, PlannerSinkMixin):
     """The planner. `await Planner(...).serve()` runs until cancelled."""
 
     def __init__(self, config: PlannerConfig | None = None, *, security: Security | None = None,
@@ -481,7 +482,8 @@ class Planner(PlannerRecoveryMixin):
             await self.rpc(wid, "deploy", {"job": job.id, "dag": job.spec.pack(), "placement": job.placement.to_wire(),
                                            "peers": peers, "state": job.state,
                                            "state_server": self.state_server.endpoint,
-                                           "floor": job.placement.epoch if job.ckpt is not None else 0})
+                                           "floor": job.placement.epoch if job.ckpt is not None else 0,
+                                           "run": self._sink_run(job)})
             job.retired.discard(wid)  # a new process with nothing of the job: it may be placed on again
             log.info("job %d deployed on restarted worker %s (epoch %d, holding nothing)", job.id, wid,
                      job.placement.epoch)
@@ -631,7 +633,7 @@ class Planner(PlannerRecoveryMixin):
         peers = {w: self.workers[w].data for w in workers}
         packed = msg.dag
         deploy = {"job": job_id, "dag": packed, "placement": placement.to_wire(), "peers": peers, "state": state,
-                  "state_server": self.state_server.endpoint}
+                  "state_server": self.state_server.endpoint, "run": self._sink_run(job)}
         await asyncio.gather(*(self.rpc(w, "deploy", deploy) for w in workers))
         self.jobs[job_id] = job
         self._persist_job(job)
@@ -741,10 +743,16 @@ class Planner(PlannerRecoveryMixin):
         try:
             replies = await asyncio.gather(*(self.rpc(w, "counters", {"job": job.id}, 2.0)
                                              for w in self._job_workers(job)), return_exceptions=True)
+            if any(isinstance(r, NoAnswer) for r in replies) or scheduler.busy(self._condition(job)) is not None:
+                return  # a worker died (its recovery follows) or the job is busy again: the waiters wait on
+            # Idle is not done while a sink has not committed what it was given (tried again each tick).
+            admitted = job.tracker.admitted
+            if self._has_sinks(job) and (not await self._sinks_settle(job) or job.tracker.admitted != admitted):
+                return
         finally:
             job.confirming = False
-        if any(isinstance(r, NoAnswer) for r in replies) or scheduler.busy(self._condition(job)) is not None:
-            return  # a worker died (its recovery follows) or the job is busy again: the waiters wait on
+        if scheduler.busy(self._condition(job)) is not None:
+            return
         for ident, req, _ in job.waiters:
             self._reply(ident, req, self._idle_summary(job))
         job.waiters.clear()
@@ -1101,8 +1109,8 @@ class Planner(PlannerRecoveryMixin):
                 total_in += rate_in
                 total_out += rate_out
                 expired = [x for x in job.waiters if x[2] <= now]
-                why = (scheduler.busy(self._condition(job)) or "has not heard from all its workers yet"
-                       if expired else None)
+                why = (scheduler.busy(self._condition(job)) or self._sinks_unsettled(job)
+                       or "has not heard from all its workers yet" if expired else None)
                 for waiter in expired:
                     job.waiters.remove(waiter)
                     self._reply_error(waiter[0], waiter[1], RequestError(f"timeout: job {job.id} {why}"))
@@ -1127,7 +1135,7 @@ class Planner(PlannerRecoveryMixin):
                 "queue_bound": {"records": self.bound.max_records, "bytes": self.bound.max_bytes,
                                 "max_delay": self.bound.max_delay, "limit": job.limit,
                                 "drain_bytes_per_s": job.drain},
-                "checkpoints": self.ckpt_stats(job)}
+                "checkpoints": self.ckpt_stats(job), "sinks": self.sink_stats(job)}
 
 
 class _PlannerCollector:

@@ -189,6 +189,7 @@ class PlannerRecoveryMixin:
             for d in dropped:
                 await asyncio.to_thread(self.store.delete, job.id, d)
             c.log.drop_below(c.coord.log_floor())
+            self._sinks_completed(job, done.id, replies)
             self._persist_job(job)
             self.checkpoint_hist.add(done.duration_s)
             log.debug("job %d: checkpoint %d complete at chunk %d: %d bytes in %.1f ms (max pause %.1f ms)",
@@ -227,7 +228,9 @@ class PlannerRecoveryMixin:
             c.orphaned = None
             new = recovery_placement(job.spec, job.placement, alive, job.key_weights, job.placement.epoch + 1)
             target = c.coord.restore_target()
-            body = {"job": job.id, "dag": job.spec_wire, "placement": new.to_wire(),
+            duties = self._sinks_recovery(job, alive)
+            body = {"job": job.id, "dag": job.spec_wire, "placement": new.to_wire(), "sinks": duties,
+                    "run": self._sink_run(job),
                     "peers": {w: self.workers[w].data for w in job.workers if w in self.workers},
                     "ckpt": target.id if target else 0, "groups": target.groups if target else {},
                     "dir": str(self.store.root), "state": job.state, "state_server": self.state_server.endpoint}
@@ -250,6 +253,7 @@ class PlannerRecoveryMixin:
             job.placement = new
             job.settled = new
             self._set_routes(job)
+            self._sinks_recovered(job, duties, replies, alive)
             upto = target.id if target else 0
             for k in [k for k in c.released_by if k > upto]:  # released by a checkpoint rolled back over
                 del c.released_by[k]
@@ -300,7 +304,7 @@ class PlannerRecoveryMixin:
             return
         rec = {"id": job.id, "dag": job.spec_wire, "placement": job.placement.to_wire(), "workers": job.workers,
                "autoscale": job.autoscale, "policy": job.policy, "state": job.state, "key_weights": job.key_weights,
-               "created": job.created}
+               "created": job.created, "sinks": self._sink_book(job).pending if self._has_sinks(job) else {}}
         try:
             self.store.write_file(f"job-{job.id}/job.kg", encode_blob(rec))
         except OSError as e:
@@ -356,6 +360,8 @@ class PlannerRecoveryMixin:
             c.coord.complete.append(CompleteCheckpoint(m["ckpt"], m["boundary"], m["groups"], m["bytes"]))
         c.coord.next_id = stored["rec"].get("next_ckpt", 1)
         c.released_by = stored["released"]
+        if stored["rec"].get("sinks"):
+            self._sink_book(job).pending = {int(k): v for k, v in stored["rec"]["sinks"].items()}
         newest = stored["complete"][-1] if stored["complete"] else None
         boundary, below = (newest["boundary"], newest["records_below"]) if newest else (0, 0)
         floor = c.coord.log_floor()

@@ -32,6 +32,7 @@ from clasp.runtime.monitor import Monitor, WorkerCollector
 from clasp.runtime.net import DirectSend, advertised, batch_io_threads, bind, drained, start_metrics_server, zero_copy
 from clasp.runtime.remote_state import RemoteState
 from clasp.runtime.security import Security
+from clasp.runtime.sinks import SinkMixin
 from clasp.runtime.tasks import ProcessTasks, internal_error
 from clasp.runtime.worker_recovery import RecoveryMixin
 
@@ -49,7 +50,7 @@ MIGRATE_SLICE_ROWS = 1000  # queued requests one migrate message carries at most
 MIGRATE_SLICE_BYTES = 256 << 10  # and bytes of state, about: decoding it stays well under a millisecond
 
 
-class Worker(RecoveryMixin):
+class Worker(RecoveryMixin, SinkMixin):
     """One worker process. `await Worker(...).serve()` runs until cancelled."""
 
     def __init__(self, config: WorkerConfig, *, security: Security | None = None):
@@ -161,7 +162,8 @@ class Worker(RecoveryMixin):
                     "state_put": self._on_state_put, "counters": self._on_counters,
                     "migrate_plan": self._on_migrate_plan, "peers": self._on_peers, "shutdown": self._on_shutdown,
                     "ckpt_begin": self._on_ckpt_begin, "ckpt_snapshot": self._on_ckpt_snapshot,
-                    "ckpt_abort": self._on_ckpt_abort, "restore": self._on_restore}
+                    "ckpt_abort": self._on_ckpt_abort, "restore": self._on_restore,
+                    "sink_commit": self._on_sink_commit, "sink_flush": self._on_sink_flush}
         while True:
             frames = await self.dealer.recv_multipart()
             try:
@@ -197,6 +199,8 @@ class Worker(RecoveryMixin):
         elif body["reason"] == "declared_dead":
             # We were silent too long: the planner recovered our jobs without us. Nothing here is current
             # any more; register again as a new worker holding nothing.
+            for job in list(self.jobs):
+                self._sinks_detach(job)
             self.jobs.clear()
             self.welcomed.clear()
         log.warning("planner reports %s: %s", body["reason"], body["detail"])
@@ -256,6 +260,7 @@ class Worker(RecoveryMixin):
             eng.remote_state = self._remote_state(body["state_server"])
         eng.floor = body.get("floor") or 0  # rows of an older epoch belong to an era a recovery rolled back
         self.jobs[job] = eng
+        self._sinks_attach(eng, body.get("run", ""))
         log.info("deployed job %d (%s), %d operators, epoch %d", job, spec.name, len(spec.operators), placement.epoch)
         return protocol.reply(body["req"], {"worker": self.id})
 
@@ -513,8 +518,9 @@ class Worker(RecoveryMixin):
         if eng.queued_plans and self.jobs.get(eng.job) is eng:
             self._on_migrate_plan(eng.queued_plans.pop(0))
 
-    def _on_stop_job(self, body) -> bytes:
+    async def _on_stop_job(self, body) -> bytes:
         self.jobs.pop(body["job"], None)
+        await self._sinks_stop(body["job"])
         return protocol.reply(body["req"], True)
 
     # ----------------------------------------------------------------- state server (any process)

@@ -31,12 +31,14 @@ class RecoveryMixin:
     def _on_ckpt_begin(self, body) -> bytes:
         eng = self._engine(body)
         eng.begin_barrier(body["boundary"])
+        self._sinks_fence(eng, body["boundary"])
         return protocol.reply(body["req"], {"worker": self.id})
 
     def _on_ckpt_abort(self, body) -> bytes:
         eng = self.jobs.get(body["job"])
         if eng is not None:
             eng.release_barrier()
+            self._sinks_unfence(eng)
             self.wake.set()
         return protocol.reply(body["req"], True)
 
@@ -49,6 +51,7 @@ class RecoveryMixin:
             await self._snapshot_inner(eng, body)
         except Exception as e:  # the checkpoint fails (answered), the job goes on
             eng.release_barrier()
+            self._sinks_unfence(eng)
             self.wake.set()
             self.checkpoint_failures += 1
             text = f"{type(e).__name__}: {e}"
@@ -104,17 +107,20 @@ class RecoveryMixin:
             log.error("job %d checkpoint %d: writing the state failed: %s", job, ckpt, e)
             self.checkpoint_failures += 1
             self.dealer.send(protocol.reply_error(req, f"checkpoint {ckpt} not written: {e}"))
+            self._sinks_unfence(eng)
             # the outputs go back: the checkpoint that would have released them failed
             for name, outs in collected.items():
                 op = eng.op(name)
                 op.collected[:0] = outs
                 op.collected_rids[:0] = [body["boundary"] - 1] * len(outs)
             return
+        # The sinks' writes below the boundary, prepared: committed when the checkpoint completes.
+        sinks = await self._sinks_prepare(eng, ckpt, body["boundary"])
         groups: dict[str, list[int]] = {}
         for op, g, _ in blobs:
             groups.setdefault(op, []).append(g)
         self.dealer.send(protocol.reply(req, {
-            "worker": self.id, "groups": groups, "bytes": nbytes, "collected": collected,
+            "worker": self.id, "groups": groups, "bytes": nbytes, "collected": collected, "sinks": sinks,
             "pause": pause, "pause_cpu": pause_cpu, "pack_s": pack_s, "total_s": perf_counter() - t0,
             "released": released}))
 
@@ -124,6 +130,8 @@ class RecoveryMixin:
         job = body["job"]
         old = self.jobs.pop(job, None)
         spec = old.spec if old is not None else DagSpec.unpack(body["dag"])
+        sinks = body.get("sinks") or {}
+        sink_failed = await self._sinks_recover(job, sinks.get(self.id, {}), spec)
         placement = Placement.from_wire(body["placement"], spec)
         self._connect_peers(body["peers"])
         eng = JobEngine(job, spec, self.id, placement, self.p_max)
@@ -146,10 +154,11 @@ class RecoveryMixin:
                 eng.install_group(op, g, items)
                 loaded += len(items)
         self.jobs[job] = eng
+        self._sinks_attach(eng, body.get("run", ""))
         self.wake.set()
         log.info("job %d restored from checkpoint %d at epoch %d: %d keys", job, body["ckpt"], placement.epoch,
                  loaded)
-        return protocol.reply(body["req"], {"worker": self.id, "keys": loaded})
+        return protocol.reply(body["req"], {"worker": self.id, "keys": loaded, "sink_failed": sink_failed})
 
 
 def _write_all(store: FileStore, job: int, ckpt: int, blobs: list) -> int:

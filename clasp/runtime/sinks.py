@@ -1,0 +1,285 @@
+"""The worker's side of sinks (clasp.core.sinks, docs/CONNECTORS.md): values reaching a sink operator go to
+this worker's partition of the sink, are prepared with each checkpoint and committed when it completes.
+
+A sink operator keeps the values reaching it with their records (`OpRuntime.sink`); one `SinkWriter` per
+sink operator and job takes them out in batches, in order, and writes them to the partition. While a
+checkpoint's barrier is up it writes only values of records below the boundary, so that what the snapshot
+prepares is exactly the checkpoint's. Mixed into `clasp.runtime.worker.Worker`, which routes the control
+messages `sink_commit` and `sink_flush` here and calls the hooks at deploy, barrier, snapshot and restore.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+
+from clasp.core import protocol
+from clasp.core.sinks import SINK_BATCH, SINK_BUFFER, partition_name, take_writable
+from clasp.runtime.engine import JobEngine, OperatorError, OpRuntime
+
+log = logging.getLogger("clasp.worker.sinks")
+
+
+class SinkWriter:
+    """One sink operator's partition on this worker, for one job engine."""
+
+    def __init__(self, eng: JobEngine, op: OpRuntime, partition: str, lock: asyncio.Lock, on_room):
+        self.eng, self.op = eng, op
+        self.sink = eng.spec.operators[op.index].connector
+        self.name = partition
+        self.lock = lock  # per partition name, shared with whoever commits or aborts it on this worker
+        self.part = None  # opened on the first value
+        self.fence: int | None = None  # a checkpoint's boundary while its barrier is up
+        self.uncommitted: list[list] = []  # [[checkpoint, prepared], ...] prepared and not committed yet
+        self.event = asyncio.Event()
+        self.on_room = on_room
+        self.task: asyncio.Task | None = None
+        self.stopped = False
+        self.written = 0
+        op.sink_wake = self.event.set
+        op.sink_room = SINK_BUFFER
+
+    def open(self):
+        if self.part is None:
+            self.part = self.sink.open(self.name)
+        return self.part
+
+    async def run(self) -> None:
+        while not self.stopped:
+            await self.event.wait()
+            self.event.clear()
+            async with self.lock:
+                if not self.stopped:
+                    await self._drain()
+
+    def stop(self) -> None:
+        """No more writes: a batch being written finishes (whoever takes the lock next waits for it)."""
+        self.stopped = True
+        self.event.set()
+
+    async def _drain(self, fence: int | None = -1) -> None:
+        """Write what may be written now (below `fence`; by default the writer's own), then let the sink
+        operator take requests again if its buffer has room."""
+        op = self.op
+        own = fence == -1
+        while op.collected and not self.stopped:
+            # The fence is read again after each take: a barrier that goes up while values are written fences
+            # the next take (what was taken before it came is below its boundary: dispatched before it).
+            taken, op.collected, op.collected_rids = take_writable(op.collected, op.collected_rids,
+                                                                   self.fence if own else fence)
+            if not taken:
+                break
+            for i in range(0, len(taken), SINK_BATCH):
+                batch = taken[i:i + SINK_BATCH]
+                try:
+                    await self.open().write_batch(batch)
+                    self.written += len(batch)
+                except Exception as e:  # the sink's failure is the batch's: counted and reported, never fatal
+                    self.report(e, batch[0], len(batch))
+                await asyncio.sleep(0)
+        # While a barrier is up, values above it wait here without holding back the requests below it.
+        op.sink_room = math.inf if self.fence is not None else SINK_BUFFER
+        if op.busy and len(op.collected) < op.sink_room:
+            op.busy = False
+            self.on_room()
+
+    def report(self, e: BaseException, value, n: int = 1) -> None:
+        self.eng._fail(self.op, OperatorError(f"sink {self.op.name!r}: {type(e).__name__}: {e}"), value)
+        self.op.errors += n - 1
+        self.eng.failed += n - 1
+        log.error("job %d sink %s partition %s: %s: %s", self.eng.job, self.op.name, self.name, type(e).__name__, e)
+
+    async def prepare(self, ckpt: int, boundary: int) -> list:
+        """Checkpoint `ckpt`: write every value below `boundary`, prepare, lift the fence; returns every
+        prepared checkpoint not committed yet."""
+        async with self.lock:
+            await self._drain(boundary)
+            if self.part is not None:
+                prepared = await self.part.prepare(ckpt)
+                if prepared is not None:
+                    self.uncommitted.append([ckpt, prepared])
+            self.fence = None
+            self.event.set()
+            return [list(e) for e in self.uncommitted]
+
+    def committed(self, upto: int) -> None:
+        self.uncommitted = [e for e in self.uncommitted if e[0] > upto]
+
+
+async def commit_entries(part, entries: list) -> None:
+    for k, prepared in sorted(entries, key=lambda e: e[0]):
+        await part.commit(k, prepared)
+
+
+class SinkMixin:
+    """Sink writers of the worker's job engines, and the sink control messages."""
+
+    def _sink_state(self) -> tuple[dict, dict]:
+        # (job, op index) -> SinkWriter; partition name -> lock
+        if not hasattr(self, "_sink_writers"):
+            self._sink_writers: dict[tuple[int, int], SinkWriter] = {}
+            self._sink_locks: dict[str, asyncio.Lock] = {}
+        return self._sink_writers, self._sink_locks
+
+    def _writers_of(self, job: int) -> list[SinkWriter]:
+        writers, _ = self._sink_state()
+        return [w for (j, _), w in writers.items() if j == job]
+
+    def _sinks_attach(self, eng: JobEngine, run: str) -> None:
+        """A new engine for a job: a writer for each of its sink operators."""
+        writers, locks = self._sink_state()
+        for op in eng.ops:
+            if not op.sink:
+                continue
+            name = partition_name(op.name, self.id, run)
+            w = SinkWriter(eng, op, name, locks.setdefault(name, asyncio.Lock()), self.wake.set)
+            writers[(eng.job, op.index)] = w
+            w.task = self.tasks.spawn(w.run(), f"sink {op.name} of job {eng.job}")
+
+    def _sinks_detach(self, job: int) -> list[SinkWriter]:
+        """Stop the job's writers (the engine is going); returns them, their partitions still open."""
+        writers, _ = self._sink_state()
+        out = []
+        for key in [k for k in writers if k[0] == job]:
+            w = writers.pop(key)
+            w.stop()
+            out.append(w)
+        return out
+
+    def _sinks_fence(self, eng: JobEngine, boundary: int) -> None:
+        for w in self._writers_of(eng.job):
+            if w.eng is eng:
+                w.fence = boundary
+                w.op.sink_room = math.inf
+
+    def _sinks_unfence(self, eng: JobEngine) -> None:
+        for w in self._writers_of(eng.job):
+            if w.eng is eng:
+                w.fence = None
+                w.event.set()
+
+    async def _sinks_prepare(self, eng: JobEngine, ckpt: int, boundary: int) -> dict:
+        """The snapshot's part: partition -> [sink, [[k, prepared], ...]] for every partition written."""
+        out = {}
+        for w in self._writers_of(eng.job):
+            if w.eng is not eng:
+                continue
+            entries = await w.prepare(ckpt, boundary)
+            if entries:
+                out[w.name] = [w.op.name, entries]
+        return out
+
+    def _on_sink_commit(self, body) -> None:
+        """A complete checkpoint's commits of this worker's partitions (`parts`: partition -> [sink,
+        entries]); answered once done, off the control loop. A failing commit is reported, the rest made."""
+        eng = self._engine(body)
+        self.tasks.spawn(self._answer(body, self._commit_parts(eng, body["parts"])), f"sink commit of job {eng.job}")
+
+    def _on_sink_flush(self, body) -> None:
+        eng = self._engine(body)
+        self.tasks.spawn(self._answer(body, self._flush_sinks(eng, body["seq"])), f"sink flush of job {eng.job}")
+
+    async def _answer(self, body, work) -> None:
+        try:
+            failed = await work
+        except Exception as e:
+            self.dealer.send(protocol.reply_error(body["req"], self._error_text("sink", e)))
+            return
+        self.dealer.send(protocol.reply(body["req"], {"worker": self.id, "failed": failed}))
+
+    async def _commit_parts(self, eng: JobEngine, parts: dict) -> list[list[str]]:
+        """Commit each partition's prepared checkpoints in order; returns [[partition, error], ...] that failed."""
+        _, locks = self._sink_state()
+        mine = {w.name: w for w in self._writers_of(eng.job)}
+        failed = []
+        for name, (sink_name, entries) in parts.items():
+            w = mine.get(name)
+            async with locks.setdefault(name, asyncio.Lock()):
+                part = w.open() if w is not None else eng.spec.by_name(sink_name).connector.open(name)
+                try:
+                    await commit_entries(part, entries)
+                except Exception as e:
+                    failed.append([name, f"{type(e).__name__}: {e}"[:300]])
+                    self._sink_error(eng, sink_name, name, "commit", e)
+                    continue
+                finally:
+                    if w is None:
+                        await _quietly(part.close())
+            if w is not None:
+                w.committed(max(e[0] for e in entries))
+        return failed
+
+    def _sink_error(self, eng: JobEngine, sink_name: str, partition: str, what: str, e: BaseException) -> None:
+        op = eng.op(sink_name)
+        eng._fail(op, OperatorError(f"sink {sink_name!r} {what} of {partition}: {type(e).__name__}: {e}"), None)
+        log.error("job %d sink %s: %s of %s failed: %s: %s", eng.job, sink_name, what, partition,
+                  type(e).__name__, e)
+
+    async def _flush_sinks(self, eng: JobEngine, seq: int) -> list[list[str]]:
+        """Checkpoints off: write and commit everything this worker holds for the job's sinks now, as
+        flush `seq` (in place of a checkpoint id)."""
+        failed = []
+        for w in self._writers_of(eng.job):
+            if w.eng is not eng:
+                continue
+            async with w.lock:
+                await w._drain(None)
+                if w.part is None:
+                    continue
+                try:
+                    prepared = await w.part.prepare(seq)
+                    if prepared is not None:
+                        await w.part.commit(seq, prepared)
+                except Exception as e:
+                    failed.append([w.name, f"{type(e).__name__}: {e}"[:300]])
+                    self._sink_error(eng, w.op.name, w.name, "commit", e)
+        return failed
+
+    async def _sinks_recover(self, job: int, duties: dict, spec) -> list[str]:
+        """A recovery, before the job's new engine: commit what this worker owes (its own partitions' and
+        the dead workers' it takes over), then abort everything else written and not committed: its own
+        partitions of the old engine and the dead workers' partitions. Returns the partitions whose commit
+        failed (the planner keeps them owed)."""
+        _, locks = self._sink_state()
+        old = {w.name: w for w in self._sinks_detach(job)}
+        failed = []
+        for name, sink_name, entries in duties.get("commit", []):
+            async with locks.setdefault(name, asyncio.Lock()):
+                w = old.get(name)
+                part = w.open() if w is not None else spec.by_name(sink_name).connector.open(name)
+                try:
+                    await commit_entries(part, entries)
+                except Exception as e:
+                    failed.append(name)
+                    log.error("job %d sink %s: commit of %s failed in a recovery: %s: %s", job, sink_name, name,
+                              type(e).__name__, e)
+                finally:
+                    if w is None:
+                        await _quietly(part.close())
+        aborts = [(w.op.name, name, w) for name, w in old.items()]
+        aborts += [(s, name, None) for s, name in duties.get("abort", []) if name not in old]
+        for sink_name, name, w in aborts:
+            async with locks.setdefault(name, asyncio.Lock()):
+                part = w.part if w is not None else spec.by_name(sink_name).connector.open(name)
+                if part is None:
+                    part = spec.by_name(sink_name).connector.open(name)
+                await _quietly(part.abort(), f"abort of {name}")
+                await _quietly(part.close())
+        return failed
+
+    async def _sinks_stop(self, job: int) -> None:
+        """The job is cancelled: drop what its partitions did not commit."""
+        for w in self._sinks_detach(job):
+            async with w.lock:
+                if w.part is not None:
+                    await _quietly(w.part.abort(), f"abort of {w.name}")
+                    await _quietly(w.part.close())
+
+
+async def _quietly(coro, what: str = "") -> None:
+    try:
+        await coro
+    except Exception as e:  # a connector failing to clean up must not stop a recovery
+        if what:
+            log.error("sink %s failed: %s: %s", what, type(e).__name__, e)
