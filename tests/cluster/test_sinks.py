@@ -343,7 +343,7 @@ def test_a_barrier_holds_the_requests_above_it_at_a_stateful_operator_that_feeds
 def test_a_planner_sigkilled_and_restarted_leaves_the_sink_exact(tmp_path):
     """The commits owed are in the job's record: a planner restarted on its state directory re-drives them
     in the rollback, and the input replayed from its log is written once."""
-    from tests.test_recovery import _connect, _free_port, _start
+    from tests.cluster.test_recovery import _connect, _free_port, _start
 
     port = _free_port()
     addr = f"tcp://127.0.0.1:{port}"
