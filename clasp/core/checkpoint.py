@@ -138,9 +138,8 @@ class Coordinator:
 
 def boundary_reached(tracker: Tracker, boundary: int) -> bool:
     """Every record of the chunks below `boundary` is complete (or was given up on)."""
-    for c in tracker.chunks:  # in admission order: the first is the oldest still open
-        return c >= boundary
-    return True
+    oldest = tracker.oldest_chunk()
+    return oldest is None or oldest >= boundary
 
 
 def dispatch_boundary(queue: Sequence, tracker: Tracker) -> int | None:
