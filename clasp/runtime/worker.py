@@ -33,6 +33,7 @@ from clasp.runtime.remote_state import RemoteState
 from clasp.runtime.security import Security
 from clasp.runtime.tasks import ProcessTasks, internal_error
 from clasp.runtime.worker_recovery import RecoveryMixin
+from clasp.runtime.worker_sources import SourcesMixin
 
 log = logging.getLogger("clasp.worker")
 # Errors whose text is meant for the asker; any other exception in a handler is a bug (an error id, logged).
@@ -48,7 +49,7 @@ MIGRATE_SLICE_ROWS = 1000  # queued requests one migrate message carries at most
 MIGRATE_SLICE_BYTES = 256 << 10  # and bytes of state, about: decoding it stays well under a millisecond
 
 
-class Worker(RecoveryMixin):
+class Worker(RecoveryMixin, SourcesMixin):
     """One worker process. `await Worker(...).serve()` runs until cancelled."""
 
     def __init__(self, planner: str, host: str = "127.0.0.1", data_port: int = 0, state_port: int = 0,
@@ -83,6 +84,7 @@ class Worker(RecoveryMixin):
         self._ports = (data_port, state_port, metrics_port)
         self._progress_since: float | None = None
         self.remote_states: dict[str, RemoteState] = {}  # state-server endpoint -> its client (remote state)
+        self.sources = {}  # job -> its source readers here (clasp/runtime/sources.py)
         self.tasks = ProcessTasks(log)  # every task of this process; cancelled together when serve() ends
         self.leave_timeout = leave_timeout  # after SIGTERM: longest wait for the planner's drain, then exit 1
         self.exit_code: int | None = None  # set when the planner's `shutdown` (or a failed drain) ends serve()
@@ -162,7 +164,9 @@ class Worker(RecoveryMixin):
                     "state_put": self._on_state_put, "counters": self._on_counters,
                     "migrate_plan": self._on_migrate_plan, "peers": self._on_peers, "shutdown": self._on_shutdown,
                     "ckpt_begin": self._on_ckpt_begin, "ckpt_snapshot": self._on_ckpt_snapshot,
-                    "ckpt_abort": self._on_ckpt_abort, "restore": self._on_restore}
+                    "ckpt_abort": self._on_ckpt_abort, "restore": self._on_restore,
+                    "leased": self._on_leased, "credit": self._on_credit, "src_assign": self._on_src_assign,
+                    "src_release": self._on_src_release}
         while True:
             frames = await self.dealer.recv_multipart()
             try:
@@ -199,6 +203,7 @@ class Worker(RecoveryMixin):
             # We were silent too long: the planner recovered our jobs without us. Nothing here is current
             # any more; register again as a new worker holding nothing.
             self.jobs.clear()
+            self._sources_drop_all()
             self.welcomed.clear()
         log.warning("planner reports %s: %s", body["reason"], body["detail"])
 
@@ -257,6 +262,7 @@ class Worker(RecoveryMixin):
             eng.remote_state = self._remote_state(body["state_server"])
         eng.floor = body.get("floor") or 0  # rows of an older epoch belong to an era a recovery rolled back
         self.jobs[job] = eng
+        self._sources_attach(eng, body.get("sources"))
         log.info("deployed job %d (%s), %d operators, epoch %d", job, spec.name, len(spec.operators), placement.epoch)
         return protocol.reply(body["req"], {"worker": self.id})
 
@@ -514,8 +520,9 @@ class Worker(RecoveryMixin):
         if eng.queued_plans and self.jobs.get(eng.job) is eng:
             self._on_migrate_plan(eng.queued_plans.pop(0))
 
-    def _on_stop_job(self, body) -> bytes:
+    async def _on_stop_job(self, body) -> bytes:
         self.jobs.pop(body["job"], None)
+        await self._sources_detach(body["job"])
         return protocol.reply(body["req"], True)
 
     # ----------------------------------------------------------------- state server (any process)
