@@ -380,6 +380,15 @@ class Job:
         return c._wait(c._send("wait_idle", {"job": self.id, "timeout": float(timeout)}), timeout + 10.0,
                        "wait_idle")
 
+    def stop(self, timeout: float = 60.0) -> dict:
+        """End a job on unbounded sources: every reader stops where it is, everything read completes, and
+        (with checkpoints) a last checkpoint is taken, whose positions a later run could resume from. The
+        job's state and collected outputs stay readable. Returns `wait_idle`'s summary plus `checkpoint`
+        (its id, or None) and `positions` ([[source, partition, position]]). A worker that dies meanwhile
+        makes it fail: the job rolls back and reads again; call it again."""
+        c = self.client
+        return c._wait(c._send("stop", {"job": self.id, "timeout": float(timeout)}), timeout + 10.0, "stop")
+
     def state(self, operator: str, timeout: float = 60.0) -> dict:
         """The keyed state of a stateful operator, gathered from every worker. While the job recovers from a
         worker's death (or one may have died unnoticed), it waits up to `timeout` s for the job to serve

@@ -516,7 +516,7 @@ class Planner(PlannerRecoveryMixin, PlannerSourcesMixin):
                     job.errors.append({"worker": w.id, **err})
 
     def _on_done(self, ident: bytes, body: list) -> None:
-        job = self.jobs.get(body[0])
+        job = self.jobs.get(body[0]) or self.deploying.get(body[0])  # readers start as soon as deployed
         if job is None or (job.ckpt is not None and self._ckpt_stale_done(job, ident)):
             return
         if job.tracker.progress(body[1], time.monotonic()):
@@ -1158,7 +1158,7 @@ class Planner(PlannerRecoveryMixin, PlannerSourcesMixin):
                 "queue_bound": {"records": self.bound.max_records, "bytes": self.bound.max_bytes,
                                 "max_delay": self.bound.max_delay, "limit": job.limit,
                                 "drain_bytes_per_s": job.drain},
-                "checkpoints": self.ckpt_stats(job)}
+                "checkpoints": self.ckpt_stats(job), "sources": self.source_stats(job)}
 
 
 class _PlannerCollector:

@@ -190,6 +190,18 @@ class PlannerSourcesMixin:
         for ident, n in deferred:
             self._lease(job, ident, n)
 
+    def source_stats(self, job) -> dict | None:
+        """`job.stats()["sources"]`: partitions, who reads how many, records read and complete."""
+        src = job.src
+        if src is None:
+            return None
+        owners: dict[str, int] = {}
+        for w in src.owners.values():
+            owners[w] = owners.get(w, 0) + 1
+        t = job.tracker
+        return {"partitions": len(src.parts), "ended": len(src.ended), "bounded": src.bounded,
+                "stopped": src.stopped, "owners": owners, "read": t.read, "read_complete": t.read_done}
+
     # ----------------------------------------------------------------- stop
     async def _on_stop(self, ident: bytes, msg: protocol.Stop) -> None:
         """`job.stop()`: every reader stops (positions kept), what was read completes, a last checkpoint is

@@ -137,18 +137,27 @@ class SourceReaders:
                 self.asked = False  # unanswered (the planner restarted, or the ask crossed a rollback): again
 
     async def _read(self, p: Partition) -> None:
+        while await self._read_one(p):
+            pass
+
+    async def _read_one(self, p: Partition) -> bool:
+        """Read and admit one batch; False once the partition has ended. The batch's room in the window is
+        taken before the read (readers of one worker read concurrently) and what was not used given back."""
         op = self.eng.ops[p.op]
         job = self.eng.job
-        while True:
-            while self.inflight >= self.window:
-                self.room.clear()
-                await self.room.wait()
+        while self.inflight >= self.window:
+            self.room.clear()
+            await self.room.wait()
+        take = min(BATCH, self.window - self.inflight)
+        self.inflight += take
+        used = 0
+        try:
             try:
-                batch = await p.reader.next_batch(min(BATCH, self.window - self.inflight))
+                batch = await p.reader.next_batch(take)
             except Exception as e:  # the source's failure is the source operator's error; it is asked again
                 self.eng._fail(op, OperatorError(f"source {op.name!r}, partition {p.name!r}: {e!r}"), None)
                 await asyncio.sleep(1.0)
-                continue
+                return True
             for err in p.reader.take_errors():
                 self.eng._fail(op, OperatorError(f"source {op.name!r}: {err}"), None)
             if not batch:
@@ -156,13 +165,18 @@ class SourceReaders:
                     p.position = p.reader.position()
                     p.ended = True
                     self.send(protocol.encode("read_end", [job, op.name, p.name]))
-                    return
+                    return False
                 await asyncio.sleep(POLL_S)
-                continue
+                return True
             chunk = await self._chunk()
             # From here to the seal nothing awaits: the batch, its chunk and the position go together.
             counts = self.eng.admit_source(p.op, batch, chunk << CHUNK_BITS)
             self.send(protocol.encode("seal", [job, chunk, len(batch), counts]))
             p.position = p.reader.position()
-            self.inflight += len(batch)
+            used = len(batch)
             self.wake()
+            return True
+        finally:
+            self.inflight -= take - used
+            if self.inflight < self.window:
+                self.room.set()
