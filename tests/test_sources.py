@@ -63,7 +63,7 @@ def check_exact(job, lines: list[str]) -> None:
     for word, n in job.collected("count"):
         emitted.setdefault(word, []).append(n)
     wrong = {w: sorted(ns)[:10] for w, ns in emitted.items() if sorted(ns) != list(range(1, expected[w] + 1))}
-    assert not wrong and set(emitted) == set(expected), f"{len(wrong)} words counted wrong, e.g. {list(wrong.items())[:3]}"
+    assert not wrong and set(emitted) == set(expected), f"{len(wrong)} words wrong, e.g. {list(wrong.items())[:3]}"
 
 
 def _kill(client, wid: str) -> None:
@@ -76,8 +76,9 @@ def _kill(client, wid: str) -> None:
 def test_file_source_word_count_exact_after_a_worker_sigkill(tmp_path_factory, seed):
     rng = random.Random(seed)
     data = tmp_path_factory.mktemp("input")
-    lines = write_input(data, rng, files=3, lines=15000)
-    source = FileSource(str(data / "part-*.txt"), range_bytes=100_000)  # 3 files, ~9 ranges
+    # More lines than the workers' windows hold: the first checkpoints cut the files in the middle.
+    lines = write_input(data, rng, files=3, lines=40000)
+    source = FileSource(str(data / "part-*.txt"), range_bytes=200_000)  # 3 files, ~12 ranges
     cluster = start_cluster(tmp_path_factory, 4, planner_args=["--no-autoscale", "--checkpoint-interval", "0.3"])
     try:
         with clasp.connect(cluster.planner) as client:
@@ -86,7 +87,7 @@ def test_file_source_word_count_exact_after_a_worker_sigkill(tmp_path_factory, s
             assert stats["partitions"] >= 6 and len(stats["owners"]) == 4, stats
             wait_for(lambda: job.stats()["checkpoints"]["completed"] >= 1, timeout=30, what="a first checkpoint")
             time.sleep(rng.uniform(0.1, 0.5))
-            assert job.stats()["sources"]["ended"] < stats["partitions"], "the input ended before the kill"
+            assert job.stats()["completed"] < len(lines), "the input was done before the kill"
             victim = rng.choice([w["id"] for w in client.workers() if w["alive"]])
             _kill(client, victim)
             wait_for(lambda: job.stats()["checkpoints"]["recoveries"] >= 1, timeout=30, what="the recovery")
@@ -99,14 +100,16 @@ def test_file_source_word_count_exact_after_a_worker_sigkill(tmp_path_factory, s
 
 def test_rescale_1_4_2_moves_partitions_with_their_positions(tmp_path_factory):
     data = tmp_path_factory.mktemp("input")
-    lines = write_input(data, random.Random(7), files=4, lines=8000)
-    cluster = start_cluster(tmp_path_factory, 4, planner_args=["--no-autoscale"])
+    lines = write_input(data, random.Random(7), files=4, lines=16000)
+    # A small window per worker: reading goes on through both rescales.
+    cluster = start_cluster(tmp_path_factory, 4, planner_args=["--no-autoscale"],
+                            worker_args=["--source-window", "2048"])
     one = {"lines": {0: 1.0}, "split": {0: 1.0}, "count": {0: 1.0}}
     try:
         with clasp.connect(cluster.planner) as client:
-            job = client.submit(word_count(FileSource(str(data / "*.txt"), range_bytes=60_000)), placement=one)
+            job = client.submit(word_count(FileSource(str(data / "*.txt"), range_bytes=100_000)), placement=one)
             total = job.stats()["sources"]["partitions"]
-            assert job.stats()["sources"]["owners"] == {"w0": total} and total >= 8
+            assert list(job.stats()["sources"]["owners"].values()) == [total] and total >= 8
             time.sleep(0.3)
             assert not job.scale(4)["failed"]
             four = job.stats()["sources"]

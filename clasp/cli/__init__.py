@@ -100,7 +100,8 @@ def _worker(args) -> int:
     w = Worker(args.planner, host=args.host, data_port=args.data_port, state_port=args.state_port,
                metrics_port=args.metrics_port, advertise=args.advertise, worker_id=args.id, p_max=args.p_max,
                flush_delay=args.flush_delay_ms / 1000.0, max_batch=args.max_batch, cpus=args.cpus, security=security,
-               metrics_host=args.metrics_host, leave_timeout=args.leave_timeout, state_dir=args.state_dir)
+               metrics_host=args.metrics_host, leave_timeout=args.leave_timeout, state_dir=args.state_dir,
+               source_window=args.source_window)
     return run(w.serve, on_term=w.leave)
 
 
@@ -385,6 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--max-batch", type=_positive(int), default=2000,
                    help="rows of remote chained requests that flush a batch at once, whatever its age "
                         "(default %(default)s)")
+    w.add_argument("--source-window", type=_positive(int), default=16384,
+                   help="records this worker's source readers keep in flight per job, at most: read and not yet "
+                        "complete; a reader waits while they are (default %(default)s)")
     w.add_argument("--leave-timeout", type=_positive(float), default=300.0,
                    help="after SIGTERM, the longest wait in seconds for the planner to drain this worker before "
                         "exiting 1 (default %(default)s)")

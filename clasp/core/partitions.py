@@ -11,8 +11,11 @@ owner moves with its position (`clasp/runtime/sources.py`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
+from clasp.core.dag import DagSpec
 from clasp.core.parallelism import largest_remainder
+from clasp.core.routing import Placement
 
 
 def partition_counts(shares: Mapping[str, float], n: int) -> dict[str, int]:
@@ -52,3 +55,18 @@ def assign_partitions(partitions: Sequence[str], shares: Mapping[str, float],
 def moved_partitions(old: Mapping[str, str], new: Mapping[str, str]) -> dict[str, tuple[str | None, str]]:
     """Partition -> (old owner or None, new owner), for those whose owner changes."""
     return {p: (old.get(p), w) for p, w in new.items() if old.get(p) != w}
+
+
+def readers_follow(spec: DagSpec, placement: Placement) -> Placement:
+    """`placement` with every source operator on the workers of its first successor, with the same shares:
+    a policy sees no load on a source operator (it runs no function), and its partitions should be read
+    where what it reads is processed, local first. Returns a new Placement; others' placements unchanged."""
+    ops = dict(placement.operators)
+    for i in spec.readers:
+        o = spec.operators[i]
+        if not o.successors:
+            continue
+        follow = placement.operators[spec.operators[o.successors[0]].name]
+        ops[o.name] = replace(ops[o.name], shares=dict(follow.shares),
+                              instances={w: max(1, n) for w, n in follow.instances.items()})
+    return replace(placement, operators=ops)

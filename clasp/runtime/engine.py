@@ -379,8 +379,13 @@ class JobEngine:
         runs on and keeps a key group's image before the first request at or above the boundary changes
         it (`_run_shadowed`); an async one's requests at or above the boundary are held out of its queue."""
         self.barrier = boundary
-        self.shadows = {op.index: {} for op in self.ops if op.stateful and not op.is_async}
-        self.barrier_held = {op.index: [] for op in self.ops if op.stateful and op.is_async}
+        # A job reading declared sources aligns instead: records below the boundary keep flowing after the
+        # barrier (each worker's readers have a window of them in flight), and a request above it that
+        # overtook one below at a key would emit from a state the checkpoint does not hold (a running
+        # count's n): every stateful operator holds its requests at or above the boundary until the snapshot.
+        aligned = bool(self.spec.readers)
+        self.shadows = {op.index: {} for op in self.ops if op.stateful and not op.is_async and not aligned}
+        self.barrier_held = {op.index: [] for op in self.ops if op.stateful and (op.is_async or aligned)}
         self.apply_placement(self.placement)
 
     def release_barrier(self) -> int:

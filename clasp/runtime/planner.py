@@ -45,6 +45,7 @@ from clasp.core.credit import (
 from clasp.core.dag import DagError, DagSpec
 from clasp.core.limits import LimitError, check_client_pending, check_dag, check_message
 from clasp.core.migration import PLANNER, plan_migration
+from clasp.core.partitions import readers_follow
 from clasp.core.placement import NoPlacementError
 from clasp.core.policies import POLICIES
 from clasp.core.protocol import ProtocolError
@@ -933,6 +934,8 @@ class Planner(PlannerRecoveryMixin, PlannerSourcesMixin):
         `pool`: the ids the policy's indices meant when it decided (default: the pool now)."""
         pool = self._pool(job) if pool is None else pool
         new = to_runtime_placement(job.spec, result, pool, job.placement, job.placement.epoch + 1, job.key_weights)
+        if job.src is not None:
+            new = readers_follow(job.spec, new)
         record = await self._run_migration(job, new, reason)
         job.controller.placed(result)
         return record

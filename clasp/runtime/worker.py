@@ -31,6 +31,7 @@ from clasp.runtime.monitor import Monitor, WorkerCollector
 from clasp.runtime.net import DirectSend, advertised, batch_io_threads, bind, drained, start_metrics_server, zero_copy
 from clasp.runtime.remote_state import RemoteState
 from clasp.runtime.security import Security
+from clasp.runtime.sources import WINDOW
 from clasp.runtime.tasks import ProcessTasks, internal_error
 from clasp.runtime.worker_recovery import RecoveryMixin
 from clasp.runtime.worker_sources import SourcesMixin
@@ -56,7 +57,7 @@ class Worker(RecoveryMixin, SourcesMixin):
                  metrics_port: int = 0, advertise: str | None = None, worker_id: str | None = None,
                  p_max: int = 10, heartbeat: float = 1.0, flush_delay: float = 0.001, max_batch: int = 2000,
                  cpus: float | None = None, security: Security | None = None, metrics_host: str | None = None,
-                 leave_timeout: float = 300.0, state_dir: str | None = None):
+                 leave_timeout: float = 300.0, state_dir: str | None = None, source_window: int = WINDOW):
         self.planner_addr = planner
         self.state_dir = state_dir  # checkpoints; None: the directory the planner names
         self.checkpoint_failures = 0
@@ -85,6 +86,7 @@ class Worker(RecoveryMixin, SourcesMixin):
         self._progress_since: float | None = None
         self.remote_states: dict[str, RemoteState] = {}  # state-server endpoint -> its client (remote state)
         self.sources = {}  # job -> its source readers here (clasp/runtime/sources.py)
+        self.source_window = source_window
         self.tasks = ProcessTasks(log)  # every task of this process; cancelled together when serve() ends
         self.leave_timeout = leave_timeout  # after SIGTERM: longest wait for the planner's drain, then exit 1
         self.exit_code: int | None = None  # set when the planner's `shutdown` (or a failed drain) ends serve()

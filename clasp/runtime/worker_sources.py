@@ -14,13 +14,15 @@ from clasp.runtime.sources import SourceReaders
 
 class SourcesMixin:
     sources: dict[int, SourceReaders]
+    source_window: int
 
     def _sources_attach(self, eng: JobEngine, parts: list | None) -> None:
         """A new engine for the job (deploy, restore): its readers, opening the partitions this worker owns
         among `parts` ([[op, partition, owner, position]])."""
         if not eng.spec.readers:
             return
-        readers = self.sources[eng.job] = SourceReaders(eng, self.dealer.send, self.tasks.spawn, self.wake.set)
+        readers = self.sources[eng.job] = SourceReaders(eng, self.dealer.send, self.tasks.spawn, self.wake.set,
+                                                        self.source_window)
         readers.assign([[op, part, pos] for op, part, owner, pos in parts or () if owner == self.id])
 
     async def _sources_detach(self, job: int) -> None:
