@@ -19,6 +19,7 @@ from pathlib import Path
 
 import clasp
 from clasp.bench import emit
+from clasp.bench.runtime import cpu_seconds
 from clasp.connectors.files import FileSource
 from clasp.local.cluster import LocalCluster
 
@@ -56,10 +57,14 @@ def write_files(directory: Path, lines: int, files: int, seed: int = 1) -> list[
     return out
 
 
-def run_one(n: int, cpu: float | None, lines: list[str], directory: Path, push: bool) -> dict:
+def run_one(n: int, cpu_quota: float | None, lines: list[str], directory: Path, push: bool,
+            checkpoint_interval: float = 1.0) -> dict:
     logs = tempfile.mkdtemp(prefix="clasp-ingest-")
-    with LocalCluster(workers=n, cpu_per_worker=cpu, planner_args=["--no-autoscale"], log_dir=logs) as cl, \
+    planner = ["--no-autoscale", "--checkpoint-interval", str(checkpoint_interval)]
+    with LocalCluster(workers=n, cpu_per_worker=cpu_quota, planner_args=planner, log_dir=logs) as cl, \
             clasp.connect(cl.planner, timeout=60) as client:
+        pids = {"planner": cl.procs[0].pid, **{w["id"]: w["pid"] for w in client.workers()}}
+        cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
         if push:
             job = client.submit(word_count(), autoscale=False)
             t0 = time.perf_counter()
@@ -72,12 +77,17 @@ def run_one(n: int, cpu: float | None, lines: list[str], directory: Path, push: 
             job = client.submit(word_count(src), autoscale=False)
         summary = job.wait_idle(timeout=900)
         wall = time.perf_counter() - t0
+        cpu = {k: cpu_seconds(p) - cpu0[k] for k, p in pids.items()}
         stats = job.stats(fresh=True)
         words = stats["operators"]["count"]["processed"]
     done = summary["read"] + summary["pushed"]
     assert done == len(lines) == summary["completed"], summary
     return {"workers": n, "lines": len(lines), "wall_s": round(wall, 3), "lines_per_s": round(len(lines) / wall, 1),
-            "words_per_s": round(words / wall, 1), "partitions": (stats["sources"] or {}).get("partitions")}
+            "words_per_s": round(words / wall, 1), "partitions": (stats["sources"] or {}).get("partitions"),
+            # CPU seconds the run took: the workers' share of their quotas says whether they, or the host,
+            # were the limit
+            "cpu_planner_s": round(cpu.pop("planner"), 2), "cpu_workers_s": round(sum(cpu.values()), 2),
+            "worker_quota_used": round(sum(cpu.values()) / (n * cpu_quota * wall), 2) if cpu_quota else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="cgroup CPU quota of each worker; 0: none (default %(default)s)")
     p.add_argument("--lines-per-worker", type=int, default=20_000,
                    help="input lines per worker of the run (default %(default)s)")
+    p.add_argument("--checkpoint-interval", type=float, default=1.0,
+                   help="the planner's checkpoint interval in seconds, 0: off (default %(default)s, the planner's)")
     p.add_argument("--push", action="store_true", help="also measure Word Count fed by push() into the planner")
     p.add_argument("--json", help="also write the result to this file")
     p.add_argument("--plot", help="draw throughput against workers into this image (needs matplotlib)")
@@ -94,17 +106,18 @@ def main(argv: list[str] | None = None) -> int:
     counts = [int(x) for x in args.workers.split(",")]
     cpu = args.cpu_per_worker or None
     result: dict = {"cpu_per_worker": cpu, "lines_per_worker": args.lines_per_worker,
+                    "checkpoint_interval": args.checkpoint_interval,
                     "words_per_line": WORDS_PER_LINE, "command": " ".join(["python -m clasp.bench.ingest_scaling",
                                                                            *(argv or sys.argv[1:])]),
                     "sources": [], "push": []}
     for n in counts:
         with tempfile.TemporaryDirectory(prefix="clasp-ingest-input-") as d:
             lines = write_files(Path(d), n * args.lines_per_worker, files=max(2, n))
-            r = run_one(n, cpu, lines, Path(d), push=False)
+            r = run_one(n, cpu, lines, Path(d), False, args.checkpoint_interval)
             result["sources"].append(r)
             print(f"sources, {n} workers: {r['lines_per_s']:.0f} lines/s", file=sys.stderr)
             if args.push:
-                r = run_one(n, cpu, lines, Path(d), push=True)
+                r = run_one(n, cpu, lines, Path(d), True, args.checkpoint_interval)
                 result["push"].append(r)
                 print(f"push, {n} workers: {r['lines_per_s']:.0f} lines/s", file=sys.stderr)
     base = result["sources"][0]["lines_per_s"]
