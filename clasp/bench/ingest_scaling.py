@@ -80,7 +80,7 @@ def run_one(n: int, cpu_quota: float | None, lines: list[str], directory: Path, 
         cpu = {k: cpu_seconds(p) - cpu0[k] for k, p in pids.items()}
         stats = job.stats(fresh=True)
         words = stats["operators"]["count"]["processed"]
-    done = summary["read"] + summary["pushed"]
+    done = summary.get("read", 0) + summary["pushed"]
     assert done == len(lines) == summary["completed"], summary
     return {"workers": n, "lines": len(lines), "wall_s": round(wall, 3), "lines_per_s": round(len(lines) / wall, 1),
             "words_per_s": round(words / wall, 1), "partitions": (stats["sources"] or {}).get("partitions"),

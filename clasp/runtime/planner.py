@@ -743,8 +743,10 @@ class Planner(PlannerRecoveryMixin, PlannerSourcesMixin):
         self._check_waiters(job)
 
     def _idle_summary(self, job: PlannerJob) -> dict:
-        return {"pushed": job.counters["pushed"], "read": job.tracker.read, "completed": job.tracker.completed,
-                "lost": job.tracker.lost}
+        out = {"pushed": job.counters["pushed"], "completed": job.tracker.completed, "lost": job.tracker.lost}
+        if job.src is not None:
+            out["read"] = job.tracker.read  # records read from the declared sources
+        return out
 
     def _condition(self, job: PlannerJob) -> scheduler.JobCondition:
         """What `scheduler.busy` and `scheduler.unsettled` decide on, for `job` now."""
