@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import threading
 import time
 from collections import Counter
 
@@ -66,14 +67,22 @@ def check_exact(job, lines: list[str]) -> None:
     assert not wrong and set(emitted) == set(expected), f"{len(wrong)} words wrong, e.g. {list(wrong.items())[:3]}"
 
 
+def _try(fn):
+    try:
+        return fn()
+    except clasp.ClaspError:
+        return None  # a migration that a worker's death failed
+
+
 def _kill(client, wid: str) -> None:
     for w in client.workers():
         if w["id"] == wid and w["alive"]:
             os.kill(w["pid"], signal.SIGKILL)
 
 
+@pytest.mark.parametrize("during", ["reading", "a rescale"])
 @pytest.mark.parametrize("seed", range(SEEDS))
-def test_file_source_word_count_exact_after_a_worker_sigkill(tmp_path_factory, seed):
+def test_file_source_word_count_exact_after_a_worker_sigkill(tmp_path_factory, seed, during):
     rng = random.Random(seed)
     data = tmp_path_factory.mktemp("input")
     # More lines than the workers' windows hold: the first checkpoints cut the files in the middle.
@@ -89,7 +98,14 @@ def test_file_source_word_count_exact_after_a_worker_sigkill(tmp_path_factory, s
             time.sleep(rng.uniform(0.1, 0.5))
             assert job.stats()["completed"] < len(lines), "the input was done before the kill"
             victim = rng.choice([w["id"] for w in client.workers() if w["alive"]])
-            _kill(client, victim)
+            if during == "a rescale":  # partitions move while the victim dies: the rollback decides
+                mover = threading.Thread(target=lambda: _try(lambda: job.scale(2)))
+                mover.start()
+                time.sleep(0.02)
+                _kill(client, victim)
+                mover.join()
+            else:
+                _kill(client, victim)
             wait_for(lambda: job.stats()["checkpoints"]["recoveries"] >= 1, timeout=30, what="the recovery")
             summary = job.wait_idle(timeout=120)
             assert summary["read"] == len(lines) and summary["completed"] == len(lines) and summary["lost"] == 0
