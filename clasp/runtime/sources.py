@@ -31,7 +31,7 @@ from clasp.runtime.engine import JobEngine, OperatorError
 
 log = logging.getLogger("clasp.worker.sources")
 BATCH = 1024  # records a reader is asked for at once (a chunk holds one batch)
-WINDOW = 16384  # records read here and not complete, at most (per job)
+WINDOW = 4096  # records read here and not complete, at most (per job): 4 batches
 LEASE_CHUNKS = 16  # chunk ids asked for at once
 POLL_S = 0.05
 LEASE_RETRY_S = 2.0  # an unbounded partition with nothing new: ask again after this
