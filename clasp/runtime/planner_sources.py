@@ -35,7 +35,8 @@ class SourceState:
         self.positions: dict[tuple[str, str], Any] = {}  # the last known: a handoff's or a checkpoint's
         self.ended: set[tuple[str, str]] = set()  # bounded partitions read to their end
         self.bounded = bounded
-        self.stopped = False  # `job.stop()`: the readers stopped for good
+        self.stopped = False  # `job.stop()`: the readers stopped
+        self.finished = False  # `job.stop()` returned: a later rollback does not read again
         self.deferred: list[tuple[bytes, int]] = []  # lease requests that came during a rollback
 
     def reading(self) -> int:
@@ -177,15 +178,17 @@ class PlannerSourcesMixin:
     def _sources_restore(self, job, placement: Placement, serving: list[str], positions: dict | None) -> tuple:
         """A rollback's partitions: (owners, positions, the restore body's list); nothing while stopped."""
         src = job.src
-        owners = owners_under(src, placement, serving, {k: w for k, w in src.owners.items() if w in serving})
         positions = dict(positions or {})
+        if src.finished:
+            return {}, positions, []
+        owners = owners_under(src, placement, serving, {k: w for k, w in src.owners.items() if w in serving})
         return owners, positions, src.wire(owners, positions)
 
     def _sources_restored(self, job, owners: dict, positions: dict) -> None:
         """The rollback is done: every partition reopened at the checkpoint's position; older leases void."""
         src = job.src
         src.owners, src.positions, src.ended = owners, positions, set()
-        src.stopped = False
+        src.stopped = src.finished
         deferred, src.deferred = src.deferred, []
         for ident, n in deferred:
             self._lease(job, ident, n)
@@ -230,6 +233,8 @@ class PlannerSourcesMixin:
                 if src is not None and not src.stopped:
                     raise RuntimeError(f"job {job.id}: a worker died while it stopped; it reads again from its "
                                        "last checkpoint: call stop() again")
+        if src is not None:
+            src.finished = True
         self._reply(ident, msg.req, {**self._idle_summary(job), "checkpoint": ckpt,
                                      "positions": src.as_list() if src is not None else []})
 
