@@ -2,8 +2,12 @@
 
 It runs a `clasp.Dag` single-threaded and deterministically with the runtime's semantics, so a user can
 unit-test operator logic and the expected answer without starting a cluster. It is not the runtime: no
-workers, no placement, no concurrency. Order: each input record enters every source; then operators
-run in topological order, each draining its FIFO queue, before the next record is pushed.
+workers, no placement, no concurrency. Order: each pushed record enters every root that is not a declared
+source; then operators run in topological order, each draining its FIFO queue, before the next record is
+pushed. After the pushed records, every declared source is read, partition by partition, each value
+entering its source's successors the same way (an unbounded source: what it has now).
+
+`IterableSource(values, partitions=n)` is a source over a Python list, for tests and demos.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 import msgpack
 
 from clasp.connectors.file_sink import FileSink
+from clasp.core.connector import Source, SourcePartition
 from clasp.core.dag import Dag, DagError
 from clasp.core.outputs import as_outputs
 from clasp.core.sinks import SINK_BATCH, partition_name
@@ -51,6 +56,7 @@ class LocalJob:
     _states: dict[str, dict]
     _collected: dict[str, list]
     _busy_ns: dict[str, int] = field(repr=False)
+    errors: list[str] = field(default_factory=list)  # what the sources skipped (a bad JSON line), and where
 
     def state(self, name: str) -> dict:
         """Key -> state of a stateful operator (a copy, as it would come back from the workers)."""
@@ -88,6 +94,48 @@ class ListSink(FileSink):
 
     def __repr__(self) -> str:
         return f"ListSink({self.directory!r})"
+class IterableSource(Source):
+    """A source over `values` (a list, copied), dealt round robin into `partitions` partitions; positions are
+    indices into a partition. `bounded=False` makes it a stream that never ends (nothing after its values):
+    a job on it runs until `job.stop()`."""
+
+    def __init__(self, values: Iterable, partitions: int = 1, bounded: bool = True):
+        if partitions < 1:
+            raise ValueError(f"IterableSource needs at least one partition, not {partitions}")
+        self.values = list(values)
+        self.count = partitions
+        self._bounded = bounded
+
+    @property
+    def bounded(self) -> bool:
+        return self._bounded
+
+    def partitions(self) -> list[str]:
+        return [f"part-{i}" for i in range(self.count)]
+
+    def open(self, partition: str, position: Any | None) -> SourcePartition:
+        i = int(partition.rpartition("-")[2])
+        return _ListReader(self.values[i::self.count], int(position or 0), self._bounded)
+
+    def __repr__(self) -> str:
+        return f"IterableSource({len(self.values)} values, partitions={self.count})"
+
+
+class _ListReader(SourcePartition):
+    def __init__(self, values: list, position: int, bounded: bool):
+        self.values, self.pos, self.bounded = values, position, bounded
+
+    async def next_batch(self, limit: int) -> list:
+        out = self.values[self.pos:self.pos + limit]
+        self.pos += len(out)
+        return out
+
+    def position(self) -> int:
+        return self.pos
+
+    @property
+    def exhausted(self) -> bool:
+        return self.bounded and self.pos >= len(self.values)
 
 
 def _emit(outs: list, sink: list | None, successors: list) -> None:
@@ -109,8 +157,8 @@ async def _write_sink(sink, partition: str, values: list) -> None:
         await part.close()
 
 
-def run_local(dag: Dag, records: Iterable, *, roundtrip: bool = True) -> LocalJob:
-    """Run `dag` over `records` in this process and return a LocalJob.
+def run_local(dag: Dag, records: Iterable = (), *, roundtrip: bool = True) -> LocalJob:
+    """Run `dag` over `records` (pushed), then over its declared sources, in this process; return a LocalJob.
 
     `roundtrip=True` passes every request's value through msgpack first, as the runtime does, so a
     tuple arrives as a list and a non-serializable value fails here. Turn it off only for speed.
@@ -129,15 +177,36 @@ def run_local(dag: Dag, records: Iterable, *, roundtrip: bool = True) -> LocalJo
     perf = time.perf_counter_ns
 
     def wait(r):
-        # Only async operators get here; one loop serves the whole run.
+        # Only async operators and sources get here; one loop serves the whole run.
         nonlocal loop
         if loop is None:
             loop = asyncio.new_event_loop()
         return loop.run_until_complete(r)
 
-    try:
+    errors: list[str] = []
+
+    def inputs():
+        roots = spec.sources
         for rec in records:
-            for s in spec.sources:
+            if not roots:
+                raise DagError(f"dag {dag.name!r} reads only its declared sources: nothing to push records into")
+            yield roots, rec
+        for i in spec.readers:
+            source = ops[i].connector
+            for part in source.partitions():
+                reader = source.open(part, None)
+                while True:
+                    batch = wait(reader.next_batch(1024))
+                    errors.extend(reader.take_errors())
+                    for v in batch:
+                        yield (i,), v
+                    if not batch:
+                        break
+                wait(reader.close())
+
+    try:
+        for targets, rec in inputs():
+            for s in targets:
                 queues[s].append(rec)
             for i in order:
                 q = queues[i]
@@ -202,4 +271,4 @@ def run_local(dag: Dag, records: Iterable, *, roundtrip: bool = True) -> LocalJo
     finally:
         if loop is not None:
             loop.close()
-    return LocalJob(dag.name, processed, states, collected, busy)
+    return LocalJob(dag.name, processed, states, collected, busy, errors)

@@ -36,6 +36,8 @@ class CompleteCheckpoint:
     groups: dict[str, list[int]]  # stateful operator -> key groups that have a file
     bytes: int = 0
     duration_s: float = 0.0
+    # (source operator, partition) -> position at the cut: where a rollback to this checkpoint reopens it
+    positions: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -49,6 +51,7 @@ class PendingCheckpoint:
     bytes: int = 0
     collected: dict[str, list] = field(default_factory=dict)  # operator -> outputs of records below boundary
     snapshot_asked: bool = False
+    positions: dict = field(default_factory=dict)  # the sources' positions at the cut (the barrier's replies)
 
 
 class CheckpointError(Exception):
@@ -104,7 +107,7 @@ class Coordinator:
             if len(gs) != len(set(gs)):
                 raise CheckpointError(f"checkpoint {p.id}: a key group of {op!r} written twice")
         done = CompleteCheckpoint(p.id, p.boundary, {op: sorted(gs) for op, gs in p.groups.items()}, p.bytes,
-                                  now - p.t0)
+                                  now - p.t0, dict(p.positions))
         self.pending = None
         self.complete.append(done)
         dropped = [c.id for c in self.complete[:-self.keep]]
@@ -138,9 +141,8 @@ class Coordinator:
 
 def boundary_reached(tracker: Tracker, boundary: int) -> bool:
     """Every record of the chunks below `boundary` is complete (or was given up on)."""
-    for c in tracker.chunks:  # in admission order: the first is the oldest still open
-        return c >= boundary
-    return True
+    oldest = tracker.oldest_chunk()
+    return oldest is None or oldest >= boundary
 
 
 def dispatch_boundary(queue: Sequence, tracker: Tracker) -> int | None:

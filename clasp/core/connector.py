@@ -43,6 +43,11 @@ class SourcePartition(ABC):
         """Release the reader's resources; the runtime calls it when the partition moves away or the job ends."""
         return None
 
+    def take_errors(self) -> list[str]:
+        """Values the reader skipped since the last call (a line that is not valid JSON), each described
+        with where it was: the runtime reports them as errors of the source operator, the job goes on."""
+        return []
+
 
 class Source(ABC):
     """A partitioned input of a DAG (`dag.source(name, source)`)."""

@@ -223,7 +223,13 @@ class DagSpec:
         ops = [OperatorSpec(o.index, o.name, o.stateful, o.is_async, succ(o), o.fn, o.key, o.collect, o.batch,
                             o.connector, o.kind)
                for o in dag.operators]
-        return cls(dag.name, ops, [index[s] for s in dag.sources()])
+        # `sources` are the roots that `push()` feeds: not the operators reading a declared source.
+        return cls(dag.name, ops, [index[s] for s in dag.sources() if dag.operators[index[s]].kind != "source"])
+
+    @property
+    def readers(self) -> list[int]:
+        """The operators that read a declared source (`Dag.source`): their values enter at the workers."""
+        return [o.index for o in self.operators if o.kind == "source"]
 
     def topological(self) -> list[int]:
         """Operator indices so that every operator comes after its predecessors."""

@@ -34,6 +34,14 @@ Message types and who sends them (C client, P planner, W worker):
 | restore (sinks) | P → W | optional: sinks {worker: {commit: owed commits, abort: dead workers' partitions}}, run |
 | sink_commit | P → W | req, job, parts {partition: [sink, [[ckpt, prepared], ...]]}: commit, checkpoint complete |
 | sink_flush | P → W | req, job, seq: checkpoints off: write, prepare and commit every sink partition now |
+| lease | W → P | [job, chunks]: chunk ids for the batches its source readers will read (`clasp.core.tracking`) |
+| leased | P → W | job, first, count: chunk ids `first .. first + count - 1`, this worker's to use |
+| seal | W → P | [job, chunk, records, {epoch: {op: requests}}]: a batch read, handed to the source's successors |
+| read_end | W → P | [job, source operator, partition]: a bounded partition read to its end |
+| credit | P → W | job, records: records its readers read that are complete (the reader's window reopens) |
+| src_assign | P → W | req, job, parts [[op, partition, position]]: open readers of these partitions here |
+| src_release | P → W | req, job, parts [[op, partition]]: stop reading them; the reply holds their positions |
+| stop | C → P | req, job, timeout: stop reading the sources, finish what was read, take a last checkpoint |
 | rstate_get_many | W → P state server | req, job, op, keys — reply {key: state} for the keys that have one |
 | rstate_put_many | W → P state server | req, job, op, states {key: state, None deletes} — reply true |
 | reply | any → requester | req, ok, result or error |
@@ -92,17 +100,22 @@ SCHEMAS: dict[str, dict[str, tuple | None]] = {
     "peers": {"req": _INT, "job": _INT, "peers": _DICT},
     "sink_commit": {"req": _INT, "job": _INT, "parts": _DICT},
     "sink_flush": {"req": _INT, "job": _INT, "seq": _INT},
+    "credit": {"job": _INT, "records": _INT},
+    "leased": {"job": _INT, "first": _INT, "count": _INT},
+    "src_assign": {"req": _INT, "job": _INT, "parts": _LIST},
+    "src_release": {"req": _INT, "job": _INT, "parts": _LIST},
     "shutdown": {"ok": _BOOL, "detail": _STR},
     "rstate_get_many": {"req": _INT, "job": _INT, "op": _STR, "keys": _LIST},
     "rstate_put_many": {"req": _INT, "job": _INT, "op": _STR, "states": _DICT},
 }
 _OPTIONAL: dict[str, dict[str, tuple | None]] = {
     "counters": {"below": _INT},  # also answer `holds_below`: anything of a record below this id here
-    "deploy": {"state": _STR, "state_server": _STR, "floor": _INT, "run": _STR},
-    "restore": {"state": _STR, "state_server": _STR, "run": _STR, "sinks": _DICT},
+    "deploy": {"state": _STR, "state_server": _STR, "floor": _INT, "run": _STR, "sources": _LIST},
+    "restore": {"state": _STR, "state_server": _STR, "run": _STR, "sinks": _DICT, "sources": _LIST},
 }
 # List-bodied messages on the data path; the first element is always the job id.
-_LIST_BODIES = {"data": 3, "runs": 3, "cols": 3, "done": 2, "marker": 3, "migrate": 6}
+_LIST_BODIES = {"data": 3, "runs": 3, "cols": 3, "done": 2, "marker": 3, "migrate": 6, "seal": 4, "read_end": 3,
+                "lease": 2}
 
 
 # ----------------------------------------------------------------- typed control messages
@@ -250,6 +263,17 @@ class Cancel(JobRequest):
 
 
 @dataclass(slots=True)
+class Stop(JobRequest):
+    """End a job on unbounded sources: readers stop, what was read completes, a last checkpoint is taken."""
+
+    TYPE: ClassVar[str] = "stop"
+    timeout: float = _req(_NUM)
+
+    def check(self) -> None:
+        _check_timeout(self.TYPE, self.timeout)
+
+
+@dataclass(slots=True)
 class Jobs(Request):
     TYPE: ClassVar[str] = "jobs"
 
@@ -337,7 +361,7 @@ class Error(Message):
 
 
 MESSAGES: dict[str, type[Message]] = {cls.TYPE: cls for cls in (
-    Submit, Push, WaitIdle, StateRequest, Collected, Stats, Cancel, Jobs, Workers, Scale, Place, Autoscale,
+    Submit, Push, WaitIdle, StateRequest, Collected, Stats, Cancel, Stop, Jobs, Workers, Scale, Place, Autoscale,
     Drain, Pool, Register, Leave, Heartbeat, Reply, Error)}
 for _mtype, _cls in MESSAGES.items():
     SCHEMAS[_mtype] = {f.name: f.metadata["types"] for f in fields(_cls) if not f.metadata.get("optional")}
@@ -393,6 +417,8 @@ def parse(mtype: str, body: Any) -> Any:
     if cls is None:
         if mtype == "done":
             check_progress(body)
+        elif mtype == "seal":
+            check_seal(body)
         return body
     msg = cls(**{f.name: body.get(f.name) for f in fields(cls)})
     msg.check()
@@ -560,6 +586,13 @@ def check_progress(body: list) -> None:
             raise ProtocolError("bad_body", "done: epochs must be integers, each with {op: delta}")
         if not set(map(type, d)) <= {int} or not set(map(type, d.values())) <= {int}:
             raise ProtocolError("bad_body", "done: operators and deltas must be integers")
+
+
+def check_seal(body: list) -> None:
+    """Validate a seal [job, chunk, records, {epoch: {op: requests}}]."""
+    if type(body[1]) is not int or type(body[2]) is not int or body[1] < 0 or body[2] <= 0:
+        raise ProtocolError("bad_body", "seal: expected [job, chunk, records, counts]")
+    check_progress([body[0], body[3]])
 
 
 def reply(req: int, result: Any = None) -> bytes:

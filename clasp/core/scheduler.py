@@ -281,6 +281,7 @@ class JobCondition:
     replaying: int = 0  # records complete before the last rollback and not complete again yet
     rejoining: tuple[str, ...] = ()  # restarted workers the job is not deployed on again yet
     migrating: bool = False
+    reading: int = 0  # source partitions not read to their end (a stream's: all of them, until `stop()`)
 
 
 def suspected(serving: Sequence[str], dropped: Mapping[str, float], heard: Mapping[str, float]) -> tuple[str, ...]:
@@ -320,6 +321,8 @@ def busy(c: JobCondition) -> str | None:
     it will keep while no more input comes)."""
     if c.outstanding:
         return f"still has {c.outstanding} records in flight ({c.queued} queued at the planner)"
+    if c.reading:
+        return f"is still reading {c.reading} source partition(s)"
     why = unsettled(c)
     if why is not None:
         return why

@@ -9,11 +9,19 @@ together in one message. An epoch is complete when the planner has sent all its 
 is back at zero. Counts are kept per operator, not summed: a request finished on one worker may be
 reported before the report of the worker that produced it, which leaves its operator's count below zero
 and its parent's above, and the epoch open, until that report comes. Nothing is kept per record.
+
+Records a worker reads from a source enter at that worker, not at the planner: the worker leases ranges of
+chunk ids from the planner (`lease`), gives each batch it reads the next chunk of its lease, and reports
+the batch *sealed* (`sealed`: its size and the requests it handed to the source's successors) ahead of
+anything else about it, on the same ordered channel as its progress reports. A report from another worker
+about a leased chunk whose seal has not arrived yet opens the epoch unsealed: it cannot complete before
+the seal. A rollback forgets every source chunk at or above the checkpoint's boundary (its records are
+read again, as new chunks) and voids the leases: a late report about them is ignored.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Mapping
 
 import numpy as np
@@ -21,6 +29,7 @@ import numpy as np
 CHUNK_BITS = 20  # record id = chunk << CHUNK_BITS | index; a chunk holds at most 2**20 records
 EPOCH_BITS = 9  # epoch = record id >> EPOCH_BITS: up to 512 consecutive records of one chunk
 EPOCH_SIZE = 1 << EPOCH_BITS
+UNSEALED = -1  # an epoch's "records not sent yet" while the reader's seal of its chunk has not arrived
 
 
 class LatencyHistogram:
@@ -104,6 +113,15 @@ class Tracker:
         self.lost_below = 0
         self.interval = LatencyHistogram()
         self.cumulative = LatencyHistogram()
+        # Source chunks: the leased ranges [first, end) still valid (increasing), every sealed chunk's size
+        # down to the last checkpoint (`forget_sources_below`), who read it (its credit goes back there).
+        self.lease_starts: list[int] = []
+        self.lease_ends: list[int] = []
+        self.source_sizes: dict[int, int] = {}
+        self.readers: dict[int, str] = {}
+        self.credit: dict[str, int] = {}  # reader -> records of its chunks completed, not taken yet
+        self.read = 0  # of `admitted`, the records read from sources
+        self.read_done = 0  # of `completed`, those records
 
     @property
     def outstanding(self) -> int:
@@ -113,7 +131,7 @@ class Tracker:
     def suspects(self) -> int:
         """Records of the suspect epochs that were dispatched (they stop counting as in flight)."""
         eps = self.epochs
-        return sum(eps[e][1] - eps[e][0] for e in self.suspect_epochs if e in eps)
+        return sum(eps[e][1] - max(eps[e][0], 0) for e in self.suspect_epochs if e in eps)
 
     def admit(self, n: int, now: float) -> int:
         """Admit n records entering at `now`; returns the first record id (the rest follow)."""
@@ -124,6 +142,64 @@ class Tracker:
         self.chunks[c] = [now, n, n]
         self.admitted += n
         return c << CHUNK_BITS
+
+    def lease(self, n: int) -> int:
+        """Lease `n` chunk ids to a worker reading a source; returns the first (the rest follow)."""
+        if n <= 0:
+            raise ValueError(f"lease of {n} chunks")
+        first = self.next_chunk
+        self.next_chunk += n
+        self.lease_starts.append(first)
+        self.lease_ends.append(first + n)
+        return first
+
+    def leased(self, chunk: int) -> bool:
+        """Whether `chunk` is in a valid lease (not rolled back)."""
+        i = bisect_right(self.lease_starts, chunk) - 1
+        return i >= 0 and chunk < self.lease_ends[i]
+
+    def sealed(self, chunk: int, n: int, counts: Mapping[int, Mapping[int, int]], now: float,
+               reader: str | None = None) -> int:
+        """A worker read `n` records as source chunk `chunk` and handed them to the source's successors,
+        `counts` of them to each (epoch -> {operator: requests}). A chunk outside every valid lease, or
+        sealed already, is ignored. Returns how many records completed."""
+        if chunk in self.source_sizes or not self.leased(chunk) or not 0 < n <= 1 << CHUNK_BITS:
+            return 0
+        self.source_sizes[chunk] = n
+        if reader is not None:
+            self.readers[chunk] = reader
+        self.chunks[chunk] = [now, n, n]
+        self.admitted += n
+        self.read += n
+        epochs = self.epochs
+        touched = []
+        rid = first = chunk << CHUNK_BITS
+        end = first + n
+        while rid < end:
+            e = rid >> EPOCH_BITS
+            stop = min(end, (e + 1) << EPOCH_BITS)
+            ep = epochs.get(e)
+            if ep is None:
+                epochs[e] = [0, stop - rid, {}]
+            else:  # opened unsealed by a report that overtook the seal
+                ep[0], ep[1] = 0, stop - rid
+            touched.append(e)
+            rid = stop
+        for e, c in counts.items():
+            ep = epochs.get(e)
+            if ep is not None:
+                _merge(ep[2], c)
+        return self._complete(touched, now)
+
+    def take_credit(self) -> dict[str, int]:
+        """Per reader, the records of its source chunks that completed since the last call."""
+        c, self.credit = self.credit, {}
+        return c
+
+    def forget_sources_below(self, chunk: int) -> None:
+        """A checkpoint at `chunk` is complete: no rollback goes below it, the sizes kept for one can go."""
+        for c in [c for c in self.source_sizes if c < chunk and c not in self.chunks]:
+            del self.source_sizes[c]
 
     def _epoch_size(self, e: int) -> int:
         first = e << EPOCH_BITS
@@ -163,9 +239,15 @@ class Tracker:
         for e, d in deltas.items():
             ep = epochs.get(e)
             if ep is None:
-                if e >= lost_below and (e << EPOCH_BITS) >> CHUNK_BITS in self.chunks:
-                    self.unknown += 1
-                continue  # an epoch given up on, or rolled back and not dispatched again yet
+                c = (e << EPOCH_BITS) >> CHUNK_BITS
+                if e < lost_below:
+                    continue
+                if c not in self.chunks and c not in self.source_sizes and self.leased(c):
+                    ep = epochs[e] = [UNSEALED, 0, {}]  # its reader's seal is on its way
+                else:
+                    if c in self.chunks:
+                        self.unknown += 1
+                    continue  # an epoch given up on, or rolled back and not dispatched again yet
             _merge(ep[2], d)
             touched.append(e)
         return self._complete(touched, now)
@@ -187,6 +269,11 @@ class Tracker:
             chunk[1] -= size
             if chunk[1] <= 0:
                 del chunks[c]
+                reader = self.readers.pop(c, None)
+                if reader is not None:
+                    self.credit[reader] = self.credit.get(reader, 0) + chunk[2]
+            if c in self.source_sizes:
+                self.read_done += size
             self.suspect_epochs.discard(e)
             n += size
         self.completed += n
@@ -195,6 +282,10 @@ class Tracker:
     def open_epochs(self) -> dict[int, dict[int, int]]:
         """Every open epoch's outstanding requests per operator (a copy, for statistics and tests)."""
         return {e: dict(ep[2]) for e, ep in self.epochs.items()}
+
+    def oldest_chunk(self) -> int | None:
+        """The oldest chunk still open (source chunks are sealed out of order: not the first in `chunks`)."""
+        return min(self.chunks, default=None)
 
     def suspect_below(self, fence: int) -> int:
         """A worker died: every epoch dispatched below record id `fence` (all dispatched records are below
@@ -221,6 +312,7 @@ class Tracker:
                 chunk[1] -= size
                 if chunk[1] <= 0:
                     del self.chunks[c]
+                    self.readers.pop(c, None)
             n += size
         self.lost += n
         self.lost_below = max(self.lost_below, (self.fence + EPOCH_SIZE - 1) >> EPOCH_BITS)
@@ -235,6 +327,18 @@ class Tracker:
         self.epochs = {e: ep for e, ep in self.epochs.items() if e < first_epoch}
         self.suspect_epochs = {e for e in self.suspect_epochs if e < first_epoch}
         uncompleted = reopened = 0
+        # Source chunks at or above the boundary are read again from the checkpoint's positions, as new
+        # chunks of new leases: these are forgotten, and every lease is void.
+        for c in [c for c in self.source_sizes if c >= boundary]:
+            size = self.source_sizes.pop(c)
+            old = self.chunks.pop(c, None)
+            done = size - (old[1] if old is not None else 0)
+            self.admitted -= size
+            self.read -= size
+            self.completed -= done
+            self.read_done -= done
+            self.readers.pop(c, None)
+        self.lease_starts, self.lease_ends = [], []
         for c, (t, size) in chunks.items():
             if c < boundary:
                 continue

@@ -374,11 +374,22 @@ class Job:
                              f"{e}") from None
 
     def wait_idle(self, timeout: float = 60.0) -> dict:
-        """Block until every pushed record and all its chained requests are done, and no recovery from a
-        worker's death, rollback, restarted worker's rejoin or migration of the job is under way."""
+        """Block until every pushed record and all its chained requests are done, every partition of the
+        job's declared sources is read to its end (a stream's never is: see `stop`) with everything derived
+        from it, and no recovery from a worker's death, rollback, restarted worker's rejoin or migration of
+        the job is under way. Returns {pushed, completed, lost}, and `read` for a job with declared sources."""
         c = self.client
         return c._wait(c._send("wait_idle", {"job": self.id, "timeout": float(timeout)}), timeout + 10.0,
                        "wait_idle")
+
+    def stop(self, timeout: float = 60.0) -> dict:
+        """End a job on unbounded sources: every reader stops where it is, everything read completes, and
+        (with checkpoints) a last checkpoint is taken, whose positions a later run could resume from. The
+        job's state and collected outputs stay readable. Returns `wait_idle`'s summary plus `checkpoint`
+        (its id, or None) and `positions` ([[source, partition, position]]). A worker that dies meanwhile
+        makes it fail: the job rolls back and reads again; call it again."""
+        c = self.client
+        return c._wait(c._send("stop", {"job": self.id, "timeout": float(timeout)}), timeout + 10.0, "stop")
 
     def state(self, operator: str, timeout: float = 60.0) -> dict:
         """The keyed state of a stateful operator, gathered from every worker. While the job recovers from a

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clasp.core.credit import DEFAULT_MAX_QUEUE_DELAY, DEFAULT_MAX_QUEUED, DEFAULT_MAX_QUEUED_BYTES
+from clasp.runtime.sources import WINDOW as SOURCE_WINDOW
 
 STATE_MODES = ("local", "remote")  # where keyed state lives: on the workers, or on the planner's state server
 
@@ -137,11 +138,12 @@ class WorkerConfig:
     cpus: float | None = None  # None: the process's cgroup quota, if any
     leave_timeout: float = 300.0  # after SIGTERM: the longest wait for the planner's drain, then exit 1
     state_dir: str | None = None  # checkpoints; None: the directory the planner names
+    source_window: int = SOURCE_WINDOW  # records its source readers may have in flight
 
     FLAGS = {"planner": "--planner", "host": "--host", "data_port": "--data-port", "state_port": "--state-port",
              "metrics_port": "--metrics-port", "metrics_host": "--metrics-host", "advertise": "--advertise",
              "worker_id": "--id", "p_max": "--p-max", "max_batch": "--max-batch", "cpus": "--cpus",
-             "leave_timeout": "--leave-timeout", "state_dir": "--state-dir"}
+             "leave_timeout": "--leave-timeout", "state_dir": "--state-dir", "source_window": "--source-window"}
 
     def flags(self) -> list[str]:
         """`clasp worker`'s flags for this configuration (those that differ from the defaults above)."""

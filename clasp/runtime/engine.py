@@ -405,7 +405,14 @@ class JobEngine:
         it (`_run_shadowed`); an async one's requests at or above the boundary are held out of its queue, and
         so are those of one whose outputs reach a sink or a collecting operator (`aligned`)."""
         self.barrier = boundary
-        hold = {op.index for op in self.ops if op.stateful and (op.is_async or op.index in self.aligned)}
+        # A job reading declared sources aligns every stateful operator: records below the boundary keep
+        # flowing after the barrier (each worker's readers have a window of them in flight), and a request
+        # above it that overtook one below at a key would emit from a state the checkpoint does not hold (a
+        # running count's n). Operators whose outputs reach a sink or a collection align for the same reason
+        # (`self.aligned`); the others run on with copy on write.
+        everything = bool(self.spec.readers)
+        hold = {op.index for op in self.ops
+                if op.stateful and (op.is_async or everything or op.index in self.aligned)}
         self.shadows = {op.index: {} for op in self.ops if op.stateful and op.index not in hold}
         self.barrier_held = {i: [] for i in sorted(hold)}
         self.apply_placement(self.placement)
@@ -554,6 +561,36 @@ class JobEngine:
             ops[op].queue.extend(expand_run(op, first, values))
             n += len(values)
         return n
+
+    def admit_source(self, op_index: int, values: list, first: int) -> dict[int, dict[int, int]]:
+        """A batch a source reader here read, records `first ..`: handed to the source operator's successors
+        as its outputs (the source operator is a pass-through: no call per record), by their routes. Returns
+        the requests made per epoch and successor, which the reader's seal carries to the planner (they
+        are not counted in `progress`, so the epoch cannot complete before the seal arrives)."""
+        op = self.ops[op_index]
+        saved, self.progress = self.progress, {}
+        n = len(values)
+        try:
+            if all(r[0] == ROUTE_LOCAL and r[2] == self.ops[r[1]].queue.append for r in op.routes):
+                # Every successor's share here, no barrier filter: each queue extended once, rows built in C.
+                for j, (_, succ, _, _, _, _) in enumerate(op.routes):
+                    self.ops[succ].queue.extend(zip(repeat(succ), values, repeat(None), range(first, first + n)))
+                    op.edge_counts[j] += n
+                    rid = first
+                    while rid < first + n:
+                        e = rid >> EPOCH_BITS
+                        stop = min(first + n, (e + 1) << EPOCH_BITS)
+                        self._count(e, succ, stop - rid)
+                        rid = stop
+                self.local_requests += n * len(op.routes)
+            else:
+                send = self._send
+                for i, v in enumerate(values):
+                    send(op, (v,), first + i)
+        finally:
+            made, self.progress = self.progress, saved
+        op.processed += n
+        return made
 
     def receive(self, epoch: int, rows: list) -> None:
         """Rows from the network, sent under `epoch`: queued, held for a key group on its way here, kept

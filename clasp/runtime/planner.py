@@ -44,6 +44,7 @@ from clasp.core.credit import (
 from clasp.core.dag import DagError, DagSpec
 from clasp.core.limits import LimitError, check_client_pending, check_dag, check_message
 from clasp.core.migration import PLANNER, plan_migration
+from clasp.core.partitions import readers_follow
 from clasp.core.placement import NoPlacementError
 from clasp.core.policies import POLICIES
 from clasp.core.protocol import ProtocolError
@@ -63,6 +64,7 @@ from clasp.runtime.elastic import ElasticPool, PoolError
 from clasp.runtime.net import DirectSend, advertised, bind, drained, start_metrics_server, zero_copy
 from clasp.runtime.planner_recovery import CheckpointState, PlannerRecoveryMixin
 from clasp.runtime.planner_sinks import PlannerSinkMixin
+from clasp.runtime.planner_sources import PlannerSourcesMixin, SourceState, list_partitions, owners_under
 from clasp.runtime.providers import Provider
 from clasp.runtime.security import Security
 from clasp.runtime.state_server import StateServer
@@ -142,6 +144,7 @@ class PlannerJob:
     ckpt: CheckpointState | None = None  # checkpoints and the input log (None: checkpoints off)
     spec_wire: dict = field(default_factory=dict)  # the DAG as submitted (DagSpec.pack())
     policy: str = "clasp"
+    src: SourceState | None = None  # declared sources: partitions, owners, positions (None: push only)
 
     @property
     def queued_bytes(self) -> int:
@@ -151,7 +154,7 @@ class PlannerJob:
     def inflight(self) -> int:
         """Records in the window: dispatched, not complete, and not suspected lost with a dead worker."""
         t = self.tracker
-        return self.counters["dispatched"] - t.completed - t.lost - t.suspects
+        return self.counters["dispatched"] - (t.completed - t.read_done) - t.lost - t.suspects
 
 
 def _key_weights(spec: DagSpec, raw: dict) -> dict[str, list[float]]:
@@ -169,7 +172,7 @@ def _key_weights(spec: DagSpec, raw: dict) -> dict[str, list[float]]:
     return out
 
 
-class Planner(PlannerRecoveryMixin, PlannerSinkMixin):
+class Planner(PlannerRecoveryMixin, PlannerSinkMixin, PlannerSourcesMixin):
     """The planner. `await Planner(...).serve()` runs until cancelled."""
 
     def __init__(self, config: PlannerConfig | None = None, *, security: Security | None = None,
@@ -227,6 +230,7 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin):
         self.workers: dict[str, WorkerInfo] = {}
         self.pushers: dict[str, DirectSend] = {}
         self.jobs: dict[int, PlannerJob] = {}
+        self.deploying: dict[int, PlannerJob] = {}  # jobs submitted and not deployed everywhere yet
         self._job_ids = itertools.count(1)
         self._req_ids = itertools.count(1)
         self.pending_rpcs: dict[int, asyncio.Future] = {}
@@ -330,6 +334,7 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin):
             "stats": self._on_stats, "cancel": self._on_cancel, "jobs": self._on_jobs, "workers": self._on_workers,
             "scale": self._on_scale, "place": self._on_place, "autoscale": self._on_autoscale,
             "drain": self.elastic.on_drain, "leave": self.elastic.on_leave, "pool": self.elastic.on_pool,
+            "lease": self._on_lease, "seal": self._on_seal, "read_end": self._on_read_end, "stop": self._on_stop,
         }
         recv, raw = self.router.recv_multipart, zmq.Socket.shadow(self.router.underlying)
         while True:
@@ -508,10 +513,12 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin):
                     job.errors.append({"worker": w.id, **err})
 
     def _on_done(self, ident: bytes, body: list) -> None:
-        job = self.jobs.get(body[0])
+        job = self.jobs.get(body[0]) or self.deploying.get(body[0])  # readers start as soon as deployed
         if job is None or (job.ckpt is not None and self._ckpt_stale_done(job, ident)):
             return
         if job.tracker.progress(body[1], time.monotonic()):
+            if job.tracker.credit:
+                self._send_credit(job)
             self.dispatch_wake.set()
             if job.tracker.outstanding == 0 and job.queued == 0:
                 self._check_waiters(job)
@@ -622,9 +629,15 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin):
         else:
             placement = self.placement_fn(spec, workers, self.p_max)
         placement.check(spec)
+        try:
+            src = list_partitions(spec)
+        except Exception as e:  # the source cannot list its partitions here: the submit fails, saying why
+            raise RequestError(f"dag {spec.name!r}: listing the partitions of its sources failed: {e}") from None
+        if src is not None:
+            src.owners = owners_under(src, placement, workers, {})
         job_id = next(self._job_ids)
         job = PlannerJob(job_id, spec, placement, Tracker(), workers, autoscale=autoscale, settled=placement,
-                         state=state, key_weights=weights, spec_wire=msg.dag, policy=policy)
+                         state=state, key_weights=weights, spec_wire=msg.dag, policy=policy, src=src)
         job.limit = self.bound.limit(None)
         if self._ckpt_enabled(state):
             job.ckpt = self._new_ckpt_state(job_id)
@@ -634,7 +647,13 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin):
         packed = msg.dag
         deploy = {"job": job_id, "dag": packed, "placement": placement.to_wire(), "peers": peers, "state": state,
                   "state_server": self.state_server.endpoint, "run": self._sink_run(job)}
-        await asyncio.gather(*(self.rpc(w, "deploy", deploy) for w in workers))
+        if src is not None:
+            deploy["sources"] = src.wire()
+        self.deploying[job_id] = job
+        try:
+            await asyncio.gather(*(self.rpc(w, "deploy", deploy) for w in workers))
+        finally:
+            self.deploying.pop(job_id, None)
         self.jobs[job_id] = job
         self._persist_job(job)
         log.info("job %d (%s) placed on %d workers: %s", job_id, spec.name, len(placement.active_workers()),
@@ -660,6 +679,10 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin):
         job = self._job(msg)
         if job.cancelled:
             raise RequestError(f"job {job.id} is cancelled")
+        if not job.spec.sources:
+            raise RequestError(f"job {job.id} reads only its declared sources "
+                               f"({', '.join(job.spec.operators[i].name for i in job.spec.readers)}): its DAG "
+                               "has no other root for push() to feed")
         records = msg.records
         if job.deferred_acks:  # a client that pushes on without waiting for its acks: bounded, refused
             check_client_pending(sum(1 for a in job.deferred_acks if a[0] == ident), self.security.limits)
@@ -716,7 +739,10 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin):
         self._check_waiters(job)
 
     def _idle_summary(self, job: PlannerJob) -> dict:
-        return {"pushed": job.counters["pushed"], "completed": job.tracker.completed, "lost": job.tracker.lost}
+        out = {"pushed": job.counters["pushed"], "completed": job.tracker.completed, "lost": job.tracker.lost}
+        if job.src is not None:
+            out["read"] = job.tracker.read  # records read from the declared sources
+        return out
 
     def _condition(self, job: PlannerJob) -> scheduler.JobCondition:
         """What `scheduler.busy` and `scheduler.unsettled` decide on, for `job` now."""
@@ -730,7 +756,7 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin):
             orphaned=c is not None and c.orphaned is not None,
             replaying=max(0, c.replay_to - t.completed - t.lost) if c is not None else 0,
             rejoining=(*job.rejoining, *scheduler.expected_rejoins(job.workers, self.refused, time.monotonic())),
-            migrating=job.migrating)
+            migrating=job.migrating, reading=job.src.reading() if job.src is not None else 0)
 
     def _check_waiters(self, job: PlannerJob) -> None:
         """Answer the job's `wait_idle` calls if it is idle, once every worker serving it answered that it is
@@ -912,6 +938,8 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin):
         `pool`: the ids the policy's indices meant when it decided (default: the pool now)."""
         pool = self._pool(job) if pool is None else pool
         new = to_runtime_placement(job.spec, result, pool, job.placement, job.placement.epoch + 1, job.key_weights)
+        if job.src is not None:
+            new = readers_follow(job.spec, new)
         record = await self._run_migration(job, new, reason)
         job.controller.placed(result)
         return record
@@ -932,6 +960,8 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin):
         body = {"job": job.id, "plan": plan.to_wire(), "placement": new.to_wire()}
         replies = await asyncio.gather(*(self.rpc(w, "migrate_plan", body, self.migration_timeout)
                                          for w in plan.participants), return_exceptions=True)
+        if job.src is not None:
+            await self._move_partitions(job)
         duration = time.monotonic() - t0
         job.migrating = False
         self.dispatch_wake.set()
@@ -1135,7 +1165,7 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin):
                 "queue_bound": {"records": self.bound.max_records, "bytes": self.bound.max_bytes,
                                 "max_delay": self.bound.max_delay, "limit": job.limit,
                                 "drain_bytes_per_s": job.drain},
-                "checkpoints": self.ckpt_stats(job), "sinks": self.sink_stats(job)}
+                "checkpoints": self.ckpt_stats(job), "sinks": self.sink_stats(job), "sources": self.source_stats(job)}
 
 
 class _PlannerCollector:

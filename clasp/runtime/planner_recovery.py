@@ -25,6 +25,7 @@ from clasp.core.checkpoint import (
 from clasp.core.credit import charge
 from clasp.core.tracking import CHUNK_BITS
 from clasp.runtime.input_log import InputLog
+from clasp.runtime.planner_sources import list_partitions, owners_under
 from clasp.runtime.state_store import FileStore, decode_blob, encode_blob
 
 log = logging.getLogger("clasp.planner")
@@ -138,16 +139,27 @@ class PlannerRecoveryMixin:
                 c.hold = True
             finally:
                 c.want = False
+            if job.src is not None:
+                # Above every chunk leased so far: a batch read before the barrier is below the cut.
+                boundary = max(boundary, job.tracker.next_chunk)
             workers = self._job_workers(job)
             p = c.coord.begin(boundary, workers, time.monotonic())
             rid = boundary << CHUNK_BITS
             try:
                 try:
-                    await asyncio.gather(*(self.rpc(w, "ckpt_begin", {"job": job.id, "ckpt": p.id, "boundary": rid})
-                                           for w in workers))
+                    begun = await asyncio.gather(*(self.rpc(w, "ckpt_begin",
+                                                            {"job": job.id, "ckpt": p.id, "boundary": rid})
+                                                   for w in workers))
                 finally:
                     c.hold = False
                     self.dispatch_wake.set()
+                if job.src is not None:
+                    # The partitions' positions at the cut; one read nowhere now (released by a stop) keeps
+                    # its last known position.
+                    p.positions = dict(job.src.positions)
+                    for r in begun:
+                        for op, part, pos in r.get("positions", ()):
+                            p.positions[(op, part)] = pos
                 deadline = time.monotonic() + ALIGN_TIMEOUT
                 while not boundary_reached(job.tracker, boundary):
                     if c.dying or any(w not in self._job_workers(job) for w in workers):
@@ -173,7 +185,8 @@ class PlannerRecoveryMixin:
             done, dropped, collected = c.coord.finish(time.monotonic())
             below = job.tracker.admitted - sum(n for _, n in c.log.sizes_from(done.boundary).values())
             meta = {"job": job.id, "ckpt": done.id, "boundary": done.boundary, "groups": done.groups,
-                    "bytes": done.bytes, "workers": workers, "t": time.time(), "records_below": below}
+                    "bytes": done.bytes, "workers": workers, "t": time.time(), "records_below": below,
+                    "positions": [[op, part, pos] for (op, part), pos in done.positions.items()]}
             try:
                 if collected:
                     await asyncio.to_thread(self.store.write_file, f"job-{job.id}/collected/{done.id}.kg",
@@ -190,6 +203,9 @@ class PlannerRecoveryMixin:
                 await asyncio.to_thread(self.store.delete, job.id, d)
             c.log.drop_below(c.coord.log_floor())
             self._sinks_completed(job, done.id, replies)
+            job.tracker.forget_sources_below(c.coord.log_floor())
+            if job.src is not None:
+                job.src.positions.update(done.positions)
             self._persist_job(job)
             self.checkpoint_hist.add(done.duration_s)
             log.debug("job %d: checkpoint %d complete at chunk %d: %d bytes in %.1f ms (max pause %.1f ms)",
@@ -234,6 +250,10 @@ class PlannerRecoveryMixin:
                     "peers": {w: self.workers[w].data for w in job.workers if w in self.workers},
                     "ckpt": target.id if target else 0, "groups": target.groups if target else {},
                     "dir": str(self.store.root), "state": job.state, "state_server": self.state_server.endpoint}
+            if job.src is not None:
+                # Every partition reopens at the checkpoint's position (the job's start: the beginning).
+                owners, positions, body["sources"] = self._sources_restore(job, new, alive,
+                                                                           target.positions if target else None)
             replies = await asyncio.gather(*(self.rpc(w, "restore", body, 30.0) for w in alive),
                                            return_exceptions=True)
             bad = [str(r) for r in replies if isinstance(r, Exception)]
@@ -262,6 +282,8 @@ class PlannerRecoveryMixin:
             dispatched_before = job.counters["dispatched"]
             c.replay_to = max(c.replay_to, job.tracker.completed + job.tracker.lost)
             reopened, _ = job.tracker.rollback(boundary, c.log.sizes_from(boundary))
+            if job.src is not None:
+                self._sources_restored(job, owners, positions)
             job.queue.clear()
             job.queue_bytes.clear()
             for chunk in c.log.sizes_from(boundary):
@@ -269,7 +291,7 @@ class PlannerRecoveryMixin:
                 job.queue.append([chunk << CHUNK_BITS, c.log.in_memory_records(chunk), 0])
                 job.queue_bytes.admit(c.log.nbytes(chunk))
             job.queued = reopened
-            job.counters["dispatched"] = job.tracker.admitted - reopened
+            job.counters["dispatched"] = job.tracker.admitted - job.tracker.read - reopened
             replayed = max(0, dispatched_before - job.counters["dispatched"])
             c.replayed += replayed
             self.records_replayed += replayed
@@ -357,7 +379,12 @@ class PlannerRecoveryMixin:
         complete checkpoint; it resumes once its workers registered again (`_resume`)."""
         c = job.ckpt
         for m in stored["complete"]:
-            c.coord.complete.append(CompleteCheckpoint(m["ckpt"], m["boundary"], m["groups"], m["bytes"]))
+            positions = {(op, part): pos for op, part, pos in m.get("positions", ())}
+            c.coord.complete.append(CompleteCheckpoint(m["ckpt"], m["boundary"], m["groups"], m["bytes"],
+                                                       positions=positions))
+        if job.spec.readers:  # the rollback that resumes the job reopens them at the checkpoint's positions
+            job.src = list_partitions(job.spec)
+            job.src.owners = owners_under(job.src, job.placement, job.workers, {})
         c.coord.next_id = stored["rec"].get("next_ckpt", 1)
         c.released_by = stored["released"]
         if stored["rec"].get("sinks"):

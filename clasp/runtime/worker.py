@@ -35,6 +35,7 @@ from clasp.runtime.security import Security
 from clasp.runtime.sinks import SinkMixin
 from clasp.runtime.tasks import ProcessTasks, internal_error
 from clasp.runtime.worker_recovery import RecoveryMixin
+from clasp.runtime.worker_sources import SourcesMixin
 
 log = logging.getLogger("clasp.worker")
 # Errors whose text is meant for the asker; any other exception in a handler is a bug (an error id, logged).
@@ -50,7 +51,7 @@ MIGRATE_SLICE_ROWS = 1000  # queued requests one migrate message carries at most
 MIGRATE_SLICE_BYTES = 256 << 10  # and bytes of state, about: decoding it stays well under a millisecond
 
 
-class Worker(RecoveryMixin, SinkMixin):
+class Worker(RecoveryMixin, SinkMixin, SourcesMixin):
     """One worker process. `await Worker(...).serve()` runs until cancelled."""
 
     def __init__(self, config: WorkerConfig, *, security: Security | None = None):
@@ -83,6 +84,8 @@ class Worker(RecoveryMixin, SinkMixin):
         self._ports = (config.data_port, config.state_port, config.metrics_port)
         self._progress_since: float | None = None
         self.remote_states: dict[str, RemoteState] = {}  # state-server endpoint -> its client (remote state)
+        self.sources = {}  # job -> its source readers here (clasp/runtime/sources.py)
+        self.source_window = config.source_window
         self.tasks = ProcessTasks(log)  # every task of this process; cancelled together when serve() ends
         self.leave_timeout = config.leave_timeout  # after SIGTERM: longest wait for the planner's drain, then exit 1
         self.exit_code: int | None = None  # set when the planner's `shutdown` (or a failed drain) ends serve()
@@ -163,7 +166,9 @@ class Worker(RecoveryMixin, SinkMixin):
                     "migrate_plan": self._on_migrate_plan, "peers": self._on_peers, "shutdown": self._on_shutdown,
                     "ckpt_begin": self._on_ckpt_begin, "ckpt_snapshot": self._on_ckpt_snapshot,
                     "ckpt_abort": self._on_ckpt_abort, "restore": self._on_restore,
-                    "sink_commit": self._on_sink_commit, "sink_flush": self._on_sink_flush}
+                    "sink_commit": self._on_sink_commit, "sink_flush": self._on_sink_flush,
+                    "leased": self._on_leased, "credit": self._on_credit, "src_assign": self._on_src_assign,
+                    "src_release": self._on_src_release}
         while True:
             frames = await self.dealer.recv_multipart()
             try:
@@ -202,6 +207,7 @@ class Worker(RecoveryMixin, SinkMixin):
             for job in list(self.jobs):
                 self._sinks_detach(job)
             self.jobs.clear()
+            self._sources_drop_all()
             self.welcomed.clear()
         log.warning("planner reports %s: %s", body["reason"], body["detail"])
 
@@ -261,6 +267,7 @@ class Worker(RecoveryMixin, SinkMixin):
         eng.floor = body.get("floor") or 0  # rows of an older epoch belong to an era a recovery rolled back
         self.jobs[job] = eng
         self._sinks_attach(eng, body.get("run", ""))
+        self._sources_attach(eng, body.get("sources"))
         log.info("deployed job %d (%s), %d operators, epoch %d", job, spec.name, len(spec.operators), placement.epoch)
         return protocol.reply(body["req"], {"worker": self.id})
 
@@ -521,6 +528,7 @@ class Worker(RecoveryMixin, SinkMixin):
     async def _on_stop_job(self, body) -> bytes:
         self.jobs.pop(body["job"], None)
         await self._sinks_stop(body["job"])
+        await self._sources_detach(body["job"])
         return protocol.reply(body["req"], True)
 
     # ----------------------------------------------------------------- state server (any process)

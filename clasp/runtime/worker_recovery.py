@@ -32,7 +32,10 @@ class RecoveryMixin:
         eng = self._engine(body)
         eng.begin_barrier(body["boundary"])
         self._sinks_fence(eng, body["boundary"])
-        return protocol.reply(body["req"], {"worker": self.id})
+        # The positions of the cut: every batch read so far has a chunk below the boundary, every later one
+        # will have one at or above it.
+        positions = self._sources_barrier(eng.job, body["boundary"])
+        return protocol.reply(body["req"], {"worker": self.id, "positions": positions})
 
     def _on_ckpt_abort(self, body) -> bytes:
         eng = self.jobs.get(body["job"])
@@ -129,6 +132,7 @@ class RecoveryMixin:
         loaded from checkpoint `ckpt` (0: the job's start, empty), every request of the old era dropped."""
         job = body["job"]
         old = self.jobs.pop(job, None)
+        await self._sources_detach(job)
         spec = old.spec if old is not None else DagSpec.unpack(body["dag"])
         sinks = body.get("sinks") or {}
         sink_failed = await self._sinks_recover(job, sinks.get(self.id, {}), spec)
@@ -155,6 +159,7 @@ class RecoveryMixin:
                 loaded += len(items)
         self.jobs[job] = eng
         self._sinks_attach(eng, body.get("run", ""))
+        self._sources_attach(eng, body.get("sources"))
         self.wake.set()
         log.info("job %d restored from checkpoint %d at epoch %d: %d keys", job, body["ckpt"], placement.epoch,
                  loaded)

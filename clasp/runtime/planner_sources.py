@@ -1,0 +1,245 @@
+"""The planner's side of declared sources, mixed into `Planner`: partitions owned by workers, leases, seals.
+
+A job whose DAG declares sources (`Dag.source`) has its partitions listed once, at submit, and owned by
+the workers holding the source operator's shares (`clasp.core.partitions`): the deploy names each
+worker's partitions with their positions. Workers read on their own; the planner only hands out chunk ids
+(`lease`), takes each batch's seal into the tracker (one message per batch of up to 1,024 records, never
+one per record), returns credit to the readers as their chunks complete, and learns when a bounded
+partition has been read to its end (`read_end`). On a migration (rescale, drain, a recovery without
+checkpoints) the partitions whose owner changes move with their positions: released by the old owner
+(`src_release` answers the position after the last batch it admitted), opened by the new one
+(`src_assign`). A checkpoint keeps every partition's position at its cut; a rollback reopens them there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from clasp.core import protocol, scheduler
+from clasp.core.dag import DagSpec
+from clasp.core.partitions import assign_partitions, moved_partitions
+from clasp.core.routing import Placement
+
+log = logging.getLogger("clasp.planner")
+
+
+class SourceState:
+    """A job's declared sources as the planner holds them (`PlannerJob.src`)."""
+
+    def __init__(self, parts: list[tuple[str, str]], bounded: bool):
+        self.parts = parts  # (source operator, partition), in listing order
+        self.owners: dict[tuple[str, str], str] = {}
+        self.positions: dict[tuple[str, str], Any] = {}  # the last known: a handoff's or a checkpoint's
+        self.ended: set[tuple[str, str]] = set()  # bounded partitions read to their end
+        self.bounded = bounded
+        self.stopped = False  # `job.stop()`: the readers stopped
+        self.finished = False  # `job.stop()` returned: a later rollback does not read again
+        self.deferred: list[tuple[bytes, int]] = []  # lease requests that came during a rollback
+
+    def reading(self) -> int:
+        """Partitions that still hold `wait_idle` up: not read to their end (every one, on a stream)."""
+        if self.stopped:
+            return 0
+        return len(self.parts) - len(self.ended) if self.bounded else len(self.parts)
+
+    def wire(self, owners: dict | None = None, positions: dict | None = None) -> list:
+        """[[op, partition, owner, position]] for a deploy or a restore."""
+        owners = self.owners if owners is None else owners
+        positions = self.positions if positions is None else positions
+        return [[op, p, owners[(op, p)], positions.get((op, p))] for op, p in self.parts if (op, p) in owners]
+
+    def as_list(self, positions: dict | None = None) -> list:
+        positions = self.positions if positions is None else positions
+        return [[op, p, positions.get((op, p))] for op, p in self.parts]
+
+
+def list_partitions(spec: DagSpec) -> SourceState | None:
+    """Every declared source's partitions (asked once, here); None for a DAG without declared sources."""
+    if not spec.readers:
+        return None
+    parts = []
+    bounded = True
+    for i in spec.readers:
+        o = spec.operators[i]
+        names = [str(p) for p in o.connector.partitions()]
+        if len(set(names)) != len(names):
+            raise ValueError(f"source {o.name!r} lists a partition twice")
+        parts.extend((o.name, p) for p in names)
+        bounded = bounded and bool(o.connector.bounded)
+    return SourceState(parts, bounded)
+
+
+def owners_under(src: SourceState, placement: Placement, serving: list[str], previous: dict) -> dict:
+    """Every partition's owner under `placement`, among the serving workers, moving the fewest."""
+    out: dict[tuple[str, str], str] = {}
+    by_op: dict[str, list[str]] = {}
+    for op, p in src.parts:
+        by_op.setdefault(op, []).append(p)
+    for op, names in by_op.items():
+        shares = {w: s for w, s in placement.operators[op].shares.items() if w in serving and s > 0}
+        if not shares:
+            shares = {sorted(serving)[0]: 1.0}
+        prev = {p: w for (o, p), w in previous.items() if o == op}
+        for p, w in assign_partitions(names, shares, prev).items():
+            out[(op, p)] = w
+    return out
+
+
+class PlannerSourcesMixin:
+    # ----------------------------------------------------------------- messages from the readers
+    def _reading_job(self, job_id: int):
+        """The job, also while it is being deployed: a worker reads from the moment it has its partitions."""
+        return self.jobs.get(job_id) or self.deploying.get(job_id)
+
+    def _on_lease(self, ident: bytes, body: list) -> None:
+        job = self._reading_job(body[0])
+        if job is None or job.src is None or not 0 < int(body[1]) <= 1024:
+            return
+        if job.ckpt is not None and job.ckpt.restoring:
+            job.src.deferred.append((ident, int(body[1])))  # answered once the rollback voided older leases
+            return
+        self._lease(job, ident, int(body[1]))
+
+    def _lease(self, job, ident: bytes, n: int) -> None:
+        first = job.tracker.lease(n)
+        self._post(ident, protocol.encode("leased", {"job": job.id, "first": first, "count": n}))
+
+    def _on_seal(self, ident: bytes, body: list) -> None:
+        job = self._reading_job(body[0])
+        if job is None or (job.ckpt is not None and self._ckpt_stale_done(job, ident)):
+            return
+        t = job.tracker
+        if t.sealed(body[1], body[2], body[3], time.monotonic(), ident.decode(errors="replace")):
+            if t.credit:
+                self._send_credit(job)
+            if t.outstanding == 0:
+                self._check_waiters(job)
+
+    def _on_read_end(self, ident: bytes, body: list) -> None:
+        job = self._reading_job(body[0])
+        if job is None or job.src is None or (job.ckpt is not None and self._ckpt_stale_done(job, ident)):
+            return
+        key = (str(body[1]), str(body[2]))
+        if job.src.owners.get(key) == ident.decode(errors="replace"):
+            job.src.ended.add(key)
+            self._check_waiters(job)
+
+    def _send_credit(self, job) -> None:
+        for w, n in job.tracker.take_credit().items():
+            self._post(w.encode(), protocol.encode("credit", {"job": job.id, "records": n}))
+
+    # ----------------------------------------------------------------- placement changes
+    async def _move_partitions(self, job) -> None:
+        """After a migration (under the job's lock): the partitions whose owner changes move, each with the
+        position after the last batch its old owner admitted."""
+        src = job.src
+        if src is None or src.stopped:
+            return
+        serving = self._job_workers(job)
+        if not serving:
+            return
+        new = owners_under(src, job.placement, serving, src.owners)
+        moves = moved_partitions(src.owners, new)
+        if not moves:
+            return
+        await self._release_partitions(job, {k: a for k, (a, _) in moves.items()})
+        by_new: dict[str, list] = {}
+        for (op, p), (_, b) in moves.items():
+            by_new.setdefault(b, []).append([op, p, src.positions.get((op, p))])
+        src.owners = new
+        replies = await asyncio.gather(*(self.rpc(w, "src_assign", {"job": job.id, "parts": parts})
+                                         for w, parts in by_new.items()), return_exceptions=True)
+        for w, r in zip(by_new, replies, strict=True):
+            if isinstance(r, Exception):
+                log.warning("job %d: worker %s did not open its partitions: %s", job.id, w, r)
+        log.info("job %d: %d source partition(s) moved: %s", job.id, len(moves),
+                 {f"{op}/{p}": f"{a}->{b}" for (op, p), (a, b) in list(moves.items())[:8]})
+
+    async def _release_partitions(self, job, owners: dict) -> None:
+        """Ask each owner to stop reading its partitions among `owners` ((op, partition) -> worker); their
+        positions become the last known ones. A worker that cannot answer (dead) leaves the last known
+        position: with checkpoints its death rolls the job back anyway."""
+        src = job.src
+        serving = set(self._job_workers(job))
+        by_old: dict[str, list] = {}
+        for (op, p), w in owners.items():
+            if w in serving:
+                by_old.setdefault(w, []).append([op, p])
+        replies = await asyncio.gather(*(self.rpc(w, "src_release", {"job": job.id, "parts": parts})
+                                         for w, parts in by_old.items()), return_exceptions=True)
+        for r in replies:
+            if isinstance(r, dict):
+                for op, p, pos in r["positions"]:
+                    src.positions[(op, p)] = pos
+
+    def _sources_restore(self, job, placement: Placement, serving: list[str], positions: dict | None) -> tuple:
+        """A rollback's partitions: (owners, positions, the restore body's list); nothing while stopped."""
+        src = job.src
+        positions = dict(positions or {})
+        if src.finished:
+            return {}, positions, []
+        owners = owners_under(src, placement, serving, {k: w for k, w in src.owners.items() if w in serving})
+        return owners, positions, src.wire(owners, positions)
+
+    def _sources_restored(self, job, owners: dict, positions: dict) -> None:
+        """The rollback is done: every partition reopened at the checkpoint's position; older leases void."""
+        src = job.src
+        src.owners, src.positions, src.ended = owners, positions, set()
+        src.stopped = src.finished
+        deferred, src.deferred = src.deferred, []
+        for ident, n in deferred:
+            self._lease(job, ident, n)
+
+    def source_stats(self, job) -> dict | None:
+        """`job.stats()["sources"]`: partitions, who reads how many, records read and complete."""
+        src = job.src
+        if src is None:
+            return None
+        owners: dict[str, int] = {}
+        for w in src.owners.values():
+            owners[w] = owners.get(w, 0) + 1
+        t = job.tracker
+        return {"partitions": len(src.parts), "ended": len(src.ended), "bounded": src.bounded,
+                "stopped": src.stopped, "owners": owners, "read": t.read, "read_complete": t.read_done}
+
+    # ----------------------------------------------------------------- stop
+    async def _on_stop(self, ident: bytes, msg: protocol.Stop) -> None:
+        """`job.stop()`: every reader stops (positions kept), what was read completes, a last checkpoint is
+        taken (with checkpoints on); answered with what the job read and that checkpoint's id."""
+        job = self._job(msg)
+        src = job.src
+        deadline = time.monotonic() + float(msg.timeout)
+        if src is not None and not src.stopped:
+            async with job.lock:
+                src.stopped = True
+                await self._release_partitions(job, dict(src.owners))
+                src.owners = {}
+        while (why := self._stop_busy(job)) is not None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job.id} did not stop within {msg.timeout} s: it {why}")
+            await asyncio.sleep(0.01)
+        ckpt = None
+        if job.ckpt is not None:
+            while ckpt is None:
+                meta = await self._checkpoint(job)
+                ckpt = meta["ckpt"] if meta else None
+                if ckpt is None:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"job {job.id}: no last checkpoint within {msg.timeout} s")
+                    await asyncio.sleep(0.05)
+                if src is not None and not src.stopped:
+                    raise RuntimeError(f"job {job.id}: a worker died while it stopped; it reads again from its "
+                                       "last checkpoint: call stop() again")
+        if src is not None:
+            src.finished = True
+        self._reply(ident, msg.req, {**self._idle_summary(job), "checkpoint": ckpt,
+                                     "positions": src.as_list() if src is not None else []})
+
+    def _stop_busy(self, job) -> str | None:
+        if job.src is not None and not job.src.stopped:
+            raise RuntimeError(f"job {job.id}: a worker died while it stopped; it reads again from its last "
+                               "checkpoint: call stop() again")
+        return scheduler.busy(self._condition(job))

@@ -1,0 +1,182 @@
+"""A worker's source readers for one job: the partitions it owns, read in tasks, admitted to the engine.
+
+Each owned partition has a reader (`Source.open(partition, position)`) and a task that asks it for batches
+while the worker's window has room, gives each batch the next chunk id of a lease from the planner, hands it
+to the engine as the source operator's outputs (`JobEngine.admit_source`) and sends the planner the batch's
+seal (`clasp.core.tracking`: its size and the requests it made) at once, on the control channel, ahead of
+any reply sent after it. The position kept for a partition is the reader's position after the last batch
+admitted, so it always matches what the engine was handed:
+
+- at a checkpoint's barrier (`barrier`) the positions are those of the cut (every later batch gets a chunk
+  at or above the boundary: leased chunks below it are dropped);
+- a partition moving away (`release`) stops after its last admitted batch, a batch read and not yet
+  admitted is read again by the next owner;
+- a restore reopens every partition at the checkpoint's positions.
+
+Backpressure: a worker's readers together keep at most `window` records in flight (read, not yet complete
+in the planner's tracker; the planner returns `credit` as chunks complete), so the queues that records
+read here fill anywhere in the cluster stay bounded, and a reader simply waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from clasp.core import protocol
+from clasp.core.tracking import CHUNK_BITS
+from clasp.runtime.engine import JobEngine, OperatorError
+
+log = logging.getLogger("clasp.worker.sources")
+BATCH = 1024  # records a reader is asked for at once (a chunk holds one batch)
+WINDOW = 4096  # records read here and not complete, at most (per job): 4 batches
+LEASE_CHUNKS = 16  # chunk ids asked for at once
+POLL_S = 0.05
+LEASE_RETRY_S = 2.0  # an unbounded partition with nothing new: ask again after this
+
+
+class Partition:
+    __slots__ = ("op", "name", "reader", "task", "position", "ended")
+
+    def __init__(self, op: int, name: str, reader, position: Any):
+        self.op, self.name, self.reader = op, name, reader
+        self.task: asyncio.Task | None = None
+        self.position = position
+        self.ended = False
+
+
+class SourceReaders:
+    """The partitions one worker reads for one job."""
+
+    def __init__(self, eng: JobEngine, send: Callable[[bytes], Any], spawn: Callable, wake: Callable[[], None],
+                 window: int = WINDOW):
+        self.eng, self.send, self.spawn, self.wake = eng, send, spawn, wake
+        self.window = window
+        self.parts: dict[tuple[int, str], Partition] = {}
+        self.lease: list[int] = []
+        self.floor = 0  # chunks below it belong before the last barrier: not used any more
+        self.asked = False
+        self.leased = asyncio.Event()
+        self.room = asyncio.Event()
+        self.inflight = 0
+
+    # ----------------------------------------------------------------- the planner's instructions
+    def assign(self, parts: list) -> None:
+        """Open readers for [[op name, partition, position]] and start reading."""
+        for name, part, pos in parts:
+            op = self.eng.op(name)
+            key = (op.index, part)
+            if key in self.parts:
+                continue
+            reader = self.eng.spec.operators[op.index].connector.open(part, pos)
+            p = self.parts[key] = Partition(op.index, part, reader, pos)
+            p.task = self.spawn(self._read(p), f"reading {name}/{part} of job {self.eng.job}")
+
+    async def release(self, parts: list) -> list:
+        """Stop reading [[op name, partition]]; returns [[op name, partition, position]] as of the last batch
+        admitted here."""
+        out = []
+        for name, part in parts:
+            p = self.parts.pop((self.eng.op(name).index, part), None)
+            if p is not None:
+                await self._stop(p)
+                out.append([name, part, p.position])
+        return out
+
+    async def close(self) -> None:
+        for p in list(self.parts.values()):
+            await self._stop(p)
+        self.parts.clear()
+
+    async def _stop(self, p: Partition) -> None:
+        if p.task is not None and not p.task.done():
+            p.task.cancel()
+            await asyncio.gather(p.task, return_exceptions=True)
+        try:
+            await p.reader.close()
+        except Exception as e:  # a reader that fails to close costs a log line, not the move
+            log.warning("closing %s of job %d: %s", p.name, self.eng.job, e)
+
+    def positions(self) -> list:
+        """[[op name, partition, position]] of every partition read here: at a barrier, those of the cut."""
+        ops = self.eng.ops
+        return [[ops[p.op].name, p.name, p.position] for p in self.parts.values()]
+
+    def barrier(self, boundary_rid: int) -> None:
+        """A checkpoint's barrier at record id `boundary_rid`: later batches get chunks at or above it."""
+        self.floor = max(self.floor, boundary_rid >> CHUNK_BITS)
+        self.lease = [c for c in self.lease if c >= self.floor]
+
+    def on_lease(self, first: int, count: int) -> None:
+        self.asked = False
+        self.lease.extend(c for c in range(first, first + count) if c >= self.floor)
+        self.leased.set()
+
+    def on_credit(self, records: int) -> None:
+        self.inflight = max(0, self.inflight - records)
+        if self.inflight < self.window:
+            self.room.set()
+
+    # ----------------------------------------------------------------- reading
+    async def _chunk(self) -> int:
+        """The next chunk id of this worker's lease (asking the planner for more when it runs out)."""
+        while True:
+            while self.lease and self.lease[0] < self.floor:
+                self.lease.pop(0)
+            if self.lease:
+                return self.lease.pop(0)
+            if not self.asked:
+                self.asked = True
+                self.send(protocol.encode("lease", [self.eng.job, LEASE_CHUNKS]))
+            self.leased.clear()
+            try:
+                await asyncio.wait_for(self.leased.wait(), LEASE_RETRY_S)
+            except TimeoutError:
+                self.asked = False  # unanswered (the planner restarted, or the ask crossed a rollback): again
+
+    async def _read(self, p: Partition) -> None:
+        while await self._read_one(p):
+            pass
+
+    async def _read_one(self, p: Partition) -> bool:
+        """Read and admit one batch; False once the partition has ended. The batch's room in the window is
+        taken before the read (readers of one worker read concurrently) and what was not used given back."""
+        op = self.eng.ops[p.op]
+        job = self.eng.job
+        while self.inflight >= self.window:
+            self.room.clear()
+            await self.room.wait()
+        take = min(BATCH, self.window - self.inflight)
+        self.inflight += take
+        used = 0
+        try:
+            try:
+                batch = await p.reader.next_batch(take)
+            except Exception as e:  # the source's failure is the source operator's error; it is asked again
+                self.eng._fail(op, OperatorError(f"source {op.name!r}, partition {p.name!r}: {e!r}"), None)
+                await asyncio.sleep(1.0)
+                return True
+            for err in p.reader.take_errors():
+                self.eng._fail(op, OperatorError(f"source {op.name!r}: {err}"), None)
+            if not batch:
+                if p.reader.exhausted:
+                    p.position = p.reader.position()
+                    p.ended = True
+                    self.send(protocol.encode("read_end", [job, op.name, p.name]))
+                    return False
+                await asyncio.sleep(POLL_S)
+                return True
+            chunk = await self._chunk()
+            # From here to the seal nothing awaits: the batch, its chunk and the position go together.
+            counts = self.eng.admit_source(p.op, batch, chunk << CHUNK_BITS)
+            self.send(protocol.encode("seal", [job, chunk, len(batch), counts]))
+            p.position = p.reader.position()
+            used = len(batch)
+            self.wake()
+            return True
+        finally:
+            self.inflight -= take - used
+            if self.inflight < self.window:
+                self.room.set()

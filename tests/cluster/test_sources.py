@@ -1,0 +1,205 @@
+"""Declared sources read by the workers themselves: real planner and worker processes, real SIGKILLs.
+
+Word Count from files (FileSource: several files, large ones in byte ranges) into a keyed running count
+that emits [word, n] with collect=True: after a worker is SIGKILLed mid-run, and across rescales 1 -> 4 -> 2
+while the partitions are being read, every word's emitted counts are exactly 1..n, once each, and the state
+is collections.Counter of the input. A reader pauses while its worker's window is full (bounded memory);
+stop() ends a job on a stream after a last checkpoint; push() feeds the roots that are not sources.
+
+CLASP_STRESS_SEEDS=N runs N seeds of the SIGKILL test (default 1).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+import clasp
+from clasp.connectors.files import FileSource
+from clasp.testing import IterableSource
+from tests.conftest import start_cluster, wait_for
+
+SEEDS = int(os.environ.get("CLASP_STRESS_SEEDS", "1"))
+
+
+def slow_split(line):
+    time.sleep(0.0001)  # ~10,000 lines/s per worker at most: the input lasts through the kills
+    return line.split()
+
+
+def count(state, word):
+    n = (state or 0) + 1
+    return n, [[word, n]]
+
+
+def word_count(source) -> clasp.Dag:
+    dag = clasp.Dag("wc-source")
+    src = dag.source("lines", source)
+    s = dag.operator("split", slow_split)
+    c = dag.operator("count", count, stateful=True, key=clasp.identity, collect=True)
+    src >> s >> c
+    return dag
+
+
+def write_input(directory, rng: random.Random, files: int, lines: int) -> list[str]:
+    vocabulary = [f"w{i}" for i in range(800)]
+    out = []
+    for f in range(files):
+        rows = [" ".join(rng.choice(vocabulary) for _ in range(rng.randint(0, 6))) for _ in range(lines)]
+        (directory / f"part-{f}.txt").write_text("".join(r + "\n" for r in rows))
+        out.extend(rows)
+    return out
+
+
+def check_exact(job, lines: list[str]) -> None:
+    expected = Counter(w for line in lines for w in line.split())
+    assert job.state("count") == dict(expected)
+    emitted: dict[str, list[int]] = {}
+    for word, n in job.collected("count"):
+        emitted.setdefault(word, []).append(n)
+    wrong = {w: sorted(ns)[:10] for w, ns in emitted.items() if sorted(ns) != list(range(1, expected[w] + 1))}
+    assert not wrong and set(emitted) == set(expected), f"{len(wrong)} words wrong, e.g. {list(wrong.items())[:3]}"
+
+
+def _try(fn):
+    try:
+        return fn()
+    except clasp.ClaspError:
+        return None  # a migration that a worker's death failed
+
+
+def _kill(client, wid: str) -> None:
+    for w in client.workers():
+        if w["id"] == wid and w["alive"]:
+            os.kill(w["pid"], signal.SIGKILL)
+
+
+@pytest.mark.parametrize("during", ["reading", "a rescale"])
+@pytest.mark.parametrize("seed", range(SEEDS))
+def test_file_source_word_count_exact_after_a_worker_sigkill(tmp_path_factory, seed, during):
+    rng = random.Random(seed)
+    data = tmp_path_factory.mktemp("input")
+    # More lines than the workers' windows hold: the first checkpoints cut the files in the middle.
+    lines = write_input(data, rng, files=3, lines=40000)
+    source = FileSource(str(data / "part-*.txt"), range_bytes=200_000)  # 3 files, ~12 ranges
+    cluster = start_cluster(tmp_path_factory, 4, planner_args=["--no-autoscale", "--checkpoint-interval", "0.3"])
+    try:
+        with clasp.connect(cluster.planner) as client:
+            job = client.submit(word_count(source), autoscale=False)
+            stats = job.stats()["sources"]
+            assert stats["partitions"] >= 6 and len(stats["owners"]) == 4, stats
+            wait_for(lambda: job.stats()["checkpoints"]["completed"] >= 1, timeout=30, what="a first checkpoint")
+            time.sleep(rng.uniform(0.1, 0.5))
+            assert job.stats()["completed"] < len(lines), "the input was done before the kill"
+            victim = rng.choice([w["id"] for w in client.workers() if w["alive"]])
+            if during == "a rescale":  # partitions move while the victim dies: the rollback decides
+                mover = threading.Thread(target=lambda: _try(lambda: job.scale(2)))
+                mover.start()
+                time.sleep(0.02)
+                _kill(client, victim)
+                mover.join()
+            else:
+                _kill(client, victim)
+            wait_for(lambda: job.stats()["checkpoints"]["recoveries"] >= 1, timeout=30, what="the recovery")
+            summary = job.wait_idle(timeout=120)
+            assert summary["read"] == len(lines) and summary["completed"] == len(lines) and summary["lost"] == 0
+            check_exact(job, lines)
+    finally:
+        cluster.stop()
+
+
+def test_rescale_1_4_2_moves_partitions_with_their_positions(tmp_path_factory):
+    data = tmp_path_factory.mktemp("input")
+    lines = write_input(data, random.Random(7), files=4, lines=16000)
+    # A small window per worker: reading goes on through both rescales.
+    cluster = start_cluster(tmp_path_factory, 4, planner_args=["--no-autoscale"],
+                            worker_args=["--source-window", "2048"])
+    one = {"lines": {0: 1.0}, "split": {0: 1.0}, "count": {0: 1.0}}
+    try:
+        with clasp.connect(cluster.planner) as client:
+            job = client.submit(word_count(FileSource(str(data / "*.txt"), range_bytes=100_000)), placement=one)
+            total = job.stats()["sources"]["partitions"]
+            assert list(job.stats()["sources"]["owners"].values()) == [total] and total >= 8
+            time.sleep(0.3)
+            assert not job.scale(4)["failed"]
+            four = job.stats()["sources"]
+            assert len(four["owners"]) == 4 and four["ended"] < total, four
+            time.sleep(0.3)
+            assert not job.scale(2)["failed"]
+            two = job.stats()["sources"]
+            assert len(two["owners"]) == 2 and two["ended"] < total, two
+            summary = job.wait_idle(timeout=120)
+            assert summary["read"] == len(lines) == summary["completed"]
+            check_exact(job, lines)
+    finally:
+        cluster.stop()
+
+
+def slow(value):
+    time.sleep(0.001)
+    return value
+
+
+def test_a_reader_pauses_while_its_window_is_full(cluster1):
+    from clasp.runtime.sources import WINDOW
+
+    values = list(range(200_000))
+    dag = clasp.Dag("bp")
+    src = dag.source("numbers", IterableSource(values, partitions=4))
+    src >> dag.operator("slow", slow)
+    with clasp.connect(cluster1.planner) as client:
+        job = client.submit(dag, autoscale=False)
+        try:
+            wait_for(lambda: job.stats()["sources"]["read"] >= WINDOW, timeout=20, what="the window filled")
+            for _ in range(10):
+                s = job.stats(fresh=True)
+                src_stats = s["sources"]
+                assert src_stats["read"] - src_stats["read_complete"] <= WINDOW, src_stats
+                assert s["operators"]["slow"]["queue"] <= WINDOW
+                time.sleep(0.1)
+            assert job.stats()["sources"]["read"] < len(values) // 2  # it waited instead of reading on
+        finally:
+            job.cancel()
+
+
+def test_stop_ends_a_job_on_a_stream_after_a_last_checkpoint(tmp_path_factory):
+    cluster = start_cluster(tmp_path_factory, 2, planner_args=["--no-autoscale", "--checkpoint-interval", "0.5"])
+    lines = [f"a b c{i % 7}" for i in range(3000)]
+    try:
+        with clasp.connect(cluster.planner) as client:
+            dag = word_count(IterableSource(lines, partitions=3, bounded=False))
+            job = client.submit(dag, autoscale=False)
+            with pytest.raises(clasp.ClaspTimeout, match="reading 3 source partition"):
+                job.wait_idle(timeout=1.5)
+            out = job.stop(timeout=60)
+            assert out["read"] == len(lines) == out["completed"] and out["checkpoint"] is not None
+            assert sorted(p[2] for p in out["positions"]) == [1000, 1000, 1000]
+            check_exact(job, lines)
+            assert job.wait_idle(timeout=10)["read"] == len(lines)
+    finally:
+        cluster.stop()
+
+
+def test_push_feeds_the_roots_that_are_not_sources_and_is_refused_without_one(client3):
+    dag = clasp.Dag("mixed")
+    src = dag.source("lines", IterableSource(["a b", "b"], partitions=2))
+    pushed = dag.operator("pushed", str.split)
+    s = dag.operator("split", str.split)
+    c = dag.operator("count", count, stateful=True, key=clasp.identity)
+    src >> s >> c
+    pushed >> c
+    job = client3.submit(dag, autoscale=False)
+    job.push(["a c", "c"])
+    summary = job.wait_idle(timeout=30)
+    assert summary["read"] == 2 and summary["pushed"] == 2
+    assert job.state("count") == {"a": 2, "b": 2, "c": 2}
+    only = client3.submit(word_count(IterableSource(["x"])), autoscale=False)
+    with pytest.raises(clasp.ClaspError, match="reads only its declared sources"):
+        only.push(["y"])
+    assert only.wait_idle(timeout=30)["read"] == 1

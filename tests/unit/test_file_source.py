@@ -1,0 +1,137 @@
+"""FileSource (clasp.connectors.files) and IterableSource, read as the workers read them, and in run_local."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import clasp
+from clasp.connectors.files import FileSource
+from clasp.testing import IterableSource, run_local
+
+
+def read_all(source, positions=None, limit=7):
+    """Every partition to its end, a batch of `limit` at a time: values per partition, final positions."""
+    async def go():
+        out, pos = {}, {}
+        for p in source.partitions():
+            r = source.open(p, (positions or {}).get(p))
+            vals = []
+            while True:
+                b = await r.next_batch(limit)
+                vals.extend(b)
+                if not b:
+                    assert r.exhausted
+                    break
+            out[p], pos[p] = vals, r.position()
+            await r.close()
+        return out, pos
+    return asyncio.run(go())
+
+
+def write_lines(path, lines, end="\n"):
+    path.write_text("".join(line + end for line in lines))
+    return path
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(alphabet="ab é\t", max_size=30), max_size=60), st.integers(1, 200),
+       st.sampled_from(["\n", "\r\n"]))
+def test_byte_ranges_read_every_line_once_in_order(tmp_path_factory, lines, range_bytes, end):
+    path = write_lines(tmp_path_factory.mktemp("r") / "f.txt", lines, end)
+    src = FileSource(str(path), range_bytes=range_bytes)
+    parts = src.partitions()
+    size = path.stat().st_size
+    assert len(parts) == max(1, -(-size // range_bytes)) or size == 0
+    got, _ = read_all(src)
+    assert [v for p in parts for v in got[p]] == lines
+
+
+def test_a_range_resumes_at_its_position_without_loss_or_repeat(tmp_path):
+    lines = [f"line {i} " + "x" * (i % 13) for i in range(500)]
+    path = write_lines(tmp_path / "big.txt", lines)
+    src = FileSource(str(path), range_bytes=1000)
+    parts = src.partitions()
+    assert len(parts) > 3 and all("@" in p for p in parts)
+    first, stopped = {}, {}
+
+    async def half():
+        for p in parts:
+            r = src.open(p, None)
+            first[p] = await r.next_batch(5)
+            stopped[p] = r.position()
+    asyncio.run(half())
+    rest, _ = read_all(src, stopped)
+    assert [v for p in parts for v in first[p] + rest[p]] == lines
+
+
+def test_glob_jsonl_and_a_bad_line_named_with_file_and_offset(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"w": 1}\n\n{"w": 2}\n')
+    bad = tmp_path / "b.jsonl"
+    bad.write_text('{"w": 3}\n{not json}\n{"w": 4}\n')
+    src = FileSource(str(tmp_path / "*.jsonl"), format="jsonl")
+    assert [p.rsplit("/", 1)[1] for p in src.partitions()] == ["a.jsonl", "b.jsonl"]
+    async def go():
+        r = src.open(str(bad), None)
+        vals = await r.next_batch(10)
+        return vals, r.take_errors(), r.position()
+    vals, errors, pos = asyncio.run(go())
+    assert vals == [{"w": 3}, {"w": 4}] and pos == bad.stat().st_size
+    assert len(errors) == 1 and str(bad) in errors[0] and "at byte 9" in errors[0]
+
+
+def test_csv_rows_are_dicts_by_the_header_in_every_range(tmp_path):
+    path = tmp_path / "t.csv"
+    rows = [{"name": f"n{i}", "n": str(i)} for i in range(300)]
+    path.write_text("name,n\n" + "".join(f"{r['name']},{r['n']}\n" for r in rows))
+    got, _ = read_all(FileSource(str(path), format="csv", range_bytes=256))
+    assert [v for vs in got.values() for v in vs] == rows
+    with pytest.raises(ValueError):
+        FileSource(str(path), format="xml")
+    with pytest.raises(FileNotFoundError):
+        FileSource(str(tmp_path / "none*.txt")).partitions()
+
+
+def split(line):
+    return line.split()
+
+
+def count(state, word):
+    n = (state or 0) + 1
+    return n, [[word, n]]
+
+
+def word_count(source) -> clasp.Dag:
+    dag = clasp.Dag("wc")
+    src = dag.source("lines", source)
+    s = dag.operator("split", split)
+    c = dag.operator("count", count, stateful=True, key=clasp.identity, collect=True)
+    src >> s >> c
+    return dag
+
+
+def test_run_local_reads_declared_sources(tmp_path):
+    lines = ["a b", "b c c", "", "a"]
+    write_lines(tmp_path / "in.txt", lines)
+    job = run_local(word_count(FileSource(str(tmp_path / "in.txt"))))
+    assert job.state("count") == {"a": 2, "b": 2, "c": 2}
+    job2 = run_local(word_count(IterableSource(lines, partitions=3)))
+    assert job2.state("count") == job.state("count")
+    assert Counter(w for w, _ in job2.collected("count")) == Counter({"a": 2, "b": 2, "c": 2})
+    with pytest.raises(clasp.DagError, match="nothing to push"):
+        run_local(word_count(IterableSource(lines)), ["x"])
+
+
+def test_iterable_source_partitions_and_positions():
+    src = IterableSource(range(10), partitions=3)
+    got, pos = read_all(src, limit=2)
+    assert got == {"part-0": [0, 3, 6, 9], "part-1": [1, 4, 7], "part-2": [2, 5, 8]}
+    assert pos == {"part-0": 4, "part-1": 3, "part-2": 3}
+    again, _ = read_all(src, {"part-0": 2})
+    assert again["part-0"] == [6, 9]
+    assert json.dumps(pos)  # positions are plain data
