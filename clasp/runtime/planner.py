@@ -77,6 +77,7 @@ PlacementFn = Callable[[DagSpec, list[str], int], Placement]
 CLIENT_IDLE = 2.0  # s without a push after which a client no longer shares a job's credit
 ANSWER_TIMEOUT = 50.0  # s `state` and `collected` wait for a recovering job when the request names none
 SETTLE_POLL = 0.05  # s between looks at a recovering job by a request waiting for it
+CANCEL_TIMEOUT = 3.0  # s a cancel waits for each worker to stop the job (the client waits 10 s by default)
 
 
 class RequestError(Exception):
@@ -866,14 +867,17 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin, PlannerSourcesMixin):
         job.queue.clear()
         job.queue_bytes.clear()
         job.queued = 0
-        await asyncio.gather(*(self.rpc(w, "stop_job", {"job": job.id}) for w in self._job_workers(job)),
-                             return_exceptions=True)
+        # A worker that does not answer soon is dead or stuck: the job is gone from the planner either way,
+        # and the client hears so before its own timeout.
+        await asyncio.gather(*(self.rpc(w, "stop_job", {"job": job.id}, CANCEL_TIMEOUT)
+                               for w in self._job_workers(job)), return_exceptions=True)
         self.jobs.pop(job.id, None)
         self.state_server.drop(job.id)
         if job.ckpt is not None:
             job.ckpt.log.close()
-            await asyncio.to_thread(self.store.delete_job, job.id)
         self._reply(ident, msg.req, True)
+        if job.ckpt is not None:  # after the answer: on a busy disk removing the checkpoints takes seconds
+            self._background(asyncio.to_thread(self.store.delete_job, job.id), f"removing job {job.id}'s files")
 
     def _on_jobs(self, ident: bytes, msg: protocol.Jobs) -> None:
         self._reply(ident, msg.req, [{"job": j.id, "name": j.spec.name, "pushed": j.counters["pushed"],
