@@ -61,7 +61,16 @@ from clasp.core.tracking import CHUNK_BITS, LatencyHistogram, Tracker
 from clasp.runtime.config import STATE_MODES, PlannerConfig
 from clasp.runtime.dashboard import Dashboard, planner_view
 from clasp.runtime.elastic import ElasticPool, PoolError
-from clasp.runtime.net import DirectSend, advertised, bind, drained, start_metrics_server, zero_copy
+from clasp.runtime.net import (
+    DirectSend,
+    Pending,
+    ServerLoop,
+    advertised,
+    bind,
+    request_id,
+    start_metrics_server,
+    zero_copy,
+)
 from clasp.runtime.planner_recovery import CheckpointState, PlannerRecoveryMixin
 from clasp.runtime.planner_sinks import PlannerSinkMixin
 from clasp.runtime.planner_sources import PlannerSourcesMixin, SourceState, list_partitions, owners_under
@@ -218,7 +227,6 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin, PlannerSourcesMixin):
         self.recoveries = 0
         self.records_replayed = 0
         self.checkpoint_hist = LatencyHistogram()
-        self.rpc_meta: dict[int, tuple[str, int | None, str]] = {}
         self.rescales = 0
         self.records_lost = 0  # cumulative over every job, for clasp_records_lost_total
         self.migration_hist = {"planner": LatencyHistogram(), "worker": LatencyHistogram()}
@@ -232,8 +240,7 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin, PlannerSourcesMixin):
         self.jobs: dict[int, PlannerJob] = {}
         self.deploying: dict[int, PlannerJob] = {}  # jobs submitted and not deployed everywhere yet
         self._job_ids = itertools.count(1)
-        self._req_ids = itertools.count(1)
-        self.pending_rpcs: dict[int, asyncio.Future] = {}
+        self.rpcs = Pending()  # requests to workers awaiting replies: (worker, job, type) each
         self.bad_messages: dict[str, int] = {}
         self.latency = LatencyHistogram()
         self.last_rates = {"input_rate": 0.0, "throughput": 0.0}
@@ -267,7 +274,7 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin, PlannerSourcesMixin):
               f"curve={'on' if self.security.enabled else 'off'} "
               f"state_dir={self.store.root if self.store is not None else 'none'}", flush=True)
         try:
-            loops = [self._recv_loop(), self._dispatch_loop(), self._tick_loop(), self.state_server.serve(),
+            loops = [self._server().serve(), self._dispatch_loop(), self._tick_loop(), self.state_server.serve(),
                      self.security.run(), self._liveness_loop()]
             self._load_stored_jobs()
             if self.store is not None:
@@ -317,8 +324,9 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin, PlannerSourcesMixin):
         return [w.id for w in sorted(self.workers.values(), key=lambda w: w.registered) if w.alive]
 
     # ----------------------------------------------------------------- receiving
-    def _bad(self, reason: str) -> None:
-        self.bad_messages[reason] = self.bad_messages.get(reason, 0) + 1
+    def _bad(self, e: ProtocolError) -> None:
+        self.bad_messages[e.reason] = self.bad_messages.get(e.reason, 0) + 1
+        log.warning("dropped a bad message: %s", e)
 
     async def _send(self, ident: bytes, frame: bytes) -> None:
         try:
@@ -326,7 +334,7 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin, PlannerSourcesMixin):
         except zmq.ZMQError as e:  # EHOSTUNREACH: the peer is gone
             log.debug("could not send to %r: %s", ident, e)
 
-    async def _recv_loop(self) -> None:
+    def _server(self) -> ServerLoop:
         handlers = {
             "register": self._on_register, "heartbeat": self._on_heartbeat, "done": self._on_done,
             "reply": self._on_reply, "error": self._on_error_msg, "submit": self._on_submit, "push": self._on_push,
@@ -336,43 +344,28 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin, PlannerSourcesMixin):
             "drain": self.elastic.on_drain, "leave": self.elastic.on_leave, "pool": self.elastic.on_pool,
             "lease": self._on_lease, "seal": self._on_seal, "read_end": self._on_read_end, "stop": self._on_stop,
         }
-        recv, raw = self.router.recv_multipart, zmq.Socket.shadow(self.router.underlying)
-        while True:
-            self._on_frames(handlers, await recv())
-            for frames in drained(raw, multipart=True):
-                self._on_frames(handlers, frames)
+        return ServerLoop(self.router, handlers, where="the planner", on_bad=self._bad, on_failure=self._failed,
+                          decode=protocol.decode_message, spawn=self._spawn_handler, raw=frozenset({"push"}),
+                          admit=self._admit, drain=True)
 
-    def _on_frames(self, handlers: dict, frames: list) -> None:
-        """One message on the router: checked, then handled (a slow handler on its own task)."""
-        ident = frames[0]
-        try:
-            if len(frames) != 2:
-                raise ProtocolError("bad_envelope", f"{len(frames) - 1} payload frames")
-            mtype, body = protocol.decode_message(frames[1])  # a typed message (or a done list), checked
-            handler = handlers.get(mtype)
-            if handler is None:
-                raise ProtocolError("unexpected_type", f"{mtype} is not for the planner")
-        except ProtocolError as e:
-            self._bad(e.reason)
-            log.warning("dropped a bad message from %r: %s", ident[:16], e)
-            self._post(ident, protocol.error(e.reason, e.detail))
-            return
-        try:
-            if mtype == "submit":
-                check_dag(len(frames[1]), body.dag.get("functions"), self.security.limits)
-            tasks = self.client_tasks.get(ident, 0)
-            if tasks:
-                check_client_pending(tasks, self.security.limits)
-            result = self._on_push(ident, body, frames[1]) if mtype == "push" else handler(ident, body)
-            if asyncio.iscoroutine(result):
-                # Slow handlers (they wait on workers) run on their own so the loop keeps receiving.
-                self.client_tasks[ident] = tasks + 1
-                self._background(self._finish(ident, mtype, body, result), f"handling {mtype}")
-        except Exception as e:  # a failing handler answers its request; it never stops the planner
-            if isinstance(e, LimitError):
-                self.security.rejected(e.limit)
-                log.warning("refused %s from %r: %s", mtype, ident[:16], e)
-            self._reply_error(ident, getattr(body, "req", 0), e, mtype)
+    def _admit(self, ident: bytes, mtype: str, body, frame: bytes) -> None:
+        """Limits checked before a handler runs: a DAG's size, a client's requests in flight."""
+        if mtype == "submit":
+            check_dag(len(frame), body.dag.get("functions"), self.security.limits)
+        tasks = self.client_tasks.get(ident, 0)
+        if tasks:
+            check_client_pending(tasks, self.security.limits)
+
+    def _spawn_handler(self, ident: bytes, mtype: str, body, coro) -> None:
+        # Slow handlers (they wait on workers) run on their own so the loop keeps receiving.
+        self.client_tasks[ident] = self.client_tasks.get(ident, 0) + 1
+        self._background(self._finish(ident, mtype, body, coro), f"handling {mtype}")
+
+    def _failed(self, ident: bytes, mtype: str, body, e: Exception) -> bytes:
+        if isinstance(e, LimitError):
+            self.security.rejected(e.limit)
+            log.warning("refused %s from %r: %s", mtype, ident[:16], e)
+        return self._error_frame(request_id(body), e, mtype)
 
     def _background(self, coro, what: str) -> None:
         """Run a coroutine on its own, owned by the planner's task group; a failure is logged."""
@@ -393,15 +386,19 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin, PlannerSourcesMixin):
                 self.client_tasks[ident] = n
 
     def _reply_error(self, ident, req: int, e: BaseException, mtype: str = "a request") -> None:
-        """Answer request `req` that failed: with the error's text when it is meant for the client (a bad
-        request), else (a bug here) with an error id, the traceback in the planner's log under it."""
+        self._post(ident, self._error_frame(req, e, mtype))
+
+    @staticmethod
+    def _error_frame(req: int, e: BaseException, mtype: str) -> bytes:
+        """The answer to request `req` that failed: the error's text when it is meant for the client (a bad
+        request), else (a bug here) an error id, the traceback in the planner's log under it."""
         if isinstance(e, RequestError):
             text = str(e)
         elif isinstance(e, CLIENT_ERRORS):
             text = f"{type(e).__name__}: {e}"
         else:
             text = internal_error(log, f"handling {mtype}", e, "the planner log")
-        self._post(ident, protocol.reply_error(req, text))
+        return protocol.reply_error(req, text)
 
     def _reply(self, ident, req: int, result) -> None:
         frame = protocol.reply(req, result)
@@ -524,27 +521,19 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin, PlannerSourcesMixin):
                 self._check_waiters(job)
 
     def _on_reply(self, ident: bytes, msg: protocol.Reply) -> None:
-        fut = self.pending_rpcs.pop(msg.req, None)
-        if fut is not None and not fut.done():
-            fut.set_result(msg)
+        self.rpcs.resolve(msg.req, msg)
 
     def _on_error_msg(self, ident: bytes, msg: protocol.Error) -> None:
         log.warning("%r reports a bad message from us: %s %s", ident[:16], msg.reason, msg.detail)
 
     async def rpc(self, wid: str, mtype: str, body: dict, timeout: float | None = None) -> object:
         """Ask worker `wid` and wait for its reply's result; raises RequestError on failure or timeout."""
-        req = next(self._req_ids)
-        fut = asyncio.get_running_loop().create_future()
-        self.pending_rpcs[req] = fut
-        self.rpc_meta[req] = (wid, body.get("job"), mtype)
+        req, fut = self.rpcs.open((wid, body.get("job"), mtype))
         await self._send(wid.encode(), protocol.encode(mtype, {**body, "req": req}))
         try:
-            reply = await asyncio.wait_for(fut, timeout or self.rpc_timeout)
+            reply = await self.rpcs.wait(req, fut, timeout or self.rpc_timeout)
         except TimeoutError:
             raise NoAnswer(f"worker {wid} did not answer {mtype} within {timeout or self.rpc_timeout} s") from None
-        finally:
-            self.pending_rpcs.pop(req, None)
-            self.rpc_meta.pop(req, None)
         if not reply.ok:
             raise RequestError(f"worker {wid}: {reply.error}")
         return reply.result

@@ -56,6 +56,9 @@ class CheckpointState:
     def released(self, op: str) -> list:
         return [x for k in sorted(self.released_by) for x in self.released_by[k].get(op, ())]
 
+# Requests of a job that fail with any of its workers' death (the recovery rolls them back anyway).
+DYING_REQUESTS = ("migrate_plan", "ckpt_begin", "ckpt_snapshot")
+
 
 class PlannerRecoveryMixin:
     checkpoint_interval: float
@@ -99,11 +102,8 @@ class PlannerRecoveryMixin:
         for j in self.jobs.values():
             if j.id in jobs:
                 j.ckpt.dying.add(wid)  # a checkpoint waiting under the job's lock gives up at once
-        for req, (w, job, mtype) in list(self.rpc_meta.items()):
-            if w == wid or (job in jobs and mtype in ("migrate_plan", "ckpt_begin", "ckpt_snapshot")):
-                fut = self.pending_rpcs.get(req)
-                if fut is not None and not fut.done():
-                    fut.set_exception(self._rpc_failure(f"worker {wid} died before it answered {mtype}"))
+        self.rpcs.fail(lambda about: about[0] == wid or (about[1] in jobs and about[2] in DYING_REQUESTS),
+                       lambda about: self._rpc_failure(f"worker {wid} died before it answered {about[2]}"))
 
     # ----------------------------------------------------------------- checkpoints
     async def _checkpoint_loop(self) -> None:
