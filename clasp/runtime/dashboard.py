@@ -57,8 +57,8 @@ def planner_view(planner, key: str):
     if key == "cluster":
         info = {"id": planner.id, "endpoint": getattr(planner, "endpoint", None),
                 "uptime_s": round(time.monotonic() - planner.started, 1), **planner.last_rates,
-                "queue": sum(j.queued for j in planner.jobs.values()), "rescales": planner.rescales,
-                "records_lost": planner.records_lost, "policy": planner.policy,
+                "queue": sum(j.queued for j in planner.jobs.values()), "rescales": planner.migrations.rescales,
+                "records_lost": planner.migrations.records_lost, "policy": planner.policy,
                 "curve": planner.security.enabled}
         return views.cluster_view(planner.workers, planner.jobs, time.monotonic(), info)
     if key == "jobs":

@@ -20,24 +20,42 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Protocol
 
 from clasp.core import protocol
 from clasp.core.pool import PoolState, PoolWish, demand, max_pool, pool_wish, update_idle
+from clasp.core.routing import Placement
 from clasp.core.scheduler import survivor_placement
+from clasp.runtime.planner_job import PlannerJob
+from clasp.runtime.planner_link import Link, PoolError
+from clasp.runtime.planner_queries import JobQueries
 from clasp.runtime.providers import Provider
 
 log = logging.getLogger("clasp.planner")
-Planner = PlannerJob = Any  # clasp.runtime.planner's, which imports this module
 
 
-class PoolError(Exception):
-    """A drain that cannot be done (an unknown worker, the last worker of a job): the client sees the text."""
+class Migrator(Protocol):
+    """What the pool asks of the planner's migration runner (`clasp.runtime.planner_migration.Migrations`)."""
+
+    def pool(self, job: PlannerJob) -> list[str]: ...
+
+    async def apply_decision_locked(self, job: PlannerJob, result, reason: str, pool: list[str]) -> None: ...
+
+    async def run(self, job: PlannerJob, new: Placement, reason: str) -> dict: ...
 
 
 class ElasticPool:
-    def __init__(self, planner: Planner, provider: Provider | None = None):
-        self.p = planner
+    """`jobs`, `workers` and `pushers` are the planner's tables; `live_workers()`: alive workers in
+    registration order; `state_endpoint()`: the planner's state server; `migrations` (the planner's
+    migration runner, which asks this pool for its workers) is set once both are built."""
+
+    def __init__(self, link: Link, jobs: dict, workers: dict, pushers: dict, queries: JobQueries, *,
+                 live_workers: Callable[[], list[str]], state_endpoint: Callable[[], str],
+                 provider: Provider | None = None):
+        self.link, self.jobs, self.workers, self.pushers, self.queries = link, jobs, workers, pushers, queries
+        self.live_workers, self.state_endpoint = live_workers, state_endpoint
+        self.migrations: Migrator | None = None
         self.provider = provider or Provider()
         self.config = self.provider.config
         self.state = PoolState()
@@ -63,33 +81,34 @@ class ElasticPool:
     def joined(self, wid: str) -> None:
         """A worker registered for the first time (or again after it was drained): join every job."""
         self.leaving.discard(wid)
-        for job in list(self.p.jobs.values()):
-            self.p._background(self._join(job, wid), f"worker {wid} joining job {job.id}")
+        for job in list(self.jobs.values()):
+            self.link.background(self._join(job, wid), f"worker {wid} joining job {job.id}")
 
     async def _join(self, job: PlannerJob, wid: str) -> None:
-        p = self.p
         async with job.lock:
-            info = p.workers.get(wid)
-            if p.jobs.get(job.id) is not job or job.cancelled or wid in job.workers or info is None or not info.alive:
+            info = self.workers.get(wid)
+            if (self.jobs.get(job.id) is not job or job.cancelled or wid in job.workers or info is None
+                    or not info.alive):
                 return
-            serving = p._job_workers(job)
-            await asyncio.gather(*(p.rpc(w, "peers", {"job": job.id, "peers": {wid: info.data}})
+            serving = self.queries.workers_of(job)
+            await asyncio.gather(*(self.link.rpc(w, "peers", {"job": job.id, "peers": {wid: info.data}})
                                    for w in serving))
-            peers = {w: p.workers[w].data for w in [*serving, wid]}
-            await p.rpc(wid, "deploy", {"job": job.id, "dag": job.spec.pack(), "placement": job.placement.to_wire(),
-                                        "peers": peers, "state": job.state,
-                                        "state_server": p.state_server.endpoint,
-                                        "floor": job.placement.epoch if job.ckpt is not None else 0})
+            peers = {w: self.workers[w].data for w in [*serving, wid]}
+            await self.link.rpc(wid, "deploy", {"job": job.id, "dag": job.spec.pack(),
+                                                "placement": job.placement.to_wire(),
+                                                "peers": peers, "state": job.state,
+                                                "state_server": self.state_endpoint(),
+                                                "floor": job.ckpt.floor(job.placement)})
             job.workers.append(wid)
             job.retired.discard(wid)
             self.joins += 1
-            log.info("worker %s joined job %d's pool (now %d workers)", wid, job.id, len(p._job_workers(job)))
+            log.info("worker %s joined job %d's pool (now %d workers)", wid, job.id, len(self.queries.workers_of(job)))
 
     # ----------------------------------------------------------------- acquire
     async def acquire(self, job: PlannerJob, n: int) -> list[str]:
         """Ask the provider for `n` workers for `job` and wait (up to join_timeout) until they joined the
         job's pool; returns the pool then (possibly smaller than `n`)."""
-        pool = self.p._pool(job)
+        pool = self.migrations.pool(job)
         want = demand(self.config, n, len(pool))
         if want is None:
             return pool
@@ -99,7 +118,7 @@ class ElasticPool:
                  self.provider.name)
         deadline = time.monotonic() + self.config.join_timeout
         try:
-            while len(pool := self.p._pool(job)) < want and time.monotonic() < deadline:
+            while len(pool := self.migrations.pool(job)) < want and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
         finally:
             self.state.demands.pop(job.id, None)
@@ -110,16 +129,16 @@ class ElasticPool:
         self.waiting.add(job.id)
         try:
             pool = await self.acquire(job, needed)
-            if self.p.jobs.get(job.id) is not job:
+            if self.jobs.get(job.id) is not job:
                 return
             result = job.controller.place_on(min(needed, len(pool)), pool)
-            await self.p._apply_decision_locked(job, result, reason, pool)
+            await self.migrations.apply_decision_locked(job, result, reason, pool)
         finally:
             self.waiting.discard(job.id)
 
     # ----------------------------------------------------------------- leave
     def on_drain(self, ident: bytes, msg: protocol.Drain):
-        if msg.worker not in self.p.workers:
+        if msg.worker not in self.workers:
             raise PoolError(f"no worker {msg.worker!r}")
         return self._drain_reply(ident, msg)
 
@@ -127,39 +146,39 @@ class ElasticPool:
         ok, detail = await self.drain(msg.worker, "clasp drain")
         if not ok:
             raise PoolError(detail)
-        self.p._reply(ident, msg.req, {"worker": msg.worker, "detail": detail})
+        self.link.reply(ident, msg.req, {"worker": msg.worker, "detail": detail})
 
     def on_leave(self, ident: bytes, msg: protocol.Leave) -> None:
-        if ident != msg.id.encode() or msg.id not in self.p.workers:
+        if ident != msg.id.encode() or msg.id not in self.workers:
             return
-        self.p._background(self.drain(msg.id, "SIGTERM"), f"drain of worker {msg.id}")
+        self.link.background(self.drain(msg.id, "SIGTERM"), f"drain of worker {msg.id}")
 
     async def drain(self, wid: str, why: str) -> tuple[bool, str]:
         """Migrate everything of every job off `wid`, drop it from the pools, tell it to exit."""
-        p = self.p
-        info = p.workers.get(wid)
+        info = self.workers.get(wid)
         if info is None:
             return False, f"no worker {wid!r}"
         self.leaving.add(wid)
         t0 = time.monotonic()
         moved = []
         log.info("draining worker %s (%s)", wid, why)
-        for job in list(p.jobs.values()):
+        for job in list(self.jobs.values()):
             async with job.lock:
                 if wid not in job.workers:
                     continue
                 if wid in job.placement.active_workers():
-                    others = p._pool(job)
+                    others = self.migrations.pool(job)
                     if not others:
                         self.leaving.discard(wid)
                         detail = (f"cannot drain worker {wid}: it is the last worker of job {job.id} "
                                   "(start another worker first)")
                         log.error("%s", detail)
                         if why == "SIGTERM":
-                            await p._send(wid.encode(), protocol.encode("shutdown", {"ok": False, "detail": detail}))
+                            await self.link.send(wid.encode(),
+                                                 protocol.encode("shutdown", {"ok": False, "detail": detail}))
                         return False, detail
                     new = survivor_placement(job.spec, job.placement, others, job.key_weights)
-                    record = await p._run_migration(job, new, f"worker {wid} drained ({why})")
+                    record = await self.migrations.run(job, new, f"worker {wid} drained ({why})")
                     if record["failed"]:
                         self.leaving.discard(wid)
                         return False, f"the migration off {wid} failed on {sorted(record['failed'])}"
@@ -173,9 +192,9 @@ class ElasticPool:
         detail = f"worker {wid} drained in {seconds * 1e3:.0f} ms ({len(moved)} job(s) migrated off it)"
         log.info("%s", detail)
         self.departed.add((wid, info.pid))
-        await p._send(wid.encode(), protocol.encode("shutdown", {"ok": True, "detail": detail}))
-        p.workers.pop(wid, None)
-        pusher = p.pushers.pop(wid, None)
+        await self.link.send(wid.encode(), protocol.encode("shutdown", {"ok": True, "detail": detail}))
+        self.workers.pop(wid, None)
+        pusher = self.pushers.pop(wid, None)
         if pusher is not None:
             pusher.close(linger=1000)
         self.leaving.discard(wid)
@@ -186,20 +205,19 @@ class ElasticPool:
     # ----------------------------------------------------------------- the provider
     def on_pool(self, ident: bytes, msg: protocol.Pool) -> None:
         self.tick()
-        wish = self.wish or PoolWish(len(self.p.live_workers()))
-        self.p._reply(ident, msg.req, {"provider": self.provider.name, "wish": wish.to_wire(),
-                                       "workers": self.p.live_workers(), "leaving": sorted(self.leaving),
+        wish = self.wish or PoolWish(len(self.live_workers()))
+        self.link.reply(ident, msg.req, {"provider": self.provider.name, "wish": wish.to_wire(),
+                                       "workers": self.live_workers(), "leaving": sorted(self.leaving),
                                        "min_workers": self.config.min_workers,
                                        "max_workers": self.config.max_workers, "joins": self.joins,
                                        "drains": self.drains[-20:]})
 
     def tick(self) -> None:
         """Recompute the wish (once a tick, and when something changed); hand a new one to the provider."""
-        p = self.p
         now = time.monotonic()
-        live = self.pool_ids(p.live_workers())
+        live = self.pool_ids(self.live_workers())
         busy = set()
-        for job in p.jobs.values():
+        for job in self.jobs.values():
             busy.update(job.placement.active_workers())
         update_idle(self.state, live, busy, now)
         wish = pool_wish(self.config, self.state, live, now, self.provider.release_order(live))
@@ -209,7 +227,7 @@ class ElasticPool:
         for w in release:
             self.leaving.add(w)
         # Released earlier and still registered: keep asking for them to stop.
-        gone = tuple(w for w in sorted(self.leaving) if w in p.workers and w not in release)
+        gone = tuple(w for w in sorted(self.leaving) if w in self.workers and w not in release)
         wish = PoolWish(wish.workers, (*release, *gone), wish.reason)
         if wish != self.wish:
             if self.wish is None or (wish.workers, wish.release) != (self.wish.workers, self.wish.release):

@@ -1,15 +1,22 @@
-"""Small socket helpers shared by the planner, the workers and the client."""
+"""Socket helpers shared by the planner, the workers and the client, and the one server loop
+(`ServerLoop`: receive, decode and validate, dispatch, reply or error) with its reply matching
+(`Pending`) that every request-serving socket of the runtime goes through."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import logging
 import os
 import signal
 import socket
+from collections.abc import Callable
 
 import zmq
+
+from clasp.core import protocol
+from clasp.core.protocol import ProtocolError
 
 
 def bind(sock: zmq.Socket, host: str, port: int) -> int:
@@ -170,3 +177,127 @@ def setup_logging(name: str, level: str = "INFO") -> logging.Logger:
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
                         format=f"%(asctime)s {name} %(levelname)s %(message)s")
     return logging.getLogger(name)
+
+
+class ServerLoop:
+    """One socket's server: each message is received, checked (its envelope, then `decode`, then a handler
+    for its type), handed to its handler, and the handler's answer (bytes) sent back to the asker. Bad input
+    is given to `on_bad` (which counts it in the process's bad-message metric) and answered with an `error`
+    message; a failing handler is given to `on_failure`, whose frame (if any) answers it.
+
+    `routed`: a ROUTER (frames: the asker's identity, one payload frame; handlers take `(ident, body)`), else
+    a DEALER (handlers take `(body)`; `pass_ident=False` gives a ROUTER's handlers that too). A handler may
+    return a coroutine: with `spawn`, it is handed to `spawn(ident, mtype, body, coro)` so the loop keeps
+    receiving; without, it is awaited in order. `raw`
+    names message types whose handler also takes the payload frame. `admit(ident, mtype, body, frame)` may
+    refuse a checked message before its handler by raising. `drain`: after each awaited receive, take what
+    libzmq already holds without a future (see `drained`)."""
+
+    def __init__(self, sock: zmq.Socket, handlers: dict[str, Callable], *, where: str,
+                 on_bad: Callable[[ProtocolError], None],
+                 on_failure: Callable[[bytes | None, str, object, Exception], bytes | None],
+                 decode: Callable = protocol.decode, routed: bool = True, spawn: Callable | None = None,
+                 raw: frozenset[str] = frozenset(), admit: Callable | None = None, drain: bool = False,
+                 pass_ident: bool | None = None):
+        self.sock, self.handlers, self.where = sock, handlers, where
+        self.on_bad, self.on_failure, self.decode = on_bad, on_failure, decode
+        self.routed, self.spawn, self.raw, self.admit, self.drain = routed, spawn, raw, admit, drain
+        self.pass_ident = routed if pass_ident is None else pass_ident
+
+    async def serve(self) -> None:
+        sock = self.sock
+        raw = zmq.Socket.shadow(sock.underlying) if self.drain else None
+        while True:
+            await self.handle(await sock.recv_multipart())
+            if raw is not None:
+                for frames in drained(raw, multipart=True):
+                    await self.handle(frames)
+
+    async def handle(self, frames: list) -> None:
+        ident = frames[0] if self.routed else None
+        try:
+            if self.routed and len(frames) != 2:
+                raise ProtocolError("bad_envelope", f"{len(frames) - 1} payload frames")
+            frame = frames[-1]
+            mtype, body = self.decode(frame)
+            handler = self.handlers.get(mtype)
+            if handler is None:
+                raise ProtocolError("unexpected_type", f"{mtype} is not served on {self.where}")
+        except ProtocolError as e:
+            self.on_bad(e)
+            await self.send(ident, protocol.error(e.reason, e.detail))
+            return
+        try:
+            if self.admit is not None:
+                self.admit(ident, mtype, body, frame)
+            args = (ident, body) if self.pass_ident else (body,)
+            answer = handler(*args, frame) if mtype in self.raw else handler(*args)
+            if asyncio.iscoroutine(answer):
+                if self.spawn is not None:
+                    self.spawn(ident, mtype, body, answer)
+                    return
+                answer = await answer
+        except Exception as e:  # a failing handler answers its request; it never stops the loop
+            answer = self.on_failure(ident, mtype, body, e)
+        if answer is not None:
+            await self.send(ident, answer)
+
+    async def send(self, ident: bytes | None, frame: bytes) -> None:
+        try:
+            if ident is None:
+                await self.sock.send(frame)
+            else:
+                await self.sock.send_multipart([ident, frame], copy=False)
+        except zmq.ZMQError:  # EHOSTUNREACH: the asker is gone
+            pass
+
+
+def request_id(body) -> int:
+    """The request id of a decoded message (a typed one or a dict), 0 when it has none."""
+    if isinstance(body, dict):
+        return body.get("req", 0)
+    return getattr(body, "req", 0)
+
+
+class Pending:
+    """The requests a process sent and awaits, matched with their replies by request id: `open` a request
+    (its id and the future its reply resolves, with what it was about), `resolve` one with its reply, or
+    `fail` those that match a predicate."""
+
+    def __init__(self):
+        self._ids = itertools.count(1)
+        self.futures: dict[int, asyncio.Future] = {}
+        self.about: dict[int, tuple] = {}
+
+    def __len__(self) -> int:
+        return len(self.futures)
+
+    def open(self, about: tuple = ()) -> tuple[int, asyncio.Future]:
+        req = next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self.futures[req] = fut
+        self.about[req] = about
+        return req, fut
+
+    def close(self, req: int) -> None:
+        self.futures.pop(req, None)
+        self.about.pop(req, None)
+
+    def resolve(self, req: int, reply) -> None:
+        fut = self.futures.pop(req, None)
+        self.about.pop(req, None)
+        if fut is not None and not fut.done():
+            fut.set_result(reply)
+
+    def fail(self, which: Callable[[tuple], bool], error: Callable[[tuple], Exception]) -> None:
+        for req, about in list(self.about.items()):
+            fut = self.futures.get(req)
+            if fut is not None and not fut.done() and which(about):
+                fut.set_exception(error(about))
+
+    async def wait(self, req: int, fut: asyncio.Future, timeout: float):
+        """The reply to `req` (TimeoutError after `timeout` s); the request is closed either way."""
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self.close(req)

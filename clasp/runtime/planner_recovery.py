@@ -1,9 +1,9 @@
-"""The planner's side of checkpoints and recovery (clasp.core.checkpoint), mixed into `Planner`.
+"""The planner's checkpoint coordinator (clasp.core.checkpoint): checkpoints, rollbacks, a restarted planner.
 
 Every `checkpoint_interval` seconds, per job with local state: stop dispatching at a chunk boundary, send
 the barrier (`ckpt_begin`) to every worker of the job, dispatch on; once every record below the boundary
 is complete, ask for the snapshot (`ckpt_snapshot`); complete when every worker answered. A worker that
-dies rolls the job back (`_restore`) to the newest complete checkpoint and replays the input log.
+dies rolls the job back (`Checkpoints.restore`) to the newest complete checkpoint and replays the input log.
 """
 
 from __future__ import annotations
@@ -12,20 +12,34 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 
 from clasp.core.checkpoint import (
     KEEP_COMPLETE,
     CheckpointError,
     CompleteCheckpoint,
-    Coordinator,
     boundary_reached,
     dispatch_boundary,
     recovery_placement,
 )
 from clasp.core.credit import charge
-from clasp.core.tracking import CHUNK_BITS
-from clasp.runtime.input_log import InputLog
-from clasp.runtime.planner_sources import list_partitions, owners_under
+from clasp.core.lifecycle import (
+    Barrier,
+    BarrierSent,
+    JobLife,
+    NoWorkerLeft,
+    Phase,
+    RollBack,
+    RollbackFailed,
+    RolledBack,
+)
+from clasp.core.tracking import CHUNK_BITS, LatencyHistogram
+from clasp.runtime.planner_dispatch import Dispatcher
+from clasp.runtime.planner_job import CHECKPOINTS_OFF, CheckpointsOff, CheckpointState
+from clasp.runtime.planner_link import Link
+from clasp.runtime.planner_queries import JobQueries
+from clasp.runtime.planner_sinks import SinkCoordinator
+from clasp.runtime.planner_sources import SourcesCoordinator, list_partitions, owners_under
 from clasp.runtime.state_store import FileStore, decode_blob, encode_blob
 
 log = logging.getLogger("clasp.planner")
@@ -33,98 +47,60 @@ ALIGN_TIMEOUT = 30.0  # s for every record below a barrier to complete before th
 SNAPSHOT_TIMEOUT = 60.0
 
 
-class CheckpointState:
-    """What a job carries for checkpoints (on `PlannerJob.ckpt`)."""
+class Checkpoints:
+    """The checkpoint coordinator of every job: `for_job` gives a job its checkpointer (`CheckpointState`,
+    or `CHECKPOINTS_OFF` without a state directory, an interval or local state). `jobs` and `workers` are
+    the planner's tables; `state_endpoint()`: the planner's state server's address (bound once serving)."""
 
-    def __init__(self, store: FileStore, job: int, memory_records: int, memory_bytes: int = 128 << 20,
-                 notify=None):
-        self.coord = Coordinator()
-        self.log = InputLog(store, job, memory_records, memory_bytes, notify)
-        self.want = False  # stop dispatching at the next chunk boundary
-        self.hold = False  # dispatching stopped for a barrier
-        self.restoring = False  # a rollback is under way: dispatch stops, progress reports are stale
-        # checkpoint id -> operator -> the collected outputs that complete checkpoint released
-        self.released_by: dict[int, dict[str, list]] = {}
-        self.replayed = 0
-        self.replay_to = 0  # records complete (or lost) before the last rollback: the replay catches up to it
-        self.last_recovery: dict | None = None
-        self.dying: set[str] = set()  # workers declared dead whose recovery has not run yet
-        self.last_pause = 0.0
-        self.last_pause_cpu = 0.0
-        self.orphaned: str | None = None  # the job lost its last worker (this one): it waits for a new one
+    def __init__(self, link: Link, store: FileStore | None, jobs: dict, workers: dict, queries: JobQueries,
+                 dispatcher: Dispatcher, sinks: SinkCoordinator, sources: SourcesCoordinator, *,
+                 interval: float, input_log_records: int, log_bytes: int, dead_after: float,
+                 state_endpoint: Callable[[], str]):
+        self.link, self.store, self.jobs, self.workers = link, store, jobs, workers
+        self.queries, self.dispatcher, self.sinks, self.sources = queries, dispatcher, sinks, sources
+        self.checkpoint_interval, self.input_log_records, self.log_bytes = interval, input_log_records, log_bytes
+        self.dead_after, self.state_endpoint = dead_after, state_endpoint
+        self.recoveries = 0
+        self.records_replayed = 0
+        self.checkpoint_hist = LatencyHistogram()
 
-    def released(self, op: str) -> list:
-        return [x for k in sorted(self.released_by) for x in self.released_by[k].get(op, ())]
-
-
-class PlannerRecoveryMixin:
-    checkpoint_interval: float
-    store: FileStore | None
-
-    def _ckpt_enabled(self, state: str) -> bool:
-        return self.checkpoint_interval > 0 and self.store is not None and state == "local"
-
-    def _new_ckpt_state(self, job_id: int) -> CheckpointState:
+    def for_job(self, job_id: int, state: str, stored: bool = False) -> CheckpointState | CheckpointsOff:
+        """`stored`: a job taken up from the state directory (it had checkpoints, it keeps them)."""
+        if not stored and not (self.checkpoint_interval > 0 and self.store is not None and state == "local"):
+            return CHECKPOINTS_OFF
         # The log keeps a quarter of the queue's bound in memory: replays past that read from disk.
-        return CheckpointState(self.store, job_id, self.input_log_records, self.bound.max_bytes // 4,
-                               lambda: self._log_written(job_id))
+        return CheckpointState(self.store, job_id, self.input_log_records, self.log_bytes,
+                               lambda: self.dispatcher.log_written(job_id))
 
-    # ----------------------------------------------------------------- hooks the planner calls
-    def _ckpt_may_dispatch(self, job) -> bool:
-        c = job.ckpt
-        if c is None:
-            return True
-        if c.hold or c.restoring:
-            return False
-        if c.want and job.queue and job.queue[0][2] == 0:
-            return False  # at a chunk boundary: the barrier goes in here
-        return not job.queue or c.log.written(job.queue[0][0] >> CHUNK_BITS)  # never ahead of the log
-
-    def _ckpt_on_push(self, job, base: int, t: float, records: list, nbytes: int = 0,
-                      frame: bytes | None = None) -> None:
-        if job.ckpt is not None:
-            job.ckpt.log.append(base >> CHUNK_BITS, t, records, nbytes, frame)
-
-    def _ckpt_stale_done(self, job, ident: bytes) -> bool:
-        """Progress reports that belong to a rolled-back era: during a restore, or from a retired worker."""
-        c = job.ckpt
-        if c is None:
-            return False
-        return c.restoring or ident.decode(errors="replace") in job.retired
-
-    def _fail_rpcs_of(self, wid: str) -> None:
+    def fail_requests_of(self, wid: str) -> None:
         """A worker was declared dead: its outstanding requests fail now, and so do the migrations and
         checkpoint requests of its jobs that use checkpoints (the recovery rolls those back anyway)."""
-        jobs = {j.id for j in self.jobs.values() if wid in j.workers and j.ckpt is not None}
+        jobs = {j.id for j in self.jobs.values() if wid in j.workers and j.ckpt.enabled}
         for j in self.jobs.values():
             if j.id in jobs:
                 j.ckpt.dying.add(wid)  # a checkpoint waiting under the job's lock gives up at once
-        for req, (w, job, mtype) in list(self.rpc_meta.items()):
-            if w == wid or (job in jobs and mtype in ("migrate_plan", "ckpt_begin", "ckpt_snapshot")):
-                fut = self.pending_rpcs.get(req)
-                if fut is not None and not fut.done():
-                    fut.set_exception(self._rpc_failure(f"worker {wid} died before it answered {mtype}"))
+        self.link.fail_requests_of(wid, jobs)
 
     # ----------------------------------------------------------------- checkpoints
-    async def _checkpoint_loop(self) -> None:
+    async def run(self) -> None:
         while True:
             await asyncio.sleep(self.checkpoint_interval)
             for job in list(self.jobs.values()):
                 c = job.ckpt
-                if (c is None or job.cancelled or c.restoring or c.orphaned is not None or c.dying
+                if (not c.enabled or job.cancelled or job.life.phase is not Phase.RUNNING or c.dying
                         or c.coord.pending is not None or job.lock.locked()):
                     continue
                 last = c.coord.restore_target()
                 if (last is not None and not job.queue and job.tracker.next_chunk == last.boundary):
                     continue  # nothing admitted since the last checkpoint
-                self._background(self._checkpoint(job), f"checkpoint of job {job.id}")
+                self.link.background(self.checkpoint(job), f"checkpoint of job {job.id}")
 
-    async def _checkpoint(self, job) -> dict | None:
+    async def checkpoint(self, job) -> dict | None:
         c = job.ckpt
         async with job.lock:
-            if self.jobs.get(job.id) is not job or job.cancelled or c.restoring:
+            if self.jobs.get(job.id) is not job or job.cancelled or job.life.phase is not Phase.RUNNING:
                 return None
-            if c.dying or c.orphaned is not None or not self._job_workers(job):
+            if c.dying or not self.queries.workers_of(job):
                 return None
             c.want = True
             try:
@@ -136,23 +112,22 @@ class PlannerRecoveryMixin:
                                     "a worker died" if c.dying else "dispatch never reached a chunk boundary")
                         return None
                     await asyncio.sleep(0.001)
-                c.hold = True
+                job.life.handle(Barrier())
             finally:
                 c.want = False
             if job.src is not None:
                 # Above every chunk leased so far: a batch read before the barrier is below the cut.
                 boundary = max(boundary, job.tracker.next_chunk)
-            workers = self._job_workers(job)
+            workers = self.queries.workers_of(job)
             p = c.coord.begin(boundary, workers, time.monotonic())
             rid = boundary << CHUNK_BITS
             try:
                 try:
-                    begun = await asyncio.gather(*(self.rpc(w, "ckpt_begin",
+                    begun = await asyncio.gather(*(self.link.rpc(w, "ckpt_begin",
                                                             {"job": job.id, "ckpt": p.id, "boundary": rid})
                                                    for w in workers))
                 finally:
-                    c.hold = False
-                    self.dispatch_wake.set()
+                    self.dispatcher.carry_out(job.life.handle(BarrierSent()))
                 if job.src is not None:
                     # The partitions' positions at the cut; one read nowhere now (released by a stop) keeps
                     # its last known position.
@@ -162,19 +137,19 @@ class PlannerRecoveryMixin:
                             p.positions[(op, part)] = pos
                 deadline = time.monotonic() + ALIGN_TIMEOUT
                 while not boundary_reached(job.tracker, boundary):
-                    if c.dying or any(w not in self._job_workers(job) for w in workers):
+                    if c.dying or any(w not in self.queries.workers_of(job) for w in workers):
                         raise CheckpointError("a worker died")
                     if time.monotonic() > deadline:
                         raise CheckpointError(f"records below the barrier still open after {ALIGN_TIMEOUT} s")
                     await asyncio.sleep(0.002)
                 body = {"job": job.id, "ckpt": p.id, "boundary": rid, "dir": str(self.store.root)}
-                replies = await asyncio.gather(*(self.rpc(w, "ckpt_snapshot", body, SNAPSHOT_TIMEOUT)
+                replies = await asyncio.gather(*(self.link.rpc(w, "ckpt_snapshot", body, SNAPSHOT_TIMEOUT)
                                                  for w in workers))
             except Exception as e:
                 failed = c.coord.fail(str(e))
                 log.warning("job %d: checkpoint %d failed: %s", job.id, p.id, e)
-                await asyncio.gather(*(self.rpc(w, "ckpt_abort", {"job": job.id, "ckpt": p.id}, 2.0)
-                                       for w in self._job_workers(job)), return_exceptions=True)
+                await asyncio.gather(*(self.link.rpc(w, "ckpt_abort", {"job": job.id, "ckpt": p.id}, 2.0)
+                                       for w in self.queries.workers_of(job)), return_exceptions=True)
                 if failed is not None:
                     await asyncio.to_thread(self.store.delete, job.id, failed)
                 return None
@@ -202,11 +177,11 @@ class PlannerRecoveryMixin:
             for d in dropped:
                 await asyncio.to_thread(self.store.delete, job.id, d)
             c.log.drop_below(c.coord.log_floor())
-            self._sinks_completed(job, done.id, replies)
+            self.sinks.completed(job, done.id, replies)
             job.tracker.forget_sources_below(c.coord.log_floor())
             if job.src is not None:
                 job.src.positions.update(done.positions)
-            self._persist_job(job)
+            self.persist(job)
             self.checkpoint_hist.add(done.duration_s)
             log.debug("job %d: checkpoint %d complete at chunk %d: %d bytes in %.1f ms (max pause %.1f ms)",
                       job.id, done.id, done.boundary, done.bytes, done.duration_s * 1e3,
@@ -214,7 +189,7 @@ class PlannerRecoveryMixin:
             return meta
 
     # ----------------------------------------------------------------- recovery
-    async def _restore(self, job, wid: str) -> None:
+    async def restore(self, job, wid: str) -> None:
         """Worker `wid` of the job died: roll the job back to its last complete checkpoint on the workers
         left, and replay the input from there."""
         c = job.ckpt
@@ -226,44 +201,49 @@ class PlannerRecoveryMixin:
             c.dying.discard(wid)
             job.lost_workers.add(wid)
             job.retired.add(wid)
-            c.restoring = True
-            try:
-                await self._roll_back(job, f"worker {wid} died", t0)
-            finally:
-                c.restoring = False
-                self.dispatch_wake.set()
+            await self._rolling_back(job, f"worker {wid} died", t0)
+
+    async def _rolling_back(self, job, cause: str, t0: float) -> None:
+        """Under the job's lock: the rollback, in its phase from start to end (clasp.core.lifecycle)."""
+        job.life.handle(RollBack(cause))
+        try:
+            await self._roll_back(job, cause, t0)
+        finally:
+            if job.life.phase is Phase.ROLLING_BACK:
+                job.life.handle(RollbackFailed())
+            self.dispatcher.wake.set()
 
     async def _roll_back(self, job, cause: str, t0: float) -> None:
         c = job.ckpt
         while True:
-            alive = self._job_workers(job)
+            alive = self.queries.workers_of(job)
             if not alive:
                 log.error("job %d (%s) has no worker left: it waits for a worker to recover on", job.id, cause)
-                c.orphaned = cause
+                job.life.handle(NoWorkerLeft(cause))
                 return
-            c.orphaned = None
             new = recovery_placement(job.spec, job.placement, alive, job.key_weights, job.placement.epoch + 1)
             target = c.coord.restore_target()
-            duties = self._sinks_recovery(job, alive)
+            duties = self.sinks.recovery(job, alive)
             body = {"job": job.id, "dag": job.spec_wire, "placement": new.to_wire(), "sinks": duties,
-                    "run": self._sink_run(job),
+                    "run": self.sinks.run(job),
                     "peers": {w: self.workers[w].data for w in job.workers if w in self.workers},
                     "ckpt": target.id if target else 0, "groups": target.groups if target else {},
-                    "dir": str(self.store.root), "state": job.state, "state_server": self.state_server.endpoint}
+                    "dir": str(self.store.root), "state": job.state, "state_server": self.state_endpoint()}
             if job.src is not None:
                 # Every partition reopens at the checkpoint's position (the job's start: the beginning).
-                owners, positions, body["sources"] = self._sources_restore(job, new, alive,
+                owners, positions, body["sources"] = self.sources.restore(job, new, alive,
                                                                            target.positions if target else None)
-            replies = await asyncio.gather(*(self.rpc(w, "restore", body, 30.0) for w in alive),
+            replies = await asyncio.gather(*(self.link.rpc(w, "restore", body, 30.0) for w in alive),
                                            return_exceptions=True)
-            bad = [str(r) for r in replies if isinstance(r, Exception)]
-            if target is not None and any("unreadable" in b for b in bad):
+            unreadable = [r["unreadable"] for r in replies if isinstance(r, dict) and r.get("unreadable")]
+            if target is not None and unreadable:
                 log.error("job %d: checkpoint %d cannot be restored (%s): falling back to the one before",
-                          job.id, target.id, "; ".join(b for b in bad if "unreadable" in b))
+                          job.id, target.id, "; ".join(unreadable))
                 job.errors.append({"worker": "planner", "operator": "", "value": "",
-                                   "error": f"checkpoint {target.id} unreadable: {bad[0]}"[:300]})
+                                   "error": f"checkpoint {target.id} unreadable: {unreadable[0]}"[:300]})
                 c.coord.discard(target.id)
                 continue
+            bad = [str(r) for r in replies if isinstance(r, Exception)]
             failed = [w for w, r in zip(alive, replies, strict=True) if isinstance(r, Exception)]
             if failed:
                 # A worker that could not restore holds nothing of the job now: roll back without it.
@@ -272,8 +252,8 @@ class PlannerRecoveryMixin:
                 continue
             job.placement = new
             job.settled = new
-            self._set_routes(job)
-            self._sinks_recovered(job, duties, replies, alive)
+            self.dispatcher.set_routes(job)
+            self.sinks.recovered(job, duties, replies, alive)
             upto = target.id if target else 0
             for k in [k for k in c.released_by if k > upto]:  # released by a checkpoint rolled back over
                 del c.released_by[k]
@@ -283,7 +263,7 @@ class PlannerRecoveryMixin:
             c.replay_to = max(c.replay_to, job.tracker.completed + job.tracker.lost)
             reopened, _ = job.tracker.rollback(boundary, c.log.sizes_from(boundary))
             if job.src is not None:
-                self._sources_restored(job, owners, positions)
+                self.sources.restored(job, owners, positions)
             job.queue.clear()
             job.queue_bytes.clear()
             for chunk in c.log.sizes_from(boundary):
@@ -306,33 +286,28 @@ class PlannerRecoveryMixin:
             job.decisions.append({"t": round(time.time() - job.created, 3), "trigger": cause,
                                   "reason": reason, "change": True})
             log.warning("job %d: %s (%.0f ms)", job.id, reason, took * 1e3)
-            self._persist_job(job)
+            job.life.handle(RolledBack())
+            self.persist(job)
             return
 
-    async def _resume_orphan(self, job) -> None:
+    async def resume_orphan(self, job) -> None:
         """Under the job's lock: a worker joined a job that had lost every worker; roll back onto it."""
-        c = job.ckpt
-        c.restoring = True
-        try:
-            await self._roll_back(job, c.orphaned, time.monotonic())
-        finally:
-            c.restoring = False
-            self.dispatch_wake.set()
+        await self._rolling_back(job, job.life.orphaned, time.monotonic())
 
     # ----------------------------------------------------------------- planner restart
-    def _persist_job(self, job) -> None:
+    def persist(self, job) -> None:
         """The job's record in the state directory, for a planner restarted on it."""
-        if self.store is None or job.ckpt is None:
+        if self.store is None or not job.ckpt.enabled:
             return
         rec = {"id": job.id, "dag": job.spec_wire, "placement": job.placement.to_wire(), "workers": job.workers,
                "autoscale": job.autoscale, "policy": job.policy, "state": job.state, "key_weights": job.key_weights,
-               "created": job.created, "sinks": self._sink_book(job).pending if self._has_sinks(job) else {}}
+               "created": job.created, "sinks": self.sinks.book(job).pending if self.sinks.has_sinks(job) else {}}
         try:
             self.store.write_file(f"job-{job.id}/job.kg", encode_blob(rec))
         except OSError as e:
             log.error("job %d: its record could not be written: %s", job.id, e)
 
-    def _stored_jobs(self) -> list[dict]:
+    def stored_jobs(self) -> list[dict]:
         """Every job record a previous planner left in the state directory, with its checkpoints and input."""
         out = []
         if self.store is None:
@@ -374,9 +349,9 @@ class PlannerRecoveryMixin:
                         "released": released})
         return out
 
-    def _revive(self, job, stored: dict) -> None:
+    def revive(self, job, stored: dict) -> None:
         """Fill a job rebuilt from its record: checkpoints, input log, tracker and queue as of its newest
-        complete checkpoint; it resumes once its workers registered again (`_resume`)."""
+        complete checkpoint; it resumes once its workers registered again (`resume`)."""
         c = job.ckpt
         for m in stored["complete"]:
             positions = {(op, part): pos for op, part, pos in m.get("positions", ())}
@@ -388,7 +363,7 @@ class PlannerRecoveryMixin:
         c.coord.next_id = stored["rec"].get("next_ckpt", 1)
         c.released_by = stored["released"]
         if stored["rec"].get("sinks"):
-            self._sink_book(job).pending = {int(k): v for k, v in stored["rec"]["sinks"].items()}
+            self.sinks.book(job).pending = {int(k): v for k, v in stored["rec"]["sinks"].items()}
         newest = stored["complete"][-1] if stored["complete"] else None
         boundary, below = (newest["boundary"], newest["records_below"]) if newest else (0, 0)
         floor = c.coord.log_floor()
@@ -404,12 +379,11 @@ class PlannerRecoveryMixin:
         t.completed = below
         job.counters["pushed"] = t.admitted
         job.counters["dispatched"] = t.admitted
-        c.restoring = True  # nothing is dispatched until `_resume` rolled the workers back
+        job.life = JobLife(True, Phase.TAKEN_UP)  # nothing is dispatched until `resume` rolled the workers back
         job.placement.epoch += 1000  # past any epoch the workers reached under the previous planner
 
-    async def _resume(self, job) -> None:
+    async def resume(self, job) -> None:
         """A restarted planner: wait for the job's workers to register again, then roll back onto them."""
-        c = job.ckpt
         deadline = time.monotonic() + max(10.0, 2 * self.dead_after)
         while time.monotonic() < deadline:
             if all(w in self.workers and self.workers[w].alive for w in job.workers):
@@ -419,17 +393,13 @@ class PlannerRecoveryMixin:
             for w in job.workers:
                 if not (w in self.workers and self.workers[w].alive):
                     job.retired.add(w)  # not back in time: what it still holds of the job is ignored
-            try:
-                await self._roll_back(job, "planner restarted", time.monotonic())
-            finally:
-                c.restoring = False
-                self.dispatch_wake.set()
+            await self._rolling_back(job, "planner restarted", time.monotonic())
 
-    def ckpt_metrics(self, jobs: list, _buckets):
+    def metrics(self, jobs: list, _buckets):
         """The checkpoint families of the planner's Prometheus collector (`_buckets`: its histogram folding)."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-        jobs_c = [j for j in jobs if j.ckpt is not None]
+        jobs_c = [j for j in jobs if j.ckpt.enabled]
         ck = CounterMetricFamily("clasp_checkpoints", "Checkpoints by outcome", labels=["outcome"])
         for outcome in ("completed", "failed"):
             ck.add_metric([outcome], sum(j.ckpt.coord.counts[outcome] for j in jobs_c))
@@ -450,9 +420,9 @@ class PlannerRecoveryMixin:
         rr.add_metric([], self.records_replayed)
         yield rr
 
-    def ckpt_stats(self, job) -> dict | None:
+    def stats(self, job) -> dict | None:
         c = job.ckpt
-        if c is None:
+        if not c.enabled:
             return None
         last = c.coord.restore_target()
         return {**c.coord.counts, "replayed": c.replayed, "last_id": last.id if last else 0,
@@ -461,6 +431,6 @@ class PlannerRecoveryMixin:
                 "pending": c.coord.pending.id if c.coord.pending else None,
                 "input_log_records": c.log.records_kept, "input_log_spilled": c.log.spilled,
                 "failures": list(c.coord.failures), "last_recovery": c.last_recovery,
-                "interval_s": self.checkpoint_interval, "serving": self._job_workers(job)}
+                "interval_s": self.checkpoint_interval, "serving": self.queries.workers_of(job)}
 
 

@@ -1,4 +1,4 @@
-"""The planner's side of sinks (clasp.core.sinks), mixed into `Planner`.
+"""The planner's sinks coordinator (clasp.core.sinks): the commits each job's sinks owe, and driving them.
 
 When a checkpoint completes, each worker is told to commit what its sink partitions prepared for it
 (`sink_commit`); the commits owed stay in the job's `SinkBook` until acknowledged, and a recovery hands them
@@ -12,44 +12,58 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 from clasp.core.sinks import SinkBook, run_token
+from clasp.runtime.planner_link import Link
 
 log = logging.getLogger("clasp.planner")
 COMMIT_TIMEOUT = 60.0
 
 
-class PlannerSinkMixin:
-    def _sink_book(self, job) -> SinkBook:
-        books = self.__dict__.setdefault("_sink_books", {})
-        book = books.get(job.id)
+class SinkCoordinator:
+    """Owns every job's `SinkBook` and commit lock. `workers_of(job)`: the job's serving workers;
+    `checkpoint(job)`: take a checkpoint now (None when it failed); `changed(job)`: what the job's
+    `wait_idle` waiters wait on moved."""
+
+    def __init__(self, link: Link, workers_of: Callable[[object], list[str]],
+                 checkpoint: Callable[[object], Awaitable[object]], changed: Callable[[object], None]):
+        self.link = link
+        self.workers_of = workers_of
+        self.checkpoint = checkpoint
+        self.changed = changed
+        self.books: dict[int, SinkBook] = {}
+        self.locks: dict[int, asyncio.Lock] = {}
+
+    def book(self, job) -> SinkBook:
+        book = self.books.get(job.id)
         if book is None:
-            book = books[job.id] = SinkBook()
+            book = self.books[job.id] = SinkBook()
         return book
 
-    def _sink_lock(self, job) -> asyncio.Lock:
-        return self.__dict__.setdefault("_sink_locks", {}).setdefault(job.id, asyncio.Lock())
+    def _lock(self, job) -> asyncio.Lock:
+        return self.locks.setdefault(job.id, asyncio.Lock())
 
     @staticmethod
-    def _has_sinks(job) -> bool:
+    def has_sinks(job) -> bool:
         return any(o.kind == "sink" for o in job.spec.operators)
 
     @staticmethod
-    def _sink_run(job) -> str:
+    def run(job) -> str:
         return run_token(job.id, job.created)
 
-    def _sinks_completed(self, job, ckpt: int, replies: list) -> None:
+    def completed(self, job, ckpt: int, replies: list) -> None:
         """Checkpoint `ckpt` is complete (its COMPLETE.json written): its partitions may commit."""
-        if not self._has_sinks(job):
+        if not self.has_sinks(job):
             return
-        todo = self._sink_book(job).completed(ckpt, {r["worker"]: r.get("sinks") or {} for r in replies})
+        todo = self.book(job).completed(ckpt, {r["worker"]: r.get("sinks") or {} for r in replies})
         if todo:
-            self._background(self._sink_commit(job), f"sink commits of job {job.id}")
+            self.link.background(self.commit(job), f"sink commits of job {job.id}")
 
-    async def _sink_commit(self, job) -> None:
+    async def commit(self, job) -> None:
         """Ask every live worker owing commits to make them, every checkpoint it owes in order."""
-        book = self._sink_book(job)
-        async with self._sink_lock(job):
+        book = self.book(job)
+        async with self._lock(job):
             due: dict[str, tuple[list[int], dict]] = {}
             for k in sorted(book.pending):
                 for w, parts in book.pending[k].items():
@@ -59,8 +73,8 @@ class PlannerSinkMixin:
                         got = merged.setdefault(p, [s, []])
                         have = {e[0] for e in got[1]}
                         got[1].extend(e for e in entries if e[0] not in have)
-            live = set(self._job_workers(job))
-            calls = [(w, ks, self.rpc(w, "sink_commit", {"job": job.id, "parts": parts}, COMMIT_TIMEOUT))
+            live = set(self.workers_of(job))
+            calls = [(w, ks, self.link.rpc(w, "sink_commit", {"job": job.id, "parts": parts}, COMMIT_TIMEOUT))
                      for w, (ks, parts) in due.items() if w in live]
             replies = await asyncio.gather(*(c for _, _, c in calls), return_exceptions=True)
             for (w, ks, _), r in zip(calls, replies, strict=True):
@@ -72,23 +86,23 @@ class PlannerSinkMixin:
                     continue
                 for k in ks:
                     book.acked(k, w)
-        self._check_waiters(job)
+        self.changed(job)
 
-    async def _sinks_settle(self, job) -> bool:
+    async def settle(self, job) -> bool:
         """For `wait_idle`, the job idle: make every sink commit what the input so far led to; True when done."""
-        if job.ckpt is not None:
+        if job.ckpt.enabled:
             last = job.ckpt.coord.restore_target()
             if last is None or last.boundary < job.tracker.next_chunk:
-                if await self._checkpoint(job) is None:
+                if await self.checkpoint(job) is None:
                     return False
-            if not self._sink_book(job).settled:
-                await self._sink_commit(job)
-            return self._sink_book(job).settled
-        book = self._sink_book(job)
+            if not self.book(job).settled:
+                await self.commit(job)
+            return self.book(job).settled
+        book = self.book(job)
         book.seq += 1
-        workers = self._job_workers(job)
-        replies = await asyncio.gather(*(self.rpc(w, "sink_flush", {"job": job.id, "seq": book.seq}, COMMIT_TIMEOUT)
-                                         for w in workers), return_exceptions=True)
+        workers = self.workers_of(job)
+        replies = await asyncio.gather(*(self.link.rpc(w, "sink_flush", {"job": job.id, "seq": book.seq},
+                                                       COMMIT_TIMEOUT) for w in workers), return_exceptions=True)
         ok = True
         for w, r in zip(workers, replies, strict=True):
             if isinstance(r, Exception) or r.get("failed"):
@@ -97,19 +111,19 @@ class PlannerSinkMixin:
                 book.errors = [*book.errors[-9:], f"sink flush failed on {w}: {why}"]
         return ok
 
-    def _sinks_recovery(self, job, alive: list[str]) -> dict:
+    def recovery(self, job, alive: list[str]) -> dict:
         """The restore message's sink duties, per survivor (clasp.core.sinks.SinkBook.recovery_duties)."""
-        if not self._has_sinks(job):
+        if not self.has_sinks(job):
             return {}
         dead = [w for w in job.workers if w not in alive]
         sinks = [o.name for o in job.spec.operators if o.kind == "sink"]
-        return self._sink_book(job).recovery_duties(alive, dead, sinks, self._sink_run(job))
+        return self.book(job).recovery_duties(alive, dead, sinks, self.run(job))
 
-    def _sinks_recovered(self, job, duties: dict, replies: list, alive: list[str]) -> None:
+    def recovered(self, job, duties: dict, replies: list, alive: list[str]) -> None:
         """Every survivor restored: the commits re-driven are done, but those that failed (still owed)."""
         if not duties:
             return
-        book = self._sink_book(job)
+        book = self.book(job)
         owed: dict[int, dict[str, dict[str, list]]] = {}
         for w, r in zip(alive, replies, strict=True):
             failed = set(r.get("sink_failed") or ())
@@ -118,11 +132,11 @@ class PlannerSinkMixin:
                     owed.setdefault(max(e[0] for e in entries), {}).setdefault(w, {})[p] = [s, entries]
         book.pending = owed
 
-    def _sinks_unsettled(self, job) -> str | None:
+    def unsettled(self, job) -> str | None:
         """Why `wait_idle` still waits on the job's sinks, if it does."""
-        if not self._has_sinks(job):
+        if not self.has_sinks(job):
             return None
-        book = self._sink_book(job)
+        book = self.book(job)
         if book.pending:
             last = f": {book.errors[-1]}" if book.errors else ""
             return f"has sink commits of checkpoints {sorted(book.pending)} not acknowledged yet{last}"
@@ -130,8 +144,8 @@ class PlannerSinkMixin:
             return f"has sinks that did not commit: {book.errors[-1]}"
         return None
 
-    def sink_stats(self, job) -> dict | None:
-        if not self._has_sinks(job):
+    def stats(self, job) -> dict | None:
+        if not self.has_sinks(job):
             return None
-        book = self._sink_book(job)
+        book = self.book(job)
         return {"commits": book.commits, "owed": sorted(book.pending), "errors": list(book.errors)}

@@ -1,4 +1,4 @@
-"""The planner's side of declared sources, mixed into `Planner`: partitions owned by workers, leases, seals.
+"""The planner's sources coordinator: declared sources' partitions owned by workers, leases, seals, stop.
 
 A job whose DAG declares sources (`Dag.source`) has its partitions listed once, at submit, and owned by
 the workers holding the source operator's shares (`clasp.core.partitions`): the deploy names each
@@ -16,12 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
-from clasp.core import protocol, scheduler
+from clasp.core import protocol
 from clasp.core.dag import DagSpec
 from clasp.core.partitions import assign_partitions, moved_partitions
 from clasp.core.routing import Placement
+from clasp.runtime.planner_link import Link
 
 log = logging.getLogger("clasp.planner")
 
@@ -88,51 +90,61 @@ def owners_under(src: SourceState, placement: Placement, serving: list[str], pre
     return out
 
 
-class PlannerSourcesMixin:
-    # ----------------------------------------------------------------- messages from the readers
-    def _reading_job(self, job_id: int):
-        """The job, also while it is being deployed: a worker reads from the moment it has its partitions."""
-        return self.jobs.get(job_id) or self.deploying.get(job_id)
+class SourcesCoordinator:
+    """The planner's handlers for the readers' messages and the moves of partitions. What it asks of the
+    planner is passed in: `reading_job(id)` (a job, also while it deploys), `job_of(msg)` (a request's job,
+    or RequestError), `workers_of(job)` (its serving workers), `changed(job)` (what `wait_idle` waits on
+    moved), `stale(job, ident)` (a message from a worker a rollback voided), `checkpoint(job)` (take one
+    now), `busy(job)` (why the job is not idle, if it is not), `summary(job)` (`wait_idle`'s answer)."""
 
-    def _on_lease(self, ident: bytes, body: list) -> None:
+    def __init__(self, link: Link, *, reading_job: Callable, job_of: Callable, workers_of: Callable,
+                 changed: Callable, stale: Callable, checkpoint: Callable, busy: Callable, summary: Callable):
+        self.link = link
+        self._reading_job, self._job, self._job_workers = reading_job, job_of, workers_of
+        self._check_waiters, self._stale, self._checkpoint = changed, stale, checkpoint
+        self._busy, self._idle_summary = busy, summary
+
+    # ----------------------------------------------------------------- messages from the readers
+
+    def on_lease(self, ident: bytes, body: list) -> None:
         job = self._reading_job(body[0])
         if job is None or job.src is None or not 0 < int(body[1]) <= 1024:
             return
-        if job.ckpt is not None and job.ckpt.restoring:
+        if job.life.restoring:
             job.src.deferred.append((ident, int(body[1])))  # answered once the rollback voided older leases
             return
         self._lease(job, ident, int(body[1]))
 
     def _lease(self, job, ident: bytes, n: int) -> None:
         first = job.tracker.lease(n)
-        self._post(ident, protocol.encode("leased", {"job": job.id, "first": first, "count": n}))
+        self.link.post(ident, protocol.encode("leased", {"job": job.id, "first": first, "count": n}))
 
-    def _on_seal(self, ident: bytes, body: list) -> None:
+    def on_seal(self, ident: bytes, body: list) -> None:
         job = self._reading_job(body[0])
-        if job is None or (job.ckpt is not None and self._ckpt_stale_done(job, ident)):
+        if job is None or self._stale(job, ident):
             return
         t = job.tracker
         if t.sealed(body[1], body[2], body[3], time.monotonic(), ident.decode(errors="replace")):
             if t.credit:
-                self._send_credit(job)
+                self.send_credit(job)
             if t.outstanding == 0:
                 self._check_waiters(job)
 
-    def _on_read_end(self, ident: bytes, body: list) -> None:
+    def on_read_end(self, ident: bytes, body: list) -> None:
         job = self._reading_job(body[0])
-        if job is None or job.src is None or (job.ckpt is not None and self._ckpt_stale_done(job, ident)):
+        if job is None or job.src is None or self._stale(job, ident):
             return
         key = (str(body[1]), str(body[2]))
         if job.src.owners.get(key) == ident.decode(errors="replace"):
             job.src.ended.add(key)
             self._check_waiters(job)
 
-    def _send_credit(self, job) -> None:
+    def send_credit(self, job) -> None:
         for w, n in job.tracker.take_credit().items():
-            self._post(w.encode(), protocol.encode("credit", {"job": job.id, "records": n}))
+            self.link.post(w.encode(), protocol.encode("credit", {"job": job.id, "records": n}))
 
     # ----------------------------------------------------------------- placement changes
-    async def _move_partitions(self, job) -> None:
+    async def move_partitions(self, job) -> None:
         """After a migration (under the job's lock): the partitions whose owner changes move, each with the
         position after the last batch its old owner admitted."""
         src = job.src
@@ -150,7 +162,7 @@ class PlannerSourcesMixin:
         for (op, p), (_, b) in moves.items():
             by_new.setdefault(b, []).append([op, p, src.positions.get((op, p))])
         src.owners = new
-        replies = await asyncio.gather(*(self.rpc(w, "src_assign", {"job": job.id, "parts": parts})
+        replies = await asyncio.gather(*(self.link.rpc(w, "src_assign", {"job": job.id, "parts": parts})
                                          for w, parts in by_new.items()), return_exceptions=True)
         for w, r in zip(by_new, replies, strict=True):
             if isinstance(r, Exception):
@@ -168,14 +180,14 @@ class PlannerSourcesMixin:
         for (op, p), w in owners.items():
             if w in serving:
                 by_old.setdefault(w, []).append([op, p])
-        replies = await asyncio.gather(*(self.rpc(w, "src_release", {"job": job.id, "parts": parts})
+        replies = await asyncio.gather(*(self.link.rpc(w, "src_release", {"job": job.id, "parts": parts})
                                          for w, parts in by_old.items()), return_exceptions=True)
         for r in replies:
             if isinstance(r, dict):
                 for op, p, pos in r["positions"]:
                     src.positions[(op, p)] = pos
 
-    def _sources_restore(self, job, placement: Placement, serving: list[str], positions: dict | None) -> tuple:
+    def restore(self, job, placement: Placement, serving: list[str], positions: dict | None) -> tuple:
         """A rollback's partitions: (owners, positions, the restore body's list); nothing while stopped."""
         src = job.src
         positions = dict(positions or {})
@@ -184,7 +196,7 @@ class PlannerSourcesMixin:
         owners = owners_under(src, placement, serving, {k: w for k, w in src.owners.items() if w in serving})
         return owners, positions, src.wire(owners, positions)
 
-    def _sources_restored(self, job, owners: dict, positions: dict) -> None:
+    def restored(self, job, owners: dict, positions: dict) -> None:
         """The rollback is done: every partition reopened at the checkpoint's position; older leases void."""
         src = job.src
         src.owners, src.positions, src.ended = owners, positions, set()
@@ -193,7 +205,7 @@ class PlannerSourcesMixin:
         for ident, n in deferred:
             self._lease(job, ident, n)
 
-    def source_stats(self, job) -> dict | None:
+    def stats(self, job) -> dict | None:
         """`job.stats()["sources"]`: partitions, who reads how many, records read and complete."""
         src = job.src
         if src is None:
@@ -206,7 +218,7 @@ class PlannerSourcesMixin:
                 "stopped": src.stopped, "owners": owners, "read": t.read, "read_complete": t.read_done}
 
     # ----------------------------------------------------------------- stop
-    async def _on_stop(self, ident: bytes, msg: protocol.Stop) -> None:
+    async def on_stop(self, ident: bytes, msg: protocol.Stop) -> None:
         """`job.stop()`: every reader stops (positions kept), what was read completes, a last checkpoint is
         taken (with checkpoints on); answered with what the job read and that checkpoint's id."""
         job = self._job(msg)
@@ -222,7 +234,7 @@ class PlannerSourcesMixin:
                 raise TimeoutError(f"job {job.id} did not stop within {msg.timeout} s: it {why}")
             await asyncio.sleep(0.01)
         ckpt = None
-        if job.ckpt is not None:
+        if job.ckpt.enabled:
             while ckpt is None:
                 meta = await self._checkpoint(job)
                 ckpt = meta["ckpt"] if meta else None
@@ -235,11 +247,11 @@ class PlannerSourcesMixin:
                                        "last checkpoint: call stop() again")
         if src is not None:
             src.finished = True
-        self._reply(ident, msg.req, {**self._idle_summary(job), "checkpoint": ckpt,
-                                     "positions": src.as_list() if src is not None else []})
+        self.link.reply(ident, msg.req, {**self._idle_summary(job), "checkpoint": ckpt,
+                                         "positions": src.as_list() if src is not None else []})
 
     def _stop_busy(self, job) -> str | None:
         if job.src is not None and not job.src.stopped:
             raise RuntimeError(f"job {job.id}: a worker died while it stopped; it reads again from its last "
                                "checkpoint: call stop() again")
-        return scheduler.busy(self._condition(job))
+        return self._busy(job)

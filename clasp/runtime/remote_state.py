@@ -9,7 +9,6 @@ resolve their futures, and a request not answered within `timeout` seconds raise
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 
 import zmq
@@ -17,6 +16,7 @@ import zmq.asyncio
 
 from clasp.core import protocol
 from clasp.core.protocol import ProtocolError
+from clasp.runtime.net import Pending
 
 log = logging.getLogger("clasp.worker.state")
 
@@ -41,8 +41,7 @@ class RemoteState:
         self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
-        self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future] = {}
+        self._pending = Pending()
         self._reader: asyncio.Task | None = None
         self.requests = 0
 
@@ -60,18 +59,16 @@ class RemoteState:
     async def _call(self, mtype: str, body: dict):
         if self._reader is None or self._reader.done():
             self._reader = asyncio.ensure_future(self._read())
-        req = next(self._ids)
-        fut = asyncio.get_running_loop().create_future()
-        self._pending[req] = fut
+        req, fut = self._pending.open()
         self.requests += 1
         try:
             await self.sock.send(protocol.encode(mtype, {**body, "req": req}))
-            reply = await asyncio.wait_for(fut, self.timeout)
+            reply = await self._pending.wait(req, fut, self.timeout)
         except TimeoutError:
             raise RemoteStateError(f"{mtype}: no answer from the state server {self.endpoint} within "
                                    f"{self.timeout} s") from None
         finally:
-            self._pending.pop(req, None)
+            self._pending.close(req)
         if not reply["ok"]:
             raise RemoteStateError(f"{mtype}: {reply.get('error')}")
         return reply.get("result")
@@ -95,9 +92,7 @@ class RemoteState:
             except ProtocolError as e:
                 self.on_bad(e)
                 continue
-            fut = self._pending.get(body["req"])
-            if fut is not None and not fut.done():
-                fut.set_result(body)
+            self._pending.resolve(body["req"], body)
 
     def close(self) -> None:
         if self._reader is not None:

@@ -17,7 +17,7 @@ import zmq.asyncio
 
 from clasp.core import protocol
 from clasp.core.protocol import ProtocolError
-from clasp.runtime.net import bind
+from clasp.runtime.net import ServerLoop, bind
 from clasp.runtime.security import Security
 
 log = logging.getLogger("clasp.planner.state")
@@ -32,7 +32,7 @@ Check = Callable[[int, str], str | None]
 class StateServer:
     """Keyed state per (job, operator), served on a ROUTER. `await serve()` runs until cancelled."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, check: Check, bad: Callable[[str], None], security=None):
+    def __init__(self, ctx: zmq.asyncio.Context, check: Check, bad: Callable[[ProtocolError], None], security=None):
         self.ctx = ctx
         self.security = security or Security()
         self.check = check
@@ -62,26 +62,27 @@ class StateServer:
             del self.states[k]
 
     # ----------------------------------------------------------------- serving
-    def handle(self, frame: bytes) -> bytes:
-        """The answer to one frame; raises nothing (bad messages are counted and answered)."""
-        req = None
-        try:
-            mtype, body = protocol.decode(frame)
-            if mtype not in ("rstate_get_many", "rstate_put_many"):
-                raise ProtocolError("unexpected_type", f"{mtype} is not served by the remote-state server")
-            req = body["req"]
-            why = self.check(body["job"], body["op"])
-            if why is not None:
-                raise ProtocolError("unknown_job", why)
-            if mtype == "rstate_get_many":
-                return protocol.reply(req, self._get_many(body))
-            return protocol.reply(req, self._put_many(body))
-        except ProtocolError as e:
-            self.bad(e.reason)
-            log.warning("remote state: dropped a bad message: %s", e)
-            if req is None:
-                return protocol.error(e.reason, e.detail)
-            return protocol.reply_error(req, f"{e.reason}: {e.detail}")
+    def _checked(self, body: dict) -> None:
+        why = self.check(body["job"], body["op"])
+        if why is not None:
+            raise ProtocolError("unknown_job", why)
+
+    def _on_get_many(self, ident: bytes, body: dict) -> bytes:
+        self._checked(body)
+        return protocol.reply(body["req"], self._get_many(body))
+
+    def _on_put_many(self, ident: bytes, body: dict) -> bytes:
+        self._checked(body)
+        return protocol.reply(body["req"], self._put_many(body))
+
+    def _failed(self, ident: bytes, mtype: str, body: dict, e: Exception) -> bytes:
+        """A message refused once its request id is known: counted as bad input, answered with an error
+        reply so the asker's request fails now."""
+        if not isinstance(e, ProtocolError):
+            log.exception("remote state: %s failed", mtype)
+            return protocol.reply_error(body["req"], f"{type(e).__name__}: {e}")
+        self.bad(e)
+        return protocol.reply_error(body["req"], f"{e.reason}: {e.detail}")
 
     def _get_many(self, body: dict) -> dict:
         keys = body["keys"]
@@ -105,18 +106,9 @@ class StateServer:
         return True
 
     async def serve(self) -> None:
-        router = self.router
-        while True:
-            frames = await router.recv_multipart()
-            if len(frames) != 2:
-                self.bad("bad_envelope")
-                out = protocol.error("bad_envelope", f"{len(frames) - 1} payload frames")
-            else:
-                out = self.handle(frames[1])
-            try:
-                await router.send_multipart([frames[0], out])
-            except zmq.ZMQError:
-                pass  # the asker is gone
+        handlers = {"rstate_get_many": self._on_get_many, "rstate_put_many": self._on_put_many}
+        await ServerLoop(self.router, handlers, where="the remote-state server", on_bad=self.bad,
+                         on_failure=self._failed).serve()
 
 
 def _check_keys(keys, where: str) -> None:

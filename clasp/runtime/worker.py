@@ -8,6 +8,7 @@ process may ask for a key's state or a whole operator's. Metrics are served over
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import math
@@ -29,7 +30,16 @@ from clasp.runtime.config import WorkerConfig
 from clasp.runtime.cpuquota import process_cpu_max
 from clasp.runtime.engine import REST_IDLE_S, JobEngine, OperatorError, RestBudget
 from clasp.runtime.monitor import Monitor, WorkerCollector
-from clasp.runtime.net import DirectSend, advertised, batch_io_threads, bind, drained, start_metrics_server, zero_copy
+from clasp.runtime.net import (
+    DirectSend,
+    ServerLoop,
+    advertised,
+    batch_io_threads,
+    bind,
+    drained,
+    start_metrics_server,
+    zero_copy,
+)
 from clasp.runtime.remote_state import RemoteState
 from clasp.runtime.security import Security
 from clasp.runtime.sinks import SinkMixin
@@ -169,29 +179,14 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin):
                     "sink_commit": self._on_sink_commit, "sink_flush": self._on_sink_flush,
                     "leased": self._on_leased, "credit": self._on_credit, "src_assign": self._on_src_assign,
                     "src_release": self._on_src_release}
-        while True:
-            frames = await self.dealer.recv_multipart()
-            try:
-                mtype, body = protocol.decode(frames[-1])
-                handler = handlers.get(mtype)
-                if handler is None:
-                    raise ProtocolError("unexpected_type", f"{mtype} is not for a worker's control channel")
-            except ProtocolError as e:
-                self._bad(e, "control")
-                await self.dealer.send(protocol.error(e.reason, e.detail))
-                continue
-            try:
-                answer = handler(body)
-                if asyncio.iscoroutine(answer):
-                    answer = await answer
-            except Exception as e:  # a failing handler answers its request; it never stops the worker
-                if isinstance(body, dict) and "req" in body:
-                    await self.dealer.send(protocol.reply_error(body["req"], self._error_text(mtype, e)))
-                else:
-                    self._error_text(mtype, e)
-                continue
-            if answer is not None:
-                await self.dealer.send(answer)
+        await ServerLoop(self.dealer, handlers, where="a worker's control channel", routed=False,
+                         on_bad=functools.partial(self._bad, where="control"), on_failure=self._failed).serve()
+
+    def _failed(self, ident: bytes | None, mtype: str, body, e: Exception) -> bytes | None:
+        text = self._error_text(mtype if ident is None else f"state server: {mtype}", e)
+        if isinstance(body, dict) and "req" in body:
+            return protocol.reply_error(body["req"], text)
+        return None
 
     def _on_welcome(self, body) -> None:
         self.heartbeat = float(body["heartbeat"]) or self.heartbeat
@@ -536,27 +531,8 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin):
         handlers = {"state_get": self._on_state_get, "state_put": self._on_state_put,
                     "state_dump": self._on_state_dump, "collected_dump": self._on_collected_dump,
                     "counters": self._on_counters}
-        while True:
-            frames = await self.router.recv_multipart()
-            ident = frames[0]
-            try:
-                if len(frames) < 2:
-                    raise ProtocolError("bad_envelope", "no payload frame")
-                mtype, body = protocol.decode(frames[-1])
-                handler = handlers.get(mtype)
-                if handler is None:
-                    raise ProtocolError("unexpected_type", f"{mtype} is not served by a state server")
-                out = handler(body)
-            except ProtocolError as e:
-                self._bad(e, "state")
-                out = protocol.error(e.reason, e.detail)
-            except Exception as e:  # answered, never fatal to the state server
-                out = protocol.reply_error(body.get("req", 0) if isinstance(body, dict) else 0,
-                                           self._error_text(f"state server: {mtype}", e))
-            try:
-                await self.router.send_multipart([ident, out])
-            except zmq.ZMQError:
-                pass  # the asker is gone
+        await ServerLoop(self.router, handlers, where="a state server", pass_ident=False,
+                         on_bad=functools.partial(self._bad, where="state"), on_failure=self._failed).serve()
 
     # ----------------------------------------------------------------- data path
     async def _data_loop(self) -> None:

@@ -153,7 +153,8 @@ class RecoveryMixin:
                 parts = await asyncio.to_thread(_read_all, store, job, body["ckpt"], mine)
             except CorruptCheckpoint as e:
                 log.error("job %d: %s", job, e)
-                raise OperatorError(str(e)) from None  # told to the planner as is: it falls back
+                # An answer, not a failure: the planner falls back to the checkpoint before this one.
+                return protocol.reply(body["req"], {"worker": self.id, "unreadable": str(e)})
             for op, g, items in parts:
                 eng.install_group(op, g, items)
                 loaded += len(items)

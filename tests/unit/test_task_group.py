@@ -14,6 +14,8 @@ import clasp
 from clasp.runtime.client import ClaspError
 from clasp.runtime.config import PlannerConfig
 from clasp.runtime.planner import Planner, RequestError
+from clasp.runtime.planner_migration import Migrations
+from clasp.runtime.planner_queries import JobQueries
 from clasp.runtime.tasks import ProcessTasks
 from tests.conftest import wait_for
 
@@ -60,10 +62,10 @@ def test_a_handlers_bug_gives_the_client_an_error_id_and_the_log_a_traceback(mon
     def refused(self, ident, body):
         raise RequestError("a message meant for the client")
 
-    # The handler table is built from the planner's methods when serve() starts.
-    monkeypatch.setattr(Planner, "_on_autoscale", broken_autoscale)
-    monkeypatch.setattr(Planner, "_on_collected", broken_collected)
-    monkeypatch.setattr(Planner, "_on_stats", refused)
+    # The handler table is built from the planner's collaborators' methods when serve() starts.
+    monkeypatch.setattr(Migrations, "on_autoscale", broken_autoscale)
+    monkeypatch.setattr(JobQueries, "on_collected", broken_collected)
+    monkeypatch.setattr(JobQueries, "on_stats", refused)
     p = InProcessPlanner()
     try:
         with clasp.connect(p.planner.endpoint) as client:

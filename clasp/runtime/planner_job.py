@@ -1,0 +1,168 @@
+"""A job as the planner holds it (`PlannerJob`), and its checkpointer: `CheckpointState` (the coordinator's
+bookkeeping and the input log) or `CHECKPOINTS_OFF`, the one for a job without checkpoints, which answers
+the same questions (may it dispatch, is a report stale, what to log) so that nothing asks "are
+checkpoints on?" but the checkpoint coordinator's loop and the choice of a recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from clasp.core import scheduler
+from clasp.core.checkpoint import Coordinator
+from clasp.core.control import Controller
+from clasp.core.credit import DEFAULT_MAX_QUEUED_BYTES, ByteQueue
+from clasp.core.dag import DagSpec
+from clasp.core.lifecycle import JobLife
+from clasp.core.routing import Placement
+from clasp.core.tracking import CHUNK_BITS, Tracker
+from clasp.runtime.input_log import InputLog
+from clasp.runtime.planner_sources import SourceState
+from clasp.runtime.state_store import FileStore
+
+
+class CheckpointState:
+    """What a job carries for checkpoints (on `PlannerJob.ckpt`)."""
+
+    def __init__(self, store: FileStore, job: int, memory_records: int, memory_bytes: int = 128 << 20,
+                 notify=None):
+        self.coord = Coordinator()
+        self.log = InputLog(store, job, memory_records, memory_bytes, notify)
+        self.want = False  # stop dispatching at the next chunk boundary
+        # checkpoint id -> operator -> the collected outputs that complete checkpoint released
+        self.released_by: dict[int, dict[str, list]] = {}
+        self.replayed = 0
+        self.replay_to = 0  # records complete (or lost) before the last rollback: the replay catches up to it
+        self.last_recovery: dict | None = None
+        self.dying: set[str] = set()  # workers declared dead whose recovery has not run yet
+        self.last_pause = 0.0
+        self.last_pause_cpu = 0.0
+
+    enabled = True
+
+    def released(self, op: str) -> list:
+        return [x for k in sorted(self.released_by) for x in self.released_by[k].get(op, ())]
+
+    def may_dispatch(self, job) -> bool:
+        if self.want and job.queue and job.queue[0][2] == 0:
+            return False  # at a chunk boundary: the barrier goes in here
+        return not job.queue or self.log.written(job.queue[0][0] >> CHUNK_BITS)  # never ahead of the log
+
+    def on_push(self, base: int, t: float, records: list, nbytes: int = 0, frame: bytes | None = None) -> None:
+        self.log.append(base >> CHUNK_BITS, t, records, nbytes, frame)
+
+    def written(self, chunk: int) -> bool:
+        return self.log.written(chunk)
+
+    def stale(self, job, ident: bytes) -> bool:
+        """Progress reports that belong to a rolled-back era: during a restore, or from a retired worker."""
+        return job.life.restoring or ident.decode(errors="replace") in job.retired
+
+    def recovering(self, job, wid: str) -> bool:
+        """Worker `wid` (declared dead) still has a rollback of the job to go through."""
+        return wid in self.dying or wid not in job.retired
+
+    def floor(self, placement) -> int:
+        """The epoch below which a worker drops what it receives (a deploy's `floor`)."""
+        return placement.epoch
+
+    def close(self) -> None:
+        self.log.close()
+
+
+class CheckpointsOff:
+    """The checkpointer of a job without checkpoints: dispatch never waits for it, nothing is logged, no
+    progress report is stale, and a worker's death re-plans the job without rolling it back."""
+
+    enabled = False
+    replay_to = 0
+
+    def released(self, op: str) -> list:
+        return []
+
+    def may_dispatch(self, job) -> bool:
+        return True
+
+    def on_push(self, base: int, t: float, records: list, nbytes: int = 0, frame: bytes | None = None) -> None:
+        pass
+
+    def written(self, chunk: int) -> bool:
+        return True
+
+    def stale(self, job, ident: bytes) -> bool:
+        return False
+
+    def recovering(self, job, wid: str) -> bool:
+        return job.lock.locked()
+
+    def floor(self, placement) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+CHECKPOINTS_OFF = CheckpointsOff()  # holds nothing of a job: one serves every job
+
+
+
+@dataclass
+class PlannerJob:
+    """A submitted job as the planner holds it."""
+
+    id: int
+    spec: DagSpec
+    placement: Placement
+    tracker: Tracker
+    workers: list[str]
+    queue: deque = field(default_factory=deque)  # [base_rid, records, offset] not yet dispatched (Q_p)
+    queued: int = 0
+    queue_bytes: ByteQueue = field(default_factory=ByteQueue)  # the bytes of Q_p, chunk by chunk (clasp.core.credit)
+    counters: dict = field(default_factory=lambda: {"pushed": 0, "dispatched": 0, "source_errors": 0})
+    series: deque = field(default_factory=lambda: deque(maxlen=3600))
+    last: dict = field(default_factory=dict)
+    waiters: list = field(default_factory=list)  # [ident, req, deadline]
+    deferred_acks: deque = field(default_factory=deque)  # (client, req, records, last chunk) not acknowledged yet
+    limit: int = DEFAULT_MAX_QUEUED_BYTES  # the bytes Q_p may hold now (QueueBound.limit of the drain rate)
+    drain: float | None = None  # bytes/s the dispatch drains Q_p at while it holds a backlog (credit.drain_rate)
+    drained: int = 0  # bytes dispatched since the last tick
+    backlog: bool = False  # Q_p held records throughout the tick so far
+    clients: dict = field(default_factory=dict)  # client -> when it last pushed: they share the credit
+    cancelled: bool = False
+    routes: list = field(default_factory=list)
+    window: int = scheduler.WINDOW_MIN  # records in flight and per dispatch (`scheduler.dispatch_limits`)
+    batch: int = scheduler.BATCH_MIN
+    created: float = field(default_factory=time.time)
+    errors: deque = field(default_factory=lambda: deque(maxlen=50))
+    autoscale: bool = False
+    controller: Controller | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    life: JobLife = field(default_factory=lambda: JobLife(False))  # its phase (clasp.core.lifecycle)
+    migrations: list = field(default_factory=list)
+    decisions: deque = field(default_factory=lambda: deque(maxlen=200))
+    estimate: dict = field(default_factory=dict)
+    key_weights: dict = field(default_factory=dict)  # stateful operator -> requests/s per key group (smoothed)
+    lost_workers: set = field(default_factory=set)  # every worker that died while serving the job
+    retired: set = field(default_factory=set)  # of those, the ones not serving it again (no redeploy yet)
+    recovering: set = field(default_factory=set)  # declared dead while serving it, the recovery not over
+    rejoining: set = field(default_factory=set)  # restarted workers being deployed the job again
+    confirming: bool = False  # asking every worker whether it is alive before wait_idle returns
+    sweep: tuple | None = None  # (suspects, clean checks in a row) while looking for records lost with a worker
+    settled: Placement | None = None  # the placement of the last migration every worker completed
+    state: str = "local"  # "remote": stateful operators keep their state in the planner's state server
+    ckpt: CheckpointState | CheckpointsOff = CHECKPOINTS_OFF  # checkpoints and the input log, or off
+    spec_wire: dict = field(default_factory=dict)  # the DAG as submitted (DagSpec.pack())
+    policy: str = "clasp"
+    src: SourceState | None = None  # declared sources: partitions, owners, positions (None: push only)
+
+    @property
+    def queued_bytes(self) -> int:
+        return self.queue_bytes.total
+
+    @property
+    def inflight(self) -> int:
+        """Records in the window: dispatched, not complete, and not suspected lost with a dead worker."""
+        t = self.tracker
+        return self.counters["dispatched"] - (t.completed - t.read_done) - t.lost - t.suspects
