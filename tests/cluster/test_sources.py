@@ -212,14 +212,14 @@ def test_file_source_to_file_sink_exact_through_a_rescale_1_4_2(tmp_path_factory
     """Files in, part files out, 1 -> 4 -> 2 workers while the partitions are read: the sink holds each
     word's counts exactly 1..n once each."""
     data = tmp_path_factory.mktemp("input")
-    lines = write_input(data, random.Random(11), files=4, lines=4000)
+    lines = write_input(data, random.Random(11), files=4, lines=10000)
     sink = FileSink(tmp_path_factory.mktemp("output"), format="jsonl")
     cluster = start_cluster(tmp_path_factory, 4, planner_args=["--no-autoscale"],
                             worker_args=["--source-window", "2048"])
     one = {"lines": {0: 1.0}, "split": {0: 1.0}, "count": {0: 1.0}, "out": {0: 1.0}}
     try:
         with clasp.connect(cluster.planner) as client:
-            dag = count_dag(sink, "files-in-out", FileSource(str(data / "*.txt"), range_bytes=30_000))
+            dag = count_dag(sink, "files-in-out", FileSource(str(data / "*.txt"), range_bytes=60_000))
             job = client.submit(dag, placement=one)
             total = job.stats()["sources"]["partitions"]
             for n in (4, 2):
