@@ -37,7 +37,7 @@ Message types and who sends them (C client, P planner, W worker):
 | lease | W → P | [job, chunks]: chunk ids for the batches its source readers will read (`clasp.core.tracking`) |
 | leased | P → W | job, first, count: chunk ids `first .. first + count - 1`, this worker's to use |
 | seal | W → P | [job, chunk, records, {epoch: {op: requests}}]: a batch read, handed to the source's successors |
-| read_end | W → P | [job, source operator, partition]: a bounded partition read to its end |
+| read_end | W → P | [job, source operator, partition, epoch]: a bounded partition read to its end in that era |
 | credit | P → W | job, records: records its readers read that are complete (the reader's window reopens) |
 | src_assign | P → W | req, job, parts [[op, partition, position]]: open readers of these partitions here |
 | src_release | P → W | req, job, parts [[op, partition]]: stop reading them; the reply holds their positions |
@@ -114,7 +114,7 @@ _OPTIONAL: dict[str, dict[str, tuple | None]] = {
     "restore": {"state": _STR, "state_server": _STR, "run": _STR, "sinks": _DICT, "sources": _LIST},
 }
 # List-bodied messages on the data path; the first element is always the job id.
-_LIST_BODIES = {"data": 3, "runs": 3, "cols": 3, "done": 2, "marker": 3, "migrate": 6, "seal": 4, "read_end": 3,
+_LIST_BODIES = {"data": 3, "runs": 3, "cols": 3, "done": 2, "marker": 3, "migrate": 6, "seal": 4, "read_end": 4,
                 "lease": 2}
 
 

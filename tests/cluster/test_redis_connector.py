@@ -2,13 +2,15 @@
 
 The source is read directly (a partition opened at a position, batches, resumed at the position: exact);
 the sink end to end: Word Count's running counts into a stream on 4 workers with a worker SIGKILLed
-mid-run, each word's counts exactly 1..n once each in the stream.
+mid-run, each word's counts exactly 1..n once each in the stream; and Redis Streams in and out, the lines
+read by the workers from several streams (CLASP_STRESS_SEEDS=N runs N seeds).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -23,8 +25,10 @@ if shutil.which("redis-server") is None:
 import redis  # noqa: E402
 
 from clasp.connectors.redis import RedisStreamSink, RedisStreamSource  # noqa: E402
-from tests.cluster.test_sinks import check_exact, lines, run_with_kill  # noqa: E402
+from tests.cluster.test_sinks import check_exact, lines, run_with_kill, unequal_parts  # noqa: E402
 from tests.conftest import start_cluster, wait_for  # noqa: E402
+
+SEEDS = int(os.environ.get("CLASP_STRESS_SEEDS", "1"))
 
 
 def _free_port() -> int:
@@ -141,5 +145,32 @@ def test_redis_sink_exactly_once_through_a_worker_kill(redis_url, tmp_path_facto
         check_exact(pairs, records)
         assert not list(r.scan_iter(match="clasp:{counts}:stage:*")), "staged writes left behind"
         assert time.monotonic() - t0 < 120
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.parametrize("seed", range(SEEDS))
+def test_redis_streams_in_and_out_exactly_once_through_a_worker_kill(redis_url, tmp_path_factory, seed):
+    """Several streams (the source's partitions) read by 4 workers -> split -> running count -> a stream,
+    a worker SIGKILLed mid-run: each word's counts exactly 1..n once each in the sink's stream. Two streams
+    are short: read to their end before the checkpoint the recovery goes back to, reopened there."""
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    records = lines(30_000, seed=17 + seed)
+    streams = [f"lines-{seed}-{i}" for i in range(6)]
+    pipe = r.pipeline(transaction=False)
+    for stream, part in zip(streams, unequal_parts(records, len(streams)), strict=True):
+        for line in part:
+            pipe.xadd(stream, {"line": line})
+    pipe.execute()
+    # A small window per worker: checkpoints complete while most of the input is still to be read.
+    cluster = start_cluster(tmp_path_factory, 4, planner_args=["--no-autoscale", "--checkpoint-interval", "0.2"],
+                            worker_args=["--source-window", "2048"])
+    try:
+        source = RedisStreamSource(redis_url, streams, until_end=True)
+        sink = RedisStreamSink(redis_url, f"counts-in-out-{seed}")
+        job, stats = run_with_kill(cluster, sink, records, seed=5 + seed, name=f"redis-in-out-{seed}", source=source)
+        assert stats["checkpoints"]["recoveries"] >= 1
+        check_exact([json.loads(f["value"]) for _, f in r.xrange(f"counts-in-out-{seed}")], records)
+        assert not list(r.scan_iter(match=f"clasp:{{counts-in-out-{seed}}}:stage:*")), "staged writes left behind"
     finally:
         cluster.stop()

@@ -35,11 +35,25 @@ def running_count(state, word):
     return n, [[word, n]]
 
 
-def count_dag(sink, name: str = "sinks") -> clasp.Dag:
+def split_slowly(value):
+    """A line, a Redis entry's `line` field or a Kafka message's bytes, split; at most ~2,000 lines/s per
+    worker, so a source's input lasts through the kills."""
+    time.sleep(0.0005)
+    if isinstance(value, dict):
+        value = value["line"]
+    if isinstance(value, bytes):
+        value = value.decode()
+    return value.split()
+
+
+def count_dag(sink, name: str = "sinks", source=None) -> clasp.Dag:
+    """split -> keyed running count emitting [word, n] -> sink; fed by push, or read from `source`."""
     d = clasp.Dag(name)
-    s = d.operator("split", split)
+    s = d.operator("split", split if source is None else split_slowly)
     c = d.operator("count", running_count, stateful=True, key=clasp.identity)
     out = d.sink("out", sink)
+    if source is not None:
+        d.source("lines", source) >> s
     s >> c >> out
     return d
 
@@ -47,6 +61,13 @@ def count_dag(sink, name: str = "sinks") -> clasp.Dag:
 def lines(n: int, seed: int = 0, vocabulary: int = 300) -> list[str]:
     rng = random.Random(seed)
     return [" ".join(f"w{rng.randrange(vocabulary)}" for _ in range(rng.randint(1, 8))) for _ in range(n)]
+
+
+def unequal_parts(records: list[str], n: int, short: int = 2) -> list[list[str]]:
+    """`records` in `n` partitions, the first `short` of 50 lines each (read to their end at once), the
+    rest shared by the others."""
+    head, rest = records[:50 * short], records[50 * short:]
+    return [head[50 * i:50 * (i + 1)] for i in range(short)] + [rest[i::n - short] for i in range(n - short)]
 
 
 def check_exact(pairs: list, records: list[str]) -> None:
@@ -69,14 +90,15 @@ def _kill_one(client, rng) -> str:
     return victim["id"]
 
 
-def run_with_kill(cluster, sink, records: list[str], seed: int = 1, name: str = "sinks", kills: int = 1):
-    """Push `records` in steps while workers are SIGKILLed mid-run (the second kill while a checkpoint is
-    pending); wait_idle; return the job and its stats."""
+def run_with_kill(cluster, sink, records: list[str], seed: int = 1, name: str = "sinks", kills: int = 1,
+                  source=None):
+    """Push `records` in steps (or let the workers read them from `source`, which holds them) while workers
+    are SIGKILLed mid-run (the second kill while a checkpoint is pending); wait_idle; return the job and its
+    stats."""
     rng = random.Random(seed)
     with clasp.connect(cluster.planner) as client:
-        job = client.submit(count_dag(sink, name), autoscale=False)
+        job = client.submit(count_dag(sink, name, source), autoscale=False)
         job.scale(4)
-        done = threading.Event()
 
         def feed():
             with clasp.connect(cluster.planner) as c2:
@@ -84,11 +106,12 @@ def run_with_kill(cluster, sink, records: list[str], seed: int = 1, name: str = 
                 for i in range(0, len(records), 100):  # about 6 s of input: it flows through the kills
                     j2.push(records[i:i + 100])
                     time.sleep(0.05)
-            done.set()
 
-        feeder = threading.Thread(target=feed)
+        feeder = threading.Thread(target=feed if source is None else lambda: None)
         feeder.start()
         wait_for(lambda: job.stats()["checkpoints"]["completed"] >= 2, timeout=30, what="two checkpoints")
+        if source is not None:
+            assert job.stats()["completed"] < len(records), "the input was done before the kill"
         for k in range(kills):
             before = job.stats()["checkpoints"]["recoveries"]
             if k % 2:
@@ -102,6 +125,8 @@ def run_with_kill(cluster, sink, records: list[str], seed: int = 1, name: str = 
         feeder.join()
         summary = job.wait_idle(timeout=120)
         assert summary["completed"] == len(records) and summary["lost"] == 0, summary
+        if source is not None:
+            assert summary["read"] == len(records), summary
         stats = job.stats()
         return job, stats
 

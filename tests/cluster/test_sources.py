@@ -3,8 +3,9 @@
 Word Count from files (FileSource: several files, large ones in byte ranges) into a keyed running count
 that emits [word, n] with collect=True: after a worker is SIGKILLed mid-run, and across rescales 1 -> 4 -> 2
 while the partitions are being read, every word's emitted counts are exactly 1..n, once each, and the state
-is collections.Counter of the input. A reader pauses while its worker's window is full (bounded memory);
-stop() ends a job on a stream after a last checkpoint; push() feeds the roots that are not sources.
+is collections.Counter of the input; the same from files into a FileSink across 1 -> 4 -> 2. A reader
+pauses while its worker's window is full (bounded memory); stop() ends a job on a stream after a last
+checkpoint; push() feeds the roots that are not sources.
 
 CLASP_STRESS_SEEDS=N runs N seeds of the SIGKILL test (default 1).
 """
@@ -21,8 +22,10 @@ from collections import Counter
 import pytest
 
 import clasp
-from clasp.connectors.files import FileSource
+from clasp.connectors.files import FileSink, FileSource
 from clasp.testing import IterableSource
+from tests.cluster.test_sinks import check_exact as check_pairs
+from tests.cluster.test_sinks import count_dag
 from tests.conftest import start_cluster, wait_for
 
 SEEDS = int(os.environ.get("CLASP_STRESS_SEEDS", "1"))
@@ -203,3 +206,29 @@ def test_push_feeds_the_roots_that_are_not_sources_and_is_refused_without_one(cl
     with pytest.raises(clasp.ClaspError, match="reads only its declared sources"):
         only.push(["y"])
     assert only.wait_idle(timeout=30)["read"] == 1
+
+
+def test_file_source_to_file_sink_exact_through_a_rescale_1_4_2(tmp_path_factory):
+    """Files in, part files out, 1 -> 4 -> 2 workers while the partitions are read: the sink holds each
+    word's counts exactly 1..n once each."""
+    data = tmp_path_factory.mktemp("input")
+    lines = write_input(data, random.Random(11), files=4, lines=10000)
+    sink = FileSink(tmp_path_factory.mktemp("output"), format="jsonl")
+    cluster = start_cluster(tmp_path_factory, 4, planner_args=["--no-autoscale"],
+                            worker_args=["--source-window", "2048"])
+    one = {"lines": {0: 1.0}, "split": {0: 1.0}, "count": {0: 1.0}, "out": {0: 1.0}}
+    try:
+        with clasp.connect(cluster.planner) as client:
+            dag = count_dag(sink, "files-in-out", FileSource(str(data / "*.txt"), range_bytes=60_000))
+            job = client.submit(dag, placement=one)
+            total = job.stats()["sources"]["partitions"]
+            for n in (4, 2):
+                time.sleep(0.5)
+                assert not job.scale(n)["failed"]
+                moved = job.stats()["sources"]
+                assert len(moved["owners"]) == n and moved["ended"] < total, moved
+            summary = job.wait_idle(timeout=120)
+            assert summary["read"] == len(lines) == summary["completed"]
+            check_pairs([v for vs in sink.read().values() for v in vs], lines)
+    finally:
+        cluster.stop()

