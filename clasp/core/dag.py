@@ -14,6 +14,8 @@ import cloudpickle
 import networkx as nx
 
 from clasp.core.connector import Sink, Source
+from clasp.core.timed import LATE_OUT, ON_TIME_OUT, EventTime, TimedFold, pick
+from clasp.core.windows import WindowOperator
 
 
 class DagError(ValueError):
@@ -42,6 +44,9 @@ class Operator:
     #: The `Source` of an operator added by `Dag.source`, the `Sink` of one added by `Dag.sink`.
     connector: Source | Sink | None = None
     kind: str = "operator"
+    #: Where an edge into this operator goes (a window's first operator), and a window's late output.
+    entry: Operator | None = None
+    late: Operator | None = None
 
     def __rshift__(self, other: Operator) -> Operator:
         self.dag.edge(self, other)
@@ -81,14 +86,49 @@ class Dag:
         self.operators.append(op)
         return op
 
-    def source(self, name: str, source: Source) -> Operator:
+    def source(self, name: str, source: Source, *, timestamp: Callable | None = None, max_out_of_order: float = 0,
+               idle_timeout: float | None = None) -> Operator:
         """Add a partitioned input read by the workers (a `clasp.connectors.Source`): its values enter only its
-        own successors, which `>>` connects like any operator's."""
+        own successors, which `>>` connects like any operator's. `timestamp(value)` (seconds) gives its records
+        event time: each partition's watermark trails the largest time it read by `max_out_of_order`, and a
+        partition that reads nothing for `idle_timeout` seconds stops holding the others back (docs/TIME.md)."""
         if not isinstance(source, Source):
             raise DagError(f"source {name!r}: {source!r} is not a clasp.connectors.Source")
-        op = self.operator(name, identity)
+        fn: Callable = identity
+        if timestamp is not None:
+            try:
+                fn = EventTime(timestamp, max_out_of_order, idle_timeout)
+            except (TypeError, ValueError) as e:
+                raise DagError(f"source {name!r}: {e}") from None
+        op = self.operator(name, fn)
         op.connector, op.kind = source, "source"
         return op
+
+    def window(self, name: str, window: Any, key: Callable, fold: Callable, init: Callable[[], Any], *,
+               allowed_lateness: float = 0, merge: Callable | None = None, timestamp: Callable | None = None,
+               collect: bool = False) -> Operator:
+        """Add an event-time window (`clasp.windows.tumbling/sliding/session`) per `key(value)`: each window's
+        values folded (`fold(acc, value)` from `init()`), emitted as `[key, start, end, acc]` once the
+        watermark passes its end. Edges into the returned operator feed the window; its outputs are the
+        windows. Records later than `allowed_lateness` go to `op.late` (`[key, ts, value]`, an operator to
+        connect or collect; counted in `job.stats()["event_time"]`). `timestamp` defaults to the event-time
+        source's (the DAG's only one)."""
+        if timestamp is None:
+            timed = [o.fn for o in self.operators if isinstance(o.fn, EventTime)]
+            if len(timed) != 1:
+                raise DagError(f"window {name!r}: give timestamp= (the DAG has {len(timed)} event-time sources)")
+            timestamp = timed[0].timestamp
+        try:
+            op = WindowOperator(window, fold, init, allowed_lateness, merge)
+        except (TypeError, ValueError) as e:
+            raise DagError(f"window {name!r}: {e}") from None
+        folded = self.operator(f"{name}.windows", TimedFold(op, key, timestamp), stateful=True, key=key)
+        out = self.operator(name, pick(ON_TIME_OUT), collect=collect)
+        late = self.operator(f"{name}.late", pick(LATE_OUT))
+        self.edge(folded, out)
+        self.edge(folded, late)
+        out.entry, out.late = folded, late
+        return out
 
     def sink(self, name: str, sink: Sink) -> Operator:
         """Add an output (a `clasp.connectors.Sink`) that operators connect into: each value reaching it is
@@ -101,6 +141,7 @@ class Dag:
 
     def edge(self, src: Operator | str, dst: Operator | str) -> None:
         s, d = self._resolve(src), self._resolve(dst)
+        d = d.entry or d
         if d.kind == "source":
             raise DagError(f"dag {self.name!r}: source {d.name!r} cannot have an input ({s.name} -> {d.name})")
         if s.kind == "sink":

@@ -65,6 +65,7 @@ from clasp.runtime.net import DirectSend, advertised, bind, drained, start_metri
 from clasp.runtime.planner_recovery import CheckpointState, PlannerRecoveryMixin
 from clasp.runtime.planner_sinks import PlannerSinkMixin
 from clasp.runtime.planner_sources import PlannerSourcesMixin, SourceState, list_partitions, owners_under
+from clasp.runtime.planner_time import PlannerTimeMixin
 from clasp.runtime.providers import Provider
 from clasp.runtime.security import Security
 from clasp.runtime.state_server import StateServer
@@ -172,7 +173,7 @@ def _key_weights(spec: DagSpec, raw: dict) -> dict[str, list[float]]:
     return out
 
 
-class Planner(PlannerRecoveryMixin, PlannerSinkMixin, PlannerSourcesMixin):
+class Planner(PlannerRecoveryMixin, PlannerSinkMixin, PlannerSourcesMixin, PlannerTimeMixin):
     """The planner. `await Planner(...).serve()` runs until cancelled."""
 
     def __init__(self, config: PlannerConfig | None = None, *, security: Security | None = None,
@@ -335,6 +336,8 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin, PlannerSourcesMixin):
             "scale": self._on_scale, "place": self._on_place, "autoscale": self._on_autoscale,
             "drain": self.elastic.on_drain, "leave": self.elastic.on_leave, "pool": self.elastic.on_pool,
             "lease": self._on_lease, "seal": self._on_seal, "read_end": self._on_read_end, "stop": self._on_stop,
+            "wm_mark": self._on_wm_mark, "wm_idle": self._on_wm_idle, "wm_fired": self._on_wm_fired,
+            "wm_out": self._on_wm_out,
         }
         recv, raw = self.router.recv_multipart, zmq.Socket.shadow(self.router.underlying)
         while True:
@@ -750,7 +753,7 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin, PlannerSourcesMixin):
         t = job.tracker
         heard = {w: self.workers[w].last_seen for w in job.workers if w in self.workers}
         return scheduler.JobCondition(
-            outstanding=t.outstanding, queued=job.queued,
+            outstanding=t.outstanding + self._time_pending(job), queued=job.queued,
             suspected=scheduler.suspected(self._job_workers(job), self.dropped, heard),
             recovering=tuple(job.recovering), rolling_back=c is not None and c.restoring,
             orphaned=c is not None and c.orphaned is not None,
@@ -1125,6 +1128,7 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin, PlannerSourcesMixin):
                 rate_out = (job.tracker.completed - p_out) / dt
                 prev[job.id] = (job.counters["pushed"], job.tracker.completed)
                 self._drain_tick(job, dt, now)
+                self._time_tick(job)
                 interval = job.tracker.interval
                 self.latency.merge(interval)
                 lat = job.tracker.take_interval()
@@ -1165,7 +1169,8 @@ class Planner(PlannerRecoveryMixin, PlannerSinkMixin, PlannerSourcesMixin):
                 "queue_bound": {"records": self.bound.max_records, "bytes": self.bound.max_bytes,
                                 "max_delay": self.bound.max_delay, "limit": job.limit,
                                 "drain_bytes_per_s": job.drain},
-                "checkpoints": self.ckpt_stats(job), "sinks": self.sink_stats(job), "sources": self.source_stats(job)}
+                "checkpoints": self.ckpt_stats(job), "sinks": self.sink_stats(job), "sources": self.source_stats(job),
+                "event_time": self.time_stats(job)}
 
 
 class _PlannerCollector:
@@ -1226,6 +1231,7 @@ class _PlannerCollector:
         lost.add_metric([], p.records_lost)
         yield lost
         yield from p.ckpt_metrics(jobs, _buckets)
+        yield from p.time_metrics(jobs)
         mh = HistogramMetricFamily("clasp_migration_duration_seconds",
                                    "Planner: plan issued to last completion; worker: plan received to resumed",
                                    labels=["role"])

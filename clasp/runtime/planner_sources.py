@@ -189,6 +189,7 @@ class PlannerSourcesMixin:
         src = job.src
         src.owners, src.positions, src.ended = owners, positions, set()
         src.stopped = src.finished
+        self._time_rolled_back(job)
         deferred, src.deferred = src.deferred, []
         for ident, n in deferred:
             self._lease(job, ident, n)

@@ -1,0 +1,148 @@
+"""The planner's side of event time, mixed into `Planner`: the job's watermark, released to the workers.
+
+Readers send each partition's watermark after every chunk they seal (`wm_mark`, right behind the seal) and
+say when a partition went idle (`wm_idle`). Once a tick the planner settles which chunks completed
+(`clasp.core.timed.ReleasedWatermark`) and sends every worker of the job the job's watermark (`watermark`,
+with a round number): a watermark is released only when every record read before it was promised has been
+processed everywhere, so no operator sees a record of a smaller time after it. A worker fires its windows at
+it (their outputs leased and sealed like a source's batches) and answers `wm_fired`; `wait_idle` waits until
+every worker answered a round sent after the last change (the watermark moved, a migration, a rollback), so
+the windows the end of a bounded input fires are done when it returns.
+"""
+
+from __future__ import annotations
+
+import math
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from clasp.core import protocol
+from clasp.core.timed import EventTime, ReleasedWatermark
+
+
+class JobTime:
+    """One job's watermark state on the planner."""
+
+    def __init__(self, marks: ReleasedWatermark):
+        self.marks = marks
+        self.round = 0
+        self.settled_round = 0  # workers must answer a round at least this one for the job to be idle
+        self.fired: dict[str, int] = {}  # worker -> the last round it answered
+        self.windows = 0  # windows fired (emitted by window operators at a watermark)
+        self.late: dict[str, int] = {}  # worker -> records its windows sent to their late outputs
+
+
+def _timed(job) -> bool:
+    return job.src is not None and any(isinstance(job.spec.operators[i].fn, EventTime) for i in job.spec.readers)
+
+
+class PlannerTimeMixin:
+    def _job_time(self, job) -> JobTime | None:
+        t = getattr(job, "time", None)
+        if t is None and _timed(job):
+            timed = {job.spec.operators[i].name for i in job.spec.readers
+                     if isinstance(job.spec.operators[i].fn, EventTime)}
+            t = job.time = JobTime(ReleasedWatermark(k for k in job.src.parts if k[0] in timed))
+        return t
+
+    def _on_wm_mark(self, ident: bytes, body: list) -> None:
+        job = self._reading_job(body[0])
+        t = self._job_time(job) if job is not None else None
+        if t is not None and isinstance(body[4], int | float):
+            t.marks.sealed((str(body[2]), str(body[3])), int(body[1]), float(body[4]))
+
+    def _on_wm_idle(self, ident: bytes, body: list) -> None:
+        job = self._reading_job(body[0])
+        t = self._job_time(job) if job is not None else None
+        if t is not None:
+            t.marks.set_idle((str(body[1]), str(body[2])), True)
+
+    def _on_wm_out(self, ident: bytes, body: list) -> None:
+        """A sealed chunk held windows a worker fired, not records it read: the source counts leave it out."""
+        job = self._reading_job(body[0])
+        t = self._job_time(job) if job is not None else None
+        if t is not None and type(body[1]) is int and type(body[2]) is int and job.tracker.leased(body[1]):
+            job.tracker.produced.add(body[1])  # its seal comes right behind
+            t.windows += body[2]
+
+    def _on_wm_fired(self, ident: bytes, body: list) -> None:
+        job = self.jobs.get(body[0])
+        t = self._job_time(job) if job is not None else None
+        if t is not None and type(body[1]) is int and type(body[2]) is int:
+            w = ident.decode(errors="replace")
+            t.fired[w] = max(t.fired.get(w, -1), body[1])
+            t.late[w] = body[2]
+            self._check_waiters(job)
+
+    def _watermark_now(self, job, t: JobTime) -> float:
+        chunks = job.tracker.chunks
+        t.marks.settle(chunks.__contains__)
+        return t.marks.combined(job.src.ended)
+
+    def _time_tick(self, job) -> None:
+        """Once a tick: release the job's watermark to its workers (again, if unchanged: a key group that
+        arrived since fires there)."""
+        t = self._job_time(job)
+        if t is None or job.id not in self.jobs:
+            return
+        restoring = job.ckpt is not None and job.ckpt.restoring
+        w = self._watermark_now(job, t)
+        t.round += 1
+        if w > t.marks.released or job.migrating or restoring:
+            t.settled_round = t.round
+        t.marks.released = w
+        if restoring or w == -math.inf:
+            return
+        frame = protocol.encode("watermark", {"job": job.id, "watermark": w, "round": t.round})
+        for worker in self._job_workers(job):
+            self._post(worker.encode(), frame)
+
+    def _time_pending(self, job) -> int:
+        """1 while the job's watermark is not released yet or a worker has not fired at it since the last
+        change (for `wait_idle`), else 0."""
+        t = getattr(job, "time", None)
+        if t is None:
+            return 0
+        if self._watermark_now(job, t) > t.marks.released:
+            return 1
+        if t.marks.released == -math.inf:
+            return 0  # nothing to fire yet
+        return int(any(t.fired.get(w, -1) < t.settled_round for w in self._job_workers(job)))
+
+    def _time_rolled_back(self, job) -> None:
+        t = getattr(job, "time", None)
+        if t is not None:
+            t.marks.reset()
+            t.settled_round = t.round + 1
+
+    def time_stats(self, job) -> dict | None:
+        """`job.stats()["event_time"]`: the released watermark and every partition's (None: none yet, "end":
+        every record is in), the windows fired and the records the windows sent to their late outputs
+        (counted by each worker process: a record read again after a recovery may count twice)."""
+        t = getattr(job, "time", None)
+        if t is None:
+            return None
+
+        def show(w: float):
+            return None if w == -math.inf else "end" if w == math.inf else w
+
+        m = t.marks
+        return {"watermark": show(m.released), "windows_fired": t.windows, "late": sum(t.late.values()),
+                "idle": sorted(f"{o}/{p}" for o, p in m.idle),
+                "partitions": {f"{o}/{p}": show(w) for (o, p), w in m.safe.items()}}
+
+    def time_metrics(self, jobs: list):
+        """Prometheus: each event-time job's watermark, windows fired and late records."""
+        wm = GaugeMetricFamily("clasp_watermark_seconds", "The event-time watermark released to the workers "
+                               "(+Inf once every input ended)", labels=["job"])
+        fired = CounterMetricFamily("clasp_windows_fired", "Windows emitted at a watermark", labels=["job"])
+        late = CounterMetricFamily("clasp_late_records", "Records the windows sent to their late outputs",
+                                   labels=["job"])
+        for j in jobs:
+            t = getattr(j, "time", None)
+            if t is not None:
+                if t.marks.released > -math.inf:
+                    wm.add_metric([str(j.id)], t.marks.released)
+                fired.add_metric([str(j.id)], t.windows)
+                late.add_metric([str(j.id)], sum(t.late.values()))
+        yield from (wm, fired, late)
