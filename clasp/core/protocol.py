@@ -112,7 +112,8 @@ SCHEMAS: dict[str, dict[str, tuple | None]] = {
 _OPTIONAL: dict[str, dict[str, tuple | None]] = {
     "counters": {"below": _INT},  # also answer `holds_below`: anything of a record below this id here
     "deploy": {"state": _STR, "state_server": _STR, "floor": _INT, "run": _STR, "sources": _LIST},
-    "restore": {"state": _STR, "state_server": _STR, "run": _STR, "sinks": _DICT, "sources": _LIST},
+    "restore": {"state": _STR, "state_server": _STR, "run": _STR, "sinks": _DICT, "sources": _LIST,
+                "watermark": _NUM},
 }
 # List-bodied messages on the data path; the first element is always the job id.
 _LIST_BODIES = {"data": 3, "runs": 3, "cols": 3, "done": 2, "marker": 3, "migrate": 6, "seal": 4, "read_end": 3,

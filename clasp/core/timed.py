@@ -95,8 +95,8 @@ class ReleasedWatermark:
         return max(self.released, combine(marks, idle)) if marks else self.released
 
     def reset(self) -> None:
-        """A rollback: the readers reopen at the checkpoint's positions with new clocks, and the watermark
-        starts again from them (a window the restored state holds must wait for the records read again)."""
+        """A rollback: the readers reopen at the checkpoint's positions with new clocks; the shell sets
+        `released` to the checkpoint's watermark."""
         for q in self.pending.values():
             q.clear()
         self.safe = dict.fromkeys(self.pending, NEG_INF)

@@ -144,6 +144,7 @@ class PlannerRecoveryMixin:
                 boundary = max(boundary, job.tracker.next_chunk)
             workers = self._job_workers(job)
             p = c.coord.begin(boundary, workers, time.monotonic())
+            self._time_checkpoint(job, p.id)
             rid = boundary << CHUNK_BITS
             try:
                 try:
@@ -249,7 +250,8 @@ class PlannerRecoveryMixin:
                     "run": self._sink_run(job),
                     "peers": {w: self.workers[w].data for w in job.workers if w in self.workers},
                     "ckpt": target.id if target else 0, "groups": target.groups if target else {},
-                    "dir": str(self.store.root), "state": job.state, "state_server": self.state_server.endpoint}
+                    "dir": str(self.store.root), "state": job.state, "state_server": self.state_server.endpoint,
+                    "watermark": self._time_restore_point(job, target.id if target else 0)}
             if job.src is not None:
                 # Every partition reopens at the checkpoint's position (the job's start: the beginning).
                 owners, positions, body["sources"] = self._sources_restore(job, new, alive,

@@ -17,6 +17,7 @@ import math
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from clasp.core import protocol
+from clasp.core.eventtime import NEG_INF
 from clasp.core.timed import EventTime, ReleasedWatermark
 
 
@@ -30,6 +31,11 @@ class JobTime:
         self.fired: dict[str, int] = {}  # worker -> the last round it answered
         self.windows = 0  # windows fired (emitted by window operators at a watermark)
         self.late: dict[str, int] = {}  # worker -> records its windows sent to their late outputs
+        # The watermark released when each checkpoint began (no watermark is sent while a barrier is being
+        # set up): every window fired in the checkpoint's cut was fired at or below it, and every record
+        # below it read before it was released is in the cut. A rollback starts from it.
+        self.at_ckpt: dict[int, float] = {}
+        self.restore_to = NEG_INF
 
 
 def _timed(job) -> bool:
@@ -85,6 +91,8 @@ class PlannerTimeMixin:
         t = self._job_time(job)
         if t is None or job.id not in self.jobs:
             return
+        if job.ckpt is not None and job.ckpt.hold:
+            return  # a barrier is being set up: the checkpoint's watermark is the one released before it
         restoring = job.ckpt is not None and job.ckpt.restoring
         w = self._watermark_now(job, t)
         t.round += 1
@@ -109,10 +117,26 @@ class PlannerTimeMixin:
             return 0  # nothing to fire yet
         return int(any(t.fired.get(w, -1) < t.settled_round for w in self._job_workers(job)))
 
+    def _time_checkpoint(self, job, ckpt: int) -> None:
+        t = self._job_time(job)
+        if t is not None:
+            t.at_ckpt[ckpt] = t.marks.released
+            for old in sorted(t.at_ckpt)[:-64]:
+                del t.at_ckpt[old]
+
+    def _time_restore_point(self, job, ckpt: int) -> float | None:
+        """The watermark a rollback to checkpoint `ckpt` starts from (for the restore message)."""
+        t = self._job_time(job)
+        if t is None:
+            return None
+        t.restore_to = t.at_ckpt.get(ckpt, NEG_INF)  # unknown (the planner restarted since): from the start
+        return t.restore_to
+
     def _time_rolled_back(self, job) -> None:
         t = getattr(job, "time", None)
         if t is not None:
             t.marks.reset()
+            t.marks.released = t.restore_to
             t.settled_round = t.round + 1
 
     def time_stats(self, job) -> dict | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 
 from clasp.core import protocol
+from clasp.core.eventtime import NEG_INF
 from clasp.core.timed import TimedFold
 from clasp.core.tracking import CHUNK_BITS
 
@@ -21,6 +22,12 @@ log = logging.getLogger("clasp.worker.time")
 
 
 class TimeMixin:
+    def _time_restored(self, spec, watermark: float | None) -> None:
+        """A rollback: the windows restored are those of the checkpoint, taken at `watermark`."""
+        for o in spec.operators:
+            if isinstance(o.fn, TimedFold):
+                o.fn.watermark = NEG_INF if watermark is None else float(watermark)
+
     def _on_watermark(self, body) -> None:
         job = body["job"]
         if job in self.jobs and job in self.sources and job not in self.firing:
