@@ -14,7 +14,9 @@ import cloudpickle
 import networkx as nx
 
 from clasp.core.connector import Sink, Source
-from clasp.core.timed import LATE_OUT, ON_TIME_OUT, EventTime, TimedFold, pick
+from clasp.core.joins import IntervalJoin, WindowJoin
+from clasp.core.keyed import TimerOperator
+from clasp.core.timed import LATE_OUT, ON_TIME_OUT, EventTime, TimedFold, TimedJoin, pick, side
 from clasp.core.windows import WindowOperator
 
 
@@ -113,21 +115,66 @@ class Dag:
         windows. Records later than `allowed_lateness` go to `op.late` (`[key, ts, value]`, an operator to
         connect or collect; counted in `job.stats()["event_time"]`). `timestamp` defaults to the event-time
         source's (the DAG's only one)."""
-        if timestamp is None:
-            timed = [o.fn for o in self.operators if isinstance(o.fn, EventTime)]
-            if len(timed) != 1:
-                raise DagError(f"window {name!r}: give timestamp= (the DAG has {len(timed)} event-time sources)")
-            timestamp = timed[0].timestamp
         try:
             op = WindowOperator(window, fold, init, allowed_lateness, merge)
         except (TypeError, ValueError) as e:
             raise DagError(f"window {name!r}: {e}") from None
+        return self._keyed_time(name, op, key, timestamp, collect)
+
+    def timers(self, name: str, fn: Callable, on_timer: Callable, key: Callable, *,
+               timestamp: Callable | None = None, collect: bool = False) -> Operator:
+        """A stateful operator with event-time timers per key: `fn(state, value, timers) -> (state, outputs)`
+        may call `timers.at(t, payload)`, and `on_timer(state, t, payload, timers) -> (state, outputs)` runs
+        once the watermark reaches `t` (`clasp.windows.TimerOperator`; the timers live in the key's state, so
+        they are checkpointed and migrate with it). Edges into the returned operator feed it; its outputs are
+        those of both functions."""
+        return self._keyed_time(name, TimerOperator(fn, on_timer), key, timestamp, collect)
+
+    def _keyed_time(self, name: str, op: Any, key: Callable, timestamp: Callable | None, collect: bool) -> Operator:
+        if timestamp is None:
+            timed = [o.fn for o in self.operators if isinstance(o.fn, EventTime)]
+            if len(timed) != 1:
+                raise DagError(f"{name!r}: give timestamp= (the DAG has {len(timed)} event-time sources)")
+            timestamp = timed[0].timestamp
         folded = self.operator(f"{name}.windows", TimedFold(op, key, timestamp), stateful=True, key=key)
+        out = self._timed_outputs(name, folded, collect)
+        out.entry = folded
+        return out
+
+    def join(self, name: str, left: Operator | str, right: Operator | str, window: Any, *, key: Callable | tuple,
+             allowed_lateness: float = 0, timestamp: Callable | tuple | None = None,
+             collect: bool = False) -> Operator:
+        """Join the values of `left` and `right` with equal keys (`key`, or a pair: the left's, the right's) in
+        event time: `window` a tumbling or sliding window (every pair of a key in one window, emitted when
+        the window fires) or a `clasp.windows.IntervalJoin` (pairs within its bounds, at once). Outputs are
+        `[key, left_value, right_value]`; records too late go to `op.late` as in `window()`. `timestamp` (or
+        a pair) defaults to the DAG's only event-time source's."""
+        keys = key if isinstance(key, tuple) else (key, key)
+        if timestamp is None:
+            timed = [o.fn for o in self.operators if isinstance(o.fn, EventTime)]
+            if len(timed) != 1:
+                raise DagError(f"join {name!r}: give timestamp= (the DAG has {len(timed)} event-time sources)")
+            timestamp = timed[0].timestamp
+        times = timestamp if isinstance(timestamp, tuple) else (timestamp, timestamp)
+        try:
+            op = window if isinstance(window, IntervalJoin) else WindowJoin(window, allowed_lateness)
+        except (TypeError, ValueError) as e:
+            raise DagError(f"join {name!r}: {e}") from None
+        fn = TimedJoin(op, keys, times)
+        folded = self.operator(f"{name}.windows", fn, stateful=True, key=fn.key)
+        for tag, src in ((0, left), (1, right)):
+            marker = self.operator(f"{name}.{'left' if tag == 0 else 'right'}", side(tag))
+            self.edge(src, marker)
+            self.edge(marker, folded)
+        return self._timed_outputs(name, folded, collect)
+
+    def _timed_outputs(self, name: str, folded: Operator, collect: bool) -> Operator:
+        """A keyed time operator's two outputs: `name` (its results) and `name.late`."""
         out = self.operator(name, pick(ON_TIME_OUT), collect=collect)
         late = self.operator(f"{name}.late", pick(LATE_OUT))
         self.edge(folded, out)
         self.edge(folded, late)
-        out.entry, out.late = folded, late
+        out.late = late
         return out
 
     def sink(self, name: str, sink: Sink) -> Operator:

@@ -141,6 +141,42 @@ class TimedFold:
         return out
 
 
+class TimedJoin(TimedFold):
+    """A two-input keyed time operator (`WindowJoin`, `IntervalJoin`) over `[side, value]` (side 0 the left,
+    1 the right), each side with its own key and timestamp functions."""
+
+    def __init__(self, op: Any, keys: tuple, timestamps: tuple):
+        super().__init__(op, SideKey(keys), SideKey(timestamps))
+
+    def __call__(self, state: Any, tagged: Any) -> tuple[Any, list]:
+        side, value = tagged
+        step = self.op.on_record(state, self.key(tagged), float(self.timestamp(tagged)), value, self.watermark,
+                                 0, side)
+        out = [(ON_TIME_OUT, o) for o in step.out]
+        if step.late:
+            self.late += len(step.late)
+            out.extend((LATE_OUT, r) for r in step.late)
+        return step.state, out
+
+
+class SideKey:
+    """`fns[side](value)` of a `[side, value]`: a join's key (or timestamp) on either of its inputs."""
+
+    def __init__(self, fns: tuple):
+        self.fns = fns
+
+    def __call__(self, tagged: Any) -> Any:
+        return self.fns[tagged[0]](tagged[1])
+
+
+def side(tag: int) -> Callable[[Any], Any]:
+    """The function of the pass-through operator that marks a join's input `tag` (0 left, 1 right)."""
+    def mark(value):
+        return [[tag, value]]
+    mark.__name__ = "left" if tag == 0 else "right"
+    return mark
+
+
 def pick(tag: int) -> Callable[[Any], Any]:
     """The function of the pass-through operator behind a `TimedFold` that keeps the outputs tagged `tag`."""
     def keep(tagged):

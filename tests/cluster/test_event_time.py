@@ -232,3 +232,52 @@ def test_an_idle_partition_does_not_hold_the_watermark(cluster1):
         assert got == [["k", s * SIZE, (s + 1) * SIZE, 20] for s in range(3)]
         job.stop(timeout=30)
         job.cancel()
+
+
+def test_window_join_of_two_sources_equals_every_pair_per_key_and_window(cluster1):
+    clicks, views = events(3000, 4, keys=15), events(2000, 5, keys=15)
+    dag = clasp.Dag("join")
+    left = dag.source("clicks", IterableSource(clicks, partitions=2), timestamp=lambda e: e[1], max_out_of_order=BOUND)
+    right = dag.source("views", IterableSource(views, partitions=3), timestamp=lambda e: e[1], max_out_of_order=BOUND)
+    joined = dag.join("pairs", left, right, W.tumbling(SIZE), key=lambda e: e[0], timestamp=lambda e: e[1],
+                      collect=True)
+    assert joined.late is not None
+    with clasp.connect(cluster1.planner) as client:
+        job = client.submit(dag, autoscale=False)
+        job.wait_idle(timeout=60)
+        want = Counter((c[0], tuple(c), tuple(v)) for c in clicks for v in views
+                       if c[0] == v[0] and c[1] - c[1] % SIZE == v[1] - v[1] % SIZE)
+        got = Counter((k, tuple(c), tuple(v)) for k, c, v in job.collected("pairs"))
+        assert got == want and sum(want.values()) > 1000
+        job.cancel()
+
+
+def _bucket_count(state, value, timers):
+    b = timers.ts - timers.ts % SIZE
+    counts = dict(state or [])
+    if b not in counts:
+        timers.at(b + SIZE, b)  # once every record before the bucket's end is in
+    counts[b] = counts.get(b, 0) + 1
+    return sorted(counts.items()), []
+
+
+def _emit_bucket(state, t, b, timers):
+    counts = dict(state)
+    n = counts.pop(b)
+    return (sorted(counts.items()) or None), [[timers.key, b, b + SIZE, n]]
+
+
+def test_event_time_timers_in_key_group_state_fire_at_the_watermark(cluster1):
+    evs = events(5000, 6)
+    dag = clasp.Dag("timers")
+    src = dag.source("events", IterableSource(evs, partitions=2), timestamp=lambda e: e[1], max_out_of_order=BOUND)
+    counted = dag.timers("buckets", _bucket_count, _emit_bucket, key=lambda e: e[0], collect=True)
+    src >> counted
+    with clasp.connect(cluster1.planner) as client:
+        job = client.submit(dag, autoscale=False)
+        job.wait_idle(timeout=60)
+        got = job.collected("buckets")
+        assert len(got) == len({(k, s) for k, s, _, _ in got})
+        assert {(k, s): n for k, s, _, n in got} == dict(reference(evs))
+        assert job.state("buckets.windows") == {}  # every key's timers fired and its state went
+        job.cancel()
