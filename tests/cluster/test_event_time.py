@@ -6,10 +6,12 @@ window's late output and are counted; an idle partition does not hold the waterm
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import signal
 import time
+import urllib.request
 from collections import Counter
 from typing import Any
 
@@ -67,6 +69,12 @@ def test_windowed_count_out_of_order_within_the_bound_is_exact(cluster1):
         assert job.collected("late") == []
         et = job.stats()["event_time"]
         assert et["watermark"] == "end" and len(et["partitions"]) == 3
+        assert et["windows_fired"] == len(reference(evs)) and et["late"] == 0
+        view = json.loads(urllib.request.urlopen(f"{cluster1.dashboard.rstrip('/')}/api/jobs/{job.id}").read())
+        assert view["event_time"]["watermark"] == "end"
+        text = urllib.request.urlopen(cluster1.metrics["planner"]).read().decode()
+        assert f'clasp_watermark_seconds{{job="{job.id}"}} +Inf' in text
+        assert f'clasp_windows_fired_total{{job="{job.id}"}} {float(len(reference(evs)))}' in text
         job.cancel()
 
 
