@@ -43,8 +43,8 @@ class EventTime:
             raise ValueError(f"idle_timeout must be positive (or None), not {idle_timeout!r}")
         self.timestamp, self.max_out_of_order, self.idle_timeout = timestamp, max_out_of_order, idle_timeout
 
-    def __call__(self, value: Any) -> Any:
-        return value  # the source operator is a pass-through
+    def __call__(self, value: Any) -> list:
+        return [value]  # the source operator is a pass-through: one output, whatever the value
 
     def times(self, values: list) -> list[float]:
         """The event times of a batch; a value whose timestamp fails does not move the clock (the operators

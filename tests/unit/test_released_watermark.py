@@ -59,3 +59,22 @@ def test_timed_fold_tags_outputs_and_fires_due_keys():
     _, out = fold(states["a"], ["a", 7, 1.0])  # behind the watermark the fold fired at
     assert out == [(LATE_OUT, ["a", 1.0, ["a", 7, 1.0]])] and fold.late == 1
     assert pick(LATE_OUT)(out[0]) == [["a", 1.0, ["a", 7, 1.0]]] and pick(ON_TIME_OUT)(out[0]) is None
+
+
+def test_run_local_fires_every_window_at_the_end_of_its_input():
+    import random
+    from collections import Counter
+
+    import clasp
+    from clasp.testing import IterableSource, run_local
+
+    rng = random.Random(3)
+    evs = [[f"k{rng.randrange(7)}", round(i * 0.01 - rng.uniform(0, 0.5), 3)] for i in range(3000)]
+    dag = clasp.Dag("local-windows")
+    src = dag.source("events", IterableSource(evs, partitions=2), timestamp=lambda e: e[1], max_out_of_order=0.5)
+    win = dag.window("counts", W.tumbling(2), key=lambda e: e[0], fold=lambda a, e: a + 1, init=lambda: 0,
+                     collect=True)
+    src >> win
+    job = run_local(dag)
+    assert {(k, s): n for k, s, _, n in job.collected("counts")} == dict(Counter((k, t - t % 2) for k, t in evs))
+    assert len(job.collected("counts")) == len({(k, t - t % 2) for k, t in evs})
