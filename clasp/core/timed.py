@@ -169,6 +169,28 @@ class SideKey:
         return self.fns[tagged[0]](tagged[1])
 
 
+def result_time(window: list) -> float:
+    """The event time of a fired window `[key, start, end, value]` for a window fed by it: just before its end
+    (Flink's `end - 1`), the latest time in it, which the next stage's watermark has not passed yet."""
+    return math.nextafter(window[2], NEG_INF)
+
+
+def stages(spec: Any) -> dict[int, int]:
+    """Each keyed time operator's stage (operator index -> how many keyed time operators the longest path from
+    a source to it passes): a stage's watermark follows the one before it once the windows that one fired at
+    it are complete, so a window fed by windows sees them before it fires (docs/TIME.md)."""
+    before = [0] * len(spec.operators)
+    out = {}
+    for i in spec.topological():
+        o = spec.operators[i]
+        timed = isinstance(o.fn, TimedFold)
+        if timed:
+            out[i] = before[i]
+        for s in o.successors:
+            before[s] = max(before[s], before[i] + timed)
+    return out
+
+
 def side(tag: int) -> Callable[[Any], Any]:
     """The function of the pass-through operator that marks a join's input `tag` (0 left, 1 right)."""
     def mark(value):

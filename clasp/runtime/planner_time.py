@@ -18,14 +18,19 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from clasp.core import protocol
 from clasp.core.eventtime import NEG_INF
-from clasp.core.timed import EventTime, ReleasedWatermark
+from clasp.core.timed import EventTime, ReleasedWatermark, stages
 
 
 class JobTime:
     """One job's watermark state on the planner."""
 
-    def __init__(self, marks: ReleasedWatermark):
+    def __init__(self, marks: ReleasedWatermark, stages: dict[int, int]):
         self.marks = marks
+        self.stages = stages  # keyed time operator -> its stage
+        n = max(stages.values(), default=0) + 1
+        self.levels = [NEG_INF] * n  # the watermark released to each stage (the first: the sources')
+        self.level_round = [0] * n  # the round in which each last moved
+        self.fired_chunks: set[int] = set()  # chunks of fired windows, until they complete
         self.round = 0
         self.settled_round = 0  # workers must answer a round at least this one for the job to be idle
         self.fired: dict[str, int] = {}  # worker -> the last round it answered
@@ -34,8 +39,8 @@ class JobTime:
         # The watermark released when each checkpoint began (no watermark is sent while a barrier is being
         # set up): every window fired in the checkpoint's cut was fired at or below it, and every record
         # below it read before it was released is in the cut. A rollback starts from it.
-        self.at_ckpt: dict[int, float] = {}
-        self.restore_to = NEG_INF
+        self.at_ckpt: dict[int, list] = {}
+        self.restore_to: list = list(self.levels)
 
 
 def _timed(job) -> bool:
@@ -48,7 +53,7 @@ class PlannerTimeMixin:
         if t is None and _timed(job):
             timed = {job.spec.operators[i].name for i in job.spec.readers
                      if isinstance(job.spec.operators[i].fn, EventTime)}
-            t = job.time = JobTime(ReleasedWatermark(k for k in job.src.parts if k[0] in timed))
+            t = job.time = JobTime(ReleasedWatermark(k for k in job.src.parts if k[0] in timed), stages(job.spec))
         return t
 
     def _on_wm_mark(self, ident: bytes, body: list) -> None:
@@ -69,6 +74,7 @@ class PlannerTimeMixin:
         t = self._job_time(job) if job is not None else None
         if t is not None and type(body[1]) is int and type(body[2]) is int and job.tracker.leased(body[1]):
             job.tracker.produced.add(body[1])  # its seal comes right behind
+            t.fired_chunks.add(body[1])
             t.windows += body[2]
 
     def _on_wm_fired(self, ident: bytes, body: list) -> None:
@@ -96,12 +102,24 @@ class PlannerTimeMixin:
         restoring = job.ckpt is not None and job.ckpt.restoring
         w = self._watermark_now(job, t)
         t.round += 1
-        if w > t.marks.released or job.migrating or restoring:
+        levels = t.levels
+        moved = w > levels[0]
+        if moved:
+            levels[0], t.level_round[0] = w, t.round
+        # A stage follows the one before it once every worker fired that one at its watermark and the
+        # windows it fired are complete (processed by the next stage, on time there).
+        serving = self._job_workers(job)
+        answered = min((t.fired.get(x, -1) for x in serving), default=-1)
+        t.fired_chunks = {c for c in t.fired_chunks if c in job.tracker.chunks}
+        for d in range(1, len(levels)):
+            if levels[d] < levels[d - 1] and answered >= t.level_round[d - 1] and not t.fired_chunks:
+                levels[d], t.level_round[d], moved = levels[d - 1], t.round, True
+        if moved or job.migrating or restoring:
             t.settled_round = t.round
         t.marks.released = w
         if restoring or w == -math.inf:
             return
-        frame = protocol.encode("watermark", {"job": job.id, "watermark": w, "round": t.round})
+        frame = protocol.encode("watermark", {"job": job.id, "watermark": w, "levels": levels, "round": t.round})
         for worker in self._job_workers(job):
             self._post(worker.encode(), frame)
 
@@ -111,7 +129,7 @@ class PlannerTimeMixin:
         t = getattr(job, "time", None)
         if t is None:
             return 0
-        if self._watermark_now(job, t) > t.marks.released:
+        if self._watermark_now(job, t) > t.marks.released or any(x < t.levels[0] for x in t.levels):
             return 1
         if t.marks.released == -math.inf:
             return 0  # nothing to fire yet
@@ -120,29 +138,33 @@ class PlannerTimeMixin:
     def _time_checkpoint(self, job, ckpt: int) -> None:
         t = self._job_time(job)
         if t is not None:
-            t.at_ckpt[ckpt] = t.marks.released
+            t.at_ckpt[ckpt] = list(t.levels)
             for old in sorted(t.at_ckpt)[:-64]:
                 del t.at_ckpt[old]
 
-    def _time_restore_point(self, job, ckpt: int) -> float | None:
-        """The watermark a rollback to checkpoint `ckpt` starts from (for the restore message)."""
+    def _time_restore_point(self, job, ckpt: int) -> list | None:
+        """The watermarks (per stage) a rollback to checkpoint `ckpt` starts from (for the restore message)."""
         t = self._job_time(job)
         if t is None:
             return None
-        t.restore_to = t.at_ckpt.get(ckpt, NEG_INF)  # unknown (the planner restarted since): from the start
+        # Unknown (the planner restarted since): from the start.
+        t.restore_to = t.at_ckpt.get(ckpt, [NEG_INF] * len(t.levels))
         return t.restore_to
 
     def _time_rolled_back(self, job) -> None:
         t = getattr(job, "time", None)
         if t is not None:
             t.marks.reset()
-            t.marks.released = t.restore_to
+            t.levels = list(t.restore_to)
+            t.marks.released = t.levels[0]
+            t.fired_chunks.clear()
             t.settled_round = t.round + 1
 
     def time_stats(self, job) -> dict | None:
-        """`job.stats()["event_time"]`: the released watermark and every partition's (None: none yet, "end":
-        every record is in), the windows fired and the records the windows sent to their late outputs
-        (counted by each worker process: a record read again after a recovery may count twice)."""
+        """`job.stats()["event_time"]`: the released watermark, each keyed time operator's and every
+        partition's (None: none yet, "end": every record is in), the windows fired and the records the windows
+        sent to their late outputs (counted by each worker process: a record read again after a recovery may
+        count twice)."""
         t = getattr(job, "time", None)
         if t is None:
             return None
@@ -151,7 +173,9 @@ class PlannerTimeMixin:
             return None if w == -math.inf else "end" if w == math.inf else w
 
         m = t.marks
+        ops = job.spec.operators
         return {"watermark": show(m.released), "windows_fired": t.windows, "late": sum(t.late.values()),
+                "operators": {ops[i].name: show(t.levels[d]) for i, d in sorted(t.stages.items())},
                 "idle": sorted(f"{o}/{p}" for o, p in m.idle),
                 "partitions": {f"{o}/{p}": show(w) for (o, p), w in m.safe.items()}}
 

@@ -11,43 +11,50 @@ the records its windows sent to their late outputs so far.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from clasp.core import protocol
 from clasp.core.eventtime import NEG_INF
-from clasp.core.timed import TimedFold
+from clasp.core.timed import stages
 from clasp.core.tracking import CHUNK_BITS
 
 log = logging.getLogger("clasp.worker.time")
+CHUNK_WAIT_S = 2.0
 
 
 class TimeMixin:
-    def _time_restored(self, spec, watermark: float | None) -> None:
-        """A rollback: the windows restored are those of the checkpoint, taken at `watermark`."""
-        for o in spec.operators:
-            if isinstance(o.fn, TimedFold):
-                o.fn.watermark = NEG_INF if watermark is None else float(watermark)
+    def _time_restored(self, spec, levels: list | None) -> None:
+        """A rollback: the windows restored are those of the checkpoint, taken at these watermarks (per
+        stage)."""
+        for i, d in stages(spec).items():
+            spec.operators[i].fn.watermark = float(levels[min(d, len(levels) - 1)]) if levels else NEG_INF
 
     def _on_watermark(self, body) -> None:
         job = body["job"]
         if job in self.jobs and job in self.sources and job not in self.firing:
             self.firing.add(job)
-            self.tasks.spawn(self._fire(job, float(body["watermark"]), body["round"]), f"windows of job {job}")
+            levels = [float(w) for w in body["levels"]]
+            self.tasks.spawn(self._fire(job, levels, body["round"]), f"windows of job {job}")
 
-    async def _fire(self, job: int, watermark: float, rnd: int) -> None:
+    async def _fire(self, job: int, levels: list[float], rnd: int) -> None:
+        """Fire every keyed time operator at its stage's watermark, stage by stage."""
         late = 0
         try:
             eng, readers = self.jobs.get(job), self.sources.get(job)
-            for op in list(eng.ops) if eng is not None else ():
-                fold = op.fn
-                if not isinstance(fold, TimedFold):
-                    continue
+            stage = stages(eng.spec) if eng is not None else {}
+            for i in sorted(stage, key=stage.get):
+                op, fold = eng.ops[i], eng.ops[i].fn
+                watermark = levels[min(stage[i], len(levels) - 1)]
                 late += fold.late
                 op.warm_all()
                 if not any(fold.due(d, watermark) for d in op.groups if d):
                     fold.watermark = max(fold.watermark, watermark)
                     continue
-                chunk = await readers._chunk()
+                try:  # bounded: a rollback may replace these readers, whose lease then never comes
+                    chunk = await asyncio.wait_for(readers._chunk(), CHUNK_WAIT_S)
+                except TimeoutError:
+                    return  # fired next round
                 if self.jobs.get(job) is not eng or self.sources.get(job) is not readers:
                     return  # the job was restored or stopped meanwhile
                 if eng.barrier is not None or chunk < readers.floor:

@@ -289,3 +289,29 @@ def test_event_time_timers_in_key_group_state_fire_at_the_watermark(cluster1):
         assert {(k, s): n for k, s, _, n in got} == dict(reference(evs))
         assert job.state("buckets.windows") == {}  # every key's timers fired and its state went
         job.cancel()
+
+
+def test_a_window_fed_by_a_window_sees_every_window_before_it_fires(tmp_path_factory):
+    evs = events(20000, 7)
+    cluster = start_cluster(tmp_path_factory, 2, planner_args=["--no-autoscale", "--heartbeat", "0.2"])
+    try:
+        with clasp.connect(cluster.planner) as client:
+            dag = clasp.Dag("two-stages")
+            src = dag.source("events", IterableSource(evs, partitions=4), timestamp=slow_ts, max_out_of_order=BOUND)
+            per_key = dag.window("per_key", W.tumbling(SIZE), key=lambda e: e[0], fold=lambda a, e: a + 1,
+                                 init=lambda: 0)
+            total = dag.window("total", W.tumbling(SIZE), key=lambda w: "all", fold=lambda a, w: a + w[3],
+                               init=lambda: 0, timestamp=W.result_time, collect=True)
+            late = dag.operator("late", lambda r: [r], collect=True)
+            src >> per_key >> total
+            total.late >> late
+            job = client.submit(dag, autoscale=False)
+            job.wait_idle(timeout=120)
+            want = Counter(ts - ts % SIZE for _, ts in evs)
+            got = job.collected("total")
+            assert job.collected("late") == [] and len(got) == len(want)
+            assert {s: n for _, s, _, n in got} == dict(want)
+            ops = job.stats()["event_time"]["operators"]
+            assert ops == {"per_key.windows": "end", "total.windows": "end"}
+    finally:
+        cluster.stop()
