@@ -27,8 +27,10 @@ import msgpack
 from clasp.connectors.file_sink import FileSink
 from clasp.core.connector import Source, SourcePartition
 from clasp.core.dag import Dag, DagError
+from clasp.core.eventtime import POS_INF
 from clasp.core.outputs import as_outputs
 from clasp.core.sinks import SINK_BATCH, partition_name
+from clasp.core.timed import TimedFold
 
 _KEY_TYPES = (str, int, bytes)
 
@@ -183,6 +185,66 @@ def run_local(dag: Dag, records: Iterable = (), *, roundtrip: bool = True) -> Lo
             loop = asyncio.new_event_loop()
         return loop.run_until_complete(r)
 
+    def drain():
+        # Every queued request, operators in topological order (a request's outputs run in the same pass).
+        for i in order:
+            q = queues[i]
+            if not q:
+                continue
+            op = ops[i]
+            succ = [queues[s] for s in op.successors]
+            sink = collected.get(op.name)
+            st = states.get(op.name)
+            if op.name in to_sink:
+                values = [_roundtrip(v, f"input of {op.name!r}") if roundtrip else v for v in q]
+                q.clear()
+                processed[op.name] += len(values)
+                to_sink[op.name].extend(values)
+                continue
+            while q:
+                if op.batch:  # what is queued, as one batch: the values one pushed record led to
+                    values = [_roundtrip(v, f"input of {op.name!r}") if roundtrip else v for v in q]
+                    q.clear()
+                    t0 = perf()
+                    out = op.fn(values)
+                    busy[op.name] += perf() - t0
+                    processed[op.name] += len(values)
+                    _emit(as_outputs(out), sink, succ)
+                    continue
+                value = q.popleft()
+                if roundtrip:
+                    value = _roundtrip(value, f"input of {op.name!r}")
+                if op.stateful:
+                    key = op.key(value)
+                    if not isinstance(key, _KEY_TYPES) or isinstance(key, bool):
+                        raise DagError(f"operator {op.name!r}: key {key!r} must be str, int or bytes")
+                    t0 = perf()
+                    res = op.fn(st.get(key), value)
+                    t1 = perf()
+                    if op.is_async or inspect.isawaitable(res):
+                        res = wait(res)
+                        t1 = perf()
+                    busy[op.name] += t1 - t0
+                    try:
+                        new_state, out = res
+                    except (TypeError, ValueError) as e:
+                        raise DagError(f"stateful operator {op.name!r} must return (new_state, outputs), "
+                                       f"got {res!r:.200}") from e
+                    if new_state is None:
+                        st.pop(key, None)
+                    else:
+                        st[key] = new_state
+                else:
+                    t0 = perf()
+                    out = op.fn(value)
+                    t1 = perf()
+                    if op.is_async or inspect.isawaitable(out):
+                        out = wait(out)
+                        t1 = perf()
+                    busy[op.name] += t1 - t0
+                processed[op.name] += 1
+                _emit(as_outputs(out), sink, succ)
+
     errors: list[str] = []
 
     def inputs():
@@ -208,63 +270,19 @@ def run_local(dag: Dag, records: Iterable = (), *, roundtrip: bool = True) -> Lo
         for targets, rec in inputs():
             for s in targets:
                 queues[s].append(rec)
-            for i in order:
-                q = queues[i]
-                if not q:
-                    continue
-                op = ops[i]
-                succ = [queues[s] for s in op.successors]
-                sink = collected.get(op.name)
-                st = states.get(op.name)
-                if op.name in to_sink:
-                    values = [_roundtrip(v, f"input of {op.name!r}") if roundtrip else v for v in q]
-                    q.clear()
-                    processed[op.name] += len(values)
-                    to_sink[op.name].extend(values)
-                    continue
-                while q:
-                    if op.batch:  # what is queued, as one batch: the values one pushed record led to
-                        values = [_roundtrip(v, f"input of {op.name!r}") if roundtrip else v for v in q]
-                        q.clear()
-                        t0 = perf()
-                        out = op.fn(values)
-                        busy[op.name] += perf() - t0
-                        processed[op.name] += len(values)
-                        _emit(as_outputs(out), sink, succ)
-                        continue
-                    value = q.popleft()
-                    if roundtrip:
-                        value = _roundtrip(value, f"input of {op.name!r}")
-                    if op.stateful:
-                        key = op.key(value)
-                        if not isinstance(key, _KEY_TYPES) or isinstance(key, bool):
-                            raise DagError(f"operator {op.name!r}: key {key!r} must be str, int or bytes")
-                        t0 = perf()
-                        res = op.fn(st.get(key), value)
-                        t1 = perf()
-                        if op.is_async or inspect.isawaitable(res):
-                            res = wait(res)
-                            t1 = perf()
-                        busy[op.name] += t1 - t0
-                        try:
-                            new_state, out = res
-                        except (TypeError, ValueError) as e:
-                            raise DagError(f"stateful operator {op.name!r} must return (new_state, outputs), "
-                                           f"got {res!r:.200}") from e
-                        if new_state is None:
-                            st.pop(key, None)
-                        else:
-                            st[key] = new_state
+            drain()
+        # The end of the input: the watermark passes everything, every window and event-time timer fires.
+        for i in order:
+            fold = ops[i].fn
+            if isinstance(fold, TimedFold):
+                st = states[ops[i].name]
+                for key, new, out in fold.fire(st, POS_INF):
+                    if new is None:
+                        st.pop(key, None)
                     else:
-                        t0 = perf()
-                        out = op.fn(value)
-                        t1 = perf()
-                        if op.is_async or inspect.isawaitable(out):
-                            out = wait(out)
-                            t1 = perf()
-                        busy[op.name] += t1 - t0
-                    processed[op.name] += 1
-                    _emit(as_outputs(out), sink, succ)
+                        st[key] = new
+                    _emit(out, collected.get(ops[i].name), [queues[j] for j in ops[i].successors])
+                drain()
         run = uuid.uuid4().hex[:12]
         for name, values in to_sink.items():
             wait(_write_sink(spec.by_name(name).connector, partition_name(name, "local", run), values))

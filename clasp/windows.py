@@ -20,6 +20,7 @@ from clasp.core.eventtime import (
 )
 from clasp.core.joins import LEFT, RIGHT, IntervalJoin, WindowJoin
 from clasp.core.keyed import KeyedDriver, TimerContext, TimerOperator
+from clasp.core.timed import result_time
 from clasp.core.timers import EVENT, PROCESSING
 from clasp.core.windows import Session, Sliding, Step, Tumbling, WindowOperator, session, sliding, tumbling
 
@@ -27,5 +28,5 @@ __all__ = [
     "DROPPED", "EVENT", "LATE", "LEFT", "NEG_INF", "ON_TIME", "POS_INF", "PROCESSING", "RIGHT",
     "InputWatermarks", "IntervalJoin", "KeyedDriver", "PartitionClock", "Session", "Sliding", "Step",
     "TimerContext", "TimerOperator", "Tumbling", "WindowJoin", "WindowOperator", "after", "classify", "combine",
-    "session", "sliding", "tumbling",
+    "result_time", "session", "sliding", "tumbling",
 ]

@@ -14,6 +14,10 @@ import cloudpickle
 import networkx as nx
 
 from clasp.core.connector import Sink, Source
+from clasp.core.joins import IntervalJoin, WindowJoin
+from clasp.core.keyed import TimerOperator
+from clasp.core.timed import LATE_OUT, ON_TIME_OUT, EventTime, TimedFold, TimedJoin, pick, side
+from clasp.core.windows import WindowOperator
 
 
 class DagError(ValueError):
@@ -42,6 +46,9 @@ class Operator:
     #: The `Source` of an operator added by `Dag.source`, the `Sink` of one added by `Dag.sink`.
     connector: Source | Sink | None = None
     kind: str = "operator"
+    #: Where an edge into this operator goes (a window's first operator), and a window's late output.
+    entry: Operator | None = None
+    late: Operator | None = None
 
     def __rshift__(self, other: Operator) -> Operator:
         self.dag.edge(self, other)
@@ -81,14 +88,94 @@ class Dag:
         self.operators.append(op)
         return op
 
-    def source(self, name: str, source: Source) -> Operator:
+    def source(self, name: str, source: Source, *, timestamp: Callable | None = None, max_out_of_order: float = 0,
+               idle_timeout: float | None = None) -> Operator:
         """Add a partitioned input read by the workers (a `clasp.connectors.Source`): its values enter only its
-        own successors, which `>>` connects like any operator's."""
+        own successors, which `>>` connects like any operator's. `timestamp(value)` (seconds) gives its records
+        event time: each partition's watermark trails the largest time it read by `max_out_of_order`, and a
+        partition that reads nothing for `idle_timeout` seconds stops holding the others back (docs/TIME.md)."""
         if not isinstance(source, Source):
             raise DagError(f"source {name!r}: {source!r} is not a clasp.connectors.Source")
-        op = self.operator(name, identity)
+        fn: Callable = identity
+        if timestamp is not None:
+            try:
+                fn = EventTime(timestamp, max_out_of_order, idle_timeout)
+            except (TypeError, ValueError) as e:
+                raise DagError(f"source {name!r}: {e}") from None
+        op = self.operator(name, fn)
         op.connector, op.kind = source, "source"
         return op
+
+    def window(self, name: str, window: Any, key: Callable, fold: Callable, init: Callable[[], Any], *,
+               allowed_lateness: float = 0, merge: Callable | None = None, timestamp: Callable | None = None,
+               collect: bool = False) -> Operator:
+        """Add an event-time window (`clasp.windows.tumbling/sliding/session`) per `key(value)`: each window's
+        values folded (`fold(acc, value)` from `init()`), emitted as `[key, start, end, acc]` once the
+        watermark passes its end. Edges into the returned operator feed the window; its outputs are the
+        windows. Records later than `allowed_lateness` go to `op.late` (`[key, ts, value]`, an operator to
+        connect or collect; counted in `job.stats()["event_time"]`). `timestamp` defaults to the event-time
+        source's (the DAG's only one)."""
+        try:
+            op = WindowOperator(window, fold, init, allowed_lateness, merge)
+        except (TypeError, ValueError) as e:
+            raise DagError(f"window {name!r}: {e}") from None
+        return self._keyed_time(name, op, key, timestamp, collect)
+
+    def timers(self, name: str, fn: Callable, on_timer: Callable, key: Callable, *,
+               timestamp: Callable | None = None, collect: bool = False) -> Operator:
+        """A stateful operator with event-time timers per key: `fn(state, value, timers) -> (state, outputs)`
+        may call `timers.at(t, payload)`, and `on_timer(state, t, payload, timers) -> (state, outputs)` runs
+        once the watermark reaches `t` (`clasp.windows.TimerOperator`; the timers live in the key's state, so
+        they are checkpointed and migrate with it). Edges into the returned operator feed it; its outputs are
+        those of both functions."""
+        return self._keyed_time(name, TimerOperator(fn, on_timer), key, timestamp, collect)
+
+    def _keyed_time(self, name: str, op: Any, key: Callable, timestamp: Callable | None, collect: bool) -> Operator:
+        if timestamp is None:
+            timed = [o.fn for o in self.operators if isinstance(o.fn, EventTime)]
+            if len(timed) != 1:
+                raise DagError(f"{name!r}: give timestamp= (the DAG has {len(timed)} event-time sources)")
+            timestamp = timed[0].timestamp
+        folded = self.operator(f"{name}.windows", TimedFold(op, key, timestamp), stateful=True, key=key)
+        out = self._timed_outputs(name, folded, collect)
+        out.entry = folded
+        return out
+
+    def join(self, name: str, left: Operator | str, right: Operator | str, window: Any, *, key: Callable | tuple,
+             allowed_lateness: float = 0, timestamp: Callable | tuple | None = None,
+             collect: bool = False) -> Operator:
+        """Join the values of `left` and `right` with equal keys (`key`, or a pair: the left's, the right's) in
+        event time: `window` a tumbling or sliding window (every pair of a key in one window, emitted when
+        the window fires) or a `clasp.windows.IntervalJoin` (pairs within its bounds, at once). Outputs are
+        `[key, left_value, right_value]`; records too late go to `op.late` as in `window()`. `timestamp` (or
+        a pair) defaults to the DAG's only event-time source's."""
+        keys = key if isinstance(key, tuple) else (key, key)
+        if timestamp is None:
+            timed = [o.fn for o in self.operators if isinstance(o.fn, EventTime)]
+            if len(timed) != 1:
+                raise DagError(f"join {name!r}: give timestamp= (the DAG has {len(timed)} event-time sources)")
+            timestamp = timed[0].timestamp
+        times = timestamp if isinstance(timestamp, tuple) else (timestamp, timestamp)
+        try:
+            op = window if isinstance(window, IntervalJoin) else WindowJoin(window, allowed_lateness)
+        except (TypeError, ValueError) as e:
+            raise DagError(f"join {name!r}: {e}") from None
+        fn = TimedJoin(op, keys, times)
+        folded = self.operator(f"{name}.windows", fn, stateful=True, key=fn.key)
+        for tag, src in ((0, left), (1, right)):
+            marker = self.operator(f"{name}.{'left' if tag == 0 else 'right'}", side(tag))
+            self.edge(src, marker)
+            self.edge(marker, folded)
+        return self._timed_outputs(name, folded, collect)
+
+    def _timed_outputs(self, name: str, folded: Operator, collect: bool) -> Operator:
+        """A keyed time operator's two outputs: `name` (its results) and `name.late`."""
+        out = self.operator(name, pick(ON_TIME_OUT), collect=collect)
+        late = self.operator(f"{name}.late", pick(LATE_OUT))
+        self.edge(folded, out)
+        self.edge(folded, late)
+        out.late = late
+        return out
 
     def sink(self, name: str, sink: Sink) -> Operator:
         """Add an output (a `clasp.connectors.Sink`) that operators connect into: each value reaching it is
@@ -101,6 +188,7 @@ class Dag:
 
     def edge(self, src: Operator | str, dst: Operator | str) -> None:
         s, d = self._resolve(src), self._resolve(dst)
+        d = d.entry or d
         if d.kind == "source":
             raise DagError(f"dag {self.name!r}: source {d.name!r} cannot have an input ({s.name} -> {d.name})")
         if s.kind == "sink":

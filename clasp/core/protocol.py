@@ -101,6 +101,7 @@ SCHEMAS: dict[str, dict[str, tuple | None]] = {
     "sink_commit": {"req": _INT, "job": _INT, "parts": _DICT},
     "sink_flush": {"req": _INT, "job": _INT, "seq": _INT},
     "credit": {"job": _INT, "records": _INT},
+    "watermark": {"job": _INT, "watermark": _NUM, "levels": _LIST, "round": _INT},
     "leased": {"job": _INT, "first": _INT, "count": _INT},
     "src_assign": {"req": _INT, "job": _INT, "parts": _LIST},
     "src_release": {"req": _INT, "job": _INT, "parts": _LIST},
@@ -111,11 +112,12 @@ SCHEMAS: dict[str, dict[str, tuple | None]] = {
 _OPTIONAL: dict[str, dict[str, tuple | None]] = {
     "counters": {"below": _INT},  # also answer `holds_below`: anything of a record below this id here
     "deploy": {"state": _STR, "state_server": _STR, "floor": _INT, "run": _STR, "sources": _LIST},
-    "restore": {"state": _STR, "state_server": _STR, "run": _STR, "sinks": _DICT, "sources": _LIST},
+    "restore": {"state": _STR, "state_server": _STR, "run": _STR, "sinks": _DICT, "sources": _LIST,
+                "watermark": _LIST},
 }
 # List-bodied messages on the data path; the first element is always the job id.
 _LIST_BODIES = {"data": 3, "runs": 3, "cols": 3, "done": 2, "marker": 3, "migrate": 6, "seal": 4, "read_end": 4,
-                "lease": 2}
+                "lease": 2, "wm_mark": 5, "wm_idle": 3, "wm_fired": 3, "wm_out": 3}
 
 
 # ----------------------------------------------------------------- typed control messages

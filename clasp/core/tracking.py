@@ -121,6 +121,9 @@ class Tracker:
         self.readers: dict[int, str] = {}
         self.credit: dict[str, int] = {}  # reader -> records of its chunks completed, not taken yet
         self.read = 0  # of `admitted`, the records read from sources
+        # Sealed chunks that hold windows a worker fired at a watermark (`produced`), not records read:
+        # tracked alike, left out of `read` and `read_done`.
+        self.produced: set[int] = set()
         self.read_done = 0  # of `completed`, those records
 
     @property
@@ -170,7 +173,8 @@ class Tracker:
             self.readers[chunk] = reader
         self.chunks[chunk] = [now, n, n]
         self.admitted += n
-        self.read += n
+        if chunk not in self.produced:
+            self.read += n
         epochs = self.epochs
         touched = []
         rid = first = chunk << CHUNK_BITS
@@ -200,6 +204,7 @@ class Tracker:
         """A checkpoint at `chunk` is complete: no rollback goes below it, the sizes kept for one can go."""
         for c in [c for c in self.source_sizes if c < chunk and c not in self.chunks]:
             del self.source_sizes[c]
+            self.produced.discard(c)
 
     def _epoch_size(self, e: int) -> int:
         first = e << EPOCH_BITS
@@ -272,7 +277,7 @@ class Tracker:
                 reader = self.readers.pop(c, None)
                 if reader is not None:
                     self.credit[reader] = self.credit.get(reader, 0) + chunk[2]
-            if c in self.source_sizes:
+            if c in self.source_sizes and c not in self.produced:
                 self.read_done += size
             self.suspect_epochs.discard(e)
             n += size
@@ -334,9 +339,12 @@ class Tracker:
             old = self.chunks.pop(c, None)
             done = size - (old[1] if old is not None else 0)
             self.admitted -= size
-            self.read -= size
             self.completed -= done
-            self.read_done -= done
+            if c in self.produced:
+                self.produced.discard(c)
+            else:
+                self.read -= size
+                self.read_done -= done
             self.readers.pop(c, None)
         self.lease_starts, self.lease_ends = [], []
         for c, (t, size) in chunks.items():

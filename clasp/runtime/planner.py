@@ -65,6 +65,7 @@ from clasp.runtime.planner_queries import JobQueries
 from clasp.runtime.planner_recovery import Checkpoints
 from clasp.runtime.planner_sinks import SinkCoordinator
 from clasp.runtime.planner_sources import SourcesCoordinator, list_partitions, owners_under
+from clasp.runtime.planner_time import TimeCoordinator
 from clasp.runtime.providers import Provider
 from clasp.runtime.security import Security
 from clasp.runtime.state_server import StateServer
@@ -153,7 +154,8 @@ class Planner:
         self.queries = JobQueries(
             self.link, self.security.limits, self.jobs, self.workers, self.dropped, self.refused, stats=self.job_stats,
             remote_state=lambda job_id, op: self.state_server.dump(job_id, op),
-            has_sinks=SinkCoordinator.has_sinks, settle_sinks=lambda job: self.sinks.settle(job))
+            has_sinks=SinkCoordinator.has_sinks, settle_sinks=lambda job: self.sinks.settle(job),
+            time_pending=lambda job: self.time.pending(job))
         self.elastic = ElasticPool(self.link, self.jobs, self.workers, self.pushers, self.queries,  # join, drain
                                    live_workers=self.live_workers, state_endpoint=lambda: self.state_server.endpoint,
                                    provider=provider)
@@ -162,13 +164,16 @@ class Planner:
                                      job_of=self.queries.job, changed=self.queries.check_waiters)
         checkpoint = lambda job: self.checkpoints.checkpoint(job)  # noqa: E731 (built below, with what it needs)
         self.sinks = SinkCoordinator(self.link, self.queries.workers_of, checkpoint, self.queries.check_waiters)
+        reading_job = lambda i: self.jobs.get(i) or self.deploying.get(i)  # noqa: E731 (also while it deploys)
         self.sources = SourcesCoordinator(
-            self.link, reading_job=lambda i: self.jobs.get(i) or self.deploying.get(i), job_of=self.queries.job,
-            workers_of=self.queries.workers_of, changed=self.queries.check_waiters, checkpoint=checkpoint,
-            stale=lambda job, ident: job.ckpt.stale(job, ident),
+            self.link, reading_job=reading_job, job_of=self.queries.job, workers_of=self.queries.workers_of,
+            changed=self.queries.check_waiters, checkpoint=checkpoint, stale=lambda j, w: j.ckpt.stale(j, w),
             busy=lambda job: scheduler.busy(self.queries.condition(job)), summary=self.queries.summary)
+        self.time = TimeCoordinator(self.link, self.jobs, reading_job=reading_job, workers_of=self.queries.workers_of,
+                                    changed=self.queries.check_waiters)
         self.checkpoints = Checkpoints(
             self.link, self.store, self.jobs, self.workers, self.queries, self.dispatcher, self.sinks, self.sources,
+            self.time,
             interval=self.checkpoint_interval, input_log_records=self.input_log_records,
             log_bytes=self.bound.max_bytes // 4, dead_after=self.dead_after,
             state_endpoint=lambda: self.state_server.endpoint)
@@ -259,17 +264,16 @@ class Planner:
         log.warning("dropped a bad message: %s", e)
 
     def _server(self) -> ServerLoop:
-        q, src, pool, mig = self.queries, self.sources, self.elastic, self.migrations
+        q, src, pool, mig, tm = self.queries, self.sources, self.elastic, self.migrations, self.time
         handlers = {
             "register": self._on_register, "heartbeat": self._on_heartbeat, "done": self._on_done,
             "reply": self.link.on_reply, "error": self._on_error_msg, "submit": self._on_submit,
-            "push": self.dispatcher.on_push,
+            "push": self.dispatcher.on_push, "cancel": self._on_cancel, "jobs": q.on_jobs, "workers": q.on_workers,
             "wait_idle": q.on_wait_idle, "state": q.on_state, "collected": q.on_collected, "stats": q.on_stats,
-            "cancel": self._on_cancel, "jobs": q.on_jobs, "workers": q.on_workers,
             "scale": mig.on_scale, "place": mig.on_place, "autoscale": mig.on_autoscale,
             "drain": pool.on_drain, "leave": pool.on_leave, "pool": pool.on_pool,
             "lease": src.on_lease, "seal": src.on_seal, "read_end": src.on_read_end, "stop": src.on_stop,
-        }
+            "wm_mark": tm.on_wm_mark, "wm_idle": tm.on_wm_idle, "wm_fired": tm.on_wm_fired, "wm_out": tm.on_wm_out}
         return ServerLoop(self.router, handlers, where="the planner", on_bad=self._bad, on_failure=self._failed,
                           decode=protocol.decode_message, spawn=self._spawn_handler, raw=frozenset({"push"}),
                           admit=self._admit, drain=True)
@@ -525,11 +529,8 @@ class Planner:
     async def _on_cancel(self, ident: bytes, msg: protocol.Cancel) -> None:
         job = self.queries.job(msg)
         job.cancelled = True
-        job.queue.clear()
-        job.queue_bytes.clear()
-        job.queued = 0
-        # A worker that does not answer soon is dead or stuck: the job is gone from the planner either way,
-        # and the client hears so before its own timeout.
+        job.clear_queue()
+        # A worker silent for CANCEL_TIMEOUT is dead or stuck: the client hears before its own timeout.
         await asyncio.gather(*(self.link.rpc(w, "stop_job", {"job": job.id}, CANCEL_TIMEOUT)
                                for w in self.queries.workers_of(job)), return_exceptions=True)
         self.jobs.pop(job.id, None)
@@ -560,6 +561,7 @@ class Planner:
                 rate_out = (job.tracker.completed - p_out) / dt
                 prev[job.id] = (job.counters["pushed"], job.tracker.completed)
                 self.dispatcher.drain_tick(job, dt, now)
+                self.time.tick(job)
                 interval = job.tracker.interval
                 self.latency.merge(interval)
                 lat = job.tracker.take_interval()
@@ -590,4 +592,4 @@ class Planner:
                                 "max_delay": self.bound.max_delay, "limit": job.limit,
                                 "drain_bytes_per_s": job.drain},
                 "checkpoints": self.checkpoints.stats(job), "sinks": self.sinks.stats(job),
-                "sources": self.sources.stats(job)}
+                "sources": self.sources.stats(job), "event_time": self.time.stats(job)}

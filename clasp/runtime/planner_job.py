@@ -157,6 +157,12 @@ class PlannerJob:
     policy: str = "clasp"
     src: SourceState | None = None  # declared sources: partitions, owners, positions (None: push only)
 
+    def clear_queue(self) -> None:
+        """Drop every record not dispatched yet (a cancel; a rollback, before it queues the replay)."""
+        self.queue.clear()
+        self.queue_bytes.clear()
+        self.queued = 0
+
     @property
     def queued_bytes(self) -> int:
         return self.queue_bytes.total

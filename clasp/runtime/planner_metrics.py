@@ -66,6 +66,7 @@ class PlannerCollector:
         lost.add_metric([], p.migrations.records_lost)
         yield lost
         yield from p.checkpoints.metrics(jobs, _buckets)
+        yield from p.time.metrics(jobs)
         mh = HistogramMetricFamily("clasp_migration_duration_seconds",
                                    "Planner: plan issued to last completion; worker: plan received to resumed",
                                    labels=["role"])

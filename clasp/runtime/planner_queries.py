@@ -30,11 +30,12 @@ class JobQueries:
     def __init__(self, link: Link, limits: Limits, jobs: dict, workers: dict[str, WorkerInfo],
                  dropped: dict[str, float], refused: dict[str, float], *, stats: Callable[..., dict],
                  remote_state: Callable[[int, str], dict], has_sinks: Callable[[PlannerJob], bool],
-                 settle_sinks: Callable[[PlannerJob], Awaitable[bool]]):
+                 settle_sinks: Callable[[PlannerJob], Awaitable[bool]], time_pending: Callable[[PlannerJob], int]):
         self.link, self.limits = link, limits
         self.jobs, self.workers, self.dropped, self.refused = jobs, workers, dropped, refused
         self.stats, self.remote_state = stats, remote_state
         self.has_sinks, self.settle_sinks = has_sinks, settle_sinks
+        self.time_pending = time_pending  # 1 while a released watermark is not fired everywhere yet
 
     def job(self, msg: Any) -> PlannerJob:
         job = self.jobs.get(msg.job)
@@ -60,7 +61,7 @@ class JobQueries:
         t = job.tracker
         heard = {w: self.workers[w].last_seen for w in job.workers if w in self.workers}
         return scheduler.JobCondition(
-            outstanding=t.outstanding, queued=job.queued,
+            outstanding=t.outstanding + self.time_pending(job), queued=job.queued,
             suspected=scheduler.suspected(self.workers_of(job), self.dropped, heard),
             recovering=tuple(job.recovering), rolling_back=job.life.restoring, orphaned=job.life.orphaned is not None,
             replaying=max(0, c.replay_to - t.completed - t.lost),

@@ -40,6 +40,7 @@ from clasp.runtime.planner_link import Link
 from clasp.runtime.planner_queries import JobQueries
 from clasp.runtime.planner_sinks import SinkCoordinator
 from clasp.runtime.planner_sources import SourcesCoordinator, list_partitions, owners_under
+from clasp.runtime.planner_time import TimeCoordinator
 from clasp.runtime.state_store import FileStore, decode_blob, encode_blob
 
 log = logging.getLogger("clasp.planner")
@@ -53,11 +54,13 @@ class Checkpoints:
     the planner's tables; `state_endpoint()`: the planner's state server's address (bound once serving)."""
 
     def __init__(self, link: Link, store: FileStore | None, jobs: dict, workers: dict, queries: JobQueries,
-                 dispatcher: Dispatcher, sinks: SinkCoordinator, sources: SourcesCoordinator, *,
+                 dispatcher: Dispatcher, sinks: SinkCoordinator, sources: SourcesCoordinator,
+                 time: TimeCoordinator, *,
                  interval: float, input_log_records: int, log_bytes: int, dead_after: float,
                  state_endpoint: Callable[[], str]):
         self.link, self.store, self.jobs, self.workers = link, store, jobs, workers
         self.queries, self.dispatcher, self.sinks, self.sources = queries, dispatcher, sinks, sources
+        self.time = time
         self.checkpoint_interval, self.input_log_records, self.log_bytes = interval, input_log_records, log_bytes
         self.dead_after, self.state_endpoint = dead_after, state_endpoint
         self.recoveries = 0
@@ -120,6 +123,7 @@ class Checkpoints:
                 boundary = max(boundary, job.tracker.next_chunk)
             workers = self.queries.workers_of(job)
             p = c.coord.begin(boundary, workers, time.monotonic())
+            self.time.checkpoint_began(job, p.id)
             rid = boundary << CHUNK_BITS
             try:
                 try:
@@ -228,7 +232,8 @@ class Checkpoints:
                     "run": self.sinks.run(job),
                     "peers": {w: self.workers[w].data for w in job.workers if w in self.workers},
                     "ckpt": target.id if target else 0, "groups": target.groups if target else {},
-                    "dir": str(self.store.root), "state": job.state, "state_server": self.state_endpoint()}
+                    "dir": str(self.store.root), "state": job.state, "state_server": self.state_endpoint(),
+                    "watermark": self.time.restore_point(job, target.id if target else 0)}
             if job.src is not None:
                 # Every partition reopens at the checkpoint's position (the job's start: the beginning).
                 owners, positions, body["sources"] = self.sources.restore(job, new, alive,
@@ -264,8 +269,8 @@ class Checkpoints:
             reopened, _ = job.tracker.rollback(boundary, c.log.sizes_from(boundary))
             if job.src is not None:
                 self.sources.restored(job, owners, positions)
-            job.queue.clear()
-            job.queue_bytes.clear()
+                self.time.rolled_back(job)
+            job.clear_queue()
             for chunk in c.log.sizes_from(boundary):
                 # Replayed chunks not in memory stay on disk until they are due (`_dispatch` reads them).
                 job.queue.append([chunk << CHUNK_BITS, c.log.in_memory_records(chunk), 0])

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time as _time
 from collections.abc import Callable
 from typing import Any
 
 from clasp.core import protocol
+from clasp.core.eventtime import PartitionClock
+from clasp.core.timed import EventTime
 from clasp.core.tracking import CHUNK_BITS
 from clasp.runtime.engine import JobEngine, OperatorError
 
@@ -38,13 +41,24 @@ LEASE_RETRY_S = 2.0  # an unbounded partition with nothing new: ask again after 
 
 
 class Partition:
-    __slots__ = ("op", "name", "reader", "task", "position", "ended")
+    __slots__ = ("op", "name", "reader", "task", "position", "ended", "time", "clock")
 
-    def __init__(self, op: int, name: str, reader, position: Any):
+    def __init__(self, op: int, name: str, reader, position: Any, time: EventTime | None = None):
         self.op, self.name, self.reader = op, name, reader
         self.task: asyncio.Task | None = None
         self.position = position
         self.ended = False
+        # Event time: the partition's watermark goes to the planner with each seal (docs/TIME.md).
+        self.time = time
+        self.clock = PartitionClock(time.max_out_of_order, time.idle_timeout) if time is not None else None
+
+    def seal_mark(self, op_name: str, batch: list) -> list:
+        """What a batch's seal adds for event time: [op, partition, watermark after the batch]."""
+        self.clock.record_batch(self.time.times(batch), _time.monotonic())
+        return [op_name, self.name, self.clock.watermark]
+
+    def went_idle(self) -> bool:
+        return self.clock is not None and self.clock.tick(_time.monotonic())
 
 
 class SourceReaders:
@@ -70,8 +84,10 @@ class SourceReaders:
             key = (op.index, part)
             if key in self.parts:
                 continue
-            reader = self.eng.spec.operators[op.index].connector.open(part, pos)
-            p = self.parts[key] = Partition(op.index, part, reader, pos)
+            spec = self.eng.spec.operators[op.index]
+            reader = spec.connector.open(part, pos)
+            et = spec.fn if isinstance(spec.fn, EventTime) else None
+            p = self.parts[key] = Partition(op.index, part, reader, pos, et)
             p.task = self.spawn(self._read(p), f"reading {name}/{part} of job {self.eng.job}")
 
     async def release(self, parts: list) -> list:
@@ -166,12 +182,16 @@ class SourceReaders:
                     p.ended = True
                     self.send(protocol.encode("read_end", [job, op.name, p.name, self.eng.floor]))
                     return False
+                if p.went_idle():
+                    self.send(protocol.encode("wm_idle", [job, op.name, p.name]))
                 await asyncio.sleep(POLL_S)
                 return True
             chunk = await self._chunk()
             # From here to the seal nothing awaits: the batch, its chunk and the position go together.
             counts = self.eng.admit_source(p.op, batch, chunk << CHUNK_BITS)
             self.send(protocol.encode("seal", [job, chunk, len(batch), counts]))
+            if p.clock is not None:  # the partition's watermark after this chunk: right behind its seal
+                self.send(protocol.encode("wm_mark", [job, chunk, *p.seal_mark(op.name, batch)]))
             p.position = p.reader.position()
             used = len(batch)
             self.wake()

@@ -46,6 +46,7 @@ from clasp.runtime.sinks import SinkMixin
 from clasp.runtime.tasks import ProcessTasks, internal_error
 from clasp.runtime.worker_recovery import RecoveryMixin
 from clasp.runtime.worker_sources import SourcesMixin
+from clasp.runtime.worker_time import TimeMixin
 
 log = logging.getLogger("clasp.worker")
 # Errors whose text is meant for the asker; any other exception in a handler is a bug (an error id, logged).
@@ -61,7 +62,7 @@ MIGRATE_SLICE_ROWS = 1000  # queued requests one migrate message carries at most
 MIGRATE_SLICE_BYTES = 256 << 10  # and bytes of state, about: decoding it stays well under a millisecond
 
 
-class Worker(RecoveryMixin, SinkMixin, SourcesMixin):
+class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
     """One worker process. `await Worker(...).serve()` runs until cancelled."""
 
     def __init__(self, config: WorkerConfig, *, security: Security | None = None):
@@ -89,6 +90,7 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin):
         self.peers: dict[str, DirectSend] = {}
         self.peer_addrs: dict[str, str] = {}
         self.wake = asyncio.Event()
+        self.firing: set[int] = set()  # jobs whose windows are being fired (clasp.runtime.worker_time)
         self.welcomed = asyncio.Event()
         self.stopping = False
         self._ports = (config.data_port, config.state_port, config.metrics_port)
@@ -178,7 +180,7 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin):
                     "ckpt_abort": self._on_ckpt_abort, "restore": self._on_restore,
                     "sink_commit": self._on_sink_commit, "sink_flush": self._on_sink_flush,
                     "leased": self._on_leased, "credit": self._on_credit, "src_assign": self._on_src_assign,
-                    "src_release": self._on_src_release}
+                    "src_release": self._on_src_release, "watermark": self._on_watermark}
         await ServerLoop(self.dealer, handlers, where="a worker's control channel", routed=False,
                          on_bad=functools.partial(self._bad, where="control"), on_failure=self._failed).serve()
 

@@ -139,6 +139,7 @@ class RecoveryMixin:
         placement = Placement.from_wire(body["placement"], spec)
         self._connect_peers(body["peers"])
         eng = JobEngine(job, spec, self.id, placement, self.p_max)
+        self._time_restored(spec, body.get("watermark"))
         eng.max_batch = self.max_batch
         eng.stall = self.stall
         eng.on_work = self.wake.set

@@ -124,6 +124,7 @@ function renderJob(j) {
     card("epoch", fmt(j.epoch)), card("p95 ms", ms(last.p95)), card("completed", fmt(j.completed), "job-completed"),
     card("queued", fmt(j.queued)), card("failed", fmt(j.failed)), card("lost", fmt(j.lost)),
     card("autoscale", j.autoscale ? "on" : "off"),
+    ...eventTimeCards(j.event_time),
   ].join("");
   renderDag(j.graph);
   renderCharts(j.series || []);
@@ -138,6 +139,14 @@ function renderJob(j) {
   $("errors").tBodies[0].innerHTML = (j.errors || []).slice().reverse().map((e) =>
     `<tr><td>${esc(e.worker)}</td><td>${esc(e.operator)}</td><td class="wrap">${esc(e.error)}</td><td class="wrap"><code>${esc(e.value)}</code></td></tr>`).join("");
   renderCheckpoints(j.checkpoints);
+}
+
+// Event time (docs/TIME.md, "In the runtime"): the watermark released to the workers, and the late records.
+function eventTimeCards(t) {
+  if (!t) return [];
+  const wm = t.watermark === null ? "none yet" : t.watermark === "end" ? "end of input" : fmt(t.watermark, 3);
+  return [card("watermark", wm, "job-watermark"), card("windows fired", fmt(t.windows_fired)),
+    card("late records", fmt(t.late), "job-late"), card("idle partitions", fmt((t.idle || []).length))];
 }
 
 // Checkpoints and recoveries: the job stats' "checkpoints" section (docs/RECOVERY.md, "Knobs, metrics, files").

@@ -1,0 +1,212 @@
+"""Event time in the runtime, the pure parts: a source's settings, the planner's released watermark, and a
+keyed time operator as a stateful operator's function.
+
+- `EventTime` is what `Dag.source(..., timestamp=, max_out_of_order=, idle_timeout=)` declares. It is the
+  source operator's function (which passes values through and is never called per record by the engine), so
+  the settings travel to the workers with the DAG and each partition reader keeps a `PartitionClock`.
+- `ReleasedWatermark` is the planner's: per partition, the watermark its reader had after each chunk it
+  sealed. A partition's watermark is *safe* once every chunk it sealed up to the one that raised it is
+  complete (processed everywhere: every record of it with a smaller time has reached every operator). The
+  job's watermark is the minimum of the safe ones over the partitions not idle (an ended partition, its
+  chunks complete, promises nothing more: +inf), and it never goes back (docs/TIME.md).
+- `TimedFold` is a keyed time operator (`WindowOperator`, ...) as `fn(state, value) -> (state, outputs)`, so
+  the engine runs it like any stateful operator (key-group state, checkpoints, migrations); its outputs are
+  tagged `(ON_TIME_OUT, window)` or `(LATE_OUT, record)` for the two pass-through operators behind it.
+  `fire(states, watermark)` runs the keys whose deadline the watermark reached.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
+
+from clasp.core.eventtime import NEG_INF, POS_INF, combine
+
+ON_TIME_OUT, LATE_OUT = 0, 1
+
+
+class EventTime:
+    """A declared source's event time: `timestamp(value)` in seconds, the bound on disorder and the idle
+    timeout (seconds of processing time without a record; None: never idle)."""
+
+    __slots__ = ("timestamp", "max_out_of_order", "idle_timeout")
+
+    def __init__(self, timestamp: Callable[[Any], float], max_out_of_order: float = 0,
+                 idle_timeout: float | None = None):
+        if not callable(timestamp):
+            raise TypeError(f"timestamp must be a function of a value, not {timestamp!r}")
+        if max_out_of_order < 0:
+            raise ValueError(f"max_out_of_order must not be negative, not {max_out_of_order!r}")
+        if idle_timeout is not None and idle_timeout <= 0:
+            raise ValueError(f"idle_timeout must be positive (or None), not {idle_timeout!r}")
+        self.timestamp, self.max_out_of_order, self.idle_timeout = timestamp, max_out_of_order, idle_timeout
+
+    def __call__(self, value: Any) -> list:
+        return [value]  # the source operator is a pass-through: one output, whatever the value
+
+    def times(self, values: list) -> list[float]:
+        """The event times of a batch; a value whose timestamp fails does not move the clock (the operators
+        reading it report the failure)."""
+        out = []
+        f = self.timestamp
+        for v in values:
+            try:
+                out.append(float(f(v)))
+            except Exception:
+                out.append(NEG_INF)
+        return out
+
+
+class ReleasedWatermark:
+    """The planner's view of one job's source partitions' watermarks (the module docstring)."""
+
+    def __init__(self, parts: Iterable[Hashable]):
+        self.pending: dict[Hashable, deque] = {p: deque() for p in parts}  # (chunk, watermark after it)
+        self.safe: dict[Hashable, float] = dict.fromkeys(self.pending, NEG_INF)
+        self.idle: set[Hashable] = set()
+        self.released = NEG_INF
+
+    def sealed(self, part: Hashable, chunk: int, watermark: float) -> None:
+        self.pending.setdefault(part, deque()).append((chunk, watermark))
+        self.safe.setdefault(part, NEG_INF)
+        self.idle.discard(part)
+
+    def set_idle(self, part: Hashable, idle: bool) -> None:
+        (self.idle.add if idle else self.idle.discard)(part)
+
+    def settle(self, is_open: Callable[[int], bool]) -> None:
+        """Every partition's safe watermark, from the chunks that completed (in each partition's seal order)."""
+        for part, q in self.pending.items():
+            while q and not is_open(q[0][0]):
+                _, w = q.popleft()
+                if w > self.safe[part]:
+                    self.safe[part] = w
+
+    def combined(self, ended: Iterable[Hashable] = ()) -> float:
+        """The job's watermark now (not below the one released): ended partitions whose chunks are complete
+        count as +inf."""
+        marks = dict(self.safe)
+        for p in ended:
+            if p in marks and not self.pending[p]:
+                marks[p] = POS_INF
+        idle = {p for p in self.idle if not self.pending.get(p)}
+        return max(self.released, combine(marks, idle)) if marks else self.released
+
+    def reset(self) -> None:
+        """A rollback: the readers reopen at the checkpoint's positions with new clocks; the shell sets
+        `released` to the checkpoint's watermark."""
+        for q in self.pending.values():
+            q.clear()
+        self.safe = dict.fromkeys(self.pending, NEG_INF)
+        self.idle.clear()
+        self.released = NEG_INF
+
+
+class TimedFold:
+    """A keyed time operator run as a stateful operator's function over the records `timestamp` times."""
+
+    def __init__(self, op: Any, key: Callable, timestamp: Callable):
+        self.op, self.key, self.timestamp = op, key, timestamp
+        self.watermark = NEG_INF  # the last watermark this worker fired at (set by `fire`)
+        self.late = 0  # records sent to the late output here
+
+    def __call__(self, state: Any, value: Any) -> tuple[Any, list]:
+        step = self.op.on_record(state, self.key(value), float(self.timestamp(value)), value, self.watermark)
+        out = [(ON_TIME_OUT, o) for o in step.out]
+        if step.late:
+            self.late += len(step.late)
+            out.extend((LATE_OUT, r) for r in step.late)
+        return step.state, out
+
+    def due(self, states: dict, watermark: float) -> bool:
+        deadline = self.op.deadline
+        for s in states.values():
+            t = deadline(s)[0]
+            if t is not None and t <= watermark:
+                return True
+        return False
+
+    def fire(self, states: dict, watermark: float) -> list[tuple[Hashable, Any, list]]:
+        """(key, new state or None, outputs) of every key in `states` with a timer the watermark reached;
+        `states` is left as it is (the shell stores the new states the engine's way)."""
+        self.watermark = max(self.watermark, watermark)
+        deadline, on_time, out = self.op.deadline, self.op.on_time, []
+        for key, s in states.items():
+            t = deadline(s)[0]
+            if t is not None and t <= watermark:
+                step = on_time(s, key, watermark)
+                out.append((key, step.state, [(ON_TIME_OUT, o) for o in step.out]))
+        return out
+
+
+class TimedJoin(TimedFold):
+    """A two-input keyed time operator (`WindowJoin`, `IntervalJoin`) over `[side, value]` (side 0 the left,
+    1 the right), each side with its own key and timestamp functions."""
+
+    def __init__(self, op: Any, keys: tuple, timestamps: tuple):
+        super().__init__(op, SideKey(keys), SideKey(timestamps))
+
+    def __call__(self, state: Any, tagged: Any) -> tuple[Any, list]:
+        side, value = tagged
+        step = self.op.on_record(state, self.key(tagged), float(self.timestamp(tagged)), value, self.watermark,
+                                 0, side)
+        out = [(ON_TIME_OUT, o) for o in step.out]
+        if step.late:
+            self.late += len(step.late)
+            out.extend((LATE_OUT, r) for r in step.late)
+        return step.state, out
+
+
+class SideKey:
+    """`fns[side](value)` of a `[side, value]`: a join's key (or timestamp) on either of its inputs."""
+
+    def __init__(self, fns: tuple):
+        self.fns = fns
+
+    def __call__(self, tagged: Any) -> Any:
+        return self.fns[tagged[0]](tagged[1])
+
+
+def result_time(window: list) -> float:
+    """The event time of a fired window `[key, start, end, value]` for a window fed by it: just before its end
+    (Flink's `end - 1`), the latest time in it, which the next stage's watermark has not passed yet."""
+    return math.nextafter(window[2], NEG_INF)
+
+
+def stages(spec: Any) -> dict[int, int]:
+    """Each keyed time operator's stage (operator index -> how many keyed time operators the longest path from
+    a source to it passes): a stage's watermark follows the one before it once the windows that one fired at
+    it are complete, so a window fed by windows sees them before it fires (docs/TIME.md)."""
+    before = [0] * len(spec.operators)
+    out = {}
+    for i in spec.topological():
+        o = spec.operators[i]
+        timed = isinstance(o.fn, TimedFold)
+        if timed:
+            out[i] = before[i]
+        for s in o.successors:
+            before[s] = max(before[s], before[i] + timed)
+    return out
+
+
+def side(tag: int) -> Callable[[Any], Any]:
+    """The function of the pass-through operator that marks a join's input `tag` (0 left, 1 right)."""
+    def mark(value):
+        return [[tag, value]]
+    mark.__name__ = "left" if tag == 0 else "right"
+    return mark
+
+
+def pick(tag: int) -> Callable[[Any], Any]:
+    """The function of the pass-through operator behind a `TimedFold` that keeps the outputs tagged `tag`."""
+    def keep(tagged):
+        return [tagged[1]] if tagged[0] == tag else None  # one output (a list alone would be its items)
+    keep.__name__ = "on_time" if tag == ON_TIME_OUT else "late"
+    return keep
+
+
+def finite(w: float) -> float | None:
+    """A watermark for JSON (statistics): None before the first one, and at the end of every input."""
+    return None if math.isinf(w) else w

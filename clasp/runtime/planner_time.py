@@ -1,0 +1,208 @@
+"""The planner's side of event time (`TimeCoordinator`): the job's watermark, released to the workers.
+
+Readers send each partition's watermark after every chunk they seal (`wm_mark`, right behind the seal) and
+say when a partition went idle (`wm_idle`). Once a tick the planner settles which chunks completed
+(`clasp.core.timed.ReleasedWatermark`) and sends every worker of the job the job's watermark (`watermark`,
+with a round number): a watermark is released only when every record read before it was promised has been
+processed everywhere, so no operator sees a record of a smaller time after it. A worker fires its windows at
+it (their outputs leased and sealed like a source's batches) and answers `wm_fired`; `wait_idle` waits until
+every worker answered a round sent after the last change (the watermark moved, a migration, a rollback), so
+the windows the end of a bounded input fires are done when it returns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from clasp.core import protocol
+from clasp.core.eventtime import NEG_INF
+from clasp.core.lifecycle import Phase
+from clasp.core.timed import EventTime, ReleasedWatermark, stages
+from clasp.runtime.planner_link import Link
+
+
+class JobTime:
+    """One job's watermark state on the planner."""
+
+    def __init__(self, marks: ReleasedWatermark, stages: dict[int, int]):
+        self.marks = marks
+        self.stages = stages  # keyed time operator -> its stage
+        n = max(stages.values(), default=0) + 1
+        self.levels = [NEG_INF] * n  # the watermark released to each stage (the first: the sources')
+        self.level_round = [0] * n  # the round in which each last moved
+        self.fired_chunks: set[int] = set()  # chunks of fired windows, until they complete
+        self.round = 0
+        self.settled_round = 0  # workers must answer a round at least this one for the job to be idle
+        self.fired: dict[str, int] = {}  # worker -> the last round it answered
+        self.windows = 0  # windows fired (emitted by window operators at a watermark)
+        self.late: dict[str, int] = {}  # worker -> records its windows sent to their late outputs
+        # The watermark released when each checkpoint began (no watermark is sent while a barrier is being
+        # set up): every window fired in the checkpoint's cut was fired at or below it, and every record
+        # below it read before it was released is in the cut. A rollback starts from it.
+        self.at_ckpt: dict[int, list] = {}
+        self.restore_to: list = list(self.levels)
+
+
+def _timed(job) -> bool:
+    return job.src is not None and any(isinstance(job.spec.operators[i].fn, EventTime) for i in job.spec.readers)
+
+
+class TimeCoordinator:
+    """The planner's handlers for the readers' watermark messages and the workers' firings, its tick, and
+    what checkpoints and `wait_idle` ask of event time. What it asks of the planner is passed in: `jobs`
+    (the planner's table), `reading_job(id)` (a job, also while it deploys), `workers_of(job)` (its serving
+    workers), `changed(job)` (what `wait_idle` waits on moved)."""
+
+    def __init__(self, link: Link, jobs: dict, *, reading_job: Callable, workers_of: Callable, changed: Callable):
+        self.link, self.jobs = link, jobs
+        self._reading_job, self._job_workers, self._check_waiters = reading_job, workers_of, changed
+
+    def _job_time(self, job) -> JobTime | None:
+        t = getattr(job, "time", None)
+        if t is None and _timed(job):
+            timed = {job.spec.operators[i].name for i in job.spec.readers
+                     if isinstance(job.spec.operators[i].fn, EventTime)}
+            t = job.time = JobTime(ReleasedWatermark(k for k in job.src.parts if k[0] in timed), stages(job.spec))
+        return t
+
+    def on_wm_mark(self, ident: bytes, body: list) -> None:
+        job = self._reading_job(body[0])
+        t = self._job_time(job) if job is not None else None
+        if t is not None and isinstance(body[4], int | float):
+            t.marks.sealed((str(body[2]), str(body[3])), int(body[1]), float(body[4]))
+
+    def on_wm_idle(self, ident: bytes, body: list) -> None:
+        job = self._reading_job(body[0])
+        t = self._job_time(job) if job is not None else None
+        if t is not None:
+            t.marks.set_idle((str(body[1]), str(body[2])), True)
+
+    def on_wm_out(self, ident: bytes, body: list) -> None:
+        """A sealed chunk held windows a worker fired, not records it read: the source counts leave it out."""
+        job = self._reading_job(body[0])
+        t = self._job_time(job) if job is not None else None
+        if t is not None and type(body[1]) is int and type(body[2]) is int and job.tracker.leased(body[1]):
+            job.tracker.produced.add(body[1])  # its seal comes right behind
+            t.fired_chunks.add(body[1])
+            t.windows += body[2]
+
+    def on_wm_fired(self, ident: bytes, body: list) -> None:
+        job = self.jobs.get(body[0])
+        t = self._job_time(job) if job is not None else None
+        if t is not None and type(body[1]) is int and type(body[2]) is int:
+            w = ident.decode(errors="replace")
+            t.fired[w] = max(t.fired.get(w, -1), body[1])
+            t.late[w] = body[2]
+            self._check_waiters(job)
+
+    def _watermark_now(self, job, t: JobTime) -> float:
+        chunks = job.tracker.chunks
+        t.marks.settle(chunks.__contains__)
+        return t.marks.combined(job.src.ended)
+
+    def tick(self, job) -> None:
+        """Once a tick: release the job's watermark to its workers (again, if unchanged: a key group that
+        arrived since fires there)."""
+        t = self._job_time(job)
+        if t is None or job.id not in self.jobs:
+            return
+        if job.life.phase is Phase.BARRIER:
+            return  # a barrier is being set up: the checkpoint's watermark is the one released before it
+        restoring = job.life.restoring
+        w = self._watermark_now(job, t)
+        t.round += 1
+        levels = t.levels
+        moved = w > levels[0]
+        if moved:
+            levels[0], t.level_round[0] = w, t.round
+        # A stage follows the one before it once every worker fired that one at its watermark and the
+        # windows it fired are complete (processed by the next stage, on time there).
+        serving = self._job_workers(job)
+        answered = min((t.fired.get(x, -1) for x in serving), default=-1)
+        t.fired_chunks = {c for c in t.fired_chunks if c in job.tracker.chunks}
+        for d in range(1, len(levels)):
+            if levels[d] < levels[d - 1] and answered >= t.level_round[d - 1] and not t.fired_chunks:
+                levels[d], t.level_round[d], moved = levels[d - 1], t.round, True
+        if moved or job.life.migrating or restoring:
+            t.settled_round = t.round
+        t.marks.released = w
+        if restoring or w == -math.inf:
+            return
+        frame = protocol.encode("watermark", {"job": job.id, "watermark": w, "levels": levels, "round": t.round})
+        for worker in self._job_workers(job):
+            self.link.post(worker.encode(), frame)
+
+    def pending(self, job) -> int:
+        """1 while the job's watermark is not released yet or a worker has not fired at it since the last
+        change (for `wait_idle`), else 0."""
+        t = getattr(job, "time", None)
+        if t is None:
+            return 0
+        if self._watermark_now(job, t) > t.marks.released or any(x < t.levels[0] for x in t.levels):
+            return 1
+        if t.marks.released == -math.inf:
+            return 0  # nothing to fire yet
+        return int(any(t.fired.get(w, -1) < t.settled_round for w in self._job_workers(job)))
+
+    def checkpoint_began(self, job, ckpt: int) -> None:
+        t = self._job_time(job)
+        if t is not None:
+            t.at_ckpt[ckpt] = list(t.levels)
+            for old in sorted(t.at_ckpt)[:-64]:
+                del t.at_ckpt[old]
+
+    def restore_point(self, job, ckpt: int) -> list | None:
+        """The watermarks (per stage) a rollback to checkpoint `ckpt` starts from (for the restore message)."""
+        t = self._job_time(job)
+        if t is None:
+            return None
+        # Unknown (the planner restarted since): from the start.
+        t.restore_to = t.at_ckpt.get(ckpt, [NEG_INF] * len(t.levels))
+        return t.restore_to
+
+    def rolled_back(self, job) -> None:
+        t = getattr(job, "time", None)
+        if t is not None:
+            t.marks.reset()
+            t.levels = list(t.restore_to)
+            t.marks.released = t.levels[0]
+            t.fired_chunks.clear()
+            t.settled_round = t.round + 1
+
+    def stats(self, job) -> dict | None:
+        """`job.stats()["event_time"]`: the released watermark, each keyed time operator's and every
+        partition's (None: none yet, "end": every record is in), the windows fired and the records the windows
+        sent to their late outputs (counted by each worker process: a record read again after a recovery may
+        count twice)."""
+        t = getattr(job, "time", None)
+        if t is None:
+            return None
+
+        def show(w: float):
+            return None if w == -math.inf else "end" if w == math.inf else w
+
+        m = t.marks
+        ops = job.spec.operators
+        return {"watermark": show(m.released), "windows_fired": t.windows, "late": sum(t.late.values()),
+                "operators": {ops[i].name: show(t.levels[d]) for i, d in sorted(t.stages.items())},
+                "idle": sorted(f"{o}/{p}" for o, p in m.idle),
+                "partitions": {f"{o}/{p}": show(w) for (o, p), w in m.safe.items()}}
+
+    def metrics(self, jobs: list):
+        """Prometheus: each event-time job's watermark, windows fired and late records."""
+        wm = GaugeMetricFamily("clasp_watermark_seconds", "The event-time watermark released to the workers "
+                               "(+Inf once every input ended)", labels=["job"])
+        fired = CounterMetricFamily("clasp_windows_fired", "Windows emitted at a watermark", labels=["job"])
+        late = CounterMetricFamily("clasp_late_records", "Records the windows sent to their late outputs",
+                                   labels=["job"])
+        for j in jobs:
+            t = getattr(j, "time", None)
+            if t is not None:
+                if t.marks.released > -math.inf:
+                    wm.add_metric([str(j.id)], t.marks.released)
+                fired.add_metric([str(j.id)], t.windows)
+                late.add_metric([str(j.id)], sum(t.late.values()))
+        yield from (wm, fired, late)
