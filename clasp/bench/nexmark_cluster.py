@@ -24,7 +24,7 @@ from pathlib import Path
 import clasp
 from clasp.apps import nexmark as nx
 from clasp.apps.nexmark.generator import max_out_of_order
-from clasp.apps.nexmark.queries import merge_max
+from clasp.apps.nexmark.queries import max_bids, merge_max
 from clasp.apps.nexmark.reference import Q5_SLIDE_MS, WINDOW_MS
 from clasp.connectors.file_source import FileSource
 from clasp.local.cluster import LocalCluster
@@ -33,15 +33,6 @@ from clasp.windows import result_time, sliding, tumbling
 
 def _bid(e: dict):
     return [[e["auction"], e["price"], e["bidder"], e["dateTime"]]] if e["kind"] == "bid" else None
-
-
-def _max_bids(acc: list, bid: list) -> list:
-    """[price, the bids at that price]."""
-    if not acc or bid[1] > acc[0]:
-        return [bid[1], [bid]]
-    if bid[1] == acc[0]:
-        return [acc[0], acc[1] + [bid]]
-    return acc
 
 
 def _most(acc: list, window: list) -> list:
@@ -67,7 +58,7 @@ def query_dag(query: str, pattern: str) -> clasp.Dag:
                      max_out_of_order=max_out_of_order())
     bids = dag.operator("bids", _bid)
     if query == "q7":
-        first = dag.window("per_auction", tumbling(WINDOW_MS), key=lambda b: b[0], fold=_max_bids, init=list,
+        first = dag.window("per_auction", tumbling(WINDOW_MS), key=lambda b: b[0], fold=max_bids, init=list,
                            timestamp=lambda b: b[3])
         second = dag.window("highest", tumbling(WINDOW_MS), key=lambda w: w[1],
                             fold=lambda a, w: merge_max(a, w[3]), init=list, timestamp=result_time, collect=True)

@@ -137,7 +137,7 @@ def q4() -> list[Stage]:
     ]
 
 
-def _max_bids(acc: list, bid: list) -> list:
+def max_bids(acc: list, bid: list) -> list:
     """[price, bids at that price]."""
     if not acc or bid[1] > acc[0]:
         return [bid[1], [bid]]
@@ -177,7 +177,7 @@ def q7() -> list[Stage]:
     return [
         Stage("bids", ["bid"], map=lambda b: [[b["auction"], b["dateTime"],
                                                [b["auction"], b["price"], b["bidder"], b["dateTime"]]]]),
-        Stage("per_auction", ["bids"], op=WindowOperator(tumbling(WINDOW_MS), _max_bids, list)),
+        Stage("per_auction", ["bids"], op=WindowOperator(tumbling(WINDOW_MS), max_bids, list)),
         Stage("by_window", ["per_auction"], map=lambda o: [[o[1], o[2] - 1, o[3]]]),
         Stage("highest", ["by_window"], op=WindowOperator(tumbling(WINDOW_MS), merge_max, list)),
         Stage("rows", ["highest"], map=lambda o: [[o[0], o[0] + WINDOW_MS, *bid] for bid in o[3][1]]),
