@@ -50,7 +50,6 @@ class PendingCheckpoint:
     groups: dict[str, list[int]] = field(default_factory=dict)
     bytes: int = 0
     collected: dict[str, list] = field(default_factory=dict)  # operator -> outputs of records below boundary
-    snapshot_asked: bool = False
     positions: dict = field(default_factory=dict)  # the sources' positions at the cut (the barrier's replies)
 
 

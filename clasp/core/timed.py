@@ -206,7 +206,3 @@ def pick(tag: int) -> Callable[[Any], Any]:
     keep.__name__ = "on_time" if tag == ON_TIME_OUT else "late"
     return keep
 
-
-def finite(w: float) -> float | None:
-    """A watermark for JSON (statistics): None before the first one, and at the end of every input."""
-    return None if math.isinf(w) else w

@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from clasp.runtime.state_store import FileStore, decode_blob, encode_blob, frame_blob, fsync_dir
 
@@ -196,10 +196,6 @@ class InputLog:
 
     def sizes_from(self, chunk: int) -> dict[int, tuple[float, int]]:
         return {c: (e[T], e[SIZE]) for c, e in self.entries.items() if c >= chunk}
-
-    def chunks_from(self, chunk: int) -> Iterator[tuple[int, list]]:
-        for c in [c for c in self.entries if c >= chunk]:
-            yield c, self.records(c)
 
     def drop_below(self, chunk: int) -> int:
         """Forget the chunks below `chunk` (a kept checkpoint covers them); returns how many records."""

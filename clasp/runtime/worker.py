@@ -92,7 +92,6 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         self.wake = asyncio.Event()
         self.firing: set[int] = set()  # jobs whose windows are being fired (clasp.runtime.worker_time)
         self.welcomed = asyncio.Event()
-        self.stopping = False
         self._ports = (config.data_port, config.state_port, config.metrics_port)
         self._progress_since: float | None = None
         self.remote_states: dict[str, RemoteState] = {}  # state-server endpoint -> its client (remote state)
@@ -139,7 +138,6 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
                 raise
             return self.exit_code
         finally:
-            self.stopping = True
             self.ctx.destroy(linger=200)
 
     async def _register_loop(self) -> None:
