@@ -120,9 +120,15 @@ class Checkpoints:
                 c.want = False
             if job.src is not None:
                 # Above every chunk leased so far: a batch read before the barrier is below the cut.
+                self.sources.hold_leases(job)
                 boundary = max(boundary, job.tracker.next_chunk)
             workers = self.queries.workers_of(job)
-            p = c.coord.begin(boundary, workers, time.monotonic())
+            try:
+                p = c.coord.begin(boundary, workers, time.monotonic())
+            except CheckpointError:
+                if job.src is not None:
+                    self.sources.grant_held(job)
+                raise
             self.time.checkpoint_began(job, p.id)
             rid = boundary << CHUNK_BITS
             try:
@@ -132,6 +138,8 @@ class Checkpoints:
                                                    for w in workers))
                 finally:
                     self.dispatcher.carry_out(job.life.handle(BarrierSent()))
+                    if job.src is not None:
+                        self.sources.grant_held(job)
                 if job.src is not None:
                     # The partitions' positions at the cut; one read nowhere now (released by a stop) keeps
                     # its last known position.
