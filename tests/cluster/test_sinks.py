@@ -100,28 +100,43 @@ def run_with_kill(cluster, sink, records: list[str], seed: int = 1, name: str = 
         job = client.submit(count_dag(sink, name, source), autoscale=False)
         job.scale(4)
 
+        killed = threading.Event()
+
         def feed():
             with clasp.connect(cluster.planner) as c2:
                 j2 = c2.job(job.id)
-                for i in range(0, len(records), 100):  # about 6 s of input: it flows through the kills
+                head = len(records) * 4 // 5
+                for i in range(0, head, 100):  # about 5 s of input: it flows through the kills
                     j2.push(records[i:i + 100])
                     time.sleep(0.05)
+                # Then a trickle until the kills are over: every checkpoint has new input, so one is pending
+                # often enough for the second kill to land during it however long the first recovery took.
+                i = head
+                while i < len(records) and not killed.is_set():
+                    j2.push(records[i:i + 1])
+                    i += 1
+                    time.sleep(0.05)
+                if i < len(records):
+                    j2.push(records[i:])
 
         feeder = threading.Thread(target=feed if source is None else lambda: None)
         feeder.start()
         wait_for(lambda: job.stats()["checkpoints"]["completed"] >= 2, timeout=30, what="two checkpoints")
         if source is not None:
             assert job.stats()["completed"] < len(records), "the input was done before the kill"
-        for k in range(kills):
-            before = job.stats()["checkpoints"]["recoveries"]
-            if k % 2:
-                wait_for(lambda: job.stats()["checkpoints"]["pending"] is not None, timeout=20, interval=0.005,
-                         what="a pending checkpoint")
-            victim = _kill_one(client, rng)
-            wait_for(lambda b=before: job.stats()["checkpoints"]["recoveries"] > b, timeout=30,
-                     what=f"the recovery from the kill of {victim}")
-            wait_for(lambda: len(job.stats()["checkpoints"]["serving"]) == 4, timeout=30,
-                     what="the killed worker back, serving the job")
+        try:
+            for k in range(kills):
+                before = job.stats()["checkpoints"]["recoveries"]
+                if k % 2:
+                    wait_for(lambda: job.stats()["checkpoints"]["pending"] is not None, timeout=20, interval=0.005,
+                             what="a pending checkpoint")
+                victim = _kill_one(client, rng)
+                wait_for(lambda b=before: job.stats()["checkpoints"]["recoveries"] > b, timeout=30,
+                         what=f"the recovery from the kill of {victim}")
+                wait_for(lambda: len(job.stats()["checkpoints"]["serving"]) == 4, timeout=30,
+                         what="the killed worker back, serving the job")
+        finally:
+            killed.set()
         feeder.join()
         summary = job.wait_idle(timeout=120)
         assert summary["completed"] == len(records) and summary["lost"] == 0, summary
