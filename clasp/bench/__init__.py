@@ -19,11 +19,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def emit(result: dict, path: str | None) -> int:
-    """Print the result as JSON and, with a path, write it there too; the exit code of a benchmark."""
-    text = json.dumps(result, indent=2)
-    print(text)
+def emit(result: dict, path: str | None, unprinted: tuple[str, ...] = ()) -> int:
+    """Print the result as JSON (but the `unprinted` keys, such as every run's row) and, with a path, write
+    all of it there too; the exit code of a benchmark."""
+    print(json.dumps({k: v for k, v in result.items() if k not in unprinted}, indent=2))
     if path:
         with open(path, "w") as f:
-            f.write(text)
+            json.dump(result, f, indent=2)
     return 0

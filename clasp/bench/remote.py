@@ -18,6 +18,7 @@ import statistics
 import sys
 
 from clasp.bench import cluster_engine as ce
+from clasp.bench import emit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,11 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"cpu_per_worker": args.cpu_per_worker, "rounds": args.rounds, "seconds": args.seconds,
                "median_lines_per_s": {str(n): v for n, v in med.items()}, "two_over_one": round(med[2] / med[1], 3),
                "runs": runs}
-    print(json.dumps({k: v for k, v in summary.items() if k != "runs"}))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=1)
-    return 0
+    return emit(summary, args.json, unprinted=("runs",))
 
 
 if __name__ == "__main__":

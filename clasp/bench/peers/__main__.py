@@ -58,7 +58,7 @@ import zmq
 
 import clasp
 from clasp.apps import wc
-from clasp.bench import cpu_seconds
+from clasp.bench import cpu_seconds, emit
 from clasp.bench.peers import feeds
 from clasp.local.cluster import LocalCluster
 from clasp.runtime.config import PlannerConfig
@@ -305,11 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                                     if {1, 2} <= set(counts) else None),
                "clasp": clasp.__file__,
                "runs": runs}
-    print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=1)
-    return 0
+    return emit(summary, args.json, unprinted=("runs",))
 
 
 if __name__ == "__main__":
