@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from clasp.runtime.engine import EXEC_BUCKETS, JobEngine
+from clasp.runtime.engine import JobEngine
+from clasp.runtime.operators import EXEC_BUCKETS
 
 
 @dataclass

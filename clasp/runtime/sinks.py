@@ -16,7 +16,8 @@ import math
 
 from clasp.core import protocol
 from clasp.core.sinks import SINK_BATCH, SINK_BUFFER, partition_name, take_writable
-from clasp.runtime.engine import JobEngine, OperatorError, OpRuntime
+from clasp.runtime.engine import JobEngine
+from clasp.runtime.operators import OperatorError, OpRuntime
 
 log = logging.getLogger("clasp.worker.sinks")
 

@@ -25,10 +25,11 @@ from clasp.core import protocol
 from clasp.core.dag import DagError, DagSpec
 from clasp.core.migration import MigrationPlan, WorkerMigration
 from clasp.core.protocol import ProtocolError
+from clasp.core.rest import REST_IDLE_S, RestBudget
 from clasp.core.routing import Placement, PlacementError
 from clasp.runtime.config import WorkerConfig
 from clasp.runtime.cpuquota import process_cpu_max
-from clasp.runtime.engine import REST_IDLE_S, JobEngine, OperatorError, RestBudget
+from clasp.runtime.engine import JobEngine
 from clasp.runtime.monitor import Monitor, WorkerCollector
 from clasp.runtime.net import (
     DirectSend,
@@ -40,6 +41,7 @@ from clasp.runtime.net import (
     start_metrics_server,
     zero_copy,
 )
+from clasp.runtime.operators import OperatorError
 from clasp.runtime.remote_state import RemoteState
 from clasp.runtime.security import Security
 from clasp.runtime.sinks import SinkMixin

@@ -15,7 +15,8 @@ from clasp.core import protocol
 from clasp.core.checkpoint import groups_to_restore
 from clasp.core.dag import DagSpec
 from clasp.core.routing import Placement
-from clasp.runtime.engine import JobEngine, OperatorError, check_serializable
+from clasp.runtime.engine import JobEngine
+from clasp.runtime.operators import OperatorError, check_serializable
 from clasp.runtime.state_store import CorruptCheckpoint, FileStore, wrap_blob
 
 log = logging.getLogger("clasp.worker")

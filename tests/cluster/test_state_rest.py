@@ -11,13 +11,11 @@ import random
 import time
 
 import msgpack
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import clasp
 from clasp.bench import migration
 from clasp.core.routing import NUM_KEY_GROUPS, build_placement
-from clasp.runtime.engine import SCAN_ROWS, JobEngine, RestBudget
+from clasp.runtime.engine import SCAN_ROWS, JobEngine
 from tests.conftest import start_cluster
 
 BAD = -1  # the value the operator fails on, after changing its state in place
@@ -187,23 +185,6 @@ def test_randomized_rest_migrate_checkpoint_and_fail_keep_every_keys_exact_histo
             assert not set(mine) & set(state), f"seed {seed}: a key on two workers"
             state.update(mine)
         assert state == model, f"seed {seed}"
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.floats(0, 2.0), st.floats(0, 0.3)), max_size=60))
-def test_rest_budget_spends_at_most_its_share_of_the_clock_plus_one_burst(steps):
-    budget = RestBudget(0.0, share=0.05, burst=0.25)
-    now = spent = 0.0
-    biggest = 0.0
-    for dt, cost in steps:
-        now += dt
-        if budget.allows(now):
-            budget.spend(cost)
-            spent += cost
-            biggest = max(biggest, cost)
-        else:
-            assert budget.ready_at(now) > now
-    assert spent <= 0.25 + 0.05 * now + biggest + 1e-9
 
 
 def test_a_settled_jobs_migration_packs_nothing_and_one_under_new_input_is_still_exact(tmp_path_factory):
