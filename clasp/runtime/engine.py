@@ -24,14 +24,12 @@ from itertools import chain, compress, repeat
 from operator import is_
 from time import perf_counter
 
-import msgpack
-
 from clasp.core.dag import DagSpec
 from clasp.core.outputs import ITEMS_EXACT, ONE_EXACT, as_outputs
 from clasp.core.protocol import column_rows, columns, expand_columns, expand_run, expand_runs
 from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE, Placement, key_group, route_to
-from clasp.core.sinks import aligned_operators
 from clasp.core.tracking import EPOCH_BITS
+from clasp.runtime.barrier import Barrier
 from clasp.runtime.operators import (
     EXEC_BUCKETS,
     KEY_CACHE_MAX,
@@ -122,20 +120,9 @@ class JobEngine:
         # The remote-state baseline (paper Fig. 4): an object with `async get_many(job, op, keys) -> dict`
         # and `async put_many(job, op, {key: state or None})`; None keeps state in this worker.
         self.remote_state = None
-        # Checkpoints (clasp.core.checkpoint, docs/RECOVERY.md): while a barrier is up, a synchronous
-        # stateful operator runs on and keeps, per key group that a request at or above the boundary touched,
-        # the group's image before that request (`shadows`: op index -> group -> msgpack blob, or the dict it
-        # was decoded into to apply a later request below the boundary); an async stateful operator's
-        # requests at or above the boundary wait in `barrier_held` instead. `floor`: rows of an epoch below it
-        # belong to an era a recovery rolled back, and are dropped.
-        self.shadows: dict[int, dict[int, bytes | dict]] = {}
-        self.barrier: int | None = None
-        self.barrier_held: dict[int, list] = {}
-        # Stateful operators whose outputs reach a sink or a collecting operator: their outputs must agree with
-        # the cut, so a barrier holds their requests above the boundary (aligned, as Flink aligns) instead of
-        # copy on write, where a request below the boundary that comes after one above it would emit from a
-        # state holding the later one, and a rollback would then emit that value again.
-        self.aligned = aligned_operators(spec)
+        # A checkpoint's barrier: what it holds back, what it keeps for the snapshot.
+        self.cut = Barrier(spec, self.ops, me)
+        # Rows of an epoch below `floor` belong to an era a recovery rolled back, and are dropped.
         self.floor = 0
         self.placement = placement
         self.before: Placement | None = None  # the placement the migration in progress started from
@@ -156,11 +143,11 @@ class JobEngine:
                 r = route_to(self.spec, placement, s, self.me, op.index)
                 target = self.ops[s]
                 if r.kind == ROUTE_LOCAL:
-                    routes.append((ROUTE_LOCAL, s, self._appender(target), None, None, None))
+                    routes.append((ROUTE_LOCAL, s, self.cut.appender(target), None, None, None))
                 elif r.kind == ROUTE_TABLE and len(set(r.table)) == 1 and r.table[0] is not None:
                     routes.append((ROUTE_ONE_REMOTE, s, None, r.table, [0], r.table[0]))
                 elif r.kind == ROUTE_TABLE:
-                    routes.append((ROUTE_TABLE, s, self._appender(target), r.table, [0], None))
+                    routes.append((ROUTE_TABLE, s, self.cut.appender(target), r.table, [0], None))
                 else:
                     # interned: the keyed fast path tells destinations apart by identity
                     owners = [w if w is None else sys.intern(w) for w in r.owners]
@@ -168,7 +155,7 @@ class JobEngine:
                         owners[g] = HOLD
                     # Every key group here: the key is all a request needs (no group lookup per request).
                     kind = KEYED_HERE if all(w is None for w in owners) else ROUTE_KEYED
-                    routes.append((kind, s, self._appender(target), owners, target.key_cache, target))
+                    routes.append((kind, s, self.cut.appender(target), owners, target.key_cache, target))
             op.routes = routes
 
     def _settle_columns(self) -> None:
@@ -180,76 +167,20 @@ class JobEngine:
                 rows.extend(column_rows([succ, values, True, rids, counts]))
         self.pending_cols = {}
 
-    def _appender(self, target: OpRuntime):
-        """How requests join `target`'s queue: directly, or past the barrier's filter while one is up."""
-        if self.barrier is None or target.index not in self.barrier_held:
-            return target.queue.append
-        boundary, append, held = self.barrier, target.queue.append, self.barrier_held[target.index]
-        hold = held.append
-
-        def admit(row):
-            if row[3] >= boundary:
-                hold(row)
-            else:
-                append(row)
-        return admit
-
     # ----------------------------------------------------------------- checkpoints
     def begin_barrier(self, boundary: int) -> None:
         """Keep the state below `boundary` for the snapshot until `release_barrier` (nothing of the records
-        at or above it is here yet: the planner dispatches them after this). A synchronous stateful operator
-        runs on and keeps a key group's image before the first request at or above the boundary changes
-        it (`_run_shadowed`); an async one's requests at or above the boundary are held out of its queue, and
-        so are those of one whose outputs reach a sink or a collecting operator (`aligned`)."""
-        self.barrier = boundary
-        # A job reading declared sources aligns every stateful operator: records below the boundary keep
-        # flowing after the barrier (each worker's readers have a window of them in flight), and a request
-        # above it that overtook one below at a key would emit from a state the checkpoint does not hold (a
-        # running count's n). Operators whose outputs reach a sink or a collection align for the same reason
-        # (`self.aligned`); the others run on with copy on write.
-        everything = bool(self.spec.readers)
-        hold = {op.index for op in self.ops
-                if op.stateful and (op.is_async or everything or op.index in self.aligned)}
-        self.shadows = {op.index: {} for op in self.ops if op.stateful and op.index not in hold}
-        self.barrier_held = {i: [] for i in sorted(hold)}
+        at or above it is here yet: the planner dispatches them after this); `Barrier` holds and keeps."""
+        self.cut.begin(boundary)
         self.apply_placement(self.placement)
 
     def release_barrier(self) -> int:
         """The snapshot is taken: held requests join their queues in arrival order; returns how many."""
-        if self.barrier is None:
+        if self.cut.boundary is None:
             return 0
-        held, self.barrier_held, self.barrier = self.barrier_held, {}, None
-        self.shadows = {}
-        n = 0
-        for op_index, rows in held.items():
-            self.ops[op_index].queue.extend(rows)
-            n += len(rows)
+        n = self.cut.release()
         self.apply_placement(self.placement)
         return n
-
-    def snapshot_groups(self):
-        """(operator, group, key count, msgpack blob) for every non-empty key group this worker owns, one at
-        a time, as it was below the barrier's boundary: the image kept of a group that a request above it
-        changed, a cold or rested group's blob as it is, any other group packed (and so put to rest)."""
-        me = self.me
-        for op in self.ops:
-            if not op.stateful:
-                continue
-            owners = self.placement.operators[op.name].key_groups
-            shadow = self.shadows.get(op.index, {})
-            for g, d in enumerate(op.groups):
-                if owners[g] != me:
-                    continue
-                image = shadow.get(g)
-                if image is not None:
-                    if type(image) is dict:
-                        image = (msgpack.packb(image, use_bin_type=True), len(image)) if image else None
-                    if image is not None:
-                        yield op.name, g, image[1], image[0]
-                    continue
-                blob = op.cold.get(g) or op.rested[g] or (op.rest(g) if d else None)
-                if blob is not None:
-                    yield op.name, g, blob[1], blob[0]
 
     def changed(self) -> bool:
         """Whether some key group here changed since it was last packed (`rest_one` has work)."""
@@ -289,27 +220,9 @@ class JobEngine:
                 return True
         return False
 
-    def take_collected_below(self, boundary: int) -> dict[str, list]:
-        """The collected outputs of records below `boundary`, taken out (the planner releases them)."""
-        out = {}
-        for op in self.ops:
-            if not op.collect or not op.collected or op.sink:
-                continue
-            lo, keep, keep_r = [], [], []
-            for o, r in zip(op.collected, op.collected_rids, strict=True):
-                if r < boundary:
-                    lo.append(o)
-                else:
-                    keep.append(o)
-                    keep_r.append(r)
-            if lo:
-                out[op.name] = lo
-                op.collected, op.collected_rids = keep, keep_r
-        return out
-
     def queue_length(self) -> int:
         return (sum(len(op.queue) for op in self.ops) + sum(len(r) for h in self.held.values() for r in h.values())
-                + sum(len(r) for r in self.barrier_held.values()))
+                + sum(len(r) for r in self.cut.held.values()))
 
     def holds_below(self, fence: int) -> bool:
         """Whether anything here still belongs to a record below `fence`: a queued, held, early or batched
@@ -328,14 +241,14 @@ class JobEngine:
     def idle(self) -> bool:
         return (not self.async_tasks and not self.held and not self.future and not self.pending
                 and not self.pending_cols and all(not op.queue for op in self.ops)
-                and not any(self.barrier_held.values()))
+                and not any(self.cut.held.values()))
 
     # ----------------------------------------------------------------- input
     def enqueue_rows(self, rows: list) -> None:
         """Append validated rows [op, value, key, rid] to their operators' queues."""
         ops = self.ops
-        if self.barrier_held:
-            boundary, held = self.barrier, self.barrier_held
+        if self.cut.held:
+            boundary, held = self.cut.boundary, self.cut.held
             for r in rows:
                 if r[3] >= boundary and r[0] in held:
                     held[r[0]].append(r)
@@ -349,7 +262,7 @@ class JobEngine:
         """Validated runs [op, first rid, values] from the planner; returns the requests. In the
         steady state (no barrier, no migration, the current epoch) each run joins its operator's queue in
         one `extend` of rows built in C; otherwise row by row, as `receive`."""
-        if self.barrier_held or self.held or epoch != self.epoch:
+        if self.cut.held or self.held or epoch != self.epoch:
             rows = expand_runs(runs)
             self.receive(epoch, rows)
             return len(rows)
@@ -403,7 +316,7 @@ class JobEngine:
         """A `cols` message's validated groups (clasp.core.protocol.columns): straight onto their operators'
         queues in steady state (one extend per group, the rows built without a loop in Python), row by
         row through `receive` during a migration or a barrier."""
-        if epoch == self.epoch and not self.held and not self.barrier_held:
+        if epoch == self.epoch and not self.held and not self.cut.held:
             ops = self.ops
             for g in groups:
                 op = ops[g[0]]
@@ -430,8 +343,8 @@ class JobEngine:
             if d is not None and self._extracting_later(op, r):
                 d = None
             if d is None:
-                if op.index in self.barrier_held and r[3] >= self.barrier:
-                    self.barrier_held[op.index].append(r)
+                if op.index in self.cut.held and r[3] >= self.cut.boundary:
+                    self.cut.held[op.index].append(r)
                 else:
                     op.queue.append(r)
             else:
@@ -655,7 +568,7 @@ class JobEngine:
         # join its queue.
         here = keyed = None
         if (fast is None and len(routes) == 1 and routes[0][0] == KEYED_HERE and routes[0][5].key_is_value
-                and routes[0][5].index not in self.barrier_held):
+                and routes[0][5].index not in self.cut.held):
             target = routes[0][5]
             block_values, block_rids = [], []
             here, here_rids = block_values.extend, block_rids.extend
@@ -664,7 +577,7 @@ class JobEngine:
         # words are routed by key group in passes over the line in C (map, compress), the local ones
         # extend the round's block of the successor's queue, the remote ones the destination's columns.
         elif (fast is None and len(routes) == 1 and routes[0][0] == ROUTE_KEYED and routes[0][5].key_is_value
-              and not self.held and routes[0][5].index not in self.barrier_held):
+              and not self.held and routes[0][5].index not in self.cut.held):
             target = routes[0][5]
             block_values, block_rids = [], []
             keyed, keyed_rids = block_values.extend, block_rids.extend
@@ -809,7 +722,7 @@ class JobEngine:
         n = min(budget, len(q))
         if op.cold:
             op.warm_rows(q, n)
-        if self.shadows and op.index in self.shadows:
+        if self.cut.shadows and op.index in self.cut.shadows:
             return self._run_shadowed(op, q.take_rows(n))
         for part in q.take(n):
             self._apply(op, part if type(part) is list else part.rows(), len(part))
@@ -821,7 +734,7 @@ class JobEngine:
         group at rest: its blob, no copy); a request below the boundary that comes after it is applied to
         the image as well (its outputs come once, from the live state). The rows run as they came, in runs
         between two such points."""
-        boundary, shadow, group_of, fn = self.barrier, self.shadows[op.index], op.group_of, op.fn
+        boundary, shadow, group_of, fn = self.cut.boundary, self.cut.shadows[op.index], op.group_of, op.fn
         start = 0
         for i, (_, value, key, rid) in enumerate(rows):
             g = group_of(key)

@@ -88,7 +88,7 @@ class RecoveryMixin:
             # the packing makes many short-lived dicts, so collection waits until the barrier is down.
             gc_was = gc.isenabled()
             gc.disable()
-            for op, g, n, blob in eng.snapshot_groups():
+            for op, g, n, blob in eng.cut.snapshot_groups(eng.placement):
                 blobs.append((op, g, blob))
                 keys += n
                 if keys >= SNAPSHOT_SLICE_KEYS:
@@ -96,7 +96,7 @@ class RecoveryMixin:
                     keys = 0
                     await asyncio.sleep(0)
                     t, tc = perf_counter(), thread_time()
-            collected = eng.take_collected_below(body["boundary"])
+            collected = eng.cut.take_collected_below(body["boundary"])
             pause, pause_cpu = max(pause, perf_counter() - t), max(pause_cpu, thread_time() - tc)
         finally:
             if gc_was:

@@ -126,7 +126,7 @@ def test_a_checkpoint_snapshot_writes_rested_blobs_as_they_are_and_puts_the_othe
     eng.rest_one()
     first = next(g for g, r in enumerate(b.rested) if r is not None)
     blob = b.rested[first][0]
-    snap = {g: blob_ for _, g, _, blob_ in eng.snapshot_groups()}
+    snap = {g: blob_ for _, g, _, blob_ in eng.cut.snapshot_groups(eng.placement)}
     assert snap[first] is blob and not eng.changed() and check_rested(eng) == len(snap)
     assert {k: v for g in snap for k, v in msgpack.unpackb(snap[g], strict_map_key=False).items()} == \
         {k: [[k, 0]] for k in range(300)}
@@ -169,7 +169,8 @@ def test_randomized_rest_migrate_checkpoint_and_fail_keep_every_keys_exact_histo
                     if not (e.free_one() or e.warm_one() or e.rest_one()):
                         break
             elif action < 0.75:
-                for _ in engines[rng.choice(ws)].snapshot_groups():
+                e = engines[rng.choice(ws)]
+                for _ in e.cut.snapshot_groups(e.placement):
                     pass
             else:
                 holders = rng.sample(range(3), rng.randint(1, 3))
