@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import sys
 import traceback
 from collections import deque
 from itertools import chain, compress, repeat
@@ -26,8 +25,8 @@ from time import perf_counter
 
 from clasp.core.dag import DagSpec
 from clasp.core.outputs import ITEMS_EXACT, ONE_EXACT, as_outputs
-from clasp.core.protocol import column_rows, columns, expand_columns, expand_run, expand_runs
-from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE, Placement, key_group, route_to
+from clasp.core.protocol import column_rows, expand_columns, expand_run, expand_runs
+from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE, Placement, key_group
 from clasp.core.tracking import EPOCH_BITS
 from clasp.runtime.barrier import Barrier
 from clasp.runtime.operators import (
@@ -38,11 +37,9 @@ from clasp.runtime.operators import (
     check_serializable,
     unpack_group,
 )
+from clasp.runtime.outbox import HOLD, KEYED_HERE, ROUTE_ONE_REMOTE, Outbox
 
 log = logging.getLogger("clasp.worker.engine")
-HOLD = "\x00hold"  # the route of a key group whose state is on its way here: its requests wait
-KEYED_HERE = 3  # a keyed route whose key groups are all owned by this worker
-ROUTE_ONE_REMOTE = 4  # a stateless successor that one other worker alone holds: every request goes there
 # A scheduling round is about ROUND_TIME_US of work, shared by the worker's operators in proportion to
 # their executor instances and sized from each one's mean execution time plus the runtime's own per-request
 # cost: cheap operators then run long enough between event-loop turns, and a round stays within the 1 ms
@@ -81,20 +78,8 @@ class JobEngine:
         self.p_max = p_max
         self.ops = [OpRuntime(o) for o in spec.operators]
         self.order = [self.ops[i] for i in spec.topological()]
-        self.pending: dict[str, list] = {}  # destination worker -> rows of remote chained requests
-        # What the keyed fast path batched (`_run_stateless`: a keyed successor whose key is the value), as
-        # columns: destination -> {successor: [values, record ids, run lengths]}. For one operator, rows in
-        # `pending` always came before these (`_settle_columns` turns them into rows wherever routes change),
-        # so a flush sends rows first.
-        self.pending_cols: dict[str, dict[int, list]] = {}
-        # A batch this long ends the scheduling round after the operator that filled it, so the worker
-        # flushes it then (the worker sets it from --max-batch): the cap holds per micro-batch, not per round.
-        self.max_batch = 2000
-        self.pending_since: float | None = None
         # Progress epoch -> {op index: requests produced minus finished here}, not reported yet.
         self.progress: dict[int, dict[int, int]] = {}
-        self.local_requests = 0  # chained requests handed over in memory (R^l), cumulative
-        self.remote_requests = 0  # chained requests batched for another worker (R^r), cumulative
         self.received_requests = 0  # chained requests that came from other workers, cumulative
         # A timed request longer than this (s) was stalled, not executing: under a CPU quota a throttled
         # period lands inside whichever request was running. The worker sets it from its quota.
@@ -122,6 +107,8 @@ class JobEngine:
         self.remote_state = None
         # A checkpoint's barrier: what it holds back, what it keeps for the snapshot.
         self.cut = Barrier(spec, self.ops, me)
+        # The routes to each successor and the batches of remote requests until the worker flushes them.
+        self.outbox = Outbox(spec, self.ops, me, self.cut)
         # Rows of an epoch below `floor` belong to an era a recovery rolled back, and are dropped.
         self.floor = 0
         self.placement = placement
@@ -133,39 +120,9 @@ class JobEngine:
     def apply_placement(self, placement: Placement) -> None:
         """Rebuild every route and instance count for a new placement; key groups still on their way
         here (`self.held`) route to the HOLD destination, which `take_batches` keeps back."""
-        self._settle_columns()
         self.placement = placement
         self.epoch = placement.epoch
-        for op in self.ops:
-            op.instances = placement.operators[op.name].instances.get(self.me, 0)
-            routes = []
-            for s in op.successors:
-                r = route_to(self.spec, placement, s, self.me, op.index)
-                target = self.ops[s]
-                if r.kind == ROUTE_LOCAL:
-                    routes.append((ROUTE_LOCAL, s, self.cut.appender(target), None, None, None))
-                elif r.kind == ROUTE_TABLE and len(set(r.table)) == 1 and r.table[0] is not None:
-                    routes.append((ROUTE_ONE_REMOTE, s, None, r.table, [0], r.table[0]))
-                elif r.kind == ROUTE_TABLE:
-                    routes.append((ROUTE_TABLE, s, self.cut.appender(target), r.table, [0], None))
-                else:
-                    # interned: the keyed fast path tells destinations apart by identity
-                    owners = [w if w is None else sys.intern(w) for w in r.owners]
-                    for g in self.held.get(s, ()):
-                        owners[g] = HOLD
-                    # Every key group here: the key is all a request needs (no group lookup per request).
-                    kind = KEYED_HERE if all(w is None for w in owners) else ROUTE_KEYED
-                    routes.append((kind, s, self.cut.appender(target), owners, target.key_cache, target))
-            op.routes = routes
-
-    def _settle_columns(self) -> None:
-        """Turn the keyed fast path's columns into rows of `pending`, behind the rows there: routes are
-        about to change, and what an operator sends from now on must queue after what it sent so far."""
-        for d, by_succ in self.pending_cols.items():
-            rows = self.pending.setdefault(d, [])
-            for succ, (values, rids, counts) in by_succ.items():
-                rows.extend(column_rows([succ, values, True, rids, counts]))
-        self.pending_cols = {}
+        self.outbox.route(placement, self.held)
 
     # ----------------------------------------------------------------- checkpoints
     def begin_barrier(self, boundary: int) -> None:
@@ -233,14 +190,13 @@ class JobEngine:
         rows = [op.queue for op in self.ops]
         rows += [r for h in self.held.values() for r in h.values()]
         rows += [r for _, r in self.future]
-        rows += list(self.pending.values())
-        if any(rid < fence for by_succ in self.pending_cols.values() for c in by_succ.values() for rid in c[1]):
+        if self.outbox.holds_below(fence):
             return True
         return any(r[3] < fence for part in rows for r in part)
 
     def idle(self) -> bool:
-        return (not self.async_tasks and not self.held and not self.future and not self.pending
-                and not self.pending_cols and all(not op.queue for op in self.ops)
+        return (not self.async_tasks and not self.held and not self.future and not self.outbox.waiting()
+                and all(not op.queue for op in self.ops)
                 and not any(self.cut.held.values()))
 
     # ----------------------------------------------------------------- input
@@ -292,7 +248,7 @@ class JobEngine:
                         stop = min(first + n, (e + 1) << EPOCH_BITS)
                         self._count(e, succ, stop - rid)
                         rid = stop
-                self.local_requests += n * len(op.routes)
+                self.outbox.local_requests += n * len(op.routes)
             else:
                 send = self._send
                 for i, v in enumerate(values):
@@ -348,9 +304,7 @@ class JobEngine:
                 else:
                     op.queue.append(r)
             else:
-                self.pending.setdefault(d, []).append(r)
-                if self.pending_since is None:
-                    self.pending_since = perf_counter()
+                self.outbox.add(d, r)
 
     def _extracting_later(self, op: OpRuntime, row) -> bool:
         """An old-epoch row for something this worker is giving away but has not taken out yet: it queues
@@ -405,7 +359,7 @@ class JobEngine:
 
     def _hold_local(self) -> None:
         """Requests this worker routed to a held group itself join that group's held rows."""
-        rows = self.pending.pop(HOLD, None)
+        rows = self.outbox.pending.pop(HOLD, None)
         if rows:
             self._place(rows, forward=False)
 
@@ -518,7 +472,7 @@ class JobEngine:
                         n = self._run_stateless(op, budget)
                     ran += n
                     spent += n * cost
-                    if self.batch_full():
+                    if self.outbox.batch_full():
                         return done + ran
             done += ran
             if not ran or spent >= ROUND_TIME_US:
@@ -557,9 +511,9 @@ class JobEngine:
         # general path's divmod, table and dict lookups per request cost more than the append).
         remote_to = routes[0][5] if len(routes) == 1 and routes[0][0] == ROUTE_ONE_REMOTE else None
         if remote_to is not None:
-            batch = self.pending.get(remote_to)
+            batch = self.outbox.pending.get(remote_to)
             if batch is None:
-                batch = self.pending[remote_to] = []
+                batch = self.outbox.pending[remote_to] = []
             fast = batch.append
         succ0 = routes[0][1] if routes else -1
         # One keyed successor whose every key group is here and whose key is the value (Word Count on one
@@ -582,7 +536,7 @@ class JobEngine:
             block_values, block_rids = [], []
             keyed, keyed_rids = block_values.extend, block_rids.extend
             owners, hits, group_of = routes[0][3], target.group_hits, target.group_of
-            cache_get, owner_of, cols = target.key_cache.get, owners.__getitem__, self.pending_cols
+            cache_get, owner_of, cols = target.key_cache.get, owners.__getitem__, self.outbox.pending_cols
             remote_made = 0
         me = op.index
         collect = op.add_collected if op.collect else None
@@ -697,21 +651,21 @@ class JobEngine:
         if here is not None or keyed is not None:
             target.queue.append_block(succ0, block_values, block_rids)
         if keyed is not None:
-            if remote_made and self.pending_since is None:
-                self.pending_since = perf_counter()
-            self.remote_requests += remote_made
-            self.local_requests += emitted - remote_made
+            if remote_made and self.outbox.pending_since is None:
+                self.outbox.pending_since = perf_counter()
+            self.outbox.remote_requests += remote_made
+            self.outbox.local_requests += emitted - remote_made
             op.edge_counts[0] += emitted
         elif remote_to is not None:
             if emitted:
-                if self.pending_since is None:
-                    self.pending_since = perf_counter()
+                if self.outbox.pending_since is None:
+                    self.outbox.pending_since = perf_counter()
             elif not batch:
-                del self.pending[remote_to]  # never an empty batch: a flush sends every one
-            self.remote_requests += emitted
+                del self.outbox.pending[remote_to]  # never an empty batch: a flush sends every one
+            self.outbox.remote_requests += emitted
             op.edge_counts[0] += emitted
         elif emitted:
-            self.local_requests += emitted
+            self.outbox.local_requests += emitted
             op.edge_counts[0] += emitted
         if len(dts) > 20_000:
             self._fold_histogram(op)
@@ -879,7 +833,7 @@ class JobEngine:
         """Hand every output to every successor by its route, and count them in the progress of `rid`'s
         epoch; returns how many requests were made."""
         local = remote = 0
-        pending = self.pending
+        pending = self.outbox.pending
         made = []
         for j, (kind, succ, append, table, aux, target) in enumerate(op.routes):
             k = len(outs)
@@ -965,10 +919,10 @@ class JobEngine:
         for succ, k in made:
             if k:
                 self._count(e, succ, k)
-        if remote and self.pending_since is None:
-            self.pending_since = perf_counter()
-        self.local_requests += local
-        self.remote_requests += remote
+        if remote and self.outbox.pending_since is None:
+            self.outbox.pending_since = perf_counter()
+        self.outbox.local_requests += local
+        self.outbox.remote_requests += remote
         return local + remote
 
     # ----------------------------------------------------------------- async operators
@@ -1082,28 +1036,11 @@ class JobEngine:
             self.on_work()
 
     # ----------------------------------------------------------------- flushing and metrics
-    def batch_full(self) -> bool:
-        """Whether some destination's batch reached `max_batch` requests (the worker flushes it then)."""
-        m = self.max_batch
-        return (any(len(r) >= m for r in self.pending.values())
-                or any(len(c[0]) >= m for by_succ in self.pending_cols.values() for c in by_succ.values()))
-
     def take_batches(self) -> dict[str, tuple[list, int]]:
         """The remote batches to send now: destination -> (the groups of its `cols` message, requests);
         resets the flush timer."""
         self._hold_local()
-        out: dict[str, tuple[list, int]] = {}
-        for d, rows in self.pending.items():
-            if rows:
-                out[d] = (columns(rows), len(rows))
-        for d, by_succ in self.pending_cols.items():
-            groups, n = out.get(d, ([], 0))
-            for succ, (values, rids, counts) in by_succ.items():
-                groups.append([succ, values, True, rids, counts])
-                n += len(values)
-            out[d] = (groups, n)
-        self.pending, self.pending_cols, self.pending_since = {}, {}, None
-        return out
+        return self.outbox.take()
 
     def take_progress(self) -> dict[int, dict[int, int]]:
         """The progress counts gathered since the last call (the worker reports them in one message)."""
@@ -1132,7 +1069,7 @@ class JobEngine:
                                         "edges": dict(zip((self.ops[s].name for s in op.successors),
                                                           op.edge_counts, strict=True))}
                               for op in self.ops},
-                "local": self.local_requests, "remote": self.remote_requests, "failed": self.failed,
+                "local": self.outbox.local_requests, "remote": self.outbox.remote_requests, "failed": self.failed,
                 "queue": self.queue_length(), "idle": self.idle()}
 
     # ----------------------------------------------------------------- state server

@@ -121,10 +121,11 @@ class Monitor:
                     edges.append({"src": name[0], "dst": name[1], "rate": (c - cur.edges.get(name, 0)) / interval,
                                   "total": c})
                     cur.edges[name] = c
-            rl = (eng.local_requests - cur.local) / interval
-            rr = (eng.remote_requests - cur.remote) / interval
+            rl = (eng.outbox.local_requests - cur.local) / interval
+            rr = (eng.outbox.remote_requests - cur.remote) / interval
             r_in = (eng.received_requests - cur.received) / interval
-            cur.local, cur.remote, cur.received = eng.local_requests, eng.remote_requests, eng.received_requests
+            cur.local, cur.remote, cur.received = (eng.outbox.local_requests, eng.outbox.remote_requests,
+                                                  eng.received_requests)
             q = eng.queue_length()
             total_q += q
             service = sum(o["rate"] for o in ops.values())
@@ -162,8 +163,8 @@ class WorkerCollector:
         q.add_metric([], sum(e.queue_length() for e in jobs))
         yield q
         c = CounterMetricFamily("clasp_chained_requests", "Chained requests generated (R^l, R^r)", labels=["kind"])
-        c.add_metric(["local"], sum(e.local_requests for e in jobs))
-        c.add_metric(["remote"], sum(e.remote_requests for e in jobs))
+        c.add_metric(["local"], sum(e.outbox.local_requests for e in jobs))
+        c.add_metric(["remote"], sum(e.outbox.remote_requests for e in jobs))
         yield c
         cpu = CounterMetricFamily("clasp_worker_cpu_seconds", "CPU time of the worker process, every thread")
         cpu.add_metric([], time.process_time())

@@ -256,7 +256,7 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         if job in self.jobs:
             raise ValueError(f"job {job} is already deployed here")
         eng = JobEngine(job, spec, self.id, placement, self.p_max)
-        eng.max_batch = self.max_batch
+        eng.outbox.max_batch = self.max_batch
         eng.stall = self.stall
         eng.on_work = self.wake.set
         if body.get("state") == "remote":
@@ -627,9 +627,10 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
             now = perf_counter()
             for eng in list(self.jobs.values()):
                 done += eng.run_round()
-                if eng.pending or eng.pending_cols:
+                out = eng.outbox
+                if out.pending or out.pending_cols:
                     now = perf_counter()
-                    if now - eng.pending_since >= flush_delay or eng.batch_full():
+                    if now - out.pending_since >= flush_delay or out.batch_full():
                         self._flush_data(eng)
             if done:
                 self.busy_at = now
@@ -646,7 +647,7 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
                 continue
             # Nothing runnable: send whatever is batched now, then wait for work.
             for eng in list(self.jobs.values()):
-                if eng.pending or eng.pending_cols:
+                if eng.outbox.waiting():
                     self._flush_data(eng)
                 self._flush_progress(eng)
             self._progress_since = None

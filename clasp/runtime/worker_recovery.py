@@ -141,7 +141,7 @@ class RecoveryMixin:
         self._connect_peers(body["peers"])
         eng = JobEngine(job, spec, self.id, placement, self.p_max)
         self._time_restored(spec, body.get("watermark"))
-        eng.max_batch = self.max_batch
+        eng.outbox.max_batch = self.max_batch
         eng.stall = self.stall
         eng.on_work = self.wake.set
         eng.floor = placement.epoch

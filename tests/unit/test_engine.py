@@ -8,7 +8,8 @@ import clasp
 from clasp.core import protocol
 from clasp.core.routing import build_placement
 from clasp.core.tracking import EPOCH_SIZE, Tracker
-from clasp.runtime.engine import HOLD, JobEngine
+from clasp.runtime.engine import JobEngine
+from clasp.runtime.outbox import HOLD
 
 
 def fanout_dag() -> clasp.Dag:
@@ -45,7 +46,7 @@ def test_a_deep_fan_out_needs_nothing_from_the_planner():
     t.dispatched(rid, 1, {0: {0: 1}}, now=0.0)
     eng.enqueue_rows([(0, 1, None, rid)])
     drain(eng)
-    assert eng.idle() and not eng.pending and eng.ops[3].processed == 30 ** 3
+    assert eng.idle() and not eng.outbox.pending and eng.ops[3].processed == 30 ** 3
     assert sum(eng.ops[3].state_dict().values()) == 30 ** 3
     progress = eng.take_progress()
     assert nonzero(progress) == {0: {0: -1}}  # a, b, c and d each made and finished the same number
@@ -172,8 +173,8 @@ def test_a_successor_on_one_other_worker_takes_requests_straight_into_its_batch(
     drain(w0)
     groups, n = w0.take_batches()["w1"]
     rows = protocol.expand_columns(groups)
-    assert n == 40 and rows == [(1, v + 1, None, v * 20) for v in range(40)] and w0.remote_requests == 40
-    assert w0.ops[0].edge_counts == [40] and w0.local_requests == 0
+    assert n == 40 and rows == [(1, v + 1, None, v * 20) for v in range(40)] and w0.outbox.remote_requests == 40
+    assert w0.ops[0].edge_counts == [40] and w0.outbox.local_requests == 0
     w1.receive_columns(placement.epoch, protocol.columns(rows))
     drain(w1)  # b's two outputs per request go back the same way
     back = protocol.expand_columns(w1.take_batches()["w0"][0])
@@ -181,7 +182,7 @@ def test_a_successor_on_one_other_worker_takes_requests_straight_into_its_batch(
     n0 = sum(1 for v in range(40) if v * 20 < EPOCH_SIZE)
     assert 0 < n0 < 40
     assert nonzero(w1.take_progress()) == {0: {1: -n0, 2: 2 * n0}, 1: {1: n0 - 40, 2: 2 * (40 - n0)}}
-    assert not w0.pending and not w1.pending  # no empty batch is left behind for a flush
+    assert not w0.outbox.pending and not w1.outbox.pending  # no empty batch is left behind for a flush
     w0.receive_columns(placement.epoch, protocol.columns(back))
     drain(w0)
     n1 = 40 - n0
