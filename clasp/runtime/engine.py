@@ -37,7 +37,8 @@ from clasp.runtime.operators import (
     check_serializable,
     unpack_group,
 )
-from clasp.runtime.outbox import HOLD, KEYED_HERE, ROUTE_ONE_REMOTE, Outbox
+from clasp.runtime.outbox import KEYED_HERE, ROUTE_ONE_REMOTE, Outbox
+from clasp.runtime.worker_migration import Handover
 
 log = logging.getLogger("clasp.worker.engine")
 # A scheduling round is about ROUND_TIME_US of work, shared by the worker's operators in proportion to
@@ -55,7 +56,6 @@ MIN_BATCH = 16
 # and disturbs the timed call by another 0.2-0.5 µs, more than this runtime's cheapest operators take.)
 TIMING_SAMPLE = 8
 TIMING_MASK = TIMING_SAMPLE - 1
-SCAN_ROWS = 512  # queued requests a migration scans between two pause points
 HIT_SAMPLE = 8  # one output in this many weighs the key groups on a keyed route that is all local
 
 
@@ -88,20 +88,6 @@ class JobEngine:
         self.error_samples: deque = deque(maxlen=max_errors_kept)
         self.async_tasks: set[asyncio.Task] = set()
         self.on_work = lambda: None  # the worker's wake-up, called when async executions produce work
-        # During a migration: op index -> key group -> requests held until the group's state arrives.
-        self.held: dict[int, dict[int, list]] = {}
-        self.held_since = 0.0  # when the groups in `held` began to wait (perf_counter)
-        self.group_hold = 0.0  # the longest any key group waited in this migration (s)
-        self.future: list[tuple[int, list]] = []  # rows of an epoch whose plan has not arrived yet
-        # The migration in progress (clasp.core.migration.WorkerMigration) and what the worker keeps for it.
-        self.migration = None
-        self.migration_req = 0
-        self.migration_t0 = 0.0
-        self.migration_stats: dict = {}
-        self.packed_on_move = 0  # key groups a migration had to pack (not at rest), cumulative
-        self.dropped: list[dict] = []  # the state of key groups that moved away, freed in idle time
-        self.early: list = []  # markers and migrate messages that overtook their plan
-        self.queued_plans: list = []  # plans that arrived while one was still running
         # The remote-state baseline (paper Fig. 4): an object with `async get_many(job, op, keys) -> dict`
         # and `async put_many(job, op, {key: state or None})`; None keeps state in this worker.
         self.remote_state = None
@@ -109,20 +95,21 @@ class JobEngine:
         self.cut = Barrier(spec, self.ops, me)
         # The routes to each successor and the batches of remote requests until the worker flushes them.
         self.outbox = Outbox(spec, self.ops, me, self.cut)
+        # A live migration: what is held, forwarded, taken out and installed (clasp.runtime.worker_migration).
+        self.handover = Handover(self.ops, me, self.outbox, self.cut)
         # Rows of an epoch below `floor` belong to an era a recovery rolled back, and are dropped.
         self.floor = 0
         self.placement = placement
-        self.before: Placement | None = None  # the placement the migration in progress started from
         self.epoch = placement.epoch
         self.apply_placement(placement)
 
     # ----------------------------------------------------------------- placement and routing
     def apply_placement(self, placement: Placement) -> None:
         """Rebuild every route and instance count for a new placement; key groups still on their way
-        here (`self.held`) route to the HOLD destination, which `take_batches` keeps back."""
+        here (`self.handover.held`) route to the HOLD destination, which `take_batches` keeps back."""
         self.placement = placement
         self.epoch = placement.epoch
-        self.outbox.route(placement, self.held)
+        self.outbox.route(placement, self.handover.held)
 
     # ----------------------------------------------------------------- checkpoints
     def begin_barrier(self, boundary: int) -> None:
@@ -160,13 +147,6 @@ class JobEngine:
     def install_group(self, name: str, g: int, items: dict) -> None:
         self.op(name).install_items(g, items)
 
-    def free_one(self) -> bool:
-        """Free the state of one key group that moved away; False when none is left."""
-        if not self.dropped:
-            return False
-        self.dropped.pop()
-        return True
-
     def warm_one(self) -> bool:
         """Decode one key group that came by migration and has not been used yet; False when none is left.
         The worker calls it when it has nothing else to do, so the decoding is done in idle time and stateful
@@ -178,8 +158,8 @@ class JobEngine:
         return False
 
     def queue_length(self) -> int:
-        return (sum(len(op.queue) for op in self.ops) + sum(len(r) for h in self.held.values() for r in h.values())
-                + sum(len(r) for r in self.cut.held.values()))
+        return (sum(len(op.queue) for op in self.ops) + sum(map(len, self.handover.held_rows()))
+                + self.cut.held_rows())
 
     def holds_below(self, fence: int) -> bool:
         """Whether anything here still belongs to a record below `fence`: a queued, held, early or batched
@@ -188,15 +168,15 @@ class JobEngine:
         if self.async_tasks or any(e << EPOCH_BITS < fence for e in self.progress):
             return True
         rows = [op.queue for op in self.ops]
-        rows += [r for h in self.held.values() for r in h.values()]
-        rows += [r for _, r in self.future]
+        rows += self.handover.held_rows()
+        rows += [r for _, r in self.handover.future]
         if self.outbox.holds_below(fence):
             return True
         return any(r[3] < fence for part in rows for r in part)
 
     def idle(self) -> bool:
-        return (not self.async_tasks and not self.held and not self.future and not self.outbox.waiting()
-                and all(not op.queue for op in self.ops)
+        return (not self.async_tasks and not self.handover.held and not self.handover.future
+                and not self.outbox.waiting() and all(not op.queue for op in self.ops)
                 and not any(self.cut.held.values()))
 
     # ----------------------------------------------------------------- input
@@ -218,7 +198,7 @@ class JobEngine:
         """Validated runs [op, first rid, values] from the planner; returns the requests. In the
         steady state (no barrier, no migration, the current epoch) each run joins its operator's queue in
         one `extend` of rows built in C; otherwise row by row, as `receive`."""
-        if self.cut.held or self.held or epoch != self.epoch:
+        if self.cut.held or self.handover.held or epoch != self.epoch:
             rows = expand_runs(runs)
             self.receive(epoch, rows)
             return len(rows)
@@ -262,9 +242,9 @@ class JobEngine:
         """Rows from the network, sent under `epoch`: queued, held for a key group on its way here, kept
         until our plan for `epoch` arrives, or forwarded to the owner of a newer epoch."""
         if epoch > self.epoch:
-            self.future.append((epoch, rows))  # the sender switched before our plan arrived
-        elif self.held or epoch < self.epoch:
-            self._place(rows, forward=epoch < self.epoch)
+            self.handover.future.append((epoch, rows))  # the sender switched before our plan arrived
+        elif self.handover.held or epoch < self.epoch:
+            self.handover.place(rows, self.placement if epoch < self.epoch else None)
         else:
             self.enqueue_rows(rows)
 
@@ -272,7 +252,7 @@ class JobEngine:
         """A `cols` message's validated groups (clasp.core.protocol.columns): straight onto their operators'
         queues in steady state (one extend per group, the rows built without a loop in Python), row by
         row through `receive` during a migration or a barrier."""
-        if epoch == self.epoch and not self.held and not self.cut.held:
+        if epoch == self.epoch and not self.handover.held and not self.cut.held:
             ops = self.ops
             for g in groups:
                 op = ops[g[0]]
@@ -284,163 +264,25 @@ class JobEngine:
         else:
             self.receive(epoch, expand_columns(groups))
 
-    def _place(self, rows, forward: bool) -> None:
-        """Row by row (only during or just after a migration): hold, forward or queue."""
-        held, ops = self.held, self.ops
-        for r in rows:
-            op = ops[r[0]]
-            h = held.get(op.index)
-            if h is not None:
-                waiting = h.get(op.group_of(r[2]))
-                if waiting is not None:
-                    waiting.append(r)
-                    continue
-            d = self._owner(op, r, self.placement) if forward else None
-            if d is not None and self._extracting_later(op, r):
-                d = None
-            if d is None:
-                if op.index in self.cut.held and r[3] >= self.cut.boundary:
-                    self.cut.held[op.index].append(r)
-                else:
-                    op.queue.append(r)
-            else:
-                self.outbox.add(d, r)
-
-    def _extracting_later(self, op: OpRuntime, row) -> bool:
-        """An old-epoch row for something this worker is giving away but has not taken out yet: it queues
-        here and leaves with the group, behind the rows queued before it. Forwarded at once, it could
-        reach the new owner after rows of the new epoch that the new owner holds for the same key."""
-        mig = self.migration
-        return (self.before is not None and mig is not None and not mig.sent
-                and self._owner(op, row, self.before) is None)
-
-    def _owner(self, op: OpRuntime, row, placement: Placement) -> str | None:
-        """The worker that should run `row` under `placement`; None when it is this one (a stateless
-        operator's requests all have one owner: `row` may be None)."""
-        p = placement.operators[op.name]
-        if op.stateful:
-            w = p.key_groups[op.group_of(row[2])]
-        elif p.shares.get(self.me, 0.0) > 0:
-            return None
-        else:
-            w = min(p.workers(), key=lambda x: (-p.shares[x], x))
-        return None if w == self.me else w
-
     # ----------------------------------------------------------------- migration
     def begin_migration(self, placement: Placement, incoming: dict[int, set[int]]) -> None:
         """Switch to the new epoch's routing. Requests for the key groups in `incoming` (op index -> groups
         whose state is on its way here) are held, in arrival order, until `release_groups`; the rest run on."""
-        self.held = {op: {g: [] for g in groups} for op, groups in incoming.items() if groups}
-        self.held_since, self.group_hold = perf_counter(), 0.0
-        self.before = self.placement
+        future = self.handover.begin(self.placement, incoming)
         self.apply_placement(placement)
-        future, self.future = self.future, []
         for epoch, rows in future:
             self.receive(epoch, rows)
 
     def release_groups(self, groups: dict[int, list[int]]) -> None:
         """The state of these key groups is installed: their held requests join the queues after what
         came with the state. When nothing is held any more, routing stops holding."""
-        self._hold_local()
-        for op_index, gs in groups.items():
-            h = self.held.get(op_index)
-            if h is None:
-                continue
-            queue = self.ops[op_index].queue
-            for g in gs:
-                rows = h.pop(g, None)
-                if rows is not None:
-                    queue.extend(rows)
-                    self.group_hold = max(self.group_hold, perf_counter() - self.held_since)
-            if not h:
-                del self.held[op_index]
-        if not self.held:
+        if self.handover.release(groups):
             self.apply_placement(self.placement)
-
-    def _hold_local(self) -> None:
-        """Requests this worker routed to a held group itself join that group's held rows."""
-        rows = self.outbox.pending.pop(HOLD, None)
-        if rows:
-            self._place(rows, forward=False)
-
-    def extract(self):
-        """Take out every state object and queued request this worker no longer owns, group by group.
-
-        Yields (destination, unit, None) with unit = [op index, key group, msgpack blob of {key: state},
-        its key count, rows of that group] (a group at rest as its blob, any other serialized as it is taken),
-        then (destination, None, rows) for the requests of stateless operators handed over; and, while the
-        queues are scanned (first), pause points (None, None, None). The caller may yield to the event loop
-        at any of them: during the scan nothing of this job runs, and after it no request of a group being
-        taken out can run here any more (they are out of the queues, and markers guarantee no more come)."""
-        placement, me = self.placement, self.me
-        loose: dict[str, list] = {}
-        pending_units = []
-        # A backlog of many thousand requests is scanned in pieces, a pause point (None, None, None) after
-        # each SCAN_ROWS, where the caller may turn the event loop: nothing of this job runs meanwhile (every
-        # operator is busy), requests arriving join the queues after what the scan keeps.
-        for op in self.ops:
-            op.busy = True
-        try:
-            for op in self.ops:
-                p = placement.operators[op.name]
-                rows_of: dict[int, list] = {}
-                if op.queue:
-                    rows = list(op.queue)
-                    op.queue.clear()
-                    if op.stateful:
-                        keep = []
-                        owners, group_of = p.key_groups, op.group_of
-                        for i, r in enumerate(rows, 1):
-                            g = group_of(r[2])
-                            if owners[g] == me:
-                                keep.append(r)
-                            else:
-                                rows_of.setdefault(g, []).append(r)
-                            if not i % SCAN_ROWS:
-                                yield None, None, None
-                    else:
-                        d = self._owner(op, None, placement)
-                        keep = rows if d is None else []
-                        if d is not None:
-                            loose.setdefault(d, []).extend(rows)
-                    op.queue.extendleft(reversed(keep))
-                    # The moved requests are then held by their units alone, so each is freed once its slice is
-                    # sent rather than all of them at the end of the scan's frame (O(requests) in one step).
-                    rows = keep = None
-                if op.stateful:
-                    for g, d in enumerate(p.key_groups):
-                        if d != me and (op.groups[g] or g in op.cold or g in rows_of):
-                            pending_units.append((d, op, g, rows_of.get(g, [])))
-        finally:
-            for op in self.ops:
-                op.busy = False
-        rows_of = None
-        pending_units.reverse()
-        while pending_units:  # popped, so a unit's requests are the caller's alone once it is yielded
-            d, op, g, rows = pending_units.pop()
-            if op.rested[g] is None and g not in op.cold:
-                self.packed_on_move += 1
-            blob, n = op.take_group(g, self.dropped)
-            unit, rows = [op.index, g, blob, n, rows], None
-            yield d, unit, None
-        for d, rows in loose.items():
-            yield d, None, rows
 
     def install(self, units: list, rows: list) -> int:
         """Take over key groups (state, then their queued requests) and handed-over requests from a peer;
         returns the number of state objects installed. The state stays serialized until first used."""
-        n = 0
-        for op_index, g, blob, keys, group_rows in units:
-            op = self.ops[op_index]
-            if keys:
-                if g in op.cold or op.groups[g]:  # state of this group here already: merge now
-                    if g in op.cold:
-                        op.warm(g)
-                    op.install_items(g, unpack_group(blob))
-                else:
-                    op.cold[g] = (blob, keys)
-            op.queue.extend(group_rows)
-            n += keys
+        n = self.handover.install(units)
         self.enqueue_rows(rows)
         return n
 
@@ -531,7 +373,7 @@ class JobEngine:
         # words are routed by key group in passes over the line in C (map, compress), the local ones
         # extend the round's block of the successor's queue, the remote ones the destination's columns.
         elif (fast is None and len(routes) == 1 and routes[0][0] == ROUTE_KEYED and routes[0][5].key_is_value
-              and not self.held and routes[0][5].index not in self.cut.held):
+              and not self.handover.held and routes[0][5].index not in self.cut.held):
             target = routes[0][5]
             block_values, block_rids = [], []
             keyed, keyed_rids = block_values.extend, block_rids.extend
@@ -1039,7 +881,7 @@ class JobEngine:
     def take_batches(self) -> dict[str, tuple[list, int]]:
         """The remote batches to send now: destination -> (the groups of its `cols` message, requests);
         resets the flush timer."""
-        self._hold_local()
+        self.handover.hold_local()
         return self.outbox.take()
 
     def take_progress(self) -> dict[int, dict[int, int]]:

@@ -15,7 +15,8 @@ import msgpack
 import clasp
 from clasp.bench import migration
 from clasp.core.routing import NUM_KEY_GROUPS, build_placement
-from clasp.runtime.engine import SCAN_ROWS, JobEngine
+from clasp.runtime.engine import JobEngine
+from clasp.runtime.worker_migration import SCAN_ROWS
 from tests.conftest import start_cluster
 
 BAD = -1  # the value the operator fails on, after changing its state in place
@@ -59,16 +60,16 @@ def check_rested(eng: JobEngine) -> int:
 def migrate(engines: dict, old, new) -> int:
     """One migration between in-process engines (extract, install, release); returns groups packed on the move."""
     owners_old, owners_new = old.operators["b"].key_groups, new.operators["b"].key_groups
-    packed = sum(e.packed_on_move for e in engines.values())
+    packed = sum(e.handover.packed_on_move for e in engines.values())
     for wid, e in engines.items():
         e.begin_migration(new, {1: {g for g in range(NUM_KEY_GROUPS)
                                     if owners_new[g] == wid and owners_old[g] != wid}})
     for e in engines.values():
-        for dest, unit, rows in e.extract():
+        for dest, unit, rows in e.handover.extract(e.placement):
             engines[dest].install([unit] if unit is not None else [], rows or [])
     for wid, e in engines.items():
         e.release_groups({1: [g for g in range(NUM_KEY_GROUPS) if owners_new[g] == wid and owners_old[g] != wid]})
-    return sum(e.packed_on_move for e in engines.values()) - packed
+    return sum(e.handover.packed_on_move for e in engines.values()) - packed
 
 
 def two_workers():
@@ -97,10 +98,10 @@ def test_a_group_at_rest_moves_as_its_blob_and_a_request_of_it_drops_the_blob():
     assert migrate(engines, old, new) == 1  # only the touched group had to be packed
     got = engines["w1"].ops[1].state_dict()
     assert got == {k: [[k, k]] + ([[7, 999]] if k == 7 else []) for k in range(500)}
-    assert e0.dropped and not any(e0.ops[1].groups)
-    while e0.free_one():
+    assert e0.handover.dropped and not any(e0.ops[1].groups)
+    while e0.handover.free_one():
         pass
-    assert not e0.dropped
+    assert not e0.handover.dropped
 
 
 def test_state_a_failing_function_changed_in_place_is_not_left_behind_by_its_blob():
@@ -166,7 +167,7 @@ def test_randomized_rest_migrate_checkpoint_and_fail_keep_every_keys_exact_histo
             elif action < 0.65:
                 e = engines[rng.choice(ws)]
                 for _ in range(rng.randint(1, 60)):
-                    if not (e.free_one() or e.warm_one() or e.rest_one()):
+                    if not (e.handover.free_one() or e.warm_one() or e.rest_one()):
                         break
             elif action < 0.75:
                 e = engines[rng.choice(ws)]
@@ -222,7 +223,7 @@ def test_a_backlog_is_scanned_in_pieces_with_nothing_run_between_and_arrivals_ke
     kept = [r for r in backlog if owners[b.group_of(r[2])] == "w0"]
     stay = next(k for k in range(300) if owners[b.group_of(k)] == "w0")
     pauses, units = 0, []
-    for dest, unit, _rows in e0.extract():
+    for dest, unit, _rows in e0.handover.extract(e0.placement):
         if dest is None:
             pauses += 1
             assert e0.run_round() == 0  # nothing of the job runs while its queues are scanned

@@ -71,9 +71,9 @@ def test_moved_group_requests_wait_for_their_state_and_keep_their_order():
     gainer.begin_migration(new, {1: set(moved)})
     gainer.receive(1, [[1, key, key, 3]])  # a new-epoch request overtakes the state: it is held
     drain(gainer)
-    assert gainer.ops[1].processed == 0 and gainer.held[1][g]
+    assert gainer.ops[1].processed == 0 and gainer.handover.held[1][g]
     loser.begin_migration(new, {})
-    out = list(loser.extract())
+    out = list(loser.handover.extract(loser.placement))
     units = [u for d, u, _ in out if u is not None and d == "w1"]
     unit = next(u for u in units if u[1] == g)
     # the group's state as one blob, and the queued request, move
@@ -88,7 +88,7 @@ def test_moved_group_requests_wait_for_their_state_and_keep_their_order():
     drain(gainer)
     assert not gainer.ops[1].cold
     assert gainer.ops[1].get(key) == 3 * key
-    assert not gainer.held and all(HOLD not in (r[3] or []) for r in gainer.ops[0].routes)
+    assert not gainer.handover.held and all(HOLD not in (r[3] or []) for r in gainer.ops[0].routes)
 
 
 def test_timed_requests_longer_than_the_stall_threshold_are_not_execution_time():
@@ -155,9 +155,9 @@ def test_remote_batches_travel_in_columns_and_count_exactly():
 
     held = JobEngine(1, spec, "w1", placement)
     g = held.ops[1].group_of("held")
-    held.held = {1: {g: []}}
+    held.handover.held = {1: {g: []}}
     held.receive_columns(placement.epoch, protocol.columns([(1, "held", "held", 5), (1, "x", "x", 5)]))
-    assert [r[1] for r in held.held[1][g]] == ["held"] + (["x"] if held.ops[1].group_of("x") == g else [])
+    assert [r[1] for r in held.handover.held[1][g]] == ["held"] + (["x"] if held.ops[1].group_of("x") == g else [])
 
 
 def test_a_successor_on_one_other_worker_takes_requests_straight_into_its_batch():
@@ -197,7 +197,7 @@ def test_a_migrated_group_stays_serialized_until_used_or_idle_time_decodes_it():
     loser.enqueue_rows([(1, k, k, k) for k in range(300)])
     drain(loser)
     loser.begin_migration(new, {})
-    units = [u for _, u, _ in loser.extract() if u is not None]
+    units = [u for _, u, _ in loser.handover.extract(loser.placement) if u is not None]
     assert sum(u[3] for u in units) == 300 and not loser.ops[1].state_dict()
     gainer.begin_migration(new, {1: {u[1] for u in units}})
     gainer.install(units, [])
