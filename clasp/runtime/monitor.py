@@ -129,8 +129,9 @@ class Monitor:
             q = eng.queue_length()
             total_q += q
             service = sum(o["rate"] for o in ops.values())
-            errors = list(eng.error_samples)[cur.errors_seen:] if cur.errors_seen < len(eng.error_samples) else []
-            cur.errors_seen = len(eng.error_samples)
+            samples = eng.executor.error_samples
+            errors = list(samples)[cur.errors_seen:] if cur.errors_seen < len(samples) else []
+            cur.errors_seen = len(samples)
             now_msgs = tuple(self.messages.get(job, (0, 0, 0, 0)))
             msgs = [(a - b) / interval for a, b in zip(now_msgs, cur.messages, strict=True)]
             cur.messages = now_msgs
@@ -140,7 +141,7 @@ class Monitor:
                 # Little's law: the time a request arriving now waits behind the queue.
                 "queue_delay": q / service if service > 0 else (float(q > 0) * interval),
                 "exec_us": sum(o["rate"] * o["tau_us"] for o in ops.values()),
-                "failed": eng.failed, "new_errors": errors,
+                "failed": eng.executor.failed, "new_errors": errors,
                 # Data messages (and the rows in them) per second this interval, to and from other workers.
                 "messages": dict(zip(MESSAGE_KEYS, msgs, strict=True)),
                 # Requests per second this worker routed to each key group of each stateful operator

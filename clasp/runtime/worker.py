@@ -127,10 +127,10 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
               f"metrics={self.metrics_url} planner={self.planner_addr}", flush=True)
         self._main = asyncio.current_task()
         try:
-            # The job engines' operator tasks are theirs (JobEngine.async_tasks); they end with the rest.
+            # The job engines' operator tasks are theirs (Executor.async_tasks); they end with the rest.
             await self.tasks.run(self._control_loop(), self._data_loop(), self._state_loop(), self._executor_loop(),
                                  self._heartbeat_loop(), self._register_loop(), sec.run(),
-                                 also=lambda: [t for e in self.jobs.values() for t in e.async_tasks])
+                                 also=lambda: [t for e in self.jobs.values() for t in e.executor.async_tasks])
         except asyncio.CancelledError:
             if self.exit_code is None:
                 raise
@@ -253,10 +253,10 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
             raise ValueError(f"job {job} is already deployed here")
         eng = JobEngine(job, spec, self.id, placement, self.p_max)
         eng.outbox.max_batch = self.max_batch
-        eng.stall = self.stall
-        eng.on_work = self.wake.set
+        eng.executor.stall = self.stall
+        eng.executor.on_work = self.wake.set
         if body.get("state") == "remote":
-            eng.remote_state = self._remote_state(body["state_server"])
+            eng.executor.remote_state = self._remote_state(body["state_server"])
         eng.floor = body.get("floor") or 0  # rows of an older epoch belong to an era a recovery rolled back
         self.jobs[job] = eng
         self._sinks_attach(eng, body.get("run", ""))
@@ -406,7 +406,7 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
             msgs[1] += n
 
     def _flush_progress(self, eng: JobEngine) -> None:
-        if eng.progress:
+        if eng.executor.progress:
             self.dealer.send(protocol.encode("done", [eng.job, eng.take_progress()]), copy=False)
 
     async def _executor_loop(self) -> None:
@@ -487,7 +487,7 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
             log.info("CPU quota %s: timed executions over %.1f ms count as stalled", cpu_max, stall * 1e3)
             self.stall = stall
             for eng in self.jobs.values():
-                eng.stall = stall
+                eng.executor.stall = stall
 
     async def _heartbeat_loop(self) -> None:
         self._read_quota()

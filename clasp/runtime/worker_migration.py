@@ -216,6 +216,12 @@ class Handover:
         return True
 
 
+class Running(Protocol):
+    """What `Migrator` uses of an engine's executor (clasp.runtime.executor.Executor)."""
+
+    async_tasks: set
+
+
 class Engine(Protocol):
     """What `Migrator` uses of a job's engine (clasp.runtime.engine.JobEngine, which imports this module)."""
 
@@ -224,7 +230,7 @@ class Engine(Protocol):
     epoch: int
     placement: Placement
     handover: Handover
-    async_tasks: set
+    executor: Running
 
     def begin_migration(self, placement: Placement, incoming: dict[int, set[int]]) -> None: ...
 
@@ -323,8 +329,8 @@ class Migrator:
             mig.start_sending()
             stats = eng.handover.stats
             stats["markers_ms"] = (perf_counter() - eng.handover.t0) * 1e3
-            if eng.async_tasks:  # drain: let running executions finish before their state moves
-                await asyncio.gather(*list(eng.async_tasks), return_exceptions=True)
+            if eng.executor.async_tasks:  # drain: let running executions finish before their state moves
+                await asyncio.gather(*list(eng.executor.async_tasks), return_exceptions=True)
             # What this worker's own executions batched goes first: a new owner must not run a moved
             # group, and send its outputs on, before the outputs this worker made of that group left.
             self.flush_data(eng)

@@ -80,8 +80,8 @@ class RecoveryMixin:
         blobs = []
         gc_was = False
         try:
-            if eng.async_tasks:
-                await asyncio.gather(*list(eng.async_tasks), return_exceptions=True)
+            if eng.executor.async_tasks:
+                await asyncio.gather(*list(eng.executor.async_tasks), return_exceptions=True)
             t, tc = perf_counter(), thread_time()
             keys = 0
             # A full collection over millions of state objects would land in one slice (tens of ms):
@@ -142,11 +142,11 @@ class RecoveryMixin:
         eng = JobEngine(job, spec, self.id, placement, self.p_max)
         self._time_restored(spec, body.get("watermark"))
         eng.outbox.max_batch = self.max_batch
-        eng.stall = self.stall
-        eng.on_work = self.wake.set
+        eng.executor.stall = self.stall
+        eng.executor.on_work = self.wake.set
         eng.floor = placement.epoch
         if body.get("state") == "remote":
-            eng.remote_state = self._remote_state(body["state_server"])
+            eng.executor.remote_state = self._remote_state(body["state_server"])
         loaded = 0
         if body["ckpt"]:
             store = self._store(body["dir"])

@@ -113,7 +113,7 @@ def test_state_a_failing_function_changed_in_place_is_not_left_behind_by_its_blo
         pass
     e0.enqueue_rows([(1, [3, BAD], 3, 2)])  # appends in place, then raises
     drain(e0)
-    assert e0.failed == 1 and e0.ops[1].get(3) == [[3, 1], [3, BAD]]
+    assert e0.executor.failed == 1 and e0.ops[1].get(3) == [[3, 1], [3, BAD]]
     migrate(engines, old, new)
     assert engines["w1"].ops[1].state_dict() == {3: [[3, 1], [3, BAD]]}
 

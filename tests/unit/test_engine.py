@@ -111,7 +111,7 @@ def test_timed_requests_longer_than_the_stall_threshold_are_not_execution_time()
     for stall in (float("inf"), 0.002):
         slow["n"] = 0
         eng = JobEngine(1, spec, "w0", build_placement(spec, ["w0"], {"a": {0: 1}}, 10))
-        eng.stall = stall
+        eng.executor.stall = stall
         eng.enqueue_rows([(0, i, None, i) for i in range(2000)])
         drain(eng)
         assert eng.ops[0].processed == 2000
