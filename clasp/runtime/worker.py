@@ -314,7 +314,6 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         op.set_state(body["key"], body["value"])
         return protocol.reply(body["req"], True)
 
-    @staticmethod
     async def _on_stop_job(self, body) -> bytes:
         self.jobs.pop(body["job"], None)
         await self._sinks_stop(body["job"])
