@@ -3,6 +3,12 @@
 Sockets: a DEALER to the planner (control, heartbeats, progress counts); a PULL bound for data from the
 planner and from peers; a PUSH per peer it sends to; a ROUTER bound as its state server, which any
 process may ask for a key's state or a whole operator's. Metrics are served over HTTP.
+
+`Worker` keeps the sockets, registration, heartbeats, the data path and the executor loop; its collaborators
+are built in `__init__` with what they use passed in: `StateChannel` (clasp.runtime.worker_state: the state
+server's answers, on both channels) and `Migrator` (clasp.runtime.worker_migration: the worker's half of a
+migration). Checkpoints, sinks, declared sources and event time are mixed in (worker_recovery, sinks,
+worker_sources, worker_time).
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from clasp.runtime.tasks import ProcessTasks, internal_error
 from clasp.runtime.worker_migration import Migrator
 from clasp.runtime.worker_recovery import RecoveryMixin
 from clasp.runtime.worker_sources import SourcesMixin
+from clasp.runtime.worker_state import StateChannel
 from clasp.runtime.worker_time import TimeMixin
 
 log = logging.getLogger("clasp.worker")
@@ -97,6 +104,7 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         self.exit_code: int | None = None  # set when the planner's `shutdown` (or a failed drain) ends serve()
         self._leaving = False
         self._main: asyncio.Task | None = None
+        self.state_channel = StateChannel(self._engine, self.monitor)
         self.migrations = Migrator(self.id, self.jobs, self.tasks, engine=self._engine, peer=self._peer,
                                    flush_data=self._flush_data, send=lambda frame: self.dealer.send(frame),
                                    bad=self._bad, busy=functools.partial(setattr, self, "busy_at"), wake=self.wake)
@@ -128,7 +136,9 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         self._main = asyncio.current_task()
         try:
             # The job engines' operator tasks are theirs (Executor.async_tasks); they end with the rest.
-            await self.tasks.run(self._control_loop(), self._data_loop(), self._state_loop(), self._executor_loop(),
+            state = self.state_channel.serve(self.router, on_bad=functools.partial(self._bad, where="state"),
+                                             on_failure=self._failed)
+            await self.tasks.run(self._control_loop(), self._data_loop(), state, self._executor_loop(),
                                  self._heartbeat_loop(), self._register_loop(), sec.run(),
                                  also=lambda: [t for e in self.jobs.values() for t in e.executor.async_tasks])
         except asyncio.CancelledError:
@@ -167,11 +177,9 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
 
     # ----------------------------------------------------------------- control channel (planner)
     async def _control_loop(self) -> None:
-        handlers = {"welcome": self._on_welcome, "deploy": self._on_deploy,
-                    "state_dump": self._on_state_dump, "collected_dump": self._on_collected_dump,
-                    "stop_job": self._on_stop_job, "error": self._on_error, "state_get": self._on_state_get,
-                    "state_put": self._on_state_put, "counters": self._on_counters,
-                    "migrate_plan": self.migrations.on_plan, "peers": self._on_peers, "shutdown": self._on_shutdown,
+        handlers = {**self.state_channel.handlers, "welcome": self._on_welcome, "deploy": self._on_deploy,
+                    "stop_job": self._on_stop_job, "error": self._on_error, "migrate_plan": self.migrations.on_plan,
+                    "peers": self._on_peers, "shutdown": self._on_shutdown,
                     "ckpt_begin": self._on_ckpt_begin, "ckpt_snapshot": self._on_ckpt_snapshot,
                     "ckpt_abort": self._on_ckpt_abort, "restore": self._on_restore,
                     "sink_commit": self._on_sink_commit, "sink_flush": self._on_sink_flush,
@@ -290,43 +298,11 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
             raise OperatorError(f"no job {body['job']} on worker {self.id}")
         return eng
 
-    def _on_state_dump(self, body) -> bytes:
-        return protocol.reply(body["req"], self._engine(body).state_dump(body["op"]))
-
-    def _on_collected_dump(self, body) -> bytes:
-        return protocol.reply(body["req"], list(self._engine(body).op(body["op"]).collected))
-
-    def _on_counters(self, body) -> bytes:
-        eng = self._engine(body)
-        out = {**eng.counters(), "messages": self.monitor.message_counts(eng.job)}
-        if body.get("below") is not None:
-            out["holds_below"] = eng.holds_below(body["below"])
-        return protocol.reply(body["req"], out)
-
-    def _on_state_get(self, body) -> bytes:
-        op = self._engine(body).op(body["op"])
-        op.warm_key(body["key"])
-        return protocol.reply(body["req"], op.get(body["key"]))
-
-    def _on_state_put(self, body) -> bytes:
-        op = self._engine(body).op(body["op"])
-        op.warm_key(body["key"])
-        op.set_state(body["key"], body["value"])
-        return protocol.reply(body["req"], True)
-
     async def _on_stop_job(self, body) -> bytes:
         self.jobs.pop(body["job"], None)
         await self._sinks_stop(body["job"])
         await self._sources_detach(body["job"])
         return protocol.reply(body["req"], True)
-
-    # ----------------------------------------------------------------- state server (any process)
-    async def _state_loop(self) -> None:
-        handlers = {"state_get": self._on_state_get, "state_put": self._on_state_put,
-                    "state_dump": self._on_state_dump, "collected_dump": self._on_collected_dump,
-                    "counters": self._on_counters}
-        await ServerLoop(self.router, handlers, where="a state server", pass_ident=False,
-                         on_bad=functools.partial(self._bad, where="state"), on_failure=self._failed).serve()
 
     # ----------------------------------------------------------------- data path
     async def _data_loop(self) -> None:
