@@ -48,6 +48,7 @@ class Monitor:
         # worker was busy all along, i.e. saturated, however short its queue (the planner's window keeps
         # queues short, so queue growth and queueing delay rarely show saturation on this runtime).
         self.idle_waits = 0
+        self.checkpoint_failures = 0  # snapshots this worker could not take or write, cumulative
         # job -> [sent, sent_rows, received, received_rows], cumulative; the data path adds one increment per
         # message (the server's `_flush_data` and `_data_loop`), never per row.
         self.messages: dict[int, list[int]] = {}
@@ -206,6 +207,10 @@ class WorkerCollector:
         yield err
         yield h
         yield e
+        cf = CounterMetricFamily("clasp_worker_checkpoint_failures",
+                                 "Checkpoints whose snapshot this worker could not take or write")
+        cf.add_metric([], self.m.checkpoint_failures)
+        yield cf
         b = CounterMetricFamily("clasp_bad_messages", "Malformed, truncated or unknown messages dropped",
                                 labels=["reason"])
         for reason, n in list(self.m.bad_messages.items()):

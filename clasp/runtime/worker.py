@@ -73,7 +73,6 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         self.config = config
         self.planner_addr = config.planner
         self.state_dir = config.state_dir  # checkpoints; None: the directory the planner names
-        self.checkpoint_failures = 0
         self.busy_at = perf_counter()  # when this worker last did work (rounds, migrations): idle-time work waits
         self.host = config.host
         self.metrics_host = config.metrics_host or config.host

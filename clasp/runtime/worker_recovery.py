@@ -57,7 +57,7 @@ class RecoveryMixin:
             eng.release_barrier()
             self._sinks_unfence(eng)
             self.wake.set()
-            self.checkpoint_failures += 1
+            self.monitor.checkpoint_failures += 1
             text = f"{type(e).__name__}: {e}"
             if isinstance(e, (TypeError, ValueError, OverflowError)):
                 try:
@@ -109,7 +109,7 @@ class RecoveryMixin:
             nbytes = await asyncio.to_thread(_write_all, store, job, ckpt, blobs)
         except OSError as e:
             log.error("job %d checkpoint %d: writing the state failed: %s", job, ckpt, e)
-            self.checkpoint_failures += 1
+            self.monitor.checkpoint_failures += 1
             self.dealer.send(protocol.reply_error(req, f"checkpoint {ckpt} not written: {e}"))
             self._sinks_unfence(eng)
             # the outputs go back: the checkpoint that would have released them failed
