@@ -33,3 +33,14 @@ class RestBudget:
         """When `allows` becomes true again."""
         self._fill(now)
         return now if self.level > 0 else now + (1e-6 - self.level) / self.share
+
+
+def idle_work_at(busy_at: float, now: float, moved: bool, changed: bool, budget: RestBudget) -> float | None:
+    """When the worker's idle-time work may start, its input paused (`REST_IDLE_S` after its last work at
+    `busy_at`): freeing the state of key groups that moved away or decoding migrated ones (`moved`) then;
+    putting changed key groups to rest (`changed`) then too, once `budget` allows. None: nothing to do."""
+    if moved:
+        return busy_at + REST_IDLE_S
+    if changed:
+        return max(busy_at + REST_IDLE_S, budget.ready_at(now))
+    return None

@@ -28,8 +28,9 @@ from prometheus_client import CollectorRegistry
 
 from clasp.core import protocol
 from clasp.core.dag import DagError, DagSpec
+from clasp.core.estimator import stall_threshold
 from clasp.core.protocol import ProtocolError
-from clasp.core.rest import REST_IDLE_S, RestBudget
+from clasp.core.rest import REST_IDLE_S, RestBudget, idle_work_at
 from clasp.core.routing import Placement, PlacementError
 from clasp.runtime.config import WorkerConfig
 from clasp.runtime.cpuquota import process_cpu_max
@@ -83,7 +84,7 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         self.heartbeat = config.heartbeat
         self.flush_delay = config.flush_delay
         self.max_batch = config.max_batch
-        self.stall = math.inf  # JobEngine.stall: set from this process's CPU quota
+        self.stall = math.inf  # Executor.stall: set from this process's CPU quota
         self.ctx = batch_io_threads(zmq.asyncio.Context())
         self.monitor = Monitor(self.id)
         self.monitor.cpus = config.cpus
@@ -104,7 +105,7 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         self._leaving = False
         self._main: asyncio.Task | None = None
         self.state_channel = StateChannel(self._engine, self.monitor)
-        self.migrations = Migrator(self.id, self.jobs, self.tasks, engine=self._engine, peer=self._peer,
+        self.migrations = Migrator(self.id, self.jobs, self.tasks, engine_of=self._engine, peer=self._peer,
                                    flush_data=self._flush_data, send=lambda frame: self.dealer.send(frame),
                                    bad=self._bad, busy=functools.partial(setattr, self, "busy_at"), wake=self.wake)
 
@@ -440,11 +441,8 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
             if timer is not None:
                 timer.cancel()
                 timer = None
-            at = None  # when idle-time work may start
-            if any(e.handover.dropped or any(o.cold for o in e.ops) for e in engines):
-                at = self.busy_at + REST_IDLE_S
-            elif any(e.changed() for e in engines):
-                at = max(self.busy_at + REST_IDLE_S, budget.ready_at(now))
+            moved = any(e.handover.dropped or any(o.cold for o in e.ops) for e in engines)
+            at = idle_work_at(self.busy_at, now, moved, not moved and any(e.changed() for e in engines), budget)
             if at is not None:
                 timer = asyncio.get_running_loop().call_later(max(0.0, at - now), self.wake.set)
             self.monitor.idle_waits += 1
@@ -456,7 +454,7 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         and the engines' stall threshold, half of the longest throttled stretch of a period."""
         cpu_max = process_cpu_max()
         self.monitor.cpu_limit = None if cpu_max is None else cpu_max[0] / cpu_max[1]
-        stall = math.inf if cpu_max is None else max(1e-3, 0.5 * (cpu_max[1] - cpu_max[0]))
+        stall = stall_threshold(cpu_max)
         if stall != self.stall:
             log.info("CPU quota %s: timed executions over %.1f ms count as stalled", cpu_max, stall * 1e3)
             self.stall = stall

@@ -240,22 +240,22 @@ class Engine(Protocol):
 
 
 class Migrator:
-    """The worker's half of every migration. `jobs` is the worker's table of engines; `engine(body)` finds a
+    """The worker's half of every migration. `jobs` is the worker's table of engines; `engine_of(body)` finds a
     request's (or raises); `peer(wid)` is the data socket to a peer; `flush_data(eng)` sends what an engine
     batched; `send` sends on the control channel; `bad(error, where)` counts a bad message; `busy(t)` tells
     the worker it did work at `t` (idle-time work waits); `wake` wakes its executor loop."""
 
-    def __init__(self, me: str, jobs: dict, tasks: ProcessTasks, *, engine: Callable, peer: Callable[[str], DirectSend],
-                 flush_data: Callable, send: Callable, bad: Callable, busy: Callable[[float], None],
-                 wake: asyncio.Event):
+    def __init__(self, me: str, jobs: dict, tasks: ProcessTasks, *, engine_of: Callable,
+                 peer: Callable[[str], DirectSend], flush_data: Callable, send: Callable, bad: Callable,
+                 busy: Callable[[float], None], wake: asyncio.Event):
         self.me, self.jobs, self.tasks = me, jobs, tasks
-        self.engine, self.peer, self.flush_data, self.send, self.bad = engine, peer, flush_data, send, bad
+        self.engine_of, self.peer, self.flush_data, self.send, self.bad = engine_of, peer, flush_data, send, bad
         self.busy, self.wake = busy, wake
         self.gc_paused = False  # collection turned off here for a migration in progress
 
     def on_plan(self, body) -> None:
         """Steps 3-7 for one plan; the reply to the planner is sent when this worker is done."""
-        eng = self.engine(body)
+        eng = self.engine_of(body)
         plan = MigrationPlan.from_wire(body["plan"])
         placement = Placement.from_wire(body["placement"], eng.spec)
         if placement.epoch <= eng.epoch:

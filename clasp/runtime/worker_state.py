@@ -17,11 +17,11 @@ from clasp.runtime.net import ServerLoop
 
 
 class StateChannel:
-    """`engine(body)` finds a request's job engine (or raises OperatorError); `monitor` counts the messages
+    """`engine_of(body)` finds a request's job engine (or raises OperatorError); `monitor` counts the messages
     each job sent and received, part of its counters."""
 
-    def __init__(self, engine: Callable[[dict], JobEngine], monitor: Monitor):
-        self.engine, self.monitor = engine, monitor
+    def __init__(self, engine_of: Callable[[dict], JobEngine], monitor: Monitor):
+        self.engine_of, self.monitor = engine_of, monitor
         self.handlers = {"state_get": self.on_state_get, "state_put": self.on_state_put,
                          "state_dump": self.on_state_dump, "collected_dump": self.on_collected_dump,
                          "counters": self.on_counters}
@@ -31,25 +31,25 @@ class StateChannel:
                          on_bad=on_bad, on_failure=on_failure).serve()
 
     def on_state_dump(self, body) -> bytes:
-        return protocol.reply(body["req"], self.engine(body).state_dump(body["op"]))
+        return protocol.reply(body["req"], self.engine_of(body).state_dump(body["op"]))
 
     def on_collected_dump(self, body) -> bytes:
-        return protocol.reply(body["req"], list(self.engine(body).op(body["op"]).collected))
+        return protocol.reply(body["req"], list(self.engine_of(body).op(body["op"]).collected))
 
     def on_counters(self, body) -> bytes:
-        eng = self.engine(body)
+        eng = self.engine_of(body)
         out = {**eng.counters(), "messages": self.monitor.message_counts(eng.job)}
         if body.get("below") is not None:
             out["holds_below"] = eng.holds_below(body["below"])
         return protocol.reply(body["req"], out)
 
     def on_state_get(self, body) -> bytes:
-        op = self.engine(body).op(body["op"])
+        op = self.engine_of(body).op(body["op"])
         op.warm_key(body["key"])
         return protocol.reply(body["req"], op.get(body["key"]))
 
     def on_state_put(self, body) -> bytes:
-        op = self.engine(body).op(body["op"])
+        op = self.engine_of(body).op(body["op"])
         op.warm_key(body["key"])
         op.set_state(body["key"], body["value"])
         return protocol.reply(body["req"], True)

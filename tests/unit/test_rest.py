@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clasp.core.rest import REST_BURST_S, REST_SHARE, RestBudget
+from clasp.core.rest import REST_BURST_S, REST_IDLE_S, REST_SHARE, RestBudget, idle_work_at
 
 
 def test_a_full_budget_allows_then_waits_for_its_share_of_the_clock():
@@ -41,3 +41,14 @@ def test_rest_budget_spends_at_most_its_share_of_the_clock_plus_one_burst(steps)
         else:
             assert budget.ready_at(now) > now
     assert spent <= 0.25 + 0.05 * now + biggest + 1e-9
+
+
+def test_idle_work_waits_for_the_input_to_pause_and_for_the_budget():
+    budget = RestBudget(0.0)
+    assert idle_work_at(5.0, 5.0, moved=False, changed=False, budget=budget) is None
+    assert idle_work_at(5.0, 5.0, moved=True, changed=True, budget=budget) == 5.0 + REST_IDLE_S
+    assert idle_work_at(5.0, 5.0, moved=False, changed=True, budget=budget) == 5.0 + REST_IDLE_S
+    budget.spend(REST_BURST_S + 0.01)  # overdrawn: packing waits for the budget, freeing does not
+    at = idle_work_at(5.0, 5.0, moved=False, changed=True, budget=budget)
+    assert at == budget.ready_at(5.0) > 5.0 + REST_IDLE_S
+    assert idle_work_at(5.0, 5.0, moved=True, changed=True, budget=budget) == 5.0 + REST_IDLE_S
