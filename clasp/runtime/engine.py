@@ -16,7 +16,6 @@ counters. Its collaborators, built here with what each uses passed in:
 
 from __future__ import annotations
 
-import logging
 from itertools import chain, repeat
 
 from clasp.core.dag import DagSpec
@@ -25,15 +24,11 @@ from clasp.core.routing import ROUTE_LOCAL, Placement
 from clasp.core.tracking import EPOCH_BITS
 from clasp.runtime.barrier import Barrier
 from clasp.runtime.executor import Executor
-from clasp.runtime.operators import (
-    OperatorError,
-    OpRuntime,
-    check_serializable,
-)
+from clasp.runtime.operators import OperatorError, OpRuntime, check_serializable
 from clasp.runtime.outbox import Outbox
 from clasp.runtime.worker_migration import Handover
 
-log = logging.getLogger("clasp.worker.engine")
+
 class JobEngine:
     """The state of one job on one worker; `run_round()` executes, the worker process does the I/O."""
 
