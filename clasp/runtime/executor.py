@@ -166,7 +166,7 @@ class Executor:
         t_exec = 0.0
         timed = 0
         stall = self.stall
-        emitted = 0  # children handed over by the fast paths; the general path counts in _send
+        emitted = 0  # children handed over by the fast paths; the general path counts in send
         cur, used, made = -1, 0, 0  # the progress epoch of the run being counted, its requests, their children
         i = -1
         for _, value, _k, rid in q.take_rows(n):
