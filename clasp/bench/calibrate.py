@@ -20,7 +20,7 @@
   β and γ are the values with which the simulator reproduces both measured throughputs (solved by
   bisection, alternately). Neither placement is the spread that `clasp.bench.validate_sim` checks.
 - **α_split** (µs per local chained request to a stateless successor that other workers also hold: the
-  runtime's table route, `clasp/runtime/engine.py` `_send`, instead of the single-holder fast path α is measured
+  runtime's table route, `clasp/runtime/executor.py` `send`, instead of the single-holder fast path α is measured
   on): SYN with every operator nearly all on worker 0, its share there falling by 0.2 % an operator (SPLIT:
   local-first routing keeps 99.8 % of every edge there, and every kept request takes the table route), the
   value with which the simulator reproduces its throughput, β and γ fixed. MIX (even operators on worker 0,
@@ -28,7 +28,7 @@
   requests per record, whose mispricing a fit on MIX would absorb into α_split (docs/SIMULATOR.md);
   `--alpha-split-from mix` fits on it.
 - **α_keyed** (µs per chained request into a keyed operator whose key groups are not all on the sending
-  worker: the runtime's keyed table route, `clasp/runtime/engine.py` `_send`, key function, key-group
+  worker: the runtime's keyed table route, `clasp/runtime/executor.py` `send`, key function, key-group
   lookup and hit count per output, local or remote, in place of α or β_s): WC with its split on worker 0
   and its count on worker 1 (KEYED: every word through that route), the value with which the simulated
   sender spends what the measured one did per line (its CPU over the run's throughput), every other

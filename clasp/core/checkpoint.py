@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from clasp.core.control import pool_order
 from clasp.core.dag import DagSpec
 from clasp.core.routing import NUM_KEY_GROUPS, OperatorPlacement, Placement, key_groups_for_shares
+from clasp.core.sinks import aligned_operators
 from clasp.core.tracking import CHUNK_BITS, Tracker
 
 KEEP_COMPLETE = 2  # complete checkpoints kept on disk (and input kept back to the older one)
@@ -197,3 +198,18 @@ def split_collected(outputs: Sequence, rids: Sequence[int], boundary_rid: int) -
             hi.append(out)
             hi_r.append(rid)
     return lo, lo_r, hi, hi_r
+
+
+def barrier_holds(spec: DagSpec) -> set[int]:
+    """The stateful operators whose requests at or above a barrier's boundary wait out of their queues until the
+    snapshot (aligned); the other stateful operators run on, keeping a key group's image before the first such
+    request changes it (copy on write).
+
+    An async operator cannot keep an image (its calls interleave). A job reading declared sources aligns every
+    stateful operator: records below the boundary keep flowing after the barrier (each worker's readers have a
+    window of them in flight), and a request above it that overtook one below at a key would emit from a state
+    the checkpoint does not hold (a running count's n). Operators whose outputs reach a sink or a collection
+    align for the same reason (`clasp.core.sinks.aligned_operators`)."""
+    aligned = aligned_operators(spec)
+    return {o.index for o in spec.operators
+            if o.stateful and (o.is_async or bool(spec.readers) or o.index in aligned)}

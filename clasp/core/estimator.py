@@ -203,6 +203,17 @@ class EstimatorUpdate:
                              self.flush_delay)
 
 
+def stall_threshold(cpu_max: tuple[float, float] | None) -> float:
+    """Seconds beyond which a timed execution was stalled, not executing, under a CPU quota `cpu_max`
+    ((quota, period) in seconds; None: unlimited, nothing is): half of the longest throttled stretch of a
+    period, at least 1 ms. A throttled period lands inside whichever request was running, so such a
+    sample says nothing of the operator's execution time (τ̄)."""
+    if cpu_max is None:
+        return math.inf
+    quota, period = cpu_max
+    return max(1e-3, 0.5 * (period - quota))
+
+
 def _eliminate(a: list[list[float]], b: list[float]) -> tuple[list[float] | None, float]:
     """Gaussian elimination with partial pivoting on these small systems: (solution or None, determinant)."""
     n = len(b)

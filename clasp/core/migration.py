@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from clasp.core.dag import DagSpec
-from clasp.core.routing import Placement
+from clasp.core.routing import OperatorPlacement, Placement
 
 PLANNER = "planner"  # the sender name of the planner's markers
 
@@ -126,6 +126,42 @@ def plan_migration(spec: DagSpec, old: Placement, new: Placement, participants: 
             receives.setdefault(b, set()).add(a)
     return MigrationPlan(new.epoch, moves, handoffs, markers, {w: sorted(v) for w, v in sends.items()},
                          {w: sorted(v) for w, v in receives.items()}, sorted(set(participants) - dead), sorted(dead))
+
+
+def incoming_groups(plan: MigrationPlan, spec: DagSpec, me: str) -> dict[int, set[int]]:
+    """The key groups whose state `plan` moves to worker `me` from a live worker, by operator index: their
+    requests wait until it arrives. A dead worker's groups restart empty at once."""
+    index = {o.name: o.index for o in spec.operators}
+    incoming: dict[int, set[int]] = {}
+    for op, moves in plan.moves.items():
+        for (src, dst), groups in moves.items():
+            if dst == me and src not in plan.dead:
+                incoming.setdefault(index[op], set()).update(groups)
+    return incoming
+
+
+def groups_from(plan: MigrationPlan, spec: DagSpec, sender: str, me: str) -> dict[int, list[int]]:
+    """The key groups `plan` moves from `sender` to `me`, by operator index."""
+    index = {o.name: o.index for o in spec.operators}
+    out: dict[int, list[int]] = {}
+    for op, moves in plan.moves.items():
+        groups = moves.get((sender, me))
+        if groups:
+            out[index[op]] = groups
+    return out
+
+
+def request_owner(p: OperatorPlacement, me: str, group: int | None) -> str | None:
+    """The worker that should run a request of an operator placed as `p`, None when it is `me`: the owner of
+    the request's key group `group` for a stateful operator; for a stateless one (`group` None), `me` while it
+    holds a share, else the holder of the largest share (the least id among equals)."""
+    if group is not None:
+        w = p.key_groups[group]
+    elif p.shares.get(me, 0.0) > 0:
+        return None
+    else:
+        w = min(p.workers(), key=lambda x: (-p.shares[x], x))
+    return None if w == me else w
 
 
 @dataclass

@@ -40,7 +40,7 @@ class InputLog:
         self.in_memory = 0
         self.in_memory_bytes = 0
         self.spilled = 0  # chunks dropped from memory (they are on disk), cumulative
-        self.spill_errors = 0
+        self.write_failures = 0  # chunks it could not write (kept in memory instead), cumulative
         self.written_below = 0  # every chunk below this one is written (or failed to be)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._todo: deque[tuple[int, object]] = deque()  # (chunk, frame bytes or records) for the thread
@@ -140,7 +140,7 @@ class InputLog:
         if e is not None:
             e[DURABLE] = durable
         if not durable and self.store is not None:
-            self.spill_errors += 1
+            self.write_failures += 1
         self.written_below = max(self.written_below, chunk + 1)
         if self.in_memory > self.memory_records or self.in_memory_bytes > self.memory_bytes:
             self._spill()

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from clasp.runtime.engine import EXEC_BUCKETS, JobEngine
+from clasp.runtime.engine import JobEngine
+from clasp.runtime.operators import EXEC_BUCKETS
 
 
 @dataclass
@@ -47,6 +48,7 @@ class Monitor:
         # worker was busy all along, i.e. saturated, however short its queue (the planner's window keeps
         # queues short, so queue growth and queueing delay rarely show saturation on this runtime).
         self.idle_waits = 0
+        self.checkpoint_failures = 0  # snapshots this worker could not take or write, cumulative
         # job -> [sent, sent_rows, received, received_rows], cumulative; the data path adds one increment per
         # message (the server's `_flush_data` and `_data_loop`), never per row.
         self.messages: dict[int, list[int]] = {}
@@ -120,15 +122,17 @@ class Monitor:
                     edges.append({"src": name[0], "dst": name[1], "rate": (c - cur.edges.get(name, 0)) / interval,
                                   "total": c})
                     cur.edges[name] = c
-            rl = (eng.local_requests - cur.local) / interval
-            rr = (eng.remote_requests - cur.remote) / interval
+            rl = (eng.outbox.local_requests - cur.local) / interval
+            rr = (eng.outbox.remote_requests - cur.remote) / interval
             r_in = (eng.received_requests - cur.received) / interval
-            cur.local, cur.remote, cur.received = eng.local_requests, eng.remote_requests, eng.received_requests
+            cur.local, cur.remote, cur.received = (eng.outbox.local_requests, eng.outbox.remote_requests,
+                                                  eng.received_requests)
             q = eng.queue_length()
             total_q += q
             service = sum(o["rate"] for o in ops.values())
-            errors = list(eng.error_samples)[cur.errors_seen:] if cur.errors_seen < len(eng.error_samples) else []
-            cur.errors_seen = len(eng.error_samples)
+            samples = eng.executor.error_samples
+            errors = list(samples)[cur.errors_seen:] if cur.errors_seen < len(samples) else []
+            cur.errors_seen = len(samples)
             now_msgs = tuple(self.messages.get(job, (0, 0, 0, 0)))
             msgs = [(a - b) / interval for a, b in zip(now_msgs, cur.messages, strict=True)]
             cur.messages = now_msgs
@@ -138,7 +142,7 @@ class Monitor:
                 # Little's law: the time a request arriving now waits behind the queue.
                 "queue_delay": q / service if service > 0 else (float(q > 0) * interval),
                 "exec_us": sum(o["rate"] * o["tau_us"] for o in ops.values()),
-                "failed": eng.failed, "new_errors": errors,
+                "failed": eng.executor.failed, "new_errors": errors,
                 # Data messages (and the rows in them) per second this interval, to and from other workers.
                 "messages": dict(zip(MESSAGE_KEYS, msgs, strict=True)),
                 # Requests per second this worker routed to each key group of each stateful operator
@@ -161,8 +165,8 @@ class WorkerCollector:
         q.add_metric([], sum(e.queue_length() for e in jobs))
         yield q
         c = CounterMetricFamily("clasp_chained_requests", "Chained requests generated (R^l, R^r)", labels=["kind"])
-        c.add_metric(["local"], sum(e.local_requests for e in jobs))
-        c.add_metric(["remote"], sum(e.remote_requests for e in jobs))
+        c.add_metric(["local"], sum(e.outbox.local_requests for e in jobs))
+        c.add_metric(["remote"], sum(e.outbox.remote_requests for e in jobs))
         yield c
         cpu = CounterMetricFamily("clasp_worker_cpu_seconds", "CPU time of the worker process, every thread")
         cpu.add_metric([], time.process_time())
@@ -203,6 +207,10 @@ class WorkerCollector:
         yield err
         yield h
         yield e
+        cf = CounterMetricFamily("clasp_worker_checkpoint_failures",
+                                 "Checkpoints whose snapshot this worker could not take or write")
+        cf.add_metric([], self.m.checkpoint_failures)
+        yield cf
         b = CounterMetricFamily("clasp_bad_messages", "Malformed, truncated or unknown messages dropped",
                                 labels=["reason"])
         for reason, n in list(self.m.bad_messages.items()):

@@ -432,6 +432,11 @@ class Checkpoints:
         rr = CounterMetricFamily("clasp_records_replayed", "Records dispatched again from the input log")
         rr.add_metric([], self.records_replayed)
         yield rr
+        lw = CounterMetricFamily("clasp_input_log_write_failures", "Input chunks the input log could not write "
+                                 "to disk (kept in memory instead)", labels=["job"])
+        for j in jobs_c:
+            lw.add_metric([str(j.id)], j.ckpt.log.write_failures)
+        yield lw
 
     def stats(self, job) -> dict | None:
         c = job.ckpt
@@ -443,6 +448,7 @@ class Checkpoints:
                 "last_pause_s": c.last_pause, "last_pause_cpu_s": c.last_pause_cpu,
                 "pending": c.coord.pending.id if c.coord.pending else None,
                 "input_log_records": c.log.records_kept, "input_log_spilled": c.log.spilled,
+                "input_log_write_failures": c.log.write_failures,
                 "failures": list(c.coord.failures), "last_recovery": c.last_recovery,
                 "interval_s": self.checkpoint_interval, "serving": self.queries.workers_of(job)}
 

@@ -1,7 +1,8 @@
 """The worker's client of the planner's remote-state server (the paper's Fig. 4 baseline).
 
-`JobEngine.remote_state` is set to one of these for a job deployed with `state="remote"`: its stateful
-operators then read and write their keys here, one `get_many` and one `put_many` per micro-batch. One
+`Executor.remote_state` (clasp.runtime.executor) is set to one of these for a job deployed with
+`state="remote"`: its stateful operators then read and write their keys here, one `get_many` and one
+`put_many` per micro-batch. One
 zmq.asyncio DEALER per state-server endpoint, shared by the worker's jobs; requests carry ids, replies
 resolve their futures, and a request not answered within `timeout` seconds raises RemoteStateError.
 """

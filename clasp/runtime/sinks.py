@@ -16,7 +16,8 @@ import math
 
 from clasp.core import protocol
 from clasp.core.sinks import SINK_BATCH, SINK_BUFFER, partition_name, take_writable
-from clasp.runtime.engine import JobEngine, OperatorError, OpRuntime
+from clasp.runtime.engine import JobEngine
+from clasp.runtime.operators import OperatorError, OpRuntime
 
 log = logging.getLogger("clasp.worker.sinks")
 
@@ -85,9 +86,9 @@ class SinkWriter:
             self.on_room()
 
     def report(self, e: BaseException, value, n: int = 1) -> None:
-        self.eng._fail(self.op, OperatorError(f"sink {self.op.name!r}: {type(e).__name__}: {e}"), value)
+        self.eng.executor.fail(self.op, OperatorError(f"sink {self.op.name!r}: {type(e).__name__}: {e}"), value)
         self.op.errors += n - 1
-        self.eng.failed += n - 1
+        self.eng.executor.failed += n - 1
         log.error("job %d sink %s partition %s: %s: %s", self.eng.job, self.op.name, self.name, type(e).__name__, e)
 
     async def prepare(self, ckpt: int, boundary: int) -> list:
@@ -212,7 +213,7 @@ class SinkMixin:
 
     def _sink_error(self, eng: JobEngine, sink_name: str, partition: str, what: str, e: BaseException) -> None:
         op = eng.op(sink_name)
-        eng._fail(op, OperatorError(f"sink {sink_name!r} {what} of {partition}: {type(e).__name__}: {e}"), None)
+        eng.executor.fail(op, OperatorError(f"sink {sink_name!r} {what} of {partition}: {type(e).__name__}: {e}"), None)
         log.error("job %d sink %s: %s of %s failed: %s: %s", eng.job, sink_name, what, partition,
                   type(e).__name__, e)
 

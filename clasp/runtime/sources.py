@@ -171,11 +171,11 @@ class SourceReaders:
             try:
                 batch = await p.reader.next_batch(take)
             except Exception as e:  # the source's failure is the source operator's error; it is asked again
-                self.eng._fail(op, OperatorError(f"source {op.name!r}, partition {p.name!r}: {e!r}"), None)
+                self.eng.executor.fail(op, OperatorError(f"source {op.name!r}, partition {p.name!r}: {e!r}"), None)
                 await asyncio.sleep(1.0)
                 return True
             for err in p.reader.take_errors():
-                self.eng._fail(op, OperatorError(f"source {op.name!r}: {err}"), None)
+                self.eng.executor.fail(op, OperatorError(f"source {op.name!r}: {err}"), None)
             if not batch:
                 if p.reader.exhausted:
                     p.position = p.reader.position()

@@ -3,13 +3,18 @@
 Sockets: a DEALER to the planner (control, heartbeats, progress counts); a PULL bound for data from the
 planner and from peers; a PUSH per peer it sends to; a ROUTER bound as its state server, which any
 process may ask for a key's state or a whole operator's. Metrics are served over HTTP.
+
+`Worker` keeps the sockets, registration, heartbeats, the data path and the executor loop; its collaborators
+are built in `__init__` with what they use passed in: `StateChannel` (clasp.runtime.worker_state: the state
+server's answers, on both channels) and `Migrator` (clasp.runtime.worker_migration: the worker's half of a
+migration). Checkpoints, sinks, declared sources and event time are mixed in (worker_recovery, sinks,
+worker_sources, worker_time).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import gc
 import logging
 import math
 import os
@@ -23,12 +28,13 @@ from prometheus_client import CollectorRegistry
 
 from clasp.core import protocol
 from clasp.core.dag import DagError, DagSpec
-from clasp.core.migration import MigrationPlan, WorkerMigration
+from clasp.core.estimator import stall_threshold
 from clasp.core.protocol import ProtocolError
+from clasp.core.rest import REST_IDLE_S, RestBudget, idle_work_at
 from clasp.core.routing import Placement, PlacementError
 from clasp.runtime.config import WorkerConfig
 from clasp.runtime.cpuquota import process_cpu_max
-from clasp.runtime.engine import REST_IDLE_S, JobEngine, OperatorError, RestBudget
+from clasp.runtime.engine import JobEngine
 from clasp.runtime.monitor import Monitor, WorkerCollector
 from clasp.runtime.net import (
     DirectSend,
@@ -40,26 +46,24 @@ from clasp.runtime.net import (
     start_metrics_server,
     zero_copy,
 )
+from clasp.runtime.operators import OperatorError
 from clasp.runtime.remote_state import RemoteState
 from clasp.runtime.security import Security
 from clasp.runtime.sinks import SinkMixin
 from clasp.runtime.tasks import ProcessTasks, internal_error
+from clasp.runtime.worker_migration import Migrator
 from clasp.runtime.worker_recovery import RecoveryMixin
 from clasp.runtime.worker_sources import SourcesMixin
+from clasp.runtime.worker_state import StateChannel
 from clasp.runtime.worker_time import TimeMixin
 
 log = logging.getLogger("clasp.worker")
 # Errors whose text is meant for the asker; any other exception in a handler is a bug (an error id, logged).
 CLIENT_ERRORS = (OperatorError, DagError, PlacementError, ProtocolError)
-# Seconds of migration work (taking out and serializing key groups) between two turns of the event loop.
-# Short, because under a CPU quota a stretch that outlasts the period's allowance stalls for the rest of it.
-MIGRATE_SLICE_S = 0.0005
 # While busy, a worker reports its progress counts at most this often (and at once when it runs out of work):
 # a `done` message costs the worker's asyncio DEALER and the planner ~30 µs each, and a 1 ms report took
 # ~9 % of a busy worker's loop; epochs complete at most this much later under load.
 PROGRESS_INTERVAL_S = 0.005
-MIGRATE_SLICE_ROWS = 1000  # queued requests one migrate message carries at most (with their groups' state)
-MIGRATE_SLICE_BYTES = 256 << 10  # and bytes of state, about: decoding it stays well under a millisecond
 
 
 class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
@@ -70,9 +74,7 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         self.config = config
         self.planner_addr = config.planner
         self.state_dir = config.state_dir  # checkpoints; None: the directory the planner names
-        self.checkpoint_failures = 0
         self.busy_at = perf_counter()  # when this worker last did work (rounds, migrations): idle-time work waits
-        self._gc_paused = False  # collection turned off here for a migration in progress
         self.host = config.host
         self.metrics_host = config.metrics_host or config.host
         self.security = security or Security()
@@ -82,7 +84,7 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         self.heartbeat = config.heartbeat
         self.flush_delay = config.flush_delay
         self.max_batch = config.max_batch
-        self.stall = math.inf  # JobEngine.stall: set from this process's CPU quota
+        self.stall = math.inf  # Executor.stall: set from this process's CPU quota
         self.ctx = batch_io_threads(zmq.asyncio.Context())
         self.monitor = Monitor(self.id)
         self.monitor.cpus = config.cpus
@@ -102,6 +104,10 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         self.exit_code: int | None = None  # set when the planner's `shutdown` (or a failed drain) ends serve()
         self._leaving = False
         self._main: asyncio.Task | None = None
+        self.state_channel = StateChannel(self._engine, self.monitor)
+        self.migrations = Migrator(self.id, self.jobs, self.tasks, engine_of=self._engine, peer=self._peer,
+                                   flush_data=self._flush_data, send=lambda frame: self.dealer.send(frame),
+                                   bad=self._bad, busy=functools.partial(setattr, self, "busy_at"), wake=self.wake)
 
     # ----------------------------------------------------------------- lifecycle
     async def serve(self) -> None:
@@ -129,10 +135,12 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
               f"metrics={self.metrics_url} planner={self.planner_addr}", flush=True)
         self._main = asyncio.current_task()
         try:
-            # The job engines' operator tasks are theirs (JobEngine.async_tasks); they end with the rest.
-            await self.tasks.run(self._control_loop(), self._data_loop(), self._state_loop(), self._executor_loop(),
+            # The job engines' operator tasks are theirs (Executor.async_tasks); they end with the rest.
+            state = self.state_channel.serve(self.router, on_bad=functools.partial(self._bad, where="state"),
+                                             on_failure=self._failed)
+            await self.tasks.run(self._control_loop(), self._data_loop(), state, self._executor_loop(),
                                  self._heartbeat_loop(), self._register_loop(), sec.run(),
-                                 also=lambda: [t for e in self.jobs.values() for t in e.async_tasks])
+                                 also=lambda: [t for e in self.jobs.values() for t in e.executor.async_tasks])
         except asyncio.CancelledError:
             if self.exit_code is None:
                 raise
@@ -169,11 +177,9 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
 
     # ----------------------------------------------------------------- control channel (planner)
     async def _control_loop(self) -> None:
-        handlers = {"welcome": self._on_welcome, "deploy": self._on_deploy,
-                    "state_dump": self._on_state_dump, "collected_dump": self._on_collected_dump,
-                    "stop_job": self._on_stop_job, "error": self._on_error, "state_get": self._on_state_get,
-                    "state_put": self._on_state_put, "counters": self._on_counters,
-                    "migrate_plan": self._on_migrate_plan, "peers": self._on_peers, "shutdown": self._on_shutdown,
+        handlers = {**self.state_channel.handlers, "welcome": self._on_welcome, "deploy": self._on_deploy,
+                    "stop_job": self._on_stop_job, "error": self._on_error, "migrate_plan": self.migrations.on_plan,
+                    "peers": self._on_peers, "shutdown": self._on_shutdown,
                     "ckpt_begin": self._on_ckpt_begin, "ckpt_snapshot": self._on_ckpt_snapshot,
                     "ckpt_abort": self._on_ckpt_abort, "restore": self._on_restore,
                     "sink_commit": self._on_sink_commit, "sink_flush": self._on_sink_flush,
@@ -254,11 +260,11 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         if job in self.jobs:
             raise ValueError(f"job {job} is already deployed here")
         eng = JobEngine(job, spec, self.id, placement, self.p_max)
-        eng.max_batch = self.max_batch
-        eng.stall = self.stall
-        eng.on_work = self.wake.set
+        eng.outbox.max_batch = self.max_batch
+        eng.executor.stall = self.stall
+        eng.executor.on_work = self.wake.set
         if body.get("state") == "remote":
-            eng.remote_state = self._remote_state(body["state_server"])
+            eng.executor.remote_state = self._remote_state(body["state_server"])
         eng.floor = body.get("floor") or 0  # rows of an older epoch belong to an era a recovery rolled back
         self.jobs[job] = eng
         self._sinks_attach(eng, body.get("run", ""))
@@ -292,247 +298,11 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
             raise OperatorError(f"no job {body['job']} on worker {self.id}")
         return eng
 
-    def _on_state_dump(self, body) -> bytes:
-        return protocol.reply(body["req"], self._engine(body).state_dump(body["op"]))
-
-    def _on_collected_dump(self, body) -> bytes:
-        return protocol.reply(body["req"], list(self._engine(body).op(body["op"]).collected))
-
-    def _on_counters(self, body) -> bytes:
-        eng = self._engine(body)
-        out = {**eng.counters(), "messages": self.monitor.message_counts(eng.job)}
-        if body.get("below") is not None:
-            out["holds_below"] = eng.holds_below(body["below"])
-        return protocol.reply(body["req"], out)
-
-    def _on_state_get(self, body) -> bytes:
-        op = self._engine(body).op(body["op"])
-        op.warm_key(body["key"])
-        return protocol.reply(body["req"], op.get(body["key"]))
-
-    def _on_state_put(self, body) -> bytes:
-        op = self._engine(body).op(body["op"])
-        op.warm_key(body["key"])
-        op.set_state(body["key"], body["value"])
-        return protocol.reply(body["req"], True)
-
-    # ----------------------------------------------------------------- migration (paper §4.4)
-    def _on_migrate_plan(self, body) -> None:
-        """Steps 3-7 for one plan; the reply to the planner is sent when this worker is done."""
-        eng = self._engine(body)
-        plan = MigrationPlan.from_wire(body["plan"])
-        placement = Placement.from_wire(body["placement"], eng.spec)
-        if placement.epoch <= eng.epoch:
-            raise ValueError(f"plan for epoch {placement.epoch}, job {eng.job} is at {eng.epoch}")
-        if eng.migration is not None:
-            # The planner sends a newer plan while this one waits when a peer died: stop waiting for the
-            # dead (their key groups restart empty), finish this one, then run the next.
-            self._forget(eng, plan.dead)
-            eng.queued_plans.append(body)
-            self.tasks.spawn(self._progress(eng), f"migration of job {eng.job}")
-            return
-        eng.migration = WorkerMigration(plan, self.id)
-        self._gc_for_migrations()
-        eng.migration_req = body["req"]
-        eng.migration_t0 = self.busy_at = perf_counter()
-        eng.migration_stats = {"bytes": 0, "objects": 0, "rows": 0, "received_objects": 0, "busy_ms": 0.0,
-                               "pause_ms": 0.0, "pause_cpu_ms": 0.0}
-        # Step 3: what was batched under the old epoch leaves first, then the markers that close it.
-        self._flush_data(eng)
-        marker = protocol.encode("marker", [eng.job, placement.epoch, self.id])
-        for wid in plan.markers_to_send(self.id):
-            self._peer(wid).send(marker)
-        index = {o.name: o.index for o in eng.spec.operators}
-        incoming: dict[int, set[int]] = {}
-        for op, moves in plan.moves.items():
-            for (src, dst), groups in moves.items():
-                if dst == self.id and src not in plan.dead:  # a dead worker's groups restart empty at once
-                    incoming.setdefault(index[op], set()).update(groups)
-        eng.begin_migration(placement, incoming)
-        early, eng.early = eng.early, []
-        for mtype, m in early:
-            self._on_migration_message(eng, mtype, m)
-        self.tasks.spawn(self._progress(eng), f"migration of job {eng.job}")
-
-    def _groups_from(self, eng: JobEngine, sender: str) -> dict[int, list[int]]:
-        """The key groups the current plan moves from `sender` to this worker, by operator index."""
-        index = {o.name: o.index for o in eng.spec.operators}
-        out: dict[int, list[int]] = {}
-        for op, moves in eng.migration.plan.moves.items():
-            groups = moves.get((sender, self.id))
-            if groups:
-                out[index[op]] = groups
-        return out
-
-    def _forget(self, eng: JobEngine, dead) -> None:
-        mig = eng.migration
-        for w in dead:
-            if w in mig.awaiting_state:
-                eng.release_groups(self._groups_from(eng, w))
-        mig.forget(dead)
-
-    def _on_migration_message(self, eng: JobEngine, mtype: str, body: list, decode_s: float = 0.0) -> None:
-        """A marker or a migrate message (`decode_s`: the time its decoding took, part of the work)."""
-        mig = eng.migration
-        epoch, sender = body[1], body[2]
-        if epoch > eng.epoch:
-            eng.early.append((mtype, body))  # it overtook our plan
-            return
-        if mig is None or epoch < mig.plan.epoch:
-            self._bad(ProtocolError("stale_migration", f"{mtype} for epoch {epoch} at epoch {eng.epoch}"), "data")
-            return
-        if mtype == "marker":
-            mig.marker(sender)
-        else:
-            # Steps 5-6, group by group: install the state and requests that came, release what was held.
-            t, tc = perf_counter(), thread_time()
-            _, _, _, units, rows, more = body
-            eng.migration_stats["received_objects"] += eng.install(units, rows)
-            released: dict[int, list[int]] = {}
-            for op_index, g, _blob, _keys, _rows in units:
-                released.setdefault(op_index, []).append(g)
-            if not more:  # the last message from this sender: groups it had nothing of are ours now too
-                released = self._groups_from(eng, sender)
-                mig.received(sender)
-            eng.release_groups(released)
-            self._slice(eng.migration_stats, t - decode_s, tc - decode_s)
-            self.busy_at = perf_counter()
-            self.wake.set()
-        self.tasks.spawn(self._progress(eng), f"migration of job {eng.job}")
-
-    async def _progress(self, eng: JobEngine) -> None:
-        mig = eng.migration
-        if mig is None:
-            return
-        if mig.ready_to_send:
-            mig.start_sending()
-            stats = eng.migration_stats
-            stats["markers_ms"] = (perf_counter() - eng.migration_t0) * 1e3
-            if eng.async_tasks:  # drain: let running executions finish before their state moves
-                await asyncio.gather(*list(eng.async_tasks), return_exceptions=True)
-            # What this worker's own executions batched goes first: a new owner must not run a moved
-            # group, and send its outputs on, before the outputs this worker made of that group left.
-            self._flush_data(eng)
-            if not await self._send_state(eng, mig, stats):
-                return  # a recovery replaced this engine: its migration is void
-            stats["sent_ms"] = (perf_counter() - eng.migration_t0) * 1e3
-            mig.finish_sending()
-        if mig.done and eng.migration is mig:
-            self._finish_migration(eng)
-
-    async def _send_state(self, eng: JobEngine, mig: WorkerMigration, stats: dict) -> bool:
-        """Step 4: what this worker loses, in slices; False if a recovery replaced the engine meanwhile.
-
-        Whole key groups (at rest: as their blobs; else serialized as taken out), sent in slices of about
-        MIGRATE_SLICE_S of work with a turn of the event loop in between: the worker keeps running everything
-        else, no single step holds it long, and each receiver can release the groups of a slice (and run their
-        requests) while later ones are still on their way."""
-        epoch = mig.plan.epoch
-        chunks: dict[str, list] = {}
-        loose: dict[str, list] = {}
-        packed_before = eng.packed_on_move
-        chunk_rows = chunk_bytes = 0
-        t, tc = perf_counter(), thread_time()
-        for wid, unit, rows in eng.extract():
-            if wid is None:
-                pass  # a pause point of the queue scan
-            elif wid in mig.plan.dead:
-                continue
-            elif unit is None:
-                loose[wid] = rows
-                stats["rows"] += len(rows)
-                continue
-            else:
-                chunks.setdefault(wid, []).append(unit)
-                stats["objects"] += unit[3]
-                stats["rows"] += len(unit[4])
-                chunk_rows += len(unit[4])
-                chunk_bytes += len(unit[2])
-            # A slice is encoded when it is sent, and decoded by its receiver in one step: groups at rest take no
-            # time to gather but could carry megabytes or a whole backlog, so bytes and rows end a slice too.
-            if (perf_counter() - t >= MIGRATE_SLICE_S or chunk_rows >= MIGRATE_SLICE_ROWS
-                    or chunk_bytes >= MIGRATE_SLICE_BYTES):
-                for peer, units in chunks.items():
-                    self._send_migrate(eng, peer, epoch, units, [], True)
-                chunks, chunk_rows, chunk_bytes = {}, 0, 0
-                self._slice(stats, t, tc)
-                await asyncio.sleep(0)
-                t, tc = perf_counter(), thread_time()
-                if self.jobs.get(eng.job) is not eng:
-                    return False
-        for peer, units in chunks.items():
-            self._send_migrate(eng, peer, epoch, units, [], True)
-        # Handed-over requests of stateless operators last, MIGRATE_SLICE_ROWS a message.
-        for peer, rows in loose.items():
-            pieces = [rows[i:i + MIGRATE_SLICE_ROWS] for i in range(0, len(rows), MIGRATE_SLICE_ROWS)] or [[]]
-            for piece in pieces[:-1]:
-                self._send_migrate(eng, peer, epoch, [], piece, True)
-                self._slice(stats, t, tc)
-                await asyncio.sleep(0)
-                t, tc = perf_counter(), thread_time()
-                if self.jobs.get(eng.job) is not eng:
-                    return False
-            loose[peer] = pieces[-1]
-        for wid in set(mig.plan.sends_to.get(self.id, [])) - set(mig.plan.dead):
-            self._send_migrate(eng, wid, epoch, [], loose.pop(wid, []), False)
-        self._slice(stats, t, tc)
-        stats["packed_groups"] = eng.packed_on_move - packed_before
-        return True
-
-    def _send_migrate(self, eng: JobEngine, wid: str, epoch: int, units: list, rows: list, more: bool) -> None:
-        """Step 4's message to one peer; the last one carries `more=False`."""
-        frame = protocol.encode("migrate", [eng.job, epoch, self.id, units, rows, more])
-        self._peer(wid).send(frame, copy=False)
-        eng.migration_stats["bytes"] += len(frame)
-
-    @staticmethod
-    def _slice(stats: dict, t0: float, c0: float) -> None:
-        """Account one uninterrupted stretch of migration work: its total, and the longest (the pause), by
-        the wall clock and by this thread's CPU time (the difference: preemption and CPU-quota throttling)."""
-        ms = (perf_counter() - t0) * 1e3
-        stats["busy_ms"] += ms
-        stats["pause_ms"] = max(stats.get("pause_ms", 0.0), ms)
-        stats["pause_cpu_ms"] = max(stats.get("pause_cpu_ms", 0.0), (thread_time() - c0) * 1e3)
-
-    def _gc_for_migrations(self) -> None:
-        """No cyclic garbage collection while a migration runs here (as in checkpoints): a full pass over the
-        state's objects, tens of ms with millions of them, would land inside one of its slices. Also called
-        when idle, so a migration that a recovery voided does not leave collection off."""
-        busy = any(e.migration is not None for e in self.jobs.values())
-        if busy and not self._gc_paused and gc.isenabled():
-            gc.disable()
-            self._gc_paused = True
-        elif not busy and self._gc_paused:
-            gc.enable()
-            self._gc_paused = False
-
-    def _finish_migration(self, eng: JobEngine) -> None:
-        self.busy_at = perf_counter()
-        hold = self.busy_at - eng.migration_t0
-        stats = eng.migration_stats
-        pause = stats.get("pause_ms", 0.0) / 1e3
-        reply = {"worker": self.id, "epoch": eng.epoch, "pause": pause, "hold": hold, "group_hold": eng.group_hold,
-                 **stats}
-        self.dealer.send(protocol.reply(eng.migration_req, reply))
-        eng.migration = None
-        self._gc_for_migrations()
-        self.wake.set()
-        if eng.queued_plans and self.jobs.get(eng.job) is eng:
-            self._on_migrate_plan(eng.queued_plans.pop(0))
-
     async def _on_stop_job(self, body) -> bytes:
         self.jobs.pop(body["job"], None)
         await self._sinks_stop(body["job"])
         await self._sources_detach(body["job"])
         return protocol.reply(body["req"], True)
-
-    # ----------------------------------------------------------------- state server (any process)
-    async def _state_loop(self) -> None:
-        handlers = {"state_get": self._on_state_get, "state_put": self._on_state_put,
-                    "state_dump": self._on_state_dump, "collected_dump": self._on_collected_dump,
-                    "counters": self._on_counters}
-        await ServerLoop(self.router, handlers, where="a state server", pass_ident=False,
-                         on_bad=functools.partial(self._bad, where="state"), on_failure=self._failed).serve()
 
     # ----------------------------------------------------------------- data path
     async def _data_loop(self) -> None:
@@ -588,7 +358,7 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
             msgs[3] += eng.receive_runs(body[1], body[2])
             self.wake.set()
         else:
-            self._on_migration_message(eng, mtype, body, perf_counter() - t0)
+            self.migrations.on_message(eng, mtype, body, perf_counter() - t0)
 
     def _peer(self, wid: str) -> DirectSend:
         peer = self.peers.get(wid)
@@ -611,7 +381,7 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
             msgs[1] += n
 
     def _flush_progress(self, eng: JobEngine) -> None:
-        if eng.progress:
+        if eng.executor.progress:
             self.dealer.send(protocol.encode("done", [eng.job, eng.take_progress()]), copy=False)
 
     async def _executor_loop(self) -> None:
@@ -625,15 +395,16 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
             now = perf_counter()
             for eng in list(self.jobs.values()):
                 done += eng.run_round()
-                if eng.pending or eng.pending_cols:
+                out = eng.outbox
+                if out.pending or out.pending_cols:
                     now = perf_counter()
-                    if now - eng.pending_since >= flush_delay or eng.batch_full():
+                    if now - out.pending_since >= flush_delay or out.batch_full():
                         self._flush_data(eng)
             if done:
                 self.busy_at = now
                 for eng in self.jobs.values():  # a worker that stays busy frees moved state too, a group a round
-                    if eng.dropped and eng.migration is None:
-                        eng.free_one()
+                    if eng.handover.dropped and eng.handover.migration is None:
+                        eng.handover.free_one()
                 if self._progress_since is None:
                     self._progress_since = now
                 elif now - self._progress_since >= progress_every:
@@ -644,7 +415,7 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
                 continue
             # Nothing runnable: send whatever is batched now, then wait for work.
             for eng in list(self.jobs.values()):
-                if eng.pending or eng.pending_cols:
+                if eng.outbox.waiting():
                     self._flush_data(eng)
                 self._flush_progress(eng)
             self._progress_since = None
@@ -653,7 +424,7 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
             now = perf_counter()
             quiet = now - self.busy_at >= REST_IDLE_S
             engines = list(self.jobs.values())
-            if quiet and any(e.free_one() or e.warm_one() for e in engines):
+            if quiet and any(e.handover.free_one() or e.warm_one() for e in engines):
                 await sleep(0)  # one moved key group freed or one migrated group decoded, then look again
                 continue
             if quiet and budget.allows(now):
@@ -665,16 +436,13 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
             self.wake.clear()
             if any(any(o.queue for o in e.ops) and not any(o.busy for o in e.ops) for e in self.jobs.values()):
                 continue
-            if self._gc_paused:
-                self._gc_for_migrations()
+            if self.migrations.gc_paused:
+                self.migrations.gc_for_migrations()
             if timer is not None:
                 timer.cancel()
                 timer = None
-            at = None  # when idle-time work may start
-            if any(e.dropped or any(o.cold for o in e.ops) for e in engines):
-                at = self.busy_at + REST_IDLE_S
-            elif any(e.changed() for e in engines):
-                at = max(self.busy_at + REST_IDLE_S, budget.ready_at(now))
+            moved = any(e.handover.dropped or any(o.cold for o in e.ops) for e in engines)
+            at = idle_work_at(self.busy_at, now, moved, not moved and any(e.changed() for e in engines), budget)
             if at is not None:
                 timer = asyncio.get_running_loop().call_later(max(0.0, at - now), self.wake.set)
             self.monitor.idle_waits += 1
@@ -686,12 +454,12 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         and the engines' stall threshold, half of the longest throttled stretch of a period."""
         cpu_max = process_cpu_max()
         self.monitor.cpu_limit = None if cpu_max is None else cpu_max[0] / cpu_max[1]
-        stall = math.inf if cpu_max is None else max(1e-3, 0.5 * (cpu_max[1] - cpu_max[0]))
+        stall = stall_threshold(cpu_max)
         if stall != self.stall:
             log.info("CPU quota %s: timed executions over %.1f ms count as stalled", cpu_max, stall * 1e3)
             self.stall = stall
             for eng in self.jobs.values():
-                eng.stall = stall
+                eng.executor.stall = stall
 
     async def _heartbeat_loop(self) -> None:
         self._read_quota()

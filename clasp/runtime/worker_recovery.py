@@ -15,7 +15,8 @@ from clasp.core import protocol
 from clasp.core.checkpoint import groups_to_restore
 from clasp.core.dag import DagSpec
 from clasp.core.routing import Placement
-from clasp.runtime.engine import JobEngine, OperatorError, check_serializable
+from clasp.runtime.engine import JobEngine
+from clasp.runtime.operators import OperatorError, check_serializable
 from clasp.runtime.state_store import CorruptCheckpoint, FileStore, wrap_blob
 
 log = logging.getLogger("clasp.worker")
@@ -56,7 +57,7 @@ class RecoveryMixin:
             eng.release_barrier()
             self._sinks_unfence(eng)
             self.wake.set()
-            self.checkpoint_failures += 1
+            self.monitor.checkpoint_failures += 1
             text = f"{type(e).__name__}: {e}"
             if isinstance(e, (TypeError, ValueError, OverflowError)):
                 try:
@@ -79,15 +80,15 @@ class RecoveryMixin:
         blobs = []
         gc_was = False
         try:
-            if eng.async_tasks:
-                await asyncio.gather(*list(eng.async_tasks), return_exceptions=True)
+            if eng.executor.async_tasks:
+                await asyncio.gather(*list(eng.executor.async_tasks), return_exceptions=True)
             t, tc = perf_counter(), thread_time()
             keys = 0
             # A full collection over millions of state objects would land in one slice (tens of ms):
             # the packing makes many short-lived dicts, so collection waits until the barrier is down.
             gc_was = gc.isenabled()
             gc.disable()
-            for op, g, n, blob in eng.snapshot_groups():
+            for op, g, n, blob in eng.cut.snapshot_groups(eng.placement):
                 blobs.append((op, g, blob))
                 keys += n
                 if keys >= SNAPSHOT_SLICE_KEYS:
@@ -95,7 +96,7 @@ class RecoveryMixin:
                     keys = 0
                     await asyncio.sleep(0)
                     t, tc = perf_counter(), thread_time()
-            collected = eng.take_collected_below(body["boundary"])
+            collected = eng.cut.take_collected_below(body["boundary"])
             pause, pause_cpu = max(pause, perf_counter() - t), max(pause_cpu, thread_time() - tc)
         finally:
             if gc_was:
@@ -108,7 +109,7 @@ class RecoveryMixin:
             nbytes = await asyncio.to_thread(_write_all, store, job, ckpt, blobs)
         except OSError as e:
             log.error("job %d checkpoint %d: writing the state failed: %s", job, ckpt, e)
-            self.checkpoint_failures += 1
+            self.monitor.checkpoint_failures += 1
             self.dealer.send(protocol.reply_error(req, f"checkpoint {ckpt} not written: {e}"))
             self._sinks_unfence(eng)
             # the outputs go back: the checkpoint that would have released them failed
@@ -140,12 +141,12 @@ class RecoveryMixin:
         self._connect_peers(body["peers"])
         eng = JobEngine(job, spec, self.id, placement, self.p_max)
         self._time_restored(spec, body.get("watermark"))
-        eng.max_batch = self.max_batch
-        eng.stall = self.stall
-        eng.on_work = self.wake.set
+        eng.outbox.max_batch = self.max_batch
+        eng.executor.stall = self.stall
+        eng.executor.on_work = self.wake.set
         eng.floor = placement.epoch
         if body.get("state") == "remote":
-            eng.remote_state = self._remote_state(body["state_server"])
+            eng.executor.remote_state = self._remote_state(body["state_server"])
         loaded = 0
         if body["ckpt"]:
             store = self._store(body["dir"])

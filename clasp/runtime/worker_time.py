@@ -57,7 +57,7 @@ class TimeMixin:
                     return  # fired next round
                 if self.jobs.get(job) is not eng or self.sources.get(job) is not readers:
                     return  # the job was restored or stopped meanwhile
-                if eng.barrier is not None or chunk < readers.floor:
+                if eng.cut.boundary is not None or chunk < readers.floor:
                     return  # a barrier came: next round, after it
                 # From here to the seal nothing awaits: the state change and its outputs go together.
                 op.warm_all()

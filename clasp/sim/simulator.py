@@ -74,7 +74,7 @@ class Costs:
     # default, and what a file without the key means) charges all of β to the sender.
     receive_share: float = 0.0
     # µs per local chained request to a stateless successor that other workers also hold: the runtime then
-    # routes through its weighted table (`clasp/runtime/engine.py` `_emit`/`_send`) instead of the single-holder fast
+    # routes through its weighted table (`clasp/runtime/executor.py` `send`) instead of the single-holder fast
     # path that α is measured on. None (the default, and a file without the key) charges α, as before.
     alpha_split: float | None = None
     # µs per data message at each end (the sender's framing and send, the receiver's receive and unpacking),
@@ -91,7 +91,7 @@ class Costs:
     flush_peer_factor: float = FLUSH_PEER_FACTOR
     # µs per chained request to a keyed successor whose key groups are not all on the sending worker, local
     # or remote, paid by the sender in place of α or (1 − r)·β: the runtime then routes each output through
-    # its keyed table (key function, key-group lookup, hit count; `clasp/runtime/engine.py` `_send`) instead
+    # its keyed table (key function, key-group lookup, hit count; `clasp/runtime/executor.py` `send`) instead
     # of queueing it for a wholly local owner. An extension of ours, not the paper's; None (the default, and
     # a file without the key) charges α and β as before.
     alpha_keyed: float | None = None

@@ -372,7 +372,7 @@ def test_a_barrier_holds_the_requests_above_it_at_a_stateful_operator_that_feeds
         pass
     out = eng.op("out")
     assert list(zip(out.collected, out.collected_rids, strict=True)) == [(["w", 1], boundary - 1)]  # the cut's count
-    list(eng.snapshot_groups())
+    list(eng.cut.snapshot_groups(eng.placement))
     assert eng.release_barrier() == 1
     while eng.run_round():
         pass

@@ -11,13 +11,12 @@ import random
 import time
 
 import msgpack
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import clasp
 from clasp.bench import migration
 from clasp.core.routing import NUM_KEY_GROUPS, build_placement
-from clasp.runtime.engine import SCAN_ROWS, JobEngine, RestBudget
+from clasp.runtime.engine import JobEngine
+from clasp.runtime.worker_migration import SCAN_ROWS
 from tests.conftest import start_cluster
 
 BAD = -1  # the value the operator fails on, after changing its state in place
@@ -61,16 +60,16 @@ def check_rested(eng: JobEngine) -> int:
 def migrate(engines: dict, old, new) -> int:
     """One migration between in-process engines (extract, install, release); returns groups packed on the move."""
     owners_old, owners_new = old.operators["b"].key_groups, new.operators["b"].key_groups
-    packed = sum(e.packed_on_move for e in engines.values())
+    packed = sum(e.handover.packed_on_move for e in engines.values())
     for wid, e in engines.items():
         e.begin_migration(new, {1: {g for g in range(NUM_KEY_GROUPS)
                                     if owners_new[g] == wid and owners_old[g] != wid}})
     for e in engines.values():
-        for dest, unit, rows in e.extract():
+        for dest, unit, rows in e.handover.extract(e.placement):
             engines[dest].install([unit] if unit is not None else [], rows or [])
     for wid, e in engines.items():
         e.release_groups({1: [g for g in range(NUM_KEY_GROUPS) if owners_new[g] == wid and owners_old[g] != wid]})
-    return sum(e.packed_on_move for e in engines.values()) - packed
+    return sum(e.handover.packed_on_move for e in engines.values()) - packed
 
 
 def two_workers():
@@ -99,10 +98,10 @@ def test_a_group_at_rest_moves_as_its_blob_and_a_request_of_it_drops_the_blob():
     assert migrate(engines, old, new) == 1  # only the touched group had to be packed
     got = engines["w1"].ops[1].state_dict()
     assert got == {k: [[k, k]] + ([[7, 999]] if k == 7 else []) for k in range(500)}
-    assert e0.dropped and not any(e0.ops[1].groups)
-    while e0.free_one():
+    assert e0.handover.dropped and not any(e0.ops[1].groups)
+    while e0.handover.free_one():
         pass
-    assert not e0.dropped
+    assert not e0.handover.dropped
 
 
 def test_state_a_failing_function_changed_in_place_is_not_left_behind_by_its_blob():
@@ -114,7 +113,7 @@ def test_state_a_failing_function_changed_in_place_is_not_left_behind_by_its_blo
         pass
     e0.enqueue_rows([(1, [3, BAD], 3, 2)])  # appends in place, then raises
     drain(e0)
-    assert e0.failed == 1 and e0.ops[1].get(3) == [[3, 1], [3, BAD]]
+    assert e0.executor.failed == 1 and e0.ops[1].get(3) == [[3, 1], [3, BAD]]
     migrate(engines, old, new)
     assert engines["w1"].ops[1].state_dict() == {3: [[3, 1], [3, BAD]]}
 
@@ -128,7 +127,7 @@ def test_a_checkpoint_snapshot_writes_rested_blobs_as_they_are_and_puts_the_othe
     eng.rest_one()
     first = next(g for g, r in enumerate(b.rested) if r is not None)
     blob = b.rested[first][0]
-    snap = {g: blob_ for _, g, _, blob_ in eng.snapshot_groups()}
+    snap = {g: blob_ for _, g, _, blob_ in eng.cut.snapshot_groups(eng.placement)}
     assert snap[first] is blob and not eng.changed() and check_rested(eng) == len(snap)
     assert {k: v for g in snap for k, v in msgpack.unpackb(snap[g], strict_map_key=False).items()} == \
         {k: [[k, 0]] for k in range(300)}
@@ -168,10 +167,11 @@ def test_randomized_rest_migrate_checkpoint_and_fail_keep_every_keys_exact_histo
             elif action < 0.65:
                 e = engines[rng.choice(ws)]
                 for _ in range(rng.randint(1, 60)):
-                    if not (e.free_one() or e.warm_one() or e.rest_one()):
+                    if not (e.handover.free_one() or e.warm_one() or e.rest_one()):
                         break
             elif action < 0.75:
-                for _ in engines[rng.choice(ws)].snapshot_groups():
+                e = engines[rng.choice(ws)]
+                for _ in e.cut.snapshot_groups(e.placement):
                     pass
             else:
                 holders = rng.sample(range(3), rng.randint(1, 3))
@@ -187,23 +187,6 @@ def test_randomized_rest_migrate_checkpoint_and_fail_keep_every_keys_exact_histo
             assert not set(mine) & set(state), f"seed {seed}: a key on two workers"
             state.update(mine)
         assert state == model, f"seed {seed}"
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.floats(0, 2.0), st.floats(0, 0.3)), max_size=60))
-def test_rest_budget_spends_at_most_its_share_of_the_clock_plus_one_burst(steps):
-    budget = RestBudget(0.0, share=0.05, burst=0.25)
-    now = spent = 0.0
-    biggest = 0.0
-    for dt, cost in steps:
-        now += dt
-        if budget.allows(now):
-            budget.spend(cost)
-            spent += cost
-            biggest = max(biggest, cost)
-        else:
-            assert budget.ready_at(now) > now
-    assert spent <= 0.25 + 0.05 * now + biggest + 1e-9
 
 
 def test_a_settled_jobs_migration_packs_nothing_and_one_under_new_input_is_still_exact(tmp_path_factory):
@@ -240,7 +223,7 @@ def test_a_backlog_is_scanned_in_pieces_with_nothing_run_between_and_arrivals_ke
     kept = [r for r in backlog if owners[b.group_of(r[2])] == "w0"]
     stay = next(k for k in range(300) if owners[b.group_of(k)] == "w0")
     pauses, units = 0, []
-    for dest, unit, _rows in e0.extract():
+    for dest, unit, _rows in e0.handover.extract(e0.placement):
         if dest is None:
             pauses += 1
             assert e0.run_round() == 0  # nothing of the job runs while its queues are scanned

@@ -12,6 +12,7 @@ import clasp
 from clasp.core.checkpoint import (
     CheckpointError,
     Coordinator,
+    barrier_holds,
     boundary_reached,
     dispatch_boundary,
     groups_to_restore,
@@ -151,3 +152,33 @@ def test_recovery_placement_moves_the_dead_workers_groups_only():
 
 def test_split_collected():
     assert split_collected(["a", "b", "c"], [1, 9, 3], 4) == (["a", "c"], [1, 3], ["b"], [9])
+
+
+async def _later(s, x):
+    return (s or 0) + x, None
+
+
+def test_a_barrier_holds_async_and_aligned_operators_and_every_stateful_one_on_declared_sources():
+    dag = clasp.Dag("b")
+    split = dag.operator("split", lambda x: x)
+    count = dag.operator("count", lambda s, x: ((s or 0) + 1, None), stateful=True, key=lambda x: x)
+    slow = dag.operator("slow", _later, stateful=True, key=lambda x: x)
+    emit = dag.operator("emit", lambda s, x: (s, x), stateful=True, key=lambda x: x)
+    out = dag.operator("out", lambda x: x, collect=True)
+    split >> count
+    split >> slow
+    split >> emit
+    emit >> out
+    spec = dag.to_spec()
+    index = {o.name: o.index for o in spec.operators}
+    # `count` reaches nothing: copy on write; `slow` is async, `emit` reaches a collection: both held.
+    assert barrier_holds(spec) == {index["slow"], index["emit"]}
+
+    from clasp.testing import IterableSource
+
+    dag = clasp.Dag("s")
+    src = dag.source("in", IterableSource([1, 2]))
+    count = dag.operator("count", lambda s, x: ((s or 0) + 1, None), stateful=True, key=lambda x: x)
+    src >> count
+    spec = dag.to_spec()
+    assert barrier_holds(spec) == {o.index for o in spec.operators if o.name == "count"}

@@ -34,7 +34,7 @@ def drain(eng: JobEngine) -> None:
 
 def snapshot(eng: JobEngine) -> dict:
     out = {}
-    for _, _g, _n, blob in eng.snapshot_groups():
+    for _, _g, _n, blob in eng.cut.snapshot_groups(eng.placement):
         out.update(msgpack.unpackb(blob, raw=False, strict_map_key=False))
     return out
 
@@ -72,7 +72,7 @@ def test_the_snapshot_is_the_state_below_the_boundary_whatever_runs_meanwhile(ro
     assert snapshot(eng) == below
     assert eng.ops[0].state_dict() == live
     eng.release_barrier()
-    assert not eng.shadows
+    assert not eng.cut.shadows
     assert snapshot(eng) == live
 
 
@@ -81,7 +81,7 @@ def test_requests_above_the_boundary_are_not_held():
     eng.begin_barrier(10 << CHUNK_BITS)
     eng.enqueue_rows([(0, ["a", 1], "a", 11 << CHUNK_BITS), (0, ["a", 2], "a", 3 << CHUNK_BITS)])
     drain(eng)
-    assert not eng.ops[0].queue and not eng.barrier_held
+    assert not eng.ops[0].queue and not eng.cut.held
     assert eng.ops[0].state_dict() == {"a": [["a", 1], ["a", 2]]}  # both ran, in arrival order
     assert snapshot(eng) == {"a": [["a", 2]]}
     assert eng.release_barrier() == 0  # nothing was held
@@ -97,6 +97,6 @@ def test_a_large_state_is_copied_only_where_touched():
     eng.enqueue_rows([(0, [k, 1], k, (1 << CHUNK_BITS) + k) for k in sorted(touched)])
     drain(eng)
     groups = {eng.ops[0].group_of(k) for k in touched}
-    assert set(eng.shadows[0]) == groups  # an image per group touched above the boundary, no other
+    assert set(eng.cut.shadows[0]) == groups  # an image per group touched above the boundary, no other
     snap = snapshot(eng)
     assert snap == {k: [[k, 0]] for k in range(5000)}

@@ -8,7 +8,8 @@ import clasp
 from clasp.core import protocol
 from clasp.core.routing import build_placement
 from clasp.core.tracking import EPOCH_SIZE, Tracker
-from clasp.runtime.engine import HOLD, JobEngine
+from clasp.runtime.engine import JobEngine
+from clasp.runtime.outbox import HOLD
 
 
 def fanout_dag() -> clasp.Dag:
@@ -45,7 +46,7 @@ def test_a_deep_fan_out_needs_nothing_from_the_planner():
     t.dispatched(rid, 1, {0: {0: 1}}, now=0.0)
     eng.enqueue_rows([(0, 1, None, rid)])
     drain(eng)
-    assert eng.idle() and not eng.pending and eng.ops[3].processed == 30 ** 3
+    assert eng.idle() and not eng.outbox.pending and eng.ops[3].processed == 30 ** 3
     assert sum(eng.ops[3].state_dict().values()) == 30 ** 3
     progress = eng.take_progress()
     assert nonzero(progress) == {0: {0: -1}}  # a, b, c and d each made and finished the same number
@@ -70,9 +71,9 @@ def test_moved_group_requests_wait_for_their_state_and_keep_their_order():
     gainer.begin_migration(new, {1: set(moved)})
     gainer.receive(1, [[1, key, key, 3]])  # a new-epoch request overtakes the state: it is held
     drain(gainer)
-    assert gainer.ops[1].processed == 0 and gainer.held[1][g]
+    assert gainer.ops[1].processed == 0 and gainer.handover.held[1][g]
     loser.begin_migration(new, {})
-    out = list(loser.extract())
+    out = list(loser.handover.extract(loser.placement))
     units = [u for d, u, _ in out if u is not None and d == "w1"]
     unit = next(u for u in units if u[1] == g)
     # the group's state as one blob, and the queued request, move
@@ -87,7 +88,7 @@ def test_moved_group_requests_wait_for_their_state_and_keep_their_order():
     drain(gainer)
     assert not gainer.ops[1].cold
     assert gainer.ops[1].get(key) == 3 * key
-    assert not gainer.held and all(HOLD not in (r[3] or []) for r in gainer.ops[0].routes)
+    assert not gainer.handover.held and all(HOLD not in (r[3] or []) for r in gainer.ops[0].routes)
 
 
 def test_timed_requests_longer_than_the_stall_threshold_are_not_execution_time():
@@ -110,7 +111,7 @@ def test_timed_requests_longer_than_the_stall_threshold_are_not_execution_time()
     for stall in (float("inf"), 0.002):
         slow["n"] = 0
         eng = JobEngine(1, spec, "w0", build_placement(spec, ["w0"], {"a": {0: 1}}, 10))
-        eng.stall = stall
+        eng.executor.stall = stall
         eng.enqueue_rows([(0, i, None, i) for i in range(2000)])
         drain(eng)
         assert eng.ops[0].processed == 2000
@@ -154,9 +155,9 @@ def test_remote_batches_travel_in_columns_and_count_exactly():
 
     held = JobEngine(1, spec, "w1", placement)
     g = held.ops[1].group_of("held")
-    held.held = {1: {g: []}}
+    held.handover.held = {1: {g: []}}
     held.receive_columns(placement.epoch, protocol.columns([(1, "held", "held", 5), (1, "x", "x", 5)]))
-    assert [r[1] for r in held.held[1][g]] == ["held"] + (["x"] if held.ops[1].group_of("x") == g else [])
+    assert [r[1] for r in held.handover.held[1][g]] == ["held"] + (["x"] if held.ops[1].group_of("x") == g else [])
 
 
 def test_a_successor_on_one_other_worker_takes_requests_straight_into_its_batch():
@@ -172,8 +173,8 @@ def test_a_successor_on_one_other_worker_takes_requests_straight_into_its_batch(
     drain(w0)
     groups, n = w0.take_batches()["w1"]
     rows = protocol.expand_columns(groups)
-    assert n == 40 and rows == [(1, v + 1, None, v * 20) for v in range(40)] and w0.remote_requests == 40
-    assert w0.ops[0].edge_counts == [40] and w0.local_requests == 0
+    assert n == 40 and rows == [(1, v + 1, None, v * 20) for v in range(40)] and w0.outbox.remote_requests == 40
+    assert w0.ops[0].edge_counts == [40] and w0.outbox.local_requests == 0
     w1.receive_columns(placement.epoch, protocol.columns(rows))
     drain(w1)  # b's two outputs per request go back the same way
     back = protocol.expand_columns(w1.take_batches()["w0"][0])
@@ -181,7 +182,7 @@ def test_a_successor_on_one_other_worker_takes_requests_straight_into_its_batch(
     n0 = sum(1 for v in range(40) if v * 20 < EPOCH_SIZE)
     assert 0 < n0 < 40
     assert nonzero(w1.take_progress()) == {0: {1: -n0, 2: 2 * n0}, 1: {1: n0 - 40, 2: 2 * (40 - n0)}}
-    assert not w0.pending and not w1.pending  # no empty batch is left behind for a flush
+    assert not w0.outbox.pending and not w1.outbox.pending  # no empty batch is left behind for a flush
     w0.receive_columns(placement.epoch, protocol.columns(back))
     drain(w0)
     n1 = 40 - n0
@@ -196,7 +197,7 @@ def test_a_migrated_group_stays_serialized_until_used_or_idle_time_decodes_it():
     loser.enqueue_rows([(1, k, k, k) for k in range(300)])
     drain(loser)
     loser.begin_migration(new, {})
-    units = [u for _, u, _ in loser.extract() if u is not None]
+    units = [u for _, u, _ in loser.handover.extract(loser.placement) if u is not None]
     assert sum(u[3] for u in units) == 300 and not loser.ops[1].state_dict()
     gainer.begin_migration(new, {1: {u[1] for u in units}})
     gainer.install(units, [])

@@ -437,3 +437,11 @@ def test_the_effective_flush_delay_follows_the_batches_a_saturated_sender_achiev
     one_row = Estimator(EstimatorConfig(eta=0.5, flush_delay=0.001))
     v = one_row.update({0: WorkerSample(0, 0.0, 200000, 0.0, 400.0, 4, busy=True, cpu=250000.0, messages_out=400.0)})
     assert v.flush_delay == 0.001
+
+
+def test_a_stall_is_half_a_periods_throttled_stretch_at_least_a_millisecond():
+    from clasp.core.estimator import stall_threshold
+
+    assert stall_threshold(None) == math.inf
+    assert stall_threshold((0.05, 0.1)) == 0.025  # half a CPU: 50 ms throttled a period
+    assert stall_threshold((0.099, 0.1)) == 1e-3

@@ -113,7 +113,7 @@ def test_the_fast_path_counts_progress_exactly():
             deliver(e, engines)
             t.progress(e.take_progress(), 1.0)
     assert t.outstanding == 0 and t.completed == len(lines)
-    assert engines["w0"].remote_requests > 0 and engines["w0"].local_requests > 0
+    assert engines["w0"].outbox.remote_requests > 0 and engines["w0"].outbox.local_requests > 0
 
 
 def _per_epoch(first: int, n: int) -> dict:

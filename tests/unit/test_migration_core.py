@@ -6,8 +6,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import clasp
-from clasp.core.migration import PLANNER, MigrationPlan, WorkerMigration, plan_migration
-from clasp.core.routing import NUM_KEY_GROUPS, build_placement
+from clasp.core.migration import (
+    PLANNER,
+    MigrationPlan,
+    WorkerMigration,
+    groups_from,
+    incoming_groups,
+    plan_migration,
+    request_owner,
+)
+from clasp.core.routing import NUM_KEY_GROUPS, OperatorPlacement, build_placement
 
 WORKERS = ["w0", "w1", "w2", "w3"]
 
@@ -63,3 +71,29 @@ def test_a_worker_is_done_only_after_its_last_slice_left_and_everything_it_gets_
     assert not receiver.done and receiver.awaiting_state == {"w0"}
     receiver.received("w0")
     assert receiver.done
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 4), st.sets(st.sampled_from(WORKERS), max_size=2))
+def test_a_worker_waits_for_the_groups_live_senders_move_to_it(a, b, dead):
+    spec = wc_spec()
+    old = spread(spec, a, 1)
+    new = spread(spec, b, 2, previous=old)
+    plan = plan_migration(spec, old, new, WORKERS)
+    plan.dead = sorted(dead)
+    count = next(o.index for o in spec.operators if o.name == "count")
+    olds, news = old.operators["count"].key_groups, new.operators["count"].key_groups
+    for me in WORKERS:
+        want = {g for g in range(NUM_KEY_GROUPS) if news[g] == me and olds[g] != me and olds[g] not in dead}
+        assert incoming_groups(plan, spec, me) == ({count: want} if want else {})
+        for sender in WORKERS:
+            moved = [g for g in range(NUM_KEY_GROUPS) if olds[g] == sender and news[g] == me and sender != me]
+            assert sorted(groups_from(plan, spec, sender, me).get(count, [])) == moved
+
+
+def test_a_request_belongs_to_its_groups_owner_or_the_largest_share():
+    keyed = OperatorPlacement({"w0": 1.0, "w1": 1.0}, {"w0": 1, "w1": 1}, ["w0", "w1"] * (NUM_KEY_GROUPS // 2))
+    assert request_owner(keyed, "w0", 0) is None and request_owner(keyed, "w0", 1) == "w1"
+    stateless = OperatorPlacement({"w0": 0.0, "w1": 0.5, "w2": 0.5}, {"w1": 1, "w2": 1})
+    assert request_owner(stateless, "w1", None) is None  # a share here: it runs here
+    assert request_owner(stateless, "w0", None) == "w1"  # none here: the largest share, the least id of equals

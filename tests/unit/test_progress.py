@@ -381,8 +381,8 @@ def test_two_engines_counts_complete_each_epoch_exactly_and_the_state_is_exact(d
     for eng in engines.values():
         # Every timed request counts as stalled: the rounds' budgets, so the interleavings hypothesis replays,
         # do not depend on the clock. A small batch cap ends rounds early: finer interleavings.
-        eng.stall = 0.0
-        eng.max_batch = max_batch
+        eng.executor.stall = 0.0
+        eng.outbox.max_batch = max_batch
     routes = [route_to(spec, placement, s, None) for s in spec.sources]
     rnd = random.Random(data.draw(st.integers(0, 2**32), label="seed"))
     t = Tracker()
@@ -400,9 +400,9 @@ def test_two_engines_counts_complete_each_epoch_exactly_and_the_state_is_exact(d
 
     def check():
         busy = {r[3] >> EPOCH_BITS for eng in engines.values() for op in eng.ops for r in op.queue}
-        busy |= {r[3] >> EPOCH_BITS for eng in engines.values() for rows in eng.pending.values() for r in rows}
+        busy |= {r[3] >> EPOCH_BITS for eng in engines.values() for rows in eng.outbox.pending.values() for r in rows}
         busy |= {rid >> EPOCH_BITS for _, kind, body in flight for rid in rids_of(kind, body)}
-        busy |= {e for eng in engines.values() for e in nonzero_epochs(eng.progress)}
+        busy |= {e for eng in engines.values() for e in nonzero_epochs(eng.executor.progress)}
         busy |= {e for box in outbox.values() for r in box for e in nonzero_epochs(r)}
         for e, k in disp.items():
             done = k == epoch_size(sizes, e) and e not in busy
@@ -440,7 +440,7 @@ def test_two_engines_counts_complete_each_epoch_exactly_and_the_state_is_exact(d
     def moves() -> list[tuple[str, str | None]]:
         out = [("dispatch", None)] * bool(queue) + [("deliver", None)] * bool(flight)
         for w, eng in engines.items():
-            out += [("run", w)] * (not eng.idle()) + [("flush", w)] * bool(eng.progress)
+            out += [("run", w)] * (not eng.idle()) + [("flush", w)] * bool(eng.executor.progress)
             out += [("report", w)] * bool(outbox[w])
         return out
 

@@ -76,6 +76,15 @@ def test_input_log_writes_every_chunk_spills_memory_and_drops_below(tmp_path):
     assert log.sizes_from(0) == {3: (3.0, 10), 4: (4.0, 10)}
 
 
+def test_input_log_counts_the_chunks_it_could_not_write_and_keeps_them(tmp_path):
+    (tmp_path / "job-5").write_text("a file where the job's directory should be")
+    log = InputLog(FileStore(tmp_path), 5)
+    for c in range(3):
+        log.append(c, float(c), [f"r{c}-{i}" for i in range(4)])
+    assert log.write_failures == 3 and log.in_memory == 12
+    assert log.records(1) == [f"r1-{i}" for i in range(4)]  # still replayable, from memory
+
+
 def test_input_log_writes_on_its_thread_and_hands_back_on_the_loop(tmp_path):
     """In a running loop the writes happen on the log's thread: `written` turns true once the loop took
     the results (`notify` then runs), a whole push is stored as its frame, and a torn file is refused."""
