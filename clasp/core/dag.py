@@ -106,6 +106,21 @@ class Dag:
         op.connector, op.kind = source, "source"
         return op
 
+    def push_source(self, name: str, *, timestamp: Callable, max_out_of_order: float = 0,
+                    idle_timeout: float | None = None) -> Operator:
+        """Add the root that `job.push()` feeds, with event time: `timestamp(value)` (seconds) as in `source()`.
+        The pushed records are one partition in the order the planner dispatches them: its watermark trails the
+        largest time pushed by `max_out_of_order`, goes idle after `idle_timeout` seconds without a push, and
+        reaches the end with `job.end_input()` (docs/TIME.md). At most one per DAG (every root sees every
+        pushed record)."""
+        if any(isinstance(o.fn, EventTime) and o.kind == "operator" for o in self.operators):
+            raise DagError(f"push source {name!r}: the DAG has a push source already")
+        try:
+            fn = EventTime(timestamp, max_out_of_order, idle_timeout)
+        except (TypeError, ValueError) as e:
+            raise DagError(f"push source {name!r}: {e}") from None
+        return self.operator(name, fn)
+
     def window(self, name: str, window: Any, key: Callable, fold: Callable, init: Callable[[], Any], *,
                allowed_lateness: float = 0, merge: Callable | None = None, timestamp: Callable | None = None,
                collect: bool = False) -> Operator:
@@ -189,7 +204,7 @@ class Dag:
     def edge(self, src: Operator | str, dst: Operator | str) -> None:
         s, d = self._resolve(src), self._resolve(dst)
         d = d.entry or d
-        if d.kind == "source":
+        if d.kind == "source" or isinstance(d.fn, EventTime):
             raise DagError(f"dag {self.name!r}: source {d.name!r} cannot have an input ({s.name} -> {d.name})")
         if s.kind == "sink":
             raise DagError(f"dag {self.name!r}: sink {s.name!r} cannot have an output ({s.name} -> {d.name})")
@@ -318,6 +333,14 @@ class DagSpec:
     def readers(self) -> list[int]:
         """The operators that read a declared source (`Dag.source`): their values enter at the workers."""
         return [o.index for o in self.operators if o.kind == "source"]
+
+    @property
+    def push_time(self) -> OperatorSpec | None:
+        """The root `push()` feeds with event time (`Dag.push_source`), if any."""
+        for i in self.sources:
+            if isinstance(self.operators[i].fn, EventTime):
+                return self.operators[i]
+        return None
 
     def topological(self) -> list[int]:
         """Operator indices so that every operator comes after its predecessors."""

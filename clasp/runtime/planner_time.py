@@ -13,12 +13,13 @@ the windows the end of a bounded input fires are done when it returns.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from clasp.core import protocol
-from clasp.core.eventtime import NEG_INF
+from clasp.core.eventtime import NEG_INF, PartitionClock
 from clasp.core.lifecycle import Phase
 from clasp.core.timed import EventTime, ReleasedWatermark, stages
 from clasp.runtime.planner_link import Link
@@ -27,8 +28,14 @@ from clasp.runtime.planner_link import Link
 class JobTime:
     """One job's watermark state on the planner."""
 
-    def __init__(self, marks: ReleasedWatermark, stages: dict[int, int]):
+    def __init__(self, marks: ReleasedWatermark, stages: dict[int, int], push: EventTime | None = None,
+                 push_part: tuple | None = None):
         self.marks = marks
+        # The push source (`Dag.push_source`): one partition, its clock kept here, its chunks marked as the
+        # dispatcher begins each (replayed chunks again after a rollback, with a fresh clock, as a reader's).
+        self.push, self.push_part = push, push_part
+        self.push_clock = PartitionClock(push.max_out_of_order, push.idle_timeout) if push is not None else None
+        self.push_last = -1  # the last chunk marked
         self.stages = stages  # keyed time operator -> its stage
         n = max(stages.values(), default=0) + 1
         self.levels = [NEG_INF] * n  # the watermark released to each stage (the first: the sources')
@@ -47,7 +54,9 @@ class JobTime:
 
 
 def _timed(job) -> bool:
-    return job.src is not None and any(isinstance(job.spec.operators[i].fn, EventTime) for i in job.spec.readers)
+    spec = job.spec
+    return (spec.push_time is not None or bool(stages(spec))
+            or any(isinstance(spec.operators[i].fn, EventTime) for i in spec.readers))
 
 
 class TimeCoordinator:
@@ -63,10 +72,24 @@ class TimeCoordinator:
     def _job_time(self, job) -> JobTime | None:
         t = getattr(job, "time", None)
         if t is None and _timed(job):
-            timed = {job.spec.operators[i].name for i in job.spec.readers
-                     if isinstance(job.spec.operators[i].fn, EventTime)}
-            t = job.time = JobTime(ReleasedWatermark(k for k in job.src.parts if k[0] in timed), stages(job.spec))
+            spec = job.spec
+            timed = {spec.operators[i].name for i in spec.readers if isinstance(spec.operators[i].fn, EventTime)}
+            parts = [k for k in job.src.parts if k[0] in timed] if job.src is not None else []
+            push = spec.push_time
+            push_part = (push.name, "push") if push is not None else None
+            t = job.time = JobTime(ReleasedWatermark(parts + ([push_part] if push_part else [])), stages(spec),
+                                   push.fn if push is not None else None, push_part)
         return t
+
+    def pushed(self, job, chunk: int, records: list) -> None:
+        """The dispatcher begins a pushed chunk: the push partition's watermark after it (safe once it and
+        every chunk before it are complete)."""
+        t = self._job_time(job)
+        if t is None or t.push is None or chunk <= t.push_last:
+            return
+        t.push_last = chunk
+        t.push_clock.record_batch(t.push.times(records), time.monotonic())
+        t.marks.sealed(t.push_part, chunk, t.push_clock.watermark)
 
     def on_wm_mark(self, ident: bytes, body: list) -> None:
         job = self._reading_job(body[0])
@@ -101,7 +124,10 @@ class TimeCoordinator:
     def _watermark_now(self, job, t: JobTime) -> float:
         chunks = job.tracker.chunks
         t.marks.settle(chunks.__contains__)
-        return t.marks.combined(job.src.ended)
+        ended = set(job.src.ended) if job.src is not None else set()
+        if t.push is not None and job.input_ended and not job.queued:
+            ended.add(t.push_part)  # every pushed chunk is marked: +inf once they are complete
+        return t.marks.combined(ended)
 
     def tick(self, job) -> None:
         """Once a tick: release the job's watermark to its workers (again, if unchanged: a key group that
@@ -112,6 +138,8 @@ class TimeCoordinator:
         if job.life.phase is Phase.BARRIER:
             return  # a barrier is being set up: the checkpoint's watermark is the one released before it
         restoring = job.life.restoring
+        if t.push_clock is not None and t.push_clock.tick(time.monotonic()):
+            t.marks.set_idle(t.push_part, True)
         w = self._watermark_now(job, t)
         t.round += 1
         levels = t.levels
@@ -167,6 +195,9 @@ class TimeCoordinator:
         t = getattr(job, "time", None)
         if t is not None:
             t.marks.reset()
+            if t.push is not None:
+                t.push_clock = PartitionClock(t.push.max_out_of_order, t.push.idle_timeout)
+                t.push_last = -1
             t.levels = list(t.restore_to)
             t.marks.released = t.levels[0]
             t.fired_chunks.clear()
