@@ -16,7 +16,7 @@ import networkx as nx
 from clasp.core.connector import Sink, Source
 from clasp.core.joins import IntervalJoin, WindowJoin
 from clasp.core.keyed import TimerOperator
-from clasp.core.timed import LATE_OUT, ON_TIME_OUT, EventTime, TimedFold, TimedJoin, pick, side
+from clasp.core.timed import LATE_OUT, ON_TIME_OUT, EventTime, TimedFold, TimedJoin, no_time, pick, side
 from clasp.core.windows import WindowOperator
 
 
@@ -138,19 +138,22 @@ class Dag:
 
     def timers(self, name: str, fn: Callable, on_timer: Callable, key: Callable, *,
                timestamp: Callable | None = None, collect: bool = False) -> Operator:
-        """A stateful operator with event-time timers per key: `fn(state, value, timers) -> (state, outputs)`
-        may call `timers.at(t, payload)`, and `on_timer(state, t, payload, timers) -> (state, outputs)` runs
-        once the watermark reaches `t` (`clasp.windows.TimerOperator`; the timers live in the key's state, so
-        they are checkpointed and migrate with it). Edges into the returned operator feed it; its outputs are
-        those of both functions."""
-        return self._keyed_time(name, TimerOperator(fn, on_timer), key, timestamp, collect)
+        """A stateful operator with timers per key: `fn(state, value, timers) -> (state, outputs)` may call
+        `timers.at(t, payload)` (event time) or `timers.at_processing(t, payload)` (processing time: `t` in
+        seconds of `time.time()`, `timers.now` the time the worker last read), and `on_timer(state, t, payload,
+        timers) -> (state, outputs)` runs once the watermark, or the clock, reaches `t`
+        (`clasp.windows.TimerOperator`; the timers live in the key's state, so they are checkpointed and
+        migrate with it). Edges into the returned operator feed it; its outputs are those of both functions.
+        On a DAG without event time its records have no time (`timers.ts` is -inf): processing time only."""
+        return self._keyed_time(name, TimerOperator(fn, on_timer), key, timestamp, collect, timeless=True)
 
-    def _keyed_time(self, name: str, op: Any, key: Callable, timestamp: Callable | None, collect: bool) -> Operator:
+    def _keyed_time(self, name: str, op: Any, key: Callable, timestamp: Callable | None, collect: bool,
+                    timeless: bool = False) -> Operator:
         if timestamp is None:
             timed = [o.fn for o in self.operators if isinstance(o.fn, EventTime)]
-            if len(timed) != 1:
+            if len(timed) > 1 or not (timed or timeless):
                 raise DagError(f"{name!r}: give timestamp= (the DAG has {len(timed)} event-time sources)")
-            timestamp = timed[0].timestamp
+            timestamp = timed[0].timestamp if timed else no_time
         folded = self.operator(f"{name}.windows", TimedFold(op, key, timestamp), stateful=True, key=key)
         out = self._timed_outputs(name, folded, collect)
         out.entry = folded

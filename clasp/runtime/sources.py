@@ -75,6 +75,7 @@ class SourceReaders:
         self.leased = asyncio.Event()
         self.room = asyncio.Event()
         self.inflight = 0
+        self.timers: dict[int, tuple] = {}  # keyed time operator -> (its OpRuntime, its timer index) (worker_time)
 
     # ----------------------------------------------------------------- the planner's instructions
     def assign(self, parts: list) -> None:

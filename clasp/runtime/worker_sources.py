@@ -7,6 +7,8 @@ restored or dropped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from clasp.core import protocol
 from clasp.core.timed import stages
 from clasp.runtime.engine import JobEngine
@@ -16,6 +18,7 @@ from clasp.runtime.sources import SourceReaders
 class SourcesMixin:
     sources: dict[int, SourceReaders]
     source_window: int
+    _time_attached: Callable
 
     def _sources_attach(self, eng: JobEngine, parts: list | None) -> None:
         """A new engine for the job (deploy, restore): its readers, opening the partitions this worker owns
@@ -26,6 +29,7 @@ class SourcesMixin:
         readers = self.sources[eng.job] = SourceReaders(eng, self.dealer.send, self.tasks.spawn, self.wake.set,
                                                         self.source_window)
         readers.assign([[op, part, pos] for op, part, owner, pos in parts or () if owner == self.id])
+        self._time_attached(eng.job, readers)
 
     async def _sources_detach(self, job: int) -> None:
         readers = self.sources.pop(job, None)
