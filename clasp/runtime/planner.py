@@ -210,7 +210,7 @@ class Planner:
               f"state_dir={self.store.root if self.store is not None else 'none'}", flush=True)
         try:
             loops = [self._server().serve(), self.dispatcher.run(), self._tick_loop(), self.state_server.serve(),
-                     self.security.run(), self._liveness_loop()]
+                     self.security.run(), self._liveness_loop(), self.time.run()]
             self._load_stored_jobs()
             if self.store is not None:
                 loops.append(self.checkpoints.run())

@@ -1,9 +1,10 @@
 """The planner's side of event time (`TimeCoordinator`): the job's watermark, released to the workers.
 
 Readers send each partition's watermark after every chunk they seal (`wm_mark`, right behind the seal) and
-say when a partition went idle (`wm_idle`). Once a tick the planner settles which chunks completed
-(`clasp.core.timed.ReleasedWatermark`) and sends every worker of the job the job's watermark (`watermark`,
-with a round number): a watermark is released only when every record read before it was promised has been
+say when a partition went idle (`wm_idle`); the dispatcher's pushed chunks are marked here (`pushed`). Every
+RELEASE_S the planner settles which chunks completed (`clasp.core.timed.ReleasedWatermark`) and, if the job's
+watermark (or a stage's) moved, sends every worker of the job the watermarks (`watermark`, with a round number;
+once a tick also unchanged): a watermark is released only when every record read before it was promised has been
 processed everywhere, so no operator sees a record of a smaller time after it. A worker fires its windows at
 it (their outputs leased and sealed like a source's batches) and answers `wm_fired`; `wait_idle` waits until
 every worker answered a round sent after the last change (the watermark moved, a migration, a rollback), so
@@ -12,6 +13,7 @@ the windows the end of a bounded input fires are done when it returns.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Callable
@@ -23,6 +25,8 @@ from clasp.core.eventtime import NEG_INF, PartitionClock
 from clasp.core.lifecycle import Phase
 from clasp.core.timed import EventTime, ReleasedWatermark, stages
 from clasp.runtime.planner_link import Link
+
+RELEASE_S = 0.025  # how often a moved watermark is looked for between ticks
 
 
 class JobTime:
@@ -129,9 +133,19 @@ class TimeCoordinator:
             ended.add(t.push_part)  # every pushed chunk is marked: +inf once they are complete
         return t.marks.combined(ended)
 
-    def tick(self, job) -> None:
+    async def run(self) -> None:
+        """Between ticks: a job's watermark goes out as soon as it moves (its sources' chunks completed, or every
+        worker fired a stage and the windows it fired are complete), not a tick later, so a stage costs the
+        time its windows take, not a tick each."""
+        while True:
+            await asyncio.sleep(RELEASE_S)
+            for job in list(self.jobs.values()):
+                if getattr(job, "time", None) is not None:
+                    self.tick(job, moved_only=True)
+
+    def tick(self, job, moved_only: bool = False) -> None:
         """Once a tick: release the job's watermark to its workers (again, if unchanged: a key group that
-        arrived since fires there)."""
+        arrived since fires there); `moved_only`: only if it moved."""
         t = self._job_time(job)
         if t is None or job.id not in self.jobs:
             return
@@ -141,26 +155,29 @@ class TimeCoordinator:
         if t.push_clock is not None and t.push_clock.tick(time.monotonic()):
             t.marks.set_idle(t.push_part, True)
         w = self._watermark_now(job, t)
-        t.round += 1
-        levels = t.levels
+        rnd = t.round + 1
+        levels, rounds = list(t.levels), list(t.level_round)
         moved = w > levels[0]
         if moved:
-            levels[0], t.level_round[0] = w, t.round
+            levels[0], rounds[0] = w, rnd
         # A stage follows the one before it once every worker fired that one at its watermark and the
         # windows it fired are complete (processed by the next stage, on time there).
         serving = self._job_workers(job)
         answered = min((t.fired.get(x, -1) for x in serving), default=-1)
         t.fired_chunks = {c for c in t.fired_chunks if c in job.tracker.chunks}
         for d in range(1, len(levels)):
-            if levels[d] < levels[d - 1] and answered >= t.level_round[d - 1] and not t.fired_chunks:
-                levels[d], t.level_round[d], moved = levels[d - 1], t.round, True
+            if levels[d] < levels[d - 1] and answered >= rounds[d - 1] and not t.fired_chunks:
+                levels[d], rounds[d], moved = levels[d - 1], rnd, True
+        if moved_only and not moved:
+            return
+        t.round, t.levels, t.level_round = rnd, levels, rounds
         if moved or job.life.migrating or restoring:
             t.settled_round = t.round
         t.marks.released = w
         if restoring or w == -math.inf:
             return
         frame = protocol.encode("watermark", {"job": job.id, "watermark": w, "levels": levels, "round": t.round})
-        for worker in self._job_workers(job):
+        for worker in serving:
             self.link.post(worker.encode(), frame)
 
     def pending(self, job) -> int:

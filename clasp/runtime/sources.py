@@ -76,6 +76,7 @@ class SourceReaders:
         self.room = asyncio.Event()
         self.inflight = 0
         self.timers: dict[int, tuple] = {}  # keyed time operator -> (its OpRuntime, its timer index) (worker_time)
+        self.next_watermark: dict | None = None  # a watermark that came while firing (worker_time)
 
     # ----------------------------------------------------------------- the planner's instructions
     def assign(self, parts: list) -> None:

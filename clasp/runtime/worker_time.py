@@ -98,10 +98,15 @@ class TimeMixin:
 
     def _on_watermark(self, body) -> None:
         job = body["job"]
-        if job in self.jobs and job in self.sources and job not in self.firing:
-            self.firing.add(job)
-            levels = [float(w) for w in body["levels"]]
-            self.tasks.spawn(self._fire(job, levels, body["round"]), f"windows of job {job}")
+        readers = self.sources.get(job)
+        if job not in self.jobs or readers is None:
+            return
+        if job in self.firing:
+            readers.next_watermark = body  # fired once this firing is done: the planner sends a moved one once
+            return
+        self.firing.add(job)
+        levels = [float(w) for w in body["levels"]]
+        self.tasks.spawn(self._fire(job, levels, body["round"]), f"windows of job {job}")
 
     async def _fire(self, job: int, levels: list[float] | None, rnd: int | None) -> None:
         """Fire every keyed time operator at its stage's watermark (`levels`; None: at the one it last fired
@@ -146,3 +151,7 @@ class TimeMixin:
                 self.dealer.send(protocol.encode("wm_fired", [job, rnd, late]))
         finally:
             self.firing.discard(job)
+            readers = self.sources.get(job)
+            if readers is not None and readers.next_watermark is not None:
+                body, readers.next_watermark = readers.next_watermark, None
+                self._on_watermark(body)

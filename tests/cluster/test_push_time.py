@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import time
 from collections import Counter
 
 import pytest
@@ -131,5 +132,34 @@ def test_pushed_windows_exact_across_a_rescale_1_to_2(tmp_path_factory):
             job.wait_idle(timeout=120)
             assert windows(job) == reference(evs)
             assert job.collected("late") == []
+    finally:
+        cluster.stop()
+
+
+def test_a_stage_of_windows_waits_for_the_windows_before_it_not_for_a_tick(tmp_path_factory):
+    """With a 2 s tick, the two stages of a window of windows still fire within a tick of the input's end: the
+    planner releases a moved watermark as soon as it moves (each stage once the one before fired and its windows
+    are complete), not at the next tick (which would take two ticks, 4 s, here)."""
+    evs = events(3000, 4)
+    cluster = start_cluster(tmp_path_factory, 2, planner_args=["--no-autoscale", "--heartbeat", "2.0"])
+    try:
+        with clasp.connect(cluster.planner) as client:
+            dag = clasp.Dag("stages")
+            src = dag.push_source("events", timestamp=lambda e: e[1], max_out_of_order=BOUND)
+            per_key = dag.window("counts", W.tumbling(SIZE), key=lambda e: e[0], fold=lambda acc, e: acc + 1,
+                                 init=lambda: 0)
+            keys = dag.window("keys", W.tumbling(SIZE), key=lambda w: w[1], fold=lambda acc, w: acc + 1,
+                              init=lambda: 0, timestamp=W.result_time, collect=True)
+            src >> per_key >> keys
+            job = client.submit(dag, autoscale=False)
+            push(job, evs)
+            job.wait_idle(timeout=60)
+            t0 = time.monotonic()
+            job.end_input()
+            job.wait_idle(timeout=60)
+            took = time.monotonic() - t0
+            want = Counter(start for _, start in reference(evs))
+            assert {s: n for s, _, _, n in job.collected("keys")} == dict(want)
+            assert took < 2.0, f"the last windows of two stages took {took:.2f} s"
     finally:
         cluster.stop()
