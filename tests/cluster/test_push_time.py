@@ -15,6 +15,7 @@ import pytest
 
 import clasp
 import clasp.windows as W
+from clasp.testing import IterableSource
 from tests.conftest import start_cluster, wait_for
 
 SIZE = 2.0  # seconds of event time per window
@@ -163,3 +164,25 @@ def test_a_stage_of_windows_waits_for_the_windows_before_it_not_for_a_tick(tmp_p
             assert took < 2.0, f"the last windows of two stages took {took:.2f} s"
     finally:
         cluster.stop()
+
+
+def test_an_idle_push_source_does_not_hold_back_a_declared_sources_windows(cluster1):
+    """Nothing is ever pushed: after `idle_timeout` the push partition stops holding the watermark, and the
+    declared source's windows all fire at the end of its input (without the timeout they never would)."""
+    evs = events(2000, 5)
+    with clasp.connect(cluster1.planner) as client:
+        dag = clasp.Dag("idle-push")
+        pushed = dag.push_source("pushed", timestamp=lambda e: e[1], max_out_of_order=BOUND, idle_timeout=0.5)
+        read = dag.source("read", IterableSource(evs, partitions=2), timestamp=lambda e: e[1],
+                          max_out_of_order=BOUND)
+        win = dag.window("counts", W.tumbling(SIZE), key=lambda e: e[0], fold=lambda acc, e: acc + 1,
+                         init=lambda: 0, timestamp=lambda e: e[1], collect=True)
+        pushed >> win
+        read >> win
+        job = client.submit(dag, autoscale=False)
+        job.wait_idle(timeout=60)  # what was read is done; the push partition may still hold the watermark
+        wait_for(lambda: job.stats()["event_time"]["idle"] == ["pushed/push"], timeout=30, what="an idle push")
+        job.wait_idle(timeout=60)
+        assert windows(job) == reference(evs)
+        assert job.stats()["event_time"]["watermark"] == "end"
+        job.cancel()
