@@ -75,7 +75,10 @@ class TimeCoordinator:
 
     def _job_time(self, job) -> JobTime | None:
         t = getattr(job, "time", None)
-        if t is None and _timed(job):
+        if t is None and not getattr(job, "untimed", False):
+            if not _timed(job):
+                job.untimed = True  # its DAG never changes: asked once (the dispatcher asks per chunk)
+                return None
             spec = job.spec
             timed = {spec.operators[i].name for i in spec.readers if isinstance(spec.operators[i].fn, EventTime)}
             parts = [k for k in job.src.parts if k[0] in timed] if job.src is not None else []
