@@ -4,6 +4,7 @@ keyed time operator as a stateful operator's function.
 - `EventTime` is what `Dag.source(..., timestamp=, max_out_of_order=, idle_timeout=)` declares. It is the
   source operator's function (which passes values through and is never called per record by the engine), so
   the settings travel to the workers with the DAG and each partition reader keeps a `PartitionClock`.
+- `PushTime` is the push source's partition on the planner: pushed chunks marked as they are dispatched.
 - `ReleasedWatermark` is the planner's: per partition, the watermark its reader had after each chunk it
   sealed. A partition's watermark is *safe* once every chunk it sealed up to the one that raised it is
   complete (processed everywhere: every record of it with a smaller time has reached every operator). The
@@ -23,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
-from clasp.core.eventtime import NEG_INF, POS_INF, combine
+from clasp.core.eventtime import NEG_INF, POS_INF, PartitionClock, combine
 
 ON_TIME_OUT, LATE_OUT = 0, 1
 
@@ -103,6 +104,33 @@ class ReleasedWatermark:
         self.safe = dict.fromkeys(self.pending, NEG_INF)
         self.idle.clear()
         self.released = NEG_INF
+
+
+class PushTime:
+    """The push source's one partition (`Dag.push_source`), on the planner: the pushed chunks go out in the order
+    they were admitted, and as the dispatcher begins each (`begin`), its times move the partition's clock and the
+    chunk is marked with the watermark after it in a `ReleasedWatermark`, as a reader's seal marks a batch. A
+    rollback (`reset`) starts a fresh clock, as a reader reopening does: the replayed chunks are marked again."""
+
+    def __init__(self, time: EventTime, part: Hashable):
+        self.time, self.part = time, part
+        self.reset()
+
+    def reset(self) -> None:
+        self.clock = PartitionClock(self.time.max_out_of_order, self.time.idle_timeout)
+        self.last = -1  # the last chunk marked (the dispatcher may begin one several times)
+
+    def begin(self, marks: ReleasedWatermark, chunk: int, records: list, now: float) -> None:
+        if chunk <= self.last:
+            return
+        self.last = chunk
+        self.clock.record_batch(self.time.times(records), now)
+        marks.sealed(self.part, chunk, self.clock.watermark)
+
+    def tick(self, marks: ReleasedWatermark, now: float) -> None:
+        """No push for `idle_timeout`: the partition stops holding the others back."""
+        if self.clock.tick(now):
+            marks.set_idle(self.part, True)
 
 
 class TimedFold:

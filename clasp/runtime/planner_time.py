@@ -21,9 +21,9 @@ from collections.abc import Callable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from clasp.core import protocol
-from clasp.core.eventtime import NEG_INF, PartitionClock
+from clasp.core.eventtime import NEG_INF
 from clasp.core.lifecycle import Phase
-from clasp.core.timed import EventTime, ReleasedWatermark, stages
+from clasp.core.timed import EventTime, PushTime, ReleasedWatermark, stages
 from clasp.runtime.planner_link import Link
 
 RELEASE_S = 0.025  # how often a moved watermark is looked for between ticks
@@ -32,14 +32,9 @@ RELEASE_S = 0.025  # how often a moved watermark is looked for between ticks
 class JobTime:
     """One job's watermark state on the planner."""
 
-    def __init__(self, marks: ReleasedWatermark, stages: dict[int, int], push: EventTime | None = None,
-                 push_part: tuple | None = None):
+    def __init__(self, marks: ReleasedWatermark, stages: dict[int, int], push: PushTime | None = None):
         self.marks = marks
-        # The push source (`Dag.push_source`): one partition, its clock kept here, its chunks marked as the
-        # dispatcher begins each (replayed chunks again after a rollback, with a fresh clock, as a reader's).
-        self.push, self.push_part = push, push_part
-        self.push_clock = PartitionClock(push.max_out_of_order, push.idle_timeout) if push is not None else None
-        self.push_last = -1  # the last chunk marked
+        self.push = push  # the push source's partition (`Dag.push_source`), if any
         self.stages = stages  # keyed time operator -> its stage
         n = max(stages.values(), default=0) + 1
         self.levels = [NEG_INF] * n  # the watermark released to each stage (the first: the sources')
@@ -82,21 +77,16 @@ class TimeCoordinator:
             spec = job.spec
             timed = {spec.operators[i].name for i in spec.readers if isinstance(spec.operators[i].fn, EventTime)}
             parts = [k for k in job.src.parts if k[0] in timed] if job.src is not None else []
-            push = spec.push_time
-            push_part = (push.name, "push") if push is not None else None
-            t = job.time = JobTime(ReleasedWatermark(parts + ([push_part] if push_part else [])), stages(spec),
-                                   push.fn if push is not None else None, push_part)
+            push = PushTime(spec.push_time.fn, (spec.push_time.name, "push")) if spec.push_time else None
+            t = job.time = JobTime(ReleasedWatermark(parts + ([push.part] if push else [])), stages(spec), push)
         return t
 
     def pushed(self, job, chunk: int, records: list) -> None:
         """The dispatcher begins a pushed chunk: the push partition's watermark after it (safe once it and
         every chunk before it are complete)."""
         t = self._job_time(job)
-        if t is None or t.push is None or chunk <= t.push_last:
-            return
-        t.push_last = chunk
-        t.push_clock.record_batch(t.push.times(records), time.monotonic())
-        t.marks.sealed(t.push_part, chunk, t.push_clock.watermark)
+        if t is not None and t.push is not None:
+            t.push.begin(t.marks, chunk, records, time.monotonic())
 
     def on_wm_mark(self, ident: bytes, body: list) -> None:
         job = self._reading_job(body[0])
@@ -133,7 +123,7 @@ class TimeCoordinator:
         t.marks.settle(chunks.__contains__)
         ended = set(job.src.ended) if job.src is not None else set()
         if t.push is not None and job.input_ended and not job.queued:
-            ended.add(t.push_part)  # every pushed chunk is marked: +inf once they are complete
+            ended.add(t.push.part)  # every pushed chunk is marked: +inf once they are complete
         return t.marks.combined(ended)
 
     async def run(self) -> None:
@@ -155,8 +145,8 @@ class TimeCoordinator:
         if job.life.phase is Phase.BARRIER:
             return  # a barrier is being set up: the checkpoint's watermark is the one released before it
         restoring = job.life.restoring
-        if t.push_clock is not None and t.push_clock.tick(time.monotonic()):
-            t.marks.set_idle(t.push_part, True)
+        if t.push is not None:
+            t.push.tick(t.marks, time.monotonic())
         w = self._watermark_now(job, t)
         rnd = t.round + 1
         levels, rounds = list(t.levels), list(t.level_round)
@@ -216,8 +206,7 @@ class TimeCoordinator:
         if t is not None:
             t.marks.reset()
             if t.push is not None:
-                t.push_clock = PartitionClock(t.push.max_out_of_order, t.push.idle_timeout)
-                t.push_last = -1
+                t.push.reset()
             t.levels = list(t.restore_to)
             t.marks.released = t.levels[0]
             t.fired_chunks.clear()

@@ -1,13 +1,18 @@
-"""`Dag.push_source`: the root `push()` feeds, with event time (docs/TIME.md); its records in one process."""
+"""`Dag.push_source`: the root `push()` feeds, with event time (docs/TIME.md); its records in one process; the
+planner's marks of pushed chunks (`PushTime`) against records still open."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import clasp
 import clasp.windows as W
 from clasp.core.dag import DagError
-from clasp.core.timed import EventTime
+from clasp.core.timed import EventTime, PushTime, ReleasedWatermark
 from clasp.testing import run_local
 
 
@@ -42,3 +47,49 @@ def test_a_dag_has_one_push_source_and_nothing_feeds_it():
     plain = clasp.Dag("s")
     plain.operator("x", lambda v: [v])
     assert plain.to_spec().push_time is None
+
+
+BOUND = 3.0
+
+
+@st.composite
+def _pushes(draw) -> list[list[float]]:
+    """Chunks of event times, each within BOUND behind the newest before it."""
+    top, chunks = 0.0, []
+    for _ in range(draw(st.integers(1, 12))):
+        chunk = []
+        for d in draw(st.lists(st.integers(-3, 5), min_size=1, max_size=6)):
+            t = top + d
+            chunk.append(t)
+            top = max(top, t)
+        chunks.append(chunk)
+    return chunks
+
+
+@settings(max_examples=200, deadline=None)
+@given(_pushes(), st.data())
+def test_the_push_partitions_watermark_never_passes_a_pushed_record_still_open(chunks, data):
+    """Chunks begun in order (some begun twice), completed in any order: the released watermark never passes a
+    record of a chunk still open, never goes back, and reaches `max - bound` once everything completed, the end
+    (+inf) once the input ended."""
+    push = PushTime(EventTime(lambda v: v, BOUND), ("events", "push"))
+    marks = ReleasedWatermark([push.part])
+    open_chunks = set(range(len(chunks)))  # not complete: begun or not
+    begun = 0
+    released = -math.inf
+    while open_chunks:
+        running = sorted(c for c in open_chunks if c < begun)
+        if begun < len(chunks) and (not running or data.draw(st.booleans())):
+            push.begin(marks, begun, chunks[begun], now=0.0)
+            if data.draw(st.booleans()):
+                push.begin(marks, begun, chunks[begun], now=0.0)  # no room that time: begun again
+            begun += 1
+        else:
+            open_chunks.discard(data.draw(st.sampled_from(running)))
+        marks.settle(open_chunks.__contains__)
+        w = marks.combined()
+        assert w >= released
+        marks.released = released = w
+        assert all(t >= w for c in open_chunks for t in chunks[c]), "a record still open is behind the watermark"
+    assert marks.combined() == max(t for c in chunks for t in c) - BOUND
+    assert marks.combined(ended=[push.part]) == math.inf
