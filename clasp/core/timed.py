@@ -25,6 +25,7 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 from clasp.core.eventtime import NEG_INF, POS_INF, PartitionClock, combine
+from clasp.core.keyed import TimerFailed
 
 ON_TIME_OUT, LATE_OUT = 0, 1
 
@@ -145,6 +146,7 @@ class TimedFold:
         self.now = NEG_INF
         self.late = 0  # records sent to the late output here
         self.touched: set = set()
+        self.failures: list = []  # (key, the exception) of the timer callbacks that raised, for the shell
 
     def __call__(self, state: Any, value: Any) -> tuple[Any, list]:
         key = self.key(value)
@@ -165,9 +167,19 @@ class TimedFold:
         return touched
 
     def fire_key(self, state: Any, key: Hashable, watermark: float, now: float) -> tuple[Any, list]:
-        """One due key's `on_time`: (its new state or None, its outputs tagged for the pass-throughs)."""
-        step = self.op.on_time(state, key, watermark, now)
+        """One due key's `on_time`: (its new state or None, its outputs tagged for the pass-throughs). A user's
+        callback that raises costs its timer, not the others': the error goes to `failures` (the shell reports
+        them as the operator's errors)."""
+        try:
+            step = self.op.on_time(state, key, watermark, now)
+        except TimerFailed as e:
+            self.failures.append((key, e.__cause__))
+            step = e.step
         return step.state, [(ON_TIME_OUT, o) for o in step.out]
+
+    def take_failures(self) -> list:
+        failures, self.failures = self.failures, []
+        return failures
 
     def fire(self, states: dict, watermark: float, now: float = NEG_INF) -> list[tuple[Hashable, Any, list]]:
         """(key, new state or None, outputs) of every key in `states` with a timer the watermark or the clock

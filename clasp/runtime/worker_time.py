@@ -32,6 +32,7 @@ from clasp.core.keyed import TimerOperator
 from clasp.core.timed import stages
 from clasp.core.timers import PROCESSING, GroupTimers
 from clasp.core.tracking import CHUNK_BITS
+from clasp.runtime.engine import OperatorError
 
 log = logging.getLogger("clasp.worker.time")
 CHUNK_WAIT_S = 2.0
@@ -138,6 +139,8 @@ class TimeMixin:
                 for key, state, out in timer_index(readers, op).fire(op.groups, fold.fire_key, watermark, now):
                     op.set_state(key, state)
                     outs.extend(out)
+                for key, e in fold.take_failures():  # that key's due timers are spent; the others fired
+                    eng._fail(op, OperatorError(f"on_timer of key {key!r}: {e!r}"), None)
                 if not outs:
                     continue
                 if len(outs) >= 1 << CHUNK_BITS:

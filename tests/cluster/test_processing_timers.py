@@ -68,6 +68,31 @@ def test_processing_time_timers_fire_on_the_clock_without_any_watermark(cluster1
         job.cancel()
 
 
+def test_a_failing_callback_is_the_operators_error_and_the_other_keys_still_fire(cluster1):
+    def count(state, value, timers):
+        if state is None:
+            timers.at_processing(timers.now + 0.2, None)
+        return (state or 0) + 1, []
+
+    def flush(state, t, payload, timers):
+        if timers.key == "bad":
+            raise ValueError("this key's callback fails")
+        return None, [[timers.key, state]]
+
+    dag = clasp.Dag("ptime-failing")
+    dag.operator("records", lambda v: [v]) >> dag.timers("flush", count, flush, key=lambda v: v[0], collect=True)
+    recs = [["bad", i] for i in range(10)] + [[f"k{i % 5}", i] for i in range(100)]
+    with clasp.connect(cluster1.planner) as client:
+        job = client.submit(dag, autoscale=False)
+        job.push(recs)
+        wait_for(lambda: len(job.collected("flush")) == 5, timeout=30, what="the other keys' callbacks")
+        assert sorted(job.collected("flush")) == [[f"k{i}", 20] for i in range(5)]
+        errors = wait_for(lambda: job.stats(fresh=True)["errors"], timeout=30, what="the error")
+        assert any("on_timer of key 'bad'" in e["error"] and "fails" in e["error"] for e in errors)
+        assert job.state("flush.windows") == {"bad": [10, []]}  # its count kept, its timer spent
+        job.cancel()
+
+
 def test_processing_time_timers_exact_after_a_worker_sigkill(tmp_path_factory):
     recs = records(12000, 2)
     cluster = start_cluster(tmp_path_factory, 3, planner_args=["--no-autoscale", "--checkpoint-interval", "0.3",

@@ -151,3 +151,24 @@ def test_a_firing_costs_the_due_keys_not_the_keys_held():
     scan = time.perf_counter() - t
     print(f"firing 20 due keys: {seconds[1_000] * 1e6:.0f} us among 1,000 keys, "
           f"{seconds[100_000] * 1e6:.0f} us among 100,000; a bare scan of 100,000: {scan * 1e6:.0f} us")
+
+
+def test_a_failing_callback_spends_its_keys_due_timers_and_the_other_keys_fire():
+    def fired(state, t, payload, timers):
+        if timers.key == "bad":
+            raise ValueError("no")
+        return state, [[timers.key, t]]
+
+    fold = TimedFold(TimerOperator(_set, fired), key=lambda v: v[0], timestamp=lambda v: v[1])
+    groups = [{} for _ in range(GROUPS)]
+    index = GroupTimers(fold.op.deadline)
+    for key in ("bad", "good", "also"):
+        g = _group(key)
+        groups[g][key] = fold(None, [key, 0.0, 1.0, None])[0]
+        index.update(g, key, groups[g][key])
+    out = {key: (new, outs) for key, new, outs in index.fire(groups, fold.fire_key, 2.0, 0.0)}
+    assert out["good"][1] == [(0, ["good", 1.0])] and out["also"][1] == [(0, ["also", 1.0])]
+    assert out["bad"] == ([1, []], [])  # its count kept, its timer spent, nothing emitted
+    [(key, e)] = fold.take_failures()
+    assert key == "bad" and isinstance(e, ValueError)
+    assert not index.due(2.0, 0.0)
