@@ -75,7 +75,8 @@ class TimeMixin:
     def _time_attached(self, job: int, readers) -> None:
         """A new engine with readers: a job with processing-time timers gets its clock task."""
         eng = readers.eng
-        timed = [eng.ops[i].fn for i in stages(eng.spec)]
+        readers.stages = stages(eng.spec)  # the engine's DAG never changes: found once, not at every firing
+        timed = [eng.ops[i].fn for i in readers.stages]
         if any(isinstance(fold.op, TimerOperator) for fold in timed):
             now = time.time()  # before the first record: `timers.now` is never the start of time
             for fold in timed:
@@ -83,7 +84,7 @@ class TimeMixin:
             self.tasks.spawn(self._processing_time(job, readers), f"processing-time timers of job {job}")
 
     async def _processing_time(self, job: int, readers) -> None:
-        timed = [readers.eng.ops[i] for i in stages(readers.eng.spec)]
+        timed = [readers.eng.ops[i] for i in readers.stages]
         while self.sources.get(job) is readers:
             now = time.time()
             due = False
@@ -115,7 +116,7 @@ class TimeMixin:
         late = 0
         try:
             eng, readers = self.jobs.get(job), self.sources.get(job)
-            stage = stages(eng.spec) if eng is not None and readers is not None else {}
+            stage = readers.stages if eng is not None and readers is not None else {}
             now = time.time()
             for i in sorted(stage, key=stage.get):
                 op, fold = eng.ops[i], eng.ops[i].fn
