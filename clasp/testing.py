@@ -282,6 +282,8 @@ def run_local(dag: Dag, records: Iterable = (), *, roundtrip: bool = True) -> Lo
                     else:
                         st[key] = new
                     _emit(out, collected.get(ops[i].name), [queues[j] for j in ops[i].successors])
+                for _, e in fold.take_failures():
+                    raise e  # as a failing operator function's exception does here
                 drain()
         run = uuid.uuid4().hex[:12]
         for name, values in to_sink.items():

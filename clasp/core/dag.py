@@ -16,7 +16,7 @@ import networkx as nx
 from clasp.core.connector import Sink, Source
 from clasp.core.joins import IntervalJoin, WindowJoin
 from clasp.core.keyed import TimerOperator
-from clasp.core.timed import LATE_OUT, ON_TIME_OUT, EventTime, TimedFold, TimedJoin, pick, side
+from clasp.core.timed import LATE_OUT, ON_TIME_OUT, EventTime, TimedFold, TimedJoin, no_time, pick, side
 from clasp.core.windows import WindowOperator
 
 
@@ -106,6 +106,21 @@ class Dag:
         op.connector, op.kind = source, "source"
         return op
 
+    def push_source(self, name: str, *, timestamp: Callable, max_out_of_order: float = 0,
+                    idle_timeout: float | None = None) -> Operator:
+        """Add the root that `job.push()` feeds, with event time: `timestamp(value)` (seconds) as in `source()`.
+        The pushed records are one partition in the order the planner dispatches them: its watermark trails the
+        largest time pushed by `max_out_of_order`, goes idle after `idle_timeout` seconds without a push, and
+        reaches the end with `job.end_input()` (docs/TIME.md). At most one per DAG (every root sees every
+        pushed record)."""
+        if any(isinstance(o.fn, EventTime) and o.kind == "operator" for o in self.operators):
+            raise DagError(f"push source {name!r}: the DAG has a push source already")
+        try:
+            fn = EventTime(timestamp, max_out_of_order, idle_timeout)
+        except (TypeError, ValueError) as e:
+            raise DagError(f"push source {name!r}: {e}") from None
+        return self.operator(name, fn)
+
     def window(self, name: str, window: Any, key: Callable, fold: Callable, init: Callable[[], Any], *,
                allowed_lateness: float = 0, merge: Callable | None = None, timestamp: Callable | None = None,
                collect: bool = False) -> Operator:
@@ -123,19 +138,22 @@ class Dag:
 
     def timers(self, name: str, fn: Callable, on_timer: Callable, key: Callable, *,
                timestamp: Callable | None = None, collect: bool = False) -> Operator:
-        """A stateful operator with event-time timers per key: `fn(state, value, timers) -> (state, outputs)`
-        may call `timers.at(t, payload)`, and `on_timer(state, t, payload, timers) -> (state, outputs)` runs
-        once the watermark reaches `t` (`clasp.windows.TimerOperator`; the timers live in the key's state, so
-        they are checkpointed and migrate with it). Edges into the returned operator feed it; its outputs are
-        those of both functions."""
-        return self._keyed_time(name, TimerOperator(fn, on_timer), key, timestamp, collect)
+        """A stateful operator with timers per key: `fn(state, value, timers) -> (state, outputs)` may call
+        `timers.at(t, payload)` (event time) or `timers.at_processing(t, payload)` (processing time: `t` in
+        seconds of `time.time()`, `timers.now` the time the worker last read), and `on_timer(state, t, payload,
+        timers) -> (state, outputs)` runs once the watermark, or the clock, reaches `t`
+        (`clasp.windows.TimerOperator`; the timers live in the key's state, so they are checkpointed and
+        migrate with it). Edges into the returned operator feed it; its outputs are those of both functions.
+        On a DAG without event time its records have no time (`timers.ts` is -inf): processing time only."""
+        return self._keyed_time(name, TimerOperator(fn, on_timer), key, timestamp, collect, timeless=True)
 
-    def _keyed_time(self, name: str, op: Any, key: Callable, timestamp: Callable | None, collect: bool) -> Operator:
+    def _keyed_time(self, name: str, op: Any, key: Callable, timestamp: Callable | None, collect: bool,
+                    timeless: bool = False) -> Operator:
         if timestamp is None:
             timed = [o.fn for o in self.operators if isinstance(o.fn, EventTime)]
-            if len(timed) != 1:
+            if len(timed) > 1 or not (timed or timeless):
                 raise DagError(f"{name!r}: give timestamp= (the DAG has {len(timed)} event-time sources)")
-            timestamp = timed[0].timestamp
+            timestamp = timed[0].timestamp if timed else no_time
         folded = self.operator(f"{name}.windows", TimedFold(op, key, timestamp), stateful=True, key=key)
         out = self._timed_outputs(name, folded, collect)
         out.entry = folded
@@ -189,7 +207,7 @@ class Dag:
     def edge(self, src: Operator | str, dst: Operator | str) -> None:
         s, d = self._resolve(src), self._resolve(dst)
         d = d.entry or d
-        if d.kind == "source":
+        if d.kind == "source" or isinstance(d.fn, EventTime):
             raise DagError(f"dag {self.name!r}: source {d.name!r} cannot have an input ({s.name} -> {d.name})")
         if s.kind == "sink":
             raise DagError(f"dag {self.name!r}: sink {s.name!r} cannot have an output ({s.name} -> {d.name})")
@@ -318,6 +336,14 @@ class DagSpec:
     def readers(self) -> list[int]:
         """The operators that read a declared source (`Dag.source`): their values enter at the workers."""
         return [o.index for o in self.operators if o.kind == "source"]
+
+    @property
+    def push_time(self) -> OperatorSpec | None:
+        """The root `push()` feeds with event time (`Dag.push_source`), if any."""
+        for i in self.sources:
+            if isinstance(self.operators[i].fn, EventTime):
+                return self.operators[i]
+        return None
 
     def topological(self) -> list[int]:
         """Operator indices so that every operator comes after its predecessors."""

@@ -24,6 +24,15 @@ from clasp.core.timers import EVENT, PROCESSING, TimerIndex
 from clasp.core.windows import Step
 
 
+class TimerFailed(Exception):
+    """`on_timer` raised (the cause): `step` is the key's state without the timers that were due, and the outputs
+    of the callbacks before the failing one, for the shell to keep and go on with the other keys."""
+
+    def __init__(self, step: Step):
+        super().__init__("on_timer failed")
+        self.step = step
+
+
 class TimerContext:
     """What a user's function sees of time for its key: the record's event time (None in `on_timer`), the
     watermark, the processing time, and its timers."""
@@ -69,7 +78,10 @@ class TimerOperator:
         while due:
             t, _, payload = due.pop(0)
             ctx = TimerContext(key, None, watermark, now, timers)
-            user, more = self.on_timer(user, t, payload, ctx)
+            try:
+                user, more = self.on_timer(user, t, payload, ctx)
+            except Exception as e:  # the timers due are spent: a failing one is not called again and again
+                raise TimerFailed(Step(self._pack(user, timers), out, [])) from e
             out.extend(more or ())
             # A timer set for a time already passed fires in this same call, in order.
             now_due, timers = _timers.pop_due(ctx.timers, watermark, now)

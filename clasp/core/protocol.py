@@ -276,6 +276,13 @@ class Stop(JobRequest):
 
 
 @dataclass(slots=True)
+class EndInput(JobRequest):
+    """No more pushes: the push source's watermark reaches the end once everything pushed is complete."""
+
+    TYPE: ClassVar[str] = "end_input"
+
+
+@dataclass(slots=True)
 class Jobs(Request):
     TYPE: ClassVar[str] = "jobs"
 
@@ -363,8 +370,8 @@ class Error(Message):
 
 
 MESSAGES: dict[str, type[Message]] = {cls.TYPE: cls for cls in (
-    Submit, Push, WaitIdle, StateRequest, Collected, Stats, Cancel, Stop, Jobs, Workers, Scale, Place, Autoscale,
-    Drain, Pool, Register, Leave, Heartbeat, Reply, Error)}
+    Submit, Push, WaitIdle, StateRequest, Collected, Stats, Cancel, Stop, EndInput, Jobs, Workers, Scale, Place,
+    Autoscale, Drain, Pool, Register, Leave, Heartbeat, Reply, Error)}
 for _mtype, _cls in MESSAGES.items():
     SCHEMAS[_mtype] = {f.name: f.metadata["types"] for f in fields(_cls) if not f.metadata.get("optional")}
     _opts = {f.name: f.metadata["types"] for f in fields(_cls) if f.metadata.get("optional")}

@@ -4,6 +4,7 @@ keyed time operator as a stateful operator's function.
 - `EventTime` is what `Dag.source(..., timestamp=, max_out_of_order=, idle_timeout=)` declares. It is the
   source operator's function (which passes values through and is never called per record by the engine), so
   the settings travel to the workers with the DAG and each partition reader keeps a `PartitionClock`.
+- `PushTime` is the push source's partition on the planner: pushed chunks marked as they are dispatched.
 - `ReleasedWatermark` is the planner's: per partition, the watermark its reader had after each chunk it
   sealed. A partition's watermark is *safe* once every chunk it sealed up to the one that raised it is
   complete (processed everywhere: every record of it with a smaller time has reached every operator). The
@@ -12,7 +13,8 @@ keyed time operator as a stateful operator's function.
 - `TimedFold` is a keyed time operator (`WindowOperator`, ...) as `fn(state, value) -> (state, outputs)`, so
   the engine runs it like any stateful operator (key-group state, checkpoints, migrations); its outputs are
   tagged `(ON_TIME_OUT, window)` or `(LATE_OUT, record)` for the two pass-through operators behind it.
-  `fire(states, watermark)` runs the keys whose deadline the watermark reached.
+  `fire_key` runs one key whose deadline the watermark or the clock reached (the shell finds them in its timer
+  index), `fire(states, watermark, now)` every such key of `states`.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
-from clasp.core.eventtime import NEG_INF, POS_INF, combine
+from clasp.core.eventtime import NEG_INF, POS_INF, PartitionClock, combine
+from clasp.core.keyed import TimerFailed
 
 ON_TIME_OUT, LATE_OUT = 0, 1
 
@@ -104,40 +107,89 @@ class ReleasedWatermark:
         self.released = NEG_INF
 
 
+class PushTime:
+    """The push source's one partition (`Dag.push_source`), on the planner: the pushed chunks go out in the order
+    they were admitted, and as the dispatcher begins each (`begin`), its times move the partition's clock and the
+    chunk is marked with the watermark after it in a `ReleasedWatermark`, as a reader's seal marks a batch. A
+    rollback (`reset`) starts a fresh clock, as a reader reopening does: the replayed chunks are marked again."""
+
+    def __init__(self, time: EventTime, part: Hashable):
+        self.time, self.part = time, part
+        self.reset()
+
+    def reset(self) -> None:
+        self.clock = PartitionClock(self.time.max_out_of_order, self.time.idle_timeout)
+        self.last = -1  # the last chunk marked (the dispatcher may begin one several times)
+
+    def begin(self, marks: ReleasedWatermark, chunk: int, records: list, now: float) -> None:
+        if chunk <= self.last:
+            return
+        self.last = chunk
+        self.clock.record_batch(self.time.times(records), now)
+        marks.sealed(self.part, chunk, self.clock.watermark)
+
+    def tick(self, marks: ReleasedWatermark, now: float) -> None:
+        """No push for `idle_timeout`: the partition stops holding the others back."""
+        if self.clock.tick(now):
+            marks.set_idle(self.part, True)
+
+
 class TimedFold:
-    """A keyed time operator run as a stateful operator's function over the records `timestamp` times."""
+    """A keyed time operator run as a stateful operator's function over the records `timestamp` times. The
+    shell tells it the time: `watermark` (the last one this worker fired at) and `now` (the processing time,
+    which the shell reads and sets); `touched` collects the keys whose state a record changed, for the shell's
+    timer index (`clasp.core.timers.GroupTimers`)."""
 
     def __init__(self, op: Any, key: Callable, timestamp: Callable):
         self.op, self.key, self.timestamp = op, key, timestamp
-        self.watermark = NEG_INF  # the last watermark this worker fired at (set by `fire`)
+        self.watermark = NEG_INF
+        self.now = NEG_INF
         self.late = 0  # records sent to the late output here
+        self.touched: set = set()
+        self.failures: list = []  # (key, the exception) of the timer callbacks that raised, for the shell
 
     def __call__(self, state: Any, value: Any) -> tuple[Any, list]:
-        step = self.op.on_record(state, self.key(value), float(self.timestamp(value)), value, self.watermark)
+        key = self.key(value)
+        step = self.op.on_record(state, key, float(self.timestamp(value)), value, self.watermark, self.now)
+        return self._took(state, key, step)
+
+    def _took(self, state: Any, key: Hashable, step: Any) -> tuple[Any, list]:
+        if step.state is not state:
+            self.touched.add(key)
         out = [(ON_TIME_OUT, o) for o in step.out]
         if step.late:
             self.late += len(step.late)
             out.extend((LATE_OUT, r) for r in step.late)
         return step.state, out
 
-    def due(self, states: dict, watermark: float) -> bool:
-        deadline = self.op.deadline
-        for s in states.values():
-            t = deadline(s)[0]
-            if t is not None and t <= watermark:
-                return True
-        return False
+    def take_touched(self) -> set:
+        touched, self.touched = self.touched, set()
+        return touched
 
-    def fire(self, states: dict, watermark: float) -> list[tuple[Hashable, Any, list]]:
-        """(key, new state or None, outputs) of every key in `states` with a timer the watermark reached;
-        `states` is left as it is (the shell stores the new states the engine's way)."""
+    def fire_key(self, state: Any, key: Hashable, watermark: float, now: float) -> tuple[Any, list]:
+        """One due key's `on_time`: (its new state or None, its outputs tagged for the pass-throughs). A user's
+        callback that raises costs its timer, not the others': the error goes to `failures` (the shell reports
+        them as the operator's errors)."""
+        try:
+            step = self.op.on_time(state, key, watermark, now)
+        except TimerFailed as e:
+            self.failures.append((key, e.__cause__))
+            step = e.step
+        return step.state, [(ON_TIME_OUT, o) for o in step.out]
+
+    def take_failures(self) -> list:
+        failures, self.failures = self.failures, []
+        return failures
+
+    def fire(self, states: dict, watermark: float, now: float = NEG_INF) -> list[tuple[Hashable, Any, list]]:
+        """(key, new state or None, outputs) of every key in `states` with a timer the watermark or the clock
+        reached, visiting every key (the cluster's shell keeps an index instead); `states` is left as it is."""
         self.watermark = max(self.watermark, watermark)
-        deadline, on_time, out = self.op.deadline, self.op.on_time, []
+        deadline, out = self.op.deadline, []
         for key, s in states.items():
-            t = deadline(s)[0]
-            if t is not None and t <= watermark:
-                step = on_time(s, key, watermark)
-                out.append((key, step.state, [(ON_TIME_OUT, o) for o in step.out]))
+            ev, pt = deadline(s)
+            if (ev is not None and ev <= watermark) or (pt is not None and pt <= now):
+                out.append((key, *self.fire_key(s, key, watermark, now)))
         return out
 
 
@@ -150,13 +202,9 @@ class TimedJoin(TimedFold):
 
     def __call__(self, state: Any, tagged: Any) -> tuple[Any, list]:
         side, value = tagged
-        step = self.op.on_record(state, self.key(tagged), float(self.timestamp(tagged)), value, self.watermark,
-                                 0, side)
-        out = [(ON_TIME_OUT, o) for o in step.out]
-        if step.late:
-            self.late += len(step.late)
-            out.extend((LATE_OUT, r) for r in step.late)
-        return step.state, out
+        key = self.key(tagged)
+        step = self.op.on_record(state, key, float(self.timestamp(tagged)), value, self.watermark, self.now, side)
+        return self._took(state, key, step)
 
 
 class SideKey:
@@ -167,6 +215,11 @@ class SideKey:
 
     def __call__(self, tagged: Any) -> Any:
         return self.fns[tagged[0]](tagged[1])
+
+
+def no_time(value: Any) -> float:
+    """The event time of a record on a DAG without event time (a timers operator on processing time)."""
+    return NEG_INF
 
 
 def result_time(window: list) -> float:

@@ -391,6 +391,12 @@ class Job:
         c = self.client
         return c._wait(c._send("stop", {"job": self.id, "timeout": float(timeout)}), timeout + 10.0, "stop")
 
+    def end_input(self) -> None:
+        """The last push: the planner refuses later ones, and the watermark of the DAG's push source
+        (`Dag.push_source`) reaches the end once every pushed record is complete, so every window and
+        event-time timer downstream fires (`wait_idle` then returns after them)."""
+        self.client._call("end_input", {"job": self.id})
+
     def state(self, operator: str, timeout: float = 60.0) -> dict:
         """The keyed state of a stateful operator, gathered from every worker. While the job recovers from a
         worker's death (or one may have died unnoticed), it waits up to `timeout` s for the job to serve

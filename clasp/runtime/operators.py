@@ -52,7 +52,8 @@ class OpRuntime:
     __slots__ = ("index", "name", "fn", "key_fn", "stateful", "is_async", "collect", "queue", "groups",
                  "instances", "routes", "successors", "processed", "exec_time", "errors", "edge_counts",
                  "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_hits",
-                 "collected_rids", "cold", "rested", "batch", "key_is_value", "sink", "sink_wake", "sink_room")
+                 "collected_rids", "cold", "rested", "batch", "key_is_value", "sink", "sink_wake", "sink_room",
+                 "replaced")
 
     def __init__(self, spec_op):
         self.index = spec_op.index
@@ -101,6 +102,9 @@ class OpRuntime:
         # request of the group drops it), so moving or checkpointing the group packs nothing. Made in idle
         # time (`JobEngine.rest_one`) and by checkpoints; a cold group's blob rests on once it is decoded.
         self.rested: list[tuple[bytes, int] | None] = [None] * NUM_KEY_GROUPS if spec_op.stateful else []
+        # Key groups installed or taken away here since the event-time shell last looked: it indexes their
+        # timers again (clasp.runtime.worker_time).
+        self.replaced: set[int] = set()
         self.busy = False
 
     def group_of(self, key) -> int:
@@ -126,6 +130,7 @@ class OpRuntime:
 
     def install_items(self, g: int, items: dict) -> None:
         self.rested[g] = None
+        self.replaced.add(g)
         if self.groups[g]:
             self.groups[g].update(items)
         else:
@@ -173,6 +178,7 @@ class OpRuntime:
             return cold
         rested, self.rested[g] = self.rested[g], None
         d, self.groups[g] = self.groups[g], {}
+        self.replaced.add(g)
         dropped.append(d)
         if rested is not None:
             return rested

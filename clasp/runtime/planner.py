@@ -109,8 +109,7 @@ class Planner:
         self.security = security or Security()
         self.client_tasks: dict[bytes, int] = {}  # slow requests being served, per client
         self.advertise = advertised(config.host, config.advertise)
-        self.heartbeat = config.heartbeat
-        self.dead_after = config.dead_after
+        self.heartbeat, self.dead_after = config.heartbeat, config.dead_after
         # A worker whose data connection dropped (a process that died: the kernel closes its sockets) and
         # that sent no heartbeat for this long is dead, without waiting out `dead_after` (which covers a
         # frozen process or a silent network, whose connections stay up).
@@ -161,7 +160,8 @@ class Planner:
                                    provider=provider)
         self.dispatcher = Dispatcher(self.link, self.security.limits, self.bound, self.jobs, self.pushers,
                                      max_inflight=self.max_inflight, dispatch_batch=self.dispatch_batch,
-                                     job_of=self.queries.job, changed=self.queries.check_waiters)
+                                     job_of=self.queries.job, changed=self.queries.check_waiters,
+                                     chunk_begins=lambda job, chunk, records: self.time.pushed(job, chunk, records))
         checkpoint = lambda job: self.checkpoints.checkpoint(job)  # noqa: E731 (built below, with what it needs)
         self.sinks = SinkCoordinator(self.link, self.queries.workers_of, checkpoint, self.queries.check_waiters)
         reading_job = lambda i: self.jobs.get(i) or self.deploying.get(i)  # noqa: E731 (also while it deploys)
@@ -210,7 +210,7 @@ class Planner:
               f"state_dir={self.store.root if self.store is not None else 'none'}", flush=True)
         try:
             loops = [self._server().serve(), self.dispatcher.run(), self._tick_loop(), self.state_server.serve(),
-                     self.security.run(), self._liveness_loop()]
+                     self.security.run(), self._liveness_loop(), self.time.run()]
             self._load_stored_jobs()
             if self.store is not None:
                 loops.append(self.checkpoints.run())
@@ -264,14 +264,14 @@ class Planner:
         log.warning("dropped a bad message: %s", e)
 
     def _server(self) -> ServerLoop:
-        q, src, pool, mig, tm = self.queries, self.sources, self.elastic, self.migrations, self.time
+        q, src, pool, mig, tm, d = self.queries, self.sources, self.elastic, self.migrations, self.time, self.dispatcher
         handlers = {
             "register": self._on_register, "heartbeat": self._on_heartbeat, "done": self._on_done,
             "reply": self.link.on_reply, "error": self._on_error_msg, "submit": self._on_submit,
-            "push": self.dispatcher.on_push, "cancel": self._on_cancel, "jobs": q.on_jobs, "workers": q.on_workers,
+            "push": d.on_push, "cancel": self._on_cancel, "jobs": q.on_jobs, "workers": q.on_workers,
             "wait_idle": q.on_wait_idle, "state": q.on_state, "collected": q.on_collected, "stats": q.on_stats,
             "scale": mig.on_scale, "place": mig.on_place, "autoscale": mig.on_autoscale,
-            "drain": pool.on_drain, "leave": pool.on_leave, "pool": pool.on_pool,
+            "drain": pool.on_drain, "leave": pool.on_leave, "pool": pool.on_pool, "end_input": d.on_end_input,
             "lease": src.on_lease, "seal": src.on_seal, "read_end": src.on_read_end, "stop": src.on_stop,
             "wm_mark": tm.on_wm_mark, "wm_idle": tm.on_wm_idle, "wm_fired": tm.on_wm_fired, "wm_out": tm.on_wm_out}
         return ServerLoop(self.router, handlers, where="the planner", on_bad=self._bad, on_failure=self._failed,

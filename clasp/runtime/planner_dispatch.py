@@ -29,11 +29,13 @@ class Dispatcher:
     there may be something to dispatch."""
 
     def __init__(self, link: Link, limits: Limits, bound: QueueBound, jobs: dict, pushers: dict[str, DirectSend],
-                 *, max_inflight: int | None, dispatch_batch: int, job_of: Callable, changed: Callable):
+                 *, max_inflight: int | None, dispatch_batch: int, job_of: Callable, changed: Callable,
+                 chunk_begins: Callable = lambda job, chunk, records: None):
         self.link, self.limits, self.bound = link, limits, bound
         self.jobs, self.pushers = jobs, pushers
         self.max_inflight, self.dispatch_batch = max_inflight, dispatch_batch
         self.job_of, self.changed = job_of, changed
+        self.chunk_begins = chunk_begins  # (job, chunk, its records) as the chunk's first records leave
         self.wake = asyncio.Event()
 
     def set_routes(self, job: PlannerJob) -> None:
@@ -46,6 +48,8 @@ class Dispatcher:
         job = self.job_of(msg)
         if job.cancelled:
             raise RequestError(f"job {job.id} is cancelled")
+        if job.input_ended:
+            raise RequestError(f"job {job.id}: its input ended (end_input)")
         if not job.spec.sources:
             raise RequestError(f"job {job.id} reads only its declared sources "
                                f"({', '.join(job.spec.operators[i].name for i in job.spec.readers)}): its DAG "
@@ -76,6 +80,12 @@ class Dispatcher:
             job.deferred_acks.append((ident, msg.req, len(records), last))
         else:
             self.link.post(ident, self._push_ack(job, msg.req, len(records)))
+
+    def on_end_input(self, ident: bytes, msg: protocol.EndInput) -> None:
+        job = self.job_of(msg)
+        job.input_ended = True
+        self.changed(job)
+        self.link.reply(ident, msg.req, True)
 
     def release_acks(self, job: PlannerJob) -> None:
         """Acknowledge the deferred pushes, in order, while the job is within its bound and the input log
@@ -122,6 +132,8 @@ class Dispatcher:
         if head is not None and head[1] is None:  # a replayed chunk, read from the input log when it is due
             head[1] = job.ckpt.log.records(head[0] >> CHUNK_BITS)
         size, offset = (len(head[1]), head[2]) if head else (0, 0)
+        if head is not None and not offset:
+            self.chunk_begins(job, head[0] >> CHUNK_BITS, head[1])
         d = scheduler.dispatch(job.queue, job.spec, job.routes,
                                scheduler.window_room(job.window, job.inflight, job.batch))
         if d is None:

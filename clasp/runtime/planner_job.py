@@ -156,6 +156,7 @@ class PlannerJob:
     spec_wire: dict = field(default_factory=dict)  # the DAG as submitted (DagSpec.pack())
     policy: str = "clasp"
     src: SourceState | None = None  # declared sources: partitions, owners, positions (None: push only)
+    input_ended: bool = False  # `job.end_input()`: no more pushes
 
     def clear_queue(self) -> None:
         """Drop every record not dispatched yet (a cancel; a rollback, before it queues the replay)."""

@@ -51,7 +51,7 @@ class JobQueries:
 
     def summary(self, job: PlannerJob) -> dict:
         out = {"pushed": job.counters["pushed"], "completed": job.tracker.completed, "lost": job.tracker.lost}
-        if job.src is not None:
+        if job.src is not None and job.src.parts:
             out["read"] = job.tracker.read  # records read from the declared sources
         return out
 

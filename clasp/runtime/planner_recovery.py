@@ -277,7 +277,7 @@ class Checkpoints:
             reopened, _ = job.tracker.rollback(boundary, c.log.sizes_from(boundary))
             if job.src is not None:
                 self.sources.restored(job, owners, positions)
-                self.time.rolled_back(job)
+            self.time.rolled_back(job)
             job.clear_queue()
             for chunk in c.log.sizes_from(boundary):
                 # Replayed chunks not in memory stay on disk until they are due (`_dispatch` reads them).

@@ -23,6 +23,7 @@ from clasp.core import protocol
 from clasp.core.dag import DagSpec
 from clasp.core.partitions import assign_partitions, moved_partitions
 from clasp.core.routing import Placement
+from clasp.core.timed import stages
 from clasp.runtime.planner_link import Link
 
 log = logging.getLogger("clasp.planner")
@@ -61,9 +62,11 @@ class SourceState:
 
 
 def list_partitions(spec: DagSpec) -> SourceState | None:
-    """Every declared source's partitions (asked once, here); None for a DAG without declared sources."""
+    """Every declared source's partitions (asked once, here); None for a DAG without declared sources. A DAG
+    with keyed time operators and no declared source has none: its workers lease chunk ids for the windows
+    they fire all the same."""
     if not spec.readers:
-        return None
+        return SourceState([], True) if stages(spec) else None
     parts = []
     bounded = True
     for i in spec.readers:
@@ -241,7 +244,7 @@ class SourcesCoordinator:
     def stats(self, job) -> dict | None:
         """`job.stats()["sources"]`: partitions, who reads how many, records read and complete."""
         src = job.src
-        if src is None:
+        if src is None or not src.parts:
             return None
         owners: dict[str, int] = {}
         for w in src.owners.values():

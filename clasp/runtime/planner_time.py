@@ -1,9 +1,10 @@
 """The planner's side of event time (`TimeCoordinator`): the job's watermark, released to the workers.
 
 Readers send each partition's watermark after every chunk they seal (`wm_mark`, right behind the seal) and
-say when a partition went idle (`wm_idle`). Once a tick the planner settles which chunks completed
-(`clasp.core.timed.ReleasedWatermark`) and sends every worker of the job the job's watermark (`watermark`,
-with a round number): a watermark is released only when every record read before it was promised has been
+say when a partition went idle (`wm_idle`); the dispatcher's pushed chunks are marked here (`pushed`). Every
+RELEASE_S the planner settles which chunks completed (`clasp.core.timed.ReleasedWatermark`) and, if the job's
+watermark (or a stage's) moved, sends every worker of the job the watermarks (`watermark`, with a round number;
+once a tick also unchanged): a watermark is released only when every record read before it was promised has been
 processed everywhere, so no operator sees a record of a smaller time after it. A worker fires its windows at
 it (their outputs leased and sealed like a source's batches) and answers `wm_fired`; `wait_idle` waits until
 every worker answered a round sent after the last change (the watermark moved, a migration, a rollback), so
@@ -12,7 +13,9 @@ the windows the end of a bounded input fires are done when it returns.
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
 from collections.abc import Callable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -20,15 +23,18 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from clasp.core import protocol
 from clasp.core.eventtime import NEG_INF
 from clasp.core.lifecycle import Phase
-from clasp.core.timed import EventTime, ReleasedWatermark, stages
+from clasp.core.timed import EventTime, PushTime, ReleasedWatermark, stages
 from clasp.runtime.planner_link import Link
+
+RELEASE_S = 0.025  # how often a moved watermark is looked for between ticks
 
 
 class JobTime:
     """One job's watermark state on the planner."""
 
-    def __init__(self, marks: ReleasedWatermark, stages: dict[int, int]):
+    def __init__(self, marks: ReleasedWatermark, stages: dict[int, int], push: PushTime | None = None):
         self.marks = marks
+        self.push = push  # the push source's partition (`Dag.push_source`), if any
         self.stages = stages  # keyed time operator -> its stage
         n = max(stages.values(), default=0) + 1
         self.levels = [NEG_INF] * n  # the watermark released to each stage (the first: the sources')
@@ -47,7 +53,9 @@ class JobTime:
 
 
 def _timed(job) -> bool:
-    return job.src is not None and any(isinstance(job.spec.operators[i].fn, EventTime) for i in job.spec.readers)
+    spec = job.spec
+    return (spec.push_time is not None or bool(stages(spec))
+            or any(isinstance(spec.operators[i].fn, EventTime) for i in spec.readers))
 
 
 class TimeCoordinator:
@@ -62,11 +70,23 @@ class TimeCoordinator:
 
     def _job_time(self, job) -> JobTime | None:
         t = getattr(job, "time", None)
-        if t is None and _timed(job):
-            timed = {job.spec.operators[i].name for i in job.spec.readers
-                     if isinstance(job.spec.operators[i].fn, EventTime)}
-            t = job.time = JobTime(ReleasedWatermark(k for k in job.src.parts if k[0] in timed), stages(job.spec))
+        if t is None and not getattr(job, "untimed", False):
+            if not _timed(job):
+                job.untimed = True  # its DAG never changes: asked once (the dispatcher asks per chunk)
+                return None
+            spec = job.spec
+            timed = {spec.operators[i].name for i in spec.readers if isinstance(spec.operators[i].fn, EventTime)}
+            parts = [k for k in job.src.parts if k[0] in timed] if job.src is not None else []
+            push = PushTime(spec.push_time.fn, (spec.push_time.name, "push")) if spec.push_time else None
+            t = job.time = JobTime(ReleasedWatermark(parts + ([push.part] if push else [])), stages(spec), push)
         return t
+
+    def pushed(self, job, chunk: int, records: list) -> None:
+        """The dispatcher begins a pushed chunk: the push partition's watermark after it (safe once it and
+        every chunk before it are complete)."""
+        t = self._job_time(job)
+        if t is not None and t.push is not None:
+            t.push.begin(t.marks, chunk, records, time.monotonic())
 
     def on_wm_mark(self, ident: bytes, body: list) -> None:
         job = self._reading_job(body[0])
@@ -101,38 +121,56 @@ class TimeCoordinator:
     def _watermark_now(self, job, t: JobTime) -> float:
         chunks = job.tracker.chunks
         t.marks.settle(chunks.__contains__)
-        return t.marks.combined(job.src.ended)
+        ended = set(job.src.ended) if job.src is not None else set()
+        if t.push is not None and job.input_ended and not job.queued:
+            ended.add(t.push.part)  # every pushed chunk is marked: +inf once they are complete
+        return t.marks.combined(ended)
 
-    def tick(self, job) -> None:
+    async def run(self) -> None:
+        """Between ticks: a job's watermark goes out as soon as it moves (its sources' chunks completed, or every
+        worker fired a stage and the windows it fired are complete), not a tick later, so a stage costs the
+        time its windows take, not a tick each."""
+        while True:
+            await asyncio.sleep(RELEASE_S)
+            for job in list(self.jobs.values()):
+                if getattr(job, "time", None) is not None:
+                    self.tick(job, moved_only=True)
+
+    def tick(self, job, moved_only: bool = False) -> None:
         """Once a tick: release the job's watermark to its workers (again, if unchanged: a key group that
-        arrived since fires there)."""
+        arrived since fires there); `moved_only`: only if it moved."""
         t = self._job_time(job)
         if t is None or job.id not in self.jobs:
             return
         if job.life.phase is Phase.BARRIER:
             return  # a barrier is being set up: the checkpoint's watermark is the one released before it
         restoring = job.life.restoring
+        if t.push is not None:
+            t.push.tick(t.marks, time.monotonic())
         w = self._watermark_now(job, t)
-        t.round += 1
-        levels = t.levels
+        rnd = t.round + 1
+        levels, rounds = list(t.levels), list(t.level_round)
         moved = w > levels[0]
         if moved:
-            levels[0], t.level_round[0] = w, t.round
+            levels[0], rounds[0] = w, rnd
         # A stage follows the one before it once every worker fired that one at its watermark and the
         # windows it fired are complete (processed by the next stage, on time there).
         serving = self._job_workers(job)
         answered = min((t.fired.get(x, -1) for x in serving), default=-1)
         t.fired_chunks = {c for c in t.fired_chunks if c in job.tracker.chunks}
         for d in range(1, len(levels)):
-            if levels[d] < levels[d - 1] and answered >= t.level_round[d - 1] and not t.fired_chunks:
-                levels[d], t.level_round[d], moved = levels[d - 1], t.round, True
+            if levels[d] < levels[d - 1] and answered >= rounds[d - 1] and not t.fired_chunks:
+                levels[d], rounds[d], moved = levels[d - 1], rnd, True
+        if moved_only and not moved:
+            return
+        t.round, t.levels, t.level_round = rnd, levels, rounds
         if moved or job.life.migrating or restoring:
             t.settled_round = t.round
         t.marks.released = w
         if restoring or w == -math.inf:
             return
         frame = protocol.encode("watermark", {"job": job.id, "watermark": w, "levels": levels, "round": t.round})
-        for worker in self._job_workers(job):
+        for worker in serving:
             self.link.post(worker.encode(), frame)
 
     def pending(self, job) -> int:
@@ -167,6 +205,8 @@ class TimeCoordinator:
         t = getattr(job, "time", None)
         if t is not None:
             t.marks.reset()
+            if t.push is not None:
+                t.push.reset()
             t.levels = list(t.restore_to)
             t.marks.released = t.levels[0]
             t.fired_chunks.clear()

@@ -75,6 +75,9 @@ class SourceReaders:
         self.leased = asyncio.Event()
         self.room = asyncio.Event()
         self.inflight = 0
+        self.timers: dict[int, tuple] = {}  # keyed time operator -> (its OpRuntime, its timer index) (worker_time)
+        self.next_watermark: dict | None = None  # a watermark that came while firing (worker_time)
+        self.stages: dict[int, int] = {}  # keyed time operator -> its stage (worker_time)
 
     # ----------------------------------------------------------------- the planner's instructions
     def assign(self, parts: list) -> None:

@@ -7,7 +7,10 @@ restored or dropped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from clasp.core import protocol
+from clasp.core.timed import stages
 from clasp.runtime.engine import JobEngine
 from clasp.runtime.sources import SourceReaders
 
@@ -15,15 +18,18 @@ from clasp.runtime.sources import SourceReaders
 class SourcesMixin:
     sources: dict[int, SourceReaders]
     source_window: int
+    _time_attached: Callable
 
     def _sources_attach(self, eng: JobEngine, parts: list | None) -> None:
         """A new engine for the job (deploy, restore): its readers, opening the partitions this worker owns
-        among `parts` ([[op, partition, owner, position]])."""
-        if not eng.spec.readers:
+        among `parts` ([[op, partition, owner, position]]). A job with keyed time operators and no declared
+        source has readers too, with no partition: they lease the chunk ids of the windows fired here."""
+        if not eng.spec.readers and not stages(eng.spec):
             return
         readers = self.sources[eng.job] = SourceReaders(eng, self.dealer.send, self.tasks.spawn, self.wake.set,
                                                         self.source_window)
         readers.assign([[op, part, pos] for op, part, owner, pos in parts or () if owner == self.id])
+        self._time_attached(eng.job, readers)
 
     async def _sources_detach(self, job: int) -> None:
         readers = self.sources.pop(job, None)

@@ -1,26 +1,68 @@
-"""The worker's side of event time: windows fired at the watermark the planner releases (docs/TIME.md).
+"""The worker's side of event time: windows and timers fired at the watermark the planner releases, and timers at
+the processing time this worker reads (docs/TIME.md).
 
 A `watermark` message says every record read with a smaller time has been processed everywhere. The worker
-runs each window operator's keys whose deadline it reached (`TimedFold.fire`, over the key groups held
-here) and hands the windows to the operator's successors as a batch numbered like a source's: a chunk of
-the readers' lease, sealed at once, so progress, checkpoints and recovery see them as any records. It does
-not fire while a checkpoint's barrier is up (the snapshot must see the state and the outputs on the same
-side of the cut); the planner sends the watermark again next tick. It answers `wm_fired` once done, with
-the records its windows sent to their late outputs so far.
+runs each keyed time operator's keys whose deadline it reached and hands their outputs to the operator's
+successors as a batch numbered like a source's: a chunk of the readers' lease, sealed at once, so progress,
+checkpoints and recovery see them as any records. It does not fire while a checkpoint's barrier is up (the
+snapshot must see the state and the outputs on the same side of the cut); the planner sends the watermark
+again next tick. It answers `wm_fired` once done, with the records its windows sent to their late outputs so far.
+
+The due keys come from a timer index per key group (`clasp.core.timers.GroupTimers`), kept with the readers:
+brought up to date before each firing from the keys the operator changed since (`TimedFold.touched`) and the
+key groups that arrived or left (`OpRuntime.replaced`), rebuilt whole for a new engine (a restore). So a firing
+costs the due keys, not every key held here.
+
+Processing-time timers (`timers.at_processing(t)`, `t` in seconds of `time.time()`): a job with a `dag.timers`
+operator has a task here that every PROCESSING_TICK_S tells its operators the time (`TimedFold.now`, what
+`timers.now` reads) and fires them when a processing-time deadline passed, at the watermark they last fired
+at. The timers are in the keys' state, so they migrate and are restored with it; one whose time passed while
+its key group moved or the job rolled back fires at the next tick.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from clasp.core import protocol
 from clasp.core.eventtime import NEG_INF
+from clasp.core.keyed import TimerOperator
 from clasp.core.timed import stages
+from clasp.core.timers import PROCESSING, GroupTimers
 from clasp.core.tracking import CHUNK_BITS
+from clasp.runtime.engine import OperatorError
 
 log = logging.getLogger("clasp.worker.time")
 CHUNK_WAIT_S = 2.0
+PROCESSING_TICK_S = 0.05
+
+
+def timer_index(readers, op) -> GroupTimers:
+    """The timer index of keyed time operator `op` (an OpRuntime) on this worker, brought up to date."""
+    held = readers.timers.get(op.index)
+    op.warm_all()
+    fold = op.fn
+    if held is None or held[0] is not op:  # a new engine: index every group held here
+        index = GroupTimers(fold.op.deadline)
+        for g, d in enumerate(op.groups):
+            if d:
+                index.rebuild(g, d)
+        op.replaced.clear()
+        fold.take_touched()
+        readers.timers[op.index] = (op, index)
+        return index
+    index = held[1]
+    groups = op.groups
+    for g in op.replaced:
+        index.rebuild(g, groups[g])
+    op.replaced.clear()
+    group_of = op.group_of
+    for key in fold.take_touched():
+        g = group_of(key)
+        index.update(g, key, groups[g].get(key))
+    return index
 
 
 class TimeMixin:
@@ -30,25 +72,58 @@ class TimeMixin:
         for i, d in stages(spec).items():
             spec.operators[i].fn.watermark = float(levels[min(d, len(levels) - 1)]) if levels else NEG_INF
 
+    def _time_attached(self, job: int, readers) -> None:
+        """A new engine with readers: a job with processing-time timers gets its clock task."""
+        eng = readers.eng
+        readers.stages = stages(eng.spec)  # the engine's DAG never changes: found once, not at every firing
+        timed = [eng.ops[i].fn for i in readers.stages]
+        if any(isinstance(fold.op, TimerOperator) for fold in timed):
+            now = time.time()  # before the first record: `timers.now` is never the start of time
+            for fold in timed:
+                fold.now = max(fold.now, now)
+            self.tasks.spawn(self._processing_time(job, readers), f"processing-time timers of job {job}")
+
+    async def _processing_time(self, job: int, readers) -> None:
+        timed = [readers.eng.ops[i] for i in readers.stages]
+        while self.sources.get(job) is readers:
+            now = time.time()
+            due = False
+            for op in timed:
+                op.fn.now = max(op.fn.now, now)
+                if job not in self.firing:
+                    t = timer_index(readers, op).earliest(PROCESSING)
+                    due = due or (t is not None and t <= now)
+            if due and job not in self.firing:
+                self.firing.add(job)
+                self.tasks.spawn(self._fire(job, None, None), f"timers of job {job}")
+            await asyncio.sleep(PROCESSING_TICK_S)
+
     def _on_watermark(self, body) -> None:
         job = body["job"]
-        if job in self.jobs and job in self.sources and job not in self.firing:
-            self.firing.add(job)
-            levels = [float(w) for w in body["levels"]]
-            self.tasks.spawn(self._fire(job, levels, body["round"]), f"windows of job {job}")
+        readers = self.sources.get(job)
+        if job not in self.jobs or readers is None:
+            return
+        if job in self.firing:
+            readers.next_watermark = body  # fired once this firing is done: the planner sends a moved one once
+            return
+        self.firing.add(job)
+        levels = [float(w) for w in body["levels"]]
+        self.tasks.spawn(self._fire(job, levels, body["round"]), f"windows of job {job}")
 
-    async def _fire(self, job: int, levels: list[float], rnd: int) -> None:
-        """Fire every keyed time operator at its stage's watermark, stage by stage."""
+    async def _fire(self, job: int, levels: list[float] | None, rnd: int | None) -> None:
+        """Fire every keyed time operator at its stage's watermark (`levels`; None: at the one it last fired
+        at) and the processing time now, stage by stage; answer round `rnd` (None: none)."""
         late = 0
         try:
             eng, readers = self.jobs.get(job), self.sources.get(job)
-            stage = stages(eng.spec) if eng is not None else {}
+            stage = readers.stages if eng is not None and readers is not None else {}
+            now = time.time()
             for i in sorted(stage, key=stage.get):
                 op, fold = eng.ops[i], eng.ops[i].fn
-                watermark = levels[min(stage[i], len(levels) - 1)]
+                watermark = levels[min(stage[i], len(levels) - 1)] if levels else fold.watermark
                 late += fold.late
-                op.warm_all()
-                if not any(fold.due(d, watermark) for d in op.groups if d):
+                fold.now = max(fold.now, now)
+                if not timer_index(readers, op).due(watermark, now):
                     fold.watermark = max(fold.watermark, watermark)
                     continue
                 try:  # bounded: a rollback may replace these readers, whose lease then never comes
@@ -60,13 +135,13 @@ class TimeMixin:
                 if eng.cut.boundary is not None or chunk < readers.floor:
                     return  # a barrier came: next round, after it
                 # From here to the seal nothing awaits: the state change and its outputs go together.
-                op.warm_all()
+                fold.watermark = max(fold.watermark, watermark)
                 outs: list = []
-                for d in op.groups:
-                    if d:
-                        for key, state, out in fold.fire(d, watermark):
-                            op.set_state(key, state)
-                            outs.extend(out)
+                for key, state, out in timer_index(readers, op).fire(op.groups, fold.fire_key, watermark, now):
+                    op.set_state(key, state)
+                    outs.extend(out)
+                for key, e in fold.take_failures():  # that key's due timers are spent; the others fired
+                    eng._fail(op, OperatorError(f"on_timer of key {key!r}: {e!r}"), None)
                 if not outs:
                     continue
                 if len(outs) >= 1 << CHUNK_BITS:
@@ -76,6 +151,11 @@ class TimeMixin:
                 self.dealer.send(protocol.encode("wm_out", [job, chunk, len(outs)]))  # windows, not read
                 self.dealer.send(protocol.encode("seal", [job, chunk, len(outs), counts]))
                 self.wake.set()
-            self.dealer.send(protocol.encode("wm_fired", [job, rnd, late]))
+            if rnd is not None:
+                self.dealer.send(protocol.encode("wm_fired", [job, rnd, late]))
         finally:
             self.firing.discard(job)
+            readers = self.sources.get(job)
+            if readers is not None and readers.next_watermark is not None:
+                body, readers.next_watermark = readers.next_watermark, None
+                self._on_watermark(body)

@@ -78,7 +78,7 @@ def q3() -> list[Stage]:
     ]
 
 
-def _auction_fn(state: dict | None, value: list, timers) -> tuple[dict | None, list]:
+def auction_fn(state: dict | None, value: list, timers) -> tuple[dict | None, list]:
     """One auction's bids until it closes: the auction's terms once it arrived, the best valid bid, and the bids
     that arrived before it (kept until no auction that could take them can still arrive)."""
     kind, ts, body = value
@@ -108,7 +108,7 @@ def better_bid(terms: list, best: int | None, ts: int, price: int) -> int | None
     return best
 
 
-def _auction_timer(state: dict | None, t: float, payload: str, timers) -> tuple[dict | None, list]:
+def auction_timer(state: dict | None, t: float, payload: str, timers) -> tuple[dict | None, list]:
     if state is None:  # an earlier timer due in the same advance already forgot the auction
         return None, []
     if payload == "close":
@@ -120,7 +120,7 @@ def _auction_timer(state: dict | None, t: float, payload: str, timers) -> tuple[
     return state, []
 
 
-def _category_fn(state: list | None, price: int, timers) -> tuple[list, list]:
+def category_fn(state: list | None, price: int, timers) -> tuple[list, list]:
     n, total = state or (0, 0)
     n, total = n + 1, total + price
     return [n, total], [[timers.key, n, total, total / n]]
@@ -131,9 +131,9 @@ def q4() -> list[Stage]:
         Stage("auctions", ["auction"], map=lambda a: [[a["id"], a["dateTime"], ["auction", a["dateTime"], [
             a["dateTime"], a["expires"], a["category"], a["reserve"]]]]]),
         Stage("bids", ["bid"], map=lambda b: [[b["auction"], b["dateTime"], ["bid", b["dateTime"], b["price"]]]]),
-        Stage("close", ["auctions", "bids"], op=TimerOperator(_auction_fn, _auction_timer)),
+        Stage("close", ["auctions", "bids"], op=TimerOperator(auction_fn, auction_timer)),
         Stage("by_category", ["close"], map=lambda o: [[o[0], o[1], o[2]]]),
-        Stage("average", ["by_category"], op=TimerOperator(_category_fn, lambda s, t, p, timers: (s, []))),
+        Stage("average", ["by_category"], op=TimerOperator(category_fn, lambda s, t, p, timers: (s, []))),
     ]
 
 
@@ -184,7 +184,7 @@ def q7() -> list[Stage]:
     ]
 
 
-def _once(state: list | None, value: list, timers) -> tuple[list | None, list]:
+def once(state: list | None, value: list, timers) -> tuple[list | None, list]:
     # A person is joined once per auction of theirs in the window: keep the windows already reported until they end.
     if state and value[2] in state:
         return state, []
@@ -192,7 +192,7 @@ def _once(state: list | None, value: list, timers) -> tuple[list | None, list]:
     return (state or []) + [value[2]], [value]
 
 
-def _forget(state: list, t: float, start: int, timers) -> tuple[list | None, list]:
+def forget(state: list, t: float, start: int, timers) -> tuple[list | None, list]:
     rest = [s for s in state if s != start]
     return (rest or None), []
 
@@ -207,7 +207,7 @@ def q8() -> list[Stage]:
         Stage("sellers", ["auction"], map=lambda a: [[a["seller"], a["dateTime"], a["id"]]]),
         Stage("join", ["people", "sellers"], op=WindowJoin(tumbling(WINDOW_MS))),
         Stage("by_person", ["join"], map=lambda o: [[o[0], o[1][2] + WINDOW_MS - 1, o[1]]]),
-        Stage("distinct", ["by_person"], op=TimerOperator(_once, _forget)),
+        Stage("distinct", ["by_person"], op=TimerOperator(once, forget)),
     ]
 
 

@@ -1,0 +1,188 @@
+"""Event time for pushed records on a real cluster (`Dag.push_source`, docs/TIME.md): the planner marks each pushed
+chunk with the push partition's watermark, releases it once the chunks before it are complete, and the windows
+downstream close on it. Every window is checked against a direct computation over the input: while pushing (a
+window closes before the input ends), at `end_input()`, after a worker's SIGKILL and across a rescale 1 -> 2."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections import Counter
+
+import pytest
+
+import clasp
+import clasp.windows as W
+from clasp.testing import IterableSource
+from tests.conftest import start_cluster, wait_for
+
+SIZE = 2.0  # seconds of event time per window
+BOUND = 1.0  # max_out_of_order
+
+
+def events(n: int, seed: int, keys: int = 30) -> list[list]:
+    """[key, ts]: time moves 0.01 s per event, each up to 0.9 s behind the newest (within the bound)."""
+    rng = random.Random(seed)
+    return [[f"k{rng.randrange(keys)}", round(i * 0.01 - rng.uniform(0, 0.9), 4)] for i in range(n)]
+
+
+def pushed_windows(name: str = "pushed-count") -> clasp.Dag:
+    dag = clasp.Dag(name)
+    src = dag.push_source("events", timestamp=lambda e: e[1], max_out_of_order=BOUND)
+    win = dag.window("counts", W.tumbling(SIZE), key=lambda e: e[0], fold=lambda acc, e: acc + 1,
+                     init=lambda: 0, collect=True)
+    late = dag.operator("late", lambda r: [r], collect=True)
+    src >> win
+    win.late >> late
+    return dag
+
+
+def reference(evs: list[list]) -> dict:
+    return dict(Counter((k, ts - ts % SIZE) for k, ts in evs))
+
+
+def windows(job) -> dict:
+    got = job.collected("counts")
+    by_window = {(k, s): v for k, s, e, v in got}
+    assert len(got) == len(by_window), "a window was emitted twice"
+    assert all(e - s == SIZE for _, s, e, _ in got)
+    return by_window
+
+
+def push(job, evs: list, chunk: int = 500) -> None:
+    for i in range(0, len(evs), chunk):
+        job.push(evs[i:i + chunk])
+
+
+def test_windows_after_push_close_on_the_watermark_and_all_fire_at_end_input(cluster1):
+    evs = events(4000, 1)
+    with clasp.connect(cluster1.planner) as client:
+        job = client.submit(pushed_windows(), autoscale=False)
+        push(job, evs)
+        # Without the end of the input, exactly the windows the watermark passed are out: those ending at or
+        # before the largest time pushed minus the bound, each complete.
+        top = max(ts for _, ts in evs) - BOUND
+        closed = {w: n for w, n in reference(evs).items() if w[1] + SIZE <= top}
+        wait_for(lambda: len(job.collected("counts")) >= len(closed), timeout=30, what="the closed windows")
+        assert windows(job) == closed
+        et = job.stats()["event_time"]
+        assert et["partitions"] == {"events/push": pytest.approx(top)}
+        job.end_input()
+        with pytest.raises(clasp.ClaspError, match="input ended"):
+            job.push([["k0", 1e6]])
+        job.wait_idle(timeout=60)
+        assert windows(job) == reference(evs)
+        assert job.collected("late") == []
+        assert job.stats()["event_time"]["watermark"] == "end"
+        job.cancel()
+
+
+def test_records_behind_the_bound_of_the_push_source_go_to_the_late_output(cluster1):
+    first = [[f"k{i % 3}", i * 0.05] for i in range(400)]  # 0 .. 20 s
+    behind = [["k0", 1.0], ["k1", 3.5]]  # long closed windows once the watermark passed 18.95 s
+    with clasp.connect(cluster1.planner) as client:
+        job = client.submit(pushed_windows("pushed-late"), autoscale=False)
+        job.push(first)
+        wait_for(lambda: (job.stats()["event_time"]["watermark"] or 0) >= 18, timeout=30, what="the watermark")
+        job.push(behind)
+        job.end_input()
+        job.wait_idle(timeout=60)
+        assert windows(job) == reference(first)
+        assert sorted(job.collected("late")) == sorted([k, ts, [k, ts]] for k, ts in behind)
+        assert job.stats()["event_time"]["late"] == 2
+        job.cancel()
+
+
+def test_pushed_windows_exact_after_a_worker_sigkill(tmp_path_factory):
+    evs = events(20000, 2)
+    cluster = start_cluster(tmp_path_factory, 3, planner_args=["--no-autoscale", "--checkpoint-interval", "0.3",
+                                                              "--heartbeat", "0.2"])
+    try:
+        with clasp.connect(cluster.planner) as client:
+            job = client.submit(pushed_windows("pushed-kill"), autoscale=False)
+            push(job, evs[:8000])
+            wait_for(lambda: job.stats()["checkpoints"]["completed"] >= 1, timeout=30, what="a first checkpoint")
+            wait_for(lambda: job.collected("counts"), timeout=30, what="a first window")
+            victim = random.Random(2).choice([w for w in client.workers() if w["alive"]])
+            os.kill(victim["pid"], signal.SIGKILL)
+            push(job, evs[8000:])
+            wait_for(lambda: job.stats()["checkpoints"]["recoveries"] >= 1, timeout=30, what="the recovery")
+            job.end_input()
+            summary = job.wait_idle(timeout=120)
+            assert summary["lost"] == 0
+            assert windows(job) == reference(evs)
+    finally:
+        cluster.stop()
+
+
+def test_pushed_windows_exact_across_a_rescale_1_to_2(tmp_path_factory):
+    evs = events(20000, 3)
+    cluster = start_cluster(tmp_path_factory, 2, planner_args=["--no-autoscale", "--heartbeat", "0.2"])
+    one = {"events": {0: 1.0}, "counts.windows": {0: 1.0}, "counts": {0: 1.0}, "counts.late": {0: 1.0},
+           "late": {0: 1.0}}
+    try:
+        with clasp.connect(cluster.planner) as client:
+            job = client.submit(pushed_windows("pushed-rescale"), placement=one)
+            push(job, evs[:10000])
+            wait_for(lambda: job.collected("counts"), timeout=30, what="a first window")
+            assert not job.scale(2)["failed"]
+            push(job, evs[10000:])
+            job.end_input()
+            job.wait_idle(timeout=120)
+            assert windows(job) == reference(evs)
+            assert job.collected("late") == []
+    finally:
+        cluster.stop()
+
+
+def test_a_stage_of_windows_waits_for_the_windows_before_it_not_for_a_tick(tmp_path_factory):
+    """With a 2 s tick, the two stages of a window of windows still fire within a tick of the input's end: the
+    planner releases a moved watermark as soon as it moves (each stage once the one before fired and its windows
+    are complete), not at the next tick (which would take two ticks, 4 s, here)."""
+    evs = events(3000, 4)
+    cluster = start_cluster(tmp_path_factory, 2, planner_args=["--no-autoscale", "--heartbeat", "2.0"])
+    try:
+        with clasp.connect(cluster.planner) as client:
+            dag = clasp.Dag("stages")
+            src = dag.push_source("events", timestamp=lambda e: e[1], max_out_of_order=BOUND)
+            per_key = dag.window("counts", W.tumbling(SIZE), key=lambda e: e[0], fold=lambda acc, e: acc + 1,
+                                 init=lambda: 0)
+            keys = dag.window("keys", W.tumbling(SIZE), key=lambda w: w[1], fold=lambda acc, w: acc + 1,
+                              init=lambda: 0, timestamp=W.result_time, collect=True)
+            src >> per_key >> keys
+            job = client.submit(dag, autoscale=False)
+            push(job, evs)
+            job.wait_idle(timeout=60)
+            t0 = time.monotonic()
+            job.end_input()
+            job.wait_idle(timeout=60)
+            took = time.monotonic() - t0
+            want = Counter(start for _, start in reference(evs))
+            assert {s: n for s, _, _, n in job.collected("keys")} == dict(want)
+            assert took < 2.0, f"the last windows of two stages took {took:.2f} s"
+    finally:
+        cluster.stop()
+
+
+def test_an_idle_push_source_does_not_hold_back_a_declared_sources_windows(cluster1):
+    """Nothing is ever pushed: after `idle_timeout` the push partition stops holding the watermark, and the
+    declared source's windows all fire at the end of its input (without the timeout they never would)."""
+    evs = events(2000, 5)
+    with clasp.connect(cluster1.planner) as client:
+        dag = clasp.Dag("idle-push")
+        pushed = dag.push_source("pushed", timestamp=lambda e: e[1], max_out_of_order=BOUND, idle_timeout=0.5)
+        read = dag.source("read", IterableSource(evs, partitions=2), timestamp=lambda e: e[1],
+                          max_out_of_order=BOUND)
+        win = dag.window("counts", W.tumbling(SIZE), key=lambda e: e[0], fold=lambda acc, e: acc + 1,
+                         init=lambda: 0, timestamp=lambda e: e[1], collect=True)
+        pushed >> win
+        read >> win
+        job = client.submit(dag, autoscale=False)
+        job.wait_idle(timeout=60)  # what was read is done; the push partition may still hold the watermark
+        wait_for(lambda: job.stats()["event_time"]["idle"] == ["pushed/push"], timeout=30, what="an idle push")
+        job.wait_idle(timeout=60)
+        assert windows(job) == reference(evs)
+        assert job.stats()["event_time"]["watermark"] == "end"
+        job.cancel()
