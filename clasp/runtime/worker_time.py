@@ -141,7 +141,7 @@ class TimeMixin:
                     op.set_state(key, state)
                     outs.extend(out)
                 for key, e in fold.take_failures():  # that key's due timers are spent; the others fired
-                    eng._fail(op, OperatorError(f"on_timer of key {key!r}: {e!r}"), None)
+                    eng.executor.fail(op, OperatorError(f"on_timer of key {key!r}: {e!r}"), None)
                 if not outs:
                     continue
                 if len(outs) >= 1 << CHUNK_BITS:
