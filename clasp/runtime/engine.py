@@ -81,7 +81,7 @@ class JobEngine:
     def changed(self) -> bool:
         """Whether some key group here changed since it was last packed (`rest_one` has work)."""
         return self.executor.remote_state is None and any(
-            d and op.rested[g] is None for op in self.ops for g, d in enumerate(op.groups))
+            d and op.rested[g] is None and g not in op.unpackable for op in self.ops for g, d in enumerate(op.groups))
 
     def rest_one(self) -> bool:
         """Put one changed key group to rest; False when none is left. The worker calls it once its input has
@@ -91,8 +91,15 @@ class JobEngine:
             return False
         for op in self.ops:
             for g, d in enumerate(op.groups):
-                if d and op.rested[g] is None:
-                    op.rest(g)
+                if d and op.rested[g] is None and g not in op.unpackable:
+                    try:
+                        op.rest(g)
+                    except (TypeError, ValueError, OverflowError):
+                        op.unpackable.add(g)
+                        try:
+                            check_serializable(op.name, d)
+                        except OperatorError as named:
+                            self.executor.fail(op, named, None)
                     return True
         return False
 

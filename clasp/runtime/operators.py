@@ -53,7 +53,7 @@ class OpRuntime:
                  "instances", "routes", "successors", "processed", "exec_time", "errors", "edge_counts",
                  "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_hits",
                  "collected_rids", "cold", "rested", "batch", "key_is_value", "sink", "sink_wake", "sink_room",
-                 "replaced")
+                 "replaced", "unpackable")
 
     def __init__(self, spec_op):
         self.index = spec_op.index
@@ -105,6 +105,9 @@ class OpRuntime:
         # Key groups installed or taken away here since the event-time shell last looked: it indexes their
         # timers again (clasp.runtime.worker_time).
         self.replaced: set[int] = set()
+        # Key groups whose state msgpack cannot carry (an operator error, named once): resting skips them, and a
+        # checkpoint or a move of them fails with the error that names the key.
+        self.unpackable: set[int] = set()
         self.busy = False
 
     def group_of(self, key) -> int:

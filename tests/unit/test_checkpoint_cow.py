@@ -100,3 +100,21 @@ def test_a_large_state_is_copied_only_where_touched():
     assert set(eng.cut.shadows[0]) == groups  # an image per group touched above the boundary, no other
     snap = snapshot(eng)
     assert snap == {k: [[k, 0]] for k in range(5000)}
+
+
+def test_state_msgpack_cannot_carry_is_the_operators_error_when_resting_not_a_crash():
+    """A worker puts key groups to rest in idle time: a state msgpack cannot pack (a set) is counted once as
+    the operator's error naming the key, the group stays live and is skipped from then on."""
+    dag = clasp.Dag("unpackable")
+    dag.operator("s", lambda state, v: ((state or set()) | {v[1]}, None), stateful=True, key=lambda v: v[0])
+    spec = dag.to_spec()
+    eng = JobEngine(1, spec, "w0", build_placement(spec, ["w0"], {"s": {0: 1}}, 10))
+    eng.enqueue_rows([(0, ["k", 1], "k", 1), (0, ["k", 2], "k", 2)])
+    drain(eng)
+    assert eng.changed()
+    assert eng.rest_one() is True
+    assert eng.rest_one() is False and not eng.changed()
+    assert eng.executor.failed == 1 and eng.ops[0].errors == 1
+    (sample,) = eng.executor.error_samples
+    assert "'k'" in sample["error"] and "set" in sample["error"]
+    assert eng.ops[0].state_dict() == {"k": {1, 2}}
