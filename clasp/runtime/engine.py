@@ -334,10 +334,11 @@ class JobEngine:
         self.shadows: dict[int, dict[int, bytes | dict]] = {}
         self.barrier: int | None = None
         self.barrier_held: dict[int, list] = {}
-        # Stateful operators whose outputs reach a sink or a collecting operator: their outputs must agree with
-        # the cut, so a barrier holds their requests above the boundary (aligned, as Flink aligns) instead of
-        # copy on write, where a request below the boundary that comes after one above it would emit from a
-        # state holding the later one, and a rollback would then emit that value again.
+        # Stateful operators whose outputs are seen (they reach a sink, a collecting operator or another
+        # stateful operator): their outputs must agree with the cut, so a barrier holds their requests above the
+        # boundary (aligned, as Flink aligns) instead of copy on write, where a request below the boundary that
+        # comes after one above it would emit from a state holding the later one, and a rollback would then
+        # emit that value again.
         self.aligned = aligned_operators(spec)
         self.floor = 0
         self.placement = placement
@@ -403,16 +404,13 @@ class JobEngine:
         at or above it is here yet: the planner dispatches them after this). A synchronous stateful operator
         runs on and keeps a key group's image before the first request at or above the boundary changes
         it (`_run_shadowed`); an async one's requests at or above the boundary are held out of its queue, and
-        so are those of one whose outputs reach a sink or a collecting operator (`aligned`)."""
+        so are those of one whose outputs reach a sink, a collecting or another stateful operator (`aligned`)."""
         self.barrier = boundary
-        # A job reading declared sources aligns every stateful operator: records below the boundary keep
-        # flowing after the barrier (each worker's readers have a window of them in flight), and a request
-        # above it that overtook one below at a key would emit from a state the checkpoint does not hold (a
-        # running count's n). Operators whose outputs reach a sink or a collection align for the same reason
-        # (`self.aligned`); the others run on with copy on write.
-        everything = bool(self.spec.readers)
-        hold = {op.index for op in self.ops
-                if op.stateful and (op.is_async or everything or op.index in self.aligned)}
+        # Operators whose outputs are seen (a sink, a collection, another stateful operator: `self.aligned`)
+        # align: records below the boundary keep coming after the barrier (dispatched or read before it), and a
+        # request above it that overtook one below at a key would emit from a state the checkpoint does not
+        # hold (a running count's n). The others run on with copy on write.
+        hold = {op.index for op in self.ops if op.stateful and (op.is_async or op.index in self.aligned)}
         self.shadows = {op.index: {} for op in self.ops if op.stateful and op.index not in hold}
         self.barrier_held = {i: [] for i in sorted(hold)}
         self.apply_placement(self.placement)
@@ -1025,6 +1023,13 @@ class JobEngine:
         the image as well (its outputs come once, from the live state). The rows run as they came, in runs
         between two such points."""
         boundary, shadow, group_of, fn = self.barrier, self.shadows[op.index], op.group_of, op.fn
+        # The two common cases need no look per request: nothing above the boundary came yet, or only
+        # requests above it come and every group here has its image.
+        rids = [r[3] for r in rows]
+        if rids and (max(rids) < boundary if not shadow else min(rids) >= boundary and all(
+                g in shadow for g, w in enumerate(self.placement.operators[op.name].key_groups) if w == self.me)):
+            self._apply(op, rows, len(rows))
+            return len(rows)
         start = 0
         for i, (_, value, key, rid) in enumerate(rows):
             g = group_of(key)

@@ -132,6 +132,7 @@ class Checkpoints:
                                                    for w in workers))
                 finally:
                     self.dispatcher.carry_out(job.life.handle(BarrierSent()))
+                    self.sources.barrier_sent(job)
                 if job.src is not None:
                     # The partitions' positions at the cut; one read nowhere now (released by a stop) keeps
                     # its last known position.

@@ -21,6 +21,7 @@ from typing import Any
 
 from clasp.core import protocol
 from clasp.core.dag import DagSpec
+from clasp.core.lifecycle import Phase
 from clasp.core.partitions import assign_partitions, moved_partitions
 from clasp.core.routing import Placement
 from clasp.runtime.planner_link import Link
@@ -39,7 +40,7 @@ class SourceState:
         self.bounded = bounded
         self.stopped = False  # `job.stop()`: the readers stopped
         self.finished = False  # `job.stop()` returned: a later rollback does not read again
-        self.deferred: list[tuple[bytes, int]] = []  # lease requests that came during a rollback
+        self.deferred: list[tuple[bytes, int]] = []  # lease requests that came during a rollback or barrier
         self.deferred_ends: list[tuple[bytes, list]] = []  # read_end reports that came during a rollback
 
     def reading(self) -> int:
@@ -111,10 +112,21 @@ class SourcesCoordinator:
         job = self._reading_job(body[0])
         if job is None or job.src is None or not 0 < int(body[1]) <= 1024:
             return
-        if job.life.restoring:
-            job.src.deferred.append((ident, int(body[1])))  # answered once the rollback voided older leases
+        if job.life.restoring or job.life.phase is Phase.BARRIER:
+            # Answered once the rollback voided older leases, or once every worker took the checkpoint's
+            # barrier: a chunk at or above the boundary read (and its requests sent on) before another worker
+            # took the barrier would reach that worker's stateful operators ahead of it, into the cut.
+            job.src.deferred.append((ident, int(body[1])))
             return
         self._lease(job, ident, int(body[1]))
+
+    def barrier_sent(self, job) -> None:
+        """Every worker took the checkpoint's barrier: the leases asked for meanwhile go out, above it."""
+        if job.src is None or job.life.restoring:
+            return
+        deferred, job.src.deferred = job.src.deferred, []
+        for ident, n in deferred:
+            self._lease(job, ident, n)
 
     def _lease(self, job, ident: bytes, n: int) -> None:
         first = job.tracker.lease(n)
