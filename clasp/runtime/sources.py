@@ -142,6 +142,10 @@ class SourceReaders:
             while self.lease and self.lease[0] < self.floor:
                 self.lease.pop(0)
             if self.lease:
+                if len(self.lease) <= LEASE_CHUNKS // 2 and not self.asked:
+                    # the next lease asked for while half of this one is left: no reader waits for it
+                    self.asked = True
+                    self.send(protocol.encode("lease", [self.eng.job, LEASE_CHUNKS]))
                 return self.lease.pop(0)
             if not self.asked:
                 self.asked = True
