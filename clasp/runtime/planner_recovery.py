@@ -131,8 +131,8 @@ class Checkpoints:
                                                             {"job": job.id, "ckpt": p.id, "boundary": rid})
                                                    for w in workers))
                 finally:
-                    self.dispatcher.carry_out(job.life.handle(BarrierSent()))
                     self.sources.barrier_sent(job)
+                    self.dispatcher.carry_out(job.life.handle(BarrierSent()))
                 if job.src is not None:
                     # The partitions' positions at the cut; one read nowhere now (released by a stop) keeps
                     # its last known position.
