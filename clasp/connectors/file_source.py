@@ -106,6 +106,7 @@ class FileReader(SourcePartition):
         self._buf = b""  # read ahead: the bytes from `_pos` on
         self._eof = False  # `_buf` reaches the end of the file
         self._nowait = NOWAIT is not None
+        self._closed = False
 
     def position(self) -> int | None:
         return self._pos
@@ -119,6 +120,7 @@ class FileReader(SourcePartition):
         return e
 
     async def close(self) -> None:
+        self._closed = True  # an open still running on its thread (its reader was cancelled) closes the file
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
@@ -154,7 +156,10 @@ class FileReader(SourcePartition):
         except BaseException:
             os.close(fd)
             raise
-        self._fd = fd
+        if self._closed:
+            os.close(fd)
+        else:
+            self._fd = fd
 
     async def _fill(self) -> None:
         """Read the next block after `_buf`: on the loop when the page cache holds it, else on a thread."""

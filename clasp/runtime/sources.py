@@ -152,7 +152,10 @@ class SourceReaders:
                 self.send(protocol.encode("lease", [self.eng.job, LEASE_CHUNKS]))
             self.leased.clear()
             try:
-                await asyncio.wait_for(self.leased.wait(), LEASE_RETRY_S)
+                # Not wait_for: on Python 3.11 it swallows a cancellation that comes as the lease arrives, and
+                # a reader cancelled by a restore or a move would read on for an engine that is gone.
+                async with asyncio.timeout(LEASE_RETRY_S):
+                    await self.leased.wait()
             except TimeoutError:
                 self.asked = False  # unanswered (the planner restarted, or the ask crossed a rollback): again
 
