@@ -70,9 +70,13 @@ def run_one(n: int, cpu_quota: float | None, lines: list[str], directory: Path, 
             t0 = time.perf_counter()
             job.push(lines)
         else:
-            # Two byte ranges per worker at least: every worker reads its share.
-            size = sum(p.stat().st_size for p in directory.glob("part-*.txt"))
-            src = FileSource(str(directory / "part-*.txt"), range_bytes=max(1, size // (2 * n)))
+            # Two byte ranges per worker, of about equal size: every worker reads an equal share (a range
+            # size that rounded down would cut each file into one range more, and some workers would read
+            # one partition more than others: the run would wait for them).
+            files = sorted(directory.glob("part-*.txt"))
+            per_file = -(-2 * n // len(files))
+            largest = max(p.stat().st_size for p in files)
+            src = FileSource(str(directory / "part-*.txt"), range_bytes=max(1, -(-largest // per_file)))
             t0 = time.perf_counter()
             job = client.submit(word_count(src), autoscale=False)
         summary = job.wait_idle(timeout=900)

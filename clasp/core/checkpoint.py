@@ -205,11 +205,10 @@ def barrier_holds(spec: DagSpec) -> set[int]:
     snapshot (aligned); the other stateful operators run on, keeping a key group's image before the first such
     request changes it (copy on write).
 
-    An async operator cannot keep an image (its calls interleave). A job reading declared sources aligns every
-    stateful operator: records below the boundary keep flowing after the barrier (each worker's readers have a
-    window of them in flight), and a request above it that overtook one below at a key would emit from a state
-    the checkpoint does not hold (a running count's n). Operators whose outputs reach a sink or a collection
-    align for the same reason (`clasp.core.sinks.aligned_operators`)."""
+    An async operator cannot keep an image (its calls interleave). Operators whose outputs are seen (they reach
+    a sink, a collection or another stateful operator: `clasp.core.sinks.aligned_operators`) align: records
+    below the boundary keep coming after the barrier (dispatched or read before it), and a request above it
+    that overtook one below at a key would emit from a state the checkpoint does not hold (a running count's
+    n). The others run on with copy on write, whatever feeds them (pushed or declared sources)."""
     aligned = aligned_operators(spec)
-    return {o.index for o in spec.operators
-            if o.stateful and (o.is_async or bool(spec.readers) or o.index in aligned)}
+    return {o.index for o in spec.operators if o.stateful and (o.is_async or o.index in aligned)}

@@ -28,18 +28,21 @@ SINK_BATCH = 2_000
 
 
 def aligned_operators(spec: DagSpec) -> set[int]:
-    """The stateful operators whose outputs reach a sink or a collecting operator (themselves included).
+    """The stateful operators whose outputs are seen: they reach a sink, a collecting operator or another
+    stateful operator (a collecting one itself included).
 
     A checkpoint's barrier holds their requests above the boundary until the snapshot, as Flink's aligned
     checkpoints do, instead of copy on write: there a request below the boundary that reaches a key after one
     above it emits from a state that already holds the later one, while the checkpoint keeps the state
-    without it, so a rollback would emit that value again (and never the one the later request emitted)."""
+    without it, so a rollback would emit that value again (and never the one the later request emitted); a
+    stateful successor would keep that value in its own state below the cut. A stateful operator whose
+    outputs go nowhere seen runs on under copy on write, whatever feeds it (pushed or declared sources)."""
     ops = spec.operators
-    reach: dict[int, bool] = {}
+    seen: dict[int, bool] = {}  # whether what reaches operator i is seen
     for i in reversed(spec.topological()):
         o = ops[i]
-        reach[i] = o.kind == "sink" or o.collect or any(reach[s] for s in o.successors)
-    return {o.index for o in ops if o.stateful and reach[o.index]}
+        seen[i] = o.kind == "sink" or o.collect or o.stateful or any(seen[s] for s in o.successors)
+    return {o.index for o in ops if o.stateful and (o.collect or any(seen[s] for s in o.successors))}
 
 
 def run_token(job: int, created: float) -> str:

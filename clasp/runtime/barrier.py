@@ -5,8 +5,8 @@ While a barrier is up, a synchronous stateful operator runs on and keeps, per ke
 above the boundary touched, the group's image before that request (`shadows`: op index -> group -> msgpack
 blob, or the dict it was decoded into to apply a later request below the boundary; the executor's
 `run_shadowed`); the requests at or above the boundary of an aligned operator (`clasp.core.checkpoint.
-barrier_holds`: async ones, those whose outputs reach a sink or a collection, every stateful one of a job on
-declared sources) wait in `held` instead. The snapshot reads the groups as of the boundary
+barrier_holds`: async ones and those whose outputs are seen, by a sink, a collection or another stateful
+operator) wait in `held` instead. The snapshot reads the groups as of the boundary
 (`snapshot_groups`) and takes out the collected outputs below it (`take_collected_below`).
 """
 
@@ -28,13 +28,15 @@ class Barrier:
         self.holds = barrier_holds(spec)
         self.boundary: int | None = None
         self.shadows: dict[int, dict[int, bytes | dict]] = {}
+        self.owned: dict[int, int] = {}  # op index -> key groups this worker owns (all have images: no look)
         self.held: dict[int, list] = {}
 
-    def begin(self, boundary: int) -> None:
+    def begin(self, boundary: int, placement: Placement) -> None:
         """Keep the state below `boundary` until `release` (the engine then rebuilds its routes, so requests
         joining a holding operator's queue pass `appender`'s filter)."""
         self.boundary = boundary
         self.shadows = {op.index: {} for op in self.ops if op.stateful and op.index not in self.holds}
+        self.owned = {i: placement.operators[self.ops[i].name].key_groups.count(self.me) for i in self.shadows}
         self.held = {i: [] for i in sorted(self.holds)}
 
     def release(self) -> int:

@@ -67,7 +67,7 @@ class JobEngine:
     def begin_barrier(self, boundary: int) -> None:
         """Keep the state below `boundary` for the snapshot until `release_barrier` (nothing of the records
         at or above it is here yet: the planner dispatches them after this); `Barrier` holds and keeps."""
-        self.cut.begin(boundary)
+        self.cut.begin(boundary, self.placement)
         self.apply_placement(self.placement)
 
     def release_barrier(self) -> int:

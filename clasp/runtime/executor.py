@@ -312,6 +312,13 @@ class Executor:
         the image as well (its outputs come once, from the live state). The rows run as they came, in runs
         between two such points."""
         boundary, shadow, group_of, fn = self.cut.boundary, self.cut.shadows[op.index], op.group_of, op.fn
+        # The two common cases need no look per request: nothing above the boundary came yet, or only
+        # requests above it come and every group here has its image.
+        rids = [r[3] for r in rows]
+        if rids and (max(rids) < boundary if not shadow
+                     else min(rids) >= boundary and len(shadow) >= self.cut.owned[op.index]):
+            self._apply(op, rows, len(rows))
+            return len(rows)
         start = 0
         for i, (_, value, key, rid) in enumerate(rows):
             g = group_of(key)

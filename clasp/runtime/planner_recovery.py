@@ -119,15 +119,15 @@ class Checkpoints:
             finally:
                 c.want = False
             if job.src is not None:
-                # Above every chunk leased so far: a batch read before the barrier is below the cut.
-                self.sources.hold_leases(job)
+                # Above every chunk leased so far: a batch read before the barrier is below the cut (and no
+                # lease is answered until every worker has the barrier: `SourcesCoordinator.on_lease`).
                 boundary = max(boundary, job.tracker.next_chunk)
             workers = self.queries.workers_of(job)
             try:
                 p = c.coord.begin(boundary, workers, time.monotonic())
             except CheckpointError:
-                if job.src is not None:
-                    self.sources.grant_held(job)
+                self.sources.barrier_sent(job)
+                self.dispatcher.carry_out(job.life.handle(BarrierSent()))
                 raise
             self.time.checkpoint_began(job, p.id)
             rid = boundary << CHUNK_BITS
@@ -137,9 +137,8 @@ class Checkpoints:
                                                             {"job": job.id, "ckpt": p.id, "boundary": rid})
                                                    for w in workers))
                 finally:
+                    self.sources.barrier_sent(job)
                     self.dispatcher.carry_out(job.life.handle(BarrierSent()))
-                    if job.src is not None:
-                        self.sources.grant_held(job)
                 if job.src is not None:
                     # The partitions' positions at the cut; one read nowhere now (released by a stop) keeps
                     # its last known position.

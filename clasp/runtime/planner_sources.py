@@ -21,6 +21,7 @@ from typing import Any
 
 from clasp.core import protocol
 from clasp.core.dag import DagSpec
+from clasp.core.lifecycle import Phase
 from clasp.core.partitions import assign_partitions, moved_partitions
 from clasp.core.routing import Placement
 from clasp.core.timed import stages
@@ -40,8 +41,7 @@ class SourceState:
         self.bounded = bounded
         self.stopped = False  # `job.stop()`: the readers stopped
         self.finished = False  # `job.stop()` returned: a later rollback does not read again
-        self.deferred: list[tuple[bytes, int]] = []  # lease requests that came during a rollback or a barrier
-        self.barrier = False  # a checkpoint's barrier is on its way to the readers: leases wait (`hold_leases`)
+        self.deferred: list[tuple[bytes, int]] = []  # lease requests that came during a rollback or barrier
         self.deferred_ends: list[tuple[bytes, list]] = []  # read_end reports that came during a rollback
 
     def reading(self) -> int:
@@ -115,26 +115,19 @@ class SourcesCoordinator:
         job = self._reading_job(body[0])
         if job is None or job.src is None or not 0 < int(body[1]) <= 1024:
             return
-        if job.life.restoring or job.src.barrier:
-            # Answered once the rollback voided older leases, or once every reader has the barrier.
+        if job.life.restoring or job.life.phase is Phase.BARRIER:
+            # Answered once the rollback voided older leases, or once every worker took the checkpoint's
+            # barrier: a chunk at or above the boundary read (and its requests sent on) before another worker
+            # took the barrier would reach that worker's stateful operators ahead of it, into the cut.
             job.src.deferred.append((ident, int(body[1])))
             return
         self._lease(job, ident, int(body[1]))
 
-    def hold_leases(self, job) -> None:
-        """A checkpoint's cut is being placed: no chunk at or above it may be leased until every worker has
-        the barrier. A reader admitting such a chunk before its own barrier would report a position past
-        records the snapshot leaves out (a rollback would skip them); records above the cut reaching a
-        worker before its barrier would be counted in its snapshot (a rollback would count them twice)."""
-        job.src.barrier = True
-
-    def grant_held(self, job) -> None:
-        """Every worker has the barrier (or the checkpoint failed): the leases asked meanwhile."""
-        src = job.src
-        src.barrier = False
-        if job.life.restoring:
-            return  # the rollback answers them
-        deferred, src.deferred = src.deferred, []
+    def barrier_sent(self, job) -> None:
+        """Every worker took the checkpoint's barrier: the leases asked for meanwhile go out, above it."""
+        if job.src is None or job.life.restoring:
+            return
+        deferred, job.src.deferred = job.src.deferred, []
         for ident, n in deferred:
             self._lease(job, ident, n)
 

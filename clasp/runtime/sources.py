@@ -145,13 +145,20 @@ class SourceReaders:
             while self.lease and self.lease[0] < self.floor:
                 self.lease.pop(0)
             if self.lease:
+                if len(self.lease) <= LEASE_CHUNKS // 2 and not self.asked:
+                    # the next lease asked for while half of this one is left: no reader waits for it
+                    self.asked = True
+                    self.send(protocol.encode("lease", [self.eng.job, LEASE_CHUNKS]))
                 return self.lease.pop(0)
             if not self.asked:
                 self.asked = True
                 self.send(protocol.encode("lease", [self.eng.job, LEASE_CHUNKS]))
             self.leased.clear()
             try:
-                await asyncio.wait_for(self.leased.wait(), LEASE_RETRY_S)
+                # Not wait_for: on Python 3.11 it swallows a cancellation that comes as the lease arrives, and
+                # a reader cancelled by a restore or a move would read on for an engine that is gone.
+                async with asyncio.timeout(LEASE_RETRY_S):
+                    await self.leased.wait()
             except TimeoutError:
                 self.asked = False  # unanswered (the planner restarted, or the ask crossed a rollback): again
 

@@ -118,3 +118,50 @@ def test_state_msgpack_cannot_carry_is_the_operators_error_when_resting_not_a_cr
     (sample,) = eng.executor.error_samples
     assert "'k'" in sample["error"] and "set" in sample["error"]
     assert eng.ops[0].state_dict() == {"k": {1, 2}}
+def test_the_snapshot_holds_once_every_group_has_its_image():
+    """Requests above the boundary at every key group, then only above it (run without a look per request,
+    every group having its image), then below it again: the snapshot is still the state below the boundary."""
+    eng = engine()
+    boundary = 5 << CHUNK_BITS
+    keys = range(3000)  # every one of the 128 key groups
+    eng.enqueue_rows([(0, [k, "a"], k, (1 << CHUNK_BITS) + k) for k in keys])
+    drain(eng)
+    eng.begin_barrier(boundary)
+    assert not eng.shadows[0]
+    eng.enqueue_rows([(0, [k, "b"], k, (2 << CHUNK_BITS) + k) for k in keys])  # below, nothing above yet
+    drain(eng)
+    assert not eng.shadows[0]
+    eng.enqueue_rows([(0, [k, "c"], k, boundary + k) for k in keys])  # above: every group gets its image
+    drain(eng)
+    assert len(eng.shadows[0]) == 128
+    eng.enqueue_rows([(0, [k, "d"], k, boundary + 3000 + k) for k in keys])  # above only
+    drain(eng)
+    eng.enqueue_rows([(0, [k, "e"], k, (3 << CHUNK_BITS) + k) for k in keys[::7]])  # below, after those above
+    drain(eng)
+    below = {k: [[k, "a"], [k, "b"]] + ([[k, "e"]] if k % 7 == 0 else []) for k in keys}
+    assert snapshot(eng) == below
+    live = {k: [[k, "a"], [k, "b"], [k, "c"], [k, "d"]] + ([[k, "e"]] if k % 7 == 0 else []) for k in keys}
+    assert eng.ops[0].state_dict() == live
+
+
+def test_only_operators_whose_outputs_are_seen_align_also_on_declared_sources():
+    """A stateful operator aligns at a barrier when its outputs reach a sink, a collection or another stateful
+    operator; else it runs on under copy on write, whether its job is pushed or reads declared sources."""
+    from clasp.core.sinks import aligned_operators
+    from clasp.testing import IterableSource
+
+    def wc(chained: bool, collect: bool = False):
+        dag = clasp.Dag("wc")
+        s = dag.source("lines", IterableSource(["a b"])) >> dag.operator("split", str.split)
+        c = s >> dag.operator("count", history, stateful=True, key=clasp.identity, collect=collect)
+        if chained:
+            c >> dag.operator("tag", lambda v: v) >> dag.operator("last", history, stateful=True, key=str)
+        return dag.to_spec()
+
+    for spec, aligned in ((wc(False), set()), (wc(False, collect=True), {"count"}), (wc(True), {"count"})):
+        assert {spec.operators[i].name for i in aligned_operators(spec)} == aligned
+        eng = JobEngine(1, spec, "w0", build_placement(spec, ["w0"], {o.name: {0: 1} for o in spec.operators}, 10))
+        eng.begin_barrier(5 << CHUNK_BITS)
+        assert {spec.operators[i].name for i in eng.barrier_held} == aligned
+        stateful = {o.name for o in spec.operators if o.stateful}
+        assert {spec.operators[i].name for i in eng.shadows} == stateful - aligned

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import clasp
+from clasp.connectors import file_source
 from clasp.connectors.files import FileSource
 from clasp.testing import IterableSource, run_local
 
@@ -39,17 +40,30 @@ def write_lines(path, lines, end="\n"):
     return path
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(st.lists(st.text(alphabet="ab é\t", max_size=30), max_size=60), st.integers(1, 200),
-       st.sampled_from(["\n", "\r\n"]))
-def test_byte_ranges_read_every_line_once_in_order(tmp_path_factory, lines, range_bytes, end):
+       st.sampled_from(["\n", "\r\n"]), st.booleans(), st.sampled_from([1, 7, 64, 1 << 18]), st.booleans())
+def test_byte_ranges_read_every_line_once_in_order(tmp_path_factory, lines, range_bytes, end, last_newline,
+                                                   read_bytes, nowait):
+    """Whatever the ranges, the blocks read ahead (down to a byte: lines longer than a block) and the way they
+    are read (on the loop from the page cache, or on a thread), and with or without a newline at the end."""
     path = write_lines(tmp_path_factory.mktemp("r") / "f.txt", lines, end)
+    if not last_newline and lines:
+        path.write_bytes(path.read_bytes()[:-len(end)])
+        if lines[-1] == "":
+            lines = lines[:-1]  # an empty last line without its newline is no line
     src = FileSource(str(path), range_bytes=range_bytes)
     parts = src.partitions()
     size = path.stat().st_size
     assert len(parts) == max(1, -(-size // range_bytes)) or size == 0
-    got, _ = read_all(src)
+    was = file_source.READ_BYTES, file_source.NOWAIT
+    file_source.READ_BYTES, file_source.NOWAIT = read_bytes, was[1] if nowait else None
+    try:
+        got, pos = read_all(src)
+    finally:
+        file_source.READ_BYTES, file_source.NOWAIT = was
     assert [v for p in parts for v in got[p]] == lines
+    assert pos[parts[-1]] == size
 
 
 def test_a_range_resumes_at_its_position_without_loss_or_repeat(tmp_path):
