@@ -158,7 +158,7 @@ async def _later(s, x):
     return (s or 0) + x, None
 
 
-def test_a_barrier_holds_async_and_aligned_operators_and_every_stateful_one_on_declared_sources():
+def test_a_barrier_holds_async_operators_and_those_whose_outputs_are_seen_whatever_feeds_them():
     dag = clasp.Dag("b")
     split = dag.operator("split", lambda x: x)
     count = dag.operator("count", lambda s, x: ((s or 0) + 1, None), stateful=True, key=lambda x: x)
@@ -179,6 +179,8 @@ def test_a_barrier_holds_async_and_aligned_operators_and_every_stateful_one_on_d
     dag = clasp.Dag("s")
     src = dag.source("in", IterableSource([1, 2]))
     count = dag.operator("count", lambda s, x: ((s or 0) + 1, None), stateful=True, key=lambda x: x)
-    src >> count
+    total = dag.operator("total", lambda s, x: ((s or 0) + 1, None), stateful=True, key=lambda x: 0)
+    src >> count >> total
     spec = dag.to_spec()
+    # On a declared source as on push: `count` feeds another stateful operator (held), `total` reaches nothing.
     assert barrier_holds(spec) == {o.index for o in spec.operators if o.name == "count"}

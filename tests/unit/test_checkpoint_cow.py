@@ -127,13 +127,13 @@ def test_the_snapshot_holds_once_every_group_has_its_image():
     eng.enqueue_rows([(0, [k, "a"], k, (1 << CHUNK_BITS) + k) for k in keys])
     drain(eng)
     eng.begin_barrier(boundary)
-    assert not eng.shadows[0]
+    assert not eng.cut.shadows[0]
     eng.enqueue_rows([(0, [k, "b"], k, (2 << CHUNK_BITS) + k) for k in keys])  # below, nothing above yet
     drain(eng)
-    assert not eng.shadows[0]
+    assert not eng.cut.shadows[0]
     eng.enqueue_rows([(0, [k, "c"], k, boundary + k) for k in keys])  # above: every group gets its image
     drain(eng)
-    assert len(eng.shadows[0]) == 128
+    assert len(eng.cut.shadows[0]) == 128
     eng.enqueue_rows([(0, [k, "d"], k, boundary + 3000 + k) for k in keys])  # above only
     drain(eng)
     eng.enqueue_rows([(0, [k, "e"], k, (3 << CHUNK_BITS) + k) for k in keys[::7]])  # below, after those above
@@ -162,6 +162,6 @@ def test_only_operators_whose_outputs_are_seen_align_also_on_declared_sources():
         assert {spec.operators[i].name for i in aligned_operators(spec)} == aligned
         eng = JobEngine(1, spec, "w0", build_placement(spec, ["w0"], {o.name: {0: 1} for o in spec.operators}, 10))
         eng.begin_barrier(5 << CHUNK_BITS)
-        assert {spec.operators[i].name for i in eng.barrier_held} == aligned
+        assert {spec.operators[i].name for i in eng.cut.held} == aligned
         stateful = {o.name for o in spec.operators if o.stateful}
-        assert {spec.operators[i].name for i in eng.shadows} == stateful - aligned
+        assert {spec.operators[i].name for i in eng.cut.shadows} == stateful - aligned
