@@ -286,10 +286,11 @@ class LocalCluster:
                                      metrics_host=None)
         return ["worker", *config.flags(), *self._pinned.get(wid, []), *self._security_args(), *self.worker_args]
 
-    def _planner_args(self, port: int) -> list[str]:
+    def _planner_args(self, port: int | None = None) -> list[str]:
         pool = (dict(provider="local", min_workers=self.min_workers, max_workers=self.max_workers,
                      pool_cooldown=self.pool_cooldown) if self.provider == "local" else {})
-        config = dataclasses.replace(self.planner_config, host=self._addresses["planner"], port=port,
+        config = dataclasses.replace(self.planner_config, host=self._addresses["planner"],
+                                     port=self.port if port is None else port,
                                      p_max=self.p_max, state_dir=str(self.state_dir), metrics_host=None, **pool)
         return ["planner", *config.flags(), *self._security_args(), *self.planner_args]
 
