@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import heapq
 import inspect
 import os
 import sys
 import sysconfig
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
-import networkx as nx
 
 from clasp.core.connector import Sink, Source
 from clasp.core.joins import IntervalJoin, WindowJoin
 from clasp.core.keyed import TimerOperator
 from clasp.core.timed import LATE_OUT, ON_TIME_OUT, EventTime, TimedFold, TimedJoin, no_time, pick, side
 from clasp.core.windows import WindowOperator
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 
 class DagError(ValueError):
@@ -213,7 +216,7 @@ class Dag:
             raise DagError(f"dag {self.name!r}: sink {s.name!r} cannot have an output ({s.name} -> {d.name})")
         if (s.name, d.name) in self.edges:
             raise DagError(f"dag {self.name!r}: duplicate edge {s.name} -> {d.name}")
-        if s is d or nx.has_path(self.graph(), d.name, s.name):
+        if s is d or s.name in _reachable(self._successors(), d.name):
             raise DagError(f"dag {self.name!r}: edge {s.name} -> {d.name} would close a cycle")
         self.edges.append((s.name, d.name))
 
@@ -228,19 +231,23 @@ class Dag:
         raise DagError(f"dag {self.name!r} has no operator {op!r}")
 
     def graph(self) -> nx.DiGraph:
+        import networkx as nx
+
         g = nx.DiGraph()
         g.add_nodes_from(o.name for o in self.operators)
         g.add_edges_from(self.edges)
         return g
 
+    def _successors(self) -> dict[str, list[str]]:
+        return _successor_lists((o.name for o in self.operators), self.edges)
+
     def validate(self) -> None:
         """Raise DagError unless this is a non-empty acyclic DAG."""
         if not self.operators:
             raise DagError(f"dag {self.name!r} has no operators")
-        g = self.graph()
-        if not nx.is_directed_acyclic_graph(g):
-            cycle = nx.find_cycle(g)
-            raise DagError(f"dag {self.name!r} has a cycle: " + " -> ".join([a for a, _ in cycle] + [cycle[0][0]]))
+        cycle = _a_cycle(self._successors())
+        if cycle:
+            raise DagError(f"dag {self.name!r} has a cycle: " + " -> ".join(cycle))
 
     def sources(self) -> list[str]:
         dst = {d for _, d in self.edges}
@@ -322,7 +329,7 @@ class DagSpec:
     @classmethod
     def from_dag(cls, dag: Dag) -> DagSpec:
         index = {o.name: o.index for o in dag.operators}
-        topo = {n: i for i, n in enumerate(nx.topological_sort(dag.graph()))}
+        topo = {n: i for i, n in enumerate(_generations(dag._successors()))}
         def succ(o):
             return sorted((index[d] for d in dag.successors(o.name)), key=lambda i: topo[dag.operators[i].name])
 
@@ -347,10 +354,20 @@ class DagSpec:
 
     def topological(self) -> list[int]:
         """Operator indices so that every operator comes after its predecessors."""
-        g = nx.DiGraph()
-        g.add_nodes_from(range(len(self.operators)))
-        g.add_edges_from((o.index, s) for o in self.operators for s in o.successors)
-        return list(nx.lexicographical_topological_sort(g))
+        succ = _successor_lists(range(len(self.operators)), ((o.index, s) for o in self.operators
+                                                             for s in o.successors))
+        indegree = _indegrees(succ)
+        ready = [n for n, d in indegree.items() if d == 0]
+        heapq.heapify(ready)
+        out = []
+        while ready:
+            n = heapq.heappop(ready)
+            out.append(n)
+            for c in succ[n]:
+                indegree[c] -= 1
+                if indegree[c] == 0:
+                    heapq.heappush(ready, c)
+        return out
 
     def edges(self) -> list[tuple[str, str]]:
         return [(o.name, self.operators[s].name) for o in self.operators for s in o.successors]
@@ -402,3 +419,72 @@ class DagSpec:
             raise
         except Exception as e:  # anything else from an untrusted description becomes a DagError
             raise DagError(f"cannot rebuild the dag: {type(e).__name__}: {e}") from e
+
+
+# The few graph algorithms a DAG needs, on successor lists: networkx's import is a third of a process's start-up.
+def _successor_lists(nodes: Iterable, edges: Iterable[tuple]) -> dict[Any, list]:
+    """Each node's successors, in the order their edges were added (an edge once), as a networkx DiGraph."""
+    succ: dict[Any, list] = {n: [] for n in nodes}
+    for a, b in edges:
+        succ.setdefault(b, [])
+        if b not in succ.setdefault(a, []):
+            succ[a].append(b)
+    return succ
+
+
+def _indegrees(succ: dict[Any, list]) -> dict[Any, int]:
+    indegree = dict.fromkeys(succ, 0)
+    for children in succ.values():
+        for c in children:
+            indegree[c] += 1
+    return indegree
+
+
+def _generations(succ: dict[Any, list]) -> list:
+    """The nodes in networkx's `topological_sort` order: generation by generation, each in the order its
+    nodes were freed (the order successors are sorted in travels to the workers)."""
+    indegree = _indegrees(succ)
+    generation, out = [n for n, d in indegree.items() if d == 0], []
+    while generation:
+        out += generation
+        freed = []
+        for n in generation:
+            for c in succ[n]:
+                indegree[c] -= 1
+                if indegree[c] == 0:
+                    freed.append(c)
+        generation = freed
+    return out
+
+
+def _reachable(succ: dict[Any, list], start) -> set:
+    seen, todo = {start}, [start]
+    while todo:
+        for c in succ[todo.pop()]:
+            if c not in seen:
+                seen.add(c)
+                todo.append(c)
+    return seen
+
+
+def _a_cycle(succ: dict[Any, list]) -> list | None:
+    """One cycle as its path with the first node again at the end, or None: a depth-first search."""
+    done: set = set()
+    for root in succ:
+        if root in done:
+            continue
+        path, on_path, stack = [root], {root}, [iter(succ[root])]
+        while stack:
+            for c in stack[-1]:
+                if c in on_path:
+                    return path[path.index(c):] + [c]
+                if c not in done:
+                    path.append(c)
+                    on_path.add(c)
+                    stack.append(iter(succ[c]))
+                    break
+            else:
+                stack.pop()
+                done.add(path[-1])
+                on_path.discard(path.pop())
+    return None

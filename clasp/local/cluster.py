@@ -26,6 +26,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -285,12 +286,64 @@ class LocalCluster:
                                      metrics_host=None)
         return ["worker", *config.flags(), *self._pinned.get(wid, []), *self._security_args(), *self.worker_args]
 
-    def _planner_args(self) -> list[str]:
+    def _planner_args(self, port: int | None = None) -> list[str]:
         pool = (dict(provider="local", min_workers=self.min_workers, max_workers=self.max_workers,
                      pool_cooldown=self.pool_cooldown) if self.provider == "local" else {})
-        config = dataclasses.replace(self.planner_config, host=self._addresses["planner"], port=self.port,
+        config = dataclasses.replace(self.planner_config, host=self._addresses["planner"],
+                                     port=self.port if port is None else port,
                                      p_max=self.p_max, state_dir=str(self.state_dir), metrics_host=None, **pool)
         return ["planner", *config.flags(), *self._security_args(), *self.planner_args]
+
+    def _start_processes(self) -> None:
+        """The planner, and the workers beside it: each process spends most of its start-up importing, so a
+        free port picked here for the planner (port 0) lets the workers start with it rather than after its
+        announcement; a worker's registration waits in its socket until the planner binds. If the port was
+        taken meanwhile (the planner exits before announcing), it starts again on another one."""
+        from clasp.runtime.net import advertised
+
+        host = self._addresses["planner"]
+        early = self.port == 0 and not self.hosts
+        for attempt in range(3 if early else 1):
+            port = _free_port(host) if early else self.port
+            self.planner = None
+            proc = self._spawn("planner", self._planner_args(port), "planner" if self.hosts else None)
+            if early:
+                self.planner = f"tcp://{advertised(host, self.planner_config.advertise)}:{port}"
+                self._spawn_workers()
+            try:
+                info = self._announced("planner", proc)
+            except ClusterError:
+                if attempt == 2 or not early or _free_port(host, port) == port:
+                    raise  # not a port taken meanwhile
+                self._end_processes()
+                continue
+            if info["endpoint"] != self.planner:  # not where the workers were sent: send them again
+                self._end_processes(keep=1)
+                self.planner = info["endpoint"]
+                self._spawn_workers()
+            break
+        self.metrics["planner"] = info["metrics"]
+        self.dashboard = info.get("dashboard")  # the planner's web dashboard (its metrics server, at /)
+        if self.keys_dir is not None:
+            from clasp.runtime.security import remember
+
+            remember(self.planner, self.keys_dir)
+
+    def _spawn_workers(self) -> None:
+        for i, wid in enumerate(self.worker_ids):
+            p = self._spawn(f"worker-{i}", self._worker_args(wid), wid if self.hosts else None)
+            if self.cpu_limits is not None:
+                self.cpu_limits.limit(p.pid, wid, self.cpu_quotas[i])
+
+    def _end_processes(self, keep: int = 0) -> None:
+        """SIGKILL the processes of a start that failed, past the first `keep`."""
+        for p in self.procs[keep:]:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            if p.stdout:
+                p.stdout.close()
+        del self.procs[keep:]
 
     def start(self) -> LocalCluster:
         self._stopping.clear()
@@ -308,25 +361,12 @@ class LocalCluster:
                 for d in sweep_state_dirs():
                     log.info("removed %s, the state directory of a local cluster whose owner was killed", d)
                 self.state_dir, self._state_lock = temporary_state_dir()
-            proc = self._spawn("planner", self._planner_args(), "planner" if self.hosts else None)
-            info = self._announced("planner", proc)
-            self.planner = info["endpoint"]
-            self.metrics["planner"] = info["metrics"]
-            self.dashboard = info.get("dashboard")  # the planner's web dashboard (its metrics server, at /)
-            if self.keys_dir is not None:
-                from clasp.runtime.security import remember
-
-                remember(self.planner, self.keys_dir)
             if self.cpu_quotas is not None:
                 from clasp.local.cpulimit import CpuLimits
 
                 self.cpu_limits = CpuLimits(min(self.cpu_quotas))  # refuses, rather than run unlimited
-            # Workers start in parallel: each spends most of its start-up importing.
-            procs = [self._spawn(f"worker-{i}", self._worker_args(wid), wid if self.hosts else None)
-                     for i, wid in enumerate(self.worker_ids)]
-            for i, p in enumerate(procs):
-                if self.cpu_limits is not None:
-                    self.cpu_limits.limit(p.pid, f"w{i}", self.cpu_quotas[i])
+            self._start_processes()
+            for i, p in enumerate(self.procs[1:]):
                 fields = self._announced(f"worker-{i}", p)
                 self.metrics["workers"].append(fields["metrics"])
                 self._pinned[self.worker_ids[i]] = _ports(fields)
@@ -656,6 +696,17 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _free_port(host: str, port: int = 0) -> int | None:
+    """A TCP port free on `host` now (`port`, or the kernel's pick; another process may take it before it is
+    bound); None if `port` is taken."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return None
+        return s.getsockname()[1]
 
 
 def _die_with_parent() -> None:

@@ -70,10 +70,15 @@ def test_dashboard_queries_and_probes_use_what_a_live_cluster_serves(elastic_clu
         job = c.submit(wc.build_dag(), autoscale=False)
         job.push(wc.generate(3_000, seed=1))
         job.wait_idle(timeout=60)
-        time.sleep(1.5)  # a heartbeat, so the workers' per-job series exist
-        names = served([cl.metrics["planner"], *[u for u in cl.metrics["workers"] if u]])
-    missing = {m for m in dashboard_metrics() if m not in names and not any(m + s in names for s in SUFFIXES)
-               and not any(m.endswith(s) and m in names for s in SUFFIXES)}
+
+        def not_served():
+            names = served([cl.metrics["planner"], *[u for u in cl.metrics["workers"] if u]])
+            return {m for m in dashboard_metrics() if m not in names and not any(m + s in names for s in SUFFIXES)
+                    and not any(m.endswith(s) and m in names for s in SUFFIXES)}
+
+        deadline = time.monotonic() + 10  # the workers' per-job series exist from their next heartbeat
+        while (missing := not_served()) and time.monotonic() < deadline:
+            time.sleep(0.1)
     assert not missing, f"the dashboard queries metrics no process serves: {sorted(missing)}"
     base = cl.metrics["workers"][0].rsplit("/", 1)[0]
     assert _get(base + "/healthz")[0] == 200 and _get(base + "/readyz")[0] == 200

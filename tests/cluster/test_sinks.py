@@ -225,8 +225,11 @@ def test_a_sink_that_raises_is_reported_not_a_crash(cluster4):
         job = client.submit(count_dag(sink, "flaky"), autoscale=False)
         job.push(["good word", "bad"])
         job.wait_idle(timeout=60)
-        time.sleep(1.5)  # the next heartbeat carries the errors
-        stats = job.stats()
+        def refused():  # the next heartbeat carries the errors
+            stats = job.stats()
+            return [e for e in stats["errors"] if "the sink refused a batch" in e["error"]] and stats
+
+        stats = wait_for(refused, timeout=10, what="a heartbeat carrying the sink's error")
         errors = [e for e in stats["errors"] if "the sink refused a batch" in e["error"]]
         assert errors and errors[0]["operator"] == "out", stats["errors"]
         assert stats["operators"]["out"]["errors"] >= 1

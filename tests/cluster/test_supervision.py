@@ -320,3 +320,38 @@ def test_a_cluster_whose_owner_is_sigkilled_does_not_outlive_it(tmp_path):
     finally:
         os.close(fd)
     assert live in sweep_state_dirs() and not live.exists()
+
+
+def test_workers_start_beside_the_planner_and_a_port_taken_meanwhile_is_picked_again(tmp_path, monkeypatch):
+    """The workers are started with the planner, on the port picked for it; when another process binds that
+    port first, the planner exits and the cluster starts again on another port, and runs a job exactly."""
+    import clasp.local.cluster as lc
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    picks = [taken.getsockname()[1]]
+    real = lc._free_port
+    monkeypatch.setattr(lc, "_free_port", lambda host, port=0: picks.pop(0) if picks and not port
+                        else real(host, port))
+    spawned = []
+    real_spawn = LocalCluster._spawn
+
+    def spawn(self, name, *a, **kw):
+        spawned.append((name, self.planner))
+        return real_spawn(self, name, *a, **kw)
+
+    monkeypatch.setattr(LocalCluster, "_spawn", spawn)
+    try:
+        with LocalCluster(workers=2, port=0, log_dir=tmp_path) as cl:
+            assert not picks and cl.planner != f"tcp://127.0.0.1:{taken.getsockname()[1]}"
+            # Twice the planner and its two workers, the second time on the planner's announced endpoint.
+            assert [n for n, _ in spawned] == ["planner", "worker-0", "worker-1"] * 2
+            assert [p for _, p in spawned[-2:]] == [cl.planner] * 2
+            with clasp.connect(cl.planner) as c:
+                job = c.submit(wc.build_dag(), autoscale=False)
+                job.push(["a b a", "b a"])
+                job.wait_idle(timeout=60)
+                assert job.state("count") == {"a": 3, "b": 2}
+    finally:
+        taken.close()
