@@ -127,7 +127,8 @@ class TimeMixin:
                     fold.watermark = max(fold.watermark, watermark)
                     continue
                 try:  # bounded: a rollback may replace these readers, whose lease then never comes
-                    chunk = await asyncio.wait_for(readers._chunk(), CHUNK_WAIT_S)
+                    async with asyncio.timeout(CHUNK_WAIT_S):  # not wait_for, which can swallow a cancel
+                        chunk = await readers._chunk()
                 except TimeoutError:
                     return  # fired next round
                 if self.jobs.get(job) is not eng or self.sources.get(job) is not readers:
