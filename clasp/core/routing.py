@@ -10,6 +10,8 @@ from __future__ import annotations
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate, compress
+from operator import and_, not_, sub
 
 import msgpack
 
@@ -247,3 +249,31 @@ def route_to(spec: DagSpec, placement: Placement, succ: int, me: str | None, src
                 return Route(ROUTE_LOCAL, succ)
     table = [local(w) for w in weighted_table(shares)]
     return Route(ROUTE_TABLE, succ, table=table, period=table_period(table))
+
+
+def partition_runs(values: list, rids: list, counts: list, groups: list, owners: list) -> dict:
+    """Split a batch of requests by the owner of their key groups, keeping order: `values` with their record
+    ids as runs (`rids[r]` for `counts[r]` consecutive values), the key group of each value, and `owners`
+    (key group -> destination) -> {destination: (values, rids, counts)} for the destinations that get
+    any, their runs without empty ones. Passes over the batch in C (a table lookup, compress, a sum per
+    run), none per request in Python: the keyed fast path routes a scheduling pass's words with it."""
+    dests = list(dict.fromkeys(owners))
+    if len(dests) == 1:
+        return {dests[0]: (values, rids, counts)} if values else {}
+    ends = list(accumulate(counts))
+    runs = list(map(slice, [0, *ends[:-1]], ends))
+    out = {}
+    keep, left = None, counts  # the values no destination took yet, and their number per run
+    for d in dests[:-1]:
+        table = [o == d for o in owners]
+        mask = list(map(table.__getitem__, groups))
+        per_run = list(map(sum, map(mask.__getitem__, runs)))
+        if not any(per_run):
+            continue
+        out[d] = (list(compress(values, mask)), list(compress(rids, per_run)), list(compress(per_run, per_run)))
+        keep = list(map(not_, mask)) if keep is None else list(map(and_, keep, map(not_, mask)))
+        left = list(map(sub, left, per_run))
+    if any(left):
+        out[dests[-1]] = (values if keep is None else list(compress(values, keep)), list(compress(rids, left)),
+                          list(compress(left, left)))
+    return out

@@ -16,7 +16,7 @@ counters. Its collaborators, built here with what each uses passed in:
 
 from __future__ import annotations
 
-from itertools import chain, repeat
+from itertools import repeat
 
 from clasp.core.dag import DagSpec
 from clasp.core.protocol import column_rows, expand_columns, expand_run, expand_runs
@@ -218,8 +218,7 @@ class JobEngine:
             for g in groups:
                 op = ops[g[0]]
                 if g[2] is True and op.stateful:  # keys are the values: the columns join as a block
-                    rids = g[3] if g[4] is None else list(chain.from_iterable(map(repeat, g[3], g[4])))
-                    op.queue.append_block(g[0], g[1], rids)
+                    op.queue.append_block(g[0], g[1], g[3], g[4] if g[4] is not None else [1] * len(g[3]))
                 else:
                     op.queue.extend(column_rows(g))
         else:

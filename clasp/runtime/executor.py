@@ -19,7 +19,7 @@ from operator import is_
 from time import perf_counter
 
 from clasp.core.outputs import ITEMS_EXACT, ONE_EXACT, as_outputs
-from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE, key_group
+from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE, key_group, partition_runs
 from clasp.core.tracking import EPOCH_BITS
 from clasp.runtime.barrier import Barrier
 from clasp.runtime.operators import KEY_CACHE_MAX, TIMING_SAMPLE, OperatorError, OpRuntime, unpack_group
@@ -34,6 +34,9 @@ from clasp.runtime.worker_migration import Handover
 # share its operator has no work for goes to the others (docs/RUNTIME.md, "Scheduling rounds").
 ROUND_TIME_US = 1000.0
 REQUEST_OVERHEAD_US = 1.5
+# A stateful operator that runs blocks (`_apply_block`) times the whole loop, its own per-request cost
+# included, so only the block's fixed cost is left to add.
+BLOCK_OVERHEAD_US = 0.05
 MIN_BATCH = 16
 TIMING_MASK = TIMING_SAMPLE - 1
 HIT_SAMPLE = 8  # one output in this many weighs the key groups on a keyed route that is all local
@@ -81,7 +84,8 @@ class Executor:
             ran = 0
             for op in self.order:
                 if op.queue and not op.busy:
-                    cost = (op.exec_time / op.processed * 1e6 if op.processed else 10.0) + REQUEST_OVERHEAD_US
+                    cost = ((op.exec_time / op.processed * 1e6 if op.processed else 10.0)
+                            + (BLOCK_OVERHEAD_US if op.blocks else REQUEST_OVERHEAD_US))
                     budget = max(MIN_BATCH, int(max(1, op.instances) / slots * ROUND_TIME_US / cost))
                     if op.is_async:
                         n = self._start_async(op, budget)
@@ -139,28 +143,17 @@ class Executor:
                 batch = self.outbox.pending[remote_to] = []
             fast = batch.append
         succ0 = routes[0][1] if routes else -1
-        # One keyed successor whose every key group is here and whose key is the value (Word Count on one
-        # worker): a line's words extend the round's block of its queue (values and record ids, in C); the
-        # group weights from the sampled requests' outputs. Not while a checkpoint barrier holds what would
-        # join its queue.
-        here = keyed = None
-        if (fast is None and len(routes) == 1 and routes[0][0] == KEYED_HERE and routes[0][5].key_is_value
-                and routes[0][5].index not in self.cut.held):
-            target = routes[0][5]
-            block_values, block_rids = [], []
-            here, here_rids = block_values.extend, block_rids.extend
-            hits, group_of = target.group_hits, target.group_of
-        # One keyed successor spread over workers, its key the value (Word Count on several): a line's
-        # words are routed by key group in passes over the line in C (map, compress), the local ones
-        # extend the round's block of the successor's queue, the remote ones the destination's columns.
-        elif (fast is None and len(routes) == 1 and routes[0][0] == ROUTE_KEYED and routes[0][5].key_is_value
-              and not self.handover.held and routes[0][5].index not in self.cut.held):
-            target = routes[0][5]
-            block_values, block_rids = [], []
-            keyed, keyed_rids = block_values.extend, block_rids.extend
-            owners, hits, group_of = routes[0][3], target.group_hits, target.group_of
-            cache_get, owner_of, cols = target.key_cache.get, owners.__getitem__, self.outbox.pending_cols
-            remote_made = 0
+        # One keyed successor whose key is the value (Word Count): the pass's outputs are gathered as one
+        # block (a line's words extend the values in C, its id and count are one run), then routed by key
+        # group in passes over the block in C: all to the successor's queue when every group is here, else
+        # split between it and the destinations' columns. Not while a checkpoint barrier holds what would join
+        # the successor's queue, nor while a migration holds key groups.
+        gather = None
+        if (fast is None and len(routes) == 1 and routes[0][0] in (KEYED_HERE, ROUTE_KEYED)
+                and routes[0][5].key_is_value and routes[0][5].index not in self.cut.held
+                and (routes[0][0] == KEYED_HERE or not self.handover.held)):
+            block_values, block_rids, block_counts = [], [], []
+            gather, gather_rid, gather_count = block_values.extend, block_rids.append, block_counts.append
         me = op.index
         collect = op.add_collected if op.collect else None
         t_exec = 0.0
@@ -222,48 +215,13 @@ class Executor:
                 made += k
                 emitted += k
                 continue
-            if keyed is not None:
-                try:
-                    gs = list(map(cache_get, outs))
-                    if None in gs:
-                        gs = list(map(group_of, outs))
-                except Exception:  # a value that cannot be a key: the general path reports it
-                    self.send(op, outs, rid)
-                    continue
+            if gather is not None:
                 k = len(outs)
-                ds = list(map(owner_of, gs))
-                if not i & TIMING_MASK:  # the timed request's outputs weigh the groups for all of them
-                    for g in gs:
-                        hits[g] += TIMING_SAMPLE
-                for d in set(ds):
-                    words = outs if len(ds) == ds.count(d) else list(compress(outs, map(is_, ds, repeat(d))))
-                    m = len(words)
-                    if d is None:
-                        keyed(words)
-                        keyed_rids(repeat(rid, m))
-                        continue
-                    by_succ = cols.get(d)
-                    if by_succ is None:
-                        by_succ = cols[d] = {}
-                    c = by_succ.get(succ0)
-                    if c is None:
-                        c = by_succ[succ0] = [[], [], []]
-                    c[0].extend(words)
-                    c[1].append(rid)
-                    c[2].append(m)
-                    remote_made += m
-                made += k
-                emitted += k
-                continue
-            if here is not None:
-                k = len(outs)
-                here(outs)
-                here_rids(repeat(rid, k))
-                if not i & TIMING_MASK:  # the timed request's outputs weigh the groups for all of them
-                    for o in outs:
-                        hits[group_of(o)] += TIMING_SAMPLE
-                made += k
-                emitted += k
+                if k:
+                    gather(outs)
+                    gather_rid(rid)
+                    gather_count(k)
+                    made += k
                 continue
             if routes:
                 self.send(op, outs, rid)
@@ -271,14 +229,9 @@ class Executor:
             self._ran(cur, me, used, succ0, made)
         op.exec_time += _estimate(op, t_exec, timed, n)
         op.processed += n
-        if here is not None or keyed is not None:
-            target.queue.append_block(succ0, block_values, block_rids)
-        if keyed is not None:
-            if remote_made and self.outbox.pending_since is None:
-                self.outbox.pending_since = perf_counter()
-            self.outbox.remote_requests += remote_made
-            self.outbox.local_requests += emitted - remote_made
-            op.edge_counts[0] += emitted
+        if gather is not None:
+            if block_values:
+                self._route_block(op, routes[0], block_values, block_rids, block_counts)
         elif remote_to is not None:
             if emitted:
                 if self.outbox.pending_since is None:
@@ -294,6 +247,58 @@ class Executor:
             op.fold_histogram()
         return n
 
+    def _route_block(self, op: OpRuntime, route: tuple, values: list, rids: list, counts: list) -> None:
+        """The gathered outputs of a pass of `op` (values, their ids as runs) to its one keyed successor whose
+        key is the value, by `route` (KEYED_HERE or ROUTE_KEYED): the local part joins the successor's
+        queue as a block, each remote part its destination's columns. Every HIT_SAMPLE-th value weighs its
+        key group."""
+        kind, succ, _, owners, _, target = route
+        hits = target.group_hits
+        if kind == KEYED_HERE:
+            group_of = target.group_of
+            for v in values[::HIT_SAMPLE]:
+                hits[group_of(v)] += HIT_SAMPLE
+            target.queue.append_block(succ, values, rids, counts)
+            self.outbox.local_requests += len(values)
+            op.edge_counts[0] += len(values)
+            return
+        try:
+            gs = list(map(target.key_cache.get, values))
+            if None in gs:  # keys not seen yet: only those take the hashing call
+                group_of = target.group_of
+                for i in compress(range(len(gs)), map(is_, gs, repeat(None))):
+                    gs[i] = group_of(values[i])
+        except Exception:  # a value that cannot be a key: line by line on the general path, which reports it
+            pos = 0
+            for rid, c in zip(rids, counts, strict=True):
+                self.count(rid >> EPOCH_BITS, succ, -c)  # counted as made by the pass; `send` counts again
+                self.send(op, values[pos:pos + c], rid)
+                pos += c
+            return
+        for g in gs[::HIT_SAMPLE]:
+            hits[g] += HIT_SAMPLE
+        cols, remote = self.outbox.pending_cols, 0
+        for d, (vs, rs, cs) in partition_runs(values, rids, counts, gs, owners).items():
+            if d is None:
+                target.queue.append_block(succ, vs, rs, cs)
+                continue
+            by_succ = cols.get(d)
+            if by_succ is None:
+                by_succ = cols[d] = {}
+            c = by_succ.get(succ)
+            if c is None:
+                by_succ[succ] = [vs, rs, cs]
+            else:
+                c[0].extend(vs)
+                c[1].extend(rs)
+                c[2].extend(cs)
+            remote += len(vs)
+        if remote and self.outbox.pending_since is None:
+            self.outbox.pending_since = perf_counter()
+        self.outbox.remote_requests += remote
+        self.outbox.local_requests += len(values) - remote
+        op.edge_counts[0] += len(values)
+
     def _run_stateful(self, op: OpRuntime, budget: int) -> int:
         q = op.queue
         n = min(budget, len(q))
@@ -302,8 +307,61 @@ class Executor:
         if self.cut.shadows and op.index in self.cut.shadows:
             return self._run_shadowed(op, q.take_rows(n))
         for part in q.take(n):
-            self._apply(op, part if type(part) is list else part.rows(), len(part))
+            if type(part) is list:
+                self._apply(op, part, len(part))
+            elif op.blocks:
+                self._apply_block(op, part)
+            else:  # its outputs need each request's id
+                self._apply(op, part.rows(), len(part))
         return n
+
+    def _apply_block(self, op: OpRuntime, block) -> None:
+        """A block of requests to a stateful operator whose key is the value and whose outputs go nowhere
+        (Word Count's count), on its live state: the function called once per value in a tight loop, the
+        block timed as a whole (each request counts as its mean), progress counted per run of ids."""
+        values = block.values_left()
+        n = len(values)
+        me = op.index
+        cur, used = -1, 0
+        for rid, c in zip(*block.runs(), strict=True):
+            ep = rid >> EPOCH_BITS
+            if ep != cur:
+                if used:
+                    self._ran(cur, me, used, me, 0)
+                cur, used = ep, 0
+            used += c
+        if used:
+            self._ran(cur, me, used, me, 0)
+        gs = list(map(op.key_cache.get, values))
+        if None in gs:  # keys not seen yet: only those take the hashing call
+            group_of = op.group_of
+            for i in compress(range(n), map(is_, gs, repeat(None))):
+                gs[i] = group_of(values[i])
+        rested = op.rested
+        for g in set(gs):
+            rested[g] = None  # before fn runs: it may change `old` in place, even when it then raises
+        fn = op.fn
+        t0 = perf_counter()
+        for key, state in zip(values, map(op.groups.__getitem__, gs), strict=True):
+            old = state.get(key)
+            try:
+                new, _ = fn(old, key)
+            except Exception as e:
+                self.fail(op, e, key)
+                continue
+            if new is not None:
+                state[key] = new
+            elif old is not None:
+                del state[key]
+        dt = perf_counter() - t0
+        if dt < self.stall * n:  # a throttled period inside says nothing of τ̄ (the operator's mean stands)
+            op.exec_time += dt
+            op.dts.extend(repeat(dt / n, max(1, n // TIMING_SAMPLE)))
+        else:
+            op.exec_time += _estimate(op, 0.0, 0, n)
+        op.processed += n
+        if len(op.dts) > 20_000:
+            op.fold_histogram()
 
     def _run_shadowed(self, op: OpRuntime, rows: list) -> int:
         """`rows` of a stateful operator while a checkpoint barrier is up (copy on write): before the first

@@ -53,7 +53,7 @@ class OpRuntime:
                  "instances", "routes", "successors", "processed", "exec_time", "errors", "edge_counts",
                  "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_hits",
                  "collected_rids", "cold", "rested", "batch", "key_is_value", "sink", "sink_wake", "sink_room",
-                 "replaced", "unpackable")
+                 "replaced", "unpackable", "blocks")
 
     def __init__(self, spec_op):
         self.index = spec_op.index
@@ -109,6 +109,7 @@ class OpRuntime:
         # checkpoint or a move of them fails with the error that names the key.
         self.unpackable: set[int] = set()
         self.busy = False
+        self.blocks = False  # runs its column blocks in the tight loop: set with its routes
 
     def group_of(self, key) -> int:
         g = self.key_cache.get(key)

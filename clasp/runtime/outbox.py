@@ -69,6 +69,9 @@ class Outbox:
                     kind = KEYED_HERE if all(w is None for w in owners) else ROUTE_KEYED
                     routes.append((kind, s, cut.appender(target), owners, target.key_cache, target))
             op.routes = routes
+            # A stateful operator keyed by the value whose outputs go nowhere (Word Count's count) runs its
+            # blocks in the executor's tight loop, which does not keep each request's id.
+            op.blocks = op.stateful and op.key_is_value and not routes and not op.collect and not op.is_async
 
     def settle_columns(self) -> None:
         """Turn the keyed fast path's columns into rows of `pending`, behind the rows there: routes are

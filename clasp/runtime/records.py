@@ -1,8 +1,9 @@
 """An operator's input queue: requests `(op, value, key, rid)` in FIFO order, held as rows or as column blocks.
 
-The keyed fast paths hand a stateful operator whose key is the value a batch of its requests as two columns (the
-values, and one record id per value) instead of one tuple per request: the producer extends two lists in C, the
-executor zips them back in C, and no request is a Python object of its own while it waits. A block sits in the
+The keyed fast paths hand a stateful operator whose key is the value a batch of its requests as columns (the
+values, and their record ids as runs: a line's words share its id) instead of one tuple per request: the producer
+extends the values in C and appends one id and count per line, the executor runs the values in a tight loop and
+counts progress per run, and no request is a Python object of its own while it waits. A block sits in the
 same FIFO as the rows, so order across the two forms is the order of arrival. Everything that works row by row
 (migration scans, checkpoint barriers, async and remote-state operators) sees rows: `popleft`, iteration and
 `take_rows` expand blocks as they reach them.
@@ -15,21 +16,72 @@ from itertools import chain, repeat
 
 
 class Block:
-    """A run of requests to operator `op` whose keys are their values: values[pos:], rids[pos:]."""
+    """A run of requests to operator `op` whose keys are their values: values[pos:], their record ids held as
+    runs (`rids[r]` for `counts[r]` consecutive values: a line's words share its id), of which the first
+    `off` of run `run` are already taken."""
 
-    __slots__ = ("op", "values", "rids", "pos")
+    __slots__ = ("op", "values", "rids", "counts", "pos", "run", "off")
 
-    def __init__(self, op: int, values: list, rids: list):
-        self.op, self.values, self.rids, self.pos = op, values, rids, 0
+    def __init__(self, op: int, values: list, rids: list, counts: list):
+        self.op, self.values, self.rids, self.counts = op, values, rids, counts
+        self.pos = self.run = self.off = 0
 
     def __len__(self) -> int:
         return len(self.values) - self.pos
 
+    def runs(self) -> tuple[list, list]:
+        """The remaining record ids as runs: (ids, counts)."""
+        r, off = self.run, self.off
+        if not r and not off:
+            return self.rids, self.counts
+        counts = self.counts[r:]
+        counts[0] -= off
+        return self.rids[r:], counts
+
+    def values_left(self) -> list:
+        return self.values[self.pos:] if self.pos else self.values
+
     def rows(self):
         """The remaining requests as rows, built in C."""
-        p = self.pos
-        vs = self.values if not p else self.values[p:]
-        return zip(repeat(self.op), vs, vs, self.rids[p:] if p else self.rids)
+        vs = self.values_left()
+        return zip(repeat(self.op), vs, vs, chain.from_iterable(map(repeat, *self.runs())))
+
+    def first(self) -> tuple:
+        v = self.values[self.pos]
+        return (self.op, v, v, self.rids[self.run])
+
+    def pop(self) -> tuple:
+        row = self.first()
+        self.pos += 1
+        self.off += 1
+        if self.off == self.counts[self.run]:
+            self.run += 1
+            self.off = 0
+        return row
+
+    def head(self, k: int) -> Block:
+        """A new block of the first `k` (< len) remaining requests, which are taken out of this one (a walk
+        over runs, not values)."""
+        rids, counts = self.rids, self.counts
+        r = self.run
+        c = counts[r] - self.off  # what is left of run r
+        part_rids, part_counts = [], []
+        left = k
+        while left > c:
+            part_rids.append(rids[r])
+            part_counts.append(c)
+            left -= c
+            r += 1
+            c = counts[r]
+        part_rids.append(rids[r])
+        part_counts.append(left)
+        part = Block(self.op, self.values[self.pos:self.pos + k], part_rids, part_counts)
+        self.pos += k
+        if left == c:
+            self.run, self.off = r + 1, 0
+        else:
+            self.run, self.off = r, counts[r] - c + left
+        return part
 
 
 class RecordQueue:
@@ -65,10 +117,11 @@ class RecordQueue:
         items.extendleft(rows)
         self._n += len(items) - before
 
-    def append_block(self, op: int, values: list, rids: list) -> None:
-        """Requests (op, v, v, rid) for v, rid in zip(values, rids): the lists are the queue's from now on."""
+    def append_block(self, op: int, values: list, rids: list, counts: list) -> None:
+        """Requests (op, v, v, rid) for `values` in order, their ids `rids[r]` repeated `counts[r]` times (the
+        counts sum to len(values)): the lists are the queue's from now on."""
         if values:
-            self._items.append(Block(op, values, rids))
+            self._items.append(Block(op, values, rids, counts))
             self._n += len(values)
             self._blocks += 1
 
@@ -80,10 +133,7 @@ class RecordQueue:
         items = self._items
         x = items[0]
         if type(x) is Block:
-            p = x.pos
-            v = x.values[p]
-            row = (x.op, v, v, x.rids[p])
-            x.pos = p + 1
+            row = x.pop()
             if x.pos == len(x.values):
                 items.popleft()
                 self._blocks -= 1
@@ -98,8 +148,7 @@ class RecordQueue:
             raise IndexError("a record queue gives its first request only")
         x = self._items[0]
         if type(x) is Block:
-            v = x.values[x.pos]
-            return (x.op, v, v, x.rids[x.pos])
+            return x.first()
         return x
 
     def __iter__(self):
@@ -137,9 +186,7 @@ class RecordQueue:
                     out.append(x)
                     left -= k
                 else:
-                    p = x.pos
-                    out.append(Block(x.op, x.values[p:p + left], x.rids[p:p + left]))
-                    x.pos = p + left
+                    out.append(x.head(left))
                     left = 0
             else:
                 if rows is None:

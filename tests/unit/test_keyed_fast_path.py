@@ -122,3 +122,57 @@ def _per_epoch(first: int, n: int) -> dict:
     counts: dict = {}
     add_range(counts, 0, first, n)
     return {e: c[0] for e, c in counts.items()}
+
+
+def _count_or_fail(state, word):
+    if word.startswith("bad"):
+        raise ValueError(f"no count for {word}")
+    return (state or 0) + 1, None
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 2), st.integers(0, 2**32 - 1))
+def test_blocks_of_a_count_without_outputs_count_exactly_and_report_failures(workers, seed):
+    """A stateful operator keyed by the value with no successor and no collection (Word Count's count) runs
+    its blocks in the tight loop: exact state, exact progress per epoch, every failing request counted and
+    named, on one engine and on two exchanging columns."""
+    from collections import Counter
+
+    rnd = random.Random(seed)
+    d = clasp.Dag("blocks")
+    d.operator("split", str.split) >> d.operator("count", _count_or_fail, stateful=True, key=clasp.identity)
+    spec = d.to_spec()
+    ids = [f"w{i}" for i in range(workers)]
+    shares = {i: 1 for i in range(workers)}
+    placement = build_placement(spec, ids, {"split": shares, "count": shares}, 10)
+    engines = {w: JobEngine(1, spec, w, placement) for w in ids}
+    vocab = [f"k{i}" for i in range(300)] + ["bad1", "bad2"]
+    lines = [" ".join(rnd.choices(vocab, k=rnd.randint(0, 12))) for _ in range(rnd.randint(1, 3000))]
+    t = Tracker()
+    base = t.admit(len(lines), 0.0)
+    step = -(-len(lines) // workers)
+    for k, w in enumerate(ids):
+        part = lines[k * step:(k + 1) * step]
+        engines[w].enqueue_rows([(0, line, None, base + k * step + i) for i, line in enumerate(part)])
+    t.dispatched(base, len(lines), {e: {0: n} for e, n in _per_epoch(base, len(lines)).items()}, 0.0)
+    for _ in range(100):
+        for e in engines.values():
+            while e.run_round():
+                pass
+            deliver(e, engines)
+            t.progress(e.take_progress(), 1.0)
+        if t.outstanding == 0:
+            break
+    assert t.outstanding == 0 and t.completed == len(lines)
+    words = Counter(w for line in lines for w in line.split())
+    bad = words.pop("bad1", 0) + words.pop("bad2", 0)
+    state: dict = {}
+    for e in engines.values():
+        state.update(e.ops[1].state_dict())
+    assert state == dict(words)
+    assert sum(e.executor.failed for e in engines.values()) == bad
+    samples = [s for e in engines.values() for s in e.executor.error_samples]
+    assert all("no count for bad" in s["error"] for s in samples) and (samples or not bad)
+    count = [e.ops[1] for e in engines.values()]
+    assert sum(op.processed for op in count) == sum(words.values()) + bad
+    assert all(op.exec_time >= 0 for op in count)

@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 from clasp.runtime.records import Block, RecordQueue
 
 row = st.tuples(st.just(1), st.integers(0, 50), st.integers(0, 50), st.integers(0, 10_000))
-block = st.lists(st.tuples(st.integers(0, 50), st.integers(0, 10_000)), max_size=8)
+# A block's requests as runs: (record id, the values sharing it).
+block = st.lists(st.tuples(st.integers(0, 10_000), st.lists(st.integers(0, 50), min_size=1, max_size=4)),
+                 max_size=6)
 ops = st.lists(st.one_of(
     st.tuples(st.just("append"), row),
     st.tuples(st.just("extend"), st.lists(row, max_size=5)),
@@ -43,15 +45,19 @@ def test_a_record_queue_is_a_fifo_of_rows(sequence):
             q.extendleft(reversed(arg))
             model.extendleft(reversed(arg))
         elif name == "block":
-            values, rids = [v for v, _ in arg], [r for _, r in arg]
-            q.append_block(1, values, rids)
-            model.extend((1, v, v, r) for v, r in arg)
+            values = [v for _, vs in arg for v in vs]
+            q.append_block(1, values, [r for r, _ in arg], [len(vs) for _, vs in arg])
+            model.extend((1, v, v, r) for r, vs in arg for v in vs)
         elif name == "popleft" and model:
             assert q[0] == model[0]
             assert q.popleft() == model.popleft()
         elif name == "take":
             parts = q.take(arg)
             assert all(type(p) is list or (type(p) is Block and len(p)) for p in parts)
+            for p in parts:  # a block's runs cover its values exactly, none empty
+                if type(p) is Block:
+                    rids, counts = p.runs()
+                    assert len(rids) == len(counts) and min(counts) > 0 and sum(counts) == len(p)
             assert _rows(parts) == [model.popleft() for _ in range(min(arg, len(model)))]
         elif name == "take_rows":
             assert q.take_rows(arg) == [model.popleft() for _ in range(min(arg, len(model)))]

@@ -1,0 +1,48 @@
+"""`partition_runs` splits a batch of requests (values, record ids as runs, a key group each) by the owners of
+their groups exactly as a loop over the requests would, keeping order and dropping empty runs."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clasp.core.routing import partition_runs
+
+runs = st.lists(st.tuples(st.integers(0, 1 << 20), st.lists(st.integers(0, 7), min_size=1, max_size=6)),
+                max_size=30)
+owners_of = st.lists(st.sampled_from(["a", "b", None, "c"]), min_size=8, max_size=8)
+
+
+def _naive(values, rids, dests):
+    out: dict = {}
+    for v, r, d in zip(values, rids, dests, strict=True):
+        vs, rs, cs = out.setdefault(d, ([], [], []))
+        vs.append(v)
+        if rs and rs[-1][0] == r and rs[-1][1] == len(vs) - 2:  # the same run continues
+            rs[-1] = (r, len(vs) - 1)
+            cs[-1] += 1
+        else:
+            rs.append((r, len(vs) - 1))
+            cs.append(1)
+    return {d: (vs, [r for r, _ in rs], cs) for d, (vs, rs, cs) in out.items()}
+
+
+@settings(max_examples=500, deadline=None)
+@given(runs, owners_of)
+def test_partition_runs_is_a_loop_over_the_requests(batch, owners):
+    values, rids, counts, groups, dests, per_value_rid = [], [], [], [], [], []
+    for i, (rid, gs) in enumerate(batch):
+        rids.append(rid)
+        counts.append(len(gs))
+        for j, g in enumerate(gs):
+            values.append((i, j))
+            groups.append(g)
+            dests.append(owners[g])
+            per_value_rid.append((rid, i))  # the run's position keeps equal ids of two runs apart
+    parts = partition_runs(values, rids, counts, groups, owners)
+    expected = _naive(values, per_value_rid, dests)
+    assert set(parts) == set(expected)
+    for d, (vs, rs, cs) in parts.items():
+        evs, ers, ecs = expected[d]
+        assert vs == evs and cs == ecs and rs == [r for r, _ in ers]
+        assert min(cs) > 0 and sum(cs) == len(vs)
