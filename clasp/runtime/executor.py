@@ -14,8 +14,8 @@ import asyncio
 import math
 import traceback
 from collections import deque
-from itertools import compress, repeat
-from operator import is_
+from itertools import chain, compress, groupby, repeat
+from operator import is_, itemgetter, rshift
 from time import perf_counter
 
 from clasp.core.outputs import ITEMS_EXACT, ONE_EXACT, as_outputs
@@ -39,6 +39,7 @@ REQUEST_OVERHEAD_US = 1.5
 BLOCK_OVERHEAD_US = 0.05
 MIN_BATCH = 16
 TIMING_MASK = TIMING_SAMPLE - 1
+LISTS = {list, tuple}  # a function's return values that are their outputs as they are
 HIT_SAMPLE = 8  # one output in this many weighs the key groups on a keyed route that is all local
 
 
@@ -127,11 +128,18 @@ class Executor:
     def _run_stateless(self, op: OpRuntime, budget: int) -> int:
         q = op.queue
         n = min(budget, len(q))
+        routes = op.routes
+        # One keyed successor whose key is the value (Word Count's split): the whole pass at once. Not while
+        # a checkpoint barrier holds what would join the successor's queue, nor while a migration holds key
+        # groups.
+        if (len(routes) == 1 and routes[0][0] in (KEYED_HERE, ROUTE_KEYED) and routes[0][5].key_is_value
+                and not op.collect and routes[0][5].index not in self.cut.held
+                and (routes[0][0] == KEYED_HERE or not self.handover.held)):
+            return self._run_gathered(op, q.take_rows(n))
         fn = op.fn
         pc = perf_counter
         dts = op.dts
         dts_append = dts.append
-        routes = op.routes
         one, items = ONE_EXACT, ITEMS_EXACT
         fast = routes[0][2] if len(routes) == 1 and routes[0][0] == ROUTE_LOCAL else None
         # One remote holder of the only successor: its batch takes the requests as a local queue would (the
@@ -143,17 +151,6 @@ class Executor:
                 batch = self.outbox.pending[remote_to] = []
             fast = batch.append
         succ0 = routes[0][1] if routes else -1
-        # One keyed successor whose key is the value (Word Count): the pass's outputs are gathered as one
-        # block (a line's words extend the values in C, its id and count are one run), then routed by key
-        # group in passes over the block in C: all to the successor's queue when every group is here, else
-        # split between it and the destinations' columns. Not while a checkpoint barrier holds what would join
-        # the successor's queue, nor while a migration holds key groups.
-        gather = None
-        if (fast is None and len(routes) == 1 and routes[0][0] in (KEYED_HERE, ROUTE_KEYED)
-                and routes[0][5].key_is_value and routes[0][5].index not in self.cut.held
-                and (routes[0][0] == KEYED_HERE or not self.handover.held)):
-            block_values, block_rids, block_counts = [], [], []
-            gather, gather_rid, gather_count = block_values.extend, block_rids.append, block_counts.append
         me = op.index
         collect = op.add_collected if op.collect else None
         t_exec = 0.0
@@ -215,24 +212,13 @@ class Executor:
                 made += k
                 emitted += k
                 continue
-            if gather is not None:
-                k = len(outs)
-                if k:
-                    gather(outs)
-                    gather_rid(rid)
-                    gather_count(k)
-                    made += k
-                continue
             if routes:
                 self.send(op, outs, rid)
         if used:
             self._ran(cur, me, used, succ0, made)
         op.exec_time += _estimate(op, t_exec, timed, n)
         op.processed += n
-        if gather is not None:
-            if block_values:
-                self._route_block(op, routes[0], block_values, block_rids, block_counts)
-        elif remote_to is not None:
+        if remote_to is not None:
             if emitted:
                 if self.outbox.pending_since is None:
                     self.outbox.pending_since = perf_counter()
@@ -246,6 +232,56 @@ class Executor:
         if len(dts) > 20_000:
             op.fold_histogram()
         return n
+
+    def _run_gathered(self, op: OpRuntime, rows: list) -> int:
+        """A pass of a stateless operator whose one successor is keyed by the value, on `rows`: the function
+        mapped over the values in C (a failure is reported and the map goes on after it), timed as a whole;
+        the outputs gathered as one block (values, their ids as runs) and routed by key group
+        (`_route_block`); progress counted per run of one epoch."""
+        n = len(rows)
+        values = list(map(itemgetter(1), rows))
+        rids = list(map(itemgetter(3), rows))
+        results: list = []
+        it = map(op.fn, values)
+        t0 = perf_counter()
+        while True:
+            try:
+                results.extend(it)
+                break
+            except Exception as e:
+                self.fail(op, e, values[len(results)])
+                results.append(None)
+        dt = perf_counter() - t0
+        if not set(map(type, results)) <= LISTS:
+            results = [self._outputs(op, out, v) for out, v in zip(results, values, strict=True)]
+        counts = list(map(len, results))
+        me, succ = op.index, op.routes[0][1]
+        pos = 0
+        for e, run in groupby(map(rshift, rids, repeat(EPOCH_BITS))):
+            used = sum(1 for _ in run)
+            self._ran(e, me, used, succ, sum(counts[pos:pos + used]))
+            pos += used
+        if dt < self.stall * n:  # a throttled period inside says nothing of τ̄ (the operator's mean stands)
+            op.exec_time += dt
+            op.dts.extend(repeat(dt / n, max(1, n // TIMING_SAMPLE)))
+        else:
+            op.exec_time += _estimate(op, 0.0, 0, n)
+        op.processed += n
+        if len(op.dts) > 20_000:
+            op.fold_histogram()
+        out_values = list(chain.from_iterable(results))
+        if out_values:
+            self._route_block(op, op.routes[0], out_values, list(compress(rids, counts)),
+                              list(compress(counts, counts)))
+        return n
+
+    def _outputs(self, op: OpRuntime, out, value) -> list | tuple:
+        """The outputs a return value stands for (clasp.core.outputs), or none when making them raised."""
+        try:
+            return as_outputs(out)
+        except Exception as e:  # a generator's body raised: the request fails
+            self.fail(op, e, value)
+            return ()
 
     def _route_block(self, op: OpRuntime, route: tuple, values: list, rids: list, counts: list) -> None:
         """The gathered outputs of a pass of `op` (values, their ids as runs) to its one keyed successor whose
