@@ -340,16 +340,26 @@ class Executor:
         n = min(budget, len(q))
         if op.cold:
             op.warm_rows(q, n)
-        if self.cut.shadows and op.index in self.cut.shadows:
-            return self._run_shadowed(op, q.take_rows(n))
+        shadowed = self.cut.shadows and op.index in self.cut.shadows
         for part in q.take(n):
-            if type(part) is list:
+            if shadowed and not self._beside_images(op, part):
+                self._run_shadowed(op, part if type(part) is list else list(part.rows()))
+            elif type(part) is list:
                 self._apply(op, part, len(part))
             elif op.blocks:
                 self._apply_block(op, part)
             else:  # its outputs need each request's id
                 self._apply(op, part.rows(), len(part))
         return n
+
+    def _beside_images(self, op: OpRuntime, part) -> bool:
+        """Whether a part of a stateful operator's queue, while a checkpoint barrier is up, runs on the live
+        state alone: the two common cases, which need no look per request. Nothing above the boundary came
+        yet, or only requests above it come and every group here has its image."""
+        rids = [r[3] for r in part] if type(part) is list else part.runs()[0]
+        shadow = self.cut.shadows[op.index]
+        return bool(rids) and (max(rids) < self.cut.boundary if not shadow
+                               else min(rids) >= self.cut.boundary and len(shadow) >= self.cut.owned[op.index])
 
     def _apply_block(self, op: OpRuntime, block) -> None:
         """A block of requests to a stateful operator whose key is the value and whose outputs go nowhere
@@ -399,20 +409,13 @@ class Executor:
         if len(op.dts) > 20_000:
             op.fold_histogram()
 
-    def _run_shadowed(self, op: OpRuntime, rows: list) -> int:
+    def _run_shadowed(self, op: OpRuntime, rows: list) -> None:
         """`rows` of a stateful operator while a checkpoint barrier is up (copy on write): before the first
         request at or above the boundary changes a key group, the group's image is kept for the snapshot (a
         group at rest: its blob, no copy); a request below the boundary that comes after it is applied to
         the image as well (its outputs come once, from the live state). The rows run as they came, in runs
         between two such points."""
         boundary, shadow, group_of, fn = self.cut.boundary, self.cut.shadows[op.index], op.group_of, op.fn
-        # The two common cases need no look per request: nothing above the boundary came yet, or only
-        # requests above it come and every group here has its image.
-        rids = [r[3] for r in rows]
-        if rids and (max(rids) < boundary if not shadow
-                     else min(rids) >= boundary and len(shadow) >= self.cut.owned[op.index]):
-            self._apply(op, rows, len(rows))
-            return len(rows)
         start = 0
         for i, (_, value, key, rid) in enumerate(rows):
             g = group_of(key)
@@ -436,7 +439,6 @@ class Executor:
                     image[key] = new
         if start < len(rows):
             self._apply(op, rows[start:], len(rows) - start)
-        return len(rows)
 
     def _apply(self, op: OpRuntime, rows, n: int) -> int:
         """Run the `n` requests `rows` (an iterable of rows) of a stateful operator on its live state."""

@@ -165,3 +165,52 @@ def test_only_operators_whose_outputs_are_seen_align_also_on_declared_sources():
         assert {spec.operators[i].name for i in eng.cut.held} == aligned
         stateful = {o.name for o in spec.operators if o.stateful}
         assert {spec.operators[i].name for i in eng.cut.shadows} == stateful - aligned
+
+
+def _count(state, word):
+    return (state or 0) + 1, None
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 40), st.booleans()), min_size=1, max_size=12), min_size=1,
+                max_size=60), st.integers(0, 5), st.randoms(use_true_random=False))
+def test_blocks_run_past_the_barrier_and_the_snapshot_is_the_count_below_it(lines, rest_every, rnd):
+    """A count keyed by the value (it runs column blocks in the tight loop) while a barrier is up: lines of
+    words below (False) and above (True) the boundary arrive as blocks, run in arbitrary pieces, groups put
+    to rest in between; the snapshot counts exactly the words below the boundary, the live state all."""
+    from collections import Counter
+
+    dag = clasp.Dag("cow-blocks")
+    dag.operator("count", _count, stateful=True, key=clasp.identity)
+    spec = dag.to_spec()
+    eng = JobEngine(1, spec, "w0", build_placement(spec, ["w0"], {"count": {0: 1}}, 10))
+    assert eng.ops[0].blocks
+    boundary = 5 << CHUNK_BITS
+    eng.ops[0].queue.append_block(0, [1, 2, 3], [1 << CHUNK_BITS], [3])
+    drain(eng)
+    eng.begin_barrier(boundary)
+    below, live = Counter([1, 2, 3]), Counter([1, 2, 3])
+    pending: tuple[list, list, list] = ([], [], [])
+    for i, words in enumerate(lines):
+        above = words[0][1]  # one line, one record: all its words on one side
+        rid = (boundary + i) if above else (2 << CHUNK_BITS) + i
+        values = [w for w, _ in words]
+        pending[0].extend(values)
+        pending[1].append(rid)
+        pending[2].append(len(values))
+        live.update(values)
+        if not above:
+            below.update(values)
+        if rnd.random() < 0.3:
+            eng.ops[0].queue.append_block(0, *pending)
+            pending = ([], [], [])
+        if rnd.random() < 0.3:
+            eng.run_round()
+        if rest_every and i % rest_every == 0:
+            eng.rest_one()
+    eng.ops[0].queue.append_block(0, *pending)
+    drain(eng)
+    assert snapshot(eng) == dict(below)
+    assert eng.ops[0].state_dict() == dict(live)
+    eng.release_barrier()
+    assert snapshot(eng) == dict(live)
