@@ -10,10 +10,9 @@ from __future__ import annotations
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, compress
-from operator import and_, not_, sub
 
 import msgpack
+import numpy as np
 
 from clasp.core.dag import DagSpec
 from clasp.core.keygroups import assign_key_groups
@@ -255,25 +254,30 @@ def partition_runs(values: list, rids: list, counts: list, groups: list, owners:
     """Split a batch of requests by the owner of their key groups, keeping order: `values` with their record
     ids as runs (`rids[r]` for `counts[r]` consecutive values), the key group of each value, and `owners`
     (key group -> destination) -> {destination: (values, rids, counts)} for the destinations that get
-    any, their runs without empty ones. Passes over the batch in C (a table lookup, compress, a sum per
-    run), none per request in Python: the keyed fast path routes a scheduling pass's words with it."""
+    any, their runs without empty ones. A stable sort by destination and a fixed number of array passes,
+    whatever the number of destinations; none per request in Python: the keyed fast path routes a
+    scheduling pass's words with it."""
     dests = list(dict.fromkeys(owners))
-    if len(dests) == 1:
+    if len(dests) == 1 or not values:
         return {dests[0]: (values, rids, counts)} if values else {}
-    ends = list(accumulate(counts))
-    runs = list(map(slice, [0, *ends[:-1]], ends))
+    index = {d: i for i, d in enumerate(dests)}
+    n = len(values)
+    dest_of = np.array([index[o] for o in owners], dtype=np.int64)[np.array(groups, dtype=np.int64)]
+    order = np.argsort(dest_of, kind="stable")
+    dest_sorted = dest_of[order]
+    run_sorted = np.repeat(np.arange(len(counts), dtype=np.int64), counts)[order]
+    # A piece: the values of one run that go to one destination, consecutive after the sort.
+    starts = np.flatnonzero(np.diff(dest_sorted * len(counts) + run_sorted, prepend=-1))
+    piece_counts = np.diff(starts, append=n).tolist()
+    piece_rids = np.asarray(rids, dtype=np.int64)[run_sorted[starts]].tolist()
+    marks = np.arange(len(dests) + 1)
+    value_bounds = np.searchsorted(dest_sorted, marks).tolist()
+    piece_bounds = np.searchsorted(dest_sorted[starts], marks).tolist()
+    ordered = list(map(values.__getitem__, order.tolist()))
     out = {}
-    keep, left = None, counts  # the values no destination took yet, and their number per run
-    for d in dests[:-1]:
-        table = [o == d for o in owners]
-        mask = list(map(table.__getitem__, groups))
-        per_run = list(map(sum, map(mask.__getitem__, runs)))
-        if not any(per_run):
-            continue
-        out[d] = (list(compress(values, mask)), list(compress(rids, per_run)), list(compress(per_run, per_run)))
-        keep = list(map(not_, mask)) if keep is None else list(map(and_, keep, map(not_, mask)))
-        left = list(map(sub, left, per_run))
-    if any(left):
-        out[dests[-1]] = (values if keep is None else list(compress(values, keep)), list(compress(rids, left)),
-                          list(compress(left, left)))
+    for i, d in enumerate(dests):
+        a, b = value_bounds[i], value_bounds[i + 1]
+        if a < b:
+            p, q = piece_bounds[i], piece_bounds[i + 1]
+            out[d] = (ordered[a:b], piece_rids[p:q], piece_counts[p:q])
     return out
