@@ -117,7 +117,8 @@ _OPTIONAL: dict[str, dict[str, tuple | None]] = {
 }
 # List-bodied messages on the data path; the first element is always the job id.
 _LIST_BODIES = {"data": 3, "runs": 3, "cols": 3, "done": 2, "marker": 3, "migrate": 6, "seal": 4, "read_end": 4,
-                "lease": 2, "wm_mark": 5, "wm_idle": 3, "wm_fired": 3, "wm_out": 3}
+                "lease": 2, "wm_mark": 5, "wm_idle": 3, "wm_fired": 3, "wm_out": 3,
+                "wm_push": 3}
 
 
 # ----------------------------------------------------------------- typed control messages

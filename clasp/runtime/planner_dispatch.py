@@ -30,12 +30,12 @@ class Dispatcher:
 
     def __init__(self, link: Link, limits: Limits, bound: QueueBound, jobs: dict, pushers: dict[str, DirectSend],
                  *, max_inflight: int | None, dispatch_batch: int, job_of: Callable, changed: Callable,
-                 chunk_begins: Callable = lambda job, chunk, records: None):
+                 chunk_begins: Callable = lambda job, chunk: None):
         self.link, self.limits, self.bound = link, limits, bound
         self.jobs, self.pushers = jobs, pushers
         self.max_inflight, self.dispatch_batch = max_inflight, dispatch_batch
         self.job_of, self.changed = job_of, changed
-        self.chunk_begins = chunk_begins  # (job, chunk, its records) as the chunk's first records leave
+        self.chunk_begins = chunk_begins  # (job, chunk) as the chunk's first records leave
         self.wake = asyncio.Event()
 
     def set_routes(self, job: PlannerJob) -> None:
@@ -133,7 +133,7 @@ class Dispatcher:
             head[1] = job.ckpt.log.records(head[0] >> CHUNK_BITS)
         size, offset = (len(head[1]), head[2]) if head else (0, 0)
         if head is not None and not offset:
-            self.chunk_begins(job, head[0] >> CHUNK_BITS, head[1])
+            self.chunk_begins(job, head[0] >> CHUNK_BITS)
         d = scheduler.dispatch(job.queue, job.spec, job.routes,
                                scheduler.window_room(job.window, job.inflight, job.batch))
         if d is None:

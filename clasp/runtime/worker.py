@@ -356,6 +356,7 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
             msgs = job_messages(body[0])
             msgs[2] += 1
             msgs[3] += eng.receive_runs(body[1], body[2])
+            self._push_marks(eng, body[2])
             self.wake.set()
         else:
             self.migrations.on_message(eng, mtype, body, perf_counter() - t0)

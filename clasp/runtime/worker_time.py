@@ -66,6 +66,22 @@ def timer_index(readers, op) -> GroupTimers:
 
 
 class TimeMixin:
+    def _push_marks(self, eng, runs: list) -> None:
+        """The largest event time of each pushed chunk's records in these runs, for the planner's watermark
+        (`wm_push`): sent ahead of their progress, so the planner has it before any of them can complete, and
+        computed here, where the push source runs, so the planner calls no timestamp function (docs/TIME.md)."""
+        push = eng.spec.push_time
+        if push is None:
+            return
+        tops: dict[int, float] = {}
+        for op, first, values in runs:
+            if op == push.index:
+                chunk, top = first >> CHUNK_BITS, push.fn.top(values)
+                if top > tops.get(chunk, NEG_INF):
+                    tops[chunk] = top
+        for chunk, top in tops.items():
+            self.dealer.send(protocol.encode("wm_push", [eng.job, chunk, top]))
+
     def _time_restored(self, spec, levels: list | None) -> None:
         """A rollback: the windows restored are those of the checkpoint, taken at these watermarks (per
         stage)."""

@@ -186,3 +186,18 @@ def test_an_idle_push_source_does_not_hold_back_a_declared_sources_windows(clust
         assert windows(job) == reference(evs)
         assert job.stats()["event_time"]["watermark"] == "end"
         job.cancel()
+
+
+def test_a_push_source_without_windows_goes_idle(cluster1):
+    """A push source feeding no keyed time operator: no worker fires at its watermark, so `wait_idle` does not
+    wait for one (it used to wait for a firing that never came)."""
+    evs = events(3000, 6)
+    with clasp.connect(cluster1.planner) as client:
+        dag = clasp.Dag("push-no-windows")
+        counted = dag.operator("count", lambda state, e: ((state or 0) + 1, None), stateful=True, key=lambda e: e[0])
+        dag.push_source("events", timestamp=lambda e: e[1], max_out_of_order=BOUND) >> counted
+        job = client.submit(dag, autoscale=False)
+        push(job, evs)
+        assert job.wait_idle(timeout=20)["completed"] == len(evs)
+        assert job.state("count") == dict(Counter(k for k, _ in evs))
+        job.cancel()
