@@ -49,7 +49,5 @@ class StateChannel:
         return protocol.reply(body["req"], op.get(body["key"]))
 
     def on_state_put(self, body) -> bytes:
-        op = self.engine_of(body).op(body["op"])
-        op.warm_key(body["key"])
-        op.set_state(body["key"], body["value"])
+        self.engine_of(body).op(body["op"]).put_state(body["key"], body["value"])
         return protocol.reply(body["req"], True)

@@ -12,7 +12,11 @@ import signal
 import time
 from collections import Counter
 
+import zmq
+
 import clasp
+from clasp.core import protocol
+from clasp.runtime.security import Security
 from tests.conftest import start_cluster, wait_for
 
 DELAY = 0.4  # seconds of processing time from a key's first record to its callback
@@ -137,3 +141,51 @@ def test_processing_time_timers_move_with_their_key_groups_in_a_rescale(tmp_path
             assert moved == 50 and job.state("flush.windows") == {}, "a key kept its count: its timer never fired"
     finally:
         cluster.stop()
+
+
+def _put_state(cluster, job_id: int, op: str, key, value) -> None:
+    """`state_put` to every worker's state server (the one holding the key stores it; a cluster of one here)."""
+    ctx = zmq.Context()
+    try:
+        with clasp.connect(cluster.planner) as client:
+            for w in client.workers():
+                sock = Security(cluster.keys_dir).client(ctx.socket(zmq.DEALER))
+                sock.connect(w["state"])
+                sock.send(protocol.encode("state_put", {"req": 1, "job": job_id, "op": op, "key": key,
+                                                        "value": value}))
+                assert sock.poll(5000), "no answer to state_put"
+                assert protocol.decode(sock.recv())[1]["ok"]
+                sock.close(0)
+    finally:
+        ctx.term()
+
+
+def test_timers_in_state_written_by_state_put_are_indexed(cluster1):
+    """A keyed time operator's state written from outside (`state_put`) carries the key's timers: they fire as
+    if a record had set them. A new key's event-time timer fires at the watermark, and a key whose processing-time
+    timer was moved a minute earlier fires at its new time, not at the old one."""
+    def count(state, value, timers):
+        if state is None:
+            timers.at_processing(timers.now + 60.0, [timers.now, 60.0])
+        return (state or 0) + 1, []
+
+    def flush(state, t, payload, timers):
+        return None, [[timers.key, state, payload, t]]
+
+    dag = clasp.Dag("ptime-put")
+    src = dag.push_source("events", timestamp=lambda e: e[1])
+    src >> dag.timers("flush", count, flush, key=lambda v: v[0], collect=True)
+    with clasp.connect(cluster1.planner) as client:
+        job = client.submit(dag, autoscale=False)
+        job.push([["old", 0.0], ["old", 1.0]])
+        wait_for(lambda: job.state("flush.windows").get("old", [0])[0] == 2, timeout=30, what="the pushed key")
+        now = time.time()
+        _put_state(cluster1, job.id, "flush.windows", "old", [2, [[now + 0.3, "processing", [now, 0.3]]]])
+        _put_state(cluster1, job.id, "flush.windows", "new", [5, [[5.0, "event", "at 5"]]])
+        job.push([["later", 20.0]])  # the watermark passes 5
+        got = wait_for(lambda: len(job.collected("flush")) >= 2 and job.collected("flush"), timeout=15,
+                       what="both written timers")
+        assert sorted(got) == [["new", 5, "at 5", 5.0], ["old", 2, [now, 0.3], now + 0.3]]
+        assert time.time() < now + 30, "the moved timer fired at its old time"
+        assert set(job.state("flush.windows")) == {"later"}
+        job.cancel()
