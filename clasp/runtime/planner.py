@@ -161,7 +161,8 @@ class Planner:
         self.dispatcher = Dispatcher(self.link, self.security.limits, self.bound, self.jobs, self.pushers,
                                      max_inflight=self.max_inflight, dispatch_batch=self.dispatch_batch,
                                      job_of=self.queries.job, changed=self.queries.check_waiters,
-                                     chunk_begins=lambda job, chunk: self.time.pushed(job, chunk))
+                                     chunk_begins=lambda job, chunk: self.time.pushed(job, chunk),
+                                     input_ended=lambda job: self.checkpoints.persist(job))
         checkpoint = lambda job: self.checkpoints.checkpoint(job)  # noqa: E731 (built below, with what it needs)
         self.sinks = SinkCoordinator(self.link, self.queries.workers_of, checkpoint, self.queries.check_waiters)
         reading_job = lambda i: self.jobs.get(i) or self.deploying.get(i)  # noqa: E731 (also while it deploys)

@@ -30,12 +30,13 @@ class Dispatcher:
 
     def __init__(self, link: Link, limits: Limits, bound: QueueBound, jobs: dict, pushers: dict[str, DirectSend],
                  *, max_inflight: int | None, dispatch_batch: int, job_of: Callable, changed: Callable,
-                 chunk_begins: Callable = lambda job, chunk: None):
+                 chunk_begins: Callable = lambda job, chunk: None, input_ended: Callable = lambda job: None):
         self.link, self.limits, self.bound = link, limits, bound
         self.jobs, self.pushers = jobs, pushers
         self.max_inflight, self.dispatch_batch = max_inflight, dispatch_batch
         self.job_of, self.changed = job_of, changed
         self.chunk_begins = chunk_begins  # (job, chunk) as the chunk's first records leave
+        self.input_ended = input_ended  # (job) once `end_input` is known, before it is answered: made durable
         self.wake = asyncio.Event()
 
     def set_routes(self, job: PlannerJob) -> None:
@@ -84,6 +85,7 @@ class Dispatcher:
     def on_end_input(self, ident: bytes, msg: protocol.EndInput) -> None:
         job = self.job_of(msg)
         job.input_ended = True
+        self.input_ended(job)  # a planner restarted on the state directory still knows it
         self.changed(job)
         self.link.reply(ident, msg.req, True)
 

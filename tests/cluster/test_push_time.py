@@ -201,3 +201,41 @@ def test_a_push_source_without_windows_goes_idle(cluster1):
         assert job.wait_idle(timeout=20)["completed"] == len(evs)
         assert job.state("count") == dict(Counter(k for k, _ in evs))
         job.cancel()
+
+
+def test_end_input_survives_a_planner_sigkilled_and_restarted(tmp_path):
+    """`end_input()` is in the job's durable record: a planner SIGKILLed right after it and started again on the
+    same state directory still refuses pushes, its watermark still reaches the end, and every window fires
+    exactly once, complete."""
+    from tests.cluster.test_recovery import _connect, _free_port, _start, restart_planner
+
+    evs = events(6000, 7)
+    port = _free_port()
+    addr = f"tcp://127.0.0.1:{port}"
+    planner = ["planner", "--port", str(port), "--state-dir", str(tmp_path / "state"), "--no-autoscale",
+               "--checkpoint-interval", "0.5", "--heartbeat", "0.2"]
+    procs = [_start(planner, tmp_path / "planner.log")]
+    procs += [_start(["worker", "--planner", addr, "--id", f"w{i}"], tmp_path / f"w{i}.log") for i in range(2)]
+    try:
+        client = wait_for(lambda: _connect(addr), timeout=60, interval=0.5, what="the planner")
+        with client:
+            wait_for(lambda: len([w for w in client.workers() if w["alive"]]) == 2, timeout=60, what="2 workers")
+            job = client.submit(pushed_windows("pushed-restart"), autoscale=False)
+            job_id = job.id
+            push(job, evs)
+            job.wait_idle(timeout=60)
+            wait_for(lambda: job.stats()["checkpoints"]["completed"] >= 1, timeout=60, what="a checkpoint")
+            job.end_input()
+        client, job = restart_planner(procs, planner, tmp_path / "planner.log", addr, job_id)
+        with client:
+            with pytest.raises(clasp.ClaspError, match="input ended"):
+                job.push([["k0", 1e6]])
+            job.wait_idle(timeout=60)
+            wait_for(lambda: job.stats()["event_time"]["watermark"] == "end", timeout=30, what="the end")
+            job.wait_idle(timeout=60)
+            assert windows(job) == reference(evs)
+            assert job.collected("late") == []
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(timeout=10)
