@@ -110,7 +110,8 @@ SCHEMAS: dict[str, dict[str, tuple | None]] = {
     "rstate_put_many": {"req": _INT, "job": _INT, "op": _STR, "states": _DICT},
 }
 _OPTIONAL: dict[str, dict[str, tuple | None]] = {
-    "counters": {"below": _INT},  # also answer `holds_below`: anything of a record below this id here
+    "counters": {"below": _INT,  # also answer `holds_below`: anything of a record below this id here
+                 "timers": _BOOL},  # also answer `timers`: the earliest processing-time timer not fired here
     "deploy": {"state": _STR, "state_server": _STR, "floor": _INT, "run": _STR, "sources": _LIST},
     "restore": {"state": _STR, "state_server": _STR, "run": _STR, "sinks": _DICT, "sources": _LIST,
                 "watermark": _LIST},

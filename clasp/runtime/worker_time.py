@@ -99,6 +99,16 @@ class TimeMixin:
                 fold.now = max(fold.now, now)
             self.tasks.spawn(self._processing_time(job, readers), f"processing-time timers of job {job}")
 
+    def _pending_timer(self, job: int) -> float | None:
+        """The earliest processing-time deadline among the job's timers held here that has not fired (for
+        `wait_idle`: it returns once every one due by the time it was called fired)."""
+        readers, eng = self.sources.get(job), self.jobs.get(job)
+        if readers is None or eng is None or readers.eng is not eng:
+            return None
+        tops = [timer_index(readers, eng.ops[i]).earliest(PROCESSING) for i in readers.stages
+                if isinstance(eng.ops[i].fn.op, TimerOperator)]
+        return min((t for t in tops if t is not None), default=None)
+
     async def _processing_time(self, job: int, readers) -> None:
         timed = [readers.eng.ops[i] for i in readers.stages]
         while self.sources.get(job) is readers:

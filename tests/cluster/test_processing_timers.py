@@ -189,3 +189,37 @@ def test_timers_in_state_written_by_state_put_are_indexed(cluster1):
         assert time.time() < now + 30, "the moved timer fired at its old time"
         assert set(job.state("flush.windows")) == {"later"}
         job.cancel()
+
+
+def test_wait_idle_waits_for_the_timers_due_when_it_was_called_and_no_later_ones(cluster1):
+    """Each record asks for a timer at the time it carries. `wait_idle` called just after a batch's timers came
+    due returns with their callbacks' outputs collected, every time; timers due a minute later do not hold it,
+    and neither does a timer its callback re-arms forever."""
+    def arm(state, value, timers):
+        timers.at_processing(value[1], value[2])
+        return (state or 0) + 1, []
+
+    def call(state, t, payload, timers):
+        if payload == "again":
+            timers.at_processing(timers.now + 0.1, "again")
+            return state, []
+        return None, [[timers.key, state, t]]
+
+    dag = clasp.Dag("ptime-wait")
+    dag.operator("records", lambda v: [v]) >> dag.timers("call", arm, call, key=lambda v: v[0], collect=True)
+    with clasp.connect(cluster1.planner) as client:
+        job = client.submit(dag, autoscale=False)
+        job.push([["forever", time.time() + 0.1, "again"], *[[f"late{i}", time.time() + 60, None] for i in range(5)]])
+        want = []
+        for rnd in range(4):
+            due = time.time() + 0.5
+            batch = [[f"r{rnd}k{i}", due, None] for i in range(40)]
+            job.push(batch)
+            time.sleep(max(0.0, due - time.time()) + 0.001)
+            t0 = time.monotonic()
+            job.wait_idle(timeout=30)
+            assert time.monotonic() - t0 < 10, "a timer due later held wait_idle"
+            want += [[k, 1, due] for k, _, _ in batch]
+            assert sorted(job.collected("call")) == sorted(want), f"round {rnd}: wait_idle returned before its timers"
+        assert set(job.state("call.windows")) == {"forever", *(f"late{i}" for i in range(5))}
+        job.cancel()
