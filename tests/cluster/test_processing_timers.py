@@ -6,9 +6,7 @@ across a rescale 1 -> 2 with timers pending (migrated with their key groups)."""
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import time
 from collections import Counter
 
@@ -17,7 +15,7 @@ import zmq
 import clasp
 from clasp.core import protocol
 from clasp.runtime.security import Security
-from tests.conftest import start_cluster, wait_for
+from tests.conftest import WorkerSigkill, start_cluster, wait_for
 
 DELAY = 0.4  # seconds of processing time from a key's first record to its callback
 
@@ -99,27 +97,20 @@ def test_a_failing_callback_is_the_operators_error_and_the_other_keys_still_fire
 
 def test_processing_time_timers_exact_after_a_worker_sigkill(tmp_path_factory):
     recs = records(12000, 2)
-    cluster = start_cluster(tmp_path_factory, 3, planner_args=["--no-autoscale", "--checkpoint-interval", "0.3",
-                                                              "--heartbeat", "0.2"])
-    try:
-        with clasp.connect(cluster.planner) as client:
-            job = client.submit(flushing("ptime-kill"), autoscale=False)
-            for i in range(0, 6000, 500):
-                job.push(recs[i:i + 500])
-                time.sleep(0.1)
-            wait_for(lambda: job.stats()["checkpoints"]["completed"] >= 1, timeout=30, what="a first checkpoint")
-            wait_for(lambda: job.collected("flush"), timeout=30, what="a first callback")
-            victim = random.Random(2).choice([w for w in client.workers() if w["alive"]])
-            os.kill(victim["pid"], signal.SIGKILL)
-            for i in range(6000, len(recs), 500):
-                job.push(recs[i:i + 500])
-                time.sleep(0.05)
-            wait_for(lambda: job.stats()["checkpoints"]["recoveries"] >= 1, timeout=30, what="the recovery")
-            assert job.wait_idle(timeout=120)["lost"] == 0
-            want = settled(job, recs)
-            assert flushed(job) == want
-    finally:
-        cluster.stop()
+    with WorkerSigkill(tmp_path_factory) as run:
+        job = run.client.submit(flushing("ptime-kill"), autoscale=False)
+        for i in range(0, 6000, 500):
+            job.push(recs[i:i + 500])
+            time.sleep(0.1)
+        run.started(job, lambda: job.collected("flush"))
+        run.kill()
+        for i in range(6000, len(recs), 500):
+            job.push(recs[i:i + 500])
+            time.sleep(0.05)
+        run.recovered(job)
+        assert job.wait_idle(timeout=120)["lost"] == 0
+        want = settled(job, recs)
+        assert flushed(job) == want
 
 
 def test_processing_time_timers_move_with_their_key_groups_in_a_rescale(tmp_path_factory):

@@ -5,9 +5,7 @@ window closes before the input ends), at `end_input()`, after a worker's SIGKILL
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import time
 from collections import Counter
 
@@ -16,7 +14,7 @@ import pytest
 import clasp
 import clasp.windows as W
 from clasp.testing import IterableSource
-from tests.conftest import start_cluster, wait_for
+from tests.conftest import WorkerSigkill, start_cluster, wait_for
 
 SIZE = 2.0  # seconds of event time per window
 BOUND = 1.0  # max_out_of_order
@@ -97,24 +95,17 @@ def test_records_behind_the_bound_of_the_push_source_go_to_the_late_output(clust
 
 def test_pushed_windows_exact_after_a_worker_sigkill(tmp_path_factory):
     evs = events(20000, 2)
-    cluster = start_cluster(tmp_path_factory, 3, planner_args=["--no-autoscale", "--checkpoint-interval", "0.3",
-                                                              "--heartbeat", "0.2"])
-    try:
-        with clasp.connect(cluster.planner) as client:
-            job = client.submit(pushed_windows("pushed-kill"), autoscale=False)
-            push(job, evs[:8000])
-            wait_for(lambda: job.stats()["checkpoints"]["completed"] >= 1, timeout=30, what="a first checkpoint")
-            wait_for(lambda: job.collected("counts"), timeout=30, what="a first window")
-            victim = random.Random(2).choice([w for w in client.workers() if w["alive"]])
-            os.kill(victim["pid"], signal.SIGKILL)
-            push(job, evs[8000:])
-            wait_for(lambda: job.stats()["checkpoints"]["recoveries"] >= 1, timeout=30, what="the recovery")
-            job.end_input()
-            summary = job.wait_idle(timeout=120)
-            assert summary["lost"] == 0
-            assert windows(job) == reference(evs)
-    finally:
-        cluster.stop()
+    with WorkerSigkill(tmp_path_factory) as run:
+        job = run.client.submit(pushed_windows("pushed-kill"), autoscale=False)
+        push(job, evs[:8000])
+        run.started(job, lambda: job.collected("counts"))
+        run.kill()
+        push(job, evs[8000:])
+        run.recovered(job)
+        job.end_input()
+        summary = job.wait_idle(timeout=120)
+        assert summary["lost"] == 0
+        assert windows(job) == reference(evs)
 
 
 def test_pushed_windows_exact_across_a_rescale_1_to_2(tmp_path_factory):
