@@ -30,13 +30,14 @@ class Dispatcher:
 
     def __init__(self, link: Link, limits: Limits, bound: QueueBound, jobs: dict, pushers: dict[str, DirectSend],
                  *, max_inflight: int | None, dispatch_batch: int, job_of: Callable, changed: Callable,
-                 chunk_begins: Callable = lambda job, chunk: None, input_ended: Callable = lambda job: None):
+                 chunk_begins: Callable = lambda job, chunk: None):
         self.link, self.limits, self.bound = link, limits, bound
         self.jobs, self.pushers = jobs, pushers
         self.max_inflight, self.dispatch_batch = max_inflight, dispatch_batch
         self.job_of, self.changed = job_of, changed
         self.chunk_begins = chunk_begins  # (job, chunk) as the chunk's first records leave
-        self.input_ended = input_ended  # (job) once `end_input` is known, before it is answered: made durable
+        # (job) once `end_input` is known, before it is answered: the checkpointer makes it durable (its `persist`)
+        self.input_ended: Callable = lambda job: None
         self.wake = asyncio.Event()
 
     def set_routes(self, job: PlannerJob) -> None:

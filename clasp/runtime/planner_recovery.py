@@ -60,6 +60,7 @@ class Checkpoints:
                  state_endpoint: Callable[[], str]):
         self.link, self.store, self.jobs, self.workers = link, store, jobs, workers
         self.queries, self.dispatcher, self.sinks, self.sources = queries, dispatcher, sinks, sources
+        dispatcher.input_ended = self.persist  # `end_input` is in the job's record before it is answered
         self.time = time
         self.checkpoint_interval, self.input_log_records, self.log_bytes = interval, input_log_records, log_bytes
         self.dead_after, self.state_endpoint = dead_after, state_endpoint
