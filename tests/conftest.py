@@ -5,8 +5,12 @@ ports), a word-count DAG and its input, and `wait_for`. tests/unit/ runs no plan
 from __future__ import annotations
 
 import itertools
+import os
 import random
+import signal
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -55,6 +59,45 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05, what: str
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+class WorkerSigkill:
+    """A cluster of real processes (checkpoints every 0.3 s, a 0.2 s heartbeat) on which a test SIGKILLs one
+    worker mid-job, with a client: `with WorkerSigkill(tmp_path_factory) as run:` submit on `run.client`, then
+    `run.started(job, first_output)` (a checkpoint completed and the job produced something), `run.kill()` (a
+    worker drawn with `seed`) and, once the test fed it what comes after the kill, `run.recovered(job)`."""
+
+    def __init__(self, tmp_path_factory, workers: int = 3, seed: int = 2):
+        self.cluster = start_cluster(tmp_path_factory, workers, planner_args=[
+            "--no-autoscale", "--checkpoint-interval", "0.3", "--heartbeat", "0.2"])
+        self.rng = random.Random(seed)
+        self.client: clasp.Client | None = None
+
+    def __enter__(self) -> WorkerSigkill:
+        try:
+            self.client = clasp.connect(self.cluster.planner)
+        except BaseException:
+            self.cluster.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.client.close()
+        finally:
+            self.cluster.stop()
+
+    def started(self, job, first_output: Callable[[], Any]) -> None:
+        wait_for(lambda: job.stats()["checkpoints"]["completed"] >= 1, timeout=30, what="a first checkpoint")
+        wait_for(first_output, timeout=30, what="a first output")
+
+    def kill(self) -> str:
+        victim = self.rng.choice([w for w in self.client.workers() if w["alive"]])
+        os.kill(victim["pid"], signal.SIGKILL)
+        return victim["id"]
+
+    def recovered(self, job) -> None:
+        wait_for(lambda: job.stats()["checkpoints"]["recoveries"] >= 1, timeout=30, what="the recovery")
 
 
 def make_lines(n: int, seed: int, vocab: int = 20000) -> list[str]:

@@ -1,8 +1,10 @@
 """Planner ingest: records/s that one client's batched `push()` gets through the planner to the workers.
 
-`python -m clasp.bench.ingest [--records 2000000] [--kind int|line|blob] [--workers 2] [--runs 3]
+`python -m clasp.bench.ingest [--records 2000000] [--kind int|line|blob] [--workers 2] [--runs 3] [--time]
 [--compare TREE] [--json FILE]` starts a fresh local cluster per run (a one-operator no-op job, as
-`clasp.bench.runtime`'s ingest), pushes the records in one call after a warm-up and reports:
+`clasp.bench.runtime`'s ingest; with `--time` its operator is a push source with event time, `Dag.push_source`,
+so the figures include what marking the pushed chunks with their watermark costs), pushes the records in one
+call after a warm-up and reports:
 `records_per_s` (push start to idle: every record dispatched, executed and completed), `accept_per_s`
 (push start until `push()` returned), and the CPU per record of the planner, the workers and the client
 (from /proc). `--compare TREE` runs the same measurement against the clasp package of another checkout
@@ -40,7 +42,13 @@ def noop(value):
     return None
 
 
-def one_run(n: int, kind: str, workers: int, inflight: int, extra: list[str] = (), chunk: int = 0) -> dict:
+def position(value) -> float:
+    """The event time of a record under `--time`: its position in the input (records are pushed in order)."""
+    return float(value) if isinstance(value, int) else float(value.split(maxsplit=1)[0].split(":")[0])
+
+
+def one_run(n: int, kind: str, workers: int, inflight: int, extra: list[str] = (), chunk: int = 0,
+            timed: bool = False) -> dict:
     """One fresh cluster, one measured push; the figures of this run."""
     # Imported here, not at the top: under `--compare` this file runs with PYTHONPATH set to another checkout,
     # whose clasp is the one measured.
@@ -50,7 +58,10 @@ def one_run(n: int, kind: str, workers: int, inflight: int, extra: list[str] = (
 
     records = make_records(kind, n)
     dag = clasp.Dag("sink")
-    dag.operator("sink", noop)
+    if timed:
+        dag.push_source("pushed", timestamp=position) >> dag.operator("sink", noop)
+    else:
+        dag.operator("sink", noop)
     logs = tempfile.mkdtemp(prefix="clasp-ingest-")
     with LocalCluster(workers=workers, planner_args=["--max-inflight", str(inflight), "--no-autoscale", *extra],
                       log_dir=logs, provider="static") as cl, clasp.connect(cl.planner) as c:
@@ -83,7 +94,8 @@ def run_in(tree: str, args) -> dict:
     env = {**os.environ, "PYTHONPATH": tree}
     argv = [sys.executable, os.path.join(HERE, "ingest.py"), "--one", "--records", str(args.records),
             "--kind", args.kind, "--workers", str(args.workers), "--inflight", str(args.inflight),
-            "--chunk", str(args.chunk), *[f"--planner-arg={a}" for a in args.planner_arg]]
+            "--chunk", str(args.chunk), *(["--time"] if args.time else []),
+            *[f"--planner-arg={a}" for a in args.planner_arg]]
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, cwd=tree)
     if out.returncode != 0:
         raise SystemExit(f"a run in {tree} failed:\n{out.stderr[-3000:]}")
@@ -107,13 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--inflight", type=int, default=200_000, help="the planner's --max-inflight")
     ap.add_argument("--planner-arg", action="append", default=[], help="one more planner argument (repeatable)")
     ap.add_argument("--chunk", type=int, default=0, help="push(chunk=...): the most records a push (0: the default)")
+    ap.add_argument("--time", action="store_true", help="push into a push source with event time")
     ap.add_argument("--runs", type=int, default=3, help="runs (pairs with --compare)")
     ap.add_argument("--compare", metavar="TREE", help="another checkout to run in alternation (B)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one:
-        r = one_run(args.records, args.kind, args.workers, args.inflight, args.planner_arg, args.chunk)
+        r = one_run(args.records, args.kind, args.workers, args.inflight, args.planner_arg, args.chunk, args.time)
         print(json.dumps(r), flush=True)
         return 0
     trees = {"A": TREE} | ({"B": os.path.abspath(args.compare)} if args.compare else {})

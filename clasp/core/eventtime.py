@@ -73,6 +73,10 @@ class PartitionClock:
             self.max_seen, self.last_record_at, self.idle = top, now, False
         return late
 
+    def arrived(self, now: float) -> None:
+        """Records arrived whose times are counted elsewhere: the partition is not idle."""
+        self.last_record_at, self.idle = now, False
+
     def tick(self, now: float) -> bool:
         """Whether the partition became idle at `now` (no record for `idle_timeout` since the last one, or since
         `now` was first seen: a partition that never produces anything must not hold the others back either)."""

@@ -110,14 +110,16 @@ SCHEMAS: dict[str, dict[str, tuple | None]] = {
     "rstate_put_many": {"req": _INT, "job": _INT, "op": _STR, "states": _DICT},
 }
 _OPTIONAL: dict[str, dict[str, tuple | None]] = {
-    "counters": {"below": _INT},  # also answer `holds_below`: anything of a record below this id here
+    "counters": {"below": _INT,  # also answer `holds_below`: anything of a record below this id here
+                 "timers": _BOOL},  # also answer `timers`: the earliest processing-time timer not fired here
     "deploy": {"state": _STR, "state_server": _STR, "floor": _INT, "run": _STR, "sources": _LIST},
     "restore": {"state": _STR, "state_server": _STR, "run": _STR, "sinks": _DICT, "sources": _LIST,
                 "watermark": _LIST},
 }
 # List-bodied messages on the data path; the first element is always the job id.
 _LIST_BODIES = {"data": 3, "runs": 3, "cols": 3, "done": 2, "marker": 3, "migrate": 6, "seal": 4, "read_end": 4,
-                "lease": 2, "wm_mark": 5, "wm_idle": 3, "wm_fired": 3, "wm_out": 3}
+                "lease": 2, "wm_mark": 5, "wm_idle": 3, "wm_fired": 3, "wm_out": 3,
+                "wm_push": 3}
 
 
 # ----------------------------------------------------------------- typed control messages

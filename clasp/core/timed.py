@@ -4,7 +4,8 @@ keyed time operator as a stateful operator's function.
 - `EventTime` is what `Dag.source(..., timestamp=, max_out_of_order=, idle_timeout=)` declares. It is the
   source operator's function (which passes values through and is never called per record by the engine), so
   the settings travel to the workers with the DAG and each partition reader keeps a `PartitionClock`.
-- `PushTime` is the push source's partition on the planner: pushed chunks marked as they are dispatched.
+- `PushTime` is the push source's partition on the planner: pushed chunks marked as they are dispatched, their
+  watermark raised by the largest time the workers that run the push source found in them.
 - `ReleasedWatermark` is the planner's: per partition, the watermark its reader had after each chunk it
   sealed. A partition's watermark is *safe* once every chunk it sealed up to the one that raised it is
   complete (processed everywhere: every record of it with a smaller time has reached every operator). The
@@ -49,6 +50,19 @@ class EventTime:
     def __call__(self, value: Any) -> list:
         return [value]  # the source operator is a pass-through: one output, whatever the value
 
+    def top(self, values: list) -> float:
+        """The largest event time of a batch, in one pass (NEG_INF: none, or every timestamp failed)."""
+        top = NEG_INF
+        f = self.timestamp
+        for v in values:
+            try:
+                t = float(f(v))
+            except Exception:
+                continue
+            if t > top:
+                top = t
+        return top
+
     def times(self, values: list) -> list[float]:
         """The event times of a batch; a value whose timestamp fails does not move the clock (the operators
         reading it report the failure)."""
@@ -66,15 +80,26 @@ class ReleasedWatermark:
     """The planner's view of one job's source partitions' watermarks (the module docstring)."""
 
     def __init__(self, parts: Iterable[Hashable]):
-        self.pending: dict[Hashable, deque] = {p: deque() for p in parts}  # (chunk, watermark after it)
+        self.pending: dict[Hashable, deque] = {p: deque() for p in parts}  # [chunk, watermark after it]
         self.safe: dict[Hashable, float] = dict.fromkeys(self.pending, NEG_INF)
         self.idle: set[Hashable] = set()
         self.released = NEG_INF
 
     def sealed(self, part: Hashable, chunk: int, watermark: float) -> None:
-        self.pending.setdefault(part, deque()).append((chunk, watermark))
+        self.pending.setdefault(part, deque()).append([chunk, watermark])
         self.safe.setdefault(part, NEG_INF)
         self.idle.discard(part)
+
+    def raise_mark(self, part: Hashable, chunk: int, watermark: float) -> None:
+        """Chunk `chunk` of `part`, still pending, allows at least `watermark` once complete (a chunk no longer
+        pending is ignored: complete already, or sealed before a rollback). A partition's safe watermark is the
+        largest of its completed chunks' marks, so a chunk's own mark may be below an earlier one's."""
+        for entry in reversed(self.pending.get(part, ())):
+            if entry[0] == chunk:
+                entry[1] = max(entry[1], watermark)
+                return
+            if entry[0] < chunk:
+                return
 
     def set_idle(self, part: Hashable, idle: bool) -> None:
         (self.idle.add if idle else self.idle.discard)(part)
@@ -108,25 +133,33 @@ class ReleasedWatermark:
 
 
 class PushTime:
-    """The push source's one partition (`Dag.push_source`), on the planner: the pushed chunks go out in the order
-    they were admitted, and as the dispatcher begins each (`begin`), its times move the partition's clock and the
-    chunk is marked with the watermark after it in a `ReleasedWatermark`, as a reader's seal marks a batch. A
-    rollback (`reset`) starts a fresh clock, as a reader reopening does: the replayed chunks are marked again."""
+    """The push source's one partition (`Dag.push_source`), on the planner, which calls no timestamp function:
+    the pushed chunks go out in the order they were admitted, and as the dispatcher begins each (`begin`), the
+    chunk is marked in a `ReleasedWatermark`, as a reader's seal marks a batch, with no watermark yet. Each worker
+    that runs the push source finds the largest time of the records of a chunk it received (`EventTime.top`, one
+    pass) and reports it before it reports any of them done, so the planner raises the chunk's mark to it
+    (`observed`) before the chunk can complete: the partition's safe watermark, the largest mark of its completed
+    chunks, is the largest time pushed up to there minus `max_out_of_order`, as a clock over every record gives.
+    A rollback (`reset`) starts afresh, as a reader reopening does: the replayed chunks are marked again."""
 
     def __init__(self, time: EventTime, part: Hashable):
         self.time, self.part = time, part
         self.reset()
 
     def reset(self) -> None:
-        self.clock = PartitionClock(self.time.max_out_of_order, self.time.idle_timeout)
+        self.clock = PartitionClock(self.time.max_out_of_order, self.time.idle_timeout)  # for idleness
         self.last = -1  # the last chunk marked (the dispatcher may begin one several times)
 
-    def begin(self, marks: ReleasedWatermark, chunk: int, records: list, now: float) -> None:
+    def begin(self, marks: ReleasedWatermark, chunk: int, now: float) -> None:
         if chunk <= self.last:
             return
         self.last = chunk
-        self.clock.record_batch(self.time.times(records), now)
-        marks.sealed(self.part, chunk, self.clock.watermark)
+        self.clock.arrived(now)
+        marks.sealed(self.part, chunk, NEG_INF)
+
+    def observed(self, marks: ReleasedWatermark, chunk: int, top: float) -> None:
+        """A worker found `top` the largest time of the records of `chunk` it received."""
+        marks.raise_mark(self.part, chunk, top - self.time.max_out_of_order)
 
     def tick(self, marks: ReleasedWatermark, now: float) -> None:
         """No push for `idle_timeout`: the partition stops holding the others back."""

@@ -64,6 +64,14 @@ def deadlines(timers: list | None) -> tuple[float | None, float | None]:
     return ev, pt
 
 
+def waited_for(called_at: float, pending: Iterable[float | None]) -> bool:
+    """Whether a `wait_idle` called at `called_at` (processing time) may return as far as processing-time timers
+    go: `pending` holds each worker's earliest processing-time deadline not fired yet (None: none). Every timer due
+    at or before the call must have fired; one due later never holds it, so a timer an operator re-arms forever
+    cannot keep a client waiting."""
+    return all(t is None or t > called_at for t in pending)
+
+
 class TimerIndex:
     """Which keys have a deadline, earliest first, per kind. Entries are replaced, not removed: `set` records a
     key's current deadlines and `next_due` skips the entries that no longer match them."""

@@ -376,8 +376,10 @@ class Job:
     def wait_idle(self, timeout: float = 60.0) -> dict:
         """Block until every pushed record and all its chained requests are done, every partition of the
         job's declared sources is read to its end (a stream's never is: see `stop`) with everything derived
-        from it, and no recovery from a worker's death, rollback, restarted worker's rejoin or migration of
-        the job is under way. Returns {pushed, completed, lost}, and `read` for a job with declared sources."""
+        from it, every processing-time timer (`timers.at_processing`) due at or before the moment of the call
+        has fired with what its callback emitted (timers due later do not hold it: docs/TIME.md), and no
+        recovery from a worker's death, rollback, restarted worker's rejoin or migration of the job is under
+        way. Returns {pushed, completed, lost}, and `read` for a job with declared sources."""
         c = self.client
         return c._wait(c._send("wait_idle", {"job": self.id, "timeout": float(timeout)}), timeout + 10.0,
                        "wait_idle")

@@ -13,6 +13,7 @@ import msgpack
 
 from clasp.core.dag import identity
 from clasp.core.routing import NUM_KEY_GROUPS, key_group
+from clasp.core.timed import TimedFold
 from clasp.runtime.records import RecordQueue
 
 log = logging.getLogger("clasp.worker.engine")
@@ -213,6 +214,14 @@ class OpRuntime:
                 self.hist[i] += c
             self.exec_total += float(np.sum(self.dts)) * TIMING_SAMPLE
             self.dts.clear()
+
+    def put_state(self, key, new) -> None:
+        """A write from outside the operator (`state_put`): for a keyed time operator the key's timers are in
+        `new`, so the key is re-indexed as if its own record had changed it (clasp.runtime.worker_time)."""
+        self.warm_key(key)
+        self.set_state(key, new)
+        if isinstance(self.fn, TimedFold):
+            self.fn.touched.add(key)
 
     def set_state(self, key, new) -> None:
         """Store `new` for `key` (None deletes)."""

@@ -161,7 +161,7 @@ class Planner:
         self.dispatcher = Dispatcher(self.link, self.security.limits, self.bound, self.jobs, self.pushers,
                                      max_inflight=self.max_inflight, dispatch_batch=self.dispatch_batch,
                                      job_of=self.queries.job, changed=self.queries.check_waiters,
-                                     chunk_begins=lambda job, chunk, records: self.time.pushed(job, chunk, records))
+                                     chunk_begins=lambda job, chunk: self.time.pushed(job, chunk))
         checkpoint = lambda job: self.checkpoints.checkpoint(job)  # noqa: E731 (built below, with what it needs)
         self.sinks = SinkCoordinator(self.link, self.queries.workers_of, checkpoint, self.queries.check_waiters)
         reading_job = lambda i: self.jobs.get(i) or self.deploying.get(i)  # noqa: E731 (also while it deploys)
@@ -270,7 +270,7 @@ class Planner:
             "reply": self.link.on_reply, "error": self._on_error_msg, "submit": self._on_submit,
             "push": d.on_push, "cancel": self._on_cancel, "jobs": q.on_jobs, "workers": q.on_workers,
             "wait_idle": q.on_wait_idle, "state": q.on_state, "collected": q.on_collected, "stats": q.on_stats,
-            "scale": mig.on_scale, "place": mig.on_place, "autoscale": mig.on_autoscale,
+            "scale": mig.on_scale, "place": mig.on_place, "autoscale": mig.on_autoscale, "wm_push": tm.on_wm_push,
             "drain": pool.on_drain, "leave": pool.on_leave, "pool": pool.on_pool, "end_input": d.on_end_input,
             "lease": src.on_lease, "seal": src.on_seal, "read_end": src.on_read_end, "stop": src.on_stop,
             "wm_mark": tm.on_wm_mark, "wm_idle": tm.on_wm_idle, "wm_fired": tm.on_wm_fired, "wm_out": tm.on_wm_out}

@@ -30,12 +30,14 @@ class Dispatcher:
 
     def __init__(self, link: Link, limits: Limits, bound: QueueBound, jobs: dict, pushers: dict[str, DirectSend],
                  *, max_inflight: int | None, dispatch_batch: int, job_of: Callable, changed: Callable,
-                 chunk_begins: Callable = lambda job, chunk, records: None):
+                 chunk_begins: Callable = lambda job, chunk: None):
         self.link, self.limits, self.bound = link, limits, bound
         self.jobs, self.pushers = jobs, pushers
         self.max_inflight, self.dispatch_batch = max_inflight, dispatch_batch
         self.job_of, self.changed = job_of, changed
-        self.chunk_begins = chunk_begins  # (job, chunk, its records) as the chunk's first records leave
+        self.chunk_begins = chunk_begins  # (job, chunk) as the chunk's first records leave
+        # (job) once `end_input` is known, before it is answered: the checkpointer makes it durable (its `persist`)
+        self.input_ended: Callable = lambda job: None
         self.wake = asyncio.Event()
 
     def set_routes(self, job: PlannerJob) -> None:
@@ -84,6 +86,7 @@ class Dispatcher:
     def on_end_input(self, ident: bytes, msg: protocol.EndInput) -> None:
         job = self.job_of(msg)
         job.input_ended = True
+        self.input_ended(job)  # a planner restarted on the state directory still knows it
         self.changed(job)
         self.link.reply(ident, msg.req, True)
 
@@ -133,7 +136,7 @@ class Dispatcher:
             head[1] = job.ckpt.log.records(head[0] >> CHUNK_BITS)
         size, offset = (len(head[1]), head[2]) if head else (0, 0)
         if head is not None and not offset:
-            self.chunk_begins(job, head[0] >> CHUNK_BITS, head[1])
+            self.chunk_begins(job, head[0] >> CHUNK_BITS)
         d = scheduler.dispatch(job.queue, job.spec, job.routes,
                                scheduler.window_room(job.window, job.inflight, job.batch))
         if d is None:

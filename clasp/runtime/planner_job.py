@@ -123,7 +123,7 @@ class PlannerJob:
     counters: dict = field(default_factory=lambda: {"pushed": 0, "dispatched": 0, "source_errors": 0})
     series: deque = field(default_factory=lambda: deque(maxlen=3600))
     last: dict = field(default_factory=dict)
-    waiters: list = field(default_factory=list)  # [ident, req, deadline]
+    waiters: list = field(default_factory=list)  # [ident, req, deadline, time.time() when called]
     deferred_acks: deque = field(default_factory=deque)  # (client, req, records, last chunk) not acknowledged yet
     limit: int = DEFAULT_MAX_QUEUED_BYTES  # the bytes Q_p may hold now (QueueBound.limit of the drain rate)
     drain: float | None = None  # bytes/s the dispatch drains Q_p at while it holds a backlog (credit.drain_rate)

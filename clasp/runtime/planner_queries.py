@@ -13,11 +13,13 @@ from typing import Any
 from clasp.core import protocol, scheduler
 from clasp.core.limits import Limits, check_client_pending
 from clasp.core.scheduler import WorkerInfo
+from clasp.core.timers import waited_for
 from clasp.runtime.planner_job import PlannerJob
 from clasp.runtime.planner_link import Link, NoAnswer, RequestError, WorkerDied
 
 ANSWER_TIMEOUT = 50.0  # s `state` and `collected` wait for a recovering job when the request names none
 SETTLE_POLL = 0.05  # s between looks at a recovering job by a request waiting for it
+TIMER_POLL = 0.05  # s until an idle job whose processing-time timers due for a waiter have not fired is asked again
 
 
 
@@ -46,7 +48,8 @@ class JobQueries:
     def on_wait_idle(self, ident: bytes, msg: protocol.WaitIdle) -> None:
         job = self.job(msg)
         check_client_pending(sum(1 for w in job.waiters if w[0] == ident), self.limits)
-        job.waiters.append([ident, msg.req, time.monotonic() + float(msg.timeout)])
+        # Processing-time timers due by now (the clock the workers fire them by) are waited for, later ones not.
+        job.waiters.append([ident, msg.req, time.monotonic() + float(msg.timeout), time.time()])
         self.check_waiters(job)
 
     def summary(self, job: PlannerJob) -> dict:
@@ -77,7 +80,7 @@ class JobQueries:
 
     async def _confirm_idle(self, job: PlannerJob) -> None:
         try:
-            replies = await asyncio.gather(*(self.link.rpc(w, "counters", {"job": job.id}, 2.0)
+            replies = await asyncio.gather(*(self.link.rpc(w, "counters", {"job": job.id, "timers": True}, 2.0)
                                              for w in self.workers_of(job)), return_exceptions=True)
             if any(isinstance(r, NoAnswer) for r in replies) or scheduler.busy(self.condition(job)) is not None:
                 return  # a worker died (its recovery follows) or the job is busy again: the waiters wait on
@@ -89,9 +92,20 @@ class JobQueries:
             job.confirming = False
         if scheduler.busy(self.condition(job)) is not None:
             return
-        for ident, req, _ in job.waiters:
-            self.link.reply(ident, req, self.summary(job))
-        job.waiters.clear()
+        pending = [r.get("timers") for r in replies if isinstance(r, dict)]
+        waiting = []
+        for waiter in job.waiters:
+            if waited_for(waiter[3], pending):
+                self.link.reply(waiter[0], waiter[1], self.summary(job))
+            else:
+                waiting.append(waiter)
+        job.waiters[:] = waiting
+        if waiting:  # a timer due by then has not fired: it does within a tick of the worker's clock
+            self.link.background(self._look_again(job), f"idle check of job {job.id}")
+
+    async def _look_again(self, job: PlannerJob) -> None:
+        await asyncio.sleep(TIMER_POLL)
+        self.check_waiters(job)
 
     def workers_of(self, job: PlannerJob) -> list[str]:
         """The job's workers still serving it: alive, and not retired (declared dead while serving it: one

@@ -60,6 +60,7 @@ class Checkpoints:
                  state_endpoint: Callable[[], str]):
         self.link, self.store, self.jobs, self.workers = link, store, jobs, workers
         self.queries, self.dispatcher, self.sinks, self.sources = queries, dispatcher, sinks, sources
+        dispatcher.input_ended = self.persist  # `end_input` is in the job's record before it is answered
         self.time = time
         self.checkpoint_interval, self.input_log_records, self.log_bytes = interval, input_log_records, log_bytes
         self.dead_after, self.state_endpoint = dead_after, state_endpoint
@@ -313,7 +314,8 @@ class Checkpoints:
             return
         rec = {"id": job.id, "dag": job.spec_wire, "placement": job.placement.to_wire(), "workers": job.workers,
                "autoscale": job.autoscale, "policy": job.policy, "state": job.state, "key_weights": job.key_weights,
-               "created": job.created, "sinks": self.sinks.book(job).pending if self.sinks.has_sinks(job) else {}}
+               "created": job.created, "sinks": self.sinks.book(job).pending if self.sinks.has_sinks(job) else {},
+               "input_ended": job.input_ended}
         try:
             self.store.write_file(f"job-{job.id}/job.kg", encode_blob(rec))
         except OSError as e:
@@ -369,10 +371,14 @@ class Checkpoints:
             positions = {(op, part): pos for op, part, pos in m.get("positions", ())}
             c.coord.complete.append(CompleteCheckpoint(m["ckpt"], m["boundary"], m["groups"], m["bytes"],
                                                        positions=positions))
-        if job.spec.readers:  # the rollback that resumes the job reopens them at the checkpoint's positions
-            job.src = list_partitions(job.spec)
+        # The rollback that resumes the job reopens the readers at the checkpoint's positions; a DAG with keyed
+        # time operators and no declared source has its (empty) source state too: the windows its workers
+        # fire take chunk ids from its leases.
+        job.src = list_partitions(job.spec)
+        if job.src is not None:
             job.src.owners = owners_under(job.src, job.placement, job.workers, {})
         c.coord.next_id = stored["rec"].get("next_ckpt", 1)
+        job.input_ended = bool(stored["rec"].get("input_ended"))  # later pushes refused, the watermark ends
         c.released_by = stored["released"]
         if stored["rec"].get("sinks"):
             self.sinks.book(job).pending = {int(k): v for k, v in stored["rec"]["sinks"].items()}

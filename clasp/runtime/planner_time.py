@@ -1,7 +1,8 @@
 """The planner's side of event time (`TimeCoordinator`): the job's watermark, released to the workers.
 
 Readers send each partition's watermark after every chunk they seal (`wm_mark`, right behind the seal) and
-say when a partition went idle (`wm_idle`); the dispatcher's pushed chunks are marked here (`pushed`). Every
+say when a partition went idle (`wm_idle`); the dispatcher's pushed chunks are marked here (`pushed`), and the
+workers running the push source report each chunk's largest time (`wm_push`, ahead of its progress). Every
 RELEASE_S the planner settles which chunks completed (`clasp.core.timed.ReleasedWatermark`) and, if the job's
 watermark (or a stage's) moved, sends every worker of the job the watermarks (`watermark`, with a round number;
 once a tick also unchanged): a watermark is released only when every record read before it was promised has been
@@ -81,12 +82,19 @@ class TimeCoordinator:
             t = job.time = JobTime(ReleasedWatermark(parts + ([push.part] if push else [])), stages(spec), push)
         return t
 
-    def pushed(self, job, chunk: int, records: list) -> None:
-        """The dispatcher begins a pushed chunk: the push partition's watermark after it (safe once it and
-        every chunk before it are complete)."""
+    def pushed(self, job, chunk: int) -> None:
+        """The dispatcher begins a pushed chunk: marked in the push partition, its watermark raised as the
+        workers running the push source report the chunk's largest time (`wm_push`), safe once it and every
+        chunk before it are complete. Nothing here is per record."""
         t = self._job_time(job)
         if t is not None and t.push is not None:
-            t.push.begin(t.marks, chunk, records, time.monotonic())
+            t.push.begin(t.marks, chunk, time.monotonic())
+
+    def on_wm_push(self, ident: bytes, body: list) -> None:
+        job = self.jobs.get(body[0])
+        t = self._job_time(job) if job is not None else None
+        if t is not None and t.push is not None and type(body[1]) is int and isinstance(body[2], int | float):
+            t.push.observed(t.marks, body[1], float(body[2]))
 
     def on_wm_mark(self, ident: bytes, body: list) -> None:
         job = self._reading_job(body[0])
@@ -177,8 +185,8 @@ class TimeCoordinator:
         """1 while the job's watermark is not released yet or a worker has not fired at it since the last
         change (for `wait_idle`), else 0."""
         t = getattr(job, "time", None)
-        if t is None:
-            return 0
+        if t is None or not t.stages:
+            return 0  # no keyed time operator: no worker fires at the watermark, nothing waits on it
         if self._watermark_now(job, t) > t.marks.released or any(x < t.levels[0] for x in t.levels):
             return 1
         if t.marks.released == -math.inf:

@@ -104,7 +104,7 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         self.exit_code: int | None = None  # set when the planner's `shutdown` (or a failed drain) ends serve()
         self._leaving = False
         self._main: asyncio.Task | None = None
-        self.state_channel = StateChannel(self._engine, self.monitor)
+        self.state_channel = StateChannel(self._engine, self.monitor, self._pending_timer)
         self.migrations = Migrator(self.id, self.jobs, self.tasks, engine_of=self._engine, peer=self._peer,
                                    flush_data=self._flush_data, send=lambda frame: self.dealer.send(frame),
                                    bad=self._bad, busy=functools.partial(setattr, self, "busy_at"), wake=self.wake)
@@ -356,6 +356,7 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
             msgs = job_messages(body[0])
             msgs[2] += 1
             msgs[3] += eng.receive_runs(body[1], body[2])
+            self._push_marks(eng, body[2])
             self.wake.set()
         else:
             self.migrations.on_message(eng, mtype, body, perf_counter() - t0)

@@ -18,10 +18,12 @@ from clasp.runtime.net import ServerLoop
 
 class StateChannel:
     """`engine_of(body)` finds a request's job engine (or raises OperatorError); `monitor` counts the messages
-    each job sent and received, part of its counters."""
+    each job sent and received, part of its counters; `pending_timer(job)`: the earliest processing-time
+    deadline not fired yet of the job's timers held here (None: none)."""
 
-    def __init__(self, engine_of: Callable[[dict], JobEngine], monitor: Monitor):
-        self.engine_of, self.monitor = engine_of, monitor
+    def __init__(self, engine_of: Callable[[dict], JobEngine], monitor: Monitor,
+                 pending_timer: Callable[[int], float | None] = lambda job: None):
+        self.engine_of, self.monitor, self.pending_timer = engine_of, monitor, pending_timer
         self.handlers = {"state_get": self.on_state_get, "state_put": self.on_state_put,
                          "state_dump": self.on_state_dump, "collected_dump": self.on_collected_dump,
                          "counters": self.on_counters}
@@ -41,6 +43,8 @@ class StateChannel:
         out = {**eng.counters(), "messages": self.monitor.message_counts(eng.job)}
         if body.get("below") is not None:
             out["holds_below"] = eng.holds_below(body["below"])
+        if body.get("timers"):  # after any firing's seal on the same channel: its outputs are counted first
+            out["timers"] = self.pending_timer(eng.job)
         return protocol.reply(body["req"], out)
 
     def on_state_get(self, body) -> bytes:
@@ -49,7 +53,5 @@ class StateChannel:
         return protocol.reply(body["req"], op.get(body["key"]))
 
     def on_state_put(self, body) -> bytes:
-        op = self.engine_of(body).op(body["op"])
-        op.warm_key(body["key"])
-        op.set_state(body["key"], body["value"])
+        self.engine_of(body).op(body["op"]).put_state(body["key"], body["value"])
         return protocol.reply(body["req"], True)

@@ -66,6 +66,22 @@ def timer_index(readers, op) -> GroupTimers:
 
 
 class TimeMixin:
+    def _push_marks(self, eng, runs: list) -> None:
+        """The largest event time of each pushed chunk's records in these runs, for the planner's watermark
+        (`wm_push`): sent ahead of their progress, so the planner has it before any of them can complete, and
+        computed here, where the push source runs, so the planner calls no timestamp function (docs/TIME.md)."""
+        push = eng.spec.push_time
+        if push is None:
+            return
+        tops: dict[int, float] = {}
+        for op, first, values in runs:
+            if op == push.index:
+                chunk, top = first >> CHUNK_BITS, push.fn.top(values)
+                if top > tops.get(chunk, NEG_INF):
+                    tops[chunk] = top
+        for chunk, top in tops.items():
+            self.dealer.send(protocol.encode("wm_push", [eng.job, chunk, top]))
+
     def _time_restored(self, spec, levels: list | None) -> None:
         """A rollback: the windows restored are those of the checkpoint, taken at these watermarks (per
         stage)."""
@@ -82,6 +98,16 @@ class TimeMixin:
             for fold in timed:
                 fold.now = max(fold.now, now)
             self.tasks.spawn(self._processing_time(job, readers), f"processing-time timers of job {job}")
+
+    def _pending_timer(self, job: int) -> float | None:
+        """The earliest processing-time deadline among the job's timers held here that has not fired (for
+        `wait_idle`: it returns once every one due by the time it was called fired)."""
+        readers, eng = self.sources.get(job), self.jobs.get(job)
+        if readers is None or eng is None or readers.eng is not eng:
+            return None
+        tops = [timer_index(readers, eng.ops[i]).earliest(PROCESSING) for i in readers.stages
+                if isinstance(eng.ops[i].fn.op, TimerOperator)]
+        return min((t for t in tops if t is not None), default=None)
 
     async def _processing_time(self, job: int, readers) -> None:
         timed = [readers.eng.ops[i] for i in readers.stages]

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
-import signal
 import time
 import urllib.request
 from collections import Counter
@@ -19,7 +17,7 @@ import clasp
 import clasp.windows as W
 from clasp.connectors import Source, SourcePartition
 from clasp.testing import IterableSource
-from tests.conftest import start_cluster, wait_for
+from tests.conftest import WorkerSigkill, start_cluster, wait_for
 
 SIZE = 2.0  # seconds of event time per window
 BOUND = 1.0  # max_out_of_order
@@ -78,29 +76,17 @@ def test_windowed_count_out_of_order_within_the_bound_is_exact(cluster1):
         job.cancel()
 
 
-def _kill(client, wid: str) -> None:
-    for w in client.workers():
-        if w["id"] == wid and w["alive"]:
-            os.kill(w["pid"], signal.SIGKILL)
-
-
 def test_windowed_count_exact_after_a_worker_sigkill(tmp_path_factory):
     evs = events(30000, 2)
-    cluster = start_cluster(tmp_path_factory, 3, planner_args=["--no-autoscale", "--checkpoint-interval", "0.3",
-                                                              "--heartbeat", "0.2"])
-    try:
-        with clasp.connect(cluster.planner) as client:
-            job = client.submit(windowed(IterableSource(evs, partitions=6), timestamp=slow_ts), autoscale=False)
-            wait_for(lambda: job.stats()["checkpoints"]["completed"] >= 1, timeout=30, what="a first checkpoint")
-            wait_for(lambda: job.collected("counts"), timeout=30, what="a first window")
-            assert job.stats()["completed"] < len(evs), "the input was done before the kill"
-            _kill(client, random.Random(2).choice([w["id"] for w in client.workers() if w["alive"]]))
-            wait_for(lambda: job.stats()["checkpoints"]["recoveries"] >= 1, timeout=30, what="the recovery")
-            summary = job.wait_idle(timeout=120)
-            assert summary["read"] == len(evs) and summary["lost"] == 0
-            check(job, evs)
-    finally:
-        cluster.stop()
+    with WorkerSigkill(tmp_path_factory) as run:
+        job = run.client.submit(windowed(IterableSource(evs, partitions=6), timestamp=slow_ts), autoscale=False)
+        run.started(job, lambda: job.collected("counts"))
+        assert job.stats()["completed"] < len(evs), "the input was done before the kill"
+        run.kill()
+        run.recovered(job)
+        summary = job.wait_idle(timeout=120)
+        assert summary["read"] == len(evs) and summary["lost"] == 0
+        check(job, evs)
 
 
 def test_windowed_count_exact_across_a_rescale_1_to_2(tmp_path_factory):

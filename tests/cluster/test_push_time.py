@@ -5,9 +5,7 @@ window closes before the input ends), at `end_input()`, after a worker's SIGKILL
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import time
 from collections import Counter
 
@@ -16,7 +14,7 @@ import pytest
 import clasp
 import clasp.windows as W
 from clasp.testing import IterableSource
-from tests.conftest import start_cluster, wait_for
+from tests.conftest import WorkerSigkill, start_cluster, wait_for
 
 SIZE = 2.0  # seconds of event time per window
 BOUND = 1.0  # max_out_of_order
@@ -97,24 +95,17 @@ def test_records_behind_the_bound_of_the_push_source_go_to_the_late_output(clust
 
 def test_pushed_windows_exact_after_a_worker_sigkill(tmp_path_factory):
     evs = events(20000, 2)
-    cluster = start_cluster(tmp_path_factory, 3, planner_args=["--no-autoscale", "--checkpoint-interval", "0.3",
-                                                              "--heartbeat", "0.2"])
-    try:
-        with clasp.connect(cluster.planner) as client:
-            job = client.submit(pushed_windows("pushed-kill"), autoscale=False)
-            push(job, evs[:8000])
-            wait_for(lambda: job.stats()["checkpoints"]["completed"] >= 1, timeout=30, what="a first checkpoint")
-            wait_for(lambda: job.collected("counts"), timeout=30, what="a first window")
-            victim = random.Random(2).choice([w for w in client.workers() if w["alive"]])
-            os.kill(victim["pid"], signal.SIGKILL)
-            push(job, evs[8000:])
-            wait_for(lambda: job.stats()["checkpoints"]["recoveries"] >= 1, timeout=30, what="the recovery")
-            job.end_input()
-            summary = job.wait_idle(timeout=120)
-            assert summary["lost"] == 0
-            assert windows(job) == reference(evs)
-    finally:
-        cluster.stop()
+    with WorkerSigkill(tmp_path_factory) as run:
+        job = run.client.submit(pushed_windows("pushed-kill"), autoscale=False)
+        push(job, evs[:8000])
+        run.started(job, lambda: job.collected("counts"))
+        run.kill()
+        push(job, evs[8000:])
+        run.recovered(job)
+        job.end_input()
+        summary = job.wait_idle(timeout=120)
+        assert summary["lost"] == 0
+        assert windows(job) == reference(evs)
 
 
 def test_pushed_windows_exact_across_a_rescale_1_to_2(tmp_path_factory):
@@ -186,3 +177,56 @@ def test_an_idle_push_source_does_not_hold_back_a_declared_sources_windows(clust
         assert windows(job) == reference(evs)
         assert job.stats()["event_time"]["watermark"] == "end"
         job.cancel()
+
+
+def test_a_push_source_without_windows_goes_idle(cluster1):
+    """A push source feeding no keyed time operator: no worker fires at its watermark, so `wait_idle` does not
+    wait for one (it used to wait for a firing that never came)."""
+    evs = events(3000, 6)
+    with clasp.connect(cluster1.planner) as client:
+        dag = clasp.Dag("push-no-windows")
+        counted = dag.operator("count", lambda state, e: ((state or 0) + 1, None), stateful=True, key=lambda e: e[0])
+        dag.push_source("events", timestamp=lambda e: e[1], max_out_of_order=BOUND) >> counted
+        job = client.submit(dag, autoscale=False)
+        push(job, evs)
+        assert job.wait_idle(timeout=20)["completed"] == len(evs)
+        assert job.state("count") == dict(Counter(k for k, _ in evs))
+        job.cancel()
+
+
+def test_end_input_survives_a_planner_sigkilled_and_restarted(tmp_path):
+    """`end_input()` is in the job's durable record: a planner SIGKILLed right after it and started again on the
+    same state directory still refuses pushes, its watermark still reaches the end, and every window fires
+    exactly once, complete."""
+    from tests.cluster.test_recovery import _connect, _free_port, _start, restart_planner
+
+    evs = events(6000, 7)
+    port = _free_port()
+    addr = f"tcp://127.0.0.1:{port}"
+    planner = ["planner", "--port", str(port), "--state-dir", str(tmp_path / "state"), "--no-autoscale",
+               "--checkpoint-interval", "0.5", "--heartbeat", "0.2"]
+    procs = [_start(planner, tmp_path / "planner.log")]
+    procs += [_start(["worker", "--planner", addr, "--id", f"w{i}"], tmp_path / f"w{i}.log") for i in range(2)]
+    try:
+        client = wait_for(lambda: _connect(addr), timeout=60, interval=0.5, what="the planner")
+        with client:
+            wait_for(lambda: len([w for w in client.workers() if w["alive"]]) == 2, timeout=60, what="2 workers")
+            job = client.submit(pushed_windows("pushed-restart"), autoscale=False)
+            job_id = job.id
+            push(job, evs)
+            job.wait_idle(timeout=60)
+            wait_for(lambda: job.stats()["checkpoints"]["completed"] >= 1, timeout=60, what="a checkpoint")
+            job.end_input()
+        client, job = restart_planner(procs, planner, tmp_path / "planner.log", addr, job_id)
+        with client:
+            with pytest.raises(clasp.ClaspError, match="input ended"):
+                job.push([["k0", 1e6]])
+            job.wait_idle(timeout=60)
+            wait_for(lambda: job.stats()["event_time"]["watermark"] == "end", timeout=30, what="the end")
+            job.wait_idle(timeout=60)
+            assert windows(job) == reference(evs)
+            assert job.collected("late") == []
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(timeout=10)

@@ -201,6 +201,18 @@ def _start(argv: list[str], log: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "clasp", *argv], stdout=open(log, "a"), stderr=subprocess.STDOUT)
 
 
+def restart_planner(procs: list, argv: list[str], log: Path, addr: str, job_id: int):
+    """SIGKILL the planner (`procs[0]`), start it again with `argv` (the same state directory) and wait until it
+    took job `job_id` up again; returns a client (to close) and the job's handle."""
+    procs[0].send_signal(signal.SIGKILL)
+    procs[0].wait(timeout=10)
+    procs[0] = _start(argv, log)
+    client = wait_for(lambda: _connect(addr), timeout=60, interval=0.5, what="the restarted planner")
+    job = client.job(job_id)
+    wait_for(lambda: job.stats()["checkpoints"]["recoveries"] >= 1, timeout=60, what="the job resumed")
+    return client, job
+
+
 def test_planner_sigkilled_and_restarted_resumes_the_job_exactly(tmp_path):
     port = _free_port()
     addr = f"tcp://127.0.0.1:{port}"
@@ -223,13 +235,8 @@ def test_planner_sigkilled_and_restarted_resumes_the_job_exactly(tmp_path):
             job.wait_idle(timeout=60)
             wait_for(lambda: job.stats()["checkpoints"]["completed"] >= 1, timeout=60, what="a checkpoint")
             job.push(records[half:half + 5000])  # accepted, then the planner dies before it is all done
-        procs[0].send_signal(signal.SIGKILL)
-        procs[0].wait(timeout=10)
-        procs[0] = _start(planner, tmp_path / "planner.log")
-        client = wait_for(lambda: _connect(addr), timeout=60, interval=0.5, what="the restarted planner")
+        client, job = restart_planner(procs, planner, tmp_path / "planner.log", addr, job_id)
         with client:
-            job = client.job(job_id)
-            wait_for(lambda: job.stats()["checkpoints"]["recoveries"] >= 1, timeout=60, what="the job resumed")
             job.push(records[half + 5000:])
             summary = job.wait_idle(timeout=120)
             assert summary["completed"] == len(records) and summary["lost"] == 0, summary

@@ -390,7 +390,7 @@ def test_a_barrier_holds_the_requests_above_it_at_a_stateful_operator_that_feeds
 def test_a_planner_sigkilled_and_restarted_leaves_the_sink_exact(tmp_path):
     """The commits owed are in the job's record: a planner restarted on its state directory re-drives them
     in the rollback, and the input replayed from its log is written once."""
-    from tests.cluster.test_recovery import _connect, _free_port, _start
+    from tests.cluster.test_recovery import _connect, _free_port, _start, restart_planner
 
     port = _free_port()
     addr = f"tcp://127.0.0.1:{port}"
@@ -410,13 +410,8 @@ def test_a_planner_sigkilled_and_restarted_leaves_the_sink_exact(tmp_path):
             job.push(records[:3000])
             job.wait_idle(timeout=60)
             job.push(records[3000:6000])  # accepted, then the planner dies before it is all done
-        procs[0].send_signal(signal.SIGKILL)
-        procs[0].wait(timeout=10)
-        procs[0] = _start(planner, tmp_path / "planner.log")
-        client = wait_for(lambda: _connect(addr), timeout=60, interval=0.5, what="the restarted planner")
+        client, job = restart_planner(procs, planner, tmp_path / "planner.log", addr, job_id)
         with client:
-            job = client.job(job_id)
-            wait_for(lambda: job.stats()["checkpoints"]["recoveries"] >= 1, timeout=60, what="the job resumed")
             job.push(records[6000:])
             summary = job.wait_idle(timeout=120)
             assert summary["completed"] == len(records) and summary["lost"] == 0, summary

@@ -66,30 +66,68 @@ def _pushes(draw) -> list[list[float]]:
     return chunks
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(_pushes(), st.data())
 def test_the_push_partitions_watermark_never_passes_a_pushed_record_still_open(chunks, data):
-    """Chunks begun in order (some begun twice), completed in any order: the released watermark never passes a
-    record of a chunk still open, never goes back, and reaches `max - bound` once everything completed, the end
-    (+inf) once the input ended."""
+    """Chunks begun in order (some begun twice), each split between two workers that report the largest time of
+    their part (once or twice) at any moment before the chunk completes, completed in any order: the released
+    watermark never passes a record of a chunk still open, never goes back, and is exactly the largest time of
+    the chunks completed in a row from the first minus the bound (what a clock over every record gives), the end
+    (+inf) once the input ended. The planner calls no timestamp function: only the workers' `top` does."""
     push = PushTime(EventTime(lambda v: v, BOUND), ("events", "push"))
     marks = ReleasedWatermark([push.part])
     open_chunks = set(range(len(chunks)))  # not complete: begun or not
+    unreported: dict[int, list] = {}  # begun chunk -> its parts whose worker has not reported yet
     begun = 0
     released = -math.inf
+
+    def report(c: int, part: list) -> None:
+        push.observed(marks, c, push.time.top(part))
+        if data.draw(st.booleans()):
+            push.observed(marks, c, push.time.top(part))  # again: harmless
+
     while open_chunks:
         running = sorted(c for c in open_chunks if c < begun)
-        if begun < len(chunks) and (not running or data.draw(st.booleans())):
-            push.begin(marks, begun, chunks[begun], now=0.0)
+        action = data.draw(st.sampled_from(["begin", "report", "complete"]))
+        reportable = [c for c in running if unreported.get(c)]
+        if begun < len(chunks) and (not running or action == "begin"):
+            push.begin(marks, begun, now=0.0)
             if data.draw(st.booleans()):
-                push.begin(marks, begun, chunks[begun], now=0.0)  # no room that time: begun again
+                push.begin(marks, begun, now=0.0)  # no room that time: begun again
+            cut = data.draw(st.integers(0, len(chunks[begun])))
+            unreported[begun] = [p for p in (chunks[begun][:cut], chunks[begun][cut:]) if p]
             begun += 1
+        elif action == "report" and reportable:
+            c = data.draw(st.sampled_from(reportable))
+            report(c, unreported[c].pop())
         else:
-            open_chunks.discard(data.draw(st.sampled_from(running)))
+            c = data.draw(st.sampled_from(running))
+            for part in unreported.pop(c, []):  # a worker reports its part ahead of the part's progress
+                report(c, part)
+            open_chunks.discard(c)
         marks.settle(open_chunks.__contains__)
         w = marks.combined()
         assert w >= released
         marks.released = released = w
         assert all(t >= w for c in open_chunks for t in chunks[c]), "a record still open is behind the watermark"
+        prefix = min(open_chunks, default=len(chunks))
+        assert w == max((t for c in range(prefix) for t in chunks[c]), default=-math.inf) - BOUND
     assert marks.combined() == max(t for c in chunks for t in c) - BOUND
     assert marks.combined(ended=[push.part]) == math.inf
+
+
+def test_a_report_for_a_chunk_no_longer_pending_moves_nothing():
+    """A worker's report that arrives for a chunk already complete, or sealed before a rollback, is ignored; a
+    chunk whose timestamps all failed (top -inf) allows nothing more than the chunks before it."""
+    push = PushTime(EventTime(lambda v: v, BOUND), ("events", "push"))
+    marks = ReleasedWatermark([push.part])
+    push.begin(marks, 0, now=0.0)
+    push.observed(marks, 0, 10.0)
+    marks.settle(lambda c: False)
+    assert marks.combined() == 10.0 - BOUND
+    push.observed(marks, 0, 50.0)
+    push.begin(marks, 1, now=0.0)
+    push.observed(marks, 1, push.time.top([]))
+    marks.settle(lambda c: False)
+    assert marks.combined() == 10.0 - BOUND
+    assert EventTime(lambda v: v["ts"]).top([{"ts": 3}, {}, {"ts": 7.5}, {"ts": 1}]) == 7.5

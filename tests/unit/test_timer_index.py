@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from clasp.core.keyed import TimerOperator
 from clasp.core.routing import key_group
 from clasp.core.timed import TimedFold
-from clasp.core.timers import EVENT, PROCESSING, GroupTimers
+from clasp.core.timers import EVENT, PROCESSING, GroupTimers, waited_for
 
 GROUPS = 8
 
@@ -172,3 +172,29 @@ def test_a_failing_callback_spends_its_keys_due_timers_and_the_other_keys_fire()
     [(key, e)] = fold.take_failures()
     assert key == "bad" and isinstance(e, ValueError)
     assert not index.due(2.0, 0.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.none() | st.integers(0, 20)), max_size=40),
+       st.integers(0, 20), st.lists(st.integers(0, 25), max_size=6))
+def test_wait_idle_returns_once_every_timer_due_when_it_was_called_fired(records, called_at, ticks):
+    """A worker answers `wait_idle` with its earliest processing-time deadline not fired (`GroupTimers.earliest`):
+    the call may return exactly when no timer due at or before the call is left, whatever the ticks fired so
+    far, and the re-armed timers (due later than the tick that fired them) never hold it once the clock passed
+    the call."""
+    fold, index, states = _fold(), GroupTimers(_fold().op.deadline), [{} for _ in range(GROUPS)]
+    for key, pt in records:
+        g = _group(key)
+        states[g][key], _ = fold(states[g].get(key), [key, 0.0, None, pt])
+        index.update(g, key, states[g][key])
+    for now in sorted(ticks):
+        for key, state, _ in index.fire(states, fold.fire_key, float("-inf"), float(now)):
+            g = _group(key)
+            if state is None:
+                states[g].pop(key, None)
+            else:
+                states[g][key] = state
+        left = [t for d in states for s in d.values() for t, kind, _ in (s[1] if s else ()) if kind == PROCESSING]
+        assert waited_for(called_at, [index.earliest(PROCESSING)]) == all(t > called_at for t in left)
+        if now >= called_at:
+            assert waited_for(called_at, [index.earliest(PROCESSING), None])
