@@ -22,7 +22,7 @@ read again, as new chunks) and voids the leases: a late report about them is ign
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -68,6 +68,25 @@ class LatencyHistogram:
     def summary(self) -> dict:
         return {"count": self.total, "mean": (self.sum / self.total) if self.total else None,
                 "p50": self.percentile(50), "p95": self.percentile(95), "p99": self.percentile(99)}
+
+
+def epochs_of_runs(rids: Iterable[int], counts: Iterable[int], made: Iterable[int]) -> list[tuple[int, int, int]]:
+    """(epoch, requests, children) per stretch of one epoch in runs of record ids: `rids[r]` stands for
+    `counts[r]` requests that made `made[r]` children (the batch-at-a-time path counts progress so, per run
+    rather than per request)."""
+    out: list[tuple[int, int, int]] = []
+    cur, used, kids = -1, 0, 0
+    for rid, c, m in zip(rids, counts, made, strict=False):  # `counts` or `made` may be an endless repeat()
+        e = rid >> EPOCH_BITS
+        if e != cur:
+            if used:
+                out.append((cur, used, kids))
+            cur, used, kids = e, 0, 0
+        used += c
+        kids += m
+    if used:
+        out.append((cur, used, kids))
+    return out
 
 
 def add_range(counts: dict[int, dict[int, int]], op: int, first: int, n: int) -> None:

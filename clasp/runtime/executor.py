@@ -14,14 +14,15 @@ import asyncio
 import math
 import traceback
 from collections import deque
-from itertools import chain, compress, groupby, repeat
-from operator import is_, itemgetter, rshift
+from itertools import chain, compress, repeat
+from operator import itemgetter
 from time import perf_counter
 
 from clasp.core.outputs import ITEMS_EXACT, ONE_EXACT, as_outputs
-from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE, key_group, partition_runs
-from clasp.core.tracking import EPOCH_BITS
+from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_LOCAL, ROUTE_TABLE, key_group, partition_runs
+from clasp.core.tracking import EPOCH_BITS, epochs_of_runs
 from clasp.runtime.barrier import Barrier
+from clasp.runtime.batches import apply_block, estimate, key_groups, map_outputs, timed_batch
 from clasp.runtime.operators import KEY_CACHE_MAX, TIMING_SAMPLE, OperatorError, OpRuntime, unpack_group
 from clasp.runtime.outbox import KEYED_HERE, ROUTE_ONE_REMOTE, Outbox
 from clasp.runtime.worker_migration import Handover
@@ -34,21 +35,15 @@ from clasp.runtime.worker_migration import Handover
 # share its operator has no work for goes to the others (docs/RUNTIME.md, "Scheduling rounds").
 ROUND_TIME_US = 1000.0
 REQUEST_OVERHEAD_US = 1.5
-# A stateful operator that runs blocks (`_apply_block`) times the whole loop, its own per-request cost
-# included, so only the block's fixed cost is left to add.
+# An operator that runs blocks or gathered passes (`_apply_block`, `_run_gathered`) times the whole loop,
+# its own per-request cost included, so only the batch's fixed cost is left to add.
 BLOCK_OVERHEAD_US = 0.05
+# A gathered pass routes its outputs in a fixed number of array passes (`partition_runs`), whose fixed cost
+# (~20 µs) wants a few hundred requests to spread over.
+MIN_GATHER = 256
 MIN_BATCH = 16
 TIMING_MASK = TIMING_SAMPLE - 1
-LISTS = {list, tuple}  # a function's return values that are their outputs as they are
 HIT_SAMPLE = 8  # one output in this many weighs the key groups on a keyed route that is all local
-
-
-def _estimate(op: OpRuntime, t_exec: float, timed: int, n: int) -> float:
-    """Execution time of `n` requests from the `timed` of them that took `t_exec`; when every timed one
-    was stalled, the operator's mean so far."""
-    if timed:
-        return t_exec * n / timed
-    return op.exec_time / op.processed * n if op.processed else 0.0
 
 
 class Executor:
@@ -86,8 +81,9 @@ class Executor:
             for op in self.order:
                 if op.queue and not op.busy:
                     cost = ((op.exec_time / op.processed * 1e6 if op.processed else 10.0)
-                            + (BLOCK_OVERHEAD_US if op.blocks else REQUEST_OVERHEAD_US))
-                    budget = max(MIN_BATCH, int(max(1, op.instances) / slots * ROUND_TIME_US / cost))
+                            + (BLOCK_OVERHEAD_US if op.blocks or op.gathers else REQUEST_OVERHEAD_US))
+                    budget = max(MIN_GATHER if op.gathers else MIN_BATCH,
+                                 int(max(1, op.instances) / slots * ROUND_TIME_US / cost))
                     if op.is_async:
                         n = self._start_async(op, budget)
                     elif op.stateful and self.remote_state is not None:
@@ -132,8 +128,7 @@ class Executor:
         # One keyed successor whose key is the value (Word Count's split): the whole pass at once. Not while
         # a checkpoint barrier holds what would join the successor's queue, nor while a migration holds key
         # groups.
-        if (len(routes) == 1 and routes[0][0] in (KEYED_HERE, ROUTE_KEYED) and routes[0][5].key_is_value
-                and not op.collect and routes[0][5].index not in self.cut.held
+        if (op.gathers and routes[0][5].index not in self.cut.held
                 and (routes[0][0] == KEYED_HERE or not self.handover.held)):
             return self._run_gathered(op, q.take_rows(n))
         fn = op.fn
@@ -216,7 +211,7 @@ class Executor:
                 self.send(op, outs, rid)
         if used:
             self._ran(cur, me, used, succ0, made)
-        op.exec_time += _estimate(op, t_exec, timed, n)
+        op.exec_time += estimate(op, t_exec, timed, n)
         op.processed += n
         if remote_to is not None:
             if emitted:
@@ -234,54 +229,23 @@ class Executor:
         return n
 
     def _run_gathered(self, op: OpRuntime, rows: list) -> int:
-        """A pass of a stateless operator whose one successor is keyed by the value, on `rows`: the function
-        mapped over the values in C (a failure is reported and the map goes on after it), timed as a whole;
-        the outputs gathered as one block (values, their ids as runs) and routed by key group
-        (`_route_block`); progress counted per run of one epoch."""
+        """A pass of a stateless operator whose one successor is keyed by the value, on `rows`: its function
+        mapped over the values (`batches.map_outputs`), timed as a whole; the outputs gathered as one block
+        (values, their ids as runs) and routed by key group (`_route_block`); progress counted per run of one
+        epoch."""
         n = len(rows)
-        values = list(map(itemgetter(1), rows))
+        results, dt = map_outputs(op, list(map(itemgetter(1), rows)), self.fail)
         rids = list(map(itemgetter(3), rows))
-        results: list = []
-        it = map(op.fn, values)
-        t0 = perf_counter()
-        while True:
-            try:
-                results.extend(it)
-                break
-            except Exception as e:
-                self.fail(op, e, values[len(results)])
-                results.append(None)
-        dt = perf_counter() - t0
-        if not set(map(type, results)) <= LISTS:
-            results = [self._outputs(op, out, v) for out, v in zip(results, values, strict=True)]
         counts = list(map(len, results))
         me, succ = op.index, op.routes[0][1]
-        pos = 0
-        for e, run in groupby(map(rshift, rids, repeat(EPOCH_BITS))):
-            used = sum(1 for _ in run)
-            self._ran(e, me, used, succ, sum(counts[pos:pos + used]))
-            pos += used
-        if dt < self.stall * n:  # a throttled period inside says nothing of τ̄ (the operator's mean stands)
-            op.exec_time += dt
-            op.dts.extend(repeat(dt / n, max(1, n // TIMING_SAMPLE)))
-        else:
-            op.exec_time += _estimate(op, 0.0, 0, n)
-        op.processed += n
-        if len(op.dts) > 20_000:
-            op.fold_histogram()
+        for e, used, made in epochs_of_runs(rids, repeat(1), counts):
+            self._ran(e, me, used, succ, made)
+        timed_batch(op, dt, n, self.stall)
         out_values = list(chain.from_iterable(results))
         if out_values:
             self._route_block(op, op.routes[0], out_values, list(compress(rids, counts)),
                               list(compress(counts, counts)))
         return n
-
-    def _outputs(self, op: OpRuntime, out, value) -> list | tuple:
-        """The outputs a return value stands for (clasp.core.outputs), or none when making them raised."""
-        try:
-            return as_outputs(out)
-        except Exception as e:  # a generator's body raised: the request fails
-            self.fail(op, e, value)
-            return ()
 
     def _route_block(self, op: OpRuntime, route: tuple, values: list, rids: list, counts: list) -> None:
         """The gathered outputs of a pass of `op` (values, their ids as runs) to its one keyed successor whose
@@ -299,11 +263,7 @@ class Executor:
             op.edge_counts[0] += len(values)
             return
         try:
-            gs = list(map(target.key_cache.get, values))
-            if None in gs:  # keys not seen yet: only those take the hashing call
-                group_of = target.group_of
-                for i in compress(range(len(gs)), map(is_, gs, repeat(None))):
-                    gs[i] = group_of(values[i])
+            gs = key_groups(target, values)
         except Exception:  # a value that cannot be a key: line by line on the general path, which reports it
             pos = 0
             for rid, c in zip(rids, counts, strict=True):
@@ -363,51 +323,14 @@ class Executor:
 
     def _apply_block(self, op: OpRuntime, block) -> None:
         """A block of requests to a stateful operator whose key is the value and whose outputs go nowhere
-        (Word Count's count), on its live state: the function called once per value in a tight loop, the
-        block timed as a whole (each request counts as its mean), progress counted per run of ids."""
+        (Word Count's count), on its live state in one tight loop (`batches.apply_block`), timed as a
+        whole; progress counted per run of ids."""
         values = block.values_left()
-        n = len(values)
-        me = op.index
-        cur, used = -1, 0
-        for rid, c in zip(*block.runs(), strict=True):
-            ep = rid >> EPOCH_BITS
-            if ep != cur:
-                if used:
-                    self._ran(cur, me, used, me, 0)
-                cur, used = ep, 0
-            used += c
-        if used:
-            self._ran(cur, me, used, me, 0)
-        gs = list(map(op.key_cache.get, values))
-        if None in gs:  # keys not seen yet: only those take the hashing call
-            group_of = op.group_of
-            for i in compress(range(n), map(is_, gs, repeat(None))):
-                gs[i] = group_of(values[i])
-        rested = op.rested
-        for g in set(gs):
-            rested[g] = None  # before fn runs: it may change `old` in place, even when it then raises
-        fn = op.fn
-        t0 = perf_counter()
-        for key, state in zip(values, map(op.groups.__getitem__, gs), strict=True):
-            old = state.get(key)
-            try:
-                new, _ = fn(old, key)
-            except Exception as e:
-                self.fail(op, e, key)
-                continue
-            if new is not None:
-                state[key] = new
-            elif old is not None:
-                del state[key]
-        dt = perf_counter() - t0
-        if dt < self.stall * n:  # a throttled period inside says nothing of τ̄ (the operator's mean stands)
-            op.exec_time += dt
-            op.dts.extend(repeat(dt / n, max(1, n // TIMING_SAMPLE)))
-        else:
-            op.exec_time += _estimate(op, 0.0, 0, n)
-        op.processed += n
-        if len(op.dts) > 20_000:
-            op.fold_histogram()
+        rids, counts = block.runs()
+        for e, used, _ in epochs_of_runs(rids, counts, repeat(0)):
+            self._ran(e, op.index, used, op.index, 0)
+        dt = apply_block(op, values, key_groups(op, values), self.fail)
+        timed_batch(op, dt, len(values), self.stall)
 
     def _run_shadowed(self, op: OpRuntime, rows: list) -> None:
         """`rows` of a stateful operator while a checkpoint barrier is up (copy on write): before the first
@@ -513,7 +436,7 @@ class Executor:
                 self.send(op, outs, rid)
         if used:
             self._ran(cur, me, used, me, 0)
-        op.exec_time += _estimate(op, t_exec, timed, n)
+        op.exec_time += estimate(op, t_exec, timed, n)
         op.processed += n
         if len(op.dts) > 20_000:
             op.fold_histogram()
@@ -548,11 +471,7 @@ class Executor:
                 if op.routes:
                     self.send(op, outs, rid)
             start = end
-        dt = perf_counter() - t0
-        op.exec_time += dt
-        if n:  # the histogram's samples stand for TIMING_SAMPLE requests each: one per TIMING_SAMPLE run here
-            op.dts.extend([dt / n] * max(1, n // TIMING_SAMPLE))
-        op.processed += n
+        timed_batch(op, perf_counter() - t0, n, self.stall)
         return n
 
     def send(self, op: OpRuntime, outs, rid: int) -> int:

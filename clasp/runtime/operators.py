@@ -54,7 +54,7 @@ class OpRuntime:
                  "instances", "routes", "successors", "processed", "exec_time", "errors", "edge_counts",
                  "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_hits",
                  "collected_rids", "cold", "rested", "batch", "key_is_value", "sink", "sink_wake", "sink_room",
-                 "replaced", "unpackable", "blocks")
+                 "replaced", "unpackable", "blocks", "gathers")
 
     def __init__(self, spec_op):
         self.index = spec_op.index
@@ -111,6 +111,7 @@ class OpRuntime:
         self.unpackable: set[int] = set()
         self.busy = False
         self.blocks = False  # runs its column blocks in the tight loop: set with its routes
+        self.gathers = False  # runs a pass at a time, its outputs gathered into blocks: set with its routes
 
     def group_of(self, key) -> int:
         g = self.key_cache.get(key)

@@ -72,6 +72,11 @@ class Outbox:
             # A stateful operator keyed by the value whose outputs go nowhere (Word Count's count) runs its
             # blocks in the executor's tight loop, which does not keep each request's id.
             op.blocks = op.stateful and op.key_is_value and not routes and not op.collect and not op.is_async
+            # A stateless operator whose one successor is keyed by the value (Word Count's split) runs a
+            # pass at a time and gathers its outputs into such blocks.
+            op.gathers = (not op.stateful and not op.is_async and not op.batch and not op.collect
+                          and len(routes) == 1 and routes[0][0] in (KEYED_HERE, ROUTE_KEYED)
+                          and routes[0][5].key_is_value)
 
     def settle_columns(self) -> None:
         """Turn the keyed fast path's columns into rows of `pending`, behind the rows there: routes are

@@ -1,5 +1,6 @@
 """`partition_runs` splits a batch of requests (values, record ids as runs, a key group each) by the owners of
-their groups exactly as a loop over the requests would, keeping order and dropping empty runs."""
+their groups exactly as a loop over the requests would, keeping order and dropping empty runs; `epochs_of_runs`
+counts progress per run as a loop over the requests would."""
 
 from __future__ import annotations
 
@@ -46,3 +47,24 @@ def test_partition_runs_is_a_loop_over_the_requests(batch, owners):
         evs, ers, ecs = expected[d]
         assert vs == evs and cs == ecs and rs == [r for r, _ in ers]
         assert min(cs) > 0 and sum(cs) == len(vs)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1 << 14), st.integers(1, 5), st.integers(0, 7)), max_size=40))
+def test_epochs_of_runs_counts_what_a_loop_over_the_requests_counts(runs):
+    from collections import Counter
+
+    from clasp.core.tracking import EPOCH_BITS, epochs_of_runs
+
+    out = epochs_of_runs([r for r, _, _ in runs], [c for _, c, _ in runs], [m for _, _, m in runs])
+    used, made = Counter(), Counter()
+    for rid, c, m in runs:
+        used[rid >> EPOCH_BITS] += c
+        made[rid >> EPOCH_BITS] += m
+    got_used, got_made = Counter(), Counter()
+    for e, u, m in out:
+        got_used[e] += u
+        got_made[e] += m
+        assert u > 0
+    assert got_used == used and got_made == made
+    assert all(a[0] != b[0] for a, b in zip(out, out[1:]))  # one entry per stretch of one epoch

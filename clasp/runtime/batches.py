@@ -1,0 +1,99 @@
+"""Kernels of the batch-at-a-time path, on one operator and its values, with no routing and no progress of
+their own (the executor, clasp.runtime.executor, does both): a stateless operator's function mapped over a
+pass, the key groups of a batch of keys, a count's tight loop over a block, and the timing of a batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import compress, repeat
+from operator import is_
+from time import perf_counter
+
+from clasp.core.outputs import as_outputs
+from clasp.runtime.operators import TIMING_SAMPLE, OpRuntime
+
+LISTS = {list, tuple}  # return values that are their outputs as they are
+
+Fail = Callable[[OpRuntime, BaseException, object], None]  # how a request's failure is reported
+
+
+def estimate(op: OpRuntime, t_exec: float, timed: int, n: int) -> float:
+    """Execution time of `n` requests from the `timed` of them that took `t_exec`; when every timed one
+    was stalled, the operator's mean so far."""
+    if timed:
+        return t_exec * n / timed
+    return op.exec_time / op.processed * n if op.processed else 0.0
+
+
+def timed_batch(op: OpRuntime, dt: float, n: int, stall: float) -> None:
+    """`n` requests of `op` ran in `dt` seconds as one batch: each counts as the mean in τ̄ and in the
+    histogram (whose samples stand for TIMING_SAMPLE requests each), unless a throttled period inside
+    (`dt` past `stall` a request) makes the batch say nothing of τ̄, when the operator's mean stands."""
+    if dt < stall * n:
+        op.exec_time += dt
+        op.dts.extend(repeat(dt / n, max(1, n // TIMING_SAMPLE)))
+    else:
+        op.exec_time += estimate(op, 0.0, 0, n)
+    op.processed += n
+    if len(op.dts) > 20_000:
+        op.fold_histogram()
+
+
+def map_outputs(op: OpRuntime, values: list, fail: Fail) -> tuple[list, float]:
+    """`op`'s function over `values` in C, each result as its outputs (clasp.core.outputs), and the seconds
+    the map took. A failure is reported to `fail`, gives no outputs, and the map goes on after it."""
+    results: list = []
+    it = map(op.fn, values)
+    t0 = perf_counter()
+    while True:
+        try:
+            results.extend(it)  # what the map made before a failure stays in the list
+            break
+        except Exception as e:
+            fail(op, e, values[len(results)])
+            results.append(None)
+    dt = perf_counter() - t0
+    if not set(map(type, results)) <= LISTS:
+        results = [_outputs(op, out, v, fail) for out, v in zip(results, values, strict=True)]
+    return results, dt
+
+
+def _outputs(op: OpRuntime, out, value, fail: Fail) -> list | tuple:
+    try:
+        return as_outputs(out)
+    except Exception as e:  # a generator's body raised: the request fails
+        fail(op, e, value)
+        return ()
+
+
+def key_groups(op: OpRuntime, keys: list) -> list:
+    """The key group of each key, from `op`'s key cache; keys not seen yet take the hashing call."""
+    gs = list(map(op.key_cache.get, keys))
+    if None in gs:
+        group_of = op.group_of
+        for i in compress(range(len(gs)), map(is_, gs, repeat(None))):
+            gs[i] = group_of(keys[i])
+    return gs
+
+
+def apply_block(op: OpRuntime, values: list, groups: list, fail: Fail) -> float:
+    """A stateful operator keyed by the value on its live state, once per value in a tight loop (its outputs
+    go nowhere); returns the seconds the loop took."""
+    rested = op.rested
+    for g in set(groups):
+        rested[g] = None  # before fn runs: it may change `old` in place, even when it then raises
+    fn = op.fn
+    t0 = perf_counter()
+    for key, state in zip(values, map(op.groups.__getitem__, groups), strict=True):
+        old = state.get(key)
+        try:
+            new, _ = fn(old, key)
+        except Exception as e:
+            fail(op, e, key)
+            continue
+        if new is not None:
+            state[key] = new
+        elif old is not None:
+            del state[key]
+    return perf_counter() - t0
