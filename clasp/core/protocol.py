@@ -524,14 +524,18 @@ def _group(op: int, values: tuple, keys: tuple, rids: tuple) -> list:
     return [op, list(values), ks, list(rids), None]
 
 
-def check_columns(groups: Any, n_ops: int) -> None:
+def check_columns(groups: Any, n_ops: int, n_groups: int = 128) -> None:
     """Validate the groups of a `cols` message before any row is enqueued."""
     if type(groups) is not list:
         raise ProtocolError("bad_batch", "groups is not a list")
     for g in groups:
-        if type(g) is not list or len(g) != 5:
-            raise ProtocolError("bad_batch", "each group must be [op, values, keys, rids, counts]")
-        op, values, keys, rids, counts = g
+        if type(g) is not list or len(g) not in (5, 6):
+            raise ProtocolError("bad_batch", "each group must be [op, values, keys, rids, counts(, key groups)]")
+        op, values, keys, rids, counts = g[:5]
+        if len(g) == 6 and g[5] is not None and not (
+                keys is True and type(g[5]) is list and len(g[5]) == len(values)
+                and (not g[5] or set(map(type, g[5])) <= {int} and min(g[5]) >= 0 and max(g[5]) < n_groups)):
+            raise ProtocolError("bad_batch", f"key groups must be one per value in 0..{n_groups - 1}, keys the values")
         if type(op) is not int or not 0 <= op < n_ops:
             raise ProtocolError("bad_batch", f"operator index out of range 0..{n_ops - 1}")
         if type(values) is not list or type(rids) is not list:
@@ -552,7 +556,7 @@ def check_columns(groups: Any, n_ops: int) -> None:
 
 def column_rows(group: list):
     """The rows (op, value, key, rid) of one validated group, as an iterator (no loop in Python)."""
-    op, values, keys, rids, counts = group
+    op, values, keys, rids, counts = group[:5]
     if counts is not None:
         rids = chain.from_iterable(map(repeat, rids, counts))
     ks = values if keys is True else (repeat(None) if keys is None else keys)

@@ -253,16 +253,17 @@ def route_to(spec: DagSpec, placement: Placement, succ: int, me: str | None, src
 def partition_runs(values: list, rids: list, counts: list, groups: list, owners: list) -> dict:
     """Split a batch of requests by the owner of their key groups, keeping order: `values` with their record
     ids as runs (`rids[r]` for `counts[r]` consecutive values), the key group of each value, and `owners`
-    (key group -> destination) -> {destination: (values, rids, counts)} for the destinations that get
-    any, their runs without empty ones. A stable sort by destination and a fixed number of array passes,
+    (key group -> destination) -> {destination: (values, rids, counts, groups)} for the destinations that
+    get any, their runs without empty ones. A stable sort by destination and a fixed number of array passes,
     whatever the number of destinations; none per request in Python: the keyed fast path routes a
     scheduling pass's words with it."""
     dests = list(dict.fromkeys(owners))
     if len(dests) == 1 or not values:
-        return {dests[0]: (values, rids, counts)} if values else {}
+        return {dests[0]: (values, rids, counts, groups)} if values else {}
     index = {d: i for i, d in enumerate(dests)}
     n = len(values)
-    dest_of = np.array([index[o] for o in owners], dtype=np.int64)[np.array(groups, dtype=np.int64)]
+    group_array = np.array(groups, dtype=np.int64)
+    dest_of = np.array([index[o] for o in owners], dtype=np.int64)[group_array]
     order = np.argsort(dest_of, kind="stable")
     dest_sorted = dest_of[order]
     run_sorted = np.repeat(np.arange(len(counts), dtype=np.int64), counts)[order]
@@ -274,10 +275,11 @@ def partition_runs(values: list, rids: list, counts: list, groups: list, owners:
     value_bounds = np.searchsorted(dest_sorted, marks).tolist()
     piece_bounds = np.searchsorted(dest_sorted[starts], marks).tolist()
     ordered = list(map(values.__getitem__, order.tolist()))
+    ordered_groups = group_array[order].tolist()
     out = {}
     for i, d in enumerate(dests):
         a, b = value_bounds[i], value_bounds[i + 1]
         if a < b:
             p, q = piece_bounds[i], piece_bounds[i + 1]
-            out[d] = (ordered[a:b], piece_rids[p:q], piece_counts[p:q])
+            out[d] = (ordered[a:b], piece_rids[p:q], piece_counts[p:q], ordered_groups[a:b])
     return out

@@ -218,7 +218,8 @@ class JobEngine:
             for g in groups:
                 op = ops[g[0]]
                 if g[2] is True and op.stateful:  # keys are the values: the columns join as a block
-                    op.queue.append_block(g[0], g[1], g[3], g[4] if g[4] is not None else [1] * len(g[3]))
+                    op.queue.append_block(g[0], g[1], g[3], g[4] if g[4] is not None else [1] * len(g[3]),
+                                          g[5] if len(g) > 5 else None)
                 else:
                     op.queue.extend(column_rows(g))
         else:

@@ -274,20 +274,22 @@ class Executor:
         for g in gs[::HIT_SAMPLE]:
             hits[g] += HIT_SAMPLE
         cols, remote = self.outbox.pending_cols, 0
-        for d, (vs, rs, cs) in partition_runs(values, rids, counts, gs, owners).items():
+        # The groups travel with the values: the successor's loop, here or at the destination, looks none up.
+        for d, (vs, rs, cs, ks) in partition_runs(values, rids, counts, gs, owners).items():
             if d is None:
-                target.queue.append_block(succ, vs, rs, cs)
+                target.queue.append_block(succ, vs, rs, cs, ks)
                 continue
             by_succ = cols.get(d)
             if by_succ is None:
                 by_succ = cols[d] = {}
             c = by_succ.get(succ)
             if c is None:
-                by_succ[succ] = [vs, rs, cs]
+                by_succ[succ] = [vs, rs, cs, ks]
             else:
                 c[0].extend(vs)
                 c[1].extend(rs)
                 c[2].extend(cs)
+                c[3].extend(ks)
             remote += len(vs)
         if remote and self.outbox.pending_since is None:
             self.outbox.pending_since = perf_counter()
@@ -329,7 +331,8 @@ class Executor:
         rids, counts = block.runs()
         for e, used, _ in epochs_of_runs(rids, counts, repeat(0)):
             self._ran(e, op.index, used, op.index, 0)
-        dt = apply_block(op, values, key_groups(op, values), self.fail)
+        gs = block.groups_left()
+        dt = apply_block(op, values, key_groups(op, values) if gs is None else gs, self.fail)
         timed_batch(op, dt, len(values), self.stall)
 
     def _run_shadowed(self, op: OpRuntime, rows: list) -> None:

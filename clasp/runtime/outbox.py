@@ -31,10 +31,10 @@ class Outbox:
     def __init__(self, spec: DagSpec, ops: list[OpRuntime], me: str, cut: Barrier):
         self.spec, self.ops, self.me, self.cut = spec, ops, me, cut
         self.pending: dict[str, list] = {}  # destination worker -> rows of remote chained requests
-        # What the keyed fast path batched (the executor's `run_stateless`: a keyed successor whose key is the
-        # value), as columns: destination -> {successor: [values, record ids, run lengths]}. For one operator,
-        # rows in `pending` always came before these (`settle_columns` turns them into rows wherever routes
-        # change), so a flush sends rows first.
+        # What the keyed fast path batched (the executor's gathered passes: a keyed successor whose key is the
+        # value), as columns: destination -> {successor: [values, record ids, run lengths, key groups]}. For one
+        # operator, rows in `pending` always came before these (`settle_columns` turns them into rows wherever
+        # routes change), so a flush sends rows first.
         self.pending_cols: dict[str, dict[int, list]] = {}
         # A batch this long ends the scheduling round after the operator that filled it, so the worker
         # flushes it then (the worker sets it from --max-batch): the cap holds per micro-batch, not per round.
@@ -83,7 +83,7 @@ class Outbox:
         about to change, and what an operator sends from now on must queue after what it sent so far."""
         for d, by_succ in self.pending_cols.items():
             rows = self.pending.setdefault(d, [])
-            for succ, (values, rids, counts) in by_succ.items():
+            for succ, (values, rids, counts, _) in by_succ.items():
                 rows.extend(column_rows([succ, values, True, rids, counts]))
         self.pending_cols = {}
 
@@ -112,8 +112,8 @@ class Outbox:
                 out[d] = (columns(rows), len(rows))
         for d, by_succ in self.pending_cols.items():
             groups, n = out.get(d, ([], 0))
-            for succ, (values, rids, counts) in by_succ.items():
-                groups.append([succ, values, True, rids, counts])
+            for succ, (values, rids, counts, key_groups) in by_succ.items():
+                groups.append([succ, values, True, rids, counts, key_groups])
                 n += len(values)
             out[d] = (groups, n)
         self.pending, self.pending_cols, self.pending_since = {}, {}, None

@@ -18,12 +18,12 @@ from itertools import chain, repeat
 class Block:
     """A run of requests to operator `op` whose keys are their values: values[pos:], their record ids held as
     runs (`rids[r]` for `counts[r]` consecutive values: a line's words share its id), of which the first
-    `off` of run `run` are already taken."""
+    `off` of run `run` are already taken; `groups`, when the sender had them, the key group of each value."""
 
-    __slots__ = ("op", "values", "rids", "counts", "pos", "run", "off")
+    __slots__ = ("op", "values", "rids", "counts", "groups", "pos", "run", "off")
 
-    def __init__(self, op: int, values: list, rids: list, counts: list):
-        self.op, self.values, self.rids, self.counts = op, values, rids, counts
+    def __init__(self, op: int, values: list, rids: list, counts: list, groups: list | None = None):
+        self.op, self.values, self.rids, self.counts, self.groups = op, values, rids, counts, groups
         self.pos = self.run = self.off = 0
 
     def __len__(self) -> int:
@@ -40,6 +40,10 @@ class Block:
 
     def values_left(self) -> list:
         return self.values[self.pos:] if self.pos else self.values
+
+    def groups_left(self) -> list | None:
+        g = self.groups
+        return g[self.pos:] if g is not None and self.pos else g
 
     def rows(self):
         """The remaining requests as rows, built in C."""
@@ -75,7 +79,8 @@ class Block:
             c = counts[r]
         part_rids.append(rids[r])
         part_counts.append(left)
-        part = Block(self.op, self.values[self.pos:self.pos + k], part_rids, part_counts)
+        part = Block(self.op, self.values[self.pos:self.pos + k], part_rids, part_counts,
+                     None if self.groups is None else self.groups[self.pos:self.pos + k])
         self.pos += k
         if left == c:
             self.run, self.off = r + 1, 0
@@ -117,11 +122,12 @@ class RecordQueue:
         items.extendleft(rows)
         self._n += len(items) - before
 
-    def append_block(self, op: int, values: list, rids: list, counts: list) -> None:
+    def append_block(self, op: int, values: list, rids: list, counts: list, groups: list | None = None) -> None:
         """Requests (op, v, v, rid) for `values` in order, their ids `rids[r]` repeated `counts[r]` times (the
-        counts sum to len(values)): the lists are the queue's from now on."""
+        counts sum to len(values)), and the key group of each if known: the lists are the queue's from now
+        on."""
         if values:
-            self._items.append(Block(op, values, rids, counts))
+            self._items.append(Block(op, values, rids, counts, groups))
             self._n += len(values)
             self._blocks += 1
 

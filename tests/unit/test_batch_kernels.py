@@ -43,9 +43,11 @@ def test_partition_runs_is_a_loop_over_the_requests(batch, owners):
     parts = partition_runs(values, rids, counts, groups, owners)
     expected = _naive(values, per_value_rid, dests)
     assert set(parts) == set(expected)
-    for d, (vs, rs, cs) in parts.items():
+    for d, (vs, rs, cs, gs) in parts.items():
         evs, ers, ecs = expected[d]
         assert vs == evs and cs == ecs and rs == [r for r, _ in ers]
+        group_of_value = dict(zip(values, groups, strict=True))
+        assert gs == [group_of_value[v] for v in vs] and all(owners[g] == d for g in gs)
         assert min(cs) > 0 and sum(cs) == len(vs)
 
 
@@ -67,4 +69,4 @@ def test_epochs_of_runs_counts_what_a_loop_over_the_requests_counts(runs):
         got_made[e] += m
         assert u > 0
     assert got_used == used and got_made == made
-    assert all(a[0] != b[0] for a, b in zip(out, out[1:]))  # one entry per stretch of one epoch
+    assert all(a[0] != b[0] for a, b in zip(out, out[1:], strict=False))  # one entry per stretch of one epoch

@@ -46,7 +46,7 @@ def test_a_record_queue_is_a_fifo_of_rows(sequence):
             model.extendleft(reversed(arg))
         elif name == "block":
             values = [v for _, vs in arg for v in vs]
-            q.append_block(1, values, [r for r, _ in arg], [len(vs) for _, vs in arg])
+            q.append_block(1, values, [r for r, _ in arg], [len(vs) for _, vs in arg], [v % 7 for v in values])
             model.extend((1, v, v, r) for r, vs in arg for v in vs)
         elif name == "popleft" and model:
             assert q[0] == model[0]
@@ -58,6 +58,7 @@ def test_a_record_queue_is_a_fifo_of_rows(sequence):
                 if type(p) is Block:
                     rids, counts = p.runs()
                     assert len(rids) == len(counts) and min(counts) > 0 and sum(counts) == len(p)
+                    assert p.groups_left() == [v % 7 for v in p.values_left()]  # the groups follow their values
             assert _rows(parts) == [model.popleft() for _ in range(min(arg, len(model)))]
         elif name == "take_rows":
             assert q.take_rows(arg) == [model.popleft() for _ in range(min(arg, len(model)))]
