@@ -38,9 +38,6 @@ REQUEST_OVERHEAD_US = 1.5
 # An operator that runs blocks or gathered passes (`_apply_block`, `_run_gathered`) times the whole loop,
 # its own per-request cost included, so only the batch's fixed cost is left to add.
 BLOCK_OVERHEAD_US = 0.05
-# A gathered pass routes its outputs in a fixed number of array passes (`partition_runs`), whose fixed cost
-# (~20 µs) wants a few hundred requests to spread over.
-MIN_GATHER = 256
 MIN_BATCH = 16
 TIMING_MASK = TIMING_SAMPLE - 1
 HIT_SAMPLE = 8  # one output in this many weighs the key groups on a keyed route that is all local
@@ -82,8 +79,10 @@ class Executor:
                 if op.queue and not op.busy:
                     cost = ((op.exec_time / op.processed * 1e6 if op.processed else 10.0)
                             + (BLOCK_OVERHEAD_US if op.blocks or op.gathers else REQUEST_OVERHEAD_US))
-                    budget = max(MIN_GATHER if op.gathers else MIN_BATCH,
-                                 int(max(1, op.instances) / slots * ROUND_TIME_US / cost))
+                    # A gathered pass takes the whole round's worth: its fixed routing cost wants many
+                    # requests to spread over, and its successor's blocks run in the next pass.
+                    share = 1.0 if op.gathers else max(1, op.instances) / slots
+                    budget = max(MIN_BATCH, int(share * ROUND_TIME_US / cost))
                     if op.is_async:
                         n = self._start_async(op, budget)
                     elif op.stateful and self.remote_state is not None:
