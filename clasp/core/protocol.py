@@ -533,8 +533,7 @@ def check_columns(groups: Any, n_ops: int, n_groups: int = 128) -> None:
             raise ProtocolError("bad_batch", "each group must be [op, values, keys, rids, counts(, key groups)]")
         op, values, keys, rids, counts = g[:5]
         if len(g) == 6 and g[5] is not None and not (
-                keys is True and type(g[5]) is list and len(g[5]) == len(values)
-                and (not g[5] or set(map(type, g[5])) <= {int} and min(g[5]) >= 0 and max(g[5]) < n_groups)):
+                keys is True and type(g[5]) is list and len(g[5]) == len(values) and _in_range(g[5], n_groups)):
             raise ProtocolError("bad_batch", f"key groups must be one per value in 0..{n_groups - 1}, keys the values")
         if type(op) is not int or not 0 <= op < n_ops:
             raise ProtocolError("bad_batch", f"operator index out of range 0..{n_ops - 1}")
@@ -552,6 +551,15 @@ def check_columns(groups: Any, n_ops: int, n_groups: int = 128) -> None:
         elif (type(counts) is not list or len(counts) != len(rids) or not set(map(type, counts)) <= {int}
               or (counts and min(counts) < 1) or sum(counts) != len(values)):
             raise ProtocolError("bad_batch", "counts must be positive run lengths, one per rid, summing to the values")
+
+
+def _in_range(ints: list, n: int) -> bool:
+    """Whether every item is an int in 0..n-1 (n ≤ 256): one pass in C, bytes() refusing anything else."""
+    try:
+        b = bytes(ints)
+    except (TypeError, ValueError):
+        return False
+    return not b or max(b) < n
 
 
 def column_rows(group: list):
