@@ -254,9 +254,8 @@ class Executor:
         kind, succ, _, owners, _, target = route
         hits = target.group_hits
         if kind == KEYED_HERE:
-            group_of = target.group_of
-            for v in values[::HIT_SAMPLE]:
-                hits[group_of(v)] += HIT_SAMPLE
+            for g in key_groups(target, values[::HIT_SAMPLE]):
+                hits[g] += HIT_SAMPLE
             target.queue.append_block(succ, values, rids, counts)
             self.outbox.local_requests += len(values)
             op.edge_counts[0] += len(values)
