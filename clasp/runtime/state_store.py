@@ -241,13 +241,14 @@ class FileStore:
     def write_snapshot(self, job: int, ckpt: int, worker: str, blobs: Iterable[tuple[str, int, bytes]]) -> int:
         """Write `worker`'s part of a checkpoint, (op, group, blob file bytes) items, as one file: one fsync
         for it and one for the directory, whatever the number of groups. Returns the bytes written (none,
-        and no file, without a group)."""
+        and no file, without a group; the checkpoint's directory is made all the same, so a directory that
+        cannot be fails every worker's part, as it would the planner's)."""
+        path = self.snapshot_path(job, ckpt, worker)
+        path.parent.mkdir(parents=True, exist_ok=True)
         blobs = list(blobs)
         if not blobs:
             return 0
         head = encode_index((op, g, len(b)) for op, g, b in blobs)
-        path = self.snapshot_path(job, ckpt, worker)
-        path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, [head, *(b for _, _, b in blobs)])
         return len(head) + sum(len(b) for _, _, b in blobs)
 
