@@ -95,9 +95,9 @@ def decode_blob(data: bytes, path: str):
         raise CorruptCheckpoint(path, f"{type(e).__name__}: {e}") from None
 
 
-def atomic_write(path: Path, data: bytes | Iterable[bytes], sync_dir: bool = True) -> None:
+def atomic_write(path: Path, data: bytes | Iterable[bytes]) -> None:
     """Write (`data`, or its pieces one after the other), fsync, rename; the directory is fsynced too so
-    the rename survives a power cut (`sync_dir` False: the caller fsyncs it once after a batch of files)."""
+    the rename survives a power cut."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -111,8 +111,7 @@ def atomic_write(path: Path, data: bytes | Iterable[bytes], sync_dir: bool = Tru
         except OSError:
             pass
         raise
-    if sync_dir:
-        fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def fsync_dir(path: Path) -> None:
@@ -169,9 +168,10 @@ def lock_state_dir(path: str | os.PathLike) -> int:
 
 
 def snapshot_name(worker: str) -> str:
-    """The file name of a worker's part of a checkpoint (a worker id that is no safe file name goes in hex)."""
+    """The file name of a worker's part of a checkpoint: a worker id that is no safe file name goes in hex,
+    after an `@` that no safe name has (so no two ids share a file)."""
     safe = re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,100}", worker)
-    return (worker if safe else "x" + worker.encode().hex()) + SNAPSHOT
+    return (worker if safe else "@" + worker.encode().hex()) + SNAPSHOT
 
 
 def read_snapshot(path: Path) -> Iterator[tuple[str, int, dict]]:

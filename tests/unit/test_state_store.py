@@ -64,7 +64,7 @@ def test_worker_ids_that_are_no_file_names_are_written_in_hex(tmp_path):
     for wid in ["w-1.a", "../evil", ".hidden", "x/y", "é"]:
         path = store.snapshot_path(1, 1, wid)
         assert path.parent == store.ckpt_dir(1, 1) and not path.name.startswith(".")
-        assert snapshot_name(wid) == (wid + ".snapshot" if wid == "w-1.a" else "x" + wid.encode().hex() + ".snapshot")
+        assert snapshot_name(wid) == (wid + ".snapshot" if wid == "w-1.a" else "@" + wid.encode().hex() + ".snapshot")
 
 
 def test_checkpoints_of_the_layout_before_are_still_read(tmp_path):
