@@ -8,7 +8,9 @@ prints JSON:
 - kill: 4 workers, Word Count with 40,000 distinct words of state, input pushed as fast as it is taken;
   one worker SIGKILLed (no restart): seconds from the kill until the completion rate is back at >= 90 %
   of its level before, and the detection and rollback times;
-- size: checkpoint duration, bytes and max worker pause at 4,000, 40,000 and 400,000 keys (2 workers).
+- size: checkpoint duration, bytes and max worker pause at 4,000, 40,000 and 400,000 keys (2 workers);
+- write: one worker's write of its part of a checkpoint (64 key groups of `--keys` keys in all, compressed
+  and written as its snapshot file) in a fresh directory under $TMPDIR, `--rounds` times: median ms.
 """
 
 from __future__ import annotations
@@ -198,6 +200,25 @@ def size(sizes: list[int], logs: str) -> list[dict]:
     return out
 
 
+def write(keys: int, rounds: int, logs: str) -> dict:
+    """The store's write of one worker's snapshot, as `clasp.runtime.worker_recovery` does it off the loop."""
+    import msgpack
+
+    from clasp.runtime.state_store import FileStore, wrap_blob
+
+    groups = [msgpack.packb({f"word{g}-{i}": i for i in range(keys // 64)}, use_bin_type=True) for g in range(64)]
+    store = FileStore(os.path.join(logs, "write"))
+    runs = []
+    for k in range(1, rounds + 1):
+        t = time.perf_counter()
+        n = store.write_snapshot(1, k, "w0", (("count", g, wrap_blob(b)) for g, b in enumerate(groups)))
+        runs.append(time.perf_counter() - t)
+        store.delete(1, k)
+    runs.sort()
+    return {"keys": keys, "groups": 64, "bytes": n, "median_ms": round(runs[len(runs) // 2] * 1e3, 2),
+            "runs_ms": [round(r * 1e3, 2) for r in runs]}
+
+
 def draw(rows: list[dict], path: str) -> None:
     import matplotlib
 
@@ -237,6 +258,8 @@ def main(argv=None) -> int:
     if "kill" in what:
         res["kill"] = kill(args.keys, logs)
         print(json.dumps({"kill": res["kill"]}), file=sys.stderr, flush=True)
+    if "write" in what:
+        res["write"] = write(args.keys, max(args.rounds, 5), logs)
     if "size" in what:
         res["size"] = size([int(x) for x in args.sizes.split(",")], logs)
         if args.plot:

@@ -129,6 +129,7 @@ class Dispatcher:
 
     def dispatch(self, job: PlannerJob) -> int:
         """Send queued records to the source operators' workers while the in-flight window has room."""
+        job.ckpt.poke()  # every change a checkpoint waits for (queue, tracker) wakes the dispatcher first
         if not (job.life.may_dispatch and job.ckpt.may_dispatch(job)):
             return 0
         head = job.queue[0] if job.queue else None

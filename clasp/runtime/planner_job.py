@@ -39,8 +39,14 @@ class CheckpointState:
         self.dying: set[str] = set()  # workers declared dead whose recovery has not run yet
         self.last_pause = 0.0
         self.last_pause_cpu = 0.0
+        # Set when what a checkpoint waits for may have changed (a dispatch step, a worker declared dead):
+        # the checkpoint sleeps on it instead of polling the queue and the tracker every millisecond.
+        self.moved = asyncio.Event()
 
     enabled = True
+
+    def poke(self) -> None:
+        self.moved.set()
 
     def released(self, op: str) -> list:
         return [x for k in sorted(self.released_by) for x in self.released_by[k].get(op, ())]
@@ -84,6 +90,9 @@ class CheckpointsOff:
 
     def may_dispatch(self, job) -> bool:
         return True
+
+    def poke(self) -> None:
+        pass
 
     def on_push(self, base: int, t: float, records: list, nbytes: int = 0, frame: bytes | None = None) -> None:
         pass

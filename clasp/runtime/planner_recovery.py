@@ -83,6 +83,7 @@ class Checkpoints:
         for j in self.jobs.values():
             if j.id in jobs:
                 j.ckpt.dying.add(wid)  # a checkpoint waiting under the job's lock gives up at once
+                j.ckpt.poke()
         self.link.fail_requests_of(wid, jobs)
 
     # ----------------------------------------------------------------- checkpoints
@@ -110,12 +111,11 @@ class Checkpoints:
             try:
                 deadline = time.monotonic() + ALIGN_TIMEOUT
                 while (boundary := dispatch_boundary(job.queue, job.tracker)) is None:
-                    if time.monotonic() > deadline or c.dying:
+                    if not await _moved(c, deadline) or c.dying:
                         c.coord.counts["failed"] += 1
                         log.warning("job %d: checkpoint given up: %s", job.id,
                                     "a worker died" if c.dying else "dispatch never reached a chunk boundary")
                         return None
-                    await asyncio.sleep(0.001)
                 job.life.handle(Barrier())
             finally:
                 c.want = False
@@ -151,9 +151,8 @@ class Checkpoints:
                 while not boundary_reached(job.tracker, boundary):
                     if c.dying or any(w not in self.queries.workers_of(job) for w in workers):
                         raise CheckpointError("a worker died")
-                    if time.monotonic() > deadline:
+                    if not await _moved(c, deadline):
                         raise CheckpointError(f"records below the barrier still open after {ALIGN_TIMEOUT} s")
-                    await asyncio.sleep(0.002)
                 body = {"job": job.id, "ckpt": p.id, "boundary": rid, "dir": str(self.store.root)}
                 replies = await asyncio.gather(*(self.link.rpc(w, "ckpt_snapshot", body, SNAPSHOT_TIMEOUT)
                                                  for w in workers))
@@ -458,3 +457,13 @@ class Checkpoints:
                 "interval_s": self.checkpoint_interval, "serving": self.queries.workers_of(job)}
 
 
+async def _moved(c: CheckpointState, deadline: float) -> bool:
+    """Wait until the job's dispatcher ran (records dispatched or completed) or a worker was declared dead
+    (`CheckpointState.poke`); False once `deadline` (monotonic) passed."""
+    c.moved.clear()
+    try:
+        async with asyncio.timeout(deadline - time.monotonic()):
+            await c.moved.wait()
+    except TimeoutError:
+        return False
+    return True

@@ -2,18 +2,22 @@
 
 Layout under the state directory (a shared volume when processes run on several hosts):
 
-    job-<J>/ckpt-<K>/<op>.<group>.kg     one key group's state of checkpoint K (written by its owner)
+    job-<J>/ckpt-<K>/<worker>.snapshot   one worker's part of checkpoint K: the key groups it owned
     job-<J>/ckpt-<K>/COMPLETE.json       written by the planner once every worker acked: the checkpoint exists
     job-<J>/input/<chunk>.log            input chunks of the planner's input log
     planner/...                          the planner's own tables
     planner.lock                         held by the planner using the directory (its pid)
 
-A group file is `MAGIC, codec byte, crc32 of the payload (4 bytes, big endian), payload`: the payload is
-msgpack of {key: state}, zlib-compressed when that saves at least a tenth; an input chunk's payload can
-also be the push frame that brought it (codec FRAME: the records are its body's `records`). Every
-checkpoint file is written to a temporary name, fsynced and renamed, so a crash leaves either the old
-file or the new one; input chunks are written in place and fdatasynced (`clasp.runtime.input_log`): a
-torn one fails its checksum.
+A snapshot file is an index (`clasp.core.snapshot_index`: operator, key group and length of each blob, with
+its own crc32) followed by one blob per key group. A blob, like an input chunk's or any other file here, is
+`MAGIC, codec byte, crc32 of the payload (4 bytes, big endian), payload`: the payload is msgpack of
+{key: state}, zlib-compressed when that saves at least a tenth; an input chunk's payload can also be the
+push frame that brought it (codec FRAME: the records are its body's `records`). A restore reads the index
+of each file `COMPLETE.json` counts (its `workers`) and then only the blobs of the groups it loads, whoever
+wrote them. Every checkpoint file is written to a temporary name, fsynced and renamed, so a crash leaves
+either the old file or the new one; input chunks are written in place and fdatasynced
+(`clasp.runtime.input_log`): a torn one fails its checksum. Checkpoints of the layout before (a file
+`<op>.<group>.kg` per key group, a blob) are still read.
 """
 
 from __future__ import annotations
@@ -22,19 +26,24 @@ import fcntl
 import json
 import logging
 import os
+import re
 import shutil
 import struct
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import msgpack
+
+from clasp.core.snapshot_index import HEAD_SIZE, BadIndex, encode_index, group_spans, index_end
 
 log = logging.getLogger("clasp.state_store")
 MAGIC = b"CLSPKG1"
 RAW, ZLIB, FRAME = 0, 1, 2
 COMPRESS_MIN = 1024  # bytes: below this compression never pays for its CPU
 LOCK_FILE = "planner.lock"
+SNAPSHOT = ".snapshot"
+MANIFEST = "COMPLETE.json"
 
 
 class CorruptCheckpoint(Exception):
@@ -86,13 +95,13 @@ def decode_blob(data: bytes, path: str):
         raise CorruptCheckpoint(path, f"{type(e).__name__}: {e}") from None
 
 
-def atomic_write(path: Path, data: bytes, sync_dir: bool = True) -> None:
-    """Write, fsync, rename; the directory is fsynced too so the rename survives a power cut (`sync_dir`
-    False: the caller fsyncs it once after a batch of files)."""
+def atomic_write(path: Path, data: bytes | Iterable[bytes]) -> None:
+    """Write (`data`, or its pieces one after the other), fsync, rename; the directory is fsynced too so
+    the rename survives a power cut."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            f.writelines([data] if isinstance(data, bytes) else data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -102,8 +111,7 @@ def atomic_write(path: Path, data: bytes, sync_dir: bool = True) -> None:
         except OSError:
             pass
         raise
-    if sync_dir:
-        fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def fsync_dir(path: Path) -> None:
@@ -159,6 +167,65 @@ def lock_state_dir(path: str | os.PathLike) -> int:
     return fd
 
 
+def snapshot_name(worker: str) -> str:
+    """The file name of a worker's part of a checkpoint: a worker id that is no safe file name goes in hex,
+    after an `@` that no safe name has (so no two ids share a file)."""
+    safe = re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,100}", worker)
+    return (worker if safe else "@" + worker.encode().hex()) + SNAPSHOT
+
+
+def read_snapshot(path: Path) -> Iterator[tuple[str, int, dict]]:
+    """Every (operator, group, state) of one snapshot file, in its order."""
+    with _Snapshot(path) as snap:
+        for op, g in list(snap.spans):
+            yield op, g, snap.group(op, g)
+
+
+class _Snapshot:
+    """An open snapshot file and its index; `group` reads one blob by its offset."""
+
+    def __init__(self, path: Path):
+        self.path, self.fd = path, None
+        try:
+            self.fd = os.open(path, os.O_RDONLY)
+            size = os.fstat(self.fd).st_size
+            head_end = index_end(os.pread(self.fd, HEAD_SIZE, 0))
+            if head_end > size:  # read no more than the file holds, whatever a damaged head says
+                raise BadIndex(f"truncated: {size} bytes, its index ends at {head_end}")
+            self.spans, end = group_spans(os.pread(self.fd, head_end, 0))
+        except OSError as e:
+            self.close()
+            raise CorruptCheckpoint(str(path), e.strerror or str(e)) from None
+        except BadIndex as e:
+            self.close()
+            raise CorruptCheckpoint(str(path), str(e)) from None
+        if size < end:
+            self.close()
+            raise CorruptCheckpoint(str(path), f"truncated: {size} bytes, its index says {end}")
+
+    def group(self, op: str, g: int) -> dict:
+        offset, length = self.spans[op, g]
+        try:
+            data = os.pread(self.fd, length, offset)
+        except OSError as e:
+            raise CorruptCheckpoint(str(self.path), e.strerror or str(e)) from None
+        state = decode_blob(data, str(self.path))
+        if not isinstance(state, dict):
+            raise CorruptCheckpoint(str(self.path), f"key group {g} of {op!r} is not a map of keys to states")
+        return state
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        self.close()
+
+
 class FileStore:
     """Checkpoints as files in one directory (see the module docstring)."""
 
@@ -168,45 +235,62 @@ class FileStore:
     def ckpt_dir(self, job: int, ckpt: int) -> Path:
         return self.root / f"job-{job}" / f"ckpt-{ckpt}"
 
-    def group_path(self, job: int, ckpt: int, op: str, group: int) -> Path:
-        return self.ckpt_dir(job, ckpt) / f"{op}.{group}.kg"
+    def snapshot_path(self, job: int, ckpt: int, worker: str) -> Path:
+        return self.ckpt_dir(job, ckpt) / snapshot_name(worker)
 
-    def write_group(self, job: int, ckpt: int, op: str, group: int, state: dict) -> int:
-        return self.write_blob(job, ckpt, op, group, encode_blob(state))
-
-    def write_blob(self, job: int, ckpt: int, op: str, group: int, blob: bytes) -> int:
-        path = self.group_path(job, ckpt, op, group)
+    def write_snapshot(self, job: int, ckpt: int, worker: str, blobs: Iterable[tuple[str, int, bytes]]) -> int:
+        """Write `worker`'s part of a checkpoint, (op, group, blob file bytes) items, as one file: one fsync
+        for it and one for the directory, whatever the number of groups. Returns the bytes written (none,
+        and no file, without a group; the checkpoint's directory is made all the same, so a directory that
+        cannot be fails every worker's part, as it would the planner's)."""
+        path = self.snapshot_path(job, ckpt, worker)
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, blob)
-        return len(blob)
+        blobs = list(blobs)
+        if not blobs:
+            return 0
+        head = encode_index((op, g, len(b)) for op, g, b in blobs)
+        atomic_write(path, [head, *(b for _, _, b in blobs)])
+        return len(head) + sum(len(b) for _, _, b in blobs)
 
-    def write_blobs(self, job: int, ckpt: int, blobs) -> int:
-        """Write (op, group, file bytes) items of one checkpoint; the directory is fsynced once, after the
-        last (its entries are what a restore looks up), not once per file. Returns the bytes written."""
+    def read_groups(self, job: int, ckpt: int, wanted: Mapping[str, Sequence[int]]) -> list[tuple[str, int, dict]]:
+        """(operator, group, state) of the `wanted` key groups of complete checkpoint `ckpt`, from the files
+        its manifest counts: each file's index once, then each group's blob by its offset."""
+        need = {(op, g) for op, gs in wanted.items() for g in gs}
+        if not need:
+            return []
         d = self.ckpt_dir(job, ckpt)
-        d.mkdir(parents=True, exist_ok=True)
-        n = 0
-        for op, group, blob in blobs:
-            atomic_write(self.group_path(job, ckpt, op, group), blob, sync_dir=False)
-            n += len(blob)
-        fsync_dir(d)
-        return n
+        out = []
+        for path in self._snapshots(d):
+            with _Snapshot(path) as snap:
+                found = need & snap.spans.keys()
+                out += [(op, g, snap.group(op, g)) for op, g in sorted(found)]
+            need -= found
+        for op, g in sorted(need):
+            legacy = d / f"{op}.{g}.kg"
+            try:
+                data = legacy.read_bytes()
+            except FileNotFoundError:
+                raise CorruptCheckpoint(str(d), f"no file of it holds key group {g} of {op!r}") from None
+            except OSError as e:
+                raise CorruptCheckpoint(str(legacy), e.strerror or str(e)) from None
+            state = decode_blob(data, str(legacy))
+            if not isinstance(state, dict):
+                raise CorruptCheckpoint(str(legacy), "not a map of keys to states")
+            out.append((op, g, state))
+        return out
 
-    def read_group(self, job: int, ckpt: int, op: str, group: int) -> dict:
-        path = self.group_path(job, ckpt, op, group)
+    def _snapshots(self, d: Path) -> list[Path]:
+        """The snapshot files that belong to the checkpoint: those of the workers its manifest names."""
         try:
-            data = path.read_bytes()
-        except OSError as e:
-            raise CorruptCheckpoint(str(path), e.strerror or str(e)) from None
-        state = decode_blob(data, str(path))
-        if not isinstance(state, dict):
-            raise CorruptCheckpoint(str(path), "not a map of keys to states")
-        return state
+            workers = json.loads((d / MANIFEST).read_bytes())["workers"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CorruptCheckpoint(str(d / MANIFEST), f"{type(e).__name__}: {e}") from None
+        return [p for p in (d / snapshot_name(w) for w in workers) if p.exists()]
 
     def commit(self, job: int, ckpt: int, meta: dict) -> None:
         d = self.ckpt_dir(job, ckpt)
         d.mkdir(parents=True, exist_ok=True)
-        atomic_write(d / "COMPLETE.json", json.dumps(meta).encode())
+        atomic_write(d / MANIFEST, json.dumps(meta).encode())
 
     def delete(self, job: int, ckpt: int) -> None:
         shutil.rmtree(self.ckpt_dir(job, ckpt), ignore_errors=True)

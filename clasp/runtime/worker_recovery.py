@@ -106,7 +106,7 @@ class RecoveryMixin:
         pack_s = perf_counter() - t0
         store = self._store(body["dir"])
         try:
-            nbytes = await asyncio.to_thread(_write_all, store, job, ckpt, blobs)
+            nbytes = await asyncio.to_thread(_write_all, store, job, ckpt, self.id, blobs)
         except OSError as e:
             log.error("job %d checkpoint %d: writing the state failed: %s", job, ckpt, e)
             self.monitor.checkpoint_failures += 1
@@ -152,7 +152,7 @@ class RecoveryMixin:
             store = self._store(body["dir"])
             mine = groups_to_restore(spec, placement, self.id, body["groups"])
             try:
-                parts = await asyncio.to_thread(_read_all, store, job, body["ckpt"], mine)
+                parts = await asyncio.to_thread(store.read_groups, job, body["ckpt"], mine)
             except CorruptCheckpoint as e:
                 log.error("job %d: %s", job, e)
                 # An answer, not a failure: the planner falls back to the checkpoint before this one.
@@ -169,10 +169,7 @@ class RecoveryMixin:
         return protocol.reply(body["req"], {"worker": self.id, "keys": loaded, "sink_failed": sink_failed})
 
 
-def _write_all(store: FileStore, job: int, ckpt: int, blobs: list) -> int:
-    """Write the snapshot's group blobs (msgpack), compressed here in the writer thread, off the loop."""
-    return store.write_blobs(job, ckpt, ((op, g, wrap_blob(blob)) for op, g, blob in blobs))
-
-
-def _read_all(store: FileStore, job: int, ckpt: int, groups: dict[str, list[int]]) -> list:
-    return [(op, g, store.read_group(job, ckpt, op, g)) for op, gs in groups.items() for g in gs]
+def _write_all(store: FileStore, job: int, ckpt: int, worker: str, blobs: list) -> int:
+    """Write the snapshot's group blobs (msgpack) as this worker's one file, compressed here in the writer
+    thread, off the loop."""
+    return store.write_snapshot(job, ckpt, worker, ((op, g, wrap_blob(blob)) for op, g, blob in blobs))

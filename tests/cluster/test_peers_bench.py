@@ -54,6 +54,9 @@ def test_clasp_counts_exactly_and_reports_its_cpu_per_line(tmp_path):
     assert [(r["workers"], r["exact"]) for r in s["runs"]] == [(1, True), (2, True)]
     _check_cpu(s)
     assert set(s["median_cpu_us_per_line"]) == {"clasp_1", "clasp_2"}
+    assert set(s["median_planner_cpu_us_per_line"]) == {"clasp_1", "clasp_2"}
+    for r in s["runs"]:  # the planner's part: within what every process spent
+        assert 0 <= r["planner_cpu_us_per_line"] <= r["cpu_us_per_line"], r
 
 
 @pytest.mark.skipif(importlib.util.find_spec("bytewax") is None,

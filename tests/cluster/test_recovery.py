@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 import clasp
+from clasp.runtime.state_store import read_snapshot
 from tests.cluster import test_order_stress as order_stress
 from tests.cluster.test_order_stress import chain, reference
 from tests.conftest import start_cluster, wait_for
@@ -266,7 +267,7 @@ def test_a_corrupt_checkpoint_file_falls_back_to_the_one_before(tmp_path_factory
                 wait_for(lambda i=i: job.stats()["checkpoints"]["completed"] >= i + 1, timeout=30, what="checkpoint")
             newest = job.stats()["checkpoints"]["last_id"]
             ckdir = cluster.state_dir / f"job-{job.id}" / f"ckpt-{newest}"
-            victim_file = sorted(ckdir.glob("count.*.kg"))[0]
+            victim_file = ckdir / "w0.snapshot"  # a survivor's: read by whoever restores its groups
             victim_file.write_bytes(victim_file.read_bytes()[:10])  # truncated
             job.push(parts[2])
             w = next(w for w in client.workers() if w["id"] == "w1")
@@ -279,6 +280,55 @@ def test_a_corrupt_checkpoint_file_falls_back_to_the_one_before(tmp_path_factory
             src, inner, counts = reference(records)
             assert job.state("count") == counts
             assert job.state("inner_order") == inner
+            assert sorted(job.collected("inner_order")) == list(range(len(records)))
+    finally:
+        cluster.stop()
+
+
+def test_groups_a_killed_worker_wrote_are_restored_by_the_others_exactly(tmp_path_factory):
+    """Each worker writes its part of a checkpoint as one file; after a SIGKILL the survivors load the dead
+    worker's key groups from its file (by the file's index) and nothing is replayed: every count of the
+    records below the checkpoint that the dead worker held can only have come from that file."""
+    cluster = start_cluster(tmp_path_factory, 3, planner_args=["--no-autoscale", "--checkpoint-interval", "0.3"],
+                            restart_workers=False)
+    records = generate(12_000, random.Random(11))
+    before, after = records[:8000], records[8000:]
+    try:
+        with clasp.connect(cluster.planner) as client:
+            job = client.submit(build_dag(), autoscale=False)
+            job.scale(3)
+            job.push(before)
+            job.wait_idle(timeout=60)
+            jobdir = cluster.state_dir / f"job-{job.id}"
+
+            def newest() -> dict:
+                metas = [json.loads(m.read_text()) for m in jobdir.glob("ckpt-*/COMPLETE.json")]
+                return max(metas, key=lambda m: m["ckpt"], default={"records_below": -1})
+
+            wait_for(lambda: newest()["records_below"] == len(before), timeout=30, what="a checkpoint of it all")
+            meta = newest()
+            ckdir = jobdir / f"ckpt-{meta['ckpt']}"
+            files = sorted(p.name for p in ckdir.iterdir())
+            assert files == ["COMPLETE.json", "w0.snapshot", "w1.snapshot", "w2.snapshot"], files
+            written = {w: [(op, g, s) for op, g, s in read_snapshot(ckdir / f"{w}.snapshot") if op == "count"]
+                       for w in ("w0", "w1", "w2")}
+            _, _, counts_before = reference(before)
+            on_disk: Counter = Counter()
+            for parts in written.values():
+                for _, _, state in parts:
+                    on_disk.update(state)
+            assert on_disk == Counter(counts_before), "the files hold exactly the counts of the cut"
+            assert written["w1"], "the victim wrote key groups of the count"
+            os.kill(_pid(client, "w1"), signal.SIGKILL)
+            wait_for(lambda: job.stats()["checkpoints"]["recoveries"] >= 1, timeout=60, what="the rollback")
+            job.push(after)
+            summary = job.wait_idle(timeout=90)
+            assert summary["completed"] == len(records) and summary["lost"] == 0, summary
+            rec = job.stats()["checkpoints"]["last_recovery"]
+            assert rec["checkpoint"] == meta["ckpt"] and rec["replayed"] == 0, rec
+            src, inner, counts = reference(records)
+            assert job.state("count") == counts
+            assert job.state("source_order") == src and job.state("inner_order") == inner
             assert sorted(job.collected("inner_order")) == list(range(len(records)))
     finally:
         cluster.stop()

@@ -26,7 +26,7 @@ import pytest
 
 import clasp
 from clasp.connectors.files import FileSink, FileSource
-from clasp.runtime.state_store import decode_blob
+from clasp.runtime.state_store import read_snapshot, snapshot_name
 from clasp.testing import IterableSource
 from tests.cluster.test_sinks import check_exact as check_pairs
 from tests.cluster.test_sinks import count_dag
@@ -194,8 +194,10 @@ def test_every_checkpoint_is_a_consistent_cut(tmp_path_factory, seed, kill):
     for d in sorted(captured.iterdir()):
         meta = json.loads((d / "COMPLETE.json").read_text())
         counts: Counter = Counter()
-        for f in d.glob("count.*.kg"):
-            counts.update(decode_blob(f.read_bytes(), str(f)))
+        for w in meta["workers"]:
+            for op, _, state in read_snapshot(d / snapshot_name(w)) if (d / snapshot_name(w)).exists() else ():
+                if op == "count":
+                    counts.update(state)
         expected = Counter(w for _, name, pos in meta["positions"] for line in _lines_before(name, pos)
                            for w in line.split())
         extra = {w: counts[w] - expected[w] for w in counts if counts[w] > expected[w]}

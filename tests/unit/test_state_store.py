@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
+import resource
+import signal
 
 import pytest
 
@@ -16,38 +19,109 @@ from clasp.runtime.state_store import (
     check_state_dir,
     decode_blob,
     encode_blob,
+    read_snapshot,
+    snapshot_name,
 )
 
 
-def test_group_files_round_trip_compressed_when_it_pays(tmp_path):
+def _write(store, job, ckpt, worker, groups: dict, compress=True) -> int:
+    return store.write_snapshot(job, ckpt, worker, ((op, g, encode_blob(state, compress))
+                                                    for (op, g), state in groups.items()))
+
+
+def test_a_snapshot_is_one_file_read_back_group_by_group_compressed_when_it_pays(tmp_path):
     store = FileStore(tmp_path)
     big = {f"key-{i}": i for i in range(5000)}
-    n = store.write_group(1, 3, "count", 7, big)
-    raw = len(encode_blob(big, compress=False))
-    assert n < raw * 0.9  # repetitive keys compress
-    assert store.read_group(1, 3, "count", 7) == big
-    small = {"a": 1}
-    assert decode_blob(encode_blob(small), "x") == small
-    assert not list(tmp_path.rglob(".*.tmp")), "no temporary file left behind"
+    groups = {("count", 7): big, ("count", 3): {"a": 1}, ("sum", 7): {"b": [1, 2]}}
+    n = _write(store, 1, 3, "w0", groups)
+    assert n < len(encode_blob(big, compress=False)) * 0.9  # repetitive keys compress
+    assert n == store.snapshot_path(1, 3, "w0").stat().st_size
+    assert sorted(p.name for p in store.ckpt_dir(1, 3).iterdir()) == ["w0.snapshot"], "one file, no temporary"
+    assert sorted(read_snapshot(store.snapshot_path(1, 3, "w0"))) == sorted((*k, v) for k, v in groups.items())
+    store.commit(1, 3, {"workers": ["w0"]})
+    assert store.read_groups(1, 3, {"count": [3], "sum": [7]}) == [("count", 3, {"a": 1}), ("sum", 7, {"b": [1, 2]})]
+    assert store.read_groups(1, 3, {}) == []
+    assert _write(store, 1, 4, "w0", {}) == 0 and not any(store.ckpt_dir(1, 4).iterdir()), "no group, no file"
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "empty", "missing"])
+def test_any_worker_reads_groups_from_the_files_the_manifest_counts(tmp_path):
+    """Groups written by two workers are read by a third; a file of a worker the manifest does not name (a
+    stray) is not read, and a group no counted file holds is an error naming the checkpoint."""
+    store = FileStore(tmp_path)
+    _write(store, 2, 5, "w0", {("count", g): {f"k{g}": g} for g in range(0, 64, 2)})
+    _write(store, 2, 5, "w1", {("count", g): {f"k{g}": g} for g in range(1, 64, 2)})
+    _write(store, 2, 5, "w9", {("count", 64): {"stray": 1}})
+    store.commit(2, 5, {"workers": ["w0", "w1", "w2"]})  # w2 owned no group: it wrote no file
+    got = store.read_groups(2, 5, {"count": [5, 2, 63]})
+    assert sorted(got) == [("count", 2, {"k2": 2}), ("count", 5, {"k5": 5}), ("count", 63, {"k63": 63})]
+    with pytest.raises(CorruptCheckpoint, match="key group 64 of 'count'") as e:
+        store.read_groups(2, 5, {"count": [64]})
+    assert e.value.path == str(store.ckpt_dir(2, 5))
+
+
+def test_worker_ids_that_are_no_file_names_are_written_in_hex(tmp_path):
+    store = FileStore(tmp_path)
+    for wid in ["w-1.a", "../evil", ".hidden", "x/y", "é"]:
+        path = store.snapshot_path(1, 1, wid)
+        assert path.parent == store.ckpt_dir(1, 1) and not path.name.startswith(".")
+        assert snapshot_name(wid) == (wid + ".snapshot" if wid == "w-1.a" else "@" + wid.encode().hex() + ".snapshot")
+
+
+def test_checkpoints_of_the_layout_before_are_still_read(tmp_path):
+    store = FileStore(tmp_path)
+    d = store.ckpt_dir(1, 2)
+    d.mkdir(parents=True)
+    (d / "count.4.kg").write_bytes(encode_blob({"old": 4}))
+    store.commit(1, 2, {"workers": ["w0"]})
+    assert store.read_groups(1, 2, {"count": [4]}) == [("count", 4, {"old": 4})]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "truncate blob", "flip", "flip index", "empty", "missing", "manifest"])
 def test_a_damaged_file_is_named(tmp_path, damage):
     store = FileStore(tmp_path)
-    store.write_group(1, 1, "count", 0, {f"k{i}": i for i in range(100)})
-    path = store.group_path(1, 1, "count", 0)
+    _write(store, 1, 1, "w0", {("count", g): {f"k{i}": i for i in range(100)} for g in range(3)})
+    store.commit(1, 1, {"workers": ["w0"]})
+    path = store.snapshot_path(1, 1, "w0")
     data = path.read_bytes()
     if damage == "truncate":
         path.write_bytes(data[: len(data) // 2])
+    elif damage == "truncate blob":
+        path.write_bytes(data[:-1])
     elif damage == "flip":
         path.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+    elif damage == "flip index":
+        path.write_bytes(data[:20] + bytes([data[20] ^ 0xFF]) + data[21:])
     elif damage == "empty":
         path.write_bytes(b"")
-    else:
+    elif damage == "missing":
         path.unlink()
+    else:
+        path = store.ckpt_dir(1, 1) / "COMPLETE.json"
+        path.write_text("{")
     with pytest.raises(CorruptCheckpoint) as e:
-        store.read_group(1, 1, "count", 0)
-    assert str(path) in str(e.value)
+        store.read_groups(1, 1, {"count": [2]})
+    assert str(path if damage != "missing" else store.ckpt_dir(1, 1)) in str(e.value)
+
+
+def test_a_write_that_fails_leaves_the_checkpoint_before_and_no_temporary_file(tmp_path):
+    """The disk fills mid-file (a file size limit: the kernel refuses the write past it, as a full disk
+    would): no file of the failed checkpoint, the one before intact."""
+    store = FileStore(tmp_path)
+    _write(store, 1, 1, "w0", {("count", 0): {"a": 1}})
+    store.commit(1, 1, {"workers": ["w0"]})
+    big = {("count", g): {f"k{g}-{i}": os.urandom(8) for i in range(500)} for g in range(8)}
+    was_signal = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16384, limits[1]))
+    try:
+        with pytest.raises(OSError) as e:
+            _write(store, 1, 2, "w0", big)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, was_signal)
+    assert e.value.errno == errno.EFBIG
+    assert not store.snapshot_path(1, 2, "w0").exists() and not list(tmp_path.rglob(".*.tmp"))
+    assert store.read_groups(1, 1, {"count": [0]}) == [("count", 0, {"a": 1})]
 
 
 def test_state_dir_checks(tmp_path):

@@ -14,7 +14,9 @@ and sent over loopback ZeroMQ, split with `clasp.apps.wc.split`, every word is r
 worker that counts it and counted there (no pre-aggregation on either side), and the final counts come
 back over ZeroMQ. Process start, connection set-up and a warm-up are outside both clocks. Each run also
 reports the CPU its processes spent over the clock (`cpu_us_per_line`: the system's processes and this one,
-which feeds them), so that a ratio of throughputs on this 2-core host can be read as a ratio of costs.
+which feeds them), so that a ratio of throughputs on this 2-core host can be read as a ratio of costs;
+clasp's runs also report its planner's part alone (`planner_cpu_us_per_line`: the planner's CPU over the
+clock, per line, 10 ms ticks of /proc).
 
 - clasp: a fresh `LocalCluster` of N workers (no autoscaling, the spread placement: both operators on
   every worker, the key groups split into contiguous ranges, or by their measured weights with
@@ -93,7 +95,7 @@ def _time_clasp(dag: clasp.Dag, workers: int, warm: list[str], checkpoint_interv
         w.cancel()
         job = c.submit(dag, autoscale=False, **submit_kw) if lines is not None else None
         pids = [cl.info()["pids"]["planner"], *cl.info()["pids"]["workers"]]
-        cpu0 = _cpu(pids)
+        cpu0, planner0 = _cpu(pids), cpu_seconds(pids[0])
         t0 = time.perf_counter()
         if job is None:
             job = c.submit(dag, autoscale=False, **submit_kw)
@@ -102,9 +104,9 @@ def _time_clasp(dag: clasp.Dag, workers: int, warm: list[str], checkpoint_interv
         job.wait_idle(600)
         state = job.state("count")
         wall = time.perf_counter() - t0
-        cpu = _cpu(pids) - cpu0
+        cpu, planner = _cpu(pids) - cpu0, cpu_seconds(pids[0]) - planner0
         active = len(job.stats()["active_workers"])
-    return {"wall": wall, "answer": state, "active": active, "cpu_s": cpu}
+    return {"wall": wall, "answer": state, "active": active, "cpu_s": cpu, "planner_cpu_s": planner}
 
 
 def _cpu(pids: list[int]) -> float:
@@ -279,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
                     row = {"round": rnd, "system": system, "workers": n, "wall_s": round(r["wall"], 3),
                            "lines_per_s": round(args.lines / r["wall"], 1), "exact": ok, "active": r["active"],
                            "cpu_us_per_line": round(r["cpu_s"] * 1e6 / args.lines, 2)}
+                    if "planner_cpu_s" in r:
+                        row["planner_cpu_us_per_line"] = round(r["planner_cpu_s"] * 1e6 / args.lines, 3)
                     runs.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
                     if not ok:
@@ -299,6 +303,10 @@ def main(argv: list[str] | None = None) -> int:
                "key_weights": args.key_weights, "words": sum(want.values()), "distinct": len(want),
                "median_lines_per_s": {f"{s}_{n}": round(v, 1) for (s, n), v in med.items()},
                "median_cpu_us_per_line": {f"{s}_{n}": round(v, 2) for (s, n), v in median("cpu_us_per_line").items()},
+               "median_planner_cpu_us_per_line": {
+                   f"clasp_{n}": round(statistics.median(r["planner_cpu_us_per_line"] for r in runs
+                                                         if r["system"] == "clasp" and r["workers"] == n), 3)
+                   for n in counts} if "clasp" in systems else None,
                "clasp_over_bytewax": ({str(n): round(med["clasp", n] / med["bytewax", n], 3) for n in counts}
                                       if len(systems) == 2 else None),
                "scaling_2_over_1": ({s: round(med[s, 2] / med[s, 1], 3) for s in systems}
