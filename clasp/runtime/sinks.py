@@ -171,23 +171,23 @@ class SinkMixin:
                 out[w.name] = [w.op.name, entries]
         return out
 
-    def _on_sink_commit(self, body) -> None:
+    def _on_sink_commit(self, msg: protocol.SinkCommit) -> None:
         """A complete checkpoint's commits of this worker's partitions (`parts`: partition -> [sink,
         entries]); answered once done, off the control loop. A failing commit is reported, the rest made."""
-        eng = self._engine(body)
-        self.tasks.spawn(self._answer(body, self._commit_parts(eng, body["parts"])), f"sink commit of job {eng.job}")
+        eng = self._engine(msg)
+        self.tasks.spawn(self._answer(msg.req, self._commit_parts(eng, msg.parts)), f"sink commit of job {eng.job}")
 
-    def _on_sink_flush(self, body) -> None:
-        eng = self._engine(body)
-        self.tasks.spawn(self._answer(body, self._flush_sinks(eng, body["seq"])), f"sink flush of job {eng.job}")
+    def _on_sink_flush(self, msg: protocol.SinkFlush) -> None:
+        eng = self._engine(msg)
+        self.tasks.spawn(self._answer(msg.req, self._flush_sinks(eng, msg.seq)), f"sink flush of job {eng.job}")
 
-    async def _answer(self, body, work) -> None:
+    async def _answer(self, req: int, work) -> None:
         try:
             failed = await work
         except Exception as e:
-            self.dealer.send(protocol.reply_error(body["req"], self._error_text("sink", e)))
+            self.dealer.send(protocol.reply_error(req, self._error_text("sink", e)))
             return
-        self.dealer.send(protocol.reply(body["req"], {"worker": self.id, "failed": failed}))
+        self.dealer.send(protocol.reply(req, {"worker": self.id, "failed": failed}))
 
     async def _commit_parts(self, eng: JobEngine, parts: dict) -> list[list[str]]:
         """Commit each partition's prepared checkpoints in order; returns [[partition, error], ...] that failed."""

@@ -186,23 +186,24 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
                     "leased": self._on_leased, "credit": self._on_credit, "src_assign": self._on_src_assign,
                     "src_release": self._on_src_release, "watermark": self._on_watermark}
         await ServerLoop(self.dealer, handlers, where="a worker's control channel", routed=False,
-                         on_bad=functools.partial(self._bad, where="control"), on_failure=self._failed).serve()
+                         on_bad=functools.partial(self._bad, where="control"), on_failure=self._failed,
+                         decode=protocol.decode_message, answer_requests=True).serve()
 
-    def _failed(self, ident: bytes | None, mtype: str, body, e: Exception) -> bytes | None:
+    def _failed(self, ident: bytes | None, mtype: str, msg: protocol.Message, e: Exception) -> bytes | None:
         text = self._error_text(mtype if ident is None else f"state server: {mtype}", e)
-        if isinstance(body, dict) and "req" in body:
-            return protocol.reply_error(body["req"], text)
+        if isinstance(msg, protocol.Call):
+            return protocol.reply_error(msg.req, text)
         return None
 
-    def _on_welcome(self, body) -> None:
-        self.heartbeat = float(body["heartbeat"]) or self.heartbeat
+    def _on_welcome(self, msg: protocol.Welcome) -> None:
+        self.heartbeat = float(msg.heartbeat) or self.heartbeat
         self.welcomed.set()
-        log.info("registered with planner %s", body["planner"])
+        log.info("registered with planner %s", msg.planner)
 
-    def _on_error(self, body) -> None:
-        if body["reason"] == "unknown_worker":
+    def _on_error(self, msg: protocol.Error) -> None:
+        if msg.reason == "unknown_worker":
             self.welcomed.clear()  # the planner restarted or declared us dead: register again
-        elif body["reason"] == "declared_dead":
+        elif msg.reason == "declared_dead":
             # We were silent too long: the planner recovered our jobs without us. Nothing here is current
             # any more; register again as a new worker holding nothing.
             for job in list(self.jobs):
@@ -210,13 +211,13 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
             self.jobs.clear()
             self._sources_drop_all()
             self.welcomed.clear()
-        log.warning("planner reports %s: %s", body["reason"], body["detail"])
+        log.warning("planner reports %s: %s", msg.reason, msg.detail)
 
     # ----------------------------------------------------------------- joining and leaving (docs/DEPLOY.md)
-    def _on_peers(self, body) -> bytes:
+    def _on_peers(self, msg: protocol.Peers) -> bytes:
         """Workers that joined a job's pool: connect to them now (a first send must not wait for a handshake)."""
-        self._connect_peers(body["peers"])
-        return protocol.reply(body["req"], {"worker": self.id})
+        self._connect_peers(msg.peers)
+        return protocol.reply(msg.req, {"worker": self.id})
 
     def leave(self) -> None:
         """SIGTERM: ask the planner to drain this worker; it answers `shutdown` once nothing is left here.
@@ -235,16 +236,16 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         log.error("the planner did not drain this worker within %g s: exiting", self.leave_timeout)
         self._exit(1)
 
-    async def _on_shutdown(self, body) -> None:
-        if body["ok"]:
-            log.info("drained: %s; exiting", body["detail"])
+    async def _on_shutdown(self, msg: protocol.Shutdown) -> None:
+        if msg.ok:
+            log.info("drained: %s; exiting", msg.detail)
         else:
-            log.error("the planner could not drain this worker: %s; exiting", body["detail"])
+            log.error("the planner could not drain this worker: %s; exiting", msg.detail)
         for eng in self.jobs.values():  # what is batched leaves before the sockets close
             self._flush_data(eng)
             self._flush_progress(eng)
         await asyncio.sleep(0.05)
-        self._exit(0 if body["ok"] else 1)
+        self._exit(0 if msg.ok else 1)
 
     def _exit(self, code: int) -> None:
         self.exit_code = code
@@ -252,25 +253,25 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         if self._main is not None:
             self._main.cancel()
 
-    def _on_deploy(self, body) -> bytes:
-        spec = DagSpec.unpack(body["dag"])
-        placement = Placement.from_wire(body["placement"], spec)
-        self._connect_peers(body["peers"])
-        job = body["job"]
+    def _on_deploy(self, msg: protocol.Deploy) -> bytes:
+        spec = DagSpec.unpack(msg.dag)
+        placement = Placement.from_wire(msg.placement, spec)
+        self._connect_peers(msg.peers)
+        job = msg.job
         if job in self.jobs:
             raise ValueError(f"job {job} is already deployed here")
         eng = JobEngine(job, spec, self.id, placement, self.p_max)
         eng.outbox.max_batch = self.max_batch
         eng.executor.stall = self.stall
         eng.executor.on_work = self.wake.set
-        if body.get("state") == "remote":
-            eng.executor.remote_state = self._remote_state(body["state_server"])
-        eng.floor = body.get("floor") or 0  # rows of an older epoch belong to an era a recovery rolled back
+        if msg.state == "remote":
+            eng.executor.remote_state = self._remote_state(msg.state_server)
+        eng.floor = msg.floor or 0  # rows of an older epoch belong to an era a recovery rolled back
         self.jobs[job] = eng
-        self._sinks_attach(eng, body.get("run", ""))
-        self._sources_attach(eng, body.get("sources"))
+        self._sinks_attach(eng, msg.run or "")
+        self._sources_attach(eng, msg.sources)
         log.info("deployed job %d (%s), %d operators, epoch %d", job, spec.name, len(spec.operators), placement.epoch)
-        return protocol.reply(body["req"], {"worker": self.id})
+        return protocol.reply(msg.req, {"worker": self.id})
 
     def _connect_peers(self, peers: dict) -> None:
         for wid, addr in peers.items():
@@ -292,17 +293,17 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
             self.remote_states[endpoint] = rs
         return rs
 
-    def _engine(self, body) -> JobEngine:
-        eng = self.jobs.get(body["job"])
+    def _engine(self, msg: protocol.JobCall) -> JobEngine:
+        eng = self.jobs.get(msg.job)
         if eng is None:
-            raise OperatorError(f"no job {body['job']} on worker {self.id}")
+            raise OperatorError(f"no job {msg.job} on worker {self.id}")
         return eng
 
-    async def _on_stop_job(self, body) -> bytes:
-        self.jobs.pop(body["job"], None)
-        await self._sinks_stop(body["job"])
-        await self._sources_detach(body["job"])
-        return protocol.reply(body["req"], True)
+    async def _on_stop_job(self, msg: protocol.StopJob) -> bytes:
+        self.jobs.pop(msg.job, None)
+        await self._sinks_stop(msg.job)
+        await self._sources_detach(msg.job)
+        return protocol.reply(msg.req, True)
 
     # ----------------------------------------------------------------- data path
     async def _data_loop(self) -> None:
@@ -332,6 +333,7 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
                 protocol.check_runs(body[2], len(eng.ops))
             else:
                 protocol.check_migrate(body, len(eng.ops))
+                msg = protocol.parse(mtype, body)  # a marker or a migrate: once per migration step
         except ProtocolError as e:
             self._bad(e, "data")
             return
@@ -358,7 +360,7 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
             msgs[3] += eng.receive_runs(body[1], body[2])
             self.wake.set()
         else:
-            self.migrations.on_message(eng, mtype, body, perf_counter() - t0)
+            self.migrations.on_message(eng, msg, perf_counter() - t0)
 
     def _peer(self, wid: str) -> DirectSend:
         peer = self.peers.get(wid)

@@ -47,24 +47,24 @@ class SourcesMixin:
         readers.barrier(boundary)
         return readers.positions()
 
-    def _on_leased(self, body) -> None:
-        readers = self.sources.get(body["job"])
+    def _on_leased(self, msg: protocol.Leased) -> None:
+        readers = self.sources.get(msg.job)
         if readers is not None:
-            readers.on_lease(body["first"], body["count"])
+            readers.on_lease(msg.first, msg.count)
 
-    def _on_credit(self, body) -> None:
-        readers = self.sources.get(body["job"])
+    def _on_credit(self, msg: protocol.Credit) -> None:
+        readers = self.sources.get(msg.job)
         if readers is not None:
-            readers.on_credit(body["records"])
+            readers.on_credit(msg.records)
 
-    def _on_src_assign(self, body) -> bytes:
-        readers = self.sources.get(body["job"])
+    def _on_src_assign(self, msg: protocol.SrcAssign) -> bytes:
+        readers = self.sources.get(msg.job)
         if readers is None:
-            raise ValueError(f"job {body['job']} reads no source here")
-        readers.assign(body["parts"])
-        return protocol.reply(body["req"], {"worker": self.id})
+            raise ValueError(f"job {msg.job} reads no source here")
+        readers.assign(msg.parts)
+        return protocol.reply(msg.req, {"worker": self.id})
 
-    async def _on_src_release(self, body) -> bytes:
-        readers = self.sources.get(body["job"])
-        out = await readers.release(body["parts"]) if readers is not None else []
-        return protocol.reply(body["req"], {"worker": self.id, "positions": out})
+    async def _on_src_release(self, msg: protocol.SrcRelease) -> bytes:
+        readers = self.sources.get(msg.job)
+        out = await readers.release(msg.parts) if readers is not None else []
+        return protocol.reply(msg.req, {"worker": self.id, "positions": out})

@@ -98,17 +98,17 @@ class TimeMixin:
                 self.tasks.spawn(self._fire(job, None, None), f"timers of job {job}")
             await asyncio.sleep(PROCESSING_TICK_S)
 
-    def _on_watermark(self, body) -> None:
-        job = body["job"]
+    def _on_watermark(self, msg: protocol.Watermark) -> None:
+        job = msg.job
         readers = self.sources.get(job)
         if job not in self.jobs or readers is None:
             return
         if job in self.firing:
-            readers.next_watermark = body  # fired once this firing is done: the planner sends a moved one once
+            readers.next_watermark = msg  # fired once this firing is done: the planner sends a moved one once
             return
         self.firing.add(job)
-        levels = [float(w) for w in body["levels"]]
-        self.tasks.spawn(self._fire(job, levels, body["round"]), f"windows of job {job}")
+        levels = [float(w) for w in msg.levels]
+        self.tasks.spawn(self._fire(job, levels, msg.round), f"windows of job {job}")
 
     async def _fire(self, job: int, levels: list[float] | None, rnd: int | None) -> None:
         """Fire every keyed time operator at its stage's watermark (`levels`; None: at the one it last fired
@@ -149,14 +149,14 @@ class TimeMixin:
                     log.error("job %d: %s fired %d windows at once: more than a chunk holds", job, op.name, len(outs))
                 counts = eng.admit_source(op.index, outs, chunk << CHUNK_BITS)
                 readers.inflight += len(outs)  # their credit comes back as for a batch read here
-                self.dealer.send(protocol.encode("wm_out", [job, chunk, len(outs)]))  # windows, not read
+                self.dealer.send(protocol.pack(protocol.WmOut(job, chunk, len(outs))))  # windows, not read
                 self.dealer.send(protocol.encode("seal", [job, chunk, len(outs), counts]))
                 self.wake.set()
             if rnd is not None:
-                self.dealer.send(protocol.encode("wm_fired", [job, rnd, late]))
+                self.dealer.send(protocol.pack(protocol.WmFired(job, rnd, late)))
         finally:
             self.firing.discard(job)
             readers = self.sources.get(job)
             if readers is not None and readers.next_watermark is not None:
-                body, readers.next_watermark = readers.next_watermark, None
-                self._on_watermark(body)
+                msg, readers.next_watermark = readers.next_watermark, None
+                self._on_watermark(msg)
