@@ -6,9 +6,10 @@ process may ask for a key's state or a whole operator's. Metrics are served over
 
 `Worker` keeps the sockets, registration, heartbeats, the data path and the executor loop; its collaborators
 are built in `__init__` with what they use passed in: `StateChannel` (clasp.runtime.worker_state: the state
-server's answers, on both channels) and `Migrator` (clasp.runtime.worker_migration: the worker's half of a
-migration). Checkpoints, sinks, declared sources and event time are mixed in (worker_recovery, sinks,
-worker_sources, worker_time).
+server's answers, on both channels), `Migrator` (clasp.runtime.worker_migration: the worker's half of a
+migration), `WorkerSinks` (clasp.runtime.sinks), `WorkerSources` (clasp.runtime.worker_sources: declared
+sources), `WorkerTime` (clasp.runtime.worker_time: event time and timers) and `WorkerCheckpoints`
+(clasp.runtime.worker_recovery: checkpoints and restores).
 """
 
 from __future__ import annotations
@@ -49,13 +50,13 @@ from clasp.runtime.net import (
 from clasp.runtime.operators import OperatorError
 from clasp.runtime.remote_state import RemoteState
 from clasp.runtime.security import Security
-from clasp.runtime.sinks import SinkMixin
+from clasp.runtime.sinks import WorkerSinks
 from clasp.runtime.tasks import ProcessTasks, internal_error
 from clasp.runtime.worker_migration import Migrator
-from clasp.runtime.worker_recovery import RecoveryMixin
-from clasp.runtime.worker_sources import SourcesMixin
+from clasp.runtime.worker_recovery import WorkerCheckpoints
+from clasp.runtime.worker_sources import WorkerSources
 from clasp.runtime.worker_state import StateChannel
-from clasp.runtime.worker_time import TimeMixin
+from clasp.runtime.worker_time import WorkerTime
 
 log = logging.getLogger("clasp.worker")
 # Errors whose text is meant for the asker; any other exception in a handler is a bug (an error id, logged).
@@ -66,14 +67,13 @@ CLIENT_ERRORS = (OperatorError, DagError, PlacementError, ProtocolError)
 PROGRESS_INTERVAL_S = 0.005
 
 
-class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
+class Worker:
     """One worker process. `await Worker(...).serve()` runs until cancelled."""
 
     def __init__(self, config: WorkerConfig, *, security: Security | None = None):
         """`config`: every setting `clasp worker` has a flag for; `security`: the CURVE keys (default: none)."""
         self.config = config
         self.planner_addr = config.planner
-        self.state_dir = config.state_dir  # checkpoints; None: the directory the planner names
         self.busy_at = perf_counter()  # when this worker last did work (rounds, migrations): idle-time work waits
         self.host = config.host
         self.metrics_host = config.metrics_host or config.host
@@ -92,22 +92,30 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         self.peers: dict[str, DirectSend] = {}
         self.peer_addrs: dict[str, str] = {}
         self.wake = asyncio.Event()
-        self.firing: set[int] = set()  # jobs whose windows are being fired (clasp.runtime.worker_time)
         self.welcomed = asyncio.Event()
         self._ports = (config.data_port, config.state_port, config.metrics_port)
         self._progress_since: float | None = None
         self.remote_states: dict[str, RemoteState] = {}  # state-server endpoint -> its client (remote state)
-        self.sources = {}  # job -> its source readers here (clasp/runtime/sources.py)
-        self.source_window = config.source_window
         self.tasks = ProcessTasks(log)  # every task of this process; cancelled together when serve() ends
         self.leave_timeout = config.leave_timeout  # after SIGTERM: longest wait for the planner's drain, then exit 1
         self.exit_code: int | None = None  # set when the planner's `shutdown` (or a failed drain) ends serve()
         self._leaving = False
         self._main: asyncio.Task | None = None
+        send = self._send_control
         self.state_channel = StateChannel(self._engine, self.monitor)
         self.migrations = Migrator(self.id, self.jobs, self.tasks, engine_of=self._engine, peer=self._peer,
-                                   flush_data=self._flush_data, send=lambda frame: self.dealer.send(frame),
-                                   bad=self._bad, busy=functools.partial(setattr, self, "busy_at"), wake=self.wake)
+                                   flush_data=self._flush_data, send=send, bad=self._bad,
+                                   busy=functools.partial(setattr, self, "busy_at"), wake=self.wake)
+        self.sinks = WorkerSinks(self.id, self.tasks, send=send, engine_of=self._engine, wake=self.wake.set,
+                                 error_text=self._error_text)
+        readers: dict = {}  # job -> its source readers here (clasp/runtime/sources.py)
+        self.time = WorkerTime(self.jobs, readers, self.tasks, send=send, wake=self.wake)
+        self.sources = WorkerSources(self.id, readers, self.tasks, send=send, wake=self.wake.set,
+                                     window=config.source_window, attached=self.time.attached)
+        self.checkpoints = WorkerCheckpoints(
+            self.id, self.jobs, self.tasks, self.monitor, state_dir=config.state_dir, send=send,
+            engine_of=self._engine, new_engine=self._new_engine, connect_peers=self._connect_peers, sinks=self.sinks,
+            sources=self.sources, time=self.time, wake=self.wake)
 
     # ----------------------------------------------------------------- lifecycle
     async def serve(self) -> None:
@@ -148,6 +156,10 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         finally:
             self.ctx.destroy(linger=200)
 
+    def _send_control(self, frame: bytes):
+        """Send on the control channel (the planner's DEALER, made when the worker serves)."""
+        return self.dealer.send(frame)
+
     async def _register_loop(self) -> None:
         while True:
             if not self.welcomed.is_set() and self.exit_code is None and not self._leaving:
@@ -177,14 +189,14 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
 
     # ----------------------------------------------------------------- control channel (planner)
     async def _control_loop(self) -> None:
+        ckpts, sinks, sources = self.checkpoints, self.sinks, self.sources
         handlers = {**self.state_channel.handlers, "welcome": self._on_welcome, "deploy": self._on_deploy,
                     "stop_job": self._on_stop_job, "error": self._on_error, "migrate_plan": self.migrations.on_plan,
                     "peers": self._on_peers, "shutdown": self._on_shutdown,
-                    "ckpt_begin": self._on_ckpt_begin, "ckpt_snapshot": self._on_ckpt_snapshot,
-                    "ckpt_abort": self._on_ckpt_abort, "restore": self._on_restore,
-                    "sink_commit": self._on_sink_commit, "sink_flush": self._on_sink_flush,
-                    "leased": self._on_leased, "credit": self._on_credit, "src_assign": self._on_src_assign,
-                    "src_release": self._on_src_release, "watermark": self._on_watermark}
+                    "ckpt_begin": ckpts.on_begin, "ckpt_snapshot": ckpts.on_snapshot, "ckpt_abort": ckpts.on_abort,
+                    "restore": ckpts.on_restore, "sink_commit": sinks.on_commit, "sink_flush": sinks.on_flush,
+                    "leased": sources.on_leased, "credit": sources.on_credit, "src_assign": sources.on_assign,
+                    "src_release": sources.on_release, "watermark": self.time.on_watermark}
         await ServerLoop(self.dealer, handlers, where="a worker's control channel", routed=False,
                          on_bad=functools.partial(self._bad, where="control"), on_failure=self._failed,
                          decode=protocol.decode_message, answer_requests=True).serve()
@@ -207,9 +219,9 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
             # We were silent too long: the planner recovered our jobs without us. Nothing here is current
             # any more; register again as a new worker holding nothing.
             for job in list(self.jobs):
-                self._sinks_detach(job)
+                self.sinks.detach(job)
             self.jobs.clear()
-            self._sources_drop_all()
+            self.sources.drop_all()
             self.welcomed.clear()
         log.warning("planner reports %s: %s", msg.reason, msg.detail)
 
@@ -260,18 +272,23 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         job = msg.job
         if job in self.jobs:
             raise ValueError(f"job {job} is already deployed here")
-        eng = JobEngine(job, spec, self.id, placement, self.p_max)
+        eng = self._new_engine(msg, spec, placement)
+        eng.floor = msg.floor or 0  # rows of an older epoch belong to an era a recovery rolled back
+        self.jobs[job] = eng
+        self.sinks.attach(eng, msg.run or "")
+        self.sources.attach(eng, msg.sources)
+        log.info("deployed job %d (%s), %d operators, epoch %d", job, spec.name, len(spec.operators), placement.epoch)
+        return protocol.reply(msg.req, {"worker": self.id})
+
+    def _new_engine(self, msg: protocol.Deploy | protocol.Restore, spec: DagSpec, placement: Placement) -> JobEngine:
+        """A job's engine here, as its deploy or restore says, with this worker's settings."""
+        eng = JobEngine(msg.job, spec, self.id, placement, self.p_max)
         eng.outbox.max_batch = self.max_batch
         eng.executor.stall = self.stall
         eng.executor.on_work = self.wake.set
         if msg.state == "remote":
             eng.executor.remote_state = self._remote_state(msg.state_server)
-        eng.floor = msg.floor or 0  # rows of an older epoch belong to an era a recovery rolled back
-        self.jobs[job] = eng
-        self._sinks_attach(eng, msg.run or "")
-        self._sources_attach(eng, msg.sources)
-        log.info("deployed job %d (%s), %d operators, epoch %d", job, spec.name, len(spec.operators), placement.epoch)
-        return protocol.reply(msg.req, {"worker": self.id})
+        return eng
 
     def _connect_peers(self, peers: dict) -> None:
         for wid, addr in peers.items():
@@ -301,8 +318,8 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
 
     async def _on_stop_job(self, msg: protocol.StopJob) -> bytes:
         self.jobs.pop(msg.job, None)
-        await self._sinks_stop(msg.job)
-        await self._sources_detach(msg.job)
+        await self.sinks.stop(msg.job)
+        await self.sources.detach(msg.job)
         return protocol.reply(msg.req, True)
 
     # ----------------------------------------------------------------- data path

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from clasp.core import protocol
 from clasp.core.eventtime import NEG_INF
@@ -33,6 +34,7 @@ from clasp.core.timed import stages
 from clasp.core.timers import PROCESSING, GroupTimers
 from clasp.core.tracking import CHUNK_BITS
 from clasp.runtime.engine import OperatorError
+from clasp.runtime.tasks import ProcessTasks
 
 log = logging.getLogger("clasp.worker.time")
 CHUNK_WAIT_S = 2.0
@@ -65,14 +67,22 @@ def timer_index(readers, op) -> GroupTimers:
     return index
 
 
-class TimeMixin:
-    def _time_restored(self, spec, levels: list | None) -> None:
+class WorkerTime:
+    """The worker's event time and timers. `jobs`, `sources`: the worker's tables of job engines and of their
+    readers; `send` sends on the control channel; `wake`: the executor loop's event."""
+
+    def __init__(self, jobs: dict, sources: dict, tasks: ProcessTasks, *, send: Callable[[bytes], object],
+                 wake: asyncio.Event):
+        self.jobs, self.sources, self.tasks, self.send, self.wake = jobs, sources, tasks, send, wake
+        self.firing: set[int] = set()  # jobs whose windows are being fired
+
+    def restored(self, spec, levels: list | None) -> None:
         """A rollback: the windows restored are those of the checkpoint, taken at these watermarks (per
         stage)."""
         for i, d in stages(spec).items():
             spec.operators[i].fn.watermark = float(levels[min(d, len(levels) - 1)]) if levels else NEG_INF
 
-    def _time_attached(self, job: int, readers) -> None:
+    def attached(self, job: int, readers) -> None:
         """A new engine with readers: a job with processing-time timers gets its clock task."""
         eng = readers.eng
         readers.stages = stages(eng.spec)  # the engine's DAG never changes: found once, not at every firing
@@ -98,7 +108,7 @@ class TimeMixin:
                 self.tasks.spawn(self._fire(job, None, None), f"timers of job {job}")
             await asyncio.sleep(PROCESSING_TICK_S)
 
-    def _on_watermark(self, msg: protocol.Watermark) -> None:
+    def on_watermark(self, msg: protocol.Watermark) -> None:
         job = msg.job
         readers = self.sources.get(job)
         if job not in self.jobs or readers is None:
@@ -149,14 +159,14 @@ class TimeMixin:
                     log.error("job %d: %s fired %d windows at once: more than a chunk holds", job, op.name, len(outs))
                 counts = eng.admit_source(op.index, outs, chunk << CHUNK_BITS)
                 readers.inflight += len(outs)  # their credit comes back as for a batch read here
-                self.dealer.send(protocol.pack(protocol.WmOut(job, chunk, len(outs))))  # windows, not read
-                self.dealer.send(protocol.encode("seal", [job, chunk, len(outs), counts]))
+                self.send(protocol.pack(protocol.WmOut(job, chunk, len(outs))))  # windows, not read
+                self.send(protocol.encode("seal", [job, chunk, len(outs), counts]))
                 self.wake.set()
             if rnd is not None:
-                self.dealer.send(protocol.pack(protocol.WmFired(job, rnd, late)))
+                self.send(protocol.pack(protocol.WmFired(job, rnd, late)))
         finally:
             self.firing.discard(job)
             readers = self.sources.get(job)
             if readers is not None and readers.next_watermark is not None:
                 msg, readers.next_watermark = readers.next_watermark, None
-                self._on_watermark(msg)
+                self.on_watermark(msg)
