@@ -39,6 +39,11 @@ Message types and who sends them (C client, P planner, W worker):
 | seal | W → P | [job, chunk, records, {epoch: {op: requests}}]: a batch read, handed to the source's successors |
 | read_end | W → P | [job, source operator, partition, epoch]: a bounded partition read to its end in that era |
 | credit | P → W | job, records: records its readers read that are complete (the reader's window reopens) |
+| watermark | P → W | job, watermark, levels (one per stage), round: fire the windows and timers due |
+| wm_mark | W → P | [job, chunk, source operator, partition, time]: a partition's watermark after that chunk |
+| wm_idle | W → P | [job, source operator, partition]: the partition went idle |
+| wm_out | W → P | [job, chunk, records]: a chunk of fired windows' outputs (its seal follows) |
+| wm_fired | W → P | [job, round, late]: the windows due at that round fired; records sent late so far |
 | src_assign | P → W | req, job, parts [[op, partition, position]]: open readers of these partitions here |
 | src_release | P → W | req, job, parts [[op, partition]]: stop reading them; the reply holds their positions |
 | stop | C → P | req, job, timeout: stop reading the sources, finish what was read, take a last checkpoint |
@@ -47,9 +52,10 @@ Message types and who sends them (C client, P planner, W worker):
 | reply | any → requester | req, ok, result or error |
 | error | any → sender of a bad message | reason, detail |
 
-The client's requests and the worker's register and heartbeat (and reply, error) are typed: dataclasses
-(`MESSAGES`) that `decode_message` builds and checks; the rest are checked maps (`SCHEMAS`) or, on the data
-path, plain lists (docs/ARCHITECTURE.md, "Typed control messages").
+Every control message is typed: a frozen dataclass (`MESSAGES`) that `decode_message` builds and checks,
+its body a map or, for a `Positional` one, a list; only the data path's per-batch bodies (data, runs, cols,
+done, seal, wm_mark) stay plain lists, checked by the `check_*` functions (docs/ARCHITECTURE.md, "Typed
+control messages").
 
 `deploy` has two optional fields: `state` is "local" or "remote" (then `state_server` is the planner's remote-state
 endpoint, which serves `rstate_get_many` and `rstate_put_many`: `clasp/runtime/state_server.py`).
@@ -75,58 +81,29 @@ class ProtocolError(ValueError):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
+        self.req: int | None = None  # the bad message's request id, when it has a readable one: answerable
 
 
 _STR, _INT, _NUM, _BYTES, _DICT, _LIST, _BOOL = (str,), (int,), (int, float), (bytes,), (dict,), (list,), (bool,)
 _ANY = None
 
-# Required fields of the map-bodied messages and their accepted types; optional fields are in _OPTIONAL.
-# The typed messages (`MESSAGES`, below) add theirs from their dataclass fields.
-SCHEMAS: dict[str, dict[str, tuple | None]] = {
-    "welcome": {"planner": _STR, "heartbeat": _NUM},
-    "deploy": {"req": _INT, "job": _INT, "dag": _DICT, "placement": _DICT, "peers": _DICT},
-    "state_get": {"req": _INT, "job": _INT, "op": _STR, "key": _ANY},
-    "state_put": {"req": _INT, "job": _INT, "op": _STR, "key": _ANY, "value": _ANY},
-    "state_dump": {"req": _INT, "job": _INT, "op": _STR},
-    "collected_dump": {"req": _INT, "job": _INT, "op": _STR},
-    "stop_job": {"req": _INT, "job": _INT},
-    "counters": {"req": _INT, "job": _INT},
-    "migrate_plan": {"req": _INT, "job": _INT, "plan": _DICT, "placement": _DICT},
-    "ckpt_begin": {"req": _INT, "job": _INT, "ckpt": _INT, "boundary": _INT},
-    "ckpt_snapshot": {"req": _INT, "job": _INT, "ckpt": _INT, "boundary": _INT, "dir": _STR},
-    "ckpt_abort": {"req": _INT, "job": _INT, "ckpt": _INT},
-    "restore": {"req": _INT, "job": _INT, "dag": _DICT, "placement": _DICT, "peers": _DICT, "ckpt": _INT,
-                "groups": _DICT, "dir": _STR},
-    "peers": {"req": _INT, "job": _INT, "peers": _DICT},
-    "sink_commit": {"req": _INT, "job": _INT, "parts": _DICT},
-    "sink_flush": {"req": _INT, "job": _INT, "seq": _INT},
-    "credit": {"job": _INT, "records": _INT},
-    "watermark": {"job": _INT, "watermark": _NUM, "levels": _LIST, "round": _INT},
-    "leased": {"job": _INT, "first": _INT, "count": _INT},
-    "src_assign": {"req": _INT, "job": _INT, "parts": _LIST},
-    "src_release": {"req": _INT, "job": _INT, "parts": _LIST},
-    "shutdown": {"ok": _BOOL, "detail": _STR},
-    "rstate_get_many": {"req": _INT, "job": _INT, "op": _STR, "keys": _LIST},
-    "rstate_put_many": {"req": _INT, "job": _INT, "op": _STR, "states": _DICT},
-}
-_OPTIONAL: dict[str, dict[str, tuple | None]] = {
-    "counters": {"below": _INT,  # also answer `holds_below`: anything of a record below this id here
-                 "timers": _BOOL},  # also answer `timers`: the earliest processing-time timer not fired here
-    "deploy": {"state": _STR, "state_server": _STR, "floor": _INT, "run": _STR, "sources": _LIST},
-    "restore": {"state": _STR, "state_server": _STR, "run": _STR, "sinks": _DICT, "sources": _LIST,
-                "watermark": _LIST},
-}
-# List-bodied messages on the data path; the first element is always the job id.
-_LIST_BODIES = {"data": 3, "runs": 3, "cols": 3, "done": 2, "marker": 3, "migrate": 6, "seal": 4, "read_end": 4,
-                "lease": 2, "wm_mark": 5, "wm_idle": 3, "wm_fired": 3, "wm_out": 3,
-                "wm_push": 3}
+# The fields of the map-bodied messages and their accepted types, required (`SCHEMAS`) and optional
+# (`_OPTIONAL`), made from the typed messages' dataclass fields (`MESSAGES`, below).
+SCHEMAS: dict[str, dict[str, tuple | None]] = {}
+_OPTIONAL: dict[str, dict[str, tuple | None]] = {}
+# List-bodied messages: their lengths; the first element is always the job id. The data path's (below) stay
+# lists; the typed positional messages (`Positional`) add theirs, with their fields' types (`_POSITIONS`).
+_LIST_BODIES = {"data": 3, "runs": 3, "cols": 3, "done": 2, "seal": 4, "wm_mark": 5, "wm_push": 3}
+_POSITIONS: dict[str, list[tuple[str, tuple | None]]] = {}
 
 
 # ----------------------------------------------------------------- typed control messages
-# A typed message is a dataclass: its fields are the body's, `_req(types)` required and `_opt(types)`
+# A typed message is a frozen dataclass: its fields are the body's, `_req(types)` required and `_opt(types)`
 # optional (None when absent); `decode` checks their types, `parse` builds the dataclass and runs its
 # `check` (what a type cannot say: a share is a number, a timeout is not negative). Handlers read
-# attributes, never a raw body. The data path's list bodies (rows, runs, progress counts) stay lists.
+# attributes, never a raw body. A `Positional` message's body is its fields as a list, in order (compact,
+# as the migration's and the readers' messages always were). The data path's per-batch bodies (rows, runs,
+# columns, progress counts, seals) stay lists, checked by the `check_*` functions: no object per batch.
 def _req(types: tuple | None) -> Any:
     return field(metadata={"types": types})
 
@@ -144,10 +121,19 @@ class Message:
     def check(self) -> None:
         """Raise ProtocolError("bad_field", ...) for a value its type allows but the message does not."""
 
-    def body(self) -> dict:
+    def body(self) -> dict | list:
         """The wire body: every field, the optional ones only when set."""
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if not (f.metadata.get("optional") and getattr(self, f.name) is None)}
+
+
+class Positional(Message):
+    """A typed message whose wire body is the list of its fields in order, the job id first."""
+
+    __slots__ = ()
+
+    def body(self) -> list:
+        return [getattr(self, f.name) for f in fields(self)]
 
 
 def _bad_field(mtype: str, name: str, what: str) -> ProtocolError:
@@ -176,21 +162,21 @@ def _check_timeout(mtype: str, timeout: float) -> None:
 
 
 # Client -> planner
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Request(Message):
     """A request that is answered with a `reply` carrying its `req`."""
 
     req: int = _req(_INT)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class JobRequest(Request):
     """A client's request about one of its jobs."""
 
     job: int = _req(_INT)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Submit(Request):
     TYPE: ClassVar[str] = "submit"
     dag: dict = _req(_DICT)
@@ -220,13 +206,13 @@ class Submit(Request):
         return (self.options or {}).get("autoscale")
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Push(JobRequest):
     TYPE: ClassVar[str] = "push"
     records: list = _req(_LIST)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class WaitIdle(JobRequest):
     TYPE: ClassVar[str] = "wait_idle"
     timeout: float = _req(_NUM)  # seconds
@@ -235,7 +221,7 @@ class WaitIdle(JobRequest):
         _check_timeout(self.TYPE, self.timeout)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class StateRequest(JobRequest):
     """The whole state of one stateful operator (wire type `state`)."""
 
@@ -248,25 +234,25 @@ class StateRequest(JobRequest):
             _check_timeout(self.TYPE, self.timeout)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Collected(StateRequest):
     """What a collecting operator kept, from every worker."""
 
     TYPE: ClassVar[str] = "collected"
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Stats(JobRequest):
     TYPE: ClassVar[str] = "stats"
     fresh: bool | None = _opt(_BOOL)  # exact counters asked of every worker now
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Cancel(JobRequest):
     TYPE: ClassVar[str] = "cancel"
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Stop(JobRequest):
     """End a job on unbounded sources: readers stop, what was read completes, a last checkpoint is taken."""
 
@@ -277,30 +263,30 @@ class Stop(JobRequest):
         _check_timeout(self.TYPE, self.timeout)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class EndInput(JobRequest):
     """No more pushes: the push source's watermark reaches the end once everything pushed is complete."""
 
     TYPE: ClassVar[str] = "end_input"
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Jobs(Request):
     TYPE: ClassVar[str] = "jobs"
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Workers(Request):
     TYPE: ClassVar[str] = "workers"
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Scale(JobRequest):
     TYPE: ClassVar[str] = "scale"
     workers: int = _req(_INT)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Place(JobRequest):
     TYPE: ClassVar[str] = "place"
     placement: dict = _req(_DICT)  # {operator: {worker index: share}}
@@ -309,25 +295,25 @@ class Place(JobRequest):
         _check_shares(self.TYPE, "placement", self.placement)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Autoscale(JobRequest):
     TYPE: ClassVar[str] = "autoscale"
     enabled: bool = _req(_BOOL)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Drain(Request):
     TYPE: ClassVar[str] = "drain"
     worker: str = _req(_STR)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Pool(Request):
     TYPE: ClassVar[str] = "pool"
 
 
 # Worker -> planner (and any answer to a request)
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Register(Message):
     TYPE: ClassVar[str] = "register"
     id: str = _req(_STR)
@@ -339,7 +325,7 @@ class Register(Message):
     pid: int = _req(_INT)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Leave(Message):
     """A worker asks to be drained (it got SIGTERM); the planner answers with `shutdown`."""
 
@@ -347,14 +333,14 @@ class Leave(Message):
     id: str = _req(_STR)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Heartbeat(Message):
     TYPE: ClassVar[str] = "heartbeat"
     id: str = _req(_STR)
     sample: dict = _req(_DICT)  # the worker's Table 2 metrics of the last interval (Monitor.sample)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Reply(Request):
     TYPE: ClassVar[str] = "reply"
     ok: bool = _req(_BOOL)
@@ -362,7 +348,7 @@ class Reply(Request):
     error: str | None = _opt(_STR)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Error(Message):
     """The answer to a bad message: why it was dropped."""
 
@@ -371,10 +357,417 @@ class Error(Message):
     detail: str = _req(_STR)
 
 
+# Planner -> worker requests, and a worker's to the planner's remote-state server: each is answered with a
+# `reply` carrying its `req`, which the sender sets as it sends (`Link.rpc`: `replace(msg, req=...)`).
+@dataclass(frozen=True, slots=True)
+class Call(Message):
+    """A request to another process of the cluster; `req` is keyword-only, 0 until it is sent."""
+
+    req: int = field(default=0, kw_only=True, metadata={"types": _INT})
+
+
+@dataclass(frozen=True, slots=True)
+class JobCall(Call):
+    job: int = _req(_INT)
+
+
+def _check_peers(mtype: str, peers: dict) -> None:
+    if not all(type(w) is str and type(a) is str for w, a in peers.items()):
+        raise _bad_field(mtype, "peers", "expected {worker id: data endpoint}")
+
+
+def _check_state(msg: Deploy | Restore) -> None:
+    if msg.state not in (None, "local", "remote"):
+        raise _bad_field(msg.TYPE, "state", f"{msg.state!r}: expected 'local' or 'remote'")
+    if msg.state == "remote" and msg.state_server is None:
+        raise _bad_field(msg.TYPE, "state_server", "remote state needs the state server's endpoint")
+
+
+def _check_parts(mtype: str, parts: list | None, n: int, what: str) -> None:
+    """Source partitions as lists of `n`, the operator's and the partition's names first."""
+    for p in parts or ():
+        if type(p) is not list or len(p) != n or type(p[0]) is not str or type(p[1]) is not str:
+            raise _bad_field(mtype, "parts" if mtype.startswith("src_") else "sources", f"each must be {what}")
+
+
+@dataclass(frozen=True, slots=True)
+class Deploy(JobCall):
+    """Run a job here: its DAG, its placement, the workers it sends to."""
+
+    TYPE: ClassVar[str] = "deploy"
+    dag: dict = _req(_DICT)  # DagSpec.pack(), checked by DagSpec.unpack
+    placement: dict = _req(_DICT)  # Placement.to_wire(), checked by Placement.from_wire
+    peers: dict = _req(_DICT)  # {worker id: data endpoint}
+    state: str | None = _opt(_STR)  # "local" (default) or "remote"
+    state_server: str | None = _opt(_STR)  # the planner's remote-state endpoint
+    floor: int | None = _opt(_INT)  # rows of an older epoch are void here
+    run: str | None = _opt(_STR)  # the sinks' run id
+    sources: list | None = _opt(_LIST)  # [[op, partition, owner, position]]
+
+    def check(self) -> None:
+        _check_peers(self.TYPE, self.peers)
+        _check_state(self)
+        _check_parts(self.TYPE, self.sources, 4, "[op, partition, owner, position]")
+
+
+@dataclass(frozen=True, slots=True)
+class Restore(JobCall):
+    """Roll the job back to checkpoint `ckpt` (0: empty) on a recovery placement."""
+
+    TYPE: ClassVar[str] = "restore"
+    dag: dict = _req(_DICT)
+    placement: dict = _req(_DICT)
+    peers: dict = _req(_DICT)
+    ckpt: int = _req(_INT)
+    groups: dict = _req(_DICT)  # {operator: [key group]} the checkpoint holds
+    dir: str = _req(_STR)  # the planner's checkpoint directory
+    state: str | None = _opt(_STR)
+    state_server: str | None = _opt(_STR)
+    run: str | None = _opt(_STR)
+    sinks: dict | None = _opt(_DICT)  # {worker: {commit: owed commits, abort: dead workers' partitions}}
+    sources: list | None = _opt(_LIST)  # [[op, partition, owner, position]]
+    watermark: list | None = _opt(_LIST)  # the checkpoint's watermark per stage
+
+    def check(self) -> None:
+        _check_peers(self.TYPE, self.peers)
+        _check_state(self)
+        _check_parts(self.TYPE, self.sources, 4, "[op, partition, owner, position]")
+        if self.ckpt < 0:
+            raise _bad_field(self.TYPE, "ckpt", str(self.ckpt))
+        for op, gs in self.groups.items():
+            if type(op) is not str or type(gs) is not list or not set(map(type, gs)) <= {int}:
+                raise _bad_field(self.TYPE, "groups", "expected {operator: [key group]}")
+        if self.sinks is not None and not all(type(w) is str and type(d) is dict for w, d in self.sinks.items()):
+            raise _bad_field(self.TYPE, "sinks", "expected {worker: duties}")
+        if self.watermark is not None and not set(map(type, self.watermark)) <= set(_NUM):
+            raise _bad_field(self.TYPE, "watermark", "expected a number per stage")
+
+
+@dataclass(frozen=True, slots=True)
+class MigratePlan(JobCall):
+    """Take part in a migration; answered when this worker is done (checked by MigrationPlan.from_wire)."""
+
+    TYPE: ClassVar[str] = "migrate_plan"
+    plan: dict = _req(_DICT)  # MigrationPlan.to_wire()
+    placement: dict = _req(_DICT)  # the new epoch's Placement.to_wire()
+
+
+@dataclass(frozen=True, slots=True)
+class Peers(JobCall):
+    """Workers that joined the job's pool: connect to them now."""
+
+    TYPE: ClassVar[str] = "peers"
+    peers: dict = _req(_DICT)
+
+    def check(self) -> None:
+        _check_peers(self.TYPE, self.peers)
+
+
+@dataclass(frozen=True, slots=True)
+class StopJob(JobCall):
+    TYPE: ClassVar[str] = "stop_job"
+
+
+@dataclass(frozen=True, slots=True)
+class Counters(JobCall):
+    """The job's counters here; with `below`, also whether anything of a record below that id is here; with
+    `timers`, also the earliest processing-time timer not fired here."""
+
+    TYPE: ClassVar[str] = "counters"
+    below: int | None = _opt(_INT)
+    timers: bool | None = _opt(_BOOL)  # also answer `timers`: the earliest processing-time timer not fired here
+
+
+@dataclass(frozen=True, slots=True)
+class StateDump(JobCall):
+    """Every key's state of one operator held here."""
+
+    TYPE: ClassVar[str] = "state_dump"
+    op: str = _req(_STR)
+
+
+@dataclass(frozen=True, slots=True)
+class CollectedDump(StateDump):
+    """What a collecting operator kept here."""
+
+    TYPE: ClassVar[str] = "collected_dump"
+
+
+@dataclass(frozen=True, slots=True)
+class StateGet(StateDump):
+    TYPE: ClassVar[str] = "state_get"
+    key: Any = _req(_ANY)
+
+
+@dataclass(frozen=True, slots=True)
+class StatePut(StateGet):
+    TYPE: ClassVar[str] = "state_put"
+    value: Any = _req(_ANY)
+
+
+@dataclass(frozen=True, slots=True)
+class CkptAbort(JobCall):
+    """The checkpoint failed: release what the barrier holds."""
+
+    TYPE: ClassVar[str] = "ckpt_abort"
+    ckpt: int = _req(_INT)
+
+    def check(self) -> None:
+        if self.ckpt <= 0:
+            raise _bad_field(self.TYPE, "ckpt", str(self.ckpt))
+
+
+@dataclass(frozen=True, slots=True)
+class CkptBegin(CkptAbort):
+    """Hold requests at or above `boundary` (a record id) out of stateful operators."""
+
+    TYPE: ClassVar[str] = "ckpt_begin"
+    boundary: int = _req(_INT)
+
+    def check(self) -> None:
+        CkptAbort.check(self)
+        if self.boundary < 0:
+            raise _bad_field(self.TYPE, "boundary", str(self.boundary))
+
+
+@dataclass(frozen=True, slots=True)
+class CkptSnapshot(CkptBegin):
+    """Everything below the boundary is complete: write the owned key groups under `dir`."""
+
+    TYPE: ClassVar[str] = "ckpt_snapshot"
+    dir: str = _req(_STR)
+
+
+@dataclass(frozen=True, slots=True)
+class SinkCommit(JobCall):
+    """A complete checkpoint: commit these partitions' prepared writes."""
+
+    TYPE: ClassVar[str] = "sink_commit"
+    parts: dict = _req(_DICT)  # {partition: [sink, [[ckpt, prepared], ...]]}
+
+    def check(self) -> None:
+        for name, v in self.parts.items():
+            if (type(name) is not str or type(v) is not list or len(v) != 2 or type(v[0]) is not str
+                    or type(v[1]) is not list):
+                raise _bad_field(self.TYPE, "parts", "expected {partition: [sink, entries]}")
+
+
+@dataclass(frozen=True, slots=True)
+class SinkFlush(JobCall):
+    """Checkpoints off: write, prepare and commit every sink partition now."""
+
+    TYPE: ClassVar[str] = "sink_flush"
+    seq: int = _req(_INT)
+
+
+@dataclass(frozen=True, slots=True)
+class SrcAssign(JobCall):
+    """Open readers of these partitions here, at these positions."""
+
+    TYPE: ClassVar[str] = "src_assign"
+    parts: list = _req(_LIST)  # [[op, partition, position]]
+
+    def check(self) -> None:
+        _check_parts(self.TYPE, self.parts, 3, "[op, partition, position]")
+
+
+@dataclass(frozen=True, slots=True)
+class SrcRelease(JobCall):
+    """Stop reading these partitions; the reply holds their positions."""
+
+    TYPE: ClassVar[str] = "src_release"
+    parts: list = _req(_LIST)  # [[op, partition]]
+
+    def check(self) -> None:
+        _check_parts(self.TYPE, self.parts, 2, "[op, partition]")
+
+
+# A remote state's keys: what msgpack keeps as it is (and hashable).
+STATE_KEY_TYPES = frozenset({str, int, float, bool, bytes, type(None)})
+
+
+def _check_keys(mtype: str, name: str, keys) -> None:
+    if not set(map(type, keys)) <= STATE_KEY_TYPES:
+        bad = next(k for k in keys if type(k) not in STATE_KEY_TYPES)
+        raise _bad_field(mtype, name, f"a key of type {type(bad).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class RstateGetMany(StateDump):
+    """The states of these keys on the remote-state server (a reply {key: state} for those that have one)."""
+
+    TYPE: ClassVar[str] = "rstate_get_many"
+    keys: list = _req(_LIST)
+
+    def check(self) -> None:
+        _check_keys(self.TYPE, "keys", self.keys)
+
+
+@dataclass(frozen=True, slots=True)
+class RstatePutMany(StateDump):
+    """Write these keys' states on the remote-state server (None deletes a key)."""
+
+    TYPE: ClassVar[str] = "rstate_put_many"
+    states: dict = _req(_DICT)
+
+    def check(self) -> None:
+        _check_keys(self.TYPE, "states", self.states)
+
+
+# Planner -> worker, not answered
+@dataclass(frozen=True, slots=True)
+class Welcome(Message):
+    TYPE: ClassVar[str] = "welcome"
+    planner: str = _req(_STR)
+    heartbeat: float = _req(_NUM)  # seconds between heartbeats (0: the worker's own)
+
+    def check(self) -> None:
+        if not (self.heartbeat >= 0 and math.isfinite(self.heartbeat)):
+            raise _bad_field(self.TYPE, "heartbeat", f"{self.heartbeat!r} s")
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown(Message):
+    """The answer to `leave`: drained (exit 0), or why not (exit 1)."""
+
+    TYPE: ClassVar[str] = "shutdown"
+    ok: bool = _req(_BOOL)
+    detail: str = _req(_STR)
+
+
+@dataclass(frozen=True, slots=True)
+class Credit(Message):
+    """Records the worker's readers read that are complete: their window reopens by as many."""
+
+    TYPE: ClassVar[str] = "credit"
+    job: int = _req(_INT)
+    records: int = _req(_INT)
+
+    def check(self) -> None:
+        if self.records < 0:
+            raise _bad_field(self.TYPE, "records", str(self.records))
+
+
+@dataclass(frozen=True, slots=True)
+class Leased(Message):
+    """Chunk ids `first .. first + count - 1` are this worker's to use (the answer to `lease`)."""
+
+    TYPE: ClassVar[str] = "leased"
+    job: int = _req(_INT)
+    first: int = _req(_INT)
+    count: int = _req(_INT)
+
+    def check(self) -> None:
+        if self.first < 0 or self.count <= 0:
+            raise _bad_field(self.TYPE, "count", f"chunks {self.first} + {self.count}")
+
+
+@dataclass(frozen=True, slots=True)
+class Watermark(Message):
+    """The released watermark, per stage (`levels`): fire what is due, answer `wm_fired` with `round`."""
+
+    TYPE: ClassVar[str] = "watermark"
+    job: int = _req(_INT)
+    watermark: float = _req(_NUM)
+    levels: list = _req(_LIST)
+    round: int = _req(_INT)
+
+    def check(self) -> None:
+        if not self.levels or not set(map(type, self.levels)) <= set(_NUM):
+            raise _bad_field(self.TYPE, "levels", "expected a number per stage")
+
+
+# Worker -> planner, and worker -> worker on the data socket: positional bodies
+MAX_LEASE = 1024  # chunk ids a reader may ask for at once
+
+
+@dataclass(frozen=True, slots=True)
+class Lease(Positional):
+    """[job, chunks]: chunk ids for the batches this worker's readers will read."""
+
+    TYPE: ClassVar[str] = "lease"
+    job: int = _req(_INT)
+    chunks: int = _req(_INT)
+
+    def check(self) -> None:
+        if not 0 < self.chunks <= MAX_LEASE:
+            raise _bad_field(self.TYPE, "chunks", f"{self.chunks}: expected 1..{MAX_LEASE}")
+
+
+@dataclass(frozen=True, slots=True)
+class WmIdle(Positional):
+    """[job, op, partition]: a partition with an event-time clock went idle."""
+
+    TYPE: ClassVar[str] = "wm_idle"
+    job: int = _req(_INT)
+    op: str = _req(_STR)
+    partition: str = _req(_STR)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadEnd(WmIdle):
+    """[job, op, partition, epoch]: a bounded partition read to its end in that era."""
+
+    TYPE: ClassVar[str] = "read_end"
+    epoch: int = _req(_INT)
+
+
+@dataclass(frozen=True, slots=True)
+class WmFired(Positional):
+    """[job, round, late]: the windows due at watermark round `round` fired; records sent late so far."""
+
+    TYPE: ClassVar[str] = "wm_fired"
+    job: int = _req(_INT)
+    round: int = _req(_INT)
+    late: int = _req(_INT)
+
+
+@dataclass(frozen=True, slots=True)
+class WmOut(Positional):
+    """[job, chunk, records]: a chunk of fired windows' outputs, not read from a source (its seal follows)."""
+
+    TYPE: ClassVar[str] = "wm_out"
+    job: int = _req(_INT)
+    chunk: int = _req(_INT)
+    records: int = _req(_INT)
+
+    def check(self) -> None:
+        if self.chunk < 0 or self.records <= 0:
+            raise _bad_field(self.TYPE, "records", f"chunk {self.chunk}, {self.records} records")
+
+
+@dataclass(frozen=True, slots=True)
+class Marker(Positional):
+    """[job, epoch, sender]: the sender's last message under the epoch before `epoch`."""
+
+    TYPE: ClassVar[str] = "marker"
+    job: int = _req(_INT)
+    epoch: int = _req(_INT)
+    sender: str = _req(_STR)
+
+
+@dataclass(frozen=True, slots=True)
+class Migrate(Marker):
+    """[job, epoch, sender, units, rows, more]: key groups and requests changing owner (`check_migrate`
+    checks them against the job's operators); the sender's last one has `more` false."""
+
+    TYPE: ClassVar[str] = "migrate"
+    units: list = _req(_LIST)  # [op, key group, msgpack blob of {key: state}, its key count, rows of that group]
+    rows: list = _req(_LIST)
+    more: bool = _req(_BOOL)
+
+
 MESSAGES: dict[str, type[Message]] = {cls.TYPE: cls for cls in (
     Submit, Push, WaitIdle, StateRequest, Collected, Stats, Cancel, Stop, EndInput, Jobs, Workers, Scale, Place,
-    Autoscale, Drain, Pool, Register, Leave, Heartbeat, Reply, Error)}
+    Autoscale, Drain, Pool, Register, Leave, Heartbeat, Reply, Error,
+    Deploy, Restore, MigratePlan, Peers, StopJob, Counters, StateDump, CollectedDump, StateGet, StatePut, CkptBegin,
+    CkptSnapshot, CkptAbort, SinkCommit, SinkFlush, SrcAssign, SrcRelease, RstateGetMany, RstatePutMany,
+    Welcome, Shutdown, Credit, Leased, Watermark, Lease, ReadEnd, WmIdle, WmFired, WmOut, Marker, Migrate)}
 for _mtype, _cls in MESSAGES.items():
+    if issubclass(_cls, Positional):
+        _POSITIONS[_mtype] = [(f.name, f.metadata["types"]) for f in fields(_cls)]
+        _LIST_BODIES[_mtype] = len(_POSITIONS[_mtype])
+        continue
     SCHEMAS[_mtype] = {f.name: f.metadata["types"] for f in fields(_cls) if not f.metadata.get("optional")}
     _opts = {f.name: f.metadata["types"] for f in fields(_cls) if f.metadata.get("optional")}
     if _opts:
@@ -406,19 +799,32 @@ def decode(frame: bytes) -> tuple[str, Any]:
     if n is not None:
         if not isinstance(body, list) or len(body) != n or type(body[0]) is not int:
             raise ProtocolError("bad_body", f"{mtype}: expected a list of {n} starting with the job id")
+        kinds = _POSITIONS.get(mtype)
+        if kinds is not None:
+            for (name, types), v in zip(kinds, body, strict=True):
+                if types is not None and type(v) not in types:
+                    raise ProtocolError("bad_field", f"{mtype}.{name}: {type(v).__name__}")
         return mtype, body
     if not isinstance(body, dict):
         raise ProtocolError("bad_body", f"{mtype}: expected a map")
-    schema = SCHEMAS[mtype]
-    for name, types in schema.items():
-        if name not in body:
-            raise ProtocolError("missing_field", f"{mtype}: missing {name!r}")
-        if types is not None and (type(body[name]) not in types):
-            raise ProtocolError("bad_field", f"{mtype}.{name}: {type(body[name]).__name__}")
-    for name, types in _OPTIONAL.get(mtype, {}).items():
-        if name in body and types is not None and body[name] is not None and type(body[name]) not in types:
-            raise ProtocolError("bad_field", f"{mtype}.{name}: {type(body[name]).__name__}")
+    try:
+        for name, types in SCHEMAS[mtype].items():
+            if name not in body:
+                raise ProtocolError("missing_field", f"{mtype}: missing {name!r}")
+            if types is not None and (type(body[name]) not in types):
+                raise ProtocolError("bad_field", f"{mtype}.{name}: {type(body[name]).__name__}")
+        for name, types in _OPTIONAL.get(mtype, {}).items():
+            if name in body and types is not None and body[name] is not None and type(body[name]) not in types:
+                raise ProtocolError("bad_field", f"{mtype}.{name}: {type(body[name]).__name__}")
+    except ProtocolError as e:
+        e.req = _request_id(body)
+        raise
     return mtype, body
+
+
+def _request_id(body: dict) -> int | None:
+    req = body.get("req")
+    return req if type(req) is int else None
 
 
 def parse(mtype: str, body: Any) -> Any:
@@ -431,8 +837,16 @@ def parse(mtype: str, body: Any) -> Any:
         elif mtype == "seal":
             check_seal(body)
         return body
+    if issubclass(cls, Positional):
+        msg = cls(*body)
+        msg.check()
+        return msg
     msg = cls(**{f.name: body.get(f.name) for f in fields(cls)})
-    msg.check()
+    try:
+        msg.check()
+    except ProtocolError as e:
+        e.req = _request_id(body)
+        raise
     return msg
 
 

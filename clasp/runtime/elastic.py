@@ -91,14 +91,12 @@ class ElasticPool:
                     or not info.alive):
                 return
             serving = self.queries.workers_of(job)
-            await asyncio.gather(*(self.link.rpc(w, "peers", {"job": job.id, "peers": {wid: info.data}})
+            await asyncio.gather(*(self.link.rpc(w, protocol.Peers(job.id, {wid: info.data}))
                                    for w in serving))
             peers = {w: self.workers[w].data for w in [*serving, wid]}
-            await self.link.rpc(wid, "deploy", {"job": job.id, "dag": job.spec.pack(),
-                                                "placement": job.placement.to_wire(),
-                                                "peers": peers, "state": job.state,
-                                                "state_server": self.state_endpoint(),
-                                                "floor": job.ckpt.floor(job.placement)})
+            await self.link.rpc(wid, protocol.Deploy(job.id, job.spec.pack(), job.placement.to_wire(), peers,
+                                                     state=job.state, state_server=self.state_endpoint(),
+                                                     floor=job.ckpt.floor(job.placement)))
             job.workers.append(wid)
             job.retired.discard(wid)
             self.joins += 1
@@ -175,7 +173,7 @@ class ElasticPool:
                         log.error("%s", detail)
                         if why == "SIGTERM":
                             await self.link.send(wid.encode(),
-                                                 protocol.encode("shutdown", {"ok": False, "detail": detail}))
+                                                 protocol.pack(protocol.Shutdown(False, detail)))
                         return False, detail
                     new = survivor_placement(job.spec, job.placement, others, job.key_weights)
                     record = await self.migrations.run(job, new, f"worker {wid} drained ({why})")
@@ -192,7 +190,7 @@ class ElasticPool:
         detail = f"worker {wid} drained in {seconds * 1e3:.0f} ms ({len(moved)} job(s) migrated off it)"
         log.info("%s", detail)
         self.departed.add((wid, info.pid))
-        await self.link.send(wid.encode(), protocol.encode("shutdown", {"ok": True, "detail": detail}))
+        await self.link.send(wid.encode(), protocol.pack(protocol.Shutdown(True, detail)))
         self.workers.pop(wid, None)
         pusher = self.pushers.pop(wid, None)
         if pusher is not None:

@@ -191,18 +191,20 @@ class ServerLoop:
     receiving; without, it is awaited in order. `raw`
     names message types whose handler also takes the payload frame. `admit(ident, mtype, body, frame)` may
     refuse a checked message before its handler by raising. `drain`: after each awaited receive, take what
-    libzmq already holds without a future (see `drained`)."""
+    libzmq already holds without a future (see `drained`). `answer_requests`: a bad message whose request id
+    could be read is answered with an error `reply` to that request (its asker fails now, not at a timeout)."""
 
     def __init__(self, sock: zmq.Socket, handlers: dict[str, Callable], *, where: str,
                  on_bad: Callable[[ProtocolError], None],
                  on_failure: Callable[[bytes | None, str, object, Exception], bytes | None],
                  decode: Callable = protocol.decode, routed: bool = True, spawn: Callable | None = None,
                  raw: frozenset[str] = frozenset(), admit: Callable | None = None, drain: bool = False,
-                 pass_ident: bool | None = None):
+                 pass_ident: bool | None = None, answer_requests: bool = False):
         self.sock, self.handlers, self.where = sock, handlers, where
         self.on_bad, self.on_failure, self.decode = on_bad, on_failure, decode
         self.routed, self.spawn, self.raw, self.admit, self.drain = routed, spawn, raw, admit, drain
         self.pass_ident = routed if pass_ident is None else pass_ident
+        self.answer_requests = answer_requests
 
     async def serve(self) -> None:
         sock = self.sock
@@ -225,7 +227,10 @@ class ServerLoop:
                 raise ProtocolError("unexpected_type", f"{mtype} is not served on {self.where}")
         except ProtocolError as e:
             self.on_bad(e)
-            await self.send(ident, protocol.error(e.reason, e.detail))
+            if self.answer_requests and e.req is not None:
+                await self.send(ident, protocol.reply_error(e.req, f"bad message: {e}"[:500]))
+            else:
+                await self.send(ident, protocol.error(e.reason, e.detail))
             return
         try:
             if self.admit is not None:

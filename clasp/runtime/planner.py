@@ -336,7 +336,7 @@ class Planner:
             self.pushers[wid] = pusher = DirectSend(sock)
             self.link.background(self._watch_connection(wid, pusher), f"watching the connection to {wid}")
         log.info("worker %s registered (data %s, metrics %s, pid %d)", wid, info.data, info.metrics, info.pid)
-        self.link.post(ident, protocol.encode("welcome", {"planner": self.id, "heartbeat": self.heartbeat}))
+        self.link.post(ident, protocol.pack(protocol.Welcome(self.id, self.heartbeat)))
         if restarted:
             for job in list(self.jobs.values()):
                 if wid in job.workers:
@@ -377,12 +377,9 @@ class Planner:
                 await self.checkpoints.resume_orphan(job)  # it had no worker left: it recovers onto this one
                 return
             peers = {w: self.workers[w].data for w in job.workers if w in self.workers}
-            await self.link.rpc(wid, "deploy", {"job": job.id, "dag": job.spec.pack(),
-                                                "placement": job.placement.to_wire(),
-                                                "peers": peers, "state": job.state,
-                                                "state_server": self.state_server.endpoint,
-                                                "floor": job.ckpt.floor(job.placement),
-                                                "run": self.sinks.run(job)})
+            await self.link.rpc(wid, protocol.Deploy(job.id, job.spec.pack(), job.placement.to_wire(), peers,
+                                                     state=job.state, state_server=self.state_server.endpoint,
+                                                     floor=job.ckpt.floor(job.placement), run=self.sinks.run(job)))
             job.retired.discard(wid)  # a new process with nothing of the job: it may be placed on again
             log.info("job %d deployed on restarted worker %s (epoch %d, holding nothing)", job.id, wid,
                      job.placement.epoch)
@@ -508,14 +505,12 @@ class Planner:
         job.controller = self.migrations.controller(spec, policy, len(workers))
         self.dispatcher.set_routes(job)
         peers = {w: self.workers[w].data for w in workers}
-        packed = msg.dag
-        deploy = {"job": job_id, "dag": packed, "placement": placement.to_wire(), "peers": peers, "state": state,
-                  "state_server": self.state_server.endpoint, "run": self.sinks.run(job)}
-        if src is not None:
-            deploy["sources"] = src.wire()
+        deploy = protocol.Deploy(job_id, msg.dag, placement.to_wire(), peers, state=state,
+                                 state_server=self.state_server.endpoint, run=self.sinks.run(job),
+                                 sources=src.wire() if src is not None else None)
         self.deploying[job_id] = job
         try:
-            await asyncio.gather(*(self.link.rpc(w, "deploy", deploy) for w in workers))
+            await asyncio.gather(*(self.link.rpc(w, deploy) for w in workers))
         finally:
             self.deploying.pop(job_id, None)
         self.jobs[job_id] = job
@@ -531,7 +526,7 @@ class Planner:
         job.cancelled = True
         job.clear_queue()
         # A worker silent for CANCEL_TIMEOUT is dead or stuck: the client hears before its own timeout.
-        await asyncio.gather(*(self.link.rpc(w, "stop_job", {"job": job.id}, CANCEL_TIMEOUT)
+        await asyncio.gather(*(self.link.rpc(w, protocol.StopJob(job.id), CANCEL_TIMEOUT)
                                for w in self.queries.workers_of(job)), return_exceptions=True)
         self.jobs.pop(job.id, None)
         self.state_server.drop(job.id)

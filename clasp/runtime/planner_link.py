@@ -6,6 +6,7 @@ clients through this object, not through the planner."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import zmq
 
@@ -82,10 +83,12 @@ class Link:
     def reply_error(self, ident, req: int, e: BaseException, mtype: str = "a request") -> None:
         self.post(ident, error_frame(req, e, mtype))
 
-    async def rpc(self, wid: str, mtype: str, body: dict, timeout: float | None = None) -> object:
-        """Ask worker `wid` and wait for its reply's result; raises RequestError on failure or timeout."""
-        req, fut = self.rpcs.open((wid, body.get("job"), mtype))
-        await self.send(wid.encode(), protocol.encode(mtype, {**body, "req": req}))
+    async def rpc(self, wid: str, msg: protocol.JobCall, timeout: float | None = None) -> object:
+        """Ask worker `wid` (`msg`, sent with a request id of its own) and wait for its reply's result;
+        raises RequestError on failure or timeout."""
+        mtype = msg.TYPE
+        req, fut = self.rpcs.open((wid, msg.job, mtype))
+        await self.send(wid.encode(), protocol.pack(replace(msg, req=req)))
         try:
             reply = await self.rpcs.wait(req, fut, timeout or self.rpc_timeout)
         except TimeoutError:

@@ -117,13 +117,13 @@ class Migrations:
         plan = plan_migration(job.spec, old, new, job.workers, dead)
         t0 = time.monotonic()
         job.life.handle(Migrate())
-        marker = protocol.encode("marker", [job.id, new.epoch, PLANNER])
+        marker = protocol.pack(protocol.Marker(job.id, new.epoch, PLANNER))
         for w in plan.markers_to_send(PLANNER):
             self.pushers[w].send(marker)
         job.placement = new
         self.dispatcher.set_routes(job)  # records dispatched from now on follow the new epoch
-        body = {"job": job.id, "plan": plan.to_wire(), "placement": new.to_wire()}
-        replies = await asyncio.gather(*(self.link.rpc(w, "migrate_plan", body, self.migration_timeout)
+        ask = protocol.MigratePlan(job.id, plan.to_wire(), new.to_wire())
+        replies = await asyncio.gather(*(self.link.rpc(w, ask, self.migration_timeout)
                                          for w in plan.participants), return_exceptions=True)
         if job.src is not None:
             await self.sources.move_partitions(job)
@@ -187,9 +187,9 @@ class Migrations:
 
     async def check_idle(self, job: PlannerJob) -> None:
         workers = self.queries.workers_of(job)
-        body = {"job": job.id, "below": job.tracker.fence}
+        ask = protocol.Counters(job.id, below=job.tracker.fence)
         try:
-            counters = await asyncio.gather(*(self.link.rpc(w, "counters", body, 2.0) for w in workers))
+            counters = await asyncio.gather(*(self.link.rpc(w, ask, 2.0) for w in workers))
         except RequestError:
             return
         self._sweep_lost(job, not any(c["holds_below"] for c in counters))

@@ -80,7 +80,7 @@ class JobQueries:
 
     async def _confirm_idle(self, job: PlannerJob) -> None:
         try:
-            replies = await asyncio.gather(*(self.link.rpc(w, "counters", {"job": job.id, "timers": True}, 2.0)
+            replies = await asyncio.gather(*(self.link.rpc(w, protocol.Counters(job.id, timers=True), 2.0)
                                              for w in self.workers_of(job)), return_exceptions=True)
             if any(isinstance(r, NoAnswer) for r in replies) or scheduler.busy(self.condition(job)) is not None:
                 return  # a worker died (its recovery follows) or the job is busy again: the waiters wait on
@@ -127,7 +127,7 @@ class JobQueries:
 
         async def dump() -> dict:
             owners = sorted(set(job.placement.operators[op.name].key_groups))
-            parts = await asyncio.gather(*(self.link.rpc(w, "state_dump", {"job": job.id, "op": op.name})
+            parts = await asyncio.gather(*(self.link.rpc(w, protocol.StateDump(job.id, op.name))
                                            for w in owners))
             merged: dict = {}
             for p in parts:
@@ -142,7 +142,7 @@ class JobQueries:
             raise RequestError(f"job {job.id} has no operator {msg.op!r}")
 
         async def dump() -> list:
-            parts = await asyncio.gather(*(self.link.rpc(w, "collected_dump", {"job": job.id, "op": msg.op})
+            parts = await asyncio.gather(*(self.link.rpc(w, protocol.CollectedDump(job.id, msg.op))
                                            for w in self.workers_of(job)))
             return [*(job.ckpt.released(msg.op)), *(x for p in parts for x in p)]
 
@@ -182,7 +182,7 @@ class JobQueries:
     async def _fresh_stats(self, ident: bytes, msg: protocol.Stats, job: PlannerJob) -> None:
         """Stats with exact cumulative counters asked of every worker now."""
         workers = self.workers_of(job)
-        counters = await asyncio.gather(*(self.link.rpc(w, "counters", {"job": job.id}) for w in workers))
+        counters = await asyncio.gather(*(self.link.rpc(w, protocol.Counters(job.id)) for w in workers))
         self.link.reply(ident, msg.req, self.stats(job, dict(zip(workers, counters, strict=True))))
 
     def on_jobs(self, ident: bytes, msg: protocol.Jobs) -> None:

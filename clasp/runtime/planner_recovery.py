@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from clasp.core import protocol
 from clasp.core.checkpoint import (
     KEEP_COMPLETE,
     CheckpointError,
@@ -134,8 +135,7 @@ class Checkpoints:
             rid = boundary << CHUNK_BITS
             try:
                 try:
-                    begun = await asyncio.gather(*(self.link.rpc(w, "ckpt_begin",
-                                                            {"job": job.id, "ckpt": p.id, "boundary": rid})
+                    begun = await asyncio.gather(*(self.link.rpc(w, protocol.CkptBegin(job.id, p.id, rid))
                                                    for w in workers))
                 finally:
                     self.sources.barrier_sent(job)
@@ -153,13 +153,13 @@ class Checkpoints:
                         raise CheckpointError("a worker died")
                     if not await _moved(c, deadline):
                         raise CheckpointError(f"records below the barrier still open after {ALIGN_TIMEOUT} s")
-                body = {"job": job.id, "ckpt": p.id, "boundary": rid, "dir": str(self.store.root)}
-                replies = await asyncio.gather(*(self.link.rpc(w, "ckpt_snapshot", body, SNAPSHOT_TIMEOUT)
+                ask = protocol.CkptSnapshot(job.id, p.id, rid, str(self.store.root))
+                replies = await asyncio.gather(*(self.link.rpc(w, ask, SNAPSHOT_TIMEOUT)
                                                  for w in workers))
             except Exception as e:
                 failed = c.coord.fail(str(e))
                 log.warning("job %d: checkpoint %d failed: %s", job.id, p.id, e)
-                await asyncio.gather(*(self.link.rpc(w, "ckpt_abort", {"job": job.id, "ckpt": p.id}, 2.0)
+                await asyncio.gather(*(self.link.rpc(w, protocol.CkptAbort(job.id, p.id), 2.0)
                                        for w in self.queries.workers_of(job)), return_exceptions=True)
                 if failed is not None:
                     await asyncio.to_thread(self.store.delete, job.id, failed)
@@ -235,18 +235,18 @@ class Checkpoints:
             new = recovery_placement(job.spec, job.placement, alive, job.key_weights, job.placement.epoch + 1)
             target = c.coord.restore_target()
             duties = self.sinks.recovery(job, alive)
-            body = {"job": job.id, "dag": job.spec_wire, "placement": new.to_wire(), "sinks": duties,
-                    "run": self.sinks.run(job),
-                    "peers": {w: self.workers[w].data for w in job.workers if w in self.workers},
-                    "ckpt": target.id if target else 0, "groups": target.groups if target else {},
-                    "dir": str(self.store.root), "state": job.state, "state_server": self.state_endpoint(),
-                    "watermark": self.time.restore_point(job, target.id if target else 0)}
+            sources = None
             if job.src is not None:
                 # Every partition reopens at the checkpoint's position (the job's start: the beginning).
-                owners, positions, body["sources"] = self.sources.restore(job, new, alive,
-                                                                           target.positions if target else None)
-            replies = await asyncio.gather(*(self.link.rpc(w, "restore", body, 30.0) for w in alive),
-                                           return_exceptions=True)
+                owners, positions, sources = self.sources.restore(job, new, alive,
+                                                                  target.positions if target else None)
+            peers = {w: self.workers[w].data for w in job.workers if w in self.workers}
+            ckpt = target.id if target else 0
+            ask = protocol.Restore(job.id, job.spec_wire, new.to_wire(), peers, ckpt, target.groups if target else {},
+                                   str(self.store.root), state=job.state, state_server=self.state_endpoint(),
+                                   run=self.sinks.run(job), sinks=duties, sources=sources,
+                                   watermark=self.time.restore_point(job, ckpt))
+            replies = await asyncio.gather(*(self.link.rpc(w, ask, 30.0) for w in alive), return_exceptions=True)
             unreadable = [r["unreadable"] for r in replies if isinstance(r, dict) and r.get("unreadable")]
             if target is not None and unreadable:
                 log.error("job %d: checkpoint %d cannot be restored (%s): falling back to the one before",

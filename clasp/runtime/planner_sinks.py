@@ -14,6 +14,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from clasp.core import protocol
 from clasp.core.sinks import SinkBook, run_token
 from clasp.runtime.planner_link import Link
 
@@ -74,7 +75,7 @@ class SinkCoordinator:
                         have = {e[0] for e in got[1]}
                         got[1].extend(e for e in entries if e[0] not in have)
             live = set(self.workers_of(job))
-            calls = [(w, ks, self.link.rpc(w, "sink_commit", {"job": job.id, "parts": parts}, COMMIT_TIMEOUT))
+            calls = [(w, ks, self.link.rpc(w, protocol.SinkCommit(job.id, parts), COMMIT_TIMEOUT))
                      for w, (ks, parts) in due.items() if w in live]
             replies = await asyncio.gather(*(c for _, _, c in calls), return_exceptions=True)
             for (w, ks, _), r in zip(calls, replies, strict=True):
@@ -101,7 +102,7 @@ class SinkCoordinator:
         book = self.book(job)
         book.seq += 1
         workers = self.workers_of(job)
-        replies = await asyncio.gather(*(self.link.rpc(w, "sink_flush", {"job": job.id, "seq": book.seq},
+        replies = await asyncio.gather(*(self.link.rpc(w, protocol.SinkFlush(job.id, book.seq),
                                                        COMMIT_TIMEOUT) for w in workers), return_exceptions=True)
         ok = True
         for w, r in zip(workers, replies, strict=True):

@@ -42,7 +42,7 @@ class SourceState:
         self.stopped = False  # `job.stop()`: the readers stopped
         self.finished = False  # `job.stop()` returned: a later rollback does not read again
         self.deferred: list[tuple[bytes, int]] = []  # lease requests that came during a rollback or barrier
-        self.deferred_ends: list[tuple[bytes, list]] = []  # read_end reports that came during a rollback
+        self.deferred_ends: list[tuple[bytes, protocol.ReadEnd]] = []  # read_end reports that came during a rollback
 
     def reading(self) -> int:
         """Partitions that still hold `wait_idle` up: not read to their end (every one, on a stream)."""
@@ -111,17 +111,17 @@ class SourcesCoordinator:
 
     # ----------------------------------------------------------------- messages from the readers
 
-    def on_lease(self, ident: bytes, body: list) -> None:
-        job = self._reading_job(body[0])
-        if job is None or job.src is None or not 0 < int(body[1]) <= 1024:
+    def on_lease(self, ident: bytes, msg: protocol.Lease) -> None:
+        job = self._reading_job(msg.job)
+        if job is None or job.src is None:
             return
         if job.life.restoring or job.life.phase is Phase.BARRIER:
             # Answered once the rollback voided older leases, or once every worker took the checkpoint's
             # barrier: a chunk at or above the boundary read (and its requests sent on) before another worker
             # took the barrier would reach that worker's stateful operators ahead of it, into the cut.
-            job.src.deferred.append((ident, int(body[1])))
+            job.src.deferred.append((ident, msg.chunks))
             return
-        self._lease(job, ident, int(body[1]))
+        self._lease(job, ident, msg.chunks)
 
     def barrier_sent(self, job) -> None:
         """Every worker took the checkpoint's barrier: the leases asked for meanwhile go out, above it."""
@@ -133,7 +133,7 @@ class SourcesCoordinator:
 
     def _lease(self, job, ident: bytes, n: int) -> None:
         first = job.tracker.lease(n)
-        self.link.post(ident, protocol.encode("leased", {"job": job.id, "first": first, "count": n}))
+        self.link.post(ident, protocol.pack(protocol.Leased(job.id, first, n)))
 
     def on_seal(self, ident: bytes, body: list) -> None:
         job = self._reading_job(body[0])
@@ -146,25 +146,25 @@ class SourcesCoordinator:
             if t.outstanding == 0:
                 self._check_waiters(job)
 
-    def on_read_end(self, ident: bytes, body: list) -> None:
-        job = self._reading_job(body[0])
+    def on_read_end(self, ident: bytes, msg: protocol.ReadEnd) -> None:
+        job = self._reading_job(msg.job)
         if job is None or job.src is None:
             return
         if job.life.restoring and ident.decode(errors="replace") not in job.retired:
             # A partition reopened at the checkpoint's position may be at its end already, and say so before
             # the rollback is over: kept until then, and taken if it comes from the restored era.
-            job.src.deferred_ends.append((ident, body))
+            job.src.deferred_ends.append((ident, msg))
             return
         if self._stale(job, ident):
             return
-        key = (str(body[1]), str(body[2]))
+        key = (msg.op, msg.partition)
         if job.src.owners.get(key) == ident.decode(errors="replace"):
             job.src.ended.add(key)
             self._check_waiters(job)
 
     def send_credit(self, job) -> None:
         for w, n in job.tracker.take_credit().items():
-            self.link.post(w.encode(), protocol.encode("credit", {"job": job.id, "records": n}))
+            self.link.post(w.encode(), protocol.pack(protocol.Credit(job.id, n)))
 
     # ----------------------------------------------------------------- placement changes
     async def move_partitions(self, job) -> None:
@@ -185,7 +185,7 @@ class SourcesCoordinator:
         for (op, p), (_, b) in moves.items():
             by_new.setdefault(b, []).append([op, p, src.positions.get((op, p))])
         src.owners = new
-        replies = await asyncio.gather(*(self.link.rpc(w, "src_assign", {"job": job.id, "parts": parts})
+        replies = await asyncio.gather(*(self.link.rpc(w, protocol.SrcAssign(job.id, parts))
                                          for w, parts in by_new.items()), return_exceptions=True)
         for w, r in zip(by_new, replies, strict=True):
             if isinstance(r, Exception):
@@ -203,7 +203,7 @@ class SourcesCoordinator:
         for (op, p), w in owners.items():
             if w in serving:
                 by_old.setdefault(w, []).append([op, p])
-        replies = await asyncio.gather(*(self.link.rpc(w, "src_release", {"job": job.id, "parts": parts})
+        replies = await asyncio.gather(*(self.link.rpc(w, protocol.SrcRelease(job.id, parts))
                                          for w, parts in by_old.items()), return_exceptions=True)
         for r in replies:
             if isinstance(r, dict):
@@ -228,9 +228,9 @@ class SourcesCoordinator:
         for ident, n in deferred:
             self._lease(job, ident, n)
         ends, src.deferred_ends = src.deferred_ends, []
-        for ident, body in ends:
-            if body[3] == job.placement.epoch:  # not a report of the era rolled back
-                key = (str(body[1]), str(body[2]))
+        for ident, msg in ends:
+            if msg.epoch == job.placement.epoch:  # not a report of the era rolled back
+                key = (msg.op, msg.partition)
                 if src.owners.get(key) == ident.decode(errors="replace"):
                     src.ended.add(key)
 

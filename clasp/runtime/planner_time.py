@@ -102,28 +102,28 @@ class TimeCoordinator:
         if t is not None and isinstance(body[4], int | float):
             t.marks.sealed((str(body[2]), str(body[3])), int(body[1]), float(body[4]))
 
-    def on_wm_idle(self, ident: bytes, body: list) -> None:
-        job = self._reading_job(body[0])
+    def on_wm_idle(self, ident: bytes, msg: protocol.WmIdle) -> None:
+        job = self._reading_job(msg.job)
         t = self._job_time(job) if job is not None else None
         if t is not None:
-            t.marks.set_idle((str(body[1]), str(body[2])), True)
+            t.marks.set_idle((msg.op, msg.partition), True)
 
-    def on_wm_out(self, ident: bytes, body: list) -> None:
+    def on_wm_out(self, ident: bytes, msg: protocol.WmOut) -> None:
         """A sealed chunk held windows a worker fired, not records it read: the source counts leave it out."""
-        job = self._reading_job(body[0])
+        job = self._reading_job(msg.job)
         t = self._job_time(job) if job is not None else None
-        if t is not None and type(body[1]) is int and type(body[2]) is int and job.tracker.leased(body[1]):
-            job.tracker.produced.add(body[1])  # its seal comes right behind
-            t.fired_chunks.add(body[1])
-            t.windows += body[2]
+        if t is not None and job.tracker.leased(msg.chunk):
+            job.tracker.produced.add(msg.chunk)  # its seal comes right behind
+            t.fired_chunks.add(msg.chunk)
+            t.windows += msg.records
 
-    def on_wm_fired(self, ident: bytes, body: list) -> None:
-        job = self.jobs.get(body[0])
+    def on_wm_fired(self, ident: bytes, msg: protocol.WmFired) -> None:
+        job = self.jobs.get(msg.job)
         t = self._job_time(job) if job is not None else None
-        if t is not None and type(body[1]) is int and type(body[2]) is int:
+        if t is not None:
             w = ident.decode(errors="replace")
-            t.fired[w] = max(t.fired.get(w, -1), body[1])
-            t.late[w] = body[2]
+            t.fired[w] = max(t.fired.get(w, -1), msg.round)
+            t.late[w] = msg.late
             self._check_waiters(job)
 
     def _watermark_now(self, job, t: JobTime) -> float:
@@ -177,7 +177,7 @@ class TimeCoordinator:
         t.marks.released = w
         if restoring or w == -math.inf:
             return
-        frame = protocol.encode("watermark", {"job": job.id, "watermark": w, "levels": levels, "round": t.round})
+        frame = protocol.pack(protocol.Watermark(job.id, w, levels, t.round))
         for worker in serving:
             self.link.post(worker.encode(), frame)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 
 import zmq
 import zmq.asyncio
@@ -48,31 +49,32 @@ class RemoteState:
 
     async def get_many(self, job: int, op: str, keys: list) -> dict:
         """{key: state} for those of `keys` that have a state."""
-        result = await self._call("rstate_get_many", {"job": job, "op": op, "keys": list(keys)})
+        result = await self._call(protocol.RstateGetMany(job, op, list(keys)))
         if not isinstance(result, dict):
             raise RemoteStateError(f"rstate_get_many: expected a map, got {type(result).__name__}")
         return result
 
     async def put_many(self, job: int, op: str, states: dict) -> None:
         """Write every key's new state; a state None deletes the key."""
-        await self._call("rstate_put_many", {"job": job, "op": op, "states": states})
+        await self._call(protocol.RstatePutMany(job, op, states))
 
-    async def _call(self, mtype: str, body: dict):
+    async def _call(self, msg: protocol.RstateGetMany | protocol.RstatePutMany):
         if self._reader is None or self._reader.done():
             self._reader = asyncio.ensure_future(self._read())
+        mtype = msg.TYPE
         req, fut = self._pending.open()
         self.requests += 1
         try:
-            await self.sock.send(protocol.encode(mtype, {**body, "req": req}))
+            await self.sock.send(protocol.pack(replace(msg, req=req)))
             reply = await self._pending.wait(req, fut, self.timeout)
         except TimeoutError:
             raise RemoteStateError(f"{mtype}: no answer from the state server {self.endpoint} within "
                                    f"{self.timeout} s") from None
         finally:
             self._pending.close(req)
-        if not reply["ok"]:
-            raise RemoteStateError(f"{mtype}: {reply.get('error')}")
-        return reply.get("result")
+        if not reply.ok:
+            raise RemoteStateError(f"{mtype}: {reply.error}")
+        return reply.result
 
     async def _read(self) -> None:
         while True:
@@ -81,19 +83,18 @@ class RemoteState:
             except zmq.ZMQError:  # the context is being destroyed: the worker stops
                 return
             try:
-                mtype, body = protocol.decode(frame)
+                mtype, msg = protocol.decode_message(frame)
                 if mtype == "error":
                     # A refused message whose request id the server could not read: nothing to resolve,
                     # the request times out; say why now.
-                    log.warning("state server %s refused a message: %s %s", self.endpoint, body["reason"],
-                                body["detail"])
+                    log.warning("state server %s refused a message: %s %s", self.endpoint, msg.reason, msg.detail)
                     continue
                 if mtype != "reply":
                     raise ProtocolError("unexpected_type", f"{mtype} from the state server")
             except ProtocolError as e:
                 self.on_bad(e)
                 continue
-            self._pending.resolve(body["req"], body)
+            self._pending.resolve(msg.req, msg)
 
     def close(self) -> None:
         if self._reader is not None:

@@ -4,8 +4,9 @@ this worker's partition of the sink, are prepared with each checkpoint and commi
 A sink operator keeps the values reaching it with their records (`OpRuntime.sink`); one `SinkWriter` per
 sink operator and job takes them out in batches, in order, and writes them to the partition. While a
 checkpoint's barrier is up it writes only values of records below the boundary, so that what the snapshot
-prepares is exactly the checkpoint's. Mixed into `clasp.runtime.worker.Worker`, which routes the control
-messages `sink_commit` and `sink_flush` here and calls the hooks at deploy, barrier, snapshot and restore.
+prepares is exactly the checkpoint's. `WorkerSinks` is the worker's collaborator for them: the worker
+routes the control messages `sink_commit` and `sink_flush` to it, and it is called at deploy, barrier,
+snapshot and restore (by the worker and by `clasp.runtime.worker_recovery.WorkerCheckpoints`).
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Callable
 
 from clasp.core import protocol
 from clasp.core.sinks import SINK_BATCH, SINK_BUFFER, partition_name, take_writable
 from clasp.runtime.engine import JobEngine
 from clasp.runtime.operators import OperatorError, OpRuntime
+from clasp.runtime.tasks import ProcessTasks
 
 log = logging.getLogger("clasp.worker.sinks")
 
@@ -113,54 +116,55 @@ async def commit_entries(part, entries: list) -> None:
         await part.commit(k, prepared)
 
 
-class SinkMixin:
-    """Sink writers of the worker's job engines, and the sink control messages."""
+class WorkerSinks:
+    """Sink writers of the worker's job engines, and the sink control messages. `me`: the worker's id (it
+    names the partitions); `send` sends on the control channel (the answers); `engine_of(msg)` finds a
+    request's job engine (or raises); `wake` wakes the executor loop (a sink operator has room again);
+    `error_text(what, e)` is what the planner is told of a failure."""
 
-    def _sink_state(self) -> tuple[dict, dict]:
-        # (job, op index) -> SinkWriter; partition name -> lock
-        if not hasattr(self, "_sink_writers"):
-            self._sink_writers: dict[tuple[int, int], SinkWriter] = {}
-            self._sink_locks: dict[str, asyncio.Lock] = {}
-        return self._sink_writers, self._sink_locks
+    def __init__(self, me: str, tasks: ProcessTasks, *, send: Callable[[bytes], object],
+                 engine_of: Callable[[protocol.JobCall], JobEngine], wake: Callable[[], None],
+                 error_text: Callable[[str, BaseException], str]):
+        self.me, self.tasks = me, tasks
+        self.send, self.engine_of, self.wake, self.error_text = send, engine_of, wake, error_text
+        self.writers: dict[tuple[int, int], SinkWriter] = {}  # (job, op index) -> its writer here
+        self.locks: dict[str, asyncio.Lock] = {}  # partition name -> lock
 
     def _writers_of(self, job: int) -> list[SinkWriter]:
-        writers, _ = self._sink_state()
-        return [w for (j, _), w in writers.items() if j == job]
+        return [w for (j, _), w in self.writers.items() if j == job]
 
-    def _sinks_attach(self, eng: JobEngine, run: str) -> None:
+    def attach(self, eng: JobEngine, run: str) -> None:
         """A new engine for a job: a writer for each of its sink operators."""
-        writers, locks = self._sink_state()
         for op in eng.ops:
             if not op.sink:
                 continue
-            name = partition_name(op.name, self.id, run)
-            w = SinkWriter(eng, op, name, locks.setdefault(name, asyncio.Lock()), self.wake.set)
-            writers[(eng.job, op.index)] = w
+            name = partition_name(op.name, self.me, run)
+            w = SinkWriter(eng, op, name, self.locks.setdefault(name, asyncio.Lock()), self.wake)
+            self.writers[(eng.job, op.index)] = w
             w.task = self.tasks.spawn(w.run(), f"sink {op.name} of job {eng.job}")
 
-    def _sinks_detach(self, job: int) -> list[SinkWriter]:
+    def detach(self, job: int) -> list[SinkWriter]:
         """Stop the job's writers (the engine is going); returns them, their partitions still open."""
-        writers, _ = self._sink_state()
         out = []
-        for key in [k for k in writers if k[0] == job]:
-            w = writers.pop(key)
+        for key in [k for k in self.writers if k[0] == job]:
+            w = self.writers.pop(key)
             w.stop()
             out.append(w)
         return out
 
-    def _sinks_fence(self, eng: JobEngine, boundary: int) -> None:
+    def fence(self, eng: JobEngine, boundary: int) -> None:
         for w in self._writers_of(eng.job):
             if w.eng is eng:
                 w.fence = boundary
                 w.op.sink_room = math.inf
 
-    def _sinks_unfence(self, eng: JobEngine) -> None:
+    def unfence(self, eng: JobEngine) -> None:
         for w in self._writers_of(eng.job):
             if w.eng is eng:
                 w.fence = None
                 w.event.set()
 
-    async def _sinks_prepare(self, eng: JobEngine, ckpt: int, boundary: int) -> dict:
+    async def prepare(self, eng: JobEngine, ckpt: int, boundary: int) -> dict:
         """The snapshot's part: partition -> [sink, [[k, prepared], ...]] for every partition written."""
         out = {}
         for w in self._writers_of(eng.job):
@@ -171,27 +175,27 @@ class SinkMixin:
                 out[w.name] = [w.op.name, entries]
         return out
 
-    def _on_sink_commit(self, body) -> None:
+    def on_commit(self, msg: protocol.SinkCommit) -> None:
         """A complete checkpoint's commits of this worker's partitions (`parts`: partition -> [sink,
         entries]); answered once done, off the control loop. A failing commit is reported, the rest made."""
-        eng = self._engine(body)
-        self.tasks.spawn(self._answer(body, self._commit_parts(eng, body["parts"])), f"sink commit of job {eng.job}")
+        eng = self.engine_of(msg)
+        self.tasks.spawn(self._answer(msg.req, self._commit_parts(eng, msg.parts)), f"sink commit of job {eng.job}")
 
-    def _on_sink_flush(self, body) -> None:
-        eng = self._engine(body)
-        self.tasks.spawn(self._answer(body, self._flush_sinks(eng, body["seq"])), f"sink flush of job {eng.job}")
+    def on_flush(self, msg: protocol.SinkFlush) -> None:
+        eng = self.engine_of(msg)
+        self.tasks.spawn(self._answer(msg.req, self._flush_sinks(eng, msg.seq)), f"sink flush of job {eng.job}")
 
-    async def _answer(self, body, work) -> None:
+    async def _answer(self, req: int, work) -> None:
         try:
             failed = await work
         except Exception as e:
-            self.dealer.send(protocol.reply_error(body["req"], self._error_text("sink", e)))
+            self.send(protocol.reply_error(req, self.error_text("sink", e)))
             return
-        self.dealer.send(protocol.reply(body["req"], {"worker": self.id, "failed": failed}))
+        self.send(protocol.reply(req, {"worker": self.me, "failed": failed}))
 
     async def _commit_parts(self, eng: JobEngine, parts: dict) -> list[list[str]]:
         """Commit each partition's prepared checkpoints in order; returns [[partition, error], ...] that failed."""
-        _, locks = self._sink_state()
+        locks = self.locks
         mine = {w.name: w for w in self._writers_of(eng.job)}
         failed = []
         for name, (sink_name, entries) in parts.items():
@@ -237,13 +241,13 @@ class SinkMixin:
                     self._sink_error(eng, w.op.name, w.name, "commit", e)
         return failed
 
-    async def _sinks_recover(self, job: int, duties: dict, spec) -> list[str]:
+    async def recover(self, job: int, duties: dict, spec) -> list[str]:
         """A recovery, before the job's new engine: commit what this worker owes (its own partitions' and
         the dead workers' it takes over), then abort everything else written and not committed: its own
         partitions of the old engine and the dead workers' partitions. Returns the partitions whose commit
         failed (the planner keeps them owed)."""
-        _, locks = self._sink_state()
-        old = {w.name: w for w in self._sinks_detach(job)}
+        locks = self.locks
+        old = {w.name: w for w in self.detach(job)}
         failed = []
         for name, sink_name, entries in duties.get("commit", []):
             async with locks.setdefault(name, asyncio.Lock()):
@@ -269,9 +273,9 @@ class SinkMixin:
                 await _quietly(part.close())
         return failed
 
-    async def _sinks_stop(self, job: int) -> None:
+    async def stop(self, job: int) -> None:
         """The job is cancelled: drop what its partitions did not commit."""
-        for w in self._sinks_detach(job):
+        for w in self.detach(job):
             async with w.lock:
                 if w.part is not None:
                     await _quietly(w.part.abort(), f"abort of {w.name}")

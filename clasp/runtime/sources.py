@@ -76,7 +76,7 @@ class SourceReaders:
         self.room = asyncio.Event()
         self.inflight = 0
         self.timers: dict[int, tuple] = {}  # keyed time operator -> (its OpRuntime, its timer index) (worker_time)
-        self.next_watermark: dict | None = None  # a watermark that came while firing (worker_time)
+        self.next_watermark: protocol.Watermark | None = None  # a watermark that came while firing (worker_time)
         self.stages: dict[int, int] = {}  # keyed time operator -> its stage (worker_time)
 
     # ----------------------------------------------------------------- the planner's instructions
@@ -148,11 +148,11 @@ class SourceReaders:
                 if len(self.lease) <= LEASE_CHUNKS // 2 and not self.asked:
                     # the next lease asked for while half of this one is left: no reader waits for it
                     self.asked = True
-                    self.send(protocol.encode("lease", [self.eng.job, LEASE_CHUNKS]))
+                    self.send(protocol.pack(protocol.Lease(self.eng.job, LEASE_CHUNKS)))
                 return self.lease.pop(0)
             if not self.asked:
                 self.asked = True
-                self.send(protocol.encode("lease", [self.eng.job, LEASE_CHUNKS]))
+                self.send(protocol.pack(protocol.Lease(self.eng.job, LEASE_CHUNKS)))
             self.leased.clear()
             try:
                 # Not wait_for: on Python 3.11 it swallows a cancellation that comes as the lease arrives, and
@@ -190,10 +190,10 @@ class SourceReaders:
                 if p.reader.exhausted:
                     p.position = p.reader.position()
                     p.ended = True
-                    self.send(protocol.encode("read_end", [job, op.name, p.name, self.eng.floor]))
+                    self.send(protocol.pack(protocol.ReadEnd(job, op.name, p.name, self.eng.floor)))
                     return False
                 if p.went_idle():
-                    self.send(protocol.encode("wm_idle", [job, op.name, p.name]))
+                    self.send(protocol.pack(protocol.WmIdle(job, op.name, p.name)))
                 await asyncio.sleep(POLL_S)
                 return True
             chunk = await self._chunk()

@@ -22,9 +22,6 @@ from clasp.runtime.security import Security
 
 log = logging.getLogger("clasp.planner.state")
 
-# Key types a state dict can hold (what msgpack gives back as hashable values).
-_KEY_TYPES = frozenset({str, int, float, bool, bytes, type(None)})
-
 # check(job, op) -> None when the job exists and `op` is one of its stateful operators, else why not.
 Check = Callable[[int, str], str | None]
 
@@ -62,56 +59,40 @@ class StateServer:
             del self.states[k]
 
     # ----------------------------------------------------------------- serving
-    def _checked(self, body: dict) -> None:
-        why = self.check(body["job"], body["op"])
+    def _checked(self, msg: protocol.RstateGetMany | protocol.RstatePutMany) -> None:
+        why = self.check(msg.job, msg.op)
         if why is not None:
             raise ProtocolError("unknown_job", why)
 
-    def _on_get_many(self, ident: bytes, body: dict) -> bytes:
-        self._checked(body)
-        return protocol.reply(body["req"], self._get_many(body))
-
-    def _on_put_many(self, ident: bytes, body: dict) -> bytes:
-        self._checked(body)
-        return protocol.reply(body["req"], self._put_many(body))
-
-    def _failed(self, ident: bytes, mtype: str, body: dict, e: Exception) -> bytes:
-        """A message refused once its request id is known: counted as bad input, answered with an error
-        reply so the asker's request fails now."""
-        if not isinstance(e, ProtocolError):
-            log.exception("remote state: %s failed", mtype)
-            return protocol.reply_error(body["req"], f"{type(e).__name__}: {e}")
-        self.bad(e)
-        return protocol.reply_error(body["req"], f"{e.reason}: {e.detail}")
-
-    def _get_many(self, body: dict) -> dict:
-        keys = body["keys"]
-        _check_keys(keys, "rstate_get_many.keys")
-        table = self.states.get((body["job"], body["op"]), {})
+    def _on_get_many(self, ident: bytes, msg: protocol.RstateGetMany) -> bytes:
+        self._checked(msg)
+        table = self.states.get((msg.job, msg.op), {})
         self.counters["get_many"] += 1
-        self.counters["keys_read"] += len(keys)
-        return {k: table[k] for k in keys if k in table}
+        self.counters["keys_read"] += len(msg.keys)
+        return protocol.reply(msg.req, {k: table[k] for k in msg.keys if k in table})
 
-    def _put_many(self, body: dict) -> bool:
-        states = body["states"]
-        _check_keys(states, "rstate_put_many.states")
-        table = self.states.setdefault((body["job"], body["op"]), {})
-        for k, v in states.items():
+    def _on_put_many(self, ident: bytes, msg: protocol.RstatePutMany) -> bytes:
+        self._checked(msg)
+        table = self.states.setdefault((msg.job, msg.op), {})
+        for k, v in msg.states.items():
             if v is None:
                 table.pop(k, None)
             else:
                 table[k] = v
         self.counters["put_many"] += 1
-        self.counters["keys_written"] += len(states)
-        return True
+        self.counters["keys_written"] += len(msg.states)
+        return protocol.reply(msg.req, True)
+
+    def _failed(self, ident: bytes, mtype: str, msg: protocol.Call, e: Exception) -> bytes:
+        """A message refused once its request id is known: counted as bad input, answered with an error
+        reply so the asker's request fails now."""
+        if not isinstance(e, ProtocolError):
+            log.exception("remote state: %s failed", mtype)
+            return protocol.reply_error(msg.req, f"{type(e).__name__}: {e}")
+        self.bad(e)
+        return protocol.reply_error(msg.req, f"{e.reason}: {e.detail}")
 
     async def serve(self) -> None:
         handlers = {"rstate_get_many": self._on_get_many, "rstate_put_many": self._on_put_many}
         await ServerLoop(self.router, handlers, where="the remote-state server", on_bad=self.bad,
-                         on_failure=self._failed).serve()
-
-
-def _check_keys(keys, where: str) -> None:
-    if not set(map(type, keys)) <= _KEY_TYPES:
-        bad = next(k for k in keys if type(k) not in _KEY_TYPES)
-        raise ProtocolError("bad_field", f"{where}: a key of type {type(bad).__name__}")
+                         on_failure=self._failed, decode=protocol.decode_message, answer_requests=True).serve()

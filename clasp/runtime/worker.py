@@ -6,9 +6,10 @@ process may ask for a key's state or a whole operator's. Metrics are served over
 
 `Worker` keeps the sockets, registration, heartbeats, the data path and the executor loop; its collaborators
 are built in `__init__` with what they use passed in: `StateChannel` (clasp.runtime.worker_state: the state
-server's answers, on both channels) and `Migrator` (clasp.runtime.worker_migration: the worker's half of a
-migration). Checkpoints, sinks, declared sources and event time are mixed in (worker_recovery, sinks,
-worker_sources, worker_time).
+server's answers, on both channels), `Migrator` (clasp.runtime.worker_migration: the worker's half of a
+migration), `WorkerSinks` (clasp.runtime.sinks), `WorkerSources` (clasp.runtime.worker_sources: declared
+sources), `WorkerTime` (clasp.runtime.worker_time: event time and timers) and `WorkerCheckpoints`
+(clasp.runtime.worker_recovery: checkpoints and restores).
 """
 
 from __future__ import annotations
@@ -49,13 +50,13 @@ from clasp.runtime.net import (
 from clasp.runtime.operators import OperatorError
 from clasp.runtime.remote_state import RemoteState
 from clasp.runtime.security import Security
-from clasp.runtime.sinks import SinkMixin
+from clasp.runtime.sinks import WorkerSinks
 from clasp.runtime.tasks import ProcessTasks, internal_error
 from clasp.runtime.worker_migration import Migrator
-from clasp.runtime.worker_recovery import RecoveryMixin
-from clasp.runtime.worker_sources import SourcesMixin
+from clasp.runtime.worker_recovery import WorkerCheckpoints
+from clasp.runtime.worker_sources import WorkerSources
 from clasp.runtime.worker_state import StateChannel
-from clasp.runtime.worker_time import TimeMixin
+from clasp.runtime.worker_time import WorkerTime
 
 log = logging.getLogger("clasp.worker")
 # Errors whose text is meant for the asker; any other exception in a handler is a bug (an error id, logged).
@@ -66,14 +67,13 @@ CLIENT_ERRORS = (OperatorError, DagError, PlacementError, ProtocolError)
 PROGRESS_INTERVAL_S = 0.005
 
 
-class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
+class Worker:
     """One worker process. `await Worker(...).serve()` runs until cancelled."""
 
     def __init__(self, config: WorkerConfig, *, security: Security | None = None):
         """`config`: every setting `clasp worker` has a flag for; `security`: the CURVE keys (default: none)."""
         self.config = config
         self.planner_addr = config.planner
-        self.state_dir = config.state_dir  # checkpoints; None: the directory the planner names
         self.busy_at = perf_counter()  # when this worker last did work (rounds, migrations): idle-time work waits
         self.host = config.host
         self.metrics_host = config.metrics_host or config.host
@@ -92,22 +92,31 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         self.peers: dict[str, DirectSend] = {}
         self.peer_addrs: dict[str, str] = {}
         self.wake = asyncio.Event()
-        self.firing: set[int] = set()  # jobs whose windows are being fired (clasp.runtime.worker_time)
         self.welcomed = asyncio.Event()
         self._ports = (config.data_port, config.state_port, config.metrics_port)
         self._progress_since: float | None = None
         self.remote_states: dict[str, RemoteState] = {}  # state-server endpoint -> its client (remote state)
-        self.sources = {}  # job -> its source readers here (clasp/runtime/sources.py)
-        self.source_window = config.source_window
         self.tasks = ProcessTasks(log)  # every task of this process; cancelled together when serve() ends
         self.leave_timeout = config.leave_timeout  # after SIGTERM: longest wait for the planner's drain, then exit 1
         self.exit_code: int | None = None  # set when the planner's `shutdown` (or a failed drain) ends serve()
         self._leaving = False
         self._main: asyncio.Task | None = None
-        self.state_channel = StateChannel(self._engine, self.monitor, self._pending_timer)
+        send = self._send_control
+        # The time collaborator is made below: its timers are asked for at request time.
+        self.state_channel = StateChannel(self._engine, self.monitor, lambda job: self.time.pending_timer(job))
         self.migrations = Migrator(self.id, self.jobs, self.tasks, engine_of=self._engine, peer=self._peer,
-                                   flush_data=self._flush_data, send=lambda frame: self.dealer.send(frame),
-                                   bad=self._bad, busy=functools.partial(setattr, self, "busy_at"), wake=self.wake)
+                                   flush_data=self._flush_data, send=send, bad=self._bad,
+                                   busy=functools.partial(setattr, self, "busy_at"), wake=self.wake)
+        self.sinks = WorkerSinks(self.id, self.tasks, send=send, engine_of=self._engine, wake=self.wake.set,
+                                 error_text=self._error_text)
+        readers: dict = {}  # job -> its source readers here (clasp/runtime/sources.py)
+        self.time = WorkerTime(self.jobs, readers, self.tasks, send=send, wake=self.wake)
+        self.sources = WorkerSources(self.id, readers, self.tasks, send=send, wake=self.wake.set,
+                                     window=config.source_window, attached=self.time.attached)
+        self.checkpoints = WorkerCheckpoints(
+            self.id, self.jobs, self.tasks, self.monitor, state_dir=config.state_dir, send=send,
+            engine_of=self._engine, new_engine=self._new_engine, connect_peers=self._connect_peers, sinks=self.sinks,
+            sources=self.sources, time=self.time, wake=self.wake)
 
     # ----------------------------------------------------------------- lifecycle
     async def serve(self) -> None:
@@ -148,6 +157,10 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         finally:
             self.ctx.destroy(linger=200)
 
+    def _send_control(self, frame: bytes):
+        """Send on the control channel (the planner's DEALER, made when the worker serves)."""
+        return self.dealer.send(frame)
+
     async def _register_loop(self) -> None:
         while True:
             if not self.welcomed.is_set() and self.exit_code is None and not self._leaving:
@@ -177,46 +190,47 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
 
     # ----------------------------------------------------------------- control channel (planner)
     async def _control_loop(self) -> None:
+        ckpts, sinks, sources = self.checkpoints, self.sinks, self.sources
         handlers = {**self.state_channel.handlers, "welcome": self._on_welcome, "deploy": self._on_deploy,
                     "stop_job": self._on_stop_job, "error": self._on_error, "migrate_plan": self.migrations.on_plan,
                     "peers": self._on_peers, "shutdown": self._on_shutdown,
-                    "ckpt_begin": self._on_ckpt_begin, "ckpt_snapshot": self._on_ckpt_snapshot,
-                    "ckpt_abort": self._on_ckpt_abort, "restore": self._on_restore,
-                    "sink_commit": self._on_sink_commit, "sink_flush": self._on_sink_flush,
-                    "leased": self._on_leased, "credit": self._on_credit, "src_assign": self._on_src_assign,
-                    "src_release": self._on_src_release, "watermark": self._on_watermark}
+                    "ckpt_begin": ckpts.on_begin, "ckpt_snapshot": ckpts.on_snapshot, "ckpt_abort": ckpts.on_abort,
+                    "restore": ckpts.on_restore, "sink_commit": sinks.on_commit, "sink_flush": sinks.on_flush,
+                    "leased": sources.on_leased, "credit": sources.on_credit, "src_assign": sources.on_assign,
+                    "src_release": sources.on_release, "watermark": self.time.on_watermark}
         await ServerLoop(self.dealer, handlers, where="a worker's control channel", routed=False,
-                         on_bad=functools.partial(self._bad, where="control"), on_failure=self._failed).serve()
+                         on_bad=functools.partial(self._bad, where="control"), on_failure=self._failed,
+                         decode=protocol.decode_message, answer_requests=True).serve()
 
-    def _failed(self, ident: bytes | None, mtype: str, body, e: Exception) -> bytes | None:
+    def _failed(self, ident: bytes | None, mtype: str, msg: protocol.Message, e: Exception) -> bytes | None:
         text = self._error_text(mtype if ident is None else f"state server: {mtype}", e)
-        if isinstance(body, dict) and "req" in body:
-            return protocol.reply_error(body["req"], text)
+        if isinstance(msg, protocol.Call):
+            return protocol.reply_error(msg.req, text)
         return None
 
-    def _on_welcome(self, body) -> None:
-        self.heartbeat = float(body["heartbeat"]) or self.heartbeat
+    def _on_welcome(self, msg: protocol.Welcome) -> None:
+        self.heartbeat = float(msg.heartbeat) or self.heartbeat
         self.welcomed.set()
-        log.info("registered with planner %s", body["planner"])
+        log.info("registered with planner %s", msg.planner)
 
-    def _on_error(self, body) -> None:
-        if body["reason"] == "unknown_worker":
+    def _on_error(self, msg: protocol.Error) -> None:
+        if msg.reason == "unknown_worker":
             self.welcomed.clear()  # the planner restarted or declared us dead: register again
-        elif body["reason"] == "declared_dead":
+        elif msg.reason == "declared_dead":
             # We were silent too long: the planner recovered our jobs without us. Nothing here is current
             # any more; register again as a new worker holding nothing.
             for job in list(self.jobs):
-                self._sinks_detach(job)
+                self.sinks.detach(job)
             self.jobs.clear()
-            self._sources_drop_all()
+            self.sources.drop_all()
             self.welcomed.clear()
-        log.warning("planner reports %s: %s", body["reason"], body["detail"])
+        log.warning("planner reports %s: %s", msg.reason, msg.detail)
 
     # ----------------------------------------------------------------- joining and leaving (docs/DEPLOY.md)
-    def _on_peers(self, body) -> bytes:
+    def _on_peers(self, msg: protocol.Peers) -> bytes:
         """Workers that joined a job's pool: connect to them now (a first send must not wait for a handshake)."""
-        self._connect_peers(body["peers"])
-        return protocol.reply(body["req"], {"worker": self.id})
+        self._connect_peers(msg.peers)
+        return protocol.reply(msg.req, {"worker": self.id})
 
     def leave(self) -> None:
         """SIGTERM: ask the planner to drain this worker; it answers `shutdown` once nothing is left here.
@@ -235,16 +249,16 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         log.error("the planner did not drain this worker within %g s: exiting", self.leave_timeout)
         self._exit(1)
 
-    async def _on_shutdown(self, body) -> None:
-        if body["ok"]:
-            log.info("drained: %s; exiting", body["detail"])
+    async def _on_shutdown(self, msg: protocol.Shutdown) -> None:
+        if msg.ok:
+            log.info("drained: %s; exiting", msg.detail)
         else:
-            log.error("the planner could not drain this worker: %s; exiting", body["detail"])
+            log.error("the planner could not drain this worker: %s; exiting", msg.detail)
         for eng in self.jobs.values():  # what is batched leaves before the sockets close
             self._flush_data(eng)
             self._flush_progress(eng)
         await asyncio.sleep(0.05)
-        self._exit(0 if body["ok"] else 1)
+        self._exit(0 if msg.ok else 1)
 
     def _exit(self, code: int) -> None:
         self.exit_code = code
@@ -252,25 +266,30 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
         if self._main is not None:
             self._main.cancel()
 
-    def _on_deploy(self, body) -> bytes:
-        spec = DagSpec.unpack(body["dag"])
-        placement = Placement.from_wire(body["placement"], spec)
-        self._connect_peers(body["peers"])
-        job = body["job"]
+    def _on_deploy(self, msg: protocol.Deploy) -> bytes:
+        spec = DagSpec.unpack(msg.dag)
+        placement = Placement.from_wire(msg.placement, spec)
+        self._connect_peers(msg.peers)
+        job = msg.job
         if job in self.jobs:
             raise ValueError(f"job {job} is already deployed here")
-        eng = JobEngine(job, spec, self.id, placement, self.p_max)
+        eng = self._new_engine(msg, spec, placement)
+        eng.floor = msg.floor or 0  # rows of an older epoch belong to an era a recovery rolled back
+        self.jobs[job] = eng
+        self.sinks.attach(eng, msg.run or "")
+        self.sources.attach(eng, msg.sources)
+        log.info("deployed job %d (%s), %d operators, epoch %d", job, spec.name, len(spec.operators), placement.epoch)
+        return protocol.reply(msg.req, {"worker": self.id})
+
+    def _new_engine(self, msg: protocol.Deploy | protocol.Restore, spec: DagSpec, placement: Placement) -> JobEngine:
+        """A job's engine here, as its deploy or restore says, with this worker's settings."""
+        eng = JobEngine(msg.job, spec, self.id, placement, self.p_max)
         eng.outbox.max_batch = self.max_batch
         eng.executor.stall = self.stall
         eng.executor.on_work = self.wake.set
-        if body.get("state") == "remote":
-            eng.executor.remote_state = self._remote_state(body["state_server"])
-        eng.floor = body.get("floor") or 0  # rows of an older epoch belong to an era a recovery rolled back
-        self.jobs[job] = eng
-        self._sinks_attach(eng, body.get("run", ""))
-        self._sources_attach(eng, body.get("sources"))
-        log.info("deployed job %d (%s), %d operators, epoch %d", job, spec.name, len(spec.operators), placement.epoch)
-        return protocol.reply(body["req"], {"worker": self.id})
+        if msg.state == "remote":
+            eng.executor.remote_state = self._remote_state(msg.state_server)
+        return eng
 
     def _connect_peers(self, peers: dict) -> None:
         for wid, addr in peers.items():
@@ -292,17 +311,17 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
             self.remote_states[endpoint] = rs
         return rs
 
-    def _engine(self, body) -> JobEngine:
-        eng = self.jobs.get(body["job"])
+    def _engine(self, msg: protocol.JobCall) -> JobEngine:
+        eng = self.jobs.get(msg.job)
         if eng is None:
-            raise OperatorError(f"no job {body['job']} on worker {self.id}")
+            raise OperatorError(f"no job {msg.job} on worker {self.id}")
         return eng
 
-    async def _on_stop_job(self, body) -> bytes:
-        self.jobs.pop(body["job"], None)
-        await self._sinks_stop(body["job"])
-        await self._sources_detach(body["job"])
-        return protocol.reply(body["req"], True)
+    async def _on_stop_job(self, msg: protocol.StopJob) -> bytes:
+        self.jobs.pop(msg.job, None)
+        await self.sinks.stop(msg.job)
+        await self.sources.detach(msg.job)
+        return protocol.reply(msg.req, True)
 
     # ----------------------------------------------------------------- data path
     async def _data_loop(self) -> None:
@@ -332,6 +351,7 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
                 protocol.check_runs(body[2], len(eng.ops))
             else:
                 protocol.check_migrate(body, len(eng.ops))
+                msg = protocol.parse(mtype, body)  # a marker or a migrate: once per migration step
         except ProtocolError as e:
             self._bad(e, "data")
             return
@@ -356,10 +376,10 @@ class Worker(RecoveryMixin, SinkMixin, SourcesMixin, TimeMixin):
             msgs = job_messages(body[0])
             msgs[2] += 1
             msgs[3] += eng.receive_runs(body[1], body[2])
-            self._push_marks(eng, body[2])
+            self.time.push_marks(eng, body[2])
             self.wake.set()
         else:
-            self.migrations.on_message(eng, mtype, body, perf_counter() - t0)
+            self.migrations.on_message(eng, msg, perf_counter() - t0)
 
     def _peer(self, wid: str) -> DirectSend:
         peer = self.peers.get(wid)

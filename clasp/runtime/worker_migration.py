@@ -50,8 +50,8 @@ class Handover:
         self.stats: dict = {}
         self.packed_on_move = 0  # key groups a migration had to pack (not at rest), cumulative
         self.dropped: list[dict] = []  # the state of key groups that moved away, freed in idle time
-        self.early: list = []  # markers and migrate messages that overtook their plan
-        self.queued_plans: list = []  # plans that arrived while one was still running
+        self.early: list[protocol.Marker] = []  # markers and migrate messages that overtook their plan
+        self.queued_plans: list[protocol.MigratePlan] = []  # plans that arrived while one was still running
         self.before: Placement | None = None  # the placement the migration in progress started from
 
     def begin(self, before: Placement, incoming: dict[int, set[int]]) -> list[tuple[int, list]]:
@@ -240,7 +240,7 @@ class Engine(Protocol):
 
 
 class Migrator:
-    """The worker's half of every migration. `jobs` is the worker's table of engines; `engine_of(body)` finds a
+    """The worker's half of every migration. `jobs` is the worker's table of engines; `engine_of(msg)` finds a
     request's (or raises); `peer(wid)` is the data socket to a peer; `flush_data(eng)` sends what an engine
     batched; `send` sends on the control channel; `bad(error, where)` counts a bad message; `busy(t)` tells
     the worker it did work at `t` (idle-time work waits); `wake` wakes its executor loop."""
@@ -253,36 +253,36 @@ class Migrator:
         self.busy, self.wake = busy, wake
         self.gc_paused = False  # collection turned off here for a migration in progress
 
-    def on_plan(self, body) -> None:
+    def on_plan(self, msg: protocol.MigratePlan) -> None:
         """Steps 3-7 for one plan; the reply to the planner is sent when this worker is done."""
-        eng = self.engine_of(body)
-        plan = MigrationPlan.from_wire(body["plan"])
-        placement = Placement.from_wire(body["placement"], eng.spec)
+        eng = self.engine_of(msg)
+        plan = MigrationPlan.from_wire(msg.plan)
+        placement = Placement.from_wire(msg.placement, eng.spec)
         if placement.epoch <= eng.epoch:
             raise ValueError(f"plan for epoch {placement.epoch}, job {eng.job} is at {eng.epoch}")
         if eng.handover.migration is not None:
             # The planner sends a newer plan while this one waits when a peer died: stop waiting for the
             # dead (their key groups restart empty), finish this one, then run the next.
             self.forget(eng, plan.dead)
-            eng.handover.queued_plans.append(body)
+            eng.handover.queued_plans.append(msg)
             self.tasks.spawn(self.progress(eng), f"migration of job {eng.job}")
             return
         eng.handover.migration = WorkerMigration(plan, self.me)
         self.gc_for_migrations()
-        eng.handover.req = body["req"]
+        eng.handover.req = msg.req
         eng.handover.t0 = perf_counter()
         self.busy(eng.handover.t0)
         eng.handover.stats = {"bytes": 0, "objects": 0, "rows": 0, "received_objects": 0, "busy_ms": 0.0,
                               "pause_ms": 0.0, "pause_cpu_ms": 0.0}
         # Step 3: what was batched under the old epoch leaves first, then the markers that close it.
         self.flush_data(eng)
-        marker = protocol.encode("marker", [eng.job, placement.epoch, self.me])
+        marker = protocol.pack(protocol.Marker(eng.job, placement.epoch, self.me))
         for wid in plan.markers_to_send(self.me):
             self.peer(wid).send(marker)
         eng.begin_migration(placement, incoming_groups(plan, eng.spec, self.me))
         early, eng.handover.early = eng.handover.early, []
-        for mtype, m in early:
-            self.on_message(eng, mtype, m)
+        for m in early:
+            self.on_message(eng, m)
         self.tasks.spawn(self.progress(eng), f"migration of job {eng.job}")
 
     def forget(self, eng: Engine, dead) -> None:
@@ -292,27 +292,26 @@ class Migrator:
                 eng.release_groups(groups_from(eng.handover.migration.plan, eng.spec, w, self.me))
         mig.forget(dead)
 
-    def on_message(self, eng: Engine, mtype: str, body: list, decode_s: float = 0.0) -> None:
+    def on_message(self, eng: Engine, msg: protocol.Marker | protocol.Migrate, decode_s: float = 0.0) -> None:
         """A marker or a migrate message (`decode_s`: the time its decoding took, part of the work)."""
         mig = eng.handover.migration
-        epoch, sender = body[1], body[2]
+        epoch, sender = msg.epoch, msg.sender
         if epoch > eng.epoch:
-            eng.handover.early.append((mtype, body))  # it overtook our plan
+            eng.handover.early.append(msg)  # it overtook our plan
             return
         if mig is None or epoch < mig.plan.epoch:
-            self.bad(ProtocolError("stale_migration", f"{mtype} for epoch {epoch} at epoch {eng.epoch}"), "data")
+            self.bad(ProtocolError("stale_migration", f"{msg.TYPE} for epoch {epoch} at epoch {eng.epoch}"), "data")
             return
-        if mtype == "marker":
+        if not isinstance(msg, protocol.Migrate):
             mig.marker(sender)
         else:
             # Steps 5-6, group by group: install the state and requests that came, release what was held.
             t, tc = perf_counter(), thread_time()
-            _, _, _, units, rows, more = body
-            eng.handover.stats["received_objects"] += eng.install(units, rows)
+            eng.handover.stats["received_objects"] += eng.install(msg.units, msg.rows)
             released: dict[int, list[int]] = {}
-            for op_index, g, _blob, _keys, _rows in units:
+            for op_index, g, _blob, _keys, _rows in msg.units:
                 released.setdefault(op_index, []).append(g)
-            if not more:  # the last message from this sender: groups it had nothing of are ours now too
+            if not msg.more:  # the last message from this sender: groups it had nothing of are ours now too
                 released = groups_from(mig.plan, eng.spec, sender, self.me)
                 mig.received(sender)
             eng.release_groups(released)
@@ -402,7 +401,7 @@ class Migrator:
 
     def send_migrate(self, eng: Engine, wid: str, epoch: int, units: list, rows: list, more: bool) -> None:
         """Step 4's message to one peer; the last one carries `more=False`."""
-        frame = protocol.encode("migrate", [eng.job, epoch, self.me, units, rows, more])
+        frame = protocol.pack(protocol.Migrate(eng.job, epoch, self.me, units, rows, more))
         self.peer(wid).send(frame, copy=False)
         eng.handover.stats["bytes"] += len(frame)
 

@@ -1,7 +1,7 @@
 """The worker's side of checkpoints and recovery (clasp.core.checkpoint): barriers, snapshots, restores.
 
-Mixed into `clasp.runtime.worker.Worker`, which routes the control messages `ckpt_begin`, `ckpt_snapshot`,
-`ckpt_abort` and `restore` here.
+`WorkerCheckpoints` is the worker's collaborator for them: the worker routes the control messages
+`ckpt_begin`, `ckpt_snapshot`, `ckpt_abort` and `restore` to it.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+from collections.abc import Callable
 from time import perf_counter, thread_time
 
 from clasp.core import protocol
@@ -16,46 +17,65 @@ from clasp.core.checkpoint import groups_to_restore
 from clasp.core.dag import DagSpec
 from clasp.core.routing import Placement
 from clasp.runtime.engine import JobEngine
+from clasp.runtime.monitor import Monitor
 from clasp.runtime.operators import OperatorError, check_serializable
+from clasp.runtime.sinks import WorkerSinks
 from clasp.runtime.state_store import CorruptCheckpoint, FileStore, wrap_blob
+from clasp.runtime.tasks import ProcessTasks
+from clasp.runtime.worker_sources import WorkerSources
+from clasp.runtime.worker_time import WorkerTime
 
 log = logging.getLogger("clasp.worker")
 SNAPSHOT_SLICE_KEYS = 1000  # keys packed between two turns of the event loop (a slice ≈ 0.5 ms; at most one group)
 
 
-class RecoveryMixin:
-    state_dir: str | None
+class WorkerCheckpoints:
+    """The worker's checkpoints and restores of its jobs (`jobs`, the worker's table of engines). `state_dir`:
+    where checkpoints go (None: the directory the planner names); `send` sends on the control channel (the
+    answers that come later); `engine_of(msg)` finds a request's engine (or raises); `new_engine(msg, spec,
+    placement)` makes a job's engine as a deploy does; `connect_peers(peers)` connects to a job's workers;
+    `sinks`, `sources` and `time` are the worker's other collaborators a checkpoint and a restore involve."""
+
+    def __init__(self, me: str, jobs: dict[int, JobEngine], tasks: ProcessTasks, monitor: Monitor, *,
+                 state_dir: str | None, send: Callable[[bytes], object],
+                 engine_of: Callable[[protocol.JobCall], JobEngine],
+                 new_engine: Callable[[protocol.Deploy | protocol.Restore, DagSpec, Placement], JobEngine],
+                 connect_peers: Callable[[dict], None], sinks: WorkerSinks, sources: WorkerSources, time: WorkerTime,
+                 wake: asyncio.Event):
+        self.me, self.jobs, self.tasks, self.monitor, self.state_dir = me, jobs, tasks, monitor, state_dir
+        self.send, self.engine_of, self.new_engine, self.connect_peers = send, engine_of, new_engine, connect_peers
+        self.sinks, self.sources, self.time, self.wake = sinks, sources, time, wake
 
     def _store(self, planner_dir: str) -> FileStore:
         return FileStore(self.state_dir or planner_dir)
 
-    def _on_ckpt_begin(self, body) -> bytes:
-        eng = self._engine(body)
-        eng.begin_barrier(body["boundary"])
-        self._sinks_fence(eng, body["boundary"])
+    def on_begin(self, msg: protocol.CkptBegin) -> bytes:
+        eng = self.engine_of(msg)
+        eng.begin_barrier(msg.boundary)
+        self.sinks.fence(eng, msg.boundary)
         # The positions of the cut: every batch read so far has a chunk below the boundary, every later one
         # will have one at or above it.
-        positions = self._sources_barrier(eng.job, body["boundary"])
-        return protocol.reply(body["req"], {"worker": self.id, "positions": positions})
+        positions = self.sources.barrier(eng.job, msg.boundary)
+        return protocol.reply(msg.req, {"worker": self.me, "positions": positions})
 
-    def _on_ckpt_abort(self, body) -> bytes:
-        eng = self.jobs.get(body["job"])
+    def on_abort(self, msg: protocol.CkptAbort) -> bytes:
+        eng = self.jobs.get(msg.job)
         if eng is not None:
             eng.release_barrier()
-            self._sinks_unfence(eng)
+            self.sinks.unfence(eng)
             self.wake.set()
-        return protocol.reply(body["req"], True)
+        return protocol.reply(msg.req, True)
 
-    def _on_ckpt_snapshot(self, body) -> None:
-        eng = self._engine(body)
-        self.tasks.spawn(self._snapshot(eng, body), f"checkpoint {body['ckpt']} of job {eng.job}")
+    def on_snapshot(self, msg: protocol.CkptSnapshot) -> None:
+        eng = self.engine_of(msg)
+        self.tasks.spawn(self._snapshot(eng, msg), f"checkpoint {msg.ckpt} of job {eng.job}")
 
-    async def _snapshot(self, eng: JobEngine, body: dict) -> None:
+    async def _snapshot(self, eng: JobEngine, msg: protocol.CkptSnapshot) -> None:
         try:
-            await self._snapshot_inner(eng, body)
+            await self._snapshot_inner(eng, msg)
         except Exception as e:  # the checkpoint fails (answered), the job goes on
             eng.release_barrier()
-            self._sinks_unfence(eng)
+            self.sinks.unfence(eng)
             self.wake.set()
             self.monitor.checkpoint_failures += 1
             text = f"{type(e).__name__}: {e}"
@@ -66,15 +86,15 @@ class RecoveryMixin:
                             check_serializable(op.name, op.state_dict())
                 except OperatorError as named:
                     text = str(named)
-            log.error("job %d checkpoint %d failed: %s", eng.job, body["ckpt"], text)
-            self.dealer.send(protocol.reply_error(body["req"], f"checkpoint {body['ckpt']} failed: {text}"[:500]))
+            log.error("job %d checkpoint %d failed: %s", eng.job, msg.ckpt, text)
+            self.send(protocol.reply_error(msg.req, f"checkpoint {msg.ckpt} failed: {text}"[:500]))
 
-    async def _snapshot_inner(self, eng: JobEngine, body: dict) -> None:
+    async def _snapshot_inner(self, eng: JobEngine, msg: protocol.CkptSnapshot) -> None:
         """Every record below the boundary is complete, and every key group a request above it changed has
         its image from before: pack the owned groups as of the boundary (in slices, yielding in between,
         the barrier still up while requests above it run on), release the barrier, then write the files off
         the event loop and answer."""
-        req, job, ckpt = body["req"], body["job"], body["ckpt"]
+        req, job, ckpt = msg.req, msg.job, msg.ckpt
         t0 = perf_counter()
         pause = pause_cpu = 0.0  # the longest slice, wall clock and this thread's CPU time
         blobs = []
@@ -96,7 +116,7 @@ class RecoveryMixin:
                     keys = 0
                     await asyncio.sleep(0)
                     t, tc = perf_counter(), thread_time()
-            collected = eng.cut.take_collected_below(body["boundary"])
+            collected = eng.cut.take_collected_below(msg.boundary)
             pause, pause_cpu = max(pause, perf_counter() - t), max(pause_cpu, thread_time() - tc)
         finally:
             if gc_was:
@@ -104,69 +124,62 @@ class RecoveryMixin:
             released = eng.release_barrier()
             self.wake.set()
         pack_s = perf_counter() - t0
-        store = self._store(body["dir"])
+        store = self._store(msg.dir)
         try:
             nbytes = await asyncio.to_thread(_write_all, store, job, ckpt, self.id, blobs)
         except OSError as e:
             log.error("job %d checkpoint %d: writing the state failed: %s", job, ckpt, e)
             self.monitor.checkpoint_failures += 1
-            self.dealer.send(protocol.reply_error(req, f"checkpoint {ckpt} not written: {e}"))
-            self._sinks_unfence(eng)
+            self.send(protocol.reply_error(req, f"checkpoint {ckpt} not written: {e}"))
+            self.sinks.unfence(eng)
             # the outputs go back: the checkpoint that would have released them failed
             for name, outs in collected.items():
                 op = eng.op(name)
                 op.collected[:0] = outs
-                op.collected_rids[:0] = [body["boundary"] - 1] * len(outs)
+                op.collected_rids[:0] = [msg.boundary - 1] * len(outs)
             return
         # The sinks' writes below the boundary, prepared: committed when the checkpoint completes.
-        sinks = await self._sinks_prepare(eng, ckpt, body["boundary"])
+        sinks = await self.sinks.prepare(eng, ckpt, msg.boundary)
         groups: dict[str, list[int]] = {}
         for op, g, _ in blobs:
             groups.setdefault(op, []).append(g)
-        self.dealer.send(protocol.reply(req, {
-            "worker": self.id, "groups": groups, "bytes": nbytes, "collected": collected, "sinks": sinks,
+        self.send(protocol.reply(req, {
+            "worker": self.me, "groups": groups, "bytes": nbytes, "collected": collected, "sinks": sinks,
             "pause": pause, "pause_cpu": pause_cpu, "pack_s": pack_s, "total_s": perf_counter() - t0,
             "released": released}))
 
-    async def _on_restore(self, body) -> bytes:
+    async def on_restore(self, msg: protocol.Restore) -> bytes:
         """Roll the job back: a fresh engine on the recovery placement, the key groups this worker owns
         loaded from checkpoint `ckpt` (0: the job's start, empty), every request of the old era dropped."""
-        job = body["job"]
+        job = msg.job
         old = self.jobs.pop(job, None)
-        await self._sources_detach(job)
-        spec = old.spec if old is not None else DagSpec.unpack(body["dag"])
-        sinks = body.get("sinks") or {}
-        sink_failed = await self._sinks_recover(job, sinks.get(self.id, {}), spec)
-        placement = Placement.from_wire(body["placement"], spec)
-        self._connect_peers(body["peers"])
-        eng = JobEngine(job, spec, self.id, placement, self.p_max)
-        self._time_restored(spec, body.get("watermark"))
-        eng.outbox.max_batch = self.max_batch
-        eng.executor.stall = self.stall
-        eng.executor.on_work = self.wake.set
+        await self.sources.detach(job)
+        spec = old.spec if old is not None else DagSpec.unpack(msg.dag)
+        sink_failed = await self.sinks.recover(job, (msg.sinks or {}).get(self.me, {}), spec)
+        placement = Placement.from_wire(msg.placement, spec)
+        self.connect_peers(msg.peers)
+        eng = self.new_engine(msg, spec, placement)
+        self.time.restored(spec, msg.watermark)
         eng.floor = placement.epoch
-        if body.get("state") == "remote":
-            eng.executor.remote_state = self._remote_state(body["state_server"])
         loaded = 0
-        if body["ckpt"]:
-            store = self._store(body["dir"])
-            mine = groups_to_restore(spec, placement, self.id, body["groups"])
+        if msg.ckpt:
+            store = self._store(msg.dir)
+            mine = groups_to_restore(spec, placement, self.me, msg.groups)
             try:
-                parts = await asyncio.to_thread(store.read_groups, job, body["ckpt"], mine)
+                parts = await asyncio.to_thread(store.read_groups, job, msg.ckpt, mine)
             except CorruptCheckpoint as e:
                 log.error("job %d: %s", job, e)
                 # An answer, not a failure: the planner falls back to the checkpoint before this one.
-                return protocol.reply(body["req"], {"worker": self.id, "unreadable": str(e)})
+                return protocol.reply(msg.req, {"worker": self.me, "unreadable": str(e)})
             for op, g, items in parts:
                 eng.install_group(op, g, items)
                 loaded += len(items)
         self.jobs[job] = eng
-        self._sinks_attach(eng, body.get("run", ""))
-        self._sources_attach(eng, body.get("sources"))
+        self.sinks.attach(eng, msg.run or "")
+        self.sources.attach(eng, msg.sources)
         self.wake.set()
-        log.info("job %d restored from checkpoint %d at epoch %d: %d keys", job, body["ckpt"], placement.epoch,
-                 loaded)
-        return protocol.reply(body["req"], {"worker": self.id, "keys": loaded, "sink_failed": sink_failed})
+        log.info("job %d restored from checkpoint %d at epoch %d: %d keys", job, msg.ckpt, placement.epoch, loaded)
+        return protocol.reply(msg.req, {"worker": self.me, "keys": loaded, "sink_failed": sink_failed})
 
 
 def _write_all(store: FileStore, job: int, ckpt: int, worker: str, blobs: list) -> int:

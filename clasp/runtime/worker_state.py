@@ -17,11 +17,11 @@ from clasp.runtime.net import ServerLoop
 
 
 class StateChannel:
-    """`engine_of(body)` finds a request's job engine (or raises OperatorError); `monitor` counts the messages
+    """`engine_of(msg)` finds a request's job engine (or raises OperatorError); `monitor` counts the messages
     each job sent and received, part of its counters; `pending_timer(job)`: the earliest processing-time
     deadline not fired yet of the job's timers held here (None: none)."""
 
-    def __init__(self, engine_of: Callable[[dict], JobEngine], monitor: Monitor,
+    def __init__(self, engine_of: Callable[[protocol.JobCall], JobEngine], monitor: Monitor,
                  pending_timer: Callable[[int], float | None] = lambda job: None):
         self.engine_of, self.monitor, self.pending_timer = engine_of, monitor, pending_timer
         self.handlers = {"state_get": self.on_state_get, "state_put": self.on_state_put,
@@ -29,29 +29,29 @@ class StateChannel:
                          "counters": self.on_counters}
 
     async def serve(self, router: zmq.asyncio.Socket, *, on_bad: Callable, on_failure: Callable) -> None:
-        await ServerLoop(router, self.handlers, where="a state server", pass_ident=False,
-                         on_bad=on_bad, on_failure=on_failure).serve()
+        await ServerLoop(router, self.handlers, where="a state server", pass_ident=False, on_bad=on_bad,
+                         on_failure=on_failure, decode=protocol.decode_message, answer_requests=True).serve()
 
-    def on_state_dump(self, body) -> bytes:
-        return protocol.reply(body["req"], self.engine_of(body).state_dump(body["op"]))
+    def on_state_dump(self, msg: protocol.StateDump) -> bytes:
+        return protocol.reply(msg.req, self.engine_of(msg).state_dump(msg.op))
 
-    def on_collected_dump(self, body) -> bytes:
-        return protocol.reply(body["req"], list(self.engine_of(body).op(body["op"]).collected))
+    def on_collected_dump(self, msg: protocol.CollectedDump) -> bytes:
+        return protocol.reply(msg.req, list(self.engine_of(msg).op(msg.op).collected))
 
-    def on_counters(self, body) -> bytes:
-        eng = self.engine_of(body)
+    def on_counters(self, msg: protocol.Counters) -> bytes:
+        eng = self.engine_of(msg)
         out = {**eng.counters(), "messages": self.monitor.message_counts(eng.job)}
-        if body.get("below") is not None:
-            out["holds_below"] = eng.holds_below(body["below"])
-        if body.get("timers"):  # after any firing's seal on the same channel: its outputs are counted first
+        if msg.below is not None:
+            out["holds_below"] = eng.holds_below(msg.below)
+        if msg.timers:  # after any firing's seal on the same channel: its outputs are counted first
             out["timers"] = self.pending_timer(eng.job)
-        return protocol.reply(body["req"], out)
+        return protocol.reply(msg.req, out)
 
-    def on_state_get(self, body) -> bytes:
-        op = self.engine_of(body).op(body["op"])
-        op.warm_key(body["key"])
-        return protocol.reply(body["req"], op.get(body["key"]))
+    def on_state_get(self, msg: protocol.StateGet) -> bytes:
+        op = self.engine_of(msg).op(msg.op)
+        op.warm_key(msg.key)
+        return protocol.reply(msg.req, op.get(msg.key))
 
-    def on_state_put(self, body) -> bytes:
-        self.engine_of(body).op(body["op"]).put_state(body["key"], body["value"])
-        return protocol.reply(body["req"], True)
+    def on_state_put(self, msg: protocol.StatePut) -> bytes:
+        self.engine_of(msg).op(msg.op).put_state(msg.key, msg.value)
+        return protocol.reply(msg.req, True)

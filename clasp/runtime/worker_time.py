@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from clasp.core import protocol
 from clasp.core.eventtime import NEG_INF
@@ -33,6 +34,7 @@ from clasp.core.timed import stages
 from clasp.core.timers import PROCESSING, GroupTimers
 from clasp.core.tracking import CHUNK_BITS
 from clasp.runtime.engine import OperatorError
+from clasp.runtime.tasks import ProcessTasks
 
 log = logging.getLogger("clasp.worker.time")
 CHUNK_WAIT_S = 2.0
@@ -65,8 +67,16 @@ def timer_index(readers, op) -> GroupTimers:
     return index
 
 
-class TimeMixin:
-    def _push_marks(self, eng, runs: list) -> None:
+class WorkerTime:
+    """The worker's event time and timers. `jobs`, `sources`: the worker's tables of job engines and of their
+    readers; `send` sends on the control channel; `wake`: the executor loop's event."""
+
+    def __init__(self, jobs: dict, sources: dict, tasks: ProcessTasks, *, send: Callable[[bytes], object],
+                 wake: asyncio.Event):
+        self.jobs, self.sources, self.tasks, self.send, self.wake = jobs, sources, tasks, send, wake
+        self.firing: set[int] = set()  # jobs whose windows are being fired
+
+    def push_marks(self, eng, runs: list) -> None:
         """The largest event time of each pushed chunk's records in these runs, for the planner's watermark
         (`wm_push`): sent ahead of their progress, so the planner has it before any of them can complete, and
         computed here, where the push source runs, so the planner calls no timestamp function (docs/TIME.md)."""
@@ -80,15 +90,15 @@ class TimeMixin:
                 if top > tops.get(chunk, NEG_INF):
                     tops[chunk] = top
         for chunk, top in tops.items():
-            self.dealer.send(protocol.encode("wm_push", [eng.job, chunk, top]))
+            self.send(protocol.encode("wm_push", [eng.job, chunk, top]))
 
-    def _time_restored(self, spec, levels: list | None) -> None:
+    def restored(self, spec, levels: list | None) -> None:
         """A rollback: the windows restored are those of the checkpoint, taken at these watermarks (per
         stage)."""
         for i, d in stages(spec).items():
             spec.operators[i].fn.watermark = float(levels[min(d, len(levels) - 1)]) if levels else NEG_INF
 
-    def _time_attached(self, job: int, readers) -> None:
+    def attached(self, job: int, readers) -> None:
         """A new engine with readers: a job with processing-time timers gets its clock task."""
         eng = readers.eng
         readers.stages = stages(eng.spec)  # the engine's DAG never changes: found once, not at every firing
@@ -99,7 +109,7 @@ class TimeMixin:
                 fold.now = max(fold.now, now)
             self.tasks.spawn(self._processing_time(job, readers), f"processing-time timers of job {job}")
 
-    def _pending_timer(self, job: int) -> float | None:
+    def pending_timer(self, job: int) -> float | None:
         """The earliest processing-time deadline among the job's timers held here that has not fired (for
         `wait_idle`: it returns once every one due by the time it was called fired)."""
         readers, eng = self.sources.get(job), self.jobs.get(job)
@@ -124,17 +134,17 @@ class TimeMixin:
                 self.tasks.spawn(self._fire(job, None, None), f"timers of job {job}")
             await asyncio.sleep(PROCESSING_TICK_S)
 
-    def _on_watermark(self, body) -> None:
-        job = body["job"]
+    def on_watermark(self, msg: protocol.Watermark) -> None:
+        job = msg.job
         readers = self.sources.get(job)
         if job not in self.jobs or readers is None:
             return
         if job in self.firing:
-            readers.next_watermark = body  # fired once this firing is done: the planner sends a moved one once
+            readers.next_watermark = msg  # fired once this firing is done: the planner sends a moved one once
             return
         self.firing.add(job)
-        levels = [float(w) for w in body["levels"]]
-        self.tasks.spawn(self._fire(job, levels, body["round"]), f"windows of job {job}")
+        levels = [float(w) for w in msg.levels]
+        self.tasks.spawn(self._fire(job, levels, msg.round), f"windows of job {job}")
 
     async def _fire(self, job: int, levels: list[float] | None, rnd: int | None) -> None:
         """Fire every keyed time operator at its stage's watermark (`levels`; None: at the one it last fired
@@ -175,14 +185,14 @@ class TimeMixin:
                     log.error("job %d: %s fired %d windows at once: more than a chunk holds", job, op.name, len(outs))
                 counts = eng.admit_source(op.index, outs, chunk << CHUNK_BITS)
                 readers.inflight += len(outs)  # their credit comes back as for a batch read here
-                self.dealer.send(protocol.encode("wm_out", [job, chunk, len(outs)]))  # windows, not read
-                self.dealer.send(protocol.encode("seal", [job, chunk, len(outs), counts]))
+                self.send(protocol.pack(protocol.WmOut(job, chunk, len(outs))))  # windows, not read
+                self.send(protocol.encode("seal", [job, chunk, len(outs), counts]))
                 self.wake.set()
             if rnd is not None:
-                self.dealer.send(protocol.encode("wm_fired", [job, rnd, late]))
+                self.send(protocol.pack(protocol.WmFired(job, rnd, late)))
         finally:
             self.firing.discard(job)
             readers = self.sources.get(job)
             if readers is not None and readers.next_watermark is not None:
-                body, readers.next_watermark = readers.next_watermark, None
-                self._on_watermark(body)
+                msg, readers.next_watermark = readers.next_watermark, None
+                self.on_watermark(msg)

@@ -105,7 +105,7 @@ def test_remote_state_server_validates(live3, client):
         mtype, body = ask(b"\xc1garbage")
         assert mtype == "error" and body["reason"] == "undecodable"
         mtype, body = ask(msgpack.packb([protocol.VERSION, "rstate_get_many", {"req": 4, "job": job.id}]))
-        assert mtype == "error" and body["reason"] == "missing_field"
+        assert mtype == "reply" and body["req"] == 4 and "missing_field" in body["error"]  # its asker fails now
         mtype, body = ask(protocol.encode("rstate_get_many", {"req": 5, "job": 999, "op": "count", "keys": []}))
         assert mtype == "reply" and not body["ok"] and "unknown_job" in body["error"]
         mtype, body = ask(protocol.encode("rstate_get_many", {"req": 6, "job": job.id, "op": "split", "keys": []}))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import msgpack
 import pytest
@@ -219,7 +220,9 @@ def test_control_messages_are_typed_and_checked_in_one_place():
     assert protocol.pack(protocol.Stats(3, 1)) == protocol.encode("stats", {"req": 3, "job": 1})
     # The data path's list bodies stay lists.
     assert protocol.parse("data", [1, 0, []]) == [1, 0, []]
-    with pytest.raises(AttributeError):
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        msg.req = 5  # frozen: a message is what came
+    with pytest.raises((AttributeError, TypeError)):  # TypeError: Python 3.11's frozen slotted __setattr__
         msg.unknown = 1  # slots: no stray attributes
     bad = [
         ("place", {"req": 1, "job": 1, "placement": {"a": {0: "half"}}}, "place.placement"),
