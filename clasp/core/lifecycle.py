@@ -6,7 +6,8 @@ The phases are those in which the planner treats a job differently: it dispatche
 decisions and the sweep of lost records; a checkpoint barrier (`BARRIER`) holds dispatch at a chunk
 boundary; a rollback (`ROLLING_BACK`) holds dispatch and makes progress reports stale; a job that lost
 every worker (`ORPHANED`) waits for one to join; a job taken up by a restarted planner (`TAKEN_UP`) waits
-for its workers to register again. The shell (clasp.runtime) feeds the events and carries out the
+for its workers to register again; a cancelled job (`RETIRED`) admits and dispatches nothing, and what was under
+way when it retired ends without consequence. The shell (clasp.runtime) feeds the events and carries out the
 instructions; the job's lock still orders the migrations, checkpoints and rollbacks themselves.
 """
 
@@ -23,6 +24,7 @@ class Phase(Enum):
     ROLLING_BACK = "rolling back"
     ORPHANED = "orphaned"
     TAKEN_UP = "taken up"
+    RETIRED = "retired"
 
 
 # ----------------------------------------------------------------- events
@@ -75,6 +77,11 @@ class WorkerDied:
 
 
 @dataclass(frozen=True)
+class Retire:
+    """The job is cancelled, in whatever phase it is."""
+
+
+@dataclass(frozen=True)
 class WorkerJoined:
     """A worker registered and took the job (deployed holding nothing)."""
     worker: str
@@ -102,6 +109,22 @@ class StartRollback:
 class Replan:
     """Re-place the dead worker's share on the survivors (a job without checkpoints: its state is lost)."""
     worker: str
+
+
+@dataclass(frozen=True)
+class DropInput:
+    """Drop the job's queued input; pushes are refused from now on."""
+
+
+@dataclass(frozen=True)
+class StopWorkers:
+    """Tell the job's workers to stop it and let go of its state, sources and sinks."""
+
+
+@dataclass(frozen=True)
+class Forget:
+    """Forget the job; `delete_files`: its checkpoints and input log go too."""
+    delete_files: bool
 
 
 class InvalidTransition(Exception):
@@ -137,10 +160,22 @@ class JobLife:
     def may_dispatch(self) -> bool:
         return self.phase in (Phase.RUNNING, Phase.ORPHANED, Phase.MIGRATING)
 
+    @property
+    def retired(self) -> bool:
+        """Cancelled: it admits nothing, and no checkpoint, migration or recovery starts for it."""
+        return self.phase is Phase.RETIRED
+
     # ----------------------------------------------------------------- the transitions
     def handle(self, event) -> list:
         """Take `event`; returns the instructions for the shell. Raises InvalidTransition for an event the
         phase does not accept."""
+        if isinstance(event, Retire):
+            if self.phase is Phase.RETIRED:
+                raise InvalidTransition("Retire while retired")
+            self.phase = Phase.RETIRED
+            return [DropInput(), StopWorkers(), Forget(delete_files=self.checkpoints)]
+        if self.phase is Phase.RETIRED:
+            return []  # what was under way when the job retired ends; nothing follows from it
         step = TRANSITIONS.get((self.phase, type(event)))
         if step is None:
             if isinstance(event, WorkerDied):

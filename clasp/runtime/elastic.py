@@ -87,7 +87,7 @@ class ElasticPool:
     async def _join(self, job: PlannerJob, wid: str) -> None:
         async with job.lock:
             info = self.workers.get(wid)
-            if (self.jobs.get(job.id) is not job or job.cancelled or wid in job.workers or info is None
+            if (self.jobs.get(job.id) is not job or job.life.retired or wid in job.workers or info is None
                     or not info.alive):
                 return
             serving = self.queries.workers_of(job)

@@ -32,7 +32,16 @@ from clasp.core.credit import (
     QueueBound,
 )
 from clasp.core.dag import DagSpec
-from clasp.core.lifecycle import JobLife, Replan, StartRollback, WorkerDied
+from clasp.core.lifecycle import (
+    DropInput,
+    Forget,
+    JobLife,
+    Replan,
+    Retire,
+    StartRollback,
+    StopWorkers,
+    WorkerDied,
+)
 from clasp.core.limits import LimitError, check_client_pending, check_dag
 from clasp.core.policies import POLICIES
 from clasp.core.protocol import ProtocolError
@@ -370,7 +379,7 @@ class Planner:
 
     async def _deploy_again(self, job: PlannerJob, wid: str) -> None:
         async with job.lock:
-            if self.jobs.get(job.id) is not job or job.cancelled:
+            if self.jobs.get(job.id) is not job or job.life.retired:
                 return
             if job.life.orphaned is not None:
                 job.retired.discard(wid)
@@ -523,17 +532,21 @@ class Planner:
 
     async def _on_cancel(self, ident: bytes, msg: protocol.Cancel) -> None:
         job = self.queries.job(msg)
-        job.cancelled = True
-        job.clear_queue()
-        # A worker silent for CANCEL_TIMEOUT is dead or stuck: the client hears before its own timeout.
-        await asyncio.gather(*(self.link.rpc(w, protocol.StopJob(job.id), CANCEL_TIMEOUT)
-                               for w in self.queries.workers_of(job)), return_exceptions=True)
-        self.jobs.pop(job.id, None)
-        self.state_server.drop(job.id)
-        job.ckpt.close()
-        self.link.reply(ident, msg.req, True)
-        if job.ckpt.enabled:  # its checkpoints and input log go with it, after the answer (a busy disk is slow)
-            self.tasks.spawn(asyncio.to_thread(self.store.delete_job, job.id), f"removing job {job.id}'s files")
+        if job.life.retired:  # cancelled twice: the first cancel answers for the job
+            raise RequestError(f"job {job.id} is cancelled")
+        for step in job.life.handle(Retire()):
+            if isinstance(step, DropInput):
+                job.clear_queue()
+            elif isinstance(step, StopWorkers):  # one silent for CANCEL_TIMEOUT is dead or stuck: no longer
+                await asyncio.gather(*(self.link.rpc(w, protocol.StopJob(job.id), CANCEL_TIMEOUT)
+                                       for w in self.queries.workers_of(job)), return_exceptions=True)
+            elif isinstance(step, Forget):
+                self.jobs.pop(job.id, None)
+                self.state_server.drop(job.id)
+                job.ckpt.close()
+                self.link.reply(ident, msg.req, True)
+                if step.delete_files:  # after the answer: a busy disk is slow
+                    self.tasks.spawn(asyncio.to_thread(self.store.delete_job, job.id), f"deleting job {job.id}")
 
     # ----------------------------------------------------------------- once a second
     async def _tick_loop(self) -> None:

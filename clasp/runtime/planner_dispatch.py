@@ -48,7 +48,7 @@ class Dispatcher:
 
     def on_push(self, ident: bytes, msg: protocol.Push, frame: bytes = b"") -> None:
         job = self.job_of(msg)
-        if job.cancelled:
+        if job.life.retired:
             raise RequestError(f"job {job.id} is cancelled")
         if job.input_ended:
             raise RequestError(f"job {job.id}: its input ended (end_input)")

@@ -139,7 +139,6 @@ class PlannerJob:
     drained: int = 0  # bytes dispatched since the last tick
     backlog: bool = False  # Q_p held records throughout the tick so far
     clients: dict = field(default_factory=dict)  # client -> when it last pushed: they share the credit
-    cancelled: bool = False
     routes: list = field(default_factory=list)
     window: int = scheduler.WINDOW_MIN  # records in flight and per dispatch (`scheduler.dispatch_limits`)
     batch: int = scheduler.BATCH_MIN

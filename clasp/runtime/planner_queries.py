@@ -166,7 +166,7 @@ class JobQueries:
                     return await ask()
                 except WorkerDied as e:
                     why = f"is recovering: {e}"
-            if job.cancelled or self.jobs.get(job.id) is not job:
+            if job.life.retired or self.jobs.get(job.id) is not job:
                 raise RequestError(f"job {job.id} was cancelled")
             if time.monotonic() >= deadline:
                 raise RequestError(f"timeout: job {job.id} {why}")

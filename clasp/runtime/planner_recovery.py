@@ -93,7 +93,7 @@ class Checkpoints:
             await asyncio.sleep(self.checkpoint_interval)
             for job in list(self.jobs.values()):
                 c = job.ckpt
-                if (not c.enabled or job.cancelled or job.life.phase is not Phase.RUNNING or c.dying
+                if (not c.enabled or job.life.retired or job.life.phase is not Phase.RUNNING or c.dying
                         or c.coord.pending is not None or job.lock.locked()):
                     continue
                 last = c.coord.restore_target()
@@ -104,7 +104,7 @@ class Checkpoints:
     async def checkpoint(self, job) -> dict | None:
         c = job.ckpt
         async with job.lock:
-            if self.jobs.get(job.id) is not job or job.cancelled or job.life.phase is not Phase.RUNNING:
+            if self.jobs.get(job.id) is not job or job.life.retired or job.life.phase is not Phase.RUNNING:
                 return None
             if c.dying or not self.queries.workers_of(job):
                 return None

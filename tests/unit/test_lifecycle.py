@@ -7,7 +7,9 @@ import pytest
 from clasp.core.lifecycle import (
     Barrier,
     BarrierSent,
+    DropInput,
     FailRequests,
+    Forget,
     InvalidTransition,
     JobLife,
     Migrate,
@@ -16,10 +18,12 @@ from clasp.core.lifecycle import (
     Phase,
     Replan,
     ResumeDispatch,
+    Retire,
     RollBack,
     RollbackFailed,
     RolledBack,
     StartRollback,
+    StopWorkers,
     WorkerDied,
     WorkerJoined,
 )
@@ -107,3 +111,20 @@ def test_an_event_the_phase_does_not_accept_is_refused_and_changes_nothing(phase
     with pytest.raises(InvalidTransition):
         life.handle(event)
     assert life.phase is phase
+
+
+@pytest.mark.parametrize("phase", [p for p in Phase if p is not Phase.RETIRED])
+@pytest.mark.parametrize("checkpoints", [True, False])
+def test_a_job_retires_from_any_phase_and_what_was_under_way_ends_without_consequence(phase, checkpoints):
+    """A cancel in any phase: the input is dropped, the workers told, the job forgotten (its files too when it
+    had checkpoints); then it admits and dispatches nothing, a second cancel is refused, and the ends of a
+    migration, barrier or rollback under way, a death or a join, start nothing."""
+    life = JobLife(checkpoints=checkpoints, phase=phase)
+    assert life.handle(Retire()) == [DropInput(), StopWorkers(), Forget(delete_files=checkpoints)]
+    assert life.retired and not life.may_dispatch and not life.migrating and not life.restoring
+    for late in (Migrated(), BarrierSent(), RolledBack(), RollbackFailed(), NoWorkerLeft("x"), WorkerDied("w0"),
+                 WorkerJoined("w1"), Migrate(), Barrier(), RollBack("x")):
+        assert life.handle(late) == []
+        assert life.phase is Phase.RETIRED
+    with pytest.raises(InvalidTransition):
+        life.handle(Retire())
