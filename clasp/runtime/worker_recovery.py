@@ -126,9 +126,9 @@ class WorkerCheckpoints:
         pack_s = perf_counter() - t0
         store = self._store(msg.dir)
         try:
-            nbytes = await asyncio.to_thread(_write_all, store, job, ckpt, self.id, blobs)
-        except OSError as e:
-            log.error("job %d checkpoint %d: writing the state failed: %s", job, ckpt, e)
+            nbytes = await asyncio.to_thread(_write_all, store, job, ckpt, self.me, blobs)
+        except Exception as e:  # a full disk, or anything else: the outputs taken above must not be lost
+            log.error("job %d checkpoint %d: writing the state failed: %s: %s", job, ckpt, type(e).__name__, e)
             self.monitor.checkpoint_failures += 1
             self.send(protocol.reply_error(req, f"checkpoint {ckpt} not written: {e}"))
             self.sinks.unfence(eng)
