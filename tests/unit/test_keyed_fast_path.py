@@ -106,14 +106,22 @@ def test_the_fast_path_counts_progress_exactly():
     base = t.admit(len(lines), 0.0)
     engines["w0"].enqueue_rows([(0, line, None, base + i) for i, line in enumerate(lines)])
     t.dispatched(base, len(lines), {e: {0: n} for e, n in _per_epoch(base, len(lines)).items()}, 0.0)
-    for _ in range(50):
+    run_until_complete(engines, t)
+    assert t.outstanding == 0 and t.completed == len(lines)
+    assert engines["w0"].outbox.remote_requests > 0 and engines["w0"].outbox.local_requests > 0
+
+
+def run_until_complete(engines: dict, t: Tracker, rounds: int = 100) -> None:
+    """Rounds on every engine, their columns delivered and their progress reported, until the tracker has
+    nothing outstanding (or `rounds` passed)."""
+    for _ in range(rounds):
         for e in engines.values():
             while e.run_round():
                 pass
             deliver(e, engines)
             t.progress(e.take_progress(), 1.0)
-    assert t.outstanding == 0 and t.completed == len(lines)
-    assert engines["w0"].outbox.remote_requests > 0 and engines["w0"].outbox.local_requests > 0
+        if t.outstanding == 0:
+            return
 
 
 def _per_epoch(first: int, n: int) -> dict:
@@ -169,14 +177,7 @@ def test_blocks_of_a_count_without_outputs_count_exactly_and_report_failures(wor
         part = lines[k * step:(k + 1) * step]
         engines[w].enqueue_rows([(0, line, None, base + k * step + i) for i, line in enumerate(part)])
     t.dispatched(base, len(lines), {e: {0: n} for e, n in _per_epoch(base, len(lines)).items()}, 0.0)
-    for _ in range(100):
-        for e in engines.values():
-            while e.run_round():
-                pass
-            deliver(e, engines)
-            t.progress(e.take_progress(), 1.0)
-        if t.outstanding == 0:
-            break
+    run_until_complete(engines, t)
     assert t.outstanding == 0 and t.completed == len(lines)
     words = Counter(w for line in lines if "boom" not in line for w in line.split())
     bad = words.pop("bad1", 0) + words.pop("bad2", 0)
