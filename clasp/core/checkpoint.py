@@ -39,6 +39,8 @@ class CompleteCheckpoint:
     duration_s: float = 0.0
     # (source operator, partition) -> position at the cut: where a rollback to this checkpoint reopens it
     positions: dict = field(default_factory=dict)
+    # the event-time watermark per stage released when the barrier went up: where a rollback's watermark starts
+    watermark: list | None = None
 
 
 @dataclass
@@ -52,6 +54,7 @@ class PendingCheckpoint:
     bytes: int = 0
     collected: dict[str, list] = field(default_factory=dict)  # operator -> outputs of records below boundary
     positions: dict = field(default_factory=dict)  # the sources' positions at the cut (the barrier's replies)
+    watermark: list | None = None  # the watermark per stage released when the barrier went up (event time)
 
 
 class CheckpointError(Exception):
@@ -107,7 +110,7 @@ class Coordinator:
             if len(gs) != len(set(gs)):
                 raise CheckpointError(f"checkpoint {p.id}: a key group of {op!r} written twice")
         done = CompleteCheckpoint(p.id, p.boundary, {op: sorted(gs) for op, gs in p.groups.items()}, p.bytes,
-                                  now - p.t0, dict(p.positions))
+                                  now - p.t0, dict(p.positions), p.watermark)
         self.pending = None
         self.complete.append(done)
         dropped = [c.id for c in self.complete[:-self.keep]]

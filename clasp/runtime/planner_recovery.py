@@ -131,7 +131,7 @@ class Checkpoints:
                 self.sources.barrier_sent(job)
                 self.dispatcher.carry_out(job.life.handle(BarrierSent()))
                 raise
-            self.time.checkpoint_began(job, p.id)
+            p.watermark = self.time.released_levels(job)
             rid = boundary << CHUNK_BITS
             try:
                 try:
@@ -172,7 +172,8 @@ class Checkpoints:
             below = job.tracker.admitted - sum(n for _, n in c.log.sizes_from(done.boundary).values())
             meta = {"job": job.id, "ckpt": done.id, "boundary": done.boundary, "groups": done.groups,
                     "bytes": done.bytes, "workers": workers, "t": time.time(), "records_below": below,
-                    "positions": [[op, part, pos] for (op, part), pos in done.positions.items()]}
+                    "positions": [[op, part, pos] for (op, part), pos in done.positions.items()],
+                    "watermark": done.watermark}
             try:
                 if collected:
                     await asyncio.to_thread(self.store.write_file, f"job-{job.id}/collected/{done.id}.kg",
@@ -245,7 +246,7 @@ class Checkpoints:
             ask = protocol.Restore(job.id, job.spec_wire, new.to_wire(), peers, ckpt, target.groups if target else {},
                                    str(self.store.root), state=job.state, state_server=self.state_endpoint(),
                                    run=self.sinks.run(job), sinks=duties, sources=sources,
-                                   watermark=self.time.restore_point(job, ckpt))
+                                   watermark=self.time.restore_point(job, target.watermark if target else None))
             replies = await asyncio.gather(*(self.link.rpc(w, ask, 30.0) for w in alive), return_exceptions=True)
             unreadable = [r["unreadable"] for r in replies if isinstance(r, dict) and r.get("unreadable")]
             if target is not None and unreadable:
@@ -369,7 +370,7 @@ class Checkpoints:
         for m in stored["complete"]:
             positions = {(op, part): pos for op, part, pos in m.get("positions", ())}
             c.coord.complete.append(CompleteCheckpoint(m["ckpt"], m["boundary"], m["groups"], m["bytes"],
-                                                       positions=positions))
+                                                       positions=positions, watermark=m.get("watermark")))
         # The rollback that resumes the job reopens the readers at the checkpoint's positions; a DAG with keyed
         # time operators and no declared source has its (empty) source state too: the windows its workers
         # fire take chunk ids from its leases.

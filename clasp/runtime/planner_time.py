@@ -46,11 +46,7 @@ class JobTime:
         self.fired: dict[str, int] = {}  # worker -> the last round it answered
         self.windows = 0  # windows fired (emitted by window operators at a watermark)
         self.late: dict[str, int] = {}  # worker -> records its windows sent to their late outputs
-        # The watermark released when each checkpoint began (no watermark is sent while a barrier is being
-        # set up): every window fired in the checkpoint's cut was fired at or below it, and every record
-        # below it read before it was released is in the cut. A rollback starts from it.
-        self.at_ckpt: dict[int, list] = {}
-        self.restore_to: list = list(self.levels)
+        self.restore_to: list = list(self.levels)  # where the rollback under way starts (`restore_point`)
 
 
 def _timed(job) -> bool:
@@ -193,20 +189,20 @@ class TimeCoordinator:
             return 0  # nothing to fire yet
         return int(any(t.fired.get(w, -1) < t.settled_round for w in self._job_workers(job)))
 
-    def checkpoint_began(self, job, ckpt: int) -> None:
+    def released_levels(self, job) -> list | None:
+        """The watermark per stage released now, kept by a checkpoint as its barrier goes up (no watermark is
+        sent while a barrier is being set up): every window fired in the checkpoint's cut was fired at or below
+        it, and every record below it read before it was released is in the cut. A rollback starts from it."""
         t = self._job_time(job)
-        if t is not None:
-            t.at_ckpt[ckpt] = list(t.levels)
-            for old in sorted(t.at_ckpt)[:-64]:
-                del t.at_ckpt[old]
+        return None if t is None else list(t.levels)
 
-    def restore_point(self, job, ckpt: int) -> list | None:
-        """The watermarks (per stage) a rollback to checkpoint `ckpt` starts from (for the restore message)."""
+    def restore_point(self, job, kept: list | None) -> list | None:
+        """The watermarks (per stage) a rollback starts from (for the restore message): those `kept` by the
+        checkpoint it restores (in its COMPLETE.json, so also after a planner restart), else from the start."""
         t = self._job_time(job)
         if t is None:
             return None
-        # Unknown (the planner restarted since): from the start.
-        t.restore_to = t.at_ckpt.get(ckpt, [NEG_INF] * len(t.levels))
+        t.restore_to = list(kept) if kept is not None and len(kept) == len(t.levels) else [NEG_INF] * len(t.levels)
         return t.restore_to
 
     def rolled_back(self, job) -> None:

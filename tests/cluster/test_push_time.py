@@ -5,6 +5,7 @@ window closes before the input ends), at `end_input()`, after a worker's SIGKILL
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections import Counter
@@ -14,6 +15,7 @@ import pytest
 import clasp
 import clasp.windows as W
 from clasp.testing import IterableSource
+from tests.cluster.test_recovery import _connect, _free_port, _start, restart_planner
 from tests.conftest import WorkerSigkill, start_cluster, wait_for
 
 SIZE = 2.0  # seconds of event time per window
@@ -194,23 +196,37 @@ def test_a_push_source_without_windows_goes_idle(cluster1):
         job.cancel()
 
 
+@contextlib.contextmanager
+def restartable_cluster(tmp_path, checkpoint_interval: float):
+    """A planner on a state directory (restartable with `restart_planner`) and 2 workers, as processes:
+    yields the process list (the planner first), the planner's arguments and its address."""
+    port = _free_port()
+    addr = f"tcp://127.0.0.1:{port}"
+    planner = ["planner", "--port", str(port), "--state-dir", str(tmp_path / "state"), "--no-autoscale",
+               "--checkpoint-interval", str(checkpoint_interval), "--heartbeat", "0.2"]
+    procs = [_start(planner, tmp_path / "planner.log")]
+    procs += [_start(["worker", "--planner", addr, "--id", f"w{i}"], tmp_path / f"w{i}.log") for i in range(2)]
+    try:
+        yield procs, planner, addr
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(timeout=10)
+
+
+def connect_two(addr: str):
+    client = wait_for(lambda: _connect(addr), timeout=60, interval=0.5, what="the planner")
+    wait_for(lambda: len([w for w in client.workers() if w["alive"]]) == 2, timeout=60, what="2 workers")
+    return client
+
+
 def test_end_input_survives_a_planner_sigkilled_and_restarted(tmp_path):
     """`end_input()` is in the job's durable record: a planner SIGKILLed right after it and started again on the
     same state directory still refuses pushes, its watermark still reaches the end, and every window fires
     exactly once, complete."""
-    from tests.cluster.test_recovery import _connect, _free_port, _start, restart_planner
-
     evs = events(6000, 7)
-    port = _free_port()
-    addr = f"tcp://127.0.0.1:{port}"
-    planner = ["planner", "--port", str(port), "--state-dir", str(tmp_path / "state"), "--no-autoscale",
-               "--checkpoint-interval", "0.5", "--heartbeat", "0.2"]
-    procs = [_start(planner, tmp_path / "planner.log")]
-    procs += [_start(["worker", "--planner", addr, "--id", f"w{i}"], tmp_path / f"w{i}.log") for i in range(2)]
-    try:
-        client = wait_for(lambda: _connect(addr), timeout=60, interval=0.5, what="the planner")
-        with client:
-            wait_for(lambda: len([w for w in client.workers() if w["alive"]]) == 2, timeout=60, what="2 workers")
+    with restartable_cluster(tmp_path, 0.5) as (procs, planner, addr):
+        with connect_two(addr) as client:
             job = client.submit(pushed_windows("pushed-restart"), autoscale=False)
             job_id = job.id
             push(job, evs)
@@ -226,7 +242,28 @@ def test_end_input_survives_a_planner_sigkilled_and_restarted(tmp_path):
             job.wait_idle(timeout=60)
             assert windows(job) == reference(evs)
             assert job.collected("late") == []
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait(timeout=10)
+
+
+def test_a_restarted_planner_rolls_back_to_the_watermark_its_checkpoint_kept(tmp_path):
+    """The watermark a checkpoint's barrier saw is in its COMPLETE.json: a planner SIGKILLed after records behind
+    it were pushed, and started again, rolls the job back to that watermark, so the replayed records are late
+    again (the late output, once each) instead of opening windows that already fired (emitted twice)."""
+    first = [[f"k{i % 3}", i * 0.05] for i in range(400)]  # 0 .. 20 s
+    behind = [["k0", 1.0], ["k1", 3.5]]  # windows that fired long before the checkpoint
+    with restartable_cluster(tmp_path, 2.0) as (procs, planner, addr):
+        with connect_two(addr) as client:
+            job = client.submit(pushed_windows("pushed-restart-late"), autoscale=False)
+            job_id = job.id
+            job.push(first)
+            wait_for(lambda: (job.stats()["event_time"]["watermark"] or 0) >= 18, timeout=30, what="the watermark")
+            done = job.stats()["checkpoints"]["completed"]
+            # the next checkpoint begins with the watermark at 18.95; nothing is pushed after it until below
+            wait_for(lambda: job.stats()["checkpoints"]["completed"] > done, timeout=60, interval=0.02,
+                     what="a checkpoint above the watermark")
+            job.push(behind)  # the next checkpoint is ~2 s away: these are replayed after the restart
+        client, job = restart_planner(procs, planner, tmp_path / "planner.log", addr, job_id)
+        with client:
+            job.end_input()
+            job.wait_idle(timeout=60)
+            assert windows(job) == reference(first)
+            assert sorted(job.collected("late")) == sorted([k, ts, [k, ts]] for k, ts in behind)
