@@ -139,3 +139,29 @@ def test_the_page_shows_a_running_job_and_a_forced_scale(cluster3, client3, brow
         stop.set()
         pusher.join(10)
         job.cancel()
+
+
+def test_the_dag_shows_each_time_operators_watermark_and_the_late_records(cluster3, client3, browser):
+    """A window downstream of the push source: its node on the DAG carries the watermark released to it, which
+    moves as events are pushed; a record pushed behind the watermark shows in the late-records card."""
+    from tests.cluster.test_push_time import pushed_windows
+
+    job = client3.submit(pushed_windows("dashboard-windows"), autoscale=False)
+    wait = WebDriverWait(browser, 30, poll_frequency=0.2)
+
+    def node_watermark(d) -> float | None:
+        m = re.search(r"watermark ([\d,.]+)", text(d, "#dag"))
+        return float(m.group(1).replace(",", "")) if m else None
+
+    try:
+        job.push([[f"k{i % 3}", i * 0.05] for i in range(200)])  # 0 .. 10 s: the watermark reaches 8.95
+        browser.get(cluster3.dashboard + f"#/job/{job.id}")
+        wait.until(lambda d: (node_watermark(d) or 0) >= 8)
+        assert "counts.windows (keyed)" in text(browser, "#dag")
+        job.push([[f"k{i % 3}", 10 + i * 0.05] for i in range(200)])  # .. 20 s
+        wait.until(lambda d: (node_watermark(d) or 0) >= 18)
+        job.push([["k0", 1.0]])  # its window fired long ago
+        wait.until(lambda d: number(d, "#job-late") == 1)
+        assert job.stats()["event_time"]["late"] == 1
+    finally:
+        job.cancel()

@@ -126,7 +126,7 @@ function renderJob(j) {
     card("autoscale", j.autoscale ? "on" : "off"),
     ...eventTimeCards(j.event_time),
   ].join("");
-  renderDag(j.graph);
+  renderDag(j.graph, j.event_time);
   renderCharts(j.series || []);
   renderMatrix(j.matrix);
   $("decisions").tBodies[0].innerHTML = (j.decisions || []).slice().reverse().map((d) =>
@@ -142,10 +142,10 @@ function renderJob(j) {
 }
 
 // Event time (docs/TIME.md, "In the runtime"): the watermark released to the workers, and the late records.
+const wmText = (w) => w === null ? "none yet" : w === "end" ? "end of input" : fmt(w, 3);
 function eventTimeCards(t) {
   if (!t) return [];
-  const wm = t.watermark === null ? "none yet" : t.watermark === "end" ? "end of input" : fmt(t.watermark, 3);
-  return [card("watermark", wm, "job-watermark"), card("windows fired", fmt(t.windows_fired)),
+  return [card("watermark", wmText(t.watermark), "job-watermark"), card("windows fired", fmt(t.windows_fired)),
     card("late records", fmt(t.late), "job-late"), card("idle partitions", fmt((t.idle || []).length))];
 }
 
@@ -176,16 +176,21 @@ function renderCheckpoints(c) {
 }
 
 // The DAG: operators in layers by longest path from a source, drawn once per shape; labels updated in place.
-const NODE_W = 150, NODE_H = 54, GAP_X = 120, GAP_Y = 16;
-function renderDag(g) {
+// A keyed time operator (windows, joins, timers: docs/TIME.md) has a fourth line, the watermark released to it.
+const NODE_W = 150, GAP_X = 120, GAP_Y = 16;
+let NODE_H = 54;
+function renderDag(g, t) {
   if (!g) return;
-  const key = g.operators.map((o) => o.name).join("|") + "#" + g.edges.map((e) => e.src + ">" + e.dst).join("|");
-  if (key !== state.dagKey) { state.dagKey = key; drawDag(g); }
+  const wms = (t && t.operators) || {};
+  const key = g.operators.map((o) => o.name).join("|") + "#" + g.edges.map((e) => e.src + ">" + e.dst).join("|") +
+    "#" + Object.keys(wms).join("|");
+  if (key !== state.dagKey) { state.dagKey = key; drawDag(g, wms); }
   for (const o of g.operators) {
     const n = state.dagNodes[o.name];
     if (!n) continue;
     n.stats.textContent = `${fmt(o.rate)} req/s · ${fmt(o.tau_us, 1)} µs`;
     n.errs.textContent = `${fmt(o.errors)} errors · queue ${fmt(o.queue)}`;
+    if (o.name in wms) n.wm.textContent = `watermark ${wmText(wms[o.name])}`;
     n.g.classList.toggle("failing", o.errors > 0);
   }
   for (const e of g.edges) {
@@ -193,7 +198,8 @@ function renderDag(g) {
     if (t) t.textContent = `${fmt(e.local)} / ${fmt(e.remote)}`;
   }
 }
-function drawDag(g) {
+function drawDag(g, wms) {
+  NODE_H = Object.keys(wms).length ? 68 : 54;
   const layer = {}, preds = {};
   g.operators.forEach((o) => { preds[o.name] = []; });
   g.edges.forEach((e) => preds[e.dst] && preds[e.dst].push(e.src));
@@ -235,11 +241,11 @@ function drawDag(g) {
     const gr = document.createElementNS(ns, "g");
     gr.setAttribute("class", "node" + (o.stateful ? " stateful" : "") + (o.source ? " source" : ""));
     gr.setAttribute("transform", `translate(${x},${y})`);
-    gr.innerHTML = `<rect width="${NODE_W}" height="${NODE_H}"></rect><text class="name" x="8" y="16"></text><text class="stats" x="8" y="32"></text><text class="errs" x="8" y="47"></text><title></title>`;
+    gr.innerHTML = `<rect width="${NODE_W}" height="${NODE_H}"></rect><text class="name" x="8" y="16"></text><text class="stats" x="8" y="32"></text><text class="errs" x="8" y="47"></text><text class="wm" x="8" y="62"></text><title></title>`;
     gr.querySelector(".name").textContent = o.name + (o.stateful ? " (keyed)" : "");
     gr.querySelector("title").textContent = o.name + (o.source ? " · source" : "") + (o.stateful ? " · stateful" : "");
     svg.appendChild(gr);
-    state.dagNodes[o.name] = { g: gr, stats: gr.querySelector(".stats"), errs: gr.querySelector(".errs") };
+    state.dagNodes[o.name] = { g: gr, stats: gr.querySelector(".stats"), errs: gr.querySelector(".errs"), wm: gr.querySelector(".wm") };
   }
   const box = $("dag"); box.innerHTML = ""; box.appendChild(svg);
 }
