@@ -238,6 +238,32 @@ def test_without_checkpoints_no_report_is_stale():
     assert feed(job, Progress(b"w1", finish(d), 1.0)) == [ResumeDispatch(), MaybeIdle()]
 
 
+@pytest.mark.parametrize("under_way, end", [(Barrier(), BarrierSent()), (Migrate(), Migrated())])
+def test_a_death_during_a_checkpoint_or_a_migration_rolls_back_and_voids_the_reports_of_its_era(
+        tmp_path, under_way, end):
+    """Until the rollback begins the survivors' reports count; from then on none does, and what was pushed
+    meanwhile waits in the queue for the replay."""
+    job = new_job(tmp_path)
+    push(job, 1000)
+    feed(job, LogWritten())
+    (d,) = dispatched(feed(job, DispatchReady(0.0)))
+    job.machine.handle(under_way)
+    assert job.machine.handle(WorkerDied("w1")) == [FailRequests("w1"), StartRollback("worker w1 died")]
+    half = {0: d.counts[0]}
+    assert feed(job, Progress(b"w0", {0: {op: -k for op, k in half[0].items()}}, 1.0)) == [ResumeDispatch()]
+    assert job.machine.handle(end) == [ResumeDispatch()]
+    job.machine.handle(RollBack("worker w1 died"))
+    job.retired.add("w1")
+    push(job, 50, req=2)
+    feed(job, LogWritten())
+    assert feed(job, DispatchReady(1.0)) == [] and job.queued == 50
+    assert feed(job, Progress(b"w0", {1: {op: -k for op, k in d.counts[1].items()}}, 1.0)) == []
+    assert job.tracker.completed == 1 << EPOCH_BITS
+    assert job.machine.handle(RolledBack()) == [ResumeDispatch()]
+    assert feed(job, Progress(b"w1", {1: {op: -k for op, k in d.counts[1].items()}}, 1.0)) == []  # retired: stale
+    assert [x.count for x in dispatched(feed(job, DispatchReady(2.0)))] == [50]
+
+
 # ----------------------------------------------------------------- retire, restart
 def test_a_retired_job_emits_nothing_but_its_retire_instructions():
     job = new_job()
