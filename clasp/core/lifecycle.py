@@ -7,8 +7,10 @@ decisions and the sweep of lost records; a checkpoint barrier (`BARRIER`) holds 
 boundary; a rollback (`ROLLING_BACK`) holds dispatch and makes progress reports stale; a job that lost
 every worker (`ORPHANED`) waits for one to join; a job taken up by a restarted planner (`TAKEN_UP`) waits
 for its workers to register again; a cancelled job (`RETIRED`) admits and dispatches nothing, and what was under
-way when it retired ends without consequence. The shell (clasp.runtime) feeds the events and carries out the
-instructions; the job's lock still orders the migrations, checkpoints and rollbacks themselves.
+way when it retired ends without consequence. The job's machine (`clasp.core.job_machine`) takes every event
+of the job and hands these to it; admission, dispatch and progress are its transitions, by the phase. The shell
+(clasp.runtime) feeds the events and carries out the instructions; the job's lock still orders the
+migrations, checkpoints and rollbacks themselves.
 """
 
 from __future__ import annotations

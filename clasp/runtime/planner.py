@@ -32,10 +32,12 @@ from clasp.core.credit import (
     QueueBound,
 )
 from clasp.core.dag import DagSpec
+from clasp.core.job_machine import JobMachine, Progress
 from clasp.core.lifecycle import (
     DropInput,
     Forget,
     JobLife,
+    Phase,
     Replan,
     Retire,
     StartRollback,
@@ -176,7 +178,7 @@ class Planner:
         reading_job = lambda i: self.jobs.get(i) or self.deploying.get(i)  # noqa: E731 (also while it deploys)
         self.sources = SourcesCoordinator(
             self.link, reading_job=reading_job, job_of=self.queries.job, workers_of=self.queries.workers_of,
-            changed=self.queries.check_waiters, checkpoint=checkpoint, stale=lambda j, w: j.ckpt.stale(j, w),
+            changed=self.queries.check_waiters, checkpoint=checkpoint, stale=lambda j, w: j.machine.stale(w),
             busy=lambda job: scheduler.busy(self.queries.condition(job)), summary=self.queries.summary)
         self.time = TimeCoordinator(self.link, self.jobs, reading_job=reading_job, workers_of=self.queries.workers_of,
                                     changed=self.queries.check_waiters)
@@ -190,6 +192,7 @@ class Planner:
                                      self.pushers, p_max=self.p_max, control=self.control,
                                      migration_timeout=self.migration_timeout)
         self.elastic.migrations = self.migrations  # each asks the other: the pool's workers, a migration
+        self.dispatcher.send_credit = self.sources.send_credit
         self.started = time.monotonic()
 
     # ----------------------------------------------------------------- lifecycle
@@ -245,6 +248,7 @@ class Planner:
             job.limit = self.bound.limit(None)
             job.controller = self.migrations.controller(spec, job.policy, len(workers))
             job.ckpt = self.checkpoints.for_job(job.id, job.state, stored=True)
+            job.machine = JobMachine(job, self.bound, JobLife(True, Phase.TAKEN_UP))  # held until its rollback
             self.checkpoints.revive(job, stored)
             self.dispatcher.set_routes(job)
             self.jobs[job.id] = job
@@ -414,21 +418,15 @@ class Planner:
 
     def _on_done(self, ident: bytes, body: list) -> None:
         job = self.jobs.get(body[0]) or self.deploying.get(body[0])  # readers start as soon as deployed
-        if job is None or job.ckpt.stale(job, ident):
-            return
-        if job.tracker.progress(body[1], time.monotonic()):
-            if job.tracker.credit:
-                self.sources.send_credit(job)
-            self.dispatcher.wake.set()
-            if job.tracker.outstanding == 0 and job.queued == 0:
-                self.queries.check_waiters(job)
+        if job is not None:
+            self.dispatcher.carry_out(job, job.machine.handle(Progress(ident, body[1], time.monotonic())))
 
     def _on_error_msg(self, ident: bytes, msg: protocol.Error) -> None:
         log.warning("%r reports a bad message from us: %s %s", ident[:16], msg.reason, msg.detail)
 
     def _worker_died(self, wid: str) -> None:
         """Worker `wid` is declared dead: fail what waits on it and recover each of its jobs."""
-        steps = {job.id: job.life.handle(WorkerDied(wid)) for job in list(self.jobs.values()) if wid in job.workers}
+        steps = {job.id: job.machine.handle(WorkerDied(wid)) for job in list(self.jobs.values()) if wid in job.workers}
         self.checkpoints.fail_requests_of(wid)  # every FailRequests of the worker's jobs: one call covers them
         for job_id, out in steps.items():
             job = self.jobs[job_id]
@@ -510,7 +508,7 @@ class Planner:
                          state=state, key_weights=weights, spec_wire=msg.dag, policy=policy, src=src)
         job.limit = self.bound.limit(None)
         job.ckpt = self.checkpoints.for_job(job_id, state)
-        job.life = JobLife(job.ckpt.enabled)
+        job.machine = JobMachine(job, self.bound, JobLife(job.ckpt.enabled))
         job.controller = self.migrations.controller(spec, policy, len(workers))
         self.dispatcher.set_routes(job)
         peers = {w: self.workers[w].data for w in workers}
@@ -534,7 +532,7 @@ class Planner:
         job = self.queries.job(msg)
         if job.life.retired:  # cancelled twice: the first cancel answers for the job
             raise RequestError(f"job {job.id} is cancelled")
-        for step in job.life.handle(Retire()):
+        for step in job.machine.handle(Retire()):
             if isinstance(step, DropInput):
                 job.clear_queue()
             elif isinstance(step, StopWorkers):  # one silent for CANCEL_TIMEOUT is dead or stuck: no longer

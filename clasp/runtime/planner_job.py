@@ -1,7 +1,8 @@
 """A job as the planner holds it (`PlannerJob`), and its checkpointer: `CheckpointState` (the coordinator's
 bookkeeping and the input log) or `CHECKPOINTS_OFF`, the one for a job without checkpoints, which answers
-the same questions (may it dispatch, is a report stale, what to log) so that nothing asks "are
-checkpoints on?" but the checkpoint coordinator's loop and the choice of a recovery."""
+the same questions (may it dispatch, is a chunk written) so that nothing asks "are checkpoints on?" but
+the checkpoint coordinator's loop, the job's machine (what to log, which reports are stale) and the
+choice of a recovery."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from dataclasses import dataclass, field
 from clasp.core import scheduler
 from clasp.core.checkpoint import Coordinator
 from clasp.core.control import Controller
-from clasp.core.credit import DEFAULT_MAX_QUEUED_BYTES, ByteQueue
+from clasp.core.credit import DEFAULT_MAX_QUEUED_BYTES, ByteQueue, QueueBound
 from clasp.core.dag import DagSpec
+from clasp.core.job_machine import JobMachine
 from clasp.core.lifecycle import JobLife
 from clasp.core.routing import Placement
 from clasp.core.tracking import CHUNK_BITS, Tracker
@@ -56,15 +58,8 @@ class CheckpointState:
             return False  # at a chunk boundary: the barrier goes in here
         return not job.queue or self.log.written(job.queue[0][0] >> CHUNK_BITS)  # never ahead of the log
 
-    def on_push(self, base: int, t: float, records: list, nbytes: int = 0, frame: bytes | None = None) -> None:
-        self.log.append(base >> CHUNK_BITS, t, records, nbytes, frame)
-
     def written(self, chunk: int) -> bool:
         return self.log.written(chunk)
-
-    def stale(self, job, ident: bytes) -> bool:
-        """Progress reports that belong to a rolled-back era: during a restore, or from a retired worker."""
-        return job.life.restoring or ident.decode(errors="replace") in job.retired
 
     def recovering(self, job, wid: str) -> bool:
         """Worker `wid` (declared dead) still has a rollback of the job to go through."""
@@ -94,14 +89,8 @@ class CheckpointsOff:
     def poke(self) -> None:
         pass
 
-    def on_push(self, base: int, t: float, records: list, nbytes: int = 0, frame: bytes | None = None) -> None:
-        pass
-
     def written(self, chunk: int) -> bool:
         return True
-
-    def stale(self, job, ident: bytes) -> bool:
-        return False
 
     def recovering(self, job, wid: str) -> bool:
         return job.lock.locked()
@@ -147,7 +136,6 @@ class PlannerJob:
     autoscale: bool = False
     controller: Controller | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    life: JobLife = field(default_factory=lambda: JobLife(False))  # its phase (clasp.core.lifecycle)
     migrations: list = field(default_factory=list)
     decisions: deque = field(default_factory=lambda: deque(maxlen=200))
     estimate: dict = field(default_factory=dict)
@@ -165,6 +153,16 @@ class PlannerJob:
     policy: str = "clasp"
     src: SourceState | None = None  # declared sources: partitions, owners, positions (None: push only)
     input_ended: bool = False  # `job.end_input()`: no more pushes
+    # Its transitions (clasp.core.job_machine): the planner gives it the planner's bound and the job's phase.
+    machine: JobMachine = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.machine = JobMachine(self, QueueBound(), JobLife(False))
+
+    @property
+    def life(self) -> JobLife:
+        """Its phase (clasp.core.lifecycle)."""
+        return self.machine.life
 
     def clear_queue(self) -> None:
         """Drop every record not dispatched yet (a cancel; a rollback, before it queues the replay)."""

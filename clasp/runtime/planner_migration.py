@@ -116,7 +116,7 @@ class Migrations:
         old = job.placement
         plan = plan_migration(job.spec, old, new, job.workers, dead)
         t0 = time.monotonic()
-        job.life.handle(Migrate())
+        job.machine.handle(Migrate())
         marker = protocol.pack(protocol.Marker(job.id, new.epoch, PLANNER))
         for w in plan.markers_to_send(PLANNER):
             self.pushers[w].send(marker)
@@ -128,7 +128,7 @@ class Migrations:
         if job.src is not None:
             await self.sources.move_partitions(job)
         duration = time.monotonic() - t0
-        self.dispatcher.carry_out(job.life.handle(Migrated()))
+        self.dispatcher.carry_out(job, job.machine.handle(Migrated()))
         record = scheduler.migration_record(old, new, reason, time.time() - job.created, duration,
                                             plan.participants, replies, plan.moved_groups(), dead)
         failed = record["failed"]

@@ -27,7 +27,6 @@ from clasp.core.credit import charge
 from clasp.core.lifecycle import (
     Barrier,
     BarrierSent,
-    JobLife,
     NoWorkerLeft,
     Phase,
     RollBack,
@@ -117,7 +116,7 @@ class Checkpoints:
                         log.warning("job %d: checkpoint given up: %s", job.id,
                                     "a worker died" if c.dying else "dispatch never reached a chunk boundary")
                         return None
-                job.life.handle(Barrier())
+                job.machine.handle(Barrier())
             finally:
                 c.want = False
             if job.src is not None:
@@ -129,7 +128,7 @@ class Checkpoints:
                 p = c.coord.begin(boundary, workers, time.monotonic())
             except CheckpointError:
                 self.sources.barrier_sent(job)
-                self.dispatcher.carry_out(job.life.handle(BarrierSent()))
+                self.dispatcher.carry_out(job, job.machine.handle(BarrierSent()))
                 raise
             p.watermark = self.time.released_levels(job)
             rid = boundary << CHUNK_BITS
@@ -139,7 +138,7 @@ class Checkpoints:
                                                    for w in workers))
                 finally:
                     self.sources.barrier_sent(job)
-                    self.dispatcher.carry_out(job.life.handle(BarrierSent()))
+                    self.dispatcher.carry_out(job, job.machine.handle(BarrierSent()))
                 if job.src is not None:
                     # The partitions' positions at the cut; one read nowhere now (released by a stop) keeps
                     # its last known position.
@@ -217,12 +216,12 @@ class Checkpoints:
 
     async def _rolling_back(self, job, cause: str, t0: float) -> None:
         """Under the job's lock: the rollback, in its phase from start to end (clasp.core.lifecycle)."""
-        job.life.handle(RollBack(cause))
+        job.machine.handle(RollBack(cause))
         try:
             await self._roll_back(job, cause, t0)
         finally:
             if job.life.phase is Phase.ROLLING_BACK:
-                job.life.handle(RollbackFailed())
+                job.machine.handle(RollbackFailed())
             self.dispatcher.wake.set()
 
     async def _roll_back(self, job, cause: str, t0: float) -> None:
@@ -231,7 +230,7 @@ class Checkpoints:
             alive = self.queries.workers_of(job)
             if not alive:
                 log.error("job %d (%s) has no worker left: it waits for a worker to recover on", job.id, cause)
-                job.life.handle(NoWorkerLeft(cause))
+                job.machine.handle(NoWorkerLeft(cause))
                 return
             new = recovery_placement(job.spec, job.placement, alive, job.key_weights, job.placement.epoch + 1)
             target = c.coord.restore_target()
@@ -299,7 +298,7 @@ class Checkpoints:
             job.decisions.append({"t": round(time.time() - job.created, 3), "trigger": cause,
                                   "reason": reason, "change": True})
             log.warning("job %d: %s (%.0f ms)", job.id, reason, took * 1e3)
-            job.life.handle(RolledBack())
+            job.machine.handle(RolledBack())
             self.persist(job)
             return
 
@@ -397,7 +396,6 @@ class Checkpoints:
         t.completed = below
         job.counters["pushed"] = t.admitted
         job.counters["dispatched"] = t.admitted
-        job.life = JobLife(True, Phase.TAKEN_UP)  # nothing is dispatched until `resume` rolled the workers back
         job.placement.epoch += 1000  # past any epoch the workers reached under the previous planner
 
     async def resume(self, job) -> None:
