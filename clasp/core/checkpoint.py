@@ -70,6 +70,9 @@ class Coordinator:
         self.pending: PendingCheckpoint | None = None
         self.complete: list[CompleteCheckpoint] = []  # oldest first, at most `keep`
         self.counts = {"completed": 0, "failed": 0, "recoveries": 0, "replayed": 0}
+        # Outputs the workers handed over with a checkpoint whose manifest could not be written: they are
+        # released by the next one that completes, or dropped by a rollback (their records run again).
+        self.unreleased: dict[str, list] = {}
         self.last_duration = 0.0
         self.last_bytes = 0
         self.failures: list[str] = []
@@ -100,9 +103,9 @@ class Coordinator:
             p.collected.setdefault(op, []).extend(outs)
         return p.acked == p.workers
 
-    def finish(self, now: float) -> tuple[CompleteCheckpoint, list[int], dict[str, list]]:
-        """The pending checkpoint is complete: returns it, the ids of checkpoints to delete, and the outputs
-        it releases to clients."""
+    def finish(self, now: float) -> tuple[CompleteCheckpoint, dict[str, list]]:
+        """Every worker acked the pending checkpoint: returns it and the outputs it releases to clients. It
+        counts as complete once its manifest is written (`committed`)."""
         p = self.pending
         if p is None or p.acked != p.workers:
             raise CheckpointError("no checkpoint has every ack")
@@ -112,12 +115,31 @@ class Coordinator:
         done = CompleteCheckpoint(p.id, p.boundary, {op: sorted(gs) for op, gs in p.groups.items()}, p.bytes,
                                   now - p.t0, dict(p.positions), p.watermark)
         self.pending = None
+        collected, self.unreleased = self.unreleased, {}
+        for op, outs in p.collected.items():
+            collected[op] = collected.get(op, []) + outs
+        return done, collected
+
+    def not_committed(self, collected: dict[str, list], reason: str) -> None:
+        """The manifest of the checkpoint `finish` returned could not be written: it failed, and the outputs
+        it would have released wait for the next one."""
+        self.unreleased = collected
+        self.counts["failed"] += 1
+        self.failures = [*self.failures[-9:], reason]
+
+    def rolled_back(self) -> None:
+        """A rollback to the newest complete checkpoint: the records of unreleased outputs run again."""
+        self.unreleased = {}
+
+    def committed(self, done: CompleteCheckpoint) -> list[int]:
+        """`done`'s manifest is on disk: it is complete, the newest to restore; returns the ids of the
+        checkpoints to delete (beyond the `keep` newest)."""
         self.complete.append(done)
         dropped = [c.id for c in self.complete[:-self.keep]]
         self.complete = self.complete[-self.keep:]
         self.counts["completed"] += 1
         self.last_duration, self.last_bytes = done.duration_s, done.bytes
-        return done, dropped, p.collected
+        return dropped
 
     def fail(self, reason: str) -> int | None:
         """The pending checkpoint failed; returns its id (its files may be deleted) or None."""

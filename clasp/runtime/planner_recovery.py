@@ -167,7 +167,7 @@ class Checkpoints:
             c.last_pause_cpu = max((r.get("pause_cpu", 0.0) for r in replies), default=0.0)
             for r in replies:
                 c.coord.ack(p.id, r["worker"], r["groups"], r["bytes"], r["collected"])
-            done, dropped, collected = c.coord.finish(time.monotonic())
+            done, collected = c.coord.finish(time.monotonic())
             below = job.tracker.admitted - sum(n for _, n in c.log.sizes_from(done.boundary).values())
             meta = {"job": job.id, "ckpt": done.id, "boundary": done.boundary, "groups": done.groups,
                     "bytes": done.bytes, "workers": workers, "t": time.time(), "records_below": below,
@@ -178,11 +178,12 @@ class Checkpoints:
                     await asyncio.to_thread(self.store.write_file, f"job-{job.id}/collected/{done.id}.kg",
                                             encode_blob(collected))
                 await asyncio.to_thread(self.store.commit, job.id, done.id, meta)
-            except OSError as e:
-                c.coord.discard(done.id)
-                c.coord.counts["failed"] += 1
+            except OSError as e:  # never complete: its files go, the one before stays the newest
+                c.coord.not_committed(collected, f"checkpoint {done.id} not committed: {e}")
                 log.error("job %d: checkpoint %d could not be committed: %s", job.id, done.id, e)
+                await asyncio.to_thread(self.store.delete, job.id, done.id)
                 return None
+            dropped = c.coord.committed(done)
             if collected:
                 c.released_by[done.id] = collected
             for d in dropped:
@@ -267,6 +268,7 @@ class Checkpoints:
             self.dispatcher.set_routes(job)
             self.sinks.recovered(job, duties, replies, alive)
             upto = target.id if target else 0
+            c.coord.rolled_back()
             for k in [k for k in c.released_by if k > upto]:  # released by a checkpoint rolled back over
                 del c.released_by[k]
                 self.store.remove_file(f"job-{job.id}/collected/{k}.kg")

@@ -6,6 +6,7 @@ would go there is a file."""
 
 from __future__ import annotations
 
+import time
 import urllib.request
 
 import clasp
@@ -49,5 +50,31 @@ def test_a_worker_counts_the_checkpoints_it_could_not_snapshot(tmp_path_factory)
             planner = scrape(cl.metrics["planner"])
             assert planner[f'clasp_input_log_write_failures_total{{job="{job.id}"}}'] == 0
             assert job.stats()["checkpoints"]["input_log_write_failures"] == 0
+    finally:
+        cl.stop()
+
+
+def test_outputs_of_a_checkpoint_whose_manifest_cannot_be_written_are_released_by_the_next(tmp_path_factory):
+    """The planner's commit of checkpoints 1-3 fails for real (where each one's COMPLETE.json would go there is
+    a directory): those checkpoints count as failed, never as complete, and the outputs the workers handed over
+    with them are released by the first checkpoint that completes, each exactly once."""
+    cl = start_cluster(tmp_path_factory, 2, planner_args=["--no-autoscale", "--checkpoint-interval", "0.2"])
+    try:
+        with clasp.connect(cl.planner) as c:
+            d = clasp.Dag("doubles")
+            d.operator("double", lambda v: [2 * v], collect=True)
+            job = c.submit(d, autoscale=False)
+            for k in (1, 2, 3):
+                (cl.state_dir / f"job-{job.id}" / f"ckpt-{k}" / "COMPLETE.json").mkdir(parents=True)
+            for i in range(0, 3000, 100):
+                job.push(list(range(i, i + 100)))
+                time.sleep(0.03)
+            job.wait_idle(timeout=60)
+            wait_for(lambda: job.stats()["checkpoints"]["failed"] >= 3, timeout=30, what="three failed commits")
+            wait_for(lambda: sorted(job.collected("double")) == [2 * v for v in range(3000)], timeout=30,
+                     what="every output released")
+            ck = job.stats()["checkpoints"]
+            assert ck["failed"] == 3 and ck["last_id"] > 3 and ck["completed"] == ck["last_id"] - 3
+            assert len(job.collected("double")) == 3000
     finally:
         cl.stop()
