@@ -10,6 +10,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate, compress
 
 import msgpack
 import numpy as np
@@ -250,36 +251,30 @@ def route_to(spec: DagSpec, placement: Placement, succ: int, me: str | None, src
     return Route(ROUTE_TABLE, succ, table=table, period=table_period(table))
 
 
-def partition_runs(values: list, rids: list, counts: list, groups: list, owners: list) -> dict:
+def partition_runs(values: list, rids: list, counts: list, groups: bytes, owners: list) -> dict:
     """Split a batch of requests by the owner of their key groups, keeping order: `values` with their record
-    ids as runs (`rids[r]` for `counts[r]` consecutive values), the key group of each value, and `owners`
-    (key group -> destination) -> {destination: (values, rids, counts, groups)} for the destinations that
-    get any, their runs without empty ones. A stable sort by destination and a fixed number of array passes,
-    whatever the number of destinations; none per request in Python: the keyed fast path routes a
-    scheduling pass's words with it."""
+    ids as runs (`rids[r]` for `counts[r]` consecutive values, every count positive), the key group of each
+    value as bytes (a group is below 256), and `owners` (key group -> destination) -> {destination: (values,
+    rids, counts, groups)} for the destinations that get any, their runs without empty ones, their groups as
+    bytes. Per destination a byte mask (`bytes.translate`), the values and runs taken by `compress`, the
+    runs' lengths summed by `np.add.reduceat`: a few passes in C per destination and none per request in
+    Python; the keyed fast path routes a scheduling pass's words with it."""
     dests = list(dict.fromkeys(owners))
+    if type(groups) is not bytes:
+        groups = bytes(groups)
     if len(dests) == 1 or not values:
         return {dests[0]: (values, rids, counts, groups)} if values else {}
     index = {d: i for i, d in enumerate(dests)}
-    n = len(values)
-    group_array = np.array(groups, dtype=np.int64)
-    dest_of = np.array([index[o] for o in owners], dtype=np.int64)[group_array]
-    order = np.argsort(dest_of, kind="stable")
-    dest_sorted = dest_of[order]
-    run_sorted = np.repeat(np.arange(len(counts), dtype=np.int64), counts)[order]
-    # A piece: the values of one run that go to one destination, consecutive after the sort.
-    starts = np.flatnonzero(np.diff(dest_sorted * len(counts) + run_sorted, prepend=-1))
-    piece_counts = np.diff(starts, append=n).tolist()
-    piece_rids = np.asarray(rids, dtype=np.int64)[run_sorted[starts]].tolist()
-    marks = np.arange(len(dests) + 1)
-    value_bounds = np.searchsorted(dest_sorted, marks).tolist()
-    piece_bounds = np.searchsorted(dest_sorted[starts], marks).tolist()
-    ordered = list(map(values.__getitem__, order.tolist()))
-    ordered_groups = group_array[order].tolist()
+    dest_of = groups.translate(bytes(map(index.__getitem__, owners)).ljust(256, b"\0"))
+    starts = np.fromiter(accumulate(counts[:-1], initial=0), dtype=np.intp, count=len(counts))
+    group_array = np.frombuffer(groups, dtype=np.uint8)
     out = {}
     for i, d in enumerate(dests):
-        a, b = value_bounds[i], value_bounds[i + 1]
-        if a < b:
-            p, q = piece_bounds[i], piece_bounds[i + 1]
-            out[d] = (ordered[a:b], piece_rids[p:q], piece_counts[p:q], ordered_groups[a:b])
+        mask = dest_of.translate(bytes(i) + b"\1" + bytes(255 - i))  # 1 where the value goes to d, else 0
+        if 1 not in mask:
+            continue
+        picked = np.frombuffer(mask, dtype=np.uint8)
+        per_run = np.add.reduceat(picked, starts, dtype=np.intp).tolist()
+        out[d] = (list(compress(values, mask)), list(compress(rids, per_run)), list(compress(per_run, per_run)),
+                  group_array[picked.view(np.bool_)].tobytes())
     return out

@@ -32,6 +32,20 @@ def _one_output(value):
     return (value,)
 
 
+class KeyCache(dict):
+    """Key -> key group, for the keys this operator has seen. A miss computes the group (`key_group`) and
+    keeps it while the cache has room, so a batch's groups are one `map` of `__getitem__` in C, with no
+    pass to find the misses."""
+
+    __slots__ = ()
+
+    def __missing__(self, key) -> int:
+        g = key_group(key, NUM_KEY_GROUPS)
+        if len(self) < KEY_CACHE_MAX:
+            self[key] = g
+        return g
+
+
 class OperatorError(Exception):
     """An operator's function raised or returned something unusable."""
 
@@ -91,7 +105,7 @@ class OpRuntime:
         self.hist = [0] * (len(EXEC_BUCKETS) + 1)
         self.collected: list = []
         self.collected_rids: list[int] = []  # the record of each collected output (checkpoints release by it)
-        self.key_cache: dict = {}
+        self.key_cache = KeyCache()
         # Requests routed to each key group of this (stateful) operator by this worker, cumulative: the
         # planner sums them over the senders into the groups' weights (keygroups.assign_weighted).
         self.group_hits: list[int] = [0] * NUM_KEY_GROUPS if spec_op.stateful else []
@@ -114,12 +128,7 @@ class OpRuntime:
         self.gathers = False  # runs a pass at a time, its outputs gathered into blocks: set with its routes
 
     def group_of(self, key) -> int:
-        g = self.key_cache.get(key)
-        if g is None:
-            g = key_group(key, NUM_KEY_GROUPS)
-            if len(self.key_cache) < KEY_CACHE_MAX:
-                self.key_cache[key] = g
-        return g
+        return self.key_cache[key]
 
     def warm(self, g: int) -> None:
         """Decode a cold key group into the live state."""
