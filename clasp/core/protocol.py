@@ -969,12 +969,13 @@ def check_columns(groups: Any, n_ops: int, n_groups: int = 128) -> None:
 
 
 def _in_range(ints: list | bytes, n: int) -> bool:
-    """Whether every item is an int in 0..n-1 (n ≤ 256): one pass in C, bytes() refusing anything else."""
+    """Whether every item is an int in 0..n-1 (n ≤ 256): bytes() refusing anything else, then nothing left
+    once the bytes below n are deleted (a pass in C without an int object per item)."""
     try:
         b = ints if type(ints) is bytes else bytes(ints)
     except (TypeError, ValueError):
         return False
-    return not b or max(b) < n
+    return not b.translate(None, bytes(range(n)))
 
 
 def column_rows(group: list):

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from itertools import repeat
-from operator import add
 from time import perf_counter
-
-import numpy as np
 
 from clasp.core.outputs import as_outputs
 from clasp.runtime.operators import TIMING_SAMPLE, OpRuntime
@@ -73,11 +70,6 @@ def group_bytes(op: OpRuntime, keys: list) -> bytes:
     """The key group of each key as bytes, from `op`'s key cache (a miss takes the hashing call): one `map`
     in C. Raises what the key cache raises for a key that cannot be one (unhashable, not serializable)."""
     return bytes(map(op.key_cache.__getitem__, keys))
-
-
-def weigh(hits: list, groups: bytes) -> None:
-    """Add the requests of a batch to the per-key-group counts `hits` (in place), from their groups."""
-    hits[:] = map(add, hits, np.bincount(np.frombuffer(groups, dtype=np.uint8), minlength=len(hits)).tolist())
 
 
 def apply_block(op: OpRuntime, values: list, groups: bytes | list, fail: Fail) -> float:

@@ -22,7 +22,7 @@ from clasp.core.outputs import ITEMS_EXACT, ONE_EXACT, as_outputs
 from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_LOCAL, ROUTE_TABLE, key_group, partition_runs
 from clasp.core.tracking import EPOCH_BITS, epochs_of_runs
 from clasp.runtime.barrier import Barrier
-from clasp.runtime.batches import apply_block, estimate, group_bytes, map_outputs, timed_batch, weigh
+from clasp.runtime.batches import apply_block, estimate, group_bytes, map_outputs, timed_batch
 from clasp.runtime.operators import KEY_CACHE_MAX, TIMING_SAMPLE, OperatorError, OpRuntime, unpack_group
 from clasp.runtime.outbox import KEYED_HERE, ROUTE_ONE_REMOTE, Outbox
 from clasp.runtime.worker_migration import Handover
@@ -261,7 +261,7 @@ class Executor:
                 self.send(op, values[pos:pos + c], rid)
                 pos += c
             return
-        weigh(target.group_hits, gs)
+        target.weigh(gs)
         if kind == KEYED_HERE:
             target.queue.append_block(succ, values, rids, counts, gs)
             self.outbox.local_requests += len(values)

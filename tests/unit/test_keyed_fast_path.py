@@ -232,7 +232,7 @@ def test_the_routed_words_weigh_their_key_groups_exactly(workers, seed):
     expected = Counter()
     for w, n in words.items():
         expected[key_group(w)] += n
-    hits = [sum(e.ops[1].group_hits[g] for e in engines.values()) for g in range(len(engines["w0"].ops[1].group_hits))]
+    hits = [sum(e.ops[1].hits()[g] for e in engines.values()) for g in range(len(engines["w0"].ops[1].group_hits))]
     assert {g: n for g, n in enumerate(hits) if n} == dict(expected)
     state: dict = {}
     for e in engines.values():
