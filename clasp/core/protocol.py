@@ -15,7 +15,7 @@ Message types and who sends them (C client, P planner, W worker):
 | deploy | P → W | req, job, dag (DagSpec.pack()), placement (Placement.to_wire()), peers {id: data endpoint} |
 | data | P/W → W | [job, epoch, rows]: requests, each row [op, value, key, rid] |
 | runs | P → W | [job, epoch, runs]: records for stateless sources, each run [op, first rid, values] |
-| cols | W → W | [job, epoch, groups]: requests in columns, per operator [op, values, keys, rids, counts] |
+| cols | W → W | [job, epoch, groups]: requests in columns, per operator [op, values, keys, rids, counts(, groups)] |
 | done | W → P | [job, {progress epoch: {op: requests produced − finished}}] — epoch progress (`clasp.core.tracking`) |
 | migrate_plan | P → W | req, job, plan, placement; the reply comes when the worker is done |
 | marker | P/W → W | [job, epoch, sender]: the sender's last message under the previous epoch |
@@ -947,7 +947,8 @@ def check_columns(groups: Any, n_ops: int, n_groups: int = 128) -> None:
             raise ProtocolError("bad_batch", "each group must be [op, values, keys, rids, counts(, key groups)]")
         op, values, keys, rids, counts = g[:5]
         if len(g) == 6 and g[5] is not None and not (
-                keys is True and type(g[5]) is list and len(g[5]) == len(values) and _in_range(g[5], n_groups)):
+                keys is True and type(g[5]) in (bytes, list) and len(g[5]) == len(values)
+                and _in_range(g[5], n_groups)):
             raise ProtocolError("bad_batch", f"key groups must be one per value in 0..{n_groups - 1}, keys the values")
         if type(op) is not int or not 0 <= op < n_ops:
             raise ProtocolError("bad_batch", f"operator index out of range 0..{n_ops - 1}")
@@ -967,13 +968,14 @@ def check_columns(groups: Any, n_ops: int, n_groups: int = 128) -> None:
             raise ProtocolError("bad_batch", "counts must be positive run lengths, one per rid, summing to the values")
 
 
-def _in_range(ints: list, n: int) -> bool:
-    """Whether every item is an int in 0..n-1 (n ≤ 256): one pass in C, bytes() refusing anything else."""
+def _in_range(ints: list | bytes, n: int) -> bool:
+    """Whether every item is an int in 0..n-1 (n ≤ 256): bytes() refusing anything else, then nothing left
+    once the bytes below n are deleted (a pass in C without an int object per item)."""
     try:
-        b = bytes(ints)
+        b = ints if type(ints) is bytes else bytes(ints)
     except (TypeError, ValueError):
         return False
-    return not b or max(b) < n
+    return not b.translate(None, bytes(range(n)))
 
 
 def column_rows(group: list):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
 
 import msgpack
 import numpy as np
@@ -250,36 +251,33 @@ def route_to(spec: DagSpec, placement: Placement, succ: int, me: str | None, src
     return Route(ROUTE_TABLE, succ, table=table, period=table_period(table))
 
 
-def partition_runs(values: list, rids: list, counts: list, groups: list, owners: list) -> dict:
+def partition_runs(values: list, rids: list, counts: list, groups: bytes, owners: list) -> dict:
     """Split a batch of requests by the owner of their key groups, keeping order: `values` with their record
-    ids as runs (`rids[r]` for `counts[r]` consecutive values), the key group of each value, and `owners`
-    (key group -> destination) -> {destination: (values, rids, counts, groups)} for the destinations that
-    get any, their runs without empty ones. A stable sort by destination and a fixed number of array passes,
-    whatever the number of destinations; none per request in Python: the keyed fast path routes a
-    scheduling pass's words with it."""
+    ids as runs (`rids[r]` for `counts[r]` consecutive values), the key group of each value as bytes (a
+    group is below 256), and `owners` (key group -> destination) -> {destination: (values, rids, counts,
+    groups)} for the destinations that get any, their runs without empty ones, their groups as bytes. The
+    destination of each value by one `bytes.translate`, a stable radix sort of those bytes, the values taken
+    in that order by one `map`, and every run's length per destination by one `bincount`: a fixed number of
+    passes in C whatever the number of destinations, none per request in Python; the keyed fast path routes
+    a scheduling pass's words with it."""
     dests = list(dict.fromkeys(owners))
+    if type(groups) is not bytes:
+        groups = bytes(groups)
     if len(dests) == 1 or not values:
         return {dests[0]: (values, rids, counts, groups)} if values else {}
     index = {d: i for i, d in enumerate(dests)}
-    n = len(values)
-    group_array = np.array(groups, dtype=np.int64)
-    dest_of = np.array([index[o] for o in owners], dtype=np.int64)[group_array]
+    nd, nr = len(dests), len(counts)
+    dest_of = np.frombuffer(groups.translate(bytes(map(index.__getitem__, owners)).ljust(256, b"\0")), np.uint8)
     order = np.argsort(dest_of, kind="stable")
-    dest_sorted = dest_of[order]
-    run_sorted = np.repeat(np.arange(len(counts), dtype=np.int64), counts)[order]
-    # A piece: the values of one run that go to one destination, consecutive after the sort.
-    starts = np.flatnonzero(np.diff(dest_sorted * len(counts) + run_sorted, prepend=-1))
-    piece_counts = np.diff(starts, append=n).tolist()
-    piece_rids = np.asarray(rids, dtype=np.int64)[run_sorted[starts]].tolist()
-    marks = np.arange(len(dests) + 1)
-    value_bounds = np.searchsorted(dest_sorted, marks).tolist()
-    piece_bounds = np.searchsorted(dest_sorted[starts], marks).tolist()
     ordered = list(map(values.__getitem__, order.tolist()))
-    ordered_groups = group_array[order].tolist()
+    ordered_groups = np.frombuffer(groups, np.uint8)[order].tobytes()
+    bounds = [0, *np.cumsum(np.bincount(dest_of, minlength=nd)).tolist()]
+    run_of = np.repeat(np.arange(nr, dtype=np.intp), counts)
+    per_run = np.bincount(run_of * nd + dest_of, minlength=nr * nd).reshape(nr, nd).T.tolist()
     out = {}
     for i, d in enumerate(dests):
-        a, b = value_bounds[i], value_bounds[i + 1]
+        a, b = bounds[i], bounds[i + 1]
         if a < b:
-            p, q = piece_bounds[i], piece_bounds[i + 1]
-            out[d] = (ordered[a:b], piece_rids[p:q], piece_counts[p:q], ordered_groups[a:b])
+            c = per_run[i]  # run r's values that go to d
+            out[d] = (ordered[a:b], list(compress(rids, c)), list(compress(c, c)), ordered_groups[a:b])
     return out

@@ -6,8 +6,7 @@ pass, the key groups of a batch of keys, a count's tight loop over a block, and 
 from __future__ import annotations
 
 from collections.abc import Callable
-from itertools import compress, repeat
-from operator import is_
+from itertools import repeat
 from time import perf_counter
 
 from clasp.core.outputs import as_outputs
@@ -67,19 +66,15 @@ def _outputs(op: OpRuntime, out, value, fail: Fail) -> list | tuple:
         return ()
 
 
-def key_groups(op: OpRuntime, keys: list) -> list:
-    """The key group of each key, from `op`'s key cache; keys not seen yet take the hashing call."""
-    gs = list(map(op.key_cache.get, keys))
-    if None in gs:
-        group_of = op.group_of
-        for i in compress(range(len(gs)), map(is_, gs, repeat(None))):
-            gs[i] = group_of(keys[i])
-    return gs
+def group_bytes(op: OpRuntime, keys: list) -> bytes:
+    """The key group of each key as bytes, from `op`'s key cache (a miss takes the hashing call): one `map`
+    in C. Raises what the key cache raises for a key that cannot be one (unhashable, not serializable)."""
+    return bytes(map(op.key_cache.__getitem__, keys))
 
 
-def apply_block(op: OpRuntime, values: list, groups: list, fail: Fail) -> float:
-    """A stateful operator keyed by the value on its live state, once per value in a tight loop (its outputs
-    go nowhere); returns the seconds the loop took."""
+def apply_block(op: OpRuntime, values: list, groups: bytes | list, fail: Fail) -> float:
+    """A stateful operator keyed by the value on its live state, once per value (of key group `groups[i]`)
+    in a tight loop (its outputs go nowhere); returns the seconds the loop took."""
     rested = op.rested
     for g in set(groups):
         rested[g] = None  # before fn runs: it may change `old` in place, even when it then raises

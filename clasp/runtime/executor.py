@@ -22,7 +22,7 @@ from clasp.core.outputs import ITEMS_EXACT, ONE_EXACT, as_outputs
 from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_LOCAL, ROUTE_TABLE, key_group, partition_runs
 from clasp.core.tracking import EPOCH_BITS, epochs_of_runs
 from clasp.runtime.barrier import Barrier
-from clasp.runtime.batches import apply_block, estimate, key_groups, map_outputs, timed_batch
+from clasp.runtime.batches import apply_block, estimate, group_bytes, map_outputs, timed_batch
 from clasp.runtime.operators import KEY_CACHE_MAX, TIMING_SAMPLE, OperatorError, OpRuntime, unpack_group
 from clasp.runtime.outbox import KEYED_HERE, ROUTE_ONE_REMOTE, Outbox
 from clasp.runtime.worker_migration import Handover
@@ -249,19 +249,11 @@ class Executor:
     def _route_block(self, op: OpRuntime, route: tuple, values: list, rids: list, counts: list) -> None:
         """The gathered outputs of a pass of `op` (values, their ids as runs) to its one keyed successor whose
         key is the value, by `route` (KEYED_HERE or ROUTE_KEYED): the local part joins the successor's
-        queue as a block, each remote part its destination's columns. Every HIT_SAMPLE-th value weighs its
-        key group."""
+        queue as a block, each remote part its destination's columns, their key groups with them (bytes),
+        which also weigh the groups."""
         kind, succ, _, owners, _, target = route
-        hits = target.group_hits
-        if kind == KEYED_HERE:
-            for g in key_groups(target, values[::HIT_SAMPLE]):
-                hits[g] += HIT_SAMPLE
-            target.queue.append_block(succ, values, rids, counts)
-            self.outbox.local_requests += len(values)
-            op.edge_counts[0] += len(values)
-            return
         try:
-            gs = key_groups(target, values)
+            gs = group_bytes(target, values)
         except Exception:  # a value that cannot be a key: line by line on the general path, which reports it
             pos = 0
             for rid, c in zip(rids, counts, strict=True):
@@ -269,8 +261,12 @@ class Executor:
                 self.send(op, values[pos:pos + c], rid)
                 pos += c
             return
-        for g in gs[::HIT_SAMPLE]:
-            hits[g] += HIT_SAMPLE
+        target.weigh(gs)
+        if kind == KEYED_HERE:
+            target.queue.append_block(succ, values, rids, counts, gs)
+            self.outbox.local_requests += len(values)
+            op.edge_counts[0] += len(values)
+            return
         cols, remote = self.outbox.pending_cols, 0
         # The groups travel with the values: the successor's loop, here or at the destination, looks none up.
         for d, (vs, rs, cs, ks) in partition_runs(values, rids, counts, gs, owners).items():
@@ -282,7 +278,7 @@ class Executor:
                 by_succ = cols[d] = {}
             c = by_succ.get(succ)
             if c is None:
-                by_succ[succ] = [vs, rs, cs, ks]
+                by_succ[succ] = [vs, rs, cs, bytearray(ks)]
             else:
                 c[0].extend(vs)
                 c[1].extend(rs)
@@ -330,7 +326,7 @@ class Executor:
         for e, used, _ in epochs_of_runs(rids, counts, repeat(0)):
             self._ran(e, op.index, used, op.index, 0)
         gs = block.groups_left()
-        dt = apply_block(op, values, key_groups(op, values) if gs is None else gs, self.fail)
+        dt = apply_block(op, values, group_bytes(op, values) if gs is None else gs, self.fail)
         timed_batch(op, dt, len(values), self.stall)
 
     def _run_shadowed(self, op: OpRuntime, rows: list) -> None:

@@ -109,7 +109,7 @@ class Monitor:
             for op in eng.ops:
                 if op.stateful:
                     last = cur.group_hits.get(op.name) or [0] * len(op.group_hits)
-                    now = list(op.group_hits)
+                    now = list(op.hits())
                     moved = {g: (a - b) / interval for g, (a, b) in enumerate(zip(now, last, strict=True)) if a != b}
                     cur.group_hits[op.name] = now
                     if moved:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+from operator import add
 
 import msgpack
 
@@ -18,6 +19,7 @@ from clasp.runtime.records import RecordQueue
 
 log = logging.getLogger("clasp.worker.engine")
 KEY_CACHE_MAX = 1 << 20
+HITS_FOLD = 1 << 16  # routed requests whose key groups wait before they are counted in an operator's hits
 # Two clock reads cost ~10% of a cheap request here, so one request in TIMING_SAMPLE (the first of each
 # micro-batch among them) is timed; τ̄ is the sample's mean and histogram counts are scaled by it.
 # (The thread's CPU clock would not count a CPU quota's throttled periods, but a read of it costs 0.6 µs
@@ -30,6 +32,20 @@ EXEC_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3
 def _one_output(value):
     """A sink operator's function: the value reaching it is one value for the sink, whatever its type."""
     return (value,)
+
+
+class KeyCache(dict):
+    """Key -> key group, for the keys this operator has seen. A miss computes the group (`key_group`) and
+    keeps it while the cache has room, so a batch's groups are one `map` of `__getitem__` in C, with no
+    pass to find the misses."""
+
+    __slots__ = ()
+
+    def __missing__(self, key) -> int:
+        g = key_group(key, NUM_KEY_GROUPS)
+        if len(self) < KEY_CACHE_MAX:
+            self[key] = g
+        return g
 
 
 class OperatorError(Exception):
@@ -54,7 +70,7 @@ class OpRuntime:
                  "instances", "routes", "successors", "processed", "exec_time", "errors", "edge_counts",
                  "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_hits",
                  "collected_rids", "cold", "rested", "batch", "key_is_value", "sink", "sink_wake", "sink_room",
-                 "replaced", "unpackable", "blocks", "gathers")
+                 "replaced", "unpackable", "blocks", "gathers", "routed")
 
     def __init__(self, spec_op):
         self.index = spec_op.index
@@ -91,10 +107,13 @@ class OpRuntime:
         self.hist = [0] * (len(EXEC_BUCKETS) + 1)
         self.collected: list = []
         self.collected_rids: list[int] = []  # the record of each collected output (checkpoints release by it)
-        self.key_cache: dict = {}
+        self.key_cache = KeyCache()
         # Requests routed to each key group of this (stateful) operator by this worker, cumulative: the
         # planner sums them over the senders into the groups' weights (keygroups.assign_weighted).
         self.group_hits: list[int] = [0] * NUM_KEY_GROUPS if spec_op.stateful else []
+        # The key groups of requests the keyed fast path routed here, one byte each, not yet counted in
+        # `group_hits` (`hits` adds them): a batch's groups join in one copy, counted thousands at a time.
+        self.routed = bytearray()
         # Key groups that arrived by migration and were not touched since: group -> (msgpack blob of
         # {key: state}, its key count). Decoded on first use (`warm`), forwarded as they are if they move on,
         # so a migration costs the receiver O(key groups), not O(keys).
@@ -114,12 +133,7 @@ class OpRuntime:
         self.gathers = False  # runs a pass at a time, its outputs gathered into blocks: set with its routes
 
     def group_of(self, key) -> int:
-        g = self.key_cache.get(key)
-        if g is None:
-            g = key_group(key, NUM_KEY_GROUPS)
-            if len(self.key_cache) < KEY_CACHE_MAX:
-                self.key_cache[key] = g
-        return g
+        return self.key_cache[key]
 
     def warm(self, g: int) -> None:
         """Decode a cold key group into the live state."""
@@ -203,6 +217,22 @@ class OpRuntime:
             self.sink_wake()
             if len(self.collected) >= self.sink_room:
                 self.busy = True
+
+    def weigh(self, groups: bytes) -> None:
+        """Count a routed batch's requests in their key groups' hits (bytes: one group each)."""
+        self.routed += groups
+        if len(self.routed) >= HITS_FOLD:
+            self.hits()
+
+    def hits(self) -> list[int]:
+        """Requests routed to each key group, cumulative (`group_hits`, the pending batches counted in)."""
+        if self.routed:
+            import numpy as np
+
+            counts = np.bincount(np.frombuffer(self.routed, dtype=np.uint8), minlength=len(self.group_hits))
+            self.group_hits[:] = map(add, self.group_hits, counts.tolist())
+            self.routed = bytearray()  # not clear(): the array may still view the old one
+        return self.group_hits
 
     def fold_histogram(self) -> None:
         """Fold the sampled execution times into the histogram and the total (each stands for TIMING_SAMPLE)."""

@@ -40,14 +40,14 @@ def test_partition_runs_is_a_loop_over_the_requests(batch, owners):
             groups.append(g)
             dests.append(owners[g])
             per_value_rid.append((rid, i))  # the run's position keeps equal ids of two runs apart
-    parts = partition_runs(values, rids, counts, groups, owners)
+    parts = partition_runs(values, rids, counts, bytes(groups), owners)
     expected = _naive(values, per_value_rid, dests)
     assert set(parts) == set(expected)
     for d, (vs, rs, cs, gs) in parts.items():
         evs, ers, ecs = expected[d]
         assert vs == evs and cs == ecs and rs == [r for r, _ in ers]
         group_of_value = dict(zip(values, groups, strict=True))
-        assert gs == [group_of_value[v] for v in vs] and all(owners[g] == d for g in gs)
+        assert type(gs) is bytes and list(gs) == [group_of_value[v] for v in vs] and all(owners[g] == d for g in gs)
         assert min(cs) > 0 and sum(cs) == len(vs)
 
 

@@ -194,3 +194,47 @@ def test_blocks_of_a_count_without_outputs_count_exactly_and_report_failures(wor
     count = [e.ops[1] for e in engines.values()]
     assert sum(op.processed for op in count) == sum(words.values()) + bad
     assert all(op.exec_time >= 0 for op in count)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 3), st.integers(0, 2**32 - 1))
+def test_the_routed_words_weigh_their_key_groups_exactly(workers, seed):
+    """Every word the fast path routes counts once in its key group's weight (the planner sums them into the
+    groups' weights), on one engine holding every group and on several exchanging columns, whose key groups
+    travel as bytes, one per value."""
+    from collections import Counter
+
+    from clasp.core.routing import key_group
+
+    rnd = random.Random(seed)
+    d = clasp.Dag("weights")
+    d.operator("split", str.split) >> d.operator("count", lambda s, w: ((s or 0) + 1, None), stateful=True,
+                                                 key=clasp.identity)
+    spec = d.to_spec()
+    ids = [f"w{i}" for i in range(workers)]
+    shares = {i: 1 for i in range(workers)}
+    placement = build_placement(spec, ids, {"split": shares, "count": shares}, 10)
+    engines = {w: JobEngine(1, spec, w, placement) for w in ids}
+    vocab = [f"k{i}" for i in range(500)]
+    lines = [" ".join(rnd.choices(vocab, k=rnd.randint(1, 9))) for _ in range(rnd.randint(1, 2000))]
+    for k, line in enumerate(lines):
+        engines[ids[k % workers]].enqueue_rows([(0, line, None, k)])
+    for _ in range(20):
+        for e in engines.values():
+            while e.run_round():
+                pass
+            for dest, (groups, _) in e.take_batches().items():
+                assert all(type(g[5]) in (bytes, bytearray) and len(g[5]) == len(g[1]) for g in groups if len(g) > 5)
+                body = protocol.decode(protocol.encode("cols", [e.job, e.epoch, groups]))[1]
+                protocol.check_columns(body[2], len(e.ops))
+                engines[dest].receive_columns(body[1], body[2])
+    words = Counter(w for line in lines for w in line.split())
+    expected = Counter()
+    for w, n in words.items():
+        expected[key_group(w)] += n
+    hits = [sum(e.ops[1].hits()[g] for e in engines.values()) for g in range(len(engines["w0"].ops[1].group_hits))]
+    assert {g: n for g, n in enumerate(hits) if n} == dict(expected)
+    state: dict = {}
+    for e in engines.values():
+        state.update(e.ops[1].state_dict())
+    assert state == dict(words)

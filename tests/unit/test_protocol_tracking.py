@@ -93,6 +93,7 @@ def test_columns_share_keys_and_runs():
 def test_check_columns():
     protocol.check_columns([[0, ["a"], True, [1], [1]], [1, ["a", "b"], ["k", "j"], [1, 2], None]], 2)
     protocol.check_columns([[0, ["a", "b"], True, [1], [2], [5, 127]], [0, ["a"], None, [1], None, None]], 2)
+    protocol.check_columns([[0, ["a", "b"], True, [1], [2], bytes([5, 127])]], 2)  # groups as the sender packs them
     for groups, why in (([[2, ["a"], None, [1], None]], "out of range"),
                         ([[0, ["a"], None, ["r"], None]], "integers"),
                         ([[0, ["a"], None, [-1], None]], "negative"),
@@ -104,6 +105,8 @@ def test_check_columns():
                         ([[0, ["a"], None, [1]]], "each group"),
                         ([[0, ["a"], None, [1], [1], None, 0]], "each group"), ("x", "not a list"),
                         ([[0, ["a"], True, [1], None, [128]]], "key groups"),
+                        ([[0, ["a"], True, [1], None, bytes([128])]], "key groups"),
+                        ([[0, ["a", "b"], True, [1], [2], bytes([3])]], "key groups"),
                         ([[0, ["a"], True, [1], None, [-1]]], "key groups"),
                         ([[0, ["a"], True, [1], None, ["3"]]], "key groups"),
                         ([[0, ["a", "b"], True, [1, 2], None, [3]]], "key groups"),
