@@ -69,7 +69,7 @@ PROGRESS_INTERVAL_S = 0.025
 # A worker that runs out of work reports at once (`wait_idle` and the planner's in-flight window wait for
 # it), unless it reported less than this long ago: then when this much has passed, if it is still idle by
 # then (a worker that goes dry for a moment between its peers' batches reported 2-3 times per dispatch).
-PROGRESS_IDLE_GAP_S = 0.005
+PROGRESS_IDLE_GAP_S = 0.002
 
 
 class Worker:
