@@ -83,10 +83,14 @@ class Dispatch:
 # 9.2 µs of worker CPU per record with 5,000 / 2,000 in all, 395 rows and 7.1–8.1 µs with these). The
 # window scales with every worker the job spans (`Placement.active_workers`), sources or not: records in
 # flight sit in the queues along their path, and each worker needs its own queued, wherever in the DAG it
-# is (a ten-worker chain fed by one worker: +40 % over the holders' window, same section).
-WINDOW_PER_WORKER = 2000
-BATCH_PER_WORKER = 800
-WINDOW_MIN, BATCH_MIN = 5000, 2000  # the one-worker defaults, kept as the floor
+# is (a ten-worker chain fed by one worker: +40 % over the holders' window, same section). A client's push is
+# a chunk of up to 5,000 records: the batch takes a whole one at a time (one message per worker holding a
+# source, not several), and the window holds two of them per worker, so that a worker has the next chunk
+# while the planner waits for its progress report about the last (docs/RUNTIME.md, "The planner's cost
+# per pushed line": 264 dispatch messages per 200,000 Word Count lines at 2 workers became 120-130).
+WINDOW_PER_WORKER = 5000
+BATCH_PER_WORKER = 2500
+WINDOW_MIN, BATCH_MIN = 10000, 5000  # the one-worker defaults, kept as the floor
 
 
 def dispatch_limits(max_inflight: int | None, dispatch_batch: int | None, holders: int,

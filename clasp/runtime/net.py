@@ -131,22 +131,19 @@ class DirectSend:
 # Frames taken with one wake-up of a receive loop: the first awaited, the rest read without a future while
 # libzmq has them, so a busy receiver pays one asyncio receive per burst, not per frame (~12 µs each here).
 DRAIN_FRAMES = 64
+# As plain ints: pyzmq's enum members cost a Python call per `&` on the hot path.
+NOBLOCK, EVENTS, POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
 
 
-def drained(raw: zmq.Socket, limit: int = DRAIN_FRAMES, multipart: bool = False) -> list:
+def drained(raw: zmq.Socket, limit: int = DRAIN_FRAMES) -> list:
     """Up to `limit` frames already queued on `raw` (a shadow socket), not waiting: zmq.Frame objects (their
-    memory, not a copy), or with `multipart` lists of bytes as recv_multipart gives them. Call it from the
-    one loop that receives on the socket, between its awaited receives (the next one checks the socket's
-    events before it waits, so nothing read here leaves it asleep), and only on a socket whose asyncio
-    sends never wait for room (PULL, or a ROUTER: their sends never block)."""
+    memory, not a copy). Call it from the one loop that receives on the socket, between its awaited receives
+    (the next one checks the socket's events before it waits, so nothing read here leaves it asleep), and
+    only on a socket whose asyncio sends never wait for room (PULL, or a ROUTER: their sends never block)."""
     out = []
     try:
-        if multipart:
-            for _ in range(limit):
-                out.append(raw.recv_multipart(zmq.NOBLOCK))
-        else:
-            for _ in range(limit):
-                out.append(raw.recv(zmq.NOBLOCK, copy=False))
+        for _ in range(limit):
+            out.append(raw.recv(zmq.NOBLOCK, copy=False))
     except zmq.Again:
         pass
     return out
@@ -190,9 +187,10 @@ class ServerLoop:
     return a coroutine: with `spawn`, it is handed to `spawn(ident, mtype, body, coro)` so the loop keeps
     receiving; without, it is awaited in order. `raw`
     names message types whose handler also takes the payload frame. `admit(ident, mtype, body, frame)` may
-    refuse a checked message before its handler by raising. `drain`: after each awaited receive, take what
-    libzmq already holds without a future (see `drained`). `answer_requests`: a bad message whose request id
-    could be read is answered with an error `reply` to that request (its asker fails now, not at a timeout)."""
+    refuse a checked message before its handler by raising. `drain`: no future per message; each wake-up takes
+    every message libzmq holds, and every send on the socket goes through `post` (see `_serve_drained`).
+    `answer_requests`: a bad message whose request id could be read is answered with an error `reply` to that
+    request (its asker fails now, not at a timeout)."""
 
     def __init__(self, sock: zmq.Socket, handlers: dict[str, Callable], *, where: str,
                  on_bad: Callable[[ProtocolError], None],
@@ -205,15 +203,70 @@ class ServerLoop:
         self.routed, self.spawn, self.raw, self.admit, self.drain = routed, spawn, raw, admit, drain
         self.pass_ident = routed if pass_ident is None else pass_ident
         self.answer_requests = answer_requests
+        self._raw = zmq.Socket.shadow(sock.underlying) if drain else None
+        self._waiter: asyncio.Future | None = None
 
     async def serve(self) -> None:
+        if self.drain:
+            await self._serve_drained()
+            return
         sock = self.sock
-        raw = zmq.Socket.shadow(sock.underlying) if self.drain else None
         while True:
             await self.handle(await sock.recv_multipart())
-            if raw is not None:
-                for frames in drained(raw, multipart=True):
+
+    async def _serve_drained(self) -> None:
+        """Receive without a future per message: wait for the socket's descriptor to be readable (one
+        future per wake-up, set by a reader on a duplicate of the descriptor, so pyzmq's own reader on the
+        socket is left as it is), then take every queued message with non-blocking receives. libzmq's
+        descriptor is edge-triggered: a send on the socket can take the wake-up of a message that arrived
+        meanwhile, so every send goes through `post`, which looks for such a message after it."""
+        raw = self._raw
+        loop = asyncio.get_running_loop()
+        fd = os.dup(raw.FD)
+        loop.add_reader(fd, self._readable)
+        try:
+            while True:
+                n = 0
+                while True:  # until Again: one failed receive per wake-up, no look at the events per message
+                    try:
+                        frames = raw.recv_multipart(NOBLOCK)
+                    except zmq.Again:
+                        break
                     await self.handle(frames)
+                    n += 1
+                    if n == DRAIN_FRAMES:  # a long burst: let the other tasks (the dispatcher) run between
+                        n = 0
+                        await asyncio.sleep(0)
+                self._waiter = waiter = loop.create_future()
+                try:
+                    await waiter
+                finally:
+                    self._waiter = None
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+
+    def _readable(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def post(self, ident: bytes | None, frame) -> None:
+        """Send one answer now, without a future (for a `drain` loop's socket, whose sends never wait: a
+        ROUTER, or a socket with no send high-water mark); a message that came in meanwhile wakes the loop."""
+        raw = self._raw
+        try:
+            if ident is None:
+                raw.send(frame, NOBLOCK, copy=False)
+            else:
+                raw.send_multipart([ident, frame], NOBLOCK, copy=False)
+        except zmq.Again:  # no room after all: the asyncio send queues it
+            asyncio.ensure_future(self.send_async(ident, frame))
+        except zmq.ZMQError:  # EHOSTUNREACH: the asker is gone
+            pass
+        w = self._waiter
+        if w is not None and not w.done() and raw.get(EVENTS) & POLLIN:
+            w.set_result(None)
 
     async def handle(self, frames: list) -> None:
         ident = frames[0] if self.routed else None
@@ -248,6 +301,12 @@ class ServerLoop:
             await self.send(ident, answer)
 
     async def send(self, ident: bytes | None, frame: bytes) -> None:
+        if self.drain:
+            self.post(ident, frame)
+            return
+        await self.send_async(ident, frame)
+
+    async def send_async(self, ident: bytes | None, frame: bytes) -> None:
         try:
             if ident is None:
                 await self.sock.send(frame)

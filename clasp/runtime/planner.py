@@ -203,7 +203,7 @@ class Planner:
         self.router.setsockopt(zmq.SNDHWM, 0)
         self.router.setsockopt(zmq.RCVHWM, self.security.limits.router_rcvhwm)
         self.port = bind(self.router, self.host, self.port)
-        self.link.router = self.router
+        self.link.server = self._server()
         self.endpoint = f"tcp://{self.advertise}:{self.port}"
         registry = CollectorRegistry()
         registry.register(PlannerCollector(self))
@@ -221,7 +221,7 @@ class Planner:
               f"curve={'on' if self.security.enabled else 'off'} "
               f"state_dir={self.store.root if self.store is not None else 'none'}", flush=True)
         try:
-            loops = [self._server().serve(), self.dispatcher.run(), self._tick_loop(), self.state_server.serve(),
+            loops = [self.link.server.serve(), self.dispatcher.run(), self._tick_loop(), self.state_server.serve(),
                      self.security.run(), self._liveness_loop(), self.time.run()]
             self._load_stored_jobs()
             if self.store is not None:

@@ -8,15 +8,13 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-import zmq
-
 from clasp.core import protocol
 from clasp.core.dag import DagError
 from clasp.core.limits import LimitError, check_message
 from clasp.core.placement import NoPlacementError
 from clasp.core.protocol import ProtocolError
 from clasp.core.routing import PlacementError
-from clasp.runtime.net import Pending
+from clasp.runtime.net import Pending, ServerLoop
 from clasp.runtime.security import Security
 from clasp.runtime.tasks import ProcessTasks, internal_error
 
@@ -53,7 +51,7 @@ class Link:
         self.security = security
         self.rpc_timeout = rpc_timeout
         self.tasks = tasks
-        self.router: zmq.Socket | None = None
+        self.server: ServerLoop | None = None  # the ROUTER's receive loop, which every send goes through
         self.rpcs = Pending()  # requests to workers awaiting replies: (worker, job, type) each
 
     def background(self, coro, what: str) -> None:
@@ -61,14 +59,12 @@ class Link:
         self.tasks.spawn(coro, what)
 
     async def send(self, ident: bytes, frame: bytes) -> None:
-        try:
-            await self.router.send_multipart([ident, frame], copy=False)
-        except zmq.ZMQError as e:  # EHOSTUNREACH: the peer is gone
-            log.debug("could not send to %r: %s", ident, e)
+        self.server.post(ident, frame)
 
     def post(self, ident: bytes, frame: bytes) -> None:
-        """Send without waiting (from a handler that does not await)."""
-        self.tasks.spawn(self.send(ident, frame), "a send")
+        """Send without waiting (from a handler that does not await): the ROUTER never blocks a send, and a
+        peer that is gone loses it."""
+        self.server.post(ident, frame)
 
     def reply(self, ident, req: int, result) -> None:
         frame = protocol.reply(req, result)

@@ -64,6 +64,7 @@ class TimeCoordinator:
     def __init__(self, link: Link, jobs: dict, *, reading_job: Callable, workers_of: Callable, changed: Callable):
         self.link, self.jobs = link, jobs
         self._reading_job, self._job_workers, self._check_waiters = reading_job, workers_of, changed
+        self.timed = asyncio.Event()  # set when a job on event time appears (`run` waits for one)
 
     def _job_time(self, job) -> JobTime | None:
         t = getattr(job, "time", None)
@@ -76,6 +77,7 @@ class TimeCoordinator:
             parts = [k for k in job.src.parts if k[0] in timed] if job.src is not None else []
             push = PushTime(spec.push_time.fn, (spec.push_time.name, "push")) if spec.push_time else None
             t = job.time = JobTime(ReleasedWatermark(parts + ([push.part] if push else [])), stages(spec), push)
+            self.timed.set()
         return t
 
     def pushed(self, job, chunk: int) -> None:
@@ -135,6 +137,9 @@ class TimeCoordinator:
         worker fired a stage and the windows it fired are complete), not a tick later, so a stage costs the
         time its windows take, not a tick each."""
         while True:
+            if not any(getattr(job, "time", None) is not None for job in self.jobs.values()):
+                self.timed.clear()  # no job runs on event time: nothing to look for, no wake-up every RELEASE_S
+                await self.timed.wait()
             await asyncio.sleep(RELEASE_S)
             for job in list(self.jobs.values()):
                 if getattr(job, "time", None) is not None:

@@ -61,10 +61,15 @@ from clasp.runtime.worker_time import WorkerTime
 log = logging.getLogger("clasp.worker")
 # Errors whose text is meant for the asker; any other exception in a handler is a bug (an error id, logged).
 CLIENT_ERRORS = (OperatorError, DagError, PlacementError, ProtocolError)
-# While busy, a worker reports its progress counts at most this often (and at once when it runs out of work):
-# a `done` message costs the worker's asyncio DEALER and the planner ~30 µs each, and a 1 ms report took
-# ~9 % of a busy worker's loop; epochs complete at most this much later under load.
-PROGRESS_INTERVAL_S = 0.005
+# While busy, a worker reports its progress counts at most this often: each `done` message costs the planner
+# a wake-up, a decode and a look at its window (~40-100 µs), and at 5 ms two busy workers sent ~600 of them
+# per 200,000 Word Count lines, most of the planner's cost per line after the records' own decoding.
+# Epochs complete at most this much later under load (their latency percentiles include it).
+PROGRESS_INTERVAL_S = 0.025
+# A worker that runs out of work reports at once (`wait_idle` and the planner's in-flight window wait for
+# it), unless it reported less than this long ago: then when this much has passed, if it is still idle by
+# then (a worker that goes dry for a moment between its peers' batches reported 2-3 times per dispatch).
+PROGRESS_IDLE_GAP_S = 0.002
 
 
 class Worker:
@@ -94,7 +99,8 @@ class Worker:
         self.wake = asyncio.Event()
         self.welcomed = asyncio.Event()
         self._ports = (config.data_port, config.state_port, config.metrics_port)
-        self._progress_since: float | None = None
+        self._progress_since: float | None = None  # when progress began to gather, while busy
+        self._progress_sent = 0.0  # when this worker last reported its progress
         self.remote_states: dict[str, RemoteState] = {}  # state-server endpoint -> its client (remote state)
         self.tasks = ProcessTasks(log)  # every task of this process; cancelled together when serve() ends
         self.leave_timeout = config.leave_timeout  # after SIGTERM: longest wait for the planner's drain, then exit 1
@@ -404,6 +410,17 @@ class Worker:
     def _flush_progress(self, eng: JobEngine) -> None:
         if eng.executor.progress:
             self.dealer.send(protocol.encode("done", [eng.job, eng.take_progress()]), copy=False)
+            self._progress_sent = perf_counter()
+
+    def _flush_progress_idle(self, now: float) -> float | None:
+        """Out of work: report every job's progress now, or, within PROGRESS_IDLE_GAP_S of the last report,
+        return when to (the loop wakes then and, still idle, reports)."""
+        due = self._progress_sent + PROGRESS_IDLE_GAP_S
+        if now < due and any(eng.executor.progress for eng in self.jobs.values()):
+            return due
+        for eng in list(self.jobs.values()):
+            self._flush_progress(eng)
+        return None
 
     async def _executor_loop(self) -> None:
         flush_delay = self.flush_delay
@@ -438,7 +455,7 @@ class Worker:
             for eng in list(self.jobs.values()):
                 if eng.outbox.waiting():
                     self._flush_data(eng)
-                self._flush_progress(eng)
+            report_at = self._flush_progress_idle(perf_counter())
             self._progress_since = None
             # Idle-time work, one key group per step, once the worker has had nothing to do for REST_IDLE_S
             # (a migration counts as work: its messages, and the I/O thread under the same CPU quota, first).
@@ -464,6 +481,8 @@ class Worker:
                 timer = None
             moved = any(e.handover.dropped or any(o.cold for o in e.ops) for e in engines)
             at = idle_work_at(self.busy_at, now, moved, not moved and any(e.changed() for e in engines), budget)
+            if report_at is not None:
+                at = report_at if at is None else min(at, report_at)
             if at is not None:
                 timer = asyncio.get_running_loop().call_later(max(0.0, at - now), self.wake.set)
             self.monitor.idle_waits += 1

@@ -86,7 +86,7 @@ def test_chaos_five_worker_kills_exact_results(tmp_path_factory, seed, layout):
                 job.scale(4)
             else:
                 job = client.submit(build_dag(), autoscale=False, placement=ONE_SOURCE)
-                assert job.stats()["in_flight"]["window"] == 8000
+                assert job.stats()["in_flight"]["window"] == 20_000
             stop = threading.Event()
 
             def feed():

@@ -1,4 +1,4 @@
-"""The planner's in-flight window on a real cluster: 2,000 records per worker the job spans (sources or
+"""The planner's in-flight window on a real cluster: 5,000 records per worker the job spans (sources or
 not), the dispatch batch per worker holding a source (`scheduler.dispatch_limits`), reported in
 `job.stats()["in_flight"]` and Prometheus, never exceeded, and every record still exact."""
 
@@ -34,10 +34,10 @@ def test_a_chain_fed_by_one_worker_gets_a_window_for_every_worker_it_spans(clien
         time.sleep(0.01)
     job.wait_idle(60)
     assert sorted(job.collected("c")) == [(v + 1) * 3 - 2 for v in range(n)]
-    assert {(f["window"], f["dispatch_batch"]) for f in seen} == {(6000, 2000)}
+    assert {(f["window"], f["dispatch_batch"]) for f in seen} == {(15_000, 5000)}
     assert all(f["records"] <= f["window"] for f in seen)
-    # More in flight than the old window of the one source worker (5,000) allowed, at some poll.
-    assert max(f["records"] for f in seen) > 5000
+    # More in flight than the window of the one source worker alone (10,000) allows, at some poll.
+    assert max(f["records"] for f in seen) > 10_000
     job.cancel()
 
 
@@ -45,9 +45,9 @@ def test_a_spread_keeps_the_window_of_its_source_workers(client3, cluster3):
     job = client3.submit(_chain(), autoscale=False)  # every operator on every worker
     job.push(range(3000))
     job.wait_idle(60)
-    assert job.stats()["in_flight"] == {"records": 0, "window": 6000, "dispatch_batch": 2400}
+    assert job.stats()["in_flight"] == {"records": 0, "window": 15_000, "dispatch_batch": 7500}
     text = urllib.request.urlopen(cluster3.metrics["planner"]).read().decode()
-    assert f'clasp_planner_inflight_window{{job="{job.id}"}} 6000.0' in text
+    assert f'clasp_planner_inflight_window{{job="{job.id}"}} 15000.0' in text
     assert f'clasp_planner_inflight_records{{job="{job.id}"}} 0.0' in text
     assert sorted(job.collected("c")) == [(v + 1) * 3 - 2 for v in range(3000)]
     job.cancel()
