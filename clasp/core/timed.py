@@ -27,6 +27,7 @@ from typing import Any
 
 from clasp.core.eventtime import NEG_INF, POS_INF, PartitionClock, combine
 from clasp.core.keyed import TimerFailed
+from clasp.core.windows import Step, records_one_by_one
 
 ON_TIME_OUT, LATE_OUT = 0, 1
 
@@ -195,6 +196,59 @@ class TimedFold:
             out.extend((LATE_OUT, r) for r in step.late)
         return step.state, out
 
+    def items(self, values: list) -> tuple[list, list]:
+        """(`(ts, value, input)` of each of one key's `values` whose time can be read, the `(i, exception)` of
+        those whose timestamp function raised)."""
+        items, failed = [], []
+        f = self.timestamp
+        for i, v in enumerate(values):
+            try:
+                items.append((float(f(v)), v, 0))
+            except Exception as e:
+                failed.append((i, e))
+        return items, failed
+
+    def run(self, state: Any, key: Hashable, values: list) -> tuple[Any, list, list]:
+        """`values`, records of one key in arrival order at one watermark, as many calls would run them: (the
+        key's new state, `(i, outputs tagged for the pass-throughs)` of each value `values[i]` with outputs, the
+        `(i, exception)` of those that failed, which leave the state as it was). A window operator folds them in
+        one pass (`on_records`); when that raises, the values go one by one, so that only the failing one fails."""
+        items, failed = self.items(values)
+        if len(items) < len(values):
+            pos = [i for i in range(len(values)) if i not in {j for j, _ in failed}]
+        else:
+            pos = None
+        step = None
+        batch = getattr(self.op, "on_records", None)
+        if batch is not None and len(items) > 1:
+            try:
+                step = batch(state, key, [(ts, v) for ts, v, _ in items], self.watermark, self.now)
+            except Exception:
+                step = None
+        if step is None:
+            new, out, late = state, [], []
+            for i, item in enumerate(items):
+                try:
+                    s = records_one_by_one(self.op, new, key, [item], self.watermark, self.now)
+                except Exception as e:
+                    failed.append((i if pos is None else pos[i], e))
+                    continue
+                new = s.state
+                out.extend((i, o) for _, o in s.out)
+                late.extend((i, r) for _, r in s.late)
+            step = Step(new, out, late)
+        if step.state is not state:
+            self.touched.add(key)
+        outs: dict = {}
+        for i, o in step.out:
+            outs.setdefault(i, []).append((ON_TIME_OUT, o))
+        if step.late:
+            self.late += len(step.late)
+            for i, r in step.late:
+                outs.setdefault(i, []).append((LATE_OUT, r))
+        tagged = [(i if pos is None else pos[i], o) for i, o in sorted(outs.items())]
+        return step.state, tagged, failed
+
     def take_touched(self) -> set:
         touched, self.touched = self.touched, set()
         return touched
@@ -232,6 +286,16 @@ class TimedJoin(TimedFold):
 
     def __init__(self, op: Any, keys: tuple, timestamps: tuple):
         super().__init__(op, SideKey(keys), SideKey(timestamps))
+
+    def items(self, values: list) -> tuple[list, list]:
+        items, failed = [], []
+        f = self.timestamp
+        for i, tagged in enumerate(values):
+            try:
+                items.append((float(f(tagged)), tagged[1], tagged[0]))
+            except Exception as e:
+                failed.append((i, e))
+        return items, failed
 
     def __call__(self, state: Any, tagged: Any) -> tuple[Any, list]:
         side, value = tagged
