@@ -27,7 +27,7 @@ from typing import Any
 
 from clasp.core.eventtime import NEG_INF, POS_INF, PartitionClock, combine
 from clasp.core.keyed import TimerFailed
-from clasp.core.windows import Step, records_one_by_one
+from clasp.core.windows import Step
 
 ON_TIME_OUT, LATE_OUT = 0, 1
 
@@ -214,31 +214,25 @@ class TimedFold:
         `(i, exception)` of those that failed, which leave the state as it was). A window operator folds them in
         one pass (`on_records`); when that raises, the values go one by one, so that only the failing one fails."""
         items, failed = self.items(values)
-        if len(items) < len(values):
-            pos = [i for i in range(len(values)) if i not in {j for j, _ in failed}]
-        else:
-            pos = None
+        if not items:
+            return state, [], failed
+        pos = None
+        if failed:
+            gone = {j for j, _ in failed}
+            pos = [i for i in range(len(values)) if i not in gone]
         step = None
         batch = getattr(self.op, "on_records", None)
-        if batch is not None and len(items) > 1:
+        if batch is not None:
             try:
-                step = batch(state, key, [(ts, v) for ts, v, _ in items], self.watermark, self.now)
+                step = batch(state, key, items, self.watermark, self.now)
             except Exception:
                 step = None
         if step is None:
-            new, out, late = state, [], []
-            for i, item in enumerate(items):
-                try:
-                    s = records_one_by_one(self.op, new, key, [item], self.watermark, self.now)
-                except Exception as e:
-                    failed.append((i if pos is None else pos[i], e))
-                    continue
-                new = s.state
-                out.extend((i, o) for _, o in s.out)
-                late.extend((i, r) for _, r in s.late)
-            step = Step(new, out, late)
+            step = self._one_by_one(state, key, items, failed, pos)
         if step.state is not state:
             self.touched.add(key)
+        if not step.out and not step.late:
+            return step.state, [], failed
         outs: dict = {}
         for i, o in step.out:
             outs.setdefault(i, []).append((ON_TIME_OUT, o))
@@ -248,6 +242,23 @@ class TimedFold:
                 outs.setdefault(i, []).append((LATE_OUT, r))
         tagged = [(i if pos is None else pos[i], o) for i, o in sorted(outs.items())]
         return step.state, tagged, failed
+
+    def _one_by_one(self, state: Any, key: Hashable, items: list, failed: list, pos: list | None) -> Step:
+        """`items` a call each: one that raises is added to `failed` and leaves the state as it was."""
+        out, late = [], []
+        on_record, watermark, now = self.op.on_record, self.watermark, self.now
+        for i, (ts, value, input) in enumerate(items):
+            try:
+                step = on_record(state, key, ts, value, watermark, now, input)
+            except Exception as e:
+                failed.append((i if pos is None else pos[i], e))
+                continue
+            state = step.state
+            if step.out:
+                out.extend((i, o) for o in step.out)
+            if step.late:
+                late.extend((i, r) for r in step.late)
+        return Step(state, out, late)
 
     def take_touched(self) -> set:
         touched, self.touched = self.touched, set()

@@ -159,41 +159,41 @@ class WindowOperator:
         late = [] if accepted else [[key, ts, value]]
         return Step(windows or None, out, late)
 
-    def on_records(self, state: list | None, key: Any, items: list, watermark: float, now: float = 0) -> Step:
-        """`on_record` over one key's records `items` (`(ts, value)`, in arrival order) at one watermark, as the
-        calls one after the other would give: the state once, each window's entry copied once, the windows
+    def on_records(self, state: list | None, key: Any, items: list, watermark: float, now: float = 0
+                   ) -> Step | None:
+        """`on_record` over one key's records `items` (`(ts, value, input)`, in arrival order) at one watermark, as
+        the calls one after the other would give: the state once, each window's entry copied once, the windows
         looked up by their bounds, not searched. The step's `out` and `late` are `(i, record)` pairs, `i` the
-        position in `items` of the record that made it. Session windows go record by record."""
-        if isinstance(self.window, Session):
-            return records_one_by_one(self, state, key, [(ts, v, 0) for ts, v in items], watermark, now)
+        position in `items` of the record that made it. Session windows have no batch form (None): the caller
+        runs them record by record."""
+        window = self.window
+        if isinstance(window, Session):
+            return None
         windows = [list(w) for w in state] if state else []
         entries = {(w[_START], w[_END]): w for w in windows}
-        size, offset, lateness, fold, init = self.window.size, self.window.offset, self.allowed_lateness, self.fold, \
-            self.init
-        tumbling = isinstance(self.window, Tumbling)
-        assign = self.window.assign
+        size, offset, lateness, fold, init = window.size, window.offset, self.allowed_lateness, self.fold, self.init
+        slide = size if isinstance(window, Tumbling) else window.slide
         out: list = []
         late: list = []
-        for i, (ts, value) in enumerate(items):
-            if tumbling:
-                start = ts - (ts - offset) % size
-                bounds = ((start, start + size),)
-            else:
-                bounds = assign(ts)
+        for i, (ts, value, _) in enumerate(items):
+            start = ts - (ts - offset) % slide  # the last window holding ts; the earlier ones every slide back
+            first = start
+            while first - slide > ts - size:
+                first -= slide
             accepted = False
-            for b in bounds:
-                end = b[1]
-                if end + lateness <= watermark:
-                    continue  # purged already, or would be at once
-                accepted = True
-                entry = entries.get(b)
-                if entry is None:
-                    entry = entries[b] = [b[0], end, init(), False]
-                    insert_by_end(windows, entry)
-                entry[_ACC] = fold(entry[_ACC], value)
-                if end <= watermark:  # fired already: the late record updates it
-                    entry[_FIRED] = True
-                    out.append((i, [key, b[0], end, entry[_ACC]]))
+            while first <= start:
+                end = first + size
+                if end + lateness > watermark:
+                    accepted = True
+                    entry = entries.get((first, end))
+                    if entry is None:
+                        entry = entries[(first, end)] = [first, end, init(), False]
+                        insert_by_end(windows, entry)
+                    entry[_ACC] = fold(entry[_ACC], value)
+                    if end <= watermark:  # fired already: the late record updates it
+                        entry[_FIRED] = True
+                        out.append((i, [key, first, end, entry[_ACC]]))
+                first += slide
             if not accepted:
                 late.append((i, [key, ts, value]))
         return Step(windows or None, out, late)
@@ -234,17 +234,3 @@ class WindowOperator:
         ts = [w[_END] + self.allowed_lateness if w[_FIRED] else w[_END] for w in state or ()]
         return (min(ts) if ts else None), None
 
-
-def records_one_by_one(op: Any, state: Any, key: Any, items: list, watermark: float, now: float = 0) -> Step:
-    """A keyed time operator's `on_record` over one key's records `items` (`(ts, value, input)`) in order, as
-    `on_records` returns them (`out` and `late` as `(i, record)` pairs); an exception propagates."""
-    out: list = []
-    late: list = []
-    for i, (ts, value, input) in enumerate(items):
-        step = op.on_record(state, key, ts, value, watermark, now, input)
-        state = step.state
-        if step.out:
-            out.extend((i, o) for o in step.out)
-        if step.late:
-            late.extend((i, r) for r in step.late)
-    return Step(state, out, late)

@@ -79,7 +79,8 @@ class Executor:
             for op in self.order:
                 if op.queue and not op.busy:
                     cost = ((op.exec_time / op.processed * 1e6 if op.processed else 10.0)
-                            + (BLOCK_OVERHEAD_US if op.blocks or op.gathers else REQUEST_OVERHEAD_US))
+                            + (BLOCK_OVERHEAD_US if op.blocks or op.gathers or op.timed or op.maps_keyed
+                               else REQUEST_OVERHEAD_US))
                     # A gathered pass takes the whole round's worth: its fixed routing cost wants many
                     # requests to spread over, and its successor's blocks run in the next pass.
                     share = 1.0 if op.gathers else max(1, op.instances) / slots
