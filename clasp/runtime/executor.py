@@ -25,7 +25,7 @@ from clasp.runtime.barrier import Barrier
 from clasp.runtime.batches import apply_block, estimate, key_groups, map_outputs, timed_batch
 from clasp.runtime.operators import KEY_CACHE_MAX, TIMING_SAMPLE, OperatorError, OpRuntime, unpack_group
 from clasp.runtime.outbox import KEYED_HERE, ROUTE_ONE_REMOTE, Outbox
-from clasp.runtime.timed_batches import apply_timed, map_keyed
+from clasp.runtime.timed_batches import apply_timed, collect_pass, map_keyed
 from clasp.runtime.worker_migration import Handover
 
 # A scheduling round is about ROUND_TIME_US of work, shared by the worker's operators in proportion to
@@ -134,6 +134,8 @@ class Executor:
             return self._run_gathered(op, q.take_rows(n))
         if op.maps_keyed and routes[0][5].index not in self.cut.held:
             return map_keyed(self, op, q.take_rows(n))
+        if not routes and op.collect and not op.sink:
+            return collect_pass(self, op, q.take_rows(n))
         fn = op.fn
         pc = perf_counter
         dts = op.dts

@@ -9,6 +9,8 @@ a time, with the progress, the outputs and the failures each request would have 
 - `map_keyed`: a pass of a stateless operator whose one successor is keyed by a function (a Nexmark query's
   map before its window or join): its function over the values in C, the key function over the outputs in a
   tight loop, the rows for the successor built in C when every key group is here.
+- `collect_pass`: a pass of a stateless operator whose outputs are collected and go nowhere else (a query's
+  answer): its function over the values in C, the outputs and their records' ids extended in C.
 """
 
 from __future__ import annotations
@@ -134,6 +136,20 @@ def map_keyed(ex, op: OpRuntime, rows: list) -> int:
     ex.outbox.local_requests += local
     ex.outbox.remote_requests += remote
     op.edge_counts[0] += len(values)
+    return n
+
+
+def collect_pass(ex, op: OpRuntime, rows: list) -> int:
+    """A pass of stateless `op` with no route whose outputs are collected (not a sink's writer)."""
+    n = len(rows)
+    results, dt = map_outputs(op, list(map(itemgetter(1), rows)), ex.fail)
+    rids = list(map(itemgetter(3), rows))
+    me = op.index
+    for e, used, _ in epochs_of_runs(rids, repeat(1), repeat(0)):
+        ex._ran(e, me, used, me, 0)
+    timed_batch(op, dt, n, ex.stall)
+    op.collected.extend(chain.from_iterable(results))
+    op.collected_rids.extend(chain.from_iterable(map(repeat, rids, map(len, results))))
     return n
 
 
