@@ -17,8 +17,10 @@ alternating between rounds; the figures are medians over the rounds.
 Start-up is not the same on both sides: clasp's time includes deploying the job to the workers, the network
 hops between processes and a watermark release per stage, Bytewax's building its dataflow in process. So each
 round also runs every query on `--fixed-events` events (default 2,000) and the table gives, besides the whole
-run's events/s, the marginal rate `(N - n) / (T_N - T_n)`: what the extra events cost, fixed costs out. The last
-lines are each query's ratios, clasp's rate over Bytewax's (above 1: clasp faster).
+run's events/s, the marginal rate `(N - n) / (T_N - T_n)`: what the extra events cost, fixed costs out; and the
+CPU per event (clasp: its planner's and workers' CPU seconds over the timed span, from /proc; Bytewax: its
+process's), which a shared host disturbs less than wall time. The last lines are each query's ratios, clasp's
+rate over Bytewax's and Bytewax's CPU per event over clasp's (above 1: clasp ahead).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from clasp.apps import nexmark as nx
 from clasp.apps.nexmark.generator import max_out_of_order
 from clasp.apps.nexmark.queries import auction_fn, auction_timer, category_fn, forget, max_bids, merge_max, once
 from clasp.apps.nexmark.reference import Q2_MODULUS, Q3_CATEGORY, Q3_STATES, Q5_SLIDE_MS, WINDOW_MS, euros
+from clasp.bench import cpu_seconds
 from clasp.connectors.file_source import FileSource
 from clasp.local.cluster import LocalCluster
 from clasp.windows import IntervalJoin, result_time, sliding, tumbling
@@ -216,16 +219,19 @@ def run_clasp(events: list[dict], query: str, workers: int) -> dict:
     try:
         with clasp.connect(cluster.planner) as client:
             dag = query_dag(query, write_events(events, logs))
+            pids = [cluster.info()["pids"]["planner"], *cluster.info()["pids"]["workers"]]
+            cpu0 = sum(map(cpu_seconds, pids))
             t0 = time.perf_counter()
             job = client.submit(dag, autoscale=False)
             summary = job.wait_idle(timeout=600)
             dt = time.perf_counter() - t0
+            cpu = sum(map(cpu_seconds, pids)) - cpu0
             exact = rows(query, job.collected(answer_operator(query))) == reference(query, events)
             stats = job.stats()["event_time"]
             job.cancel()
         return {"query": query, "system": "clasp", "workers": workers, "events": len(events), "read": summary["read"],
-                "seconds": round(dt, 3), "events_per_s": round(len(events) / dt), "exact": exact,
-                "windows_fired": stats["windows_fired"], "late": stats["late"]}
+                "seconds": round(dt, 3), "events_per_s": round(len(events) / dt), "cpu_s": round(cpu, 2),
+                "exact": exact, "windows_fired": stats["windows_fired"], "late": stats["late"]}
     finally:
         cluster.stop()
 
@@ -241,11 +247,12 @@ def run_bytewax(events: list[dict], query: str, feed: str = "json") -> dict:
     bound = max_out_of_order() + (batch // 10 + 1 if query == "q8" else 0)
     items = [json.dumps(e) for e in events] if feed == "json" else events
     flow = bw.build(query, TestingSource(items, batch_size=batch), TestingSink(out), bound, decode=feed == "json")
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     run_main(flow)
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     return {"query": query, "system": "bytewax", "workers": 1, "events": len(events), "seconds": round(dt, 3),
-            "events_per_s": round(len(events) / dt), "exact": sorted(bw.answer(query, out)) == reference(query, events)}
+            "events_per_s": round(len(events) / dt), "cpu_s": round(cpu, 2),
+            "exact": sorted(bw.answer(query, out)) == reference(query, events)}
 
 
 def _table(results: list[dict], fixed: list[dict]) -> list[dict]:
@@ -263,13 +270,17 @@ def _table(results: list[dict], fixed: list[dict]) -> list[dict]:
         rates = {}
         for system, w in keys:
             t, t0 = med(results, q, system, w), med(fixed, q, system, w)
+            cpu = statistics.median(r["cpu_s"] for r in results if r["query"] == q and r["system"] == system
+                                    and r["workers"] == w)
             marginal = round((n - n0) / (t - t0)) if t0 is not None and t > t0 else None
             rates[system, w] = {"query": q, "system": system, "workers": w, "seconds": round(t, 3),
-                                "events_per_s": round(n / t), "fixed_seconds": t0, "marginal_events_per_s": marginal}
+                                "events_per_s": round(n / t), "fixed_seconds": t0, "marginal_events_per_s": marginal,
+                                "cpu_us_per_event": round(cpu / n * 1e6, 2)}
         bw = rates.get(("bytewax", 1))
         for (system, _), r in rates.items():
             if system == "clasp" and bw is not None:
                 r["over_bytewax"] = round(r["events_per_s"] / bw["events_per_s"], 2)
+                r["cpu_over_bytewax"] = round(bw["cpu_us_per_event"] / r["cpu_us_per_event"], 2)
                 if r["marginal_events_per_s"] and bw["marginal_events_per_s"]:
                     r["marginal_over_bytewax"] = round(r["marginal_events_per_s"] / bw["marginal_events_per_s"], 2)
             rows_.append(r)
@@ -309,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in table:
         if r["system"] == "clasp" and "over_bytewax" in r:
             print(f"{r['query']} on {r['workers']} worker(s): clasp / Bytewax events/s = {r['over_bytewax']:.2f} "
-                  f"(whole run), {r.get('marginal_over_bytewax', float('nan')):.2f} (marginal)", flush=True)
+                  f"(whole run), {r.get('marginal_over_bytewax', float('nan')):.2f} (marginal); Bytewax's CPU per "
+                  f"event / clasp's = {r['cpu_over_bytewax']:.2f}", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps({"runs": results, "fixed": fixed, "table": table}, indent=1))
     return 0 if all(r["exact"] for r in results + fixed) else 1
