@@ -234,6 +234,8 @@ def run_clasp(events: list[dict], query: str, workers: int) -> dict:
                 "exact": exact, "windows_fired": stats["windows_fired"], "late": stats["late"]}
     finally:
         cluster.stop()
+        for f in logs.glob("events-*.jsonl"):  # the logs stay; the events' copies would fill the disk
+            f.unlink()
 
 
 def run_bytewax(events: list[dict], query: str, feed: str = "json") -> dict:
