@@ -1,17 +1,26 @@
 """The Nexmark queries (Q0-Q5, Q7, Q8) on a real cluster of 1 and 2 workers, beside Bytewax 0.21 on the same events,
 every answer checked exactly against the reference (`clasp.apps.nexmark.reference`).
 
-`python -m clasp.bench.nexmark_cluster [--events N] [--workers 1,2] [--queries q0,q5,...] [--json FILE]`. clasp: a
-local planner and N worker processes; the events in 4 JSON-lines files (`FileSource`) read by the workers,
+`python -m clasp.bench.nexmark_cluster [--events N] [--workers 1,2] [--queries q0,q5,...] [--rounds R]
+[--bytewax-feed json|memory] [--json FILE]`. clasp: a local planner and N worker processes with the defaults
+(checkpoints every 1 s, CURVE); the events in 4 JSON-lines files (`FileSource`) read by the workers,
 timed by their `dateTime` (ms) with the generator's bound on disorder; each query as the stages of
 `clasp/apps/nexmark/queries.py` in a DAG: maps as operators, keyed stages as `dag.window`, `dag.join` (Q3's
 unbounded interval join, Q8's window join) or `dag.timers` (Q4's auctions closing at their expiry, Q8's
 distinct people), key groups spread over the workers; Q5 and Q7 as two stages of windows (the second timed by
-`result_time`). Wall time from submit to `wait_idle` (the end of the input fires every window and timer).
-Bytewax: `clasp/bench/peers/nexmark_bytewax.py`'s dataflow in one process (`run_main`, one worker), wall time of
-the run. Not the same harness: clasp's number includes deploying the job, the network hops between processes and
-a watermark release per stage, Bytewax's none. The last lines are each query's ratio, Bytewax's time over
-clasp's (above 1: clasp took less).
+`result_time`). Timed: submit to `wait_idle` (the end of the input fires every window and timer), the cluster
+already started. Bytewax: `clasp/bench/peers/nexmark_bytewax.py`'s dataflow in one process (`run_main`, one
+worker), the run timed; with `--bytewax-feed json` (the default) it is given the events' JSON lines and decodes
+each, as clasp's readers do, `memory` the decoded dicts. Each round runs every system once per query, the order
+alternating between rounds; the figures are medians over the rounds.
+
+Start-up is not the same on both sides: clasp's time includes deploying the job to the workers, the network
+hops between processes and a watermark release per stage, Bytewax's building its dataflow in process. So each
+round also runs every query on `--fixed-events` events (default 2,000) and the table gives, besides the whole
+run's events/s, the marginal rate `(N - n) / (T_N - T_n)`: what the extra events cost, fixed costs out; and the
+CPU per event (clasp: its planner's and workers' CPU seconds over the timed span, from /proc; Bytewax: its
+process's), which a shared host disturbs less than wall time. The last lines are each query's ratios, clasp's
+rate over Bytewax's and Bytewax's CPU per event over clasp's (above 1: clasp ahead).
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import argparse
 import importlib.util
 import json
 import math
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +39,7 @@ from clasp.apps import nexmark as nx
 from clasp.apps.nexmark.generator import max_out_of_order
 from clasp.apps.nexmark.queries import auction_fn, auction_timer, category_fn, forget, max_bids, merge_max, once
 from clasp.apps.nexmark.reference import Q2_MODULUS, Q3_CATEGORY, Q3_STATES, Q5_SLIDE_MS, WINDOW_MS, euros
+from clasp.bench import cpu_seconds
 from clasp.connectors.file_source import FileSource
 from clasp.local.cluster import LocalCluster
 from clasp.windows import IntervalJoin, result_time, sliding, tumbling
@@ -208,21 +219,26 @@ def run_clasp(events: list[dict], query: str, workers: int) -> dict:
     try:
         with clasp.connect(cluster.planner) as client:
             dag = query_dag(query, write_events(events, logs))
+            pids = [cluster.info()["pids"]["planner"], *cluster.info()["pids"]["workers"]]
+            cpu0 = sum(map(cpu_seconds, pids))
             t0 = time.perf_counter()
             job = client.submit(dag, autoscale=False)
             summary = job.wait_idle(timeout=600)
             dt = time.perf_counter() - t0
+            cpu = sum(map(cpu_seconds, pids)) - cpu0
             exact = rows(query, job.collected(answer_operator(query))) == reference(query, events)
             stats = job.stats()["event_time"]
             job.cancel()
         return {"query": query, "system": "clasp", "workers": workers, "events": len(events), "read": summary["read"],
-                "seconds": round(dt, 2), "events_per_s": round(len(events) / dt), "exact": exact,
-                "windows_fired": stats["windows_fired"], "late": stats["late"]}
+                "seconds": round(dt, 3), "events_per_s": round(len(events) / dt), "cpu_s": round(cpu, 2),
+                "exact": exact, "windows_fired": stats["windows_fired"], "late": stats["late"]}
     finally:
         cluster.stop()
+        for f in logs.glob("events-*.jsonl"):  # the logs stay; the events' copies would fill the disk
+            f.unlink()
 
 
-def run_bytewax(events: list[dict], query: str) -> dict:
+def run_bytewax(events: list[dict], query: str, feed: str = "json") -> dict:
     from bytewax.testing import TestingSink, TestingSource, run_main
 
     from clasp.bench.peers import nexmark_bytewax as bw
@@ -231,39 +247,86 @@ def run_bytewax(events: list[dict], query: str) -> dict:
     batch = 1000
     # Q8 merges two streams: its clock also waits out the event time a batch spans (10 events per ms).
     bound = max_out_of_order() + (batch // 10 + 1 if query == "q8" else 0)
-    flow = bw.build(query, TestingSource(events, batch_size=batch), TestingSink(out), bound)
-    t0 = time.perf_counter()
+    items = [json.dumps(e) for e in events] if feed == "json" else events
+    flow = bw.build(query, TestingSource(items, batch_size=batch), TestingSink(out), bound, decode=feed == "json")
+    t0, cpu0 = time.perf_counter(), time.process_time()
     run_main(flow)
-    dt = time.perf_counter() - t0
-    return {"query": query, "system": "bytewax", "workers": 1, "events": len(events), "seconds": round(dt, 2),
-            "events_per_s": round(len(events) / dt), "exact": sorted(bw.answer(query, out)) == reference(query, events)}
+    dt, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    return {"query": query, "system": "bytewax", "workers": 1, "events": len(events), "seconds": round(dt, 3),
+            "events_per_s": round(len(events) / dt), "cpu_s": round(cpu, 2),
+            "exact": sorted(bw.answer(query, out)) == reference(query, events)}
+
+
+def _table(results: list[dict], fixed: list[dict]) -> list[dict]:
+    """Per query and system (clasp per worker count): the median whole-run seconds over the rounds, the median
+    fixed-size run's, their rates and the ratios to Bytewax's."""
+    def med(rs, q, system, w):
+        xs = [r["seconds"] for r in rs if r["query"] == q and r["system"] == system and r["workers"] == w]
+        return statistics.median(xs) if xs else None
+
+    rows_ = []
+    for q in dict.fromkeys(r["query"] for r in results):
+        keys = sorted({(r["system"], r["workers"]) for r in results if r["query"] == q})
+        n = next(r["events"] for r in results if r["query"] == q)
+        n0 = next((r["events"] for r in fixed if r["query"] == q), 0)
+        rates = {}
+        for system, w in keys:
+            t, t0 = med(results, q, system, w), med(fixed, q, system, w)
+            cpu = statistics.median(r["cpu_s"] for r in results if r["query"] == q and r["system"] == system
+                                    and r["workers"] == w)
+            marginal = round((n - n0) / (t - t0)) if t0 is not None and t > t0 else None
+            rates[system, w] = {"query": q, "system": system, "workers": w, "seconds": round(t, 3),
+                                "events_per_s": round(n / t), "fixed_seconds": t0, "marginal_events_per_s": marginal,
+                                "cpu_us_per_event": round(cpu / n * 1e6, 2)}
+        bw = rates.get(("bytewax", 1))
+        for (system, _), r in rates.items():
+            if system == "clasp" and bw is not None:
+                r["over_bytewax"] = round(r["events_per_s"] / bw["events_per_s"], 2)
+                r["cpu_over_bytewax"] = round(bw["cpu_us_per_event"] / r["cpu_us_per_event"], 2)
+                if r["marginal_events_per_s"] and bw["marginal_events_per_s"]:
+                    r["marginal_over_bytewax"] = round(r["marginal_events_per_s"] / bw["marginal_events_per_s"], 2)
+            rows_.append(r)
+    return rows_
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--events", type=int, default=100_000)
+    p.add_argument("--fixed-events", type=int, default=2_000,
+                   help="the small run each round that measures fixed costs (0: none)")
     p.add_argument("--workers", default="1,2")
     p.add_argument("--queries", default=",".join(nx.QUERIES))
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--bytewax-feed", choices=("json", "memory"), default="json",
+                   help="Bytewax given the events' JSON lines to decode (as clasp's readers do) or the dicts")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json")
     a = p.parse_args(argv)
     events = nx.generate(a.events, a.seed)
-    results = []
-    for q in a.queries.split(","):
-        for w in a.workers.split(","):
-            results.append(run_clasp(events, q, int(w)))
-            print(json.dumps(results[-1]), flush=True)
-        if importlib.util.find_spec("bytewax") is not None:
-            results.append(run_bytewax(events, q))
-            print(json.dumps(results[-1]), flush=True)
-    for r in results:
-        bw = next((b for b in results if b["system"] == "bytewax" and b["query"] == r["query"]), None)
-        if r["system"] == "clasp" and bw is not None:
-            print(f"{r['query']} on {r['workers']} worker(s): bytewax {bw['seconds']} s / clasp {r['seconds']} s = "
-                  f"{bw['seconds'] / r['seconds']:.2f}", flush=True)
+    small = events[:a.fixed_events]
+    has_bytewax = importlib.util.find_spec("bytewax") is not None
+    results: list[dict] = []
+    fixed: list[dict] = []
+    for rnd in range(a.rounds):
+        for q in a.queries.split(","):
+            runs = [("clasp", int(w)) for w in a.workers.split(",")] + ([("bytewax", 1)] if has_bytewax else [])
+            if rnd % 2:
+                runs.reverse()
+            for system, w in runs:
+                for evs, into in ((small, fixed), (events, results)) if small else ((events, results),):
+                    r = run_clasp(evs, q, w) if system == "clasp" else run_bytewax(evs, q, a.bytewax_feed)
+                    r["round"] = rnd
+                    into.append(r)
+                    print(json.dumps(r), flush=True)
+    table = _table(results, fixed)
+    for r in table:
+        if r["system"] == "clasp" and "over_bytewax" in r:
+            print(f"{r['query']} on {r['workers']} worker(s): clasp / Bytewax events/s = {r['over_bytewax']:.2f} "
+                  f"(whole run), {r.get('marginal_over_bytewax', float('nan')):.2f} (marginal); Bytewax's CPU per "
+                  f"event / clasp's = {r['cpu_over_bytewax']:.2f}", flush=True)
     if a.json:
-        Path(a.json).write_text(json.dumps(results, indent=1))
-    return 0 if all(r["exact"] for r in results) else 1
+        Path(a.json).write_text(json.dumps({"runs": results, "fixed": fixed, "table": table}, indent=1))
+    return 0 if all(r["exact"] for r in results + fixed) else 1
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from typing import Any
 
 from clasp.core.eventtime import NEG_INF, POS_INF, PartitionClock, combine
 from clasp.core.keyed import TimerFailed
+from clasp.core.windows import Step
 
 ON_TIME_OUT, LATE_OUT = 0, 1
 
@@ -195,6 +196,70 @@ class TimedFold:
             out.extend((LATE_OUT, r) for r in step.late)
         return step.state, out
 
+    def items(self, values: list) -> tuple[list, list]:
+        """(`(ts, value, input)` of each of one key's `values` whose time can be read, the `(i, exception)` of
+        those whose timestamp function raised)."""
+        items, failed = [], []
+        f = self.timestamp
+        for i, v in enumerate(values):
+            try:
+                items.append((float(f(v)), v, 0))
+            except Exception as e:
+                failed.append((i, e))
+        return items, failed
+
+    def run(self, state: Any, key: Hashable, values: list) -> tuple[Any, list, list]:
+        """`values`, records of one key in arrival order at one watermark, as many calls would run them: (the
+        key's new state, `(i, outputs tagged for the pass-throughs)` of each value `values[i]` with outputs, the
+        `(i, exception)` of those that failed, which leave the state as it was). A window operator folds them in
+        one pass (`on_records`); when that raises, the values go one by one, so that only the failing one fails."""
+        items, failed = self.items(values)
+        if not items:
+            return state, [], failed
+        pos = None
+        if failed:
+            gone = {j for j, _ in failed}
+            pos = [i for i in range(len(values)) if i not in gone]
+        step = None
+        batch = getattr(self.op, "on_records", None)
+        if batch is not None:
+            try:
+                step = batch(state, key, items, self.watermark, self.now)
+            except Exception:
+                step = None
+        if step is None:
+            step = self._one_by_one(state, key, items, failed, pos)
+        if step.state is not state:
+            self.touched.add(key)
+        if not step.out and not step.late:
+            return step.state, [], failed
+        outs: dict = {}
+        for i, o in step.out:
+            outs.setdefault(i, []).append((ON_TIME_OUT, o))
+        if step.late:
+            self.late += len(step.late)
+            for i, r in step.late:
+                outs.setdefault(i, []).append((LATE_OUT, r))
+        tagged = [(i if pos is None else pos[i], o) for i, o in sorted(outs.items())]
+        return step.state, tagged, failed
+
+    def _one_by_one(self, state: Any, key: Hashable, items: list, failed: list, pos: list | None) -> Step:
+        """`items` a call each: one that raises is added to `failed` and leaves the state as it was."""
+        out, late = [], []
+        on_record, watermark, now = self.op.on_record, self.watermark, self.now
+        for i, (ts, value, input) in enumerate(items):
+            try:
+                step = on_record(state, key, ts, value, watermark, now, input)
+            except Exception as e:
+                failed.append((i if pos is None else pos[i], e))
+                continue
+            state = step.state
+            if step.out:
+                out.extend((i, o) for o in step.out)
+            if step.late:
+                late.extend((i, r) for r in step.late)
+        return Step(state, out, late)
+
     def take_touched(self) -> set:
         touched, self.touched = self.touched, set()
         return touched
@@ -232,6 +297,16 @@ class TimedJoin(TimedFold):
 
     def __init__(self, op: Any, keys: tuple, timestamps: tuple):
         super().__init__(op, SideKey(keys), SideKey(timestamps))
+
+    def items(self, values: list) -> tuple[list, list]:
+        items, failed = [], []
+        f = self.timestamp
+        for i, tagged in enumerate(values):
+            try:
+                items.append((float(f(tagged)), tagged[1], tagged[0]))
+            except Exception as e:
+                failed.append((i, e))
+        return items, failed
 
     def __call__(self, state: Any, tagged: Any) -> tuple[Any, list]:
         side, value = tagged

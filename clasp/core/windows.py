@@ -159,6 +159,45 @@ class WindowOperator:
         late = [] if accepted else [[key, ts, value]]
         return Step(windows or None, out, late)
 
+    def on_records(self, state: list | None, key: Any, items: list, watermark: float, now: float = 0
+                   ) -> Step | None:
+        """`on_record` over one key's records `items` (`(ts, value, input)`, in arrival order) at one watermark, as
+        the calls one after the other would give: the state once, each window's entry copied once, the windows
+        looked up by their bounds, not searched. The step's `out` and `late` are `(i, record)` pairs, `i` the
+        position in `items` of the record that made it. Session windows have no batch form (None): the caller
+        runs them record by record."""
+        window = self.window
+        if isinstance(window, Session):
+            return None
+        windows = [list(w) for w in state] if state else []
+        entries = {(w[_START], w[_END]): w for w in windows}
+        size, offset, lateness, fold, init = window.size, window.offset, self.allowed_lateness, self.fold, self.init
+        slide = size if isinstance(window, Tumbling) else window.slide
+        out: list = []
+        late: list = []
+        for i, (ts, value, _) in enumerate(items):
+            start = ts - (ts - offset) % slide  # the last window holding ts; the earlier ones every slide back
+            first = start
+            while first - slide > ts - size:
+                first -= slide
+            accepted = False
+            while first <= start:
+                end = first + size
+                if end + lateness > watermark:
+                    accepted = True
+                    entry = entries.get((first, end))
+                    if entry is None:
+                        entry = entries[(first, end)] = [first, end, init(), False]
+                        insert_by_end(windows, entry)
+                    entry[_ACC] = fold(entry[_ACC], value)
+                    if end <= watermark:  # fired already: the late record updates it
+                        entry[_FIRED] = True
+                        out.append((i, [key, first, end, entry[_ACC]]))
+                first += slide
+            if not accepted:
+                late.append((i, [key, ts, value]))
+        return Step(windows or None, out, late)
+
     def _session_record(self, windows: list, key: Any, ts: float, value: Any, watermark: float) -> tuple[list, bool]:
         start, end = ts, ts + self.window.gap
         bridged = [w for w in windows if w[_START] < end and start < w[_END]]
@@ -194,3 +233,4 @@ class WindowOperator:
     def deadline(self, state: list | None) -> tuple[float | None, None]:
         ts = [w[_END] + self.allowed_lateness if w[_FIRED] else w[_END] for w in state or ()]
         return (min(ts) if ts else None), None
+

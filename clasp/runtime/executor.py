@@ -25,6 +25,7 @@ from clasp.runtime.barrier import Barrier
 from clasp.runtime.batches import apply_block, estimate, group_bytes, map_outputs, timed_batch
 from clasp.runtime.operators import KEY_CACHE_MAX, TIMING_SAMPLE, OperatorError, OpRuntime, unpack_group
 from clasp.runtime.outbox import KEYED_HERE, ROUTE_ONE_REMOTE, Outbox
+from clasp.runtime.timed_batches import apply_timed, collect_pass, map_keyed
 from clasp.runtime.worker_migration import Handover
 
 # A scheduling round is about ROUND_TIME_US of work, shared by the worker's operators in proportion to
@@ -78,7 +79,8 @@ class Executor:
             for op in self.order:
                 if op.queue and not op.busy:
                     cost = ((op.exec_time / op.processed * 1e6 if op.processed else 10.0)
-                            + (BLOCK_OVERHEAD_US if op.blocks or op.gathers else REQUEST_OVERHEAD_US))
+                            + (BLOCK_OVERHEAD_US if op.blocks or op.gathers or op.timed or op.maps_keyed
+                               else REQUEST_OVERHEAD_US))
                     # A gathered pass takes the whole round's worth: its fixed routing cost wants many
                     # requests to spread over, and its successor's blocks run in the next pass.
                     share = 1.0 if op.gathers else max(1, op.instances) / slots
@@ -130,6 +132,10 @@ class Executor:
         if (op.gathers and routes[0][5].index not in self.cut.held
                 and (routes[0][0] == KEYED_HERE or not self.handover.held)):
             return self._run_gathered(op, q.take_rows(n))
+        if op.maps_keyed and routes[0][5].index not in self.cut.held:
+            return map_keyed(self, op, q.take_rows(n))
+        if not routes and op.collect and not op.sink:
+            return collect_pass(self, op, q.take_rows(n))
         fn = op.fn
         pc = perf_counter
         dts = op.dts
@@ -301,7 +307,7 @@ class Executor:
             if shadowed and not self._beside_images(op, part):
                 self._run_shadowed(op, part if type(part) is list else list(part.rows()))
             elif type(part) is list:
-                self._apply(op, part, len(part))
+                apply_timed(self, op, part) if op.timed else self._apply(op, part, len(part))
             elif op.blocks:
                 self._apply_block(op, part)
             else:  # its outputs need each request's id

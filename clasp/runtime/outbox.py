@@ -77,6 +77,9 @@ class Outbox:
             op.gathers = (not op.stateful and not op.is_async and not op.batch and not op.collect
                           and len(routes) == 1 and routes[0][0] in (KEYED_HERE, ROUTE_KEYED)
                           and routes[0][5].key_is_value)
+            op.maps_keyed = (not op.stateful and not op.is_async and not op.batch and not op.collect
+                             and len(routes) == 1 and routes[0][0] in (KEYED_HERE, ROUTE_KEYED)
+                             and not routes[0][5].key_is_value)
 
     def settle_columns(self) -> None:
         """Turn the keyed fast path's columns into rows of `pending`, behind the rows there: routes are

@@ -99,6 +99,37 @@ def test_glob_jsonl_and_a_bad_line_named_with_file_and_offset(tmp_path):
     assert len(errors) == 1 and str(bad) in errors[0] and "at byte 9" in errors[0]
 
 
+LINES = ['{"w": 1}', ' {"w": 2} ', '[1, 2]', "1,2", "1 2", "{", "", "  ", '"x"', "3.5\r", "nul", '{"a": "\u00e9"}',
+         "[1,[2", "3]]", "\t7", "8\t", "-", "true", '"a\tb"']
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(LINES), max_size=30))
+def test_jsonl_lines_read_as_json_loads_reads_each_and_the_others_are_named(tmp_path_factory, lines):
+    """Each line is what json.loads makes of it alone (blanks around a value included); a blank one is skipped;
+    any other is an error, even where lines together would make JSON (`[1,[2` then `3]]`)."""
+    path = write_lines(tmp_path_factory.mktemp("j") / "x.jsonl", lines)
+    want, bad = [], 0
+    for line in lines:
+        text = line.rstrip("\r")
+        if not text.strip():
+            continue
+        try:
+            want.append(json.loads(text))
+        except ValueError:
+            bad += 1
+    src = FileSource(str(path), format="jsonl")
+
+    async def go():
+        r = src.open(str(path), None)
+        vals = []
+        while not r.exhausted:
+            vals.extend(await r.next_batch(5))
+        return vals, r.take_errors()
+    vals, errors = asyncio.run(go())
+    assert vals == want and len(errors) == bad
+
+
 def test_csv_rows_are_dicts_by_the_header_in_every_range(tmp_path):
     path = tmp_path / "t.csv"
     rows = [{"name": f"n{i}", "n": str(i)} for i in range(300)]

@@ -32,3 +32,20 @@ def test_each_bytewax_query_equals_the_reference(query, config, batch):
     want = nx.QUERIES[query](events)
     assert want
     assert bw.answer(query, rows) == want
+
+
+@pytest.mark.parametrize("query", sorted(nx.QUERIES))
+def test_bytewax_given_the_events_json_lines_decodes_them_to_the_same_answer(query):
+    """The benchmark's default feed: Bytewax decodes each JSON line, as clasp's readers do."""
+    import json
+
+    from bytewax.testing import TestingSink, TestingSource, run_main
+
+    from clasp.bench.peers import nexmark_bytewax as bw
+
+    events = nx.generate(3000, 5, SLOW)
+    rows: list = []
+    lines = [json.dumps(e) for e in events]
+    run_main(bw.build(query, TestingSource(lines, batch_size=100), TestingSink(rows),
+                      nx.max_out_of_order(SLOW) + 100 * 1000 // SLOW.first_event_rate, decode=True))
+    assert bw.answer(query, rows) == nx.QUERIES[query](events)

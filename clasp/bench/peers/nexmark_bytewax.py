@@ -28,6 +28,7 @@ How each query is written, at Bytewax's best (unordered folds where the fold doe
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -180,9 +181,13 @@ QUERIES: dict[str, Callable[[Stream, int], Stream]] = {
     "q0": q0, "q1": q1, "q2": q2, "q3": q3, "q4": q4, "q5": q5, "q7": q7, "q8": q8}
 
 
-def build(query: str, source, sink, bound_ms: int = 0) -> Dataflow:
+def build(query: str, source, sink, bound_ms: int = 0, decode: bool = False) -> Dataflow:
+    """The query's dataflow; `decode`: the source gives the events as JSON text, each decoded first."""
     flow = Dataflow(f"nexmark_{query}")
-    op.output("out", QUERIES[query](op.input("events", flow, source), bound_ms), sink)
+    events = op.input("events", flow, source)
+    if decode:
+        events = op.map("decode", events, json.loads)
+    op.output("out", QUERIES[query](events, bound_ms), sink)
     return flow
 
 

@@ -1,0 +1,154 @@
+"""Kernels of the keyed time operators' (`dag.window`, `dag.join`, `dag.timers`) and their feeding maps' batch
+path: the executor (clasp.runtime.executor) hands them a pass of rows and they run it a key, or a whole pass, at
+a time, with the progress, the outputs and the failures each request would have had on the row-at-a-time path.
+
+- `apply_timed`: a pass of a keyed time operator's requests grouped by key (each key's in arrival order), each
+  key's run by `TimedFold.run` (a window folds a key's records in one pass, its state copied once), its outputs
+  sent as the children of the request that made them. Keys are independent and the watermark stands still
+  within a pass, so running key by key gives every key the states and outputs that request by request does.
+- `map_keyed`: a pass of a stateless operator whose one successor is keyed by a function (a Nexmark query's
+  map before its window or join): its function over the values in C, the key function over the outputs in a
+  tight loop, the rows for the successor built in C when every key group is here.
+- `collect_pass`: a pass of a stateless operator whose outputs are collected and go nowhere else (a query's
+  answer): its function over the values in C, the outputs and their records' ids extended in C.
+"""
+
+from __future__ import annotations
+
+from itertools import chain, compress, repeat
+from operator import itemgetter
+from time import perf_counter
+
+from clasp.core.tracking import epochs_of_runs
+from clasp.runtime.batches import group_bytes, map_outputs, timed_batch
+from clasp.runtime.operators import OperatorError, OpRuntime
+from clasp.runtime.outbox import KEYED_HERE
+
+
+def apply_timed(ex, op: OpRuntime, rows: list) -> None:
+    """Rows `(op, value, key, rid)` of keyed time operator `op` on its live state (no checkpoint barrier up)."""
+    n = len(rows)
+    me = op.index
+    for e, used, _ in epochs_of_runs(list(map(itemgetter(3), rows)), repeat(1), repeat(0)):
+        ex._ran(e, me, used, me, 0)
+    by_key: dict = {}
+    for i, r in enumerate(rows):
+        at = by_key.get(r[2])
+        if at is None:
+            by_key[r[2]] = [i]
+        else:
+            at.append(i)
+    fold, groups, rested, group_of = op.fn, op.groups, op.rested, op.group_of
+    routes, collect = op.routes, op.add_collected if op.collect else None
+    sent: list = []
+    t0 = perf_counter()
+    for key, at in by_key.items():
+        g = group_of(key)
+        d = groups[g]
+        rested[g] = None
+        old = d.get(key)
+        new, outs, failed = fold.run(old, key, [rows[i][1] for i in at])
+        if new is not None:
+            d[key] = new
+        elif old is not None:
+            del d[key]
+        for i, e in failed:
+            ex.fail(op, e, rows[at[i]][1])
+        for i, o in outs:
+            sent.append((at[i], o))
+    dt = perf_counter() - t0
+    if sent:
+        sent.sort(key=itemgetter(0))  # in the order of the requests that made them
+        for i, o in sent:
+            rid = rows[i][3]
+            if collect is not None:
+                collect(o, rid)
+            if routes:
+                ex.send(op, o, rid)
+    timed_batch(op, dt, n, ex.stall)
+
+
+def map_keyed(ex, op: OpRuntime, rows: list) -> int:
+    """A pass of stateless `op` whose one route goes to a stateful successor keyed by a function. Every
+    successor's key group here (KEYED_HERE): its rows built in C behind its queue; otherwise each output to its
+    group's owner as `send` would."""
+    n = len(rows)
+    results, dt = map_outputs(op, list(map(itemgetter(1), rows)), ex.fail)
+    rids = list(map(itemgetter(3), rows))
+    counts = list(map(len, results))
+    kind, succ, append, owners, _, target = op.routes[0]
+    key_fn = target.key_fn
+    values = list(chain.from_iterable(results))
+    out_rids = list(chain.from_iterable(map(repeat, rids, counts)))
+    try:
+        keys = list(map(key_fn, values))
+        gs = group_bytes(target, keys)
+    except Exception:  # a key that cannot be had or cannot be one: each output alone, the failure reported
+        keys = None
+    made = counts
+    if keys is None:
+        keys, made, kept_groups = [], list(counts), bytearray()
+        key_cache = target.key_cache
+        pos = 0
+        for j, c in enumerate(counts):
+            for v in values[pos:pos + c]:
+                try:
+                    key = key_fn(v)
+                    kept_groups.append(key_cache[key])
+                except Exception as e:
+                    ex.fail(target, OperatorError(f"key function of {target.name!r} failed: {e!r}"), v)
+                    keys.append(_NO_KEY)
+                    made[j] -= 1
+                    continue
+                keys.append(key)
+            pos += c
+        gs = bytes(kept_groups)
+    me = op.index
+    for e, used, k in epochs_of_runs(rids, repeat(1), made):
+        ex._ran(e, me, used, succ, k)
+    timed_batch(op, dt, n, ex.stall)
+    if made is not counts:  # the outputs whose key failed go nowhere
+        kept = [k is not _NO_KEY for k in keys]
+        values, keys, out_rids = (list(compress(x, kept)) for x in (values, keys, out_rids))
+    if not values:
+        return n
+    target.weigh(gs)
+    if kind == KEYED_HERE:
+        target.queue.extend(zip(repeat(succ), values, keys, out_rids))
+        ex.outbox.local_requests += len(values)
+        op.edge_counts[0] += len(values)
+        return n
+    pending = ex.outbox.pending
+    local = 0
+    for row, d in zip(zip(repeat(succ), values, keys, out_rids), map(owners.__getitem__, gs), strict=True):
+        if d is None:
+            append(row)
+            local += 1
+        elif d in pending:
+            pending[d].append(row)
+        else:
+            pending[d] = [row]
+    remote = len(values) - local
+    if remote and ex.outbox.pending_since is None:
+        ex.outbox.pending_since = perf_counter()
+    ex.outbox.local_requests += local
+    ex.outbox.remote_requests += remote
+    op.edge_counts[0] += len(values)
+    return n
+
+
+def collect_pass(ex, op: OpRuntime, rows: list) -> int:
+    """A pass of stateless `op` with no route whose outputs are collected (not a sink's writer)."""
+    n = len(rows)
+    results, dt = map_outputs(op, list(map(itemgetter(1), rows)), ex.fail)
+    rids = list(map(itemgetter(3), rows))
+    me = op.index
+    for e, used, _ in epochs_of_runs(rids, repeat(1), repeat(0)):
+        ex._ran(e, me, used, me, 0)
+    timed_batch(op, dt, n, ex.stall)
+    op.collected.extend(chain.from_iterable(results))
+    op.collected_rids.extend(chain.from_iterable(map(repeat, rids, map(len, results))))
+    return n
+
+
+_NO_KEY = object()  # an output whose key function raised: it goes nowhere
