@@ -41,7 +41,6 @@ REQUEST_OVERHEAD_US = 1.5
 BLOCK_OVERHEAD_US = 0.05
 MIN_BATCH = 16
 TIMING_MASK = TIMING_SAMPLE - 1
-HIT_SAMPLE = 8  # one output in this many weighs the key groups on a keyed route that is all local
 
 
 class Executor:
@@ -512,28 +511,20 @@ class Executor:
                         batch.append((succ, o, None, rid))
                         remote += 1
             elif kind == KEYED_HERE:
-                key_fn = target.key_fn
-                if target.key_is_value:
-                    for o in outs:
-                        append((succ, o, o, rid))
-                    local += k
-                else:
-                    for o in outs:
-                        try:
-                            key = key_fn(o)
-                        except Exception as e:
-                            self.fail(target, OperatorError(f"key function of {target.name!r} failed: {e!r}"), o)
-                            k -= 1
-                            continue
-                        append((succ, o, key, rid))
-                        local += 1
-                # Every group is here, so none is computed to route: weigh the groups from a sample.
-                hits = target.group_hits
-                for o in outs[::HIT_SAMPLE]:
+                key_fn, key_cache, ident = target.key_fn, target.key_cache, target.key_is_value
+                routed = bytearray()
+                for o in outs:
                     try:
-                        hits[target.group_of(key_fn(o))] += HIT_SAMPLE
-                    except Exception:  # the key function's failure was reported above, once
+                        key = o if ident else key_fn(o)
+                        # a key that cannot be one (unhashable) fails here, reported, not in the successor's loop
+                        routed.append(key_cache[key])
+                    except Exception as e:
+                        self.fail(target, OperatorError(f"key function of {target.name!r} failed: {e!r}"), o)
+                        k -= 1
                         continue
+                    append((succ, o, key, rid))
+                    local += 1
+                target.weigh(bytes(routed))
             else:
                 key_fn = target.key_fn
                 ident = target.key_is_value

@@ -238,3 +238,48 @@ def test_the_routed_words_weigh_their_key_groups_exactly(workers, seed):
     for e in engines.values():
         state.update(e.ops[1].state_dict())
     assert state == dict(words)
+
+
+def _words_and_lists(line):
+    """Words, and a list (which cannot be a key) for each word that starts with x."""
+    return [[w] if w.startswith("x") else w for w in line.split()]
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.sampled_from(["function", "identity", "two routes"]), st.integers(1, 2), st.integers(0, 2**32 - 1))
+def test_a_value_that_cannot_be_a_key_fails_alone_on_every_keyed_path(shape, workers, seed):
+    """A map's outputs reach a stateful operator keyed by a function (a pass at a time), by the value itself
+    (gathered blocks) or, with a second route, one request at a time: an output whose key is unhashable is
+    reported as the key's failure and goes nowhere; every other word is counted exactly, and progress
+    completes (before, the successor's loop raised and the worker process died)."""
+    from collections import Counter
+
+    rnd = random.Random(seed)
+    d = clasp.Dag("bad-keys")
+    split = d.operator("split", _words_and_lists)
+    count = d.operator("count", lambda s, w: ((s or 0) + 1, None), stateful=True,
+                       key=clasp.identity if shape == "identity" else (lambda w: w))
+    split >> count
+    if shape == "two routes":
+        split >> d.operator("echo", lambda w: None)
+    spec = d.to_spec()
+    ids = [f"w{i}" for i in range(workers)]
+    shares = {i: 1 for i in range(workers)}
+    placement = build_placement(spec, ids, {op.name: shares for op in spec.operators}, 10)
+    engines = {w: JobEngine(1, spec, w, placement) for w in ids}
+    vocab = [f"k{i}" for i in range(50)] + ["x1", "x2"]
+    lines = [" ".join(rnd.choices(vocab, k=rnd.randint(0, 10))) for _ in range(rnd.randint(1, 500))]
+    t = Tracker()
+    base = t.admit(len(lines), 0.0)
+    engines["w0"].enqueue_rows([(0, line, None, base + i) for i, line in enumerate(lines)])
+    t.dispatched(base, len(lines), {e: {0: n} for e, n in _per_epoch(base, len(lines)).items()}, 0.0)
+    run_until_complete(engines, t)
+    assert t.outstanding == 0 and t.completed == len(lines)
+    words = Counter(w for line in lines for w in line.split())
+    lists = words.pop("x1", 0) + words.pop("x2", 0)
+    state: dict = {}
+    for e in engines.values():
+        state.update(e.ops[1].state_dict())
+    assert state == dict(words)
+    assert sum(e.executor.failed for e in engines.values()) == lists
+    assert all("unhashable" in s["error"] for e in engines.values() for s in e.executor.error_samples)
