@@ -10,6 +10,12 @@ RUN_MAX_RATE ?= 20000
 RUN_CPU ?= $(shell [ "$$(id -u)" = 0 ] && echo 0.3)
 RUN_MAX_WORKERS ?= 4
 PYTEST_ARGS ?=
+# XDIST='-n 2 --dist loadfile' runs the suite on two pytest processes (pytest-xdist, in the dev extra): a cluster
+# test spends much of its time waiting (processes starting, a heartbeat, a recovery), which the other process
+# fills. Each file stays on one process, its tests in order (a module-scoped cluster is started once), and
+# `make test` hands out tests/cluster's long files first. Off by default until the suite has passed with it
+# twice in a row on a quiet machine.
+XDIST ?=
 
 .DEFAULT_GOAL := help
 
@@ -24,14 +30,14 @@ help: ## list the targets
 
 install: $(BIN)/clasp ## create .venv and install clasp with its dev extra
 
-test: $(BIN)/clasp ## the whole suite: tests/unit (no planner or worker processes), then tests/cluster (real ones)
-	$(BIN)/python -m pytest -q tests/unit tests/cluster $(PYTEST_ARGS)
+test: $(BIN)/clasp ## the whole suite: tests/cluster (real planner and worker processes) and tests/unit (none)
+	$(BIN)/python -m pytest -q $(XDIST) tests/cluster tests/unit $(PYTEST_ARGS)
 
 test-unit: $(BIN)/clasp ## the unit tests only: pure code and in-process parts, no planner or worker processes
-	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) tests/unit $(PYTEST_ARGS)
 
 test-cluster: $(BIN)/clasp ## the cluster tests only: real planner and worker processes, real faults
-	$(BIN)/python -m pytest -q tests/cluster $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) tests/cluster $(PYTEST_ARGS)
 
 lint: $(BIN)/clasp ## ruff, and the layer contracts of docs/ARCHITECTURE.md (import-linter)
 	$(BIN)/ruff check .

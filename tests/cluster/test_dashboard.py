@@ -107,10 +107,12 @@ def big_job(n_workers: int = 100, n_ops: int = 50):
 
 def test_views_at_100_workers_and_50_operators_build_in_well_under_a_second():
     job, workers = big_job()
-    t0 = time.perf_counter()
+    # The CPU this process spent, not the wall clock: the suite runs beside other tests' processes, whose
+    # share of the cores is no cost of the views.
+    t0 = time.process_time()
     c = dumps(views.cluster_view(workers, {1: job}, 0.0))
     j = dumps(views.job_view(job, workers, job_stats(job, workers, 100)))
-    took = time.perf_counter() - t0
+    took = time.process_time() - t0
     v = json.loads(j)
     assert len(v["matrix"]["workers"]) == 100 and len(v["graph"]["operators"]) == 50
     assert len(json.loads(c)["workers"]) == 100

@@ -87,6 +87,7 @@ def test_a_worker_dying_mid_migration_does_not_hang_the_planner(tmp_path_factory
     # Without checkpoints: the migration waits out its timeout on the frozen worker (with checkpoints the
     # job rolls back instead, tests/cluster/test_recovery.py).
     cluster = start_cluster(tmp_path_factory, 3, planner_args=["--no-autoscale", "--dead-after", "1.5",
+                                                               "--heartbeat", "0.2",
                                                                "--migration-timeout", "2",
                                                                "--checkpoint-interval", "0"])
     try:
