@@ -246,6 +246,7 @@ class _Measured(Driver):
         self.samples: list[tuple[float, int, int]] = []
         self._last_sample = -math.inf
         self.cpu_start: dict | None = None  # (time, {process: CPU s}) at the steady window's start
+        self.window_from_first_push = False  # the window opened at the first push, to move at `warmup_s`
         self.cpu_end: dict | None = None
         self._throttle: list[dict] = []  # CFS counters at the same two instants as cpu_start / cpu_end
         self._run_delay: list[dict] = []  # and run-queue waits
@@ -278,6 +279,13 @@ class _Measured(Driver):
                         - sum(o["processed"] for o in ca.get("operators", {}).values())}
         return out
 
+    def _open_window(self) -> None:
+        """The steady window starts now: the counters' first instant is this one."""
+        for instants in (self._counters, self._throttle, self._run_delay, self._client):
+            instants.clear()
+        self.cpu_start = self._cpu()
+        self.window_from_first_push = False
+
     def _cpu(self) -> tuple[float, dict]:
         self._counters.append(self._worker_counters())
         self._throttle.append({k: cgroup_cpu_stat(p) for k, p in self.pids.items()})
@@ -290,8 +298,9 @@ class _Measured(Driver):
         if not force and now - self._last_sample < SAMPLE_S:
             return None
         self._last_sample = now
-        if self.cpu_start is None and self.started is not None and now >= self.started + self.warmup_s:
-            self.cpu_start = self._cpu()
+        if ((self.cpu_start is None or self.window_from_first_push) and self.cpu_end is None
+                and self.started is not None and now >= self.started + self.warmup_s):
+            self._open_window()
         st = self.job.stats()
         self.samples.append((now, int(st["completed"]), int(st["queued"])))
         self.series.add(st.get("series", []))
@@ -311,6 +320,10 @@ class _Measured(Driver):
         if self.submitted_at is not None:
             self.series.offset = self.started - self.submitted_at
         first = min(total, 2 * MIN_AHEAD)
+        # Opened at the first push and again `warmup_s` later: pushing that ends before then (a warm-up rate
+        # read on a busy host sizes the run too small) is measured whole rather than over no window.
+        self._open_window()
+        self.window_from_first_push = True
         self.job.push(self.records[:first])
         self.sent = first
         while self.sent < total and time.monotonic() - self.started < self.deadline_s:
