@@ -133,6 +133,47 @@ class ReleasedWatermark:
         self.released = NEG_INF
 
 
+class FiredChunks:
+    """The chunks of windows fired at a watermark (each a chunk of a worker's lease) that the next stage may
+    still be waiting for, on the planner. A worker announces such a chunk (`wm_out`) and seals it right after,
+    on the same channel, but the two are separate messages: the planner may look in between, when the chunk is
+    announced and not open in its tracker yet (a chunk opens at its seal). So a chunk is done only once it was
+    sealed and is no longer open; announced alone, it is still on its way (it used to count as done there, and
+    a stage's watermark passed the windows it held: they went to the late output)."""
+
+    def __init__(self):
+        self.open: dict[int, bool] = {}  # chunk -> sealed yet
+
+    def announced(self, chunk: int) -> None:
+        self.open.setdefault(chunk, False)
+
+    def sealed(self, chunk: int) -> None:
+        if chunk in self.open:
+            self.open[chunk] = True
+
+    def settle(self, is_open: Callable[[int], bool]) -> None:
+        """Forget the chunks sealed and complete (`is_open`: still open in the tracker)."""
+        self.open = {c: s for c, s in self.open.items() if not s or is_open(c)}
+
+    def clear(self) -> None:
+        self.open.clear()
+
+    def __bool__(self) -> bool:
+        return bool(self.open)
+
+
+def follow_stages(levels: list[float], rounds: list[int], answered: int, fired_open: bool, rnd: int) -> bool:
+    """Raise each stage's watermark (`levels[d]`, moved last in round `rounds[d]`) to the one before it once every
+    worker answered a round at least the one in which that moved (`answered`: the least round they answered) and
+    no chunk of windows fired is on its way (`fired_open`): every window the stage before fired at or below its
+    watermark has been applied by this one. In place; True if a stage moved (in round `rnd`)."""
+    moved = False
+    for d in range(1, len(levels)):
+        if levels[d] < levels[d - 1] and answered >= rounds[d - 1] and not fired_open:
+            levels[d], rounds[d], moved = levels[d - 1], rnd, True
+    return moved
+
+
 class PushTime:
     """The push source's one partition (`Dag.push_source`), on the planner, which calls no timestamp function:
     the pushed chunks go out in the order they were admitted, and as the dispatcher begins each (`begin`), the

@@ -285,7 +285,7 @@ class Planner:
             "wait_idle": q.on_wait_idle, "state": q.on_state, "collected": q.on_collected, "stats": q.on_stats,
             "scale": mig.on_scale, "place": mig.on_place, "autoscale": mig.on_autoscale, "wm_push": tm.on_wm_push,
             "drain": pool.on_drain, "leave": pool.on_leave, "pool": pool.on_pool, "end_input": d.on_end_input,
-            "lease": src.on_lease, "seal": src.on_seal, "read_end": src.on_read_end, "stop": src.on_stop,
+            "lease": src.on_lease, "seal": self._on_seal, "read_end": src.on_read_end, "stop": src.on_stop,
             "wm_mark": tm.on_wm_mark, "wm_idle": tm.on_wm_idle, "wm_fired": tm.on_wm_fired, "wm_out": tm.on_wm_out}
         return ServerLoop(self.router, handlers, where="the planner", on_bad=self._bad, on_failure=self._failed,
                           decode=protocol.decode_message, spawn=self._spawn_handler, raw=frozenset({"push"}),
@@ -415,6 +415,10 @@ class Planner:
             if job is not None:
                 for err in js.get("new_errors", []):
                     job.errors.append({"worker": w.id, **err})
+
+    def _on_seal(self, ident: bytes, body: list) -> None:
+        self.sources.on_seal(ident, body)
+        self.time.on_seal(ident, body)  # a chunk of fired windows counts as on its way until its seal is in
 
     def _on_done(self, ident: bytes, body: list) -> None:
         job = self.jobs.get(body[0]) or self.deploying.get(body[0])  # readers start as soon as deployed

@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from clasp.core import protocol
 from clasp.core.eventtime import NEG_INF
 from clasp.core.lifecycle import Phase
-from clasp.core.timed import EventTime, PushTime, ReleasedWatermark, stages
+from clasp.core.timed import EventTime, FiredChunks, PushTime, ReleasedWatermark, follow_stages, stages
 from clasp.runtime.planner_link import Link
 
 RELEASE_S = 0.025  # how often a moved watermark is looked for between ticks
@@ -40,7 +40,7 @@ class JobTime:
         n = max(stages.values(), default=0) + 1
         self.levels = [NEG_INF] * n  # the watermark released to each stage (the first: the sources')
         self.level_round = [0] * n  # the round in which each last moved
-        self.fired_chunks: set[int] = set()  # chunks of fired windows, until they complete
+        self.fired_chunks = FiredChunks()  # chunks of fired windows, until they are sealed and complete
         self.round = 0
         self.settled_round = 0  # workers must answer a round at least this one for the job to be idle
         self.fired: dict[str, int] = {}  # worker -> the last round it answered
@@ -112,8 +112,16 @@ class TimeCoordinator:
         t = self._job_time(job) if job is not None else None
         if t is not None and job.tracker.leased(msg.chunk):
             job.tracker.produced.add(msg.chunk)  # its seal comes right behind
-            t.fired_chunks.add(msg.chunk)
+            t.fired_chunks.announced(msg.chunk)
             t.windows += msg.records
+
+    def on_seal(self, ident: bytes, body: list) -> None:
+        """A worker sealed a chunk (after the sources' handler took it): if it held windows fired here, its
+        completion is the tracker's from now on."""
+        job = self._reading_job(body[0])
+        t = getattr(job, "time", None) if job is not None else None
+        if t is not None and type(body[1]) is int:
+            t.fired_chunks.sealed(body[1])
 
     def on_wm_fired(self, ident: bytes, msg: protocol.WmFired) -> None:
         job = self.jobs.get(msg.job)
@@ -166,10 +174,8 @@ class TimeCoordinator:
         # windows it fired are complete (processed by the next stage, on time there).
         serving = self._job_workers(job)
         answered = min((t.fired.get(x, -1) for x in serving), default=-1)
-        t.fired_chunks = {c for c in t.fired_chunks if c in job.tracker.chunks}
-        for d in range(1, len(levels)):
-            if levels[d] < levels[d - 1] and answered >= rounds[d - 1] and not t.fired_chunks:
-                levels[d], rounds[d], moved = levels[d - 1], rnd, True
+        t.fired_chunks.settle(job.tracker.chunks.__contains__)
+        moved = follow_stages(levels, rounds, answered, bool(t.fired_chunks), rnd) or moved
         if moved_only and not moved:
             return
         t.round, t.levels, t.level_round = rnd, levels, rounds
