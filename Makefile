@@ -30,8 +30,14 @@ help: ## list the targets
 
 install: $(BIN)/clasp ## create .venv and install clasp with its dev extra
 
-test: $(BIN)/clasp ## the whole suite: tests/cluster (real planner and worker processes) and tests/unit (none)
-	$(BIN)/python -m pytest -q $(XDIST) tests/cluster tests/unit $(PYTEST_ARGS)
+# The unit suite is ~2 minutes of CPU; the cluster suite mostly waits on its processes: `make test` runs the
+# unit suite beside it (its report printed after the cluster suite's), and fails if either fails.
+test: $(BIN)/clasp ## the whole suite: tests/unit (no processes) beside tests/cluster (real planner and workers)
+	@unit_log=$$(mktemp); \
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS) > $$unit_log 2>&1 & unit=$$!; \
+	$(BIN)/python -m pytest -q $(XDIST) tests/cluster $(PYTEST_ARGS); cluster=$$?; \
+	wait $$unit; units=$$?; echo "---- tests/unit"; cat $$unit_log; rm -f $$unit_log; \
+	echo "tests/cluster exit $$cluster, tests/unit exit $$units"; [ $$cluster = 0 ] && [ $$units = 0 ]
 
 test-unit: $(BIN)/clasp ## the unit tests only: pure code and in-process parts, no planner or worker processes
 	$(BIN)/python -m pytest -q $(XDIST) tests/unit $(PYTEST_ARGS)
