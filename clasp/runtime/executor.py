@@ -19,11 +19,11 @@ from operator import itemgetter
 from time import perf_counter
 
 from clasp.core.outputs import ITEMS_EXACT, ONE_EXACT, as_outputs
-from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_LOCAL, ROUTE_TABLE, key_group, partition_runs
+from clasp.core.routing import ROUTE_LOCAL, ROUTE_TABLE, partition_runs
 from clasp.core.tracking import EPOCH_BITS, epochs_of_runs
 from clasp.runtime.barrier import Barrier
 from clasp.runtime.batches import apply_block, estimate, group_bytes, map_outputs, timed_batch
-from clasp.runtime.operators import KEY_CACHE_MAX, TIMING_SAMPLE, OperatorError, OpRuntime, unpack_group
+from clasp.runtime.operators import TIMING_SAMPLE, OperatorError, OpRuntime, unpack_group
 from clasp.runtime.outbox import KEYED_HERE, ROUTE_ONE_REMOTE, Outbox
 from clasp.runtime.timed_batches import apply_timed, collect_pass, map_keyed
 from clasp.runtime.worker_migration import Handover
@@ -510,38 +510,18 @@ class Executor:
                             batch = pending[d] = []
                         batch.append((succ, o, None, rid))
                         remote += 1
-            elif kind == KEYED_HERE:
-                key_fn, key_cache, ident = target.key_fn, target.key_cache, target.key_is_value
+            else:  # keyed (all here or spread): the group from the key cache, which also weighs it
+                key_fn, ident = target.key_fn, target.key_is_value
                 routed = bytearray()
                 for o in outs:
                     try:
                         key = o if ident else key_fn(o)
-                        # a key that cannot be one (unhashable) fails here, reported, not in the successor's loop
-                        routed.append(key_cache[key])
+                        g = aux[key]  # a key that cannot be one (unhashable) fails here, reported
                     except Exception as e:
                         self.fail(target, OperatorError(f"key function of {target.name!r} failed: {e!r}"), o)
                         k -= 1
                         continue
-                    append((succ, o, key, rid))
-                    local += 1
-                target.weigh(bytes(routed))
-            else:
-                key_fn = target.key_fn
-                ident = target.key_is_value
-                hits = target.group_hits
-                for o in outs:
-                    try:
-                        key = o if ident else key_fn(o)
-                        g = aux.get(key)
-                        if g is None:
-                            g = key_group(key, NUM_KEY_GROUPS)
-                            if len(aux) < KEY_CACHE_MAX:
-                                aux[key] = g
-                    except Exception as e:
-                        self.fail(target, OperatorError(f"key function of {target.name!r} failed: {e!r}"), o)
-                        k -= 1
-                        continue
-                    hits[g] += 1
+                    routed.append(g)
                     d = table[g]
                     if d is None:
                         append((succ, o, key, rid))
@@ -552,6 +532,7 @@ class Executor:
                             batch = pending[d] = []
                         batch.append((succ, o, key, rid))
                         remote += 1
+                target.weigh(bytes(routed))
             op.edge_counts[j] += len(outs)
             made.append((succ, k))
         e = rid >> EPOCH_BITS
