@@ -1,10 +1,12 @@
 """Ingest that grows with the workers: Word Count read from files by the workers themselves.
 
 `python -m clasp.bench.ingest_scaling [--workers 1,2,4,8] [--cpu-per-worker 0.2] [--lines-per-worker N]
-[--push] [--json FILE] [--plot FILE]` runs, for each N, a local cluster of N workers, each under a cgroup CPU
-quota, and Word Count (`FileSource` -> split -> keyed count) on files of N x `lines-per-worker` lines (weak
-scaling: each run lasts about as long), spread over every worker; throughput is lines read and counted per
-second of wall clock, from submit to `wait_idle`. `--push` also measures the same Word Count fed by one client's
+[--rounds R] [--push] [--json FILE] [--plot FILE]` runs, for each N, a local cluster of N workers, each under a
+cgroup CPU quota, and Word Count (`FileSource` -> split -> keyed count) on files of N x `lines-per-worker` lines
+(weak scaling: each run lasts about as long), spread over every worker; throughput is lines read and counted per
+second of wall clock, from submit to `wait_idle`. With `--rounds R` every worker count runs R times, the counts
+in turn (ascending, then descending, ...) so that a noisy minute on a shared host falls on several counts; each
+count's figure is the median of its rounds. `--push` also measures the same Word Count fed by one client's
 `push()` into the planner, the path every record took before declared sources. Prints one JSON object.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -86,6 +89,7 @@ def run_one(n: int, cpu_quota: float | None, lines: list[str], directory: Path, 
         words = stats["operators"]["count"]["processed"]
     done = summary.get("read", 0) + summary["pushed"]
     assert done == len(lines) == summary["completed"], summary
+    assert words == len(lines) * WORDS_PER_LINE, (words, len(lines))
     return {"workers": n, "lines": len(lines), "wall_s": round(wall, 3), "lines_per_s": round(len(lines) / wall, 1),
             "words_per_s": round(words / wall, 1), "partitions": (stats["sources"] or {}).get("partitions"),
             # CPU seconds the run took: the workers' share of their quotas says whether they, or the host,
@@ -101,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="cgroup CPU quota of each worker; 0: none (default %(default)s)")
     p.add_argument("--lines-per-worker", type=int, default=20_000,
                    help="input lines per worker of the run (default %(default)s)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="runs of each worker count, the counts in turn; figures are medians (default %(default)s)")
     p.add_argument("--checkpoint-interval", type=float, default=1.0,
                    help="the planner's checkpoint interval in seconds, 0: off (default %(default)s, the planner's)")
     p.add_argument("--push", action="store_true", help="also measure Word Count fed by push() into the planner")
@@ -114,21 +120,32 @@ def main(argv: list[str] | None = None) -> int:
                     "words_per_line": WORDS_PER_LINE, "command": " ".join(["python -m clasp.bench.ingest_scaling",
                                                                            *(argv or sys.argv[1:])]),
                     "sources": [], "push": []}
-    for n in counts:
-        with tempfile.TemporaryDirectory(prefix="clasp-ingest-input-") as d:
-            lines = write_files(Path(d), n * args.lines_per_worker, files=max(2, n))
-            r = run_one(n, cpu, lines, Path(d), False, args.checkpoint_interval)
-            result["sources"].append(r)
-            print(f"sources, {n} workers: {r['lines_per_s']:.0f} lines/s", file=sys.stderr)
-            if args.push:
-                r = run_one(n, cpu, lines, Path(d), True, args.checkpoint_interval)
-                result["push"].append(r)
-                print(f"push, {n} workers: {r['lines_per_s']:.0f} lines/s", file=sys.stderr)
+    runs: dict[str, dict[int, list[dict]]] = {"sources": {n: [] for n in counts}, "push": {n: [] for n in counts}}
+    for r in range(args.rounds):
+        for n in (counts if r % 2 == 0 else counts[::-1]):
+            with tempfile.TemporaryDirectory(prefix="clasp-ingest-input-") as d:
+                lines = write_files(Path(d), n * args.lines_per_worker, files=max(2, n))
+                for key in ("sources", "push") if args.push else ("sources",):
+                    one = run_one(n, cpu, lines, Path(d), key == "push", args.checkpoint_interval)
+                    runs[key][n].append(one)
+                    print(f"{key}, {n} workers, round {r + 1}/{args.rounds}: {one['lines_per_s']:.0f} lines/s",
+                          file=sys.stderr)
+    for key, by_count in runs.items():
+        result[key] = [median_run(by_count[n]) for n in counts if by_count[n]]
     base = result["sources"][0]["lines_per_s"]
     result["speedup"] = {r["workers"]: round(r["lines_per_s"] / base, 2) for r in result["sources"]}
     if args.plot:
         plot(result, args.plot)
     return emit(result, args.json)
+
+
+def median_run(rounds: list[dict]) -> dict:
+    """One worker count's figure: the run of median throughput, with every round's throughput beside it."""
+    ranked = sorted(rounds, key=lambda r: r["lines_per_s"])
+    mid = dict(ranked[(len(ranked) - 1) // 2])
+    mid["lines_per_s"] = round(statistics.median(r["lines_per_s"] for r in rounds), 1)
+    mid["rounds_lines_per_s"] = [r["lines_per_s"] for r in rounds]
+    return mid
 
 
 def plot(result: dict, path: str) -> None:
