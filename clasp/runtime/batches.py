@@ -17,12 +17,16 @@ LISTS = {list, tuple}  # return values that are their outputs as they are
 Fail = Callable[[OpRuntime, BaseException, object], None]  # how a request's failure is reported
 
 
-def estimate(op: OpRuntime, t_exec: float, timed: int, n: int) -> float:
+def estimate(op: OpRuntime, t_exec: float, timed: int, n: int, stall: float = 0.0) -> float:
     """Execution time of `n` requests from the `timed` of them that took `t_exec`; when every timed one
-    was stalled, the operator's mean so far."""
+    was stalled, the operator's mean so far, or before it has one, `stall` a request: the most a request can
+    have run with no throttled stretch inside. Counted as free instead, an operator slow enough that each of
+    its timings looks stalled would never get a cost, and a scheduling round would run its whole queue."""
     if timed:
         return t_exec * n / timed
-    return op.exec_time / op.processed * n if op.processed else 0.0
+    if op.exec_time:
+        return op.exec_time / op.processed * n
+    return stall * n
 
 
 def timed_batch(op: OpRuntime, dt: float, n: int, stall: float) -> None:
@@ -33,7 +37,7 @@ def timed_batch(op: OpRuntime, dt: float, n: int, stall: float) -> None:
         op.exec_time += dt
         op.dts.extend(repeat(dt / n, max(1, n // TIMING_SAMPLE)))
     else:
-        op.exec_time += estimate(op, 0.0, 0, n)
+        op.exec_time += estimate(op, 0.0, 0, n, stall)
     op.processed += n
     if len(op.dts) > 20_000:
         op.fold_histogram()

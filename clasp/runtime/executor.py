@@ -35,6 +35,10 @@ from clasp.runtime.worker_migration import Handover
 # every instance, so instances set an operator's share of the round, not how long the round is, and a
 # share its operator has no work for goes to the others (docs/RUNTIME.md, "Scheduling rounds").
 ROUND_TIME_US = 1000.0
+# ... and at most this long by the clock, whatever the estimates say: an estimate far below an operator's
+# real cost (before its first timings, or under a quota that stalls every one) must not keep the event loop,
+# and with it the worker's heartbeats, from turning until the whole queue has run.
+ROUND_WALL_S = 0.01
 REQUEST_OVERHEAD_US = 1.5
 # An operator that runs blocks or gathered passes (`_apply_block`, `_run_gathered`) times the whole loop,
 # its own per-request cost included, so only the batch's fixed cost is left to add.
@@ -70,6 +74,7 @@ class Executor:
         (work-conserving: an operator whose share is idle leaves it to the others)."""
         done = 0
         spent = 0.0
+        ends = perf_counter() + ROUND_WALL_S
         # The worker's slots, not only those with work now: an operator handed work during this pass by
         # its predecessor runs in it too, with the same share.
         slots = sum(op.instances for op in self.order if op.instances > 0) or 1
@@ -99,7 +104,7 @@ class Executor:
                     if self.outbox.batch_full():
                         return done + ran
             done += ran
-            if not ran or spent >= ROUND_TIME_US:
+            if not ran or spent >= ROUND_TIME_US or perf_counter() >= ends:
                 return done
 
     def count(self, e: int, op_index: int, k: int) -> None:
@@ -155,6 +160,7 @@ class Executor:
         t_exec = 0.0
         timed = 0
         stall = self.stall
+        stalled = 0.0  # `stall` once a timed request was stalled: what a request counts for with no mean yet
         emitted = 0  # children handed over by the fast paths; the general path counts in send
         cur, used, made = -1, 0, 0  # the progress epoch of the run being counted, its requests, their children
         i = -1
@@ -184,6 +190,8 @@ class Executor:
                     t_exec += dt
                     timed += 1
                     dts_append(dt)
+                else:
+                    stalled = stall
             if out is None:
                 continue
             # clasp.core.outputs' rule: its exact-type fast path inline (no call for the common returns),
@@ -215,7 +223,7 @@ class Executor:
                 self.send(op, outs, rid)
         if used:
             self._ran(cur, me, used, succ0, made)
-        op.exec_time += estimate(op, t_exec, timed, n)
+        op.exec_time += estimate(op, t_exec, timed, n, stalled)
         op.processed += n
         if remote_to is not None:
             if emitted:
@@ -380,6 +388,7 @@ class Executor:
         t_exec = 0.0
         timed = 0
         stall = self.stall
+        stalled = 0.0  # `stall` once a timed request was stalled: what a request counts for with no mean yet
         cur, used = -1, 0  # the progress epoch of the run being counted, and its requests
         rested = op.rested
         i = -1
@@ -415,6 +424,8 @@ class Executor:
                     t_exec += dt
                     timed += 1
                     dts_append(dt)
+                else:
+                    stalled = stall
             if new is not None:
                 state[key] = new
             elif old is not None:
@@ -438,7 +449,7 @@ class Executor:
                 self.send(op, outs, rid)
         if used:
             self._ran(cur, me, used, me, 0)
-        op.exec_time += estimate(op, t_exec, timed, n)
+        op.exec_time += estimate(op, t_exec, timed, n, stalled)
         op.processed += n
         if len(op.dts) > 20_000:
             op.fold_histogram()

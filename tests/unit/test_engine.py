@@ -214,3 +214,43 @@ def test_a_migrated_group_stays_serialized_until_used_or_idle_time_decodes_it():
     while gainer.warm_one():
         pass
     assert not b.cold and b.state_dict() == {k: (14 if k == 7 else k) for k in range(300) if b.group_of(k) != g}
+
+
+def test_an_operator_whose_every_timing_stalls_gets_a_cost_and_rounds_stay_short():
+    """Under a tight quota an operator can be slow enough that every timed request looks stalled: it must
+    still get a cost (else it counts as free, a scheduling round runs its whole queue, and the event loop,
+    heartbeats included, stops for as long: a starved worker was declared dead that way), and a round must
+    end by the clock whatever the estimates say."""
+    import time
+
+    def slow(v):
+        time.sleep(0.001)  # wall time that is not the operator's own, as a throttled stretch would be
+        return None
+
+    def slow_count(s, v):
+        time.sleep(0.001)
+        return (s or 0) + 1, None
+
+    def slow_batch(vs):
+        time.sleep(0.001 * len(vs))
+        return []
+
+    for name, kw in (("stateless", {"fn": slow}), ("stateful", {"fn": slow_count, "stateful": True,
+                                                                 "key": lambda v: v % 7}),
+                     ("batch", {"fn": slow_batch, "batch": True})):
+        dag = clasp.Dag(f"stalled-{name}")
+        dag.operator("a", **kw)
+        spec = dag.to_spec()
+        eng = JobEngine(1, spec, "w0", build_placement(spec, ["w0"], {"a": {0: 1}}, 10))
+        eng.executor.stall = 0.0005
+        eng.enqueue_rows([(0, i, None if name != "stateful" else i % 7, i) for i in range(2000)])
+        ran = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            ran.append(eng.run_round())
+            assert time.perf_counter() - t0 < 0.5, (name, ran)
+        op = eng.ops[0]
+        assert op.exec_time > 0, name
+        assert sum(ran) < 300 and ran[-1] <= 32, (name, ran)  # the old estimate ran all 2,000 in round one
+        drain(eng)
+        assert op.processed == 2000, name
