@@ -219,9 +219,9 @@ class Push(JobRequest):
 
     def check(self) -> None:
         if self.records is None and self.segments is None:
-            raise ProtocolError("missing_field", "push: missing 'records' (or 'segments')")
+            raise ProtocolError("missing_field", "push.records: missing (or segments)")
         if self.records is not None and self.segments is not None:
-            raise ProtocolError("bad_field", "push: give records or segments, not both")
+            raise ProtocolError("bad_field", "push.segments: given with records")
         if self.segments is not None:
             check_segments(self.segments)
 
@@ -944,18 +944,18 @@ def check_segments(segments: list) -> None:
     ProtocolError otherwise. Strings are not decoded here: a worker that cannot decode one counts the
     segment's records as failed (`open_runs`)."""
     if len(segments) > MAX_SEGMENTS:
-        raise ProtocolError("bad_field", f"push: {len(segments)} segments, at most {MAX_SEGMENTS}")
+        raise ProtocolError("bad_field", f"push.segments: {len(segments)}, at most {MAX_SEGMENTS}")
     for seg in segments:
         if type(seg) is not bytes or array_count(seg) <= 0:
-            raise ProtocolError("bad_field", "push: each segment must be a msgpack array of records")
+            raise ProtocolError("bad_field", "push.segments: each must be a msgpack array of records")
         u = msgpack.Unpacker(max_buffer_size=len(seg))
         u.feed(seg)
         try:
             u.skip()
         except Exception as e:  # msgpack raises several unrelated types for garbage
-            raise ProtocolError("bad_field", f"push: a segment is not msgpack: {type(e).__name__}") from None
+            raise ProtocolError("bad_field", f"push.segments: one is not msgpack: {type(e).__name__}") from None
         if u.tell() != len(seg):
-            raise ProtocolError("bad_field", "push: a segment holds more than one array")
+            raise ProtocolError("bad_field", "push.segments: one holds more than an array")
 
 
 class Segments:
@@ -1141,13 +1141,14 @@ def check_migrate(body: list, n_ops: int, n_groups: int = 128) -> None:
 def check_progress(body: list) -> None:
     """Validate a done message body [job, {progress epoch: {op: requests produced minus finished}}]."""
     progress = body[1]
-    if not isinstance(progress, dict):
+    if type(progress) is not dict:
         raise ProtocolError("bad_body", "done: expected [job, {epoch: {op: delta}}]")
-    for e, d in progress.items():
-        if type(e) is not int or not isinstance(d, dict):
+    for e, d in progress.items():  # a few epochs of two or three operators: plain loops beat building sets
+        if type(e) is not int or type(d) is not dict:
             raise ProtocolError("bad_body", "done: epochs must be integers, each with {op: delta}")
-        if not set(map(type, d)) <= {int} or not set(map(type, d.values())) <= {int}:
-            raise ProtocolError("bad_body", "done: operators and deltas must be integers")
+        for op, delta in d.items():
+            if type(op) is not int or type(delta) is not int:
+                raise ProtocolError("bad_body", "done: operators and deltas must be integers")
 
 
 def check_seal(body: list) -> None:

@@ -76,7 +76,7 @@ class Dispatcher:
         try:
             return records.decoded()
         except Exception as e:  # msgpack raises several unrelated types for garbage
-            err = protocol.ProtocolError("undecodable", f"push: a segment: {type(e).__name__}: {e}")
+            err = protocol.ProtocolError("undecodable", f"push.segments: {type(e).__name__}: {e}")
             self.bad(err)
             raise err from None
 
