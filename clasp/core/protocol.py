@@ -909,20 +909,18 @@ def check_runs(runs: Any, n_ops: int) -> None:
 
 
 # ----------------------------------------------------------------- pushed segments
-# A client packs a push of n records as up to PUSH_SEGMENTS msgpack arrays of consecutive records. The planner
-# checks their structure (`check_segments`: no object is built), logs the push frame as it came and sends
-# each segment on as the values of one run, a bin the worker decodes (`open_runs`): the planner decodes and
-# encodes no record. A dispatch is cut at segment boundaries, so the segments also bound how evenly one push
-# spreads over the source's workers: eight give each of two workers four, of four workers two.
-PUSH_SEGMENTS = 8
+# A client packs a push as msgpack arrays of SEGMENT_RECORDS consecutive records. The planner checks their
+# structure (`check_segments`: no object is built), logs the push frame as it came and sends each segment on
+# as the values of one run, a bin the worker decodes (`open_runs`): the planner decodes and encodes no record.
+# A dispatch is cut at segment boundaries, so the segment bounds how evenly a dispatch spreads over the
+# source's workers: with whole pushes of 5,000 records or more, two workers get 2,500 ± 500 each.
+SEGMENT_RECORDS = 500
 MAX_SEGMENTS = 4096  # per push
 
 
 def pack_segments(records: list, packb=msgpack.packb) -> list[bytes]:
     """A push's records as its `segments`."""
-    n = len(records)
-    size = max(1, -(-n // PUSH_SEGMENTS))
-    return [packb(records[i:i + size]) for i in range(0, n, size)]
+    return [packb(records[i:i + SEGMENT_RECORDS]) for i in range(0, len(records), SEGMENT_RECORDS)]
 
 
 def array_count(seg: bytes) -> int:

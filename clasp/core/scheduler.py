@@ -198,14 +198,16 @@ def dispatch(queue: deque, spec: DagSpec, routes: Sequence[Route], room: int) ->
 
 def _route_segments(routes: Sequence[Route], first: int, part: Segments, runs: dict, counts: dict) -> None:
     """A pushed chunk's segments to stateless sources, as `route_records` cuts a list into blocks: each
-    segment is one run, its bytes as the client packed them, to the table's slot of its first record."""
+    segment is one run, its bytes as the client packed them, to the table slot of the block its first record
+    falls in; the first block's slot moves on with each dispatch (by `first // n`), so a dispatch of fewer
+    segments than the table has slots does not always start at the same one."""
     n = len(part)
     for route in routes:
         s = route.succ
         table = route.period or route.table
         tn = len(table)
-        block = max(1, n // tn) if n >= tn else 1
-        start, at = 0, first // block
+        block = max(1, n // tn)
+        start, at = 0, first // max(1, n)
         for seg, k in zip(part.parts, part.counts, strict=True):
             runs.setdefault(table[(at + start // block) % tn], []).append([s, first + start, seg])
             start += k

@@ -21,14 +21,13 @@ from clasp.runtime.state_store import FileStore, decode_blob, frame_blob
 from tests.unit.test_scheduler import two_source_spec
 
 
-def test_pack_segments_cuts_a_push_into_at_most_eight_arrays_of_consecutive_records():
-    records = [f"line {i}" for i in range(5000)]
+def test_pack_segments_cuts_a_push_into_arrays_of_consecutive_records():
+    records = [f"line {i}" for i in range(5200)]
     segs = protocol.pack_segments(records)
-    assert len(segs) == protocol.PUSH_SEGMENTS
     assert [r for s in segs for r in msgpack.unpackb(s)] == records
     s = Segments(segs)
-    assert len(s) == 5000 and s.counts == [625] * 8 and s.decoded() == records
-    assert Segments(protocol.pack_segments(["a", "b", "c"])).counts == [1, 1, 1]
+    assert len(s) == 5200 and s.counts == [protocol.SEGMENT_RECORDS] * 10 + [200] and s.decoded() == records
+    assert Segments(protocol.pack_segments(["a", "b", "c"])).counts == [3]
     assert [protocol.array_count(msgpack.packb(list(range(n)))) for n in (1, 15, 16, 70000)] == [1, 15, 16, 70000]
     assert protocol.array_count(b"") == protocol.array_count(b"\xa1a") == -1
 
@@ -59,7 +58,7 @@ def test_a_segment_with_a_string_that_is_not_utf8_passes_the_planner_and_fails_a
 
 
 def test_take_cuts_whole_segments_at_least_one():
-    q = deque([[0, Segments(protocol.pack_segments(list(range(16)))), 0]])  # eight segments of two
+    q = deque([[0, Segments([msgpack.packb([i, i + 1]) for i in range(0, 16, 2)]), 0]])  # eight segments of two
     first, part = scheduler.take(q, 5)
     assert (first, part.counts, q[0][2]) == (0, [2, 2], 4)
     first, part = scheduler.take(q, 1)  # less room than a segment: one all the same
@@ -98,11 +97,16 @@ def test_segmented_dispatch_sends_every_record_once_in_order_as_the_list_path_co
     assert seen == [(c << CHUNK_BITS) + i for c, n in enumerate(sizes) for i in range(n)]
 
 
-def test_two_workers_get_half_a_push_each():
+def test_two_workers_get_half_of_each_dispatch():
     spec = two_source_spec()
-    q = deque([[3 << CHUNK_BITS, Segments(protocol.pack_segments(list(range(5000)))), 0]])
-    d = scheduler.dispatch(q, spec, [Route(ROUTE_TABLE, 0, table=["w0", "w1"])], 5000)
-    assert sorted(sum(len(msgpack.unpackb(s)) for _, _, s in runs) for runs in d.runs.values()) == [2500, 2500]
+    q = deque([[3 << CHUNK_BITS, Segments(protocol.pack_segments(list(range(20000)))), 0]])
+    got = collections.Counter()
+    for room in (5000, 2500, 3700, 5000, 4300):  # whole segments: 5,000, 2,500, 3,500, 5,000, 4,000
+        d = scheduler.dispatch(q, spec, [Route(ROUTE_TABLE, 0, table=["w0", "w1"])], room)
+        per = {w: sum(len(msgpack.unpackb(s)) for _, _, s in runs) for w, runs in d.runs.items()}
+        assert len(per) == 2 and abs(per["w0"] - per["w1"]) <= protocol.SEGMENT_RECORDS, (room, per)
+        got.update(per)
+    assert not q and got["w0"] + got["w1"] == 20000 and abs(got["w0"] - got["w1"]) <= 2 * protocol.SEGMENT_RECORDS
 
 
 def test_a_keyed_source_routes_segments_decoded():
