@@ -969,14 +969,16 @@ class Segments:
     def __len__(self) -> int:
         return self.n
 
-    def cut(self, offset: int, room: int) -> Segments:
-        """The whole segments from record `offset` (a segment boundary) holding at most `room` records, and
-        at least one."""
+    def cut(self, offset: int, room: int) -> Segments | list:
+        """The whole segments from record `offset` holding at most `room` records, and at least one; from an
+        offset within a segment (a dispatch never leaves one there), the records decoded, as a list."""
         counts = self.counts
         i = at = 0
         while at < offset:
             at += counts[i]
             i += 1
+        if at != offset:
+            return self.decoded()[offset:offset + room]
         j, n = i, 0
         while j < len(counts) and (j == i or n + counts[j] <= room):
             n += counts[j]

@@ -129,3 +129,11 @@ def test_the_input_log_writes_the_push_frame_and_reads_back_its_segments(tmp_pat
     assert log.records(5).decoded() == records
     old = protocol.encode("push", {"req": 9, "job": 1, "records": records})  # a push of a list, as before
     assert decode_blob(frame_blob(old), "x") == records
+
+
+def test_a_queue_entry_resumed_within_a_segment_is_sliced_from_its_records():
+    q = deque([[0, Segments([msgpack.packb([0, 1, 2]), msgpack.packb([3, 4, 5])]), 1]])
+    first, part = scheduler.take(q, 4)
+    assert (first, part, q[0][2]) == (1, [1, 2, 3, 4], 5)
+    first, part = scheduler.take(q, 4)
+    assert (first, part, len(q)) == (5, [5], 0)
