@@ -96,6 +96,9 @@ class ControlStep:
     decision: Decision | None = None
 
 
+SOLVE_EVERY = 10  # observations (ticks) between the estimator's solves while a job does not autoscale
+
+
 @dataclass
 class Controller:
     """Triggers, estimator and policy for one job."""
@@ -119,10 +122,17 @@ class Controller:
     _cooldown: int = 0
     _last_queue: int = 0
     _idle: int = 0
+    _unsolved_ticks: int = 0
 
     def observe(self, obs: Observation, decide: bool = True) -> ControlStep:
-        """Feed the estimator; with `decide`, check the triggers and ask the policy when one fires."""
-        estimate = self.estimator.update(obs.workers)
+        """Feed the estimator; with `decide`, check the triggers and ask the policy when one fires. Without
+        (autoscaling off), the estimator solves its regression only every SOLVE_EVERY observations: its
+        estimate is then only shown (`job.stats()`), and the solve was most of a tick's cost."""
+        self._unsolved_ticks += 1
+        solve = decide or self._unsolved_ticks >= SOLVE_EVERY
+        if solve:
+            self._unsolved_ticks = 0
+        estimate = self.estimator.update(obs.workers, solve=solve)
         step = ControlStep(estimate)
         self.last = obs
         if not decide:

@@ -308,6 +308,7 @@ class Estimator:
         self._history: dict[Hashable, _History] = {}
         self._held: dict[int, str] = {}
         self.observations = 0
+        self._unsolved = 0  # observations folded in since the last solve
 
     @property
     def coefficients(self) -> tuple[float, ...]:
@@ -474,8 +475,10 @@ class Estimator:
         if math.isfinite(observed) and observed > 0:
             self.flush_delay = (1.0 - self.config.eta) * self.flush_delay + self.config.eta * observed
 
-    def update(self, samples_by_worker: Mapping[Hashable, WorkerSample]) -> EstimatorUpdate:
-        """Feed one interval's samples (one per worker); returns the estimate and what changed, and why."""
+    def update(self, samples_by_worker: Mapping[Hashable, WorkerSample], solve: bool = True) -> EstimatorUpdate:
+        """Feed one interval's samples (one per worker); returns the estimate and what changed, and why.
+        `solve=False` folds the observations in and leaves the regression (its eigen- and least-squares
+        solves, the dearest part of a tick) to a later call: the information loses nothing meanwhile."""
         c = self.config
         for w in [w for w in self._history if w not in samples_by_worker]:
             del self._history[w]  # a worker that missed an interval starts its history afresh
@@ -518,13 +521,17 @@ class Estimator:
         coefficients_changed = False
         if invalid:
             reasons.append(f"{invalid} sample(s) with negative or non-finite values ignored")
-        if not saturated:
+        self._unsolved += observed
+        if self._unsolved and not solve:
+            reasons.append(f"{self._unsolved} observation(s) folded in, not solved yet: α, β, γ unchanged")
+        elif not saturated and not self._unsolved:
             reasons.append("no saturated worker: estimate unchanged")
-        elif not observed:
+        elif not self._unsolved:
             reasons.append("consecutive saturated samples with unchanged R^l, R^r, δ: α, β, γ unchanged" if flat
                            else "saturated workers did no work: α, β, γ unchanged" if idle
                            else "no previous saturated sample to difference with: α, β, γ unchanged")
         else:
+            self._unsolved = 0
             solve = self._identified()
             if not solve:
                 reasons.append("collinear observations do not identify any coefficient: unchanged")

@@ -24,10 +24,12 @@ from typing import Any, Protocol
 
 from clasp.core.control import pool_order
 from clasp.core.dag import DagSpec
+from clasp.core.protocol import Segments
 from clasp.core.routing import (
     NUM_KEY_GROUPS,
     ROUTE_KEYED,
     ROUTE_LOCAL,
+    ROUTE_TABLE,
     OperatorPlacement,
     Placement,
     PlacementError,
@@ -127,8 +129,12 @@ def take(queue: deque, room: int) -> tuple[int, list]:
     returns (first rid, records). A chunk leaves the queue when all its records did."""
     head = queue[0]
     base, records, offset = head
-    n = min(room, len(records) - offset)
-    part = records[offset:offset + n]
+    if type(records) is Segments:  # whole segments only, at least one (it may overrun `room` by part of one)
+        part = records.cut(offset, room)
+        n = len(part)
+    else:
+        n = min(room, len(records) - offset)
+        part = records[offset:offset + n]
     head[2] = offset + n
     if head[2] >= len(records):
         queue.popleft()
@@ -143,6 +149,12 @@ def route_records(spec: DagSpec, routes: Sequence[Route], first: int, part: list
     n = len(part)
     d = Dispatch(first, n)
     out, runs, counts = d.data, d.runs, d.counts
+    if type(part) is Segments:
+        if any(route.kind != ROUTE_TABLE for route in routes):
+            part = part.decoded()  # the shell decodes a keyed source's pushes first: not reached there
+        else:
+            _route_segments(routes, first, part, runs, counts)
+            return d
     for route in routes:
         s = route.succ
         if route.kind == ROUTE_KEYED:
@@ -182,6 +194,24 @@ def dispatch(queue: deque, spec: DagSpec, routes: Sequence[Route], room: int) ->
         return None
     first, part = take(queue, room)
     return route_records(spec, routes, first, part)
+
+
+def _route_segments(routes: Sequence[Route], first: int, part: Segments, runs: dict, counts: dict) -> None:
+    """A pushed chunk's segments to stateless sources, as `route_records` cuts a list into blocks: each
+    segment is one run, its bytes as the client packed them, to the table slot of the block its first record
+    falls in; the first block's slot moves on with each dispatch (by `first // n`), so a dispatch of fewer
+    segments than the table has slots does not always start at the same one."""
+    n = len(part)
+    for route in routes:
+        s = route.succ
+        table = route.period or route.table
+        tn = len(table)
+        block = max(1, n // tn)
+        start, at = 0, first // max(1, n)
+        for seg, k in zip(part.parts, part.counts, strict=True):
+            runs.setdefault(table[(at + start // block) % tn], []).append([s, first + start, seg])
+            start += k
+        add_range(counts, s, first, n)
 
 
 # ----------------------------------------------------------------- recovery of a dead worker

@@ -367,7 +367,8 @@ class Job:
 
     def _chunk_frame(self, batch: list) -> tuple[int, bytes]:
         try:
-            return self.client._frame("push", {"job": self.id, "records": batch})
+            # in segments, which the planner passes on to the workers as they are (`protocol.pack_segments`)
+            return self.client._frame("push", {"job": self.id, "segments": protocol.pack_segments(batch)})
         except (TypeError, ValueError, OverflowError) as e:
             bad = next((r for r in batch if not _packable(r)), None)
             raise ClaspError(f"record {bad!r:.100} of type {type(bad).__name__} is not msgpack-serializable: "

@@ -168,6 +168,18 @@ class JobEngine:
             n += len(values)
         return n
 
+    def drop_runs(self, bad: list) -> None:
+        """Pushed runs this worker could not decode ([op, first rid, records, error], `protocol.open_runs`):
+        their records fail here, counted among the operator's errors, and are done, so nothing waits on them."""
+        ex = self.executor
+        for op, first, n, text in bad:
+            ex.fail(self.ops[op], ValueError(text), f"{n} pushed records from rid {first}")
+            rid = first
+            while rid < first + n:
+                stop = min(first + n, ((rid >> EPOCH_BITS) + 1) << EPOCH_BITS)
+                ex.count(rid >> EPOCH_BITS, op, rid - stop)
+                rid = stop
+
     def admit_source(self, op_index: int, values: list, first: int) -> dict[int, dict[int, int]]:
         """A batch a source reader here read, records `first ..`: handed to the source operator's successors
         as its outputs (the source operator is a pass-through: no call per record), by their routes. Returns

@@ -193,6 +193,7 @@ class Planner:
                                      migration_timeout=self.migration_timeout)
         self.elastic.migrations = self.migrations  # each asks the other: the pool's workers, a migration
         self.dispatcher.send_credit = self.sources.send_credit
+        self.dispatcher.bad = self._bad
         self.started = time.monotonic()
 
     # ----------------------------------------------------------------- lifecycle

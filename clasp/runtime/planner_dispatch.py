@@ -27,8 +27,9 @@ from clasp.core.job_machine import (
 )
 from clasp.core.lifecycle import ResumeDispatch
 from clasp.core.limits import Limits, check_client_pending
-from clasp.core.routing import route_to
+from clasp.core.routing import ROUTE_TABLE, route_to
 from clasp.core.scheduler import Dispatch
+from clasp.core.tracking import CHUNK_BITS
 from clasp.runtime.net import DirectSend
 from clasp.runtime.planner_job import PlannerJob
 from clasp.runtime.planner_link import Link, RequestError
@@ -50,6 +51,7 @@ class Dispatcher:
         # (job) once `end_input` is known, before it is answered: the checkpointer makes it durable (its `persist`)
         self.input_ended: Callable = lambda job: None
         self.send_credit: Callable = lambda job: None  # (job) its readers' source chunks completed: the sources'
+        self.bad: Callable = lambda err: None  # (ProtocolError) counted in the planner's bad-message metric
         self.wake = asyncio.Event()
 
     def set_routes(self, job: PlannerJob) -> None:
@@ -62,7 +64,21 @@ class Dispatcher:
         job = self.job_of(msg)
         if job.deferred_acks:  # a client that pushes on without waiting for its acks: bounded, refused
             check_client_pending(sum(1 for a in job.deferred_acks if a[0] == ident), self.limits)
-        self.carry_out(job, job.machine.handle(Push(ident, msg.req, msg.records, frame, time.monotonic())))
+        records = msg.records if msg.segments is None else self._segments(job, msg.segments)
+        self.carry_out(job, job.machine.handle(Push(ident, msg.req, records, frame, time.monotonic())))
+
+    def _segments(self, job: PlannerJob, segments: list) -> list | protocol.Segments:
+        """A push's checked segments, kept as they came where its records only pass through the planner; a
+        keyed source (the planner calls its key function) or a push larger than a chunk has them decoded."""
+        records = protocol.Segments(segments)
+        if len(records) < 1 << CHUNK_BITS and all(r.kind == ROUTE_TABLE for r in job.routes):
+            return records
+        try:
+            return records.decoded()
+        except Exception as e:  # msgpack raises several unrelated types for garbage
+            err = protocol.ProtocolError("undecodable", f"push.segments: {type(e).__name__}: {e}")
+            self.bad(err)
+            raise err from None
 
     def on_end_input(self, ident: bytes, msg: protocol.EndInput) -> None:
         job = self.job_of(msg)

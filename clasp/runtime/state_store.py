@@ -35,6 +35,7 @@ from pathlib import Path
 
 import msgpack
 
+from clasp.core.protocol import push_records
 from clasp.core.snapshot_index import HEAD_SIZE, BadIndex, encode_index, group_spans, index_end
 
 log = logging.getLogger("clasp.state_store")
@@ -90,7 +91,7 @@ def decode_blob(data: bytes, path: str):
     try:
         raw = zlib.decompress(payload) if codec == ZLIB else payload
         obj = msgpack.unpackb(raw, raw=False, strict_map_key=False, use_list=True)
-        return obj[2]["records"] if codec == FRAME else obj
+        return push_records(obj[2]) if codec == FRAME else obj
     except Exception as e:
         raise CorruptCheckpoint(path, f"{type(e).__name__}: {e}") from None
 

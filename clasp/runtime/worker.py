@@ -355,6 +355,11 @@ class Worker:
                 protocol.check_rows(body[2], len(eng.ops))
             elif mtype == "runs":
                 protocol.check_runs(body[2], len(eng.ops))
+                failed = protocol.open_runs(body[2])  # pushed segments decoded here, not at the planner
+                if failed:
+                    self._bad(ProtocolError("undecodable", failed[0][3]), "data")
+                    if body[1] >= eng.floor:
+                        eng.drop_runs(failed)
             else:
                 protocol.check_migrate(body, len(eng.ops))
                 msg = protocol.parse(mtype, body)  # a marker or a migrate: once per migration step

@@ -445,3 +445,27 @@ def test_a_stall_is_half_a_periods_throttled_stretch_at_least_a_millisecond():
     assert stall_threshold(None) == math.inf
     assert stall_threshold((0.05, 0.1)) == 0.025  # half a CPU: 50 ms throttled a period
     assert stall_threshold((0.099, 0.1)) == 1e-3
+
+
+def test_deferred_solves_fold_every_observation_in_and_recover_the_coefficients():
+    """`update(solve=False)` folds the interval's observations in and leaves the coefficients alone; a later
+    solve uses all of them (what a job that does not autoscale does, every 10th tick)."""
+    est = Estimator(EstimatorConfig(rho=0.999))
+    rng = random.Random(1)
+    queues = dict.fromkeys(range(10), 0)
+    seen = 0
+    for t in range(400):
+        samples = {}
+        for w in range(10):
+            queues[w] += rng.randint(1, 50)
+            samples[w] = synthetic(rng, queues[w])
+        before = (est.alpha, est.beta, est.gamma)
+        u = est.update(samples, solve=t % 10 == 9)
+        seen += u.observations
+        if t % 10 != 9:
+            assert (u.alpha, u.beta, u.gamma) == before and not u.coefficients_changed
+            assert "not solved yet" in u.reason or not u.observations
+    assert seen == est.observations > 3500
+    assert u.alpha == pytest.approx(ALPHA, rel=0.05)
+    assert u.beta == pytest.approx(BETA, rel=0.05)
+    assert u.gamma == pytest.approx(GAMMA, rel=0.05)

@@ -32,7 +32,7 @@ def test_encode_decode_roundtrip_and_schema_errors():
     }
     for frame, reason in cases.items():
         with pytest.raises(ProtocolError) as e:
-            protocol.decode(frame)
+            protocol.decode_message(frame)
         assert e.value.reason == reason
 
 
