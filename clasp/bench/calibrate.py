@@ -4,8 +4,10 @@
 [--out clasp/sim/sim_costs_measured.json]` runs, on local clusters whose workers are limited to F CPUs each
 (`clasp.bench.cluster_engine`), and writes a file `clasp simulate APP --costs FILE` loads unchanged:
 
-- **W** (capacity, µs of work per second): the CPU rate (/proc) of one quota-limited worker while an app
-  runs unthrottled on it, the median over the apps (≈ F·10⁶ when the quota is what limits it).
+- **W** (capacity, µs of work per second): the quota's, F CPUs × 10⁶. Every quota-limited run's throughput is scaled
+  to it by its busiest worker's CPU rate (/proc) over the steady window (`at_quota`): on a host shared with
+  other work a worker gets less than its quota, run by run, and the fits below then read CPU per record, not
+  the host's load (a quiet run's factor is ~1; the median CPU rate of the one-worker runs is reported).
 - **α** (µs per local chained request) and **F** (µs per record of entering and leaving the runtime: the
   source's input from the planner, the sink's completion): SYN on one worker with ten operators and with
   SHORT_CHAIN (every chained request local). The per-record cost W / Λ that W and the measured throughput
@@ -58,7 +60,7 @@
 - **τ̄** per app and operator: the engine times requests with a wall clock, so under a quota τ̄ includes
   the stalls of throttling (a no-op reads 0.1–1.5 µs instead of 0.1); the shares come from an unlimited
   one-worker run of the app (plus F at its source and sink), and a per-request residual ε (the runtime's
-  work per request that neither τ̄ nor α covers: routing, key lookups, returned weights) is added to every
+  work per request that neither τ̄ nor α covers: routing, key lookups, progress counts) is added to every
   operator so that one quota-limited worker predicts exactly the measured Λ₁: Σ m_o·(τ̄_o + ε) + α·C = W / Λ₁
   (m_o requests of o and C chained requests per record). If the unlimited τ̄ already exceed that, they
   are scaled down instead (reported as a negative ε).
@@ -723,7 +725,8 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
         "cpu_per_worker": cpu,
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
         "how": ("python -m clasp.bench.calibrate: LocalCluster workers under a cgroup quota of cpu_per_worker CPUs; "
-                "W = median CPU rate of a saturated one-worker run; alpha (and the per-record cost F, see "
+                "W = the quota, each run's throughput scaled to it (capacity_rule); alpha (and the per-record cost F, "
+                "see "
                 "record_cost_rule) from SYN on one worker; beta and its receive share fitted so the "
                 "simulator reproduces SYN in two chunks over 2 workers (or, see beta_rule, alternating over 2); "
                 "gamma on SYN even->w0, odd->w1/w2 (fixed 0 when message_us is fitted, see gamma_rule); "
