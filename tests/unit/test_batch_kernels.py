@@ -91,3 +91,6 @@ def test_a_throttled_period_inside_a_batch_leaves_the_operators_mean():
     unlimited = SimpleNamespace(exec_time=0.0, processed=0, dts=[], fold_histogram=lambda: None)
     timed_batch(unlimited, 0.2, 10, float("inf"))  # without a quota nothing is a stall
     assert unlimited.exec_time == 0.2
+    never = SimpleNamespace(exec_time=0.0, processed=0, dts=[], fold_histogram=lambda: None)
+    timed_batch(never, 1e-3, 10, 0.0)  # a zero threshold keeps every timing out (tests replay budgets so)
+    assert never.exec_time == 0.0 and never.processed == 10
