@@ -4,8 +4,10 @@
 [--out clasp/sim/sim_costs_measured.json]` runs, on local clusters whose workers are limited to F CPUs each
 (`clasp.bench.cluster_engine`), and writes a file `clasp simulate APP --costs FILE` loads unchanged:
 
-- **W** (capacity, µs of work per second): the CPU rate (/proc) of one quota-limited worker while an app
-  runs unthrottled on it, the median over the apps (≈ F·10⁶ when the quota is what limits it).
+- **W** (capacity, µs of work per second): the quota's, F CPUs × 10⁶. Every quota-limited run's throughput is scaled
+  to it by its busiest worker's CPU rate (/proc) over the steady window (`at_quota`): on a host shared with
+  other work a worker gets less than its quota, run by run, and the fits below then read CPU per record, not
+  the host's load (a quiet run's factor is ~1; the median CPU rate of the one-worker runs is reported).
 - **α** (µs per local chained request) and **F** (µs per record of entering and leaving the runtime: the
   source's input from the planner, the sink's completion): SYN on one worker with ten operators and with
   SHORT_CHAIN (every chained request local). The per-record cost W / Λ that W and the measured throughput
@@ -58,7 +60,7 @@
 - **τ̄** per app and operator: the engine times requests with a wall clock, so under a quota τ̄ includes
   the stalls of throttling (a no-op reads 0.1–1.5 µs instead of 0.1); the shares come from an unlimited
   one-worker run of the app (plus F at its source and sink), and a per-request residual ε (the runtime's
-  work per request that neither τ̄ nor α covers: routing, key lookups, returned weights) is added to every
+  work per request that neither τ̄ nor α covers: routing, key lookups, progress counts) is added to every
   operator so that one quota-limited worker predicts exactly the measured Λ₁: Σ m_o·(τ̄_o + ε) + α·C = W / Λ₁
   (m_o requests of o and C chained requests per record). If the unlimited τ̄ already exceed that, they
   are scaled down instead (reported as a negative ε).
@@ -84,6 +86,7 @@ import os
 import statistics
 import sys
 from collections.abc import Mapping, Sequence
+from itertools import chain
 from pathlib import Path
 
 from clasp.bench import cluster_engine as ce
@@ -148,6 +151,20 @@ def front_costs(runs: list[dict]) -> dict[str, float | None]:
         values = [v for v in (per_record(r, get(r)) for r in runs) if v is not None]
         out[key] = round(statistics.median(values), 3) if values else None
     return out
+
+
+def at_quota(r: Mapping, cpu: float) -> dict:
+    """Run `r` with its throughput as if its busiest worker had had its whole quota of `cpu` CPUs: scaled by
+    the quota's µs/s over that worker's CPU rate in the steady window. On a host busy with other work a
+    quota-limited worker gets less than its quota (0.15-0.22 of 0.25 seen at load 7-13), run by run, and
+    W / Λ then reads the host's load as the runtime's cost; scaled, it is the worker's CPU per record
+    (a quiet run's factor is ~1). Unchanged without worker CPU figures."""
+    win = r.get("cpu_window_s") or 0.0
+    rates = [v / win for k, v in (r.get("cpu_s") or {}).items() if k != "planner" and v] if win > 0 else []
+    if not rates or not r.get("throughput"):
+        return dict(r)
+    factor = cpu / max(rates)
+    return {**r, "throughput": r["throughput"] * factor, "quota_factor": factor}
 
 
 def cpu_rate_us(cpu_s: float, window_s: float) -> float:
@@ -585,9 +602,15 @@ def fit_alpha_keyed(base, sender_cost: float) -> float:
 
 
 def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: Mapping | None = None,
-        gamma_with_messages: bool = False, beta_from: str = "alt", alpha_split_from: str = "split") -> dict:
+        gamma_with_messages: bool = False, beta_from: str = "alt", alpha_split_from: str = "split",
+        scale_to_quota: bool = True) -> dict:
     """The cost file from calibration runs (`measure`'s shape); `unlimited_tau` {app: {op: µs}} stands in
     for the unlimited runs when they are not in `runs`.
+
+    With `scale_to_quota` (the default) W is the quota itself and every quota-limited run's throughput is
+    scaled to it (`at_quota`), so that the fits read CPU per record and not how much of its quota a worker
+    got on a shared host; without, W is the median CPU rate of the one-worker runs and throughputs are
+    taken as measured (the rule before).
 
     When message_us is fitted (the fast-flush ALT/FAN runs are in `runs`), γ is fixed to 0 and β is fitted
     on ALT alone: the per-destination cost is carried by the messages (γ and message_us price the same
@@ -608,12 +631,18 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
     rates = [cpu_rate_us(r["cpu_s"][0], r["cpu_window_s"]) for rs in one.values() for r in rs
              if r["cpu_window_s"] > 0]
     w = statistics.median(rates)
+    if scale_to_quota:
+        w = cpu * 1e6
+
+    def lam_of(rs: list[dict]) -> float:  # what the fits read: scaled to the quota (at_quota) or as measured
+        return statistics.fmean((at_quota(r, cpu) if scale_to_quota else r)["throughput"] for r in rs)
+
     tau_u = {app: {o: v["tau_us"] for o, v in rs[0]["operators"].items()} for app, rs in unlimited.items()}
     tau_u = {**(unlimited_tau or {}), **tau_u}
     tau_q = {app: {o: statistics.fmean(r["operators"][o]["tau_us"] for r in rs) for o in rs[0]["operators"]}
              for app, rs in one.items()}
     shapes = {app: structure(app) for app in apps}
-    lam1 = {app: _mean_tput(rs) for app, rs in one.items()}
+    lam1 = {app: lam_of(rs) for app, rs in one.items()}
     mult, chained = shapes["syn"]
     syn_tau = sum(m * tau_u["syn"][o] for o, m in mult.items())
     fixed, lam_short = 0.0, None
@@ -621,7 +650,7 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
         # The short chain's no-ops cost what the ten's do: τ̄ per request from the ten's unlimited run.
         m_s, c_s = structure(f"syn{SHORT_CHAIN}")
         tau_per_op = syn_tau / sum(mult.values())
-        lam_short = _mean_tput(runs["short"])
+        lam_short = lam_of(runs["short"])
         alpha, fixed = alpha_and_record_cost(w, (lam1["syn"], syn_tau, chained),
                                              (lam_short, tau_per_op * sum(m_s.values()), c_s))
     else:
@@ -641,7 +670,7 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
     base = Costs(alpha, alpha, 0.0, w, tau_file, RECEIVE_SHARE, message_us=message_us,
                  flush_delay_s=flush if flush is not None else 0.001, flush_peer_factor=peer_factor,
                  local_first=True)  # the runtime's routing (clasp.core.model.edge_flow)
-    lam_alt, lam_fan = _mean_tput(runs["alt"]), _mean_tput(runs["fan"])
+    lam_alt, lam_fan = lam_of(runs["alt"]), lam_of(runs["fan"])
     gamma_zero = message_fitted and not gamma_with_messages
     gamma_rule = ("fixed 0 (message_us fitted: the per-destination cost is carried by the messages)" if gamma_zero
                   else "fitted on FAN" + (" after message_us" if message_fitted else ""))
@@ -650,7 +679,7 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
         pipe_ratio = receiver_cpu_ratio(runs["pipe"])
     if beta_from == "pipe" and runs.get("pipe"):
         beta_rule = "PIPE: its throughput and its receiver's CPU over its sender's (fit_pipe); ALT a check"
-        beta, share = fit_pipe(base, _mean_tput(runs["pipe"]), pipe_ratio)
+        beta, share = fit_pipe(base, lam_of(runs["pipe"]), pipe_ratio)
         gamma = 0.0 if gamma_zero else fit_gamma(dataclasses.replace(base, beta=beta, receive_share=share), lam_fan)
     elif gamma_zero:
         beta_rule = f"ALT, receive share {RECEIVE_SHARE:g} assumed"
@@ -664,7 +693,7 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
     for name in (alpha_split_from, *(n for n in split_runs if n != alpha_split_from)):
         placement, rs = split_runs[name]
         if rs:
-            alpha_split = fit_alpha_split(costs, _mean_tput(rs), placement)
+            alpha_split = fit_alpha_split(costs, lam_of(rs), placement)
             split_rule = f"fitted on {name.upper()}"
             costs = dataclasses.replace(costs, alpha_split=alpha_split)
             break
@@ -684,8 +713,8 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
         if runs.get(name):
             check[name] = _sim_tput(costs, placement, 2)
 
-    def tput_list(rs):
-        return [round(r["throughput"], 1) for r in rs]
+    def tput_list(rs):  # what the fits read, beside "simulated"
+        return [round((at_quota(r, cpu) if scale_to_quota else r)["throughput"], 1) for r in rs]
 
     def cpu_per_record(rs):  # µs of worker CPU per completed record, per run
         return [round(sum(v for k, v in r["cpu_s"].items() if k != "planner") / r["cpu_window_s"]
@@ -696,7 +725,8 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
         "cpu_per_worker": cpu,
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
         "how": ("python -m clasp.bench.calibrate: LocalCluster workers under a cgroup quota of cpu_per_worker CPUs; "
-                "W = median CPU rate of a saturated one-worker run; alpha (and the per-record cost F, see "
+                "W = the quota, each run's throughput scaled to it (capacity_rule); alpha (and the per-record cost F, "
+                "see "
                 "record_cost_rule) from SYN on one worker; beta and its receive share fitted so the "
                 "simulator reproduces SYN in two chunks over 2 workers (or, see beta_rule, alternating over 2); "
                 "gamma on SYN even->w0, odd->w1/w2 (fixed 0 when message_us is fitted, see gamma_rule); "
@@ -707,6 +737,13 @@ def fit(runs: Mapping, cpu: float, seconds: float, repeat: int, unlimited_tau: M
         "alpha_split_rule": split_rule,
         "one_worker_throughput": {app: tput_list(rs) for app, rs in one.items()},
         "worker_cpu_rate_us": [round(r) for r in rates],
+        "capacity_rule": ("the quota; every quota-limited run's throughput scaled by the quota over its busiest "
+                          "worker's CPU rate (at_quota); the throughputs below are scaled so, the measured ones are "
+                          "those over quota_factors" if scale_to_quota
+                          else "median CPU rate of the one-worker runs; throughputs as measured"),
+        "quota_factors": {k: [round(at_quota(r, cpu).get("quota_factor", 1.0), 3)
+                              for r in (chain.from_iterable(v.values()) if isinstance(v, Mapping) else v)]
+                          for k, v in runs.items() if k != "unlimited" and v},
         "tau_us_under_quota": {a: {o: round(v, 3) for o, v in t.items()} for a, t in tau_q.items()},
         "tau_us_unlimited": {a: {o: round(v, 3) for o, v in t.items()} for a, t in tau_u.items()},
         "unlimited_throughput": {app: tput_list(rs) for app, rs in unlimited.items()},

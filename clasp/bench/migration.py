@@ -19,7 +19,7 @@ from clasp.local.cluster import LocalCluster
 from clasp.runtime.config import PlannerConfig
 
 TRANSITIONS = [(1, 5), (5, 1), (5, 10), (10, 5), (1, 10), (10, 1)]
-# Issue 22's targets per key count: planner duration (median over the transitions), worker pause and
+# Fig. 8's targets per key count (docs/results.md): planner duration (median over the transitions), worker pause and
 # key-group hold (the largest over the transitions), ms.
 FIG8_TARGETS = {40_000: {"planner_ms": 20, "max_worker_pause_ms": 10, "max_group_hold_ms": 50},
                 400_000: {"planner_ms": 50, "max_worker_pause_ms": 20, "max_group_hold_ms": 100}}

@@ -31,9 +31,15 @@ def estimate(op: OpRuntime, t_exec: float, timed: int, n: int, stall: float = 0.
 
 def timed_batch(op: OpRuntime, dt: float, n: int, stall: float) -> None:
     """`n` requests of `op` ran in `dt` seconds as one batch: each counts as the mean in τ̄ and in the
-    histogram (whose samples stand for TIMING_SAMPLE requests each), unless a throttled period inside
-    (`dt` past `stall` a request) makes the batch say nothing of τ̄, when the operator's mean stands."""
-    if dt < stall * n:
+    histogram (whose samples stand for TIMING_SAMPLE requests each), unless a throttled period inside makes
+    the batch say nothing of τ̄, when the operator's mean stands. A throttled period lands in a batch once,
+    whatever its length: the batch stalled when it took `stall` or more beyond what its requests take at the
+    mean so far; with no mean yet, only when it took `stall` a request (the rule before: first batches set it)."""
+    if op.exec_time:
+        stalled = dt - n * op.exec_time / op.processed >= stall
+    else:
+        stalled = dt >= stall * n
+    if not stalled:
         op.exec_time += dt
         op.dts.extend(repeat(dt / n, max(1, n // TIMING_SAMPLE)))
     else:

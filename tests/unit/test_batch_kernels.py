@@ -70,3 +70,27 @@ def test_epochs_of_runs_counts_what_a_loop_over_the_requests_counts(runs):
         assert u > 0
     assert got_used == used and got_made == made
     assert all(a[0] != b[0] for a, b in zip(out, out[1:], strict=False))  # one entry per stretch of one epoch
+
+
+def test_a_throttled_period_inside_a_batch_leaves_the_operators_mean():
+    """Under a CPU quota a throttled stretch (here 75 ms, stall threshold 37.5 ms) lands inside a batch once,
+    however many requests the batch has: the batch is not a measure of τ̄. Before, a batch of n requests was
+    taken unless it passed n stall thresholds, so a pass of 300 absorbed the whole stretch into τ̄."""
+    from types import SimpleNamespace
+
+    from clasp.runtime.batches import timed_batch
+
+    op = SimpleNamespace(exec_time=0.0, processed=0, dts=[], fold_histogram=lambda: None)
+    stall = 0.0375
+    timed_batch(op, 300e-6, 300, stall)  # 1 µs a request: counted
+    assert op.exec_time == 300e-6 and op.processed == 300
+    timed_batch(op, 300e-6 + 0.075, 300, stall)  # the same work and a throttled stretch: the mean stands
+    assert op.processed == 600 and abs(op.exec_time / op.processed - 1e-6) < 1e-12
+    timed_batch(op, 900e-6, 300, stall)  # slower, but by less than a stall: counted
+    assert abs(op.exec_time - 1.5e-3) < 1e-12 and op.processed == 900
+    unlimited = SimpleNamespace(exec_time=0.0, processed=0, dts=[], fold_histogram=lambda: None)
+    timed_batch(unlimited, 0.2, 10, float("inf"))  # without a quota nothing is a stall
+    assert unlimited.exec_time == 0.2
+    never = SimpleNamespace(exec_time=0.0, processed=0, dts=[], fold_histogram=lambda: None)
+    timed_batch(never, 1e-3, 10, 0.0)  # a zero threshold keeps every timing out (tests replay budgets so)
+    assert never.exec_time == 0.0 and never.processed == 10

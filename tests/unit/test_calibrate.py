@@ -245,17 +245,19 @@ def test_fit_fixes_gamma_to_zero_when_message_us_is_fitted(monkeypatch):
     runs = {"one": {"syn": [one]}, "alt": alt, "fan": fan, "alt_fast": alt_fast, "fan_fast": fan_fast}
     tau = {"syn": {o: 0.1 for o in cal.SYN_OPS}}
 
-    doc = cal.fit(runs, 0.25, 6.0, 1, unlimited_tau=tau)
+    # The synthetic workers are below their quota by construction: throughputs as given.
+    doc = cal.fit(runs, 0.25, 6.0, 1, unlimited_tau=tau, scale_to_quota=False)
     assert doc["message_us"] == pytest.approx(50.0, rel=1e-3)
     assert doc["gamma"] == 0.0 and doc["measured"]["gamma_rule"].startswith("fixed 0")
     # β from ALT alone: 250,000 / (10 + 5β + 2·50·0.05) = 12,000 → β = (250,000/12,000 − 15) / 5.
     assert doc["beta"] == pytest.approx((250_000 / 12_000 - 15.0) / 5.0, abs=1e-3)
 
-    old = cal.fit(runs, 0.25, 6.0, 1, unlimited_tau=tau, gamma_with_messages=True)
+    old = cal.fit(runs, 0.25, 6.0, 1, unlimited_tau=tau, gamma_with_messages=True, scale_to_quota=False)
     assert old["gamma"] > 0 and old["measured"]["gamma_rule"] == "fitted on FAN after message_us"
     assert fake_sim(_costs(old), cal.FAN, 3) == pytest.approx(9_000.0, rel=1e-3)
 
-    no_msg = cal.fit({k: v for k, v in runs.items() if not k.endswith("_fast")}, 0.25, 6.0, 1, unlimited_tau=tau)
+    no_msg = cal.fit({k: v for k, v in runs.items() if not k.endswith("_fast")}, 0.25, 6.0, 1, unlimited_tau=tau,
+                     scale_to_quota=False)
     assert "message_us" not in no_msg and no_msg["gamma"] > 0
     assert no_msg["measured"]["gamma_rule"] == "fitted on FAN"
 
@@ -313,3 +315,32 @@ def test_keyed_and_table_route_fits_recover_what_the_simulator_was_given():
             {"cpu_s": {"0": 1.8, "1": 1.8}, "cpu_window_s": 8.0, "throughput": 22_500.0}]
     assert cal.keyed_worker_cost(runs, 0) == pytest.approx(10.0)
     assert cal.keyed_worker_cost(runs, 1) == pytest.approx(9.0)
+
+
+def test_runs_scaled_to_the_quota_read_cpu_per_record_whatever_the_host_gave():
+    """A worker that got 0.15 CPU of its 0.25 quota on a busy host ran 0.6 of its quiet throughput at the same
+    CPU per record: scaled by the quota over its busiest worker's CPU rate, both runs read the same, and the
+    one-chain α from either load is the same."""
+    from clasp.bench import calibrate as cal
+
+    def run(cpu_rates, tput, win=8.0):
+        return {"throughput": tput, "cpu_window_s": win,
+                "cpu_s": {**{i: c * win for i, c in enumerate(cpu_rates)}, "planner": 0.3}}
+
+    quiet, busy = run([0.25], 50_000.0), run([0.15], 30_000.0)
+    assert cal.at_quota(quiet, 0.25)["throughput"] == pytest.approx(50_000.0)
+    assert cal.at_quota(busy, 0.25)["throughput"] == pytest.approx(50_000.0)
+    assert cal.at_quota(busy, 0.25)["quota_factor"] == pytest.approx(0.25 / 0.15)
+    # Two workers: the busiest one is the bottleneck's measure; the unchanged input is not modified.
+    two = run([0.2, 0.1], 20_000.0)
+    assert cal.at_quota(two, 0.25)["throughput"] == pytest.approx(25_000.0) and two["throughput"] == 20_000.0
+    assert cal.at_quota({"throughput": 5.0, "cpu_window_s": 0.0, "cpu_s": {}}, 0.25)["throughput"] == 5.0
+
+    tau = {"syn": {o: 0.1 for o in cal.SYN_OPS}}
+    alphas = []
+    for r in (quiet, busy):
+        r = {**r, "operators": {o: {"tau_us": 0.1} for o in cal.SYN_OPS}}
+        doc = cal.fit({"one": {"syn": [r]}, "alt": [r], "fan": [r]}, 0.25, 8.0, 1, unlimited_tau=tau)
+        assert doc["capacity"] == 250_000.0
+        alphas.append(doc["alpha"])
+    assert alphas[0] == pytest.approx(alphas[1], rel=1e-6)
