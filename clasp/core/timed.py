@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
+from itertools import chain
 from typing import Any
 
 from clasp.core.eventtime import NEG_INF, POS_INF, PartitionClock, combine
@@ -52,9 +53,14 @@ class EventTime:
         return [value]  # the source operator is a pass-through: one output, whatever the value
 
     def top(self, values: list) -> float:
-        """The largest event time of a batch, in one pass (NEG_INF: none, or every timestamp failed)."""
-        top = NEG_INF
+        """The largest event time of a batch, in one pass (NEG_INF: none, or every timestamp failed; a NaN
+        never counts)."""
         f = self.timestamp
+        try:  # in C while every timestamp can be had; -inf first, so a NaN, never larger, is never the top
+            return max(chain((NEG_INF,), map(float, map(f, values))))
+        except Exception:
+            pass
+        top = NEG_INF
         for v in values:
             try:
                 t = float(f(v))
@@ -63,18 +69,6 @@ class EventTime:
             if t > top:
                 top = t
         return top
-
-    def times(self, values: list) -> list[float]:
-        """The event times of a batch; a value whose timestamp fails does not move the clock (the operators
-        reading it report the failure)."""
-        out = []
-        f = self.timestamp
-        for v in values:
-            try:
-                out.append(float(f(v)))
-            except Exception:
-                out.append(NEG_INF)
-        return out
 
 
 class ReleasedWatermark:
