@@ -275,37 +275,25 @@ def run_bytewax_processes(events: list[dict], query: str, processes: int, slack_
     Bytewax's clock is per key and its readers are not aligned in event time (a worker, or a file, may run
     ahead of another), so it waits `slack_ms` beyond the generator's bound: enough that no event is late and the
     answer is exact, which the run checks."""
-    import zmq
-
     from clasp.bench.peers import nexmark_bytewax as bw
-    from clasp.bench.peers.__main__ import _await_ready, _start_bytewax
+    from clasp.bench.peers.__main__ import run_gated
 
-    directory = Path(tempfile.mkdtemp(prefix="nexmark-bytewax-"))
-    write_events(events, directory, files_per_process * processes)
-    ctx = zmq.Context.instance()
-    gates = [ctx.socket(zmq.PAIR) for _ in range(processes)]
-    answers = ctx.socket(zmq.PULL)
-    try:
-        ends = [f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in gates]
-        answer = f"tcp://127.0.0.1:{answers.bind_to_random_port('tcp://127.0.0.1')}"
-        env = {"NEXMARK_DIR": str(directory), "NEXMARK_QUERY": query,
-               "NEXMARK_BOUND_MS": str(max_out_of_order() + slack_ms), "PEERS_ANSWER": answer}
-        procs = _start_bytewax("clasp.bench.peers.nexmark_bytewax_run:flow", processes,
-                               lambda i: {**env, "PEERS_GATE": ends[i]})
-        _await_ready(gates, procs)
-        cpu0 = sum(cpu_seconds(p.pid) for p in procs)
-        t0 = time.perf_counter()
-        for s in gates:
-            s.send(b"go")
+    def answer(answers, procs, t0: float, cpu0: float) -> tuple[list, float, float]:
         parts = [msgpack.unpackb(answers.recv(), raw=False) for _ in procs]
         dt = time.perf_counter() - t0
-        cpu = sum(cpu_seconds(p.pid) for p in procs) - cpu0  # before they exit: their shutdown left out
+        cpu = sum(cpu_seconds(p.pid) for p in procs) + time.process_time() - cpu0  # before they exit
         for p in procs:
             if p.wait(600) != 0:
                 raise RuntimeError(f"bytewax exited {p.returncode}")
+        return parts, dt, cpu
+
+    directory = Path(tempfile.mkdtemp(prefix="nexmark-bytewax-"))
+    try:
+        write_events(events, directory, files_per_process * processes)
+        env = {"NEXMARK_DIR": str(directory), "NEXMARK_QUERY": query,
+               "NEXMARK_BOUND_MS": str(max_out_of_order() + slack_ms)}
+        parts, dt, cpu = run_gated("clasp.bench.peers.nexmark_bytewax_run:flow", processes, env, answer)
     finally:
-        for s in (*gates, answers):
-            s.close(linger=0)
         shutil.rmtree(directory, ignore_errors=True)
     out = [row for _, rows in sorted(parts) for row in rows]
     return {"query": query, "system": "bytewax-processes", "workers": processes, "events": len(events),
