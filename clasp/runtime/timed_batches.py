@@ -9,6 +9,8 @@ a time, with the progress, the outputs and the failures each request would have 
 - `map_keyed`: a pass of a stateless operator whose one successor is keyed by a function (a Nexmark query's
   map before its window or join): its function over the values in C, the key function over the outputs in a
   tight loop, the rows for the successor built in C when every key group is here.
+- `map_local`: a pass of a stateless operator whose one successor is a stateless operator here (a query's map
+  before a join's side marker): its function over the values in C, the successor's rows queued in C.
 - `collect_pass`: a pass of a stateless operator whose outputs are collected and go nowhere else (a query's
   answer): its function over the values in C, the outputs and their records' ids extended in C.
 """
@@ -19,7 +21,7 @@ from itertools import chain, compress, repeat
 from operator import itemgetter
 from time import perf_counter
 
-from clasp.core.tracking import epochs_of_runs
+from clasp.core.tracking import epochs_of_rows
 from clasp.runtime.batches import group_bytes, map_outputs, timed_batch
 from clasp.runtime.operators import OperatorError, OpRuntime
 from clasp.runtime.outbox import KEYED_HERE
@@ -29,7 +31,7 @@ def apply_timed(ex, op: OpRuntime, rows: list) -> None:
     """Rows `(op, value, key, rid)` of keyed time operator `op` on its live state (no checkpoint barrier up)."""
     n = len(rows)
     me = op.index
-    for e, used, _ in epochs_of_runs(list(map(itemgetter(3), rows)), repeat(1), repeat(0)):
+    for e, used, _ in epochs_of_rows(list(map(itemgetter(3), rows))):
         ex._ran(e, me, used, me, 0)
     by_key: dict = {}
     for i, r in enumerate(rows):
@@ -73,9 +75,7 @@ def map_keyed(ex, op: OpRuntime, rows: list) -> int:
     successor's key group here (KEYED_HERE): its rows built in C behind its queue; otherwise each output to its
     group's owner as `send` would."""
     n = len(rows)
-    results, dt = map_outputs(op, list(map(itemgetter(1), rows)), ex.fail)
-    rids = list(map(itemgetter(3), rows))
-    counts = list(map(len, results))
+    results, dt, rids, counts = _map_pass(ex, op, rows)
     kind, succ, append, owners, _, target = op.routes[0]
     key_fn = target.key_fn
     values = list(chain.from_iterable(results))
@@ -104,7 +104,7 @@ def map_keyed(ex, op: OpRuntime, rows: list) -> int:
             pos += c
         gs = bytes(kept_groups)
     me = op.index
-    for e, used, k in epochs_of_runs(rids, repeat(1), made):
+    for e, used, k in epochs_of_rows(rids, made):
         ex._ran(e, me, used, succ, k)
     timed_batch(op, dt, n, ex.stall)
     if made is not counts:  # the outputs whose key failed go nowhere
@@ -137,18 +137,50 @@ def map_keyed(ex, op: OpRuntime, rows: list) -> int:
     return n
 
 
+def map_local(ex, op: OpRuntime, rows: list) -> int:
+    """A pass of stateless `op` whose one route is a stateless operator here (a join's side marker after a
+    Nexmark query's map): its function over the values in C, the successor's rows made and queued in C
+    unless a checkpoint barrier filters them."""
+    n = len(rows)
+    results, dt, rids, counts = _map_pass(ex, op, rows)
+    _, succ, append, _, _, _ = op.routes[0]
+    me = op.index
+    for e, used, k in epochs_of_rows(rids, counts):
+        ex._ran(e, me, used, succ, k)
+    timed_batch(op, dt, n, ex.stall)
+    values = list(chain.from_iterable(results))
+    if values:
+        made = zip(repeat(succ), values, repeat(None), chain.from_iterable(map(repeat, rids, counts)))
+        queue = ex.ops[succ].queue
+        if append == queue.append:
+            queue.extend(made)
+        else:  # the barrier's filter: rows above it are held
+            for row in made:
+                append(row)
+        ex.outbox.local_requests += len(values)
+        op.edge_counts[0] += len(values)
+    return n
+
+
 def collect_pass(ex, op: OpRuntime, rows: list) -> int:
     """A pass of stateless `op` with no route whose outputs are collected (not a sink's writer)."""
     n = len(rows)
     results, dt = map_outputs(op, list(map(itemgetter(1), rows)), ex.fail)
     rids = list(map(itemgetter(3), rows))
     me = op.index
-    for e, used, _ in epochs_of_runs(rids, repeat(1), repeat(0)):
+    for e, used, _ in epochs_of_rows(rids):
         ex._ran(e, me, used, me, 0)
     timed_batch(op, dt, n, ex.stall)
     op.collected.extend(chain.from_iterable(results))
     op.collected_rids.extend(chain.from_iterable(map(repeat, rids, map(len, results))))
     return n
+
+
+def _map_pass(ex, op: OpRuntime, rows: list) -> tuple[list, float, list, list]:
+    """`op`'s function over a pass's values in C: (each one's outputs, the seconds, the rows' ids, how many
+    outputs each made)."""
+    results, dt = map_outputs(op, list(map(itemgetter(1), rows)), ex.fail)
+    return results, dt, list(map(itemgetter(3), rows)), list(map(len, results))
 
 
 _NO_KEY = object()  # an output whose key function raised: it goes nowhere
