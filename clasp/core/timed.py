@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
-from itertools import chain
+from itertools import chain, repeat
+from operator import itemgetter
 from typing import Any
 
 from clasp.core.eventtime import NEG_INF, POS_INF, PartitionClock, combine
@@ -234,8 +235,12 @@ class TimedFold:
     def items(self, values: list) -> tuple[list, list]:
         """(`(ts, value, input)` of each of one key's `values` whose time can be read, the `(i, exception)` of
         those whose timestamp function raised)."""
-        items, failed = [], []
         f = self.timestamp
+        try:  # in C while every time can be had
+            return list(zip(map(float, map(f, values)), values, repeat(0))), []
+        except Exception:
+            pass
+        items, failed = [], []
         for i, v in enumerate(values):
             try:
                 items.append((float(f(v)), v, 0))
@@ -334,8 +339,13 @@ class TimedJoin(TimedFold):
         super().__init__(op, SideKey(keys), SideKey(timestamps))
 
     def items(self, values: list) -> tuple[list, list]:
-        items, failed = [], []
         f = self.timestamp
+        try:  # in C while every time can be had (the side's function still called once a value)
+            times = map(float, map(f, values))
+            return list(zip(times, map(itemgetter(1), values), map(itemgetter(0), values), strict=True)), []
+        except Exception:
+            pass
+        items, failed = [], []
         for i, tagged in enumerate(values):
             try:
                 items.append((float(f(tagged)), tagged[1], tagged[0]))

@@ -40,7 +40,7 @@ def apply_timed(ex, op: OpRuntime, rows: list) -> None:
             by_key[r[2]] = [i]
         else:
             at.append(i)
-    fold, groups, rested, group_of = op.fn, op.groups, op.rested, op.group_of
+    fold, groups, rested, group_of = op.fn, op.groups, op.rested, op.key_cache.__getitem__
     routes, collect = op.routes, op.add_collected if op.collect else None
     sent: list = []
     t0 = perf_counter()
