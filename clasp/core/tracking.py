@@ -23,8 +23,6 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping
-from itertools import repeat
-from operator import rshift
 
 import numpy as np
 
@@ -88,23 +86,6 @@ def epochs_of_runs(rids: Iterable[int], counts: Iterable[int], made: Iterable[in
         kids += m
     if used:
         out.append((cur, used, kids))
-    return out
-
-
-def epochs_of_rows(rids: list[int], made: list[int] | None = None) -> list[tuple[int, int, int]]:
-    """`epochs_of_runs` of rows that are one request each (`made[r]` children of row r; None: none): a pass's
-    ids, in epoch order as a queue mostly holds them, cut at each epoch's end by bisection in C, not visited one
-    by one; in any other order, as `epochs_of_runs` has it."""
-    epochs = list(map(rshift, rids, repeat(EPOCH_BITS)))
-    if epochs != sorted(epochs):
-        return epochs_of_runs(rids, repeat(1), repeat(0) if made is None else made)
-    out: list[tuple[int, int, int]] = []
-    i, n = 0, len(epochs)
-    while i < n:
-        e = epochs[i]
-        j = bisect_right(epochs, e, i)
-        out.append((e, j - i, 0 if made is None else sum(made[i:j])))
-        i = j
     return out
 
 

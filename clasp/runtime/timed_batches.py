@@ -21,7 +21,7 @@ from itertools import chain, compress, repeat
 from operator import itemgetter
 from time import perf_counter
 
-from clasp.core.tracking import epochs_of_rows
+from clasp.core.tracking import epochs_of_runs
 from clasp.runtime.batches import group_bytes, map_outputs, timed_batch
 from clasp.runtime.operators import OperatorError, OpRuntime
 from clasp.runtime.outbox import KEYED_HERE
@@ -31,7 +31,7 @@ def apply_timed(ex, op: OpRuntime, rows: list) -> None:
     """Rows `(op, value, key, rid)` of keyed time operator `op` on its live state (no checkpoint barrier up)."""
     n = len(rows)
     me = op.index
-    for e, used, _ in epochs_of_rows(list(map(itemgetter(3), rows))):
+    for e, used, _ in epochs_of_runs(list(map(itemgetter(3), rows)), repeat(1), repeat(0)):
         ex._ran(e, me, used, me, 0)
     by_key: dict = {}
     for i, r in enumerate(rows):
@@ -104,7 +104,7 @@ def map_keyed(ex, op: OpRuntime, rows: list) -> int:
             pos += c
         gs = bytes(kept_groups)
     me = op.index
-    for e, used, k in epochs_of_rows(rids, made):
+    for e, used, k in epochs_of_runs(rids, repeat(1), made):
         ex._ran(e, me, used, succ, k)
     timed_batch(op, dt, n, ex.stall)
     if made is not counts:  # the outputs whose key failed go nowhere
@@ -145,7 +145,7 @@ def map_local(ex, op: OpRuntime, rows: list) -> int:
     results, dt, rids, counts = _map_pass(ex, op, rows)
     _, succ, append, _, _, _ = op.routes[0]
     me = op.index
-    for e, used, k in epochs_of_rows(rids, counts):
+    for e, used, k in epochs_of_runs(rids, repeat(1), counts):
         ex._ran(e, me, used, succ, k)
     timed_batch(op, dt, n, ex.stall)
     values = list(chain.from_iterable(results))
@@ -168,7 +168,7 @@ def collect_pass(ex, op: OpRuntime, rows: list) -> int:
     results, dt = map_outputs(op, list(map(itemgetter(1), rows)), ex.fail)
     rids = list(map(itemgetter(3), rows))
     me = op.index
-    for e, used, _ in epochs_of_rows(rids):
+    for e, used, _ in epochs_of_runs(rids, repeat(1), repeat(0)):
         ex._ran(e, me, used, me, 0)
     timed_batch(op, dt, n, ex.stall)
     op.collected.extend(chain.from_iterable(results))

@@ -71,17 +71,3 @@ def test_epochs_of_runs_counts_what_a_loop_over_the_requests_counts(runs):
     assert got_used == used and got_made == made
     assert all(a[0] != b[0] for a, b in zip(out, out[1:], strict=False))  # one entry per stretch of one epoch
 
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 1 << 12), st.integers(0, 3)), max_size=60), st.booleans(), st.booleans())
-def test_epochs_of_rows_cut_by_bisection_count_what_the_loop_counts(rows, in_order, no_children):
-    """A pass's rows, in epoch order (bisected) or not (the loop), give the stretches the loop gives."""
-    from itertools import repeat
-
-    from clasp.core.tracking import epochs_of_rows, epochs_of_runs
-
-    if in_order:
-        rows = sorted(rows)
-    rids, made = [r for r, _ in rows], [m for _, m in rows]
-    want = epochs_of_runs(rids, repeat(1), repeat(0) if no_children else made)
-    assert epochs_of_rows(rids, None if no_children else made) == want
