@@ -2,7 +2,8 @@
 every answer checked exactly against the reference (`clasp.apps.nexmark.reference`).
 
 `python -m clasp.bench.nexmark_cluster [--events N] [--workers 1,2] [--queries q0,q5,...] [--rounds R]
-[--bytewax-feed json|memory] [--json FILE]`. clasp: a local planner and N worker processes with the defaults
+[--bytewax-feed json|memory] [--bytewax-processes 1,2] [--bytewax-slack-ms MS] [--json FILE]`. clasp: a local
+planner and N worker processes with the defaults
 (checkpoints every 1 s, CURVE); the events in 4 JSON-lines files (`FileSource`) read by the workers,
 timed by their `dateTime` (ms) with the generator's bound on disorder; each query as the stages of
 `clasp/apps/nexmark/queries.py` in a DAG: maps as operators, keyed stages as `dag.window`, `dag.join` (Q3's
@@ -11,8 +12,13 @@ distinct people), key groups spread over the workers; Q5 and Q7 as two stages of
 `result_time`). Timed: submit to `wait_idle` (the end of the input fires every window and timer), the cluster
 already started. Bytewax: `clasp/bench/peers/nexmark_bytewax.py`'s dataflow in one process (`run_main`, one
 worker), the run timed; with `--bytewax-feed json` (the default) it is given the events' JSON lines and decodes
-each, as clasp's readers do, `memory` the decoded dicts. Each round runs every system once per query, the order
-alternating between rounds; the figures are medians over the rounds.
+each, as clasp's readers do, `memory` the decoded dicts. Bytewax also runs as 1 and 2 processes of one worker each
+(`--bytewax-processes`, default the `--workers` counts; `run_bytewax_processes`), as the Word Count bench runs
+it (`python -m bytewax.run -i/-a`), reading the events from JSON-lines files with its `DirSource` and decoding
+them, timed from the go its processes wait for to the last worker's rows: clasp's N workers are compared with N
+Bytewax processes. Its processes' readers are not aligned in event time, so their clock waits
+`--bytewax-slack-ms` (5 s) beyond the generator's bound, enough for an exact answer. Each round runs every
+system once per query, the order alternating between rounds; the figures are medians over the rounds.
 
 Start-up is not the same on both sides: clasp's time includes deploying the job to the workers, the network
 hops between processes and a watermark release per stage, Bytewax's building its dataflow in process. So each
@@ -20,7 +26,8 @@ round also runs every query on `--fixed-events` events (default 2,000) and the t
 run's events/s, the marginal rate `(N - n) / (T_N - T_n)`: what the extra events cost, fixed costs out; and the
 CPU per event (clasp: its planner's and workers' CPU seconds over the timed span, from /proc; Bytewax: its
 process's), which a shared host disturbs less than wall time. The last lines are each query's ratios, clasp's
-rate over Bytewax's and Bytewax's CPU per event over clasp's (above 1: clasp ahead).
+rate over Bytewax's and Bytewax's CPU per event over clasp's (above 1: clasp ahead), beside the one Bytewax process
+in memory and beside as many Bytewax processes as clasp has workers.
 """
 
 from __future__ import annotations
@@ -29,10 +36,13 @@ import argparse
 import importlib.util
 import json
 import math
+import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
+
+import msgpack
 
 import clasp
 from clasp.apps import nexmark as nx
@@ -257,6 +267,40 @@ def run_bytewax(events: list[dict], query: str, feed: str = "json") -> dict:
             "exact": sorted(bw.answer(query, out)) == reference(query, events)}
 
 
+def run_bytewax_processes(events: list[dict], query: str, processes: int, slack_ms: int,
+                          files_per_process: int = 8) -> dict:
+    """The query as `processes` Bytewax processes of one worker each (`clasp/bench/peers/nexmark_bytewax_run.py`)
+    reading the events from `files_per_process` JSON-lines files a process (enough that Bytewax's hashing of
+    files to workers spreads them evenly), timed from the go they wait for to the last worker's rows.
+    Bytewax's clock is per key and its readers are not aligned in event time (a worker, or a file, may run
+    ahead of another), so it waits `slack_ms` beyond the generator's bound: enough that no event is late and the
+    answer is exact, which the run checks."""
+    from clasp.bench.peers import nexmark_bytewax as bw
+    from clasp.bench.peers.__main__ import run_gated
+
+    def answer(answers, procs, t0: float, cpu0: float) -> tuple[list, float, float]:
+        parts = [msgpack.unpackb(answers.recv(), raw=False) for _ in procs]
+        dt = time.perf_counter() - t0
+        cpu = sum(cpu_seconds(p.pid) for p in procs) + time.process_time() - cpu0  # before they exit
+        for p in procs:
+            if p.wait(600) != 0:
+                raise RuntimeError(f"bytewax exited {p.returncode}")
+        return parts, dt, cpu
+
+    directory = Path(tempfile.mkdtemp(prefix="nexmark-bytewax-"))
+    try:
+        write_events(events, directory, files_per_process * processes)
+        env = {"NEXMARK_DIR": str(directory), "NEXMARK_QUERY": query,
+               "NEXMARK_BOUND_MS": str(max_out_of_order() + slack_ms)}
+        parts, dt, cpu = run_gated("clasp.bench.peers.nexmark_bytewax_run:flow", processes, env, answer)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    out = [row for _, rows in sorted(parts) for row in rows]
+    return {"query": query, "system": "bytewax-processes", "workers": processes, "events": len(events),
+            "seconds": round(dt, 3), "events_per_s": round(len(events) / dt), "cpu_s": round(cpu, 2),
+            "exact": sorted(bw.answer(query, out)) == reference(query, events)}
+
+
 def _table(results: list[dict], fixed: list[dict]) -> list[dict]:
     """Per query and system (clasp per worker count): the median whole-run seconds over the rounds, the median
     fixed-size run's, their rates and the ratios to Bytewax's."""
@@ -278,13 +322,16 @@ def _table(results: list[dict], fixed: list[dict]) -> list[dict]:
             rates[system, w] = {"query": q, "system": system, "workers": w, "seconds": round(t, 3),
                                 "events_per_s": round(n / t), "fixed_seconds": t0, "marginal_events_per_s": marginal,
                                 "cpu_us_per_event": round(cpu / n * 1e6, 2)}
-        bw = rates.get(("bytewax", 1))
-        for (system, _), r in rates.items():
-            if system == "clasp" and bw is not None:
-                r["over_bytewax"] = round(r["events_per_s"] / bw["events_per_s"], 2)
-                r["cpu_over_bytewax"] = round(bw["cpu_us_per_event"] / r["cpu_us_per_event"], 2)
-                if r["marginal_events_per_s"] and bw["marginal_events_per_s"]:
-                    r["marginal_over_bytewax"] = round(r["marginal_events_per_s"] / bw["marginal_events_per_s"], 2)
+        for (system, w), r in rates.items():
+            # clasp beside Bytewax in one process (in memory) and beside as many Bytewax processes as workers
+            for peer, suffix in ((rates.get(("bytewax", 1)), ""), (rates.get(("bytewax-processes", w)), "_processes")):
+                if system != "clasp" or peer is None:
+                    continue
+                r["over_bytewax" + suffix] = round(r["events_per_s"] / peer["events_per_s"], 2)
+                r["cpu_over_bytewax" + suffix] = round(peer["cpu_us_per_event"] / r["cpu_us_per_event"], 2)
+                if r["marginal_events_per_s"] and peer["marginal_events_per_s"]:
+                    r["marginal_over_bytewax" + suffix] = round(
+                        r["marginal_events_per_s"] / peer["marginal_events_per_s"], 2)
             rows_.append(r)
     return rows_
 
@@ -299,31 +346,46 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--bytewax-feed", choices=("json", "memory"), default="json",
                    help="Bytewax given the events' JSON lines to decode (as clasp's readers do) or the dicts")
+    p.add_argument("--bytewax-processes", default=None,
+                   help="Bytewax also as this many processes reading the events from files (comma-separated; "
+                        "default: the --workers counts; empty: none)")
+    p.add_argument("--bytewax-slack-ms", type=int, default=5000,
+                   help="what Bytewax's processes wait beyond the generator's bound (their readers are not aligned "
+                        "in event time)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json")
     a = p.parse_args(argv)
     events = nx.generate(a.events, a.seed)
     small = events[:a.fixed_events]
     has_bytewax = importlib.util.find_spec("bytewax") is not None
+    procs = a.workers if a.bytewax_processes is None else a.bytewax_processes
     results: list[dict] = []
     fixed: list[dict] = []
     for rnd in range(a.rounds):
         for q in a.queries.split(","):
             runs = [("clasp", int(w)) for w in a.workers.split(",")] + ([("bytewax", 1)] if has_bytewax else [])
+            runs += [("bytewax-processes", int(n)) for n in procs.split(",") if n and has_bytewax]
             if rnd % 2:
                 runs.reverse()
             for system, w in runs:
                 for evs, into in ((small, fixed), (events, results)) if small else ((events, results),):
-                    r = run_clasp(evs, q, w) if system == "clasp" else run_bytewax(evs, q, a.bytewax_feed)
+                    if system == "clasp":
+                        r = run_clasp(evs, q, w)
+                    elif system == "bytewax":
+                        r = run_bytewax(evs, q, a.bytewax_feed)
+                    else:
+                        r = run_bytewax_processes(evs, q, w, a.bytewax_slack_ms)
                     r["round"] = rnd
                     into.append(r)
                     print(json.dumps(r), flush=True)
     table = _table(results, fixed)
     for r in table:
-        if r["system"] == "clasp" and "over_bytewax" in r:
-            print(f"{r['query']} on {r['workers']} worker(s): clasp / Bytewax events/s = {r['over_bytewax']:.2f} "
-                  f"(whole run), {r.get('marginal_over_bytewax', float('nan')):.2f} (marginal); Bytewax's CPU per "
-                  f"event / clasp's = {r['cpu_over_bytewax']:.2f}", flush=True)
+        for suffix, peer in (("", "Bytewax"), ("_processes", f"{r['workers']} Bytewax process(es)")):
+            if r["system"] == "clasp" and "over_bytewax" + suffix in r:
+                print(f"{r['query']} on {r['workers']} worker(s): clasp / {peer} events/s = "
+                      f"{r['over_bytewax' + suffix]:.2f} (whole run), "
+                      f"{r.get('marginal_over_bytewax' + suffix, float('nan')):.2f} (marginal); {peer}'s CPU per "
+                      f"event / clasp's = {r['cpu_over_bytewax' + suffix]:.2f}", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps({"runs": results, "fixed": fixed, "table": table}, indent=1))
     return 0 if all(r["exact"] for r in results + fixed) else 1

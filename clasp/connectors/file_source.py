@@ -44,6 +44,26 @@ def _parse_name(name: str) -> tuple[str, int | None, int | None]:
     return name, None, None
 
 
+def _scan_block(text: str, values: list) -> bool:
+    """The JSON lines of `text` (whole lines, the last one's newline optional) into `values`, if each is a value
+    and nothing else: the C scanner called once a line over the block decoded once, no line cut or decoded
+    alone. False (and `values` as it was) at the first line that is anything else (blank, padded, CRLF,
+    invalid): the block then goes line by line, which says what is wrong where."""
+    out: list = []
+    append, scan, pos, n = out.append, _SCAN, 0, len(text)
+    try:
+        while pos < n:
+            value, end = scan(text, pos)
+            if end < n and text[end] != "\n":
+                return False
+            append(value)
+            pos = end + 1
+    except (StopIteration, ValueError):
+        return False
+    values.extend(out)
+    return True
+
+
 class FileSource(Source):
     """Lines of the files matching `path_or_glob` (a path, a glob, or a list of them): `format="lines"` gives
     each line as a str (without its newline), `"jsonl"` each line parsed as JSON (blank lines skipped),
@@ -217,7 +237,7 @@ class FileReader(SourcePartition):
             if "\r" in text:
                 out = [v.rstrip("\r") for v in out]
             values.extend(out)
-        else:
+        elif self.format != "jsonl" or not _scan_block(buf[:used].decode(self.encoding, errors="replace"), values):
             self._parse(lines, pos, values)
         self._pos = pos + used
         self._buf = self._buf[used:]

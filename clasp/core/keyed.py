@@ -71,6 +71,23 @@ class TimerOperator:
             return Step(state, list(out or ()), [])  # unchanged: the driver has nothing to re-index
         return Step(self._pack(user, ctx.timers), list(out or ()), [])
 
+    def on_records(self, state: list | None, key: Any, items: list, watermark: float, now: float = 0) -> Step:
+        """`on_record` over one key's records `items` (`(ts, value, input)`, in arrival order), as the calls one
+        after the other would give, with one context for the key: its state packed once, its timers copied only
+        when `fn` sets or cancels one. `out` holds `(i, output)` pairs, `i` the position in `items` of the record
+        that made it."""
+        before, timers = state if state else (None, [])
+        ctx = TimerContext(key, None, watermark, now, timers)
+        fn, user, out = self.fn, before, []
+        for i, (ts, value, _) in enumerate(items):
+            ctx.ts = ts
+            user, made = fn(user, value, ctx)
+            if made:
+                out.extend((i, o) for o in made)
+        if state and user is before and ctx.timers is timers:
+            return Step(state, out, [])
+        return Step(self._pack(user, ctx.timers), out, [])
+
     def on_time(self, state: list | None, key: Any, watermark: float, now: float = 0) -> Step:
         user, timers = state if state else (None, [])
         out: list = []

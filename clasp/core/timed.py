@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
+from itertools import chain, repeat
+from operator import itemgetter
 from typing import Any
 
 from clasp.core.eventtime import NEG_INF, POS_INF, PartitionClock, combine
@@ -52,9 +54,14 @@ class EventTime:
         return [value]  # the source operator is a pass-through: one output, whatever the value
 
     def top(self, values: list) -> float:
-        """The largest event time of a batch, in one pass (NEG_INF: none, or every timestamp failed)."""
-        top = NEG_INF
+        """The largest event time of a batch, in one pass (NEG_INF: none, or every timestamp failed; a NaN
+        never counts)."""
         f = self.timestamp
+        try:  # in C while every timestamp can be had; -inf first, so a NaN, never larger, is never the top
+            return max(chain((NEG_INF,), map(float, map(f, values))))
+        except Exception:
+            pass
+        top = NEG_INF
         for v in values:
             try:
                 t = float(f(v))
@@ -63,18 +70,6 @@ class EventTime:
             if t > top:
                 top = t
         return top
-
-    def times(self, values: list) -> list[float]:
-        """The event times of a batch; a value whose timestamp fails does not move the clock (the operators
-        reading it report the failure)."""
-        out = []
-        f = self.timestamp
-        for v in values:
-            try:
-                out.append(float(f(v)))
-            except Exception:
-                out.append(NEG_INF)
-        return out
 
 
 class ReleasedWatermark:
@@ -240,8 +235,12 @@ class TimedFold:
     def items(self, values: list) -> tuple[list, list]:
         """(`(ts, value, input)` of each of one key's `values` whose time can be read, the `(i, exception)` of
         those whose timestamp function raised)."""
-        items, failed = [], []
         f = self.timestamp
+        try:  # in C while every time can be had
+            return list(zip(map(float, map(f, values)), values, repeat(0))), []
+        except Exception:
+            pass
+        items, failed = [], []
         for i, v in enumerate(values):
             try:
                 items.append((float(f(v)), v, 0))
@@ -340,8 +339,13 @@ class TimedJoin(TimedFold):
         super().__init__(op, SideKey(keys), SideKey(timestamps))
 
     def items(self, values: list) -> tuple[list, list]:
-        items, failed = [], []
         f = self.timestamp
+        try:  # in C while every time can be had (the side's function still called once a value)
+            times = map(float, map(f, values))
+            return list(zip(times, map(itemgetter(1), values), map(itemgetter(0), values), strict=True)), []
+        except Exception:
+            pass
+        items, failed = [], []
         for i, tagged in enumerate(values):
             try:
                 items.append((float(f(tagged)), tagged[1], tagged[0]))

@@ -13,6 +13,7 @@ from clasp.core.outputs import as_outputs
 from clasp.runtime.operators import TIMING_SAMPLE, OpRuntime
 
 LISTS = {list, tuple}  # return values that are their outputs as they are
+LISTS_OR_NONE = {list, tuple, type(None)}  # and None, no outputs: a filter's "not this one"
 
 Fail = Callable[[OpRuntime, BaseException, object], None]  # how a request's failure is reported
 
@@ -63,7 +64,12 @@ def map_outputs(op: OpRuntime, values: list, fail: Fail) -> tuple[list, float]:
             fail(op, e, values[len(results)])
             results.append(None)
     dt = perf_counter() - t0
-    if not set(map(type, results)) <= LISTS:
+    kinds = set(map(type, results))
+    if kinds <= LISTS:
+        return results, dt
+    if kinds <= LISTS_OR_NONE:  # a map that filters: no call per value to find the Nones
+        results = [() if out is None else out for out in results]
+    else:
         results = [_outputs(op, out, v, fail) for out, v in zip(results, values, strict=True)]
     return results, dt
 

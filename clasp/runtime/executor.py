@@ -25,7 +25,7 @@ from clasp.runtime.barrier import Barrier
 from clasp.runtime.batches import apply_block, estimate, group_bytes, map_outputs, timed_batch
 from clasp.runtime.operators import TIMING_SAMPLE, OperatorError, OpRuntime, unpack_group
 from clasp.runtime.outbox import KEYED_HERE, ROUTE_ONE_REMOTE, Outbox
-from clasp.runtime.timed_batches import apply_timed, collect_pass, map_keyed
+from clasp.runtime.timed_batches import apply_timed, collect_pass, map_keyed, map_local
 from clasp.runtime.worker_migration import Handover
 
 # A scheduling round is about ROUND_TIME_US of work, shared by the worker's operators in proportion to
@@ -82,9 +82,9 @@ class Executor:
             ran = 0
             for op in self.order:
                 if op.queue and not op.busy:
+                    passes = op.blocks or op.gathers or op.timed or op.maps_keyed or op.maps_local
                     cost = ((op.exec_time / op.processed * 1e6 if op.processed else 10.0)
-                            + (BLOCK_OVERHEAD_US if op.blocks or op.gathers or op.timed or op.maps_keyed
-                               else REQUEST_OVERHEAD_US))
+                            + (BLOCK_OVERHEAD_US if passes else REQUEST_OVERHEAD_US))
                     # A gathered pass takes the whole round's worth: its fixed routing cost wants many
                     # requests to spread over, and its successor's blocks run in the next pass.
                     share = 1.0 if op.gathers else max(1, op.instances) / slots
@@ -138,6 +138,8 @@ class Executor:
             return self._run_gathered(op, q.take_rows(n))
         if op.maps_keyed and routes[0][5].index not in self.cut.held:
             return map_keyed(self, op, q.take_rows(n))
+        if op.maps_local:
+            return map_local(self, op, q.take_rows(n))
         if not routes and op.collect and not op.sink:
             return collect_pass(self, op, q.take_rows(n))
         fn = op.fn

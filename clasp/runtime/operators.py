@@ -70,7 +70,7 @@ class OpRuntime:
                  "instances", "routes", "successors", "processed", "exec_time", "errors", "edge_counts",
                  "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_hits",
                  "collected_rids", "cold", "rested", "batch", "key_is_value", "sink", "sink_wake", "sink_room",
-                 "replaced", "unpackable", "blocks", "gathers", "routed", "timed", "maps_keyed")
+                 "replaced", "unpackable", "blocks", "gathers", "routed", "timed", "maps_keyed", "maps_local")
 
     def __init__(self, spec_op):
         self.index = spec_op.index
@@ -132,9 +132,11 @@ class OpRuntime:
         self.blocks = False  # runs its column blocks in the tight loop: set with its routes
         self.gathers = False  # runs a pass at a time, its outputs gathered into blocks: set with its routes
         # A keyed time operator runs a pass a key at a time (clasp.runtime.timed_batches.apply_timed); a map
-        # whose one successor is keyed by a function, a pass at a time (`map_keyed`): set with its routes.
+        # whose one successor is keyed by a function (`map_keyed`), or is a stateless operator here
+        # (`map_local`), a pass at a time: set with its routes.
         self.timed = isinstance(self.fn, TimedFold)
         self.maps_keyed = False
+        self.maps_local = False
 
     def group_of(self, key) -> int:
         return self.key_cache[key]

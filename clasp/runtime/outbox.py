@@ -80,6 +80,8 @@ class Outbox:
             op.maps_keyed = (not op.stateful and not op.is_async and not op.batch and not op.collect
                              and len(routes) == 1 and routes[0][0] in (KEYED_HERE, ROUTE_KEYED)
                              and not routes[0][5].key_is_value)
+            op.maps_local = (not op.stateful and not op.is_async and not op.batch and not op.collect
+                             and not op.sink and len(routes) == 1 and routes[0][0] == ROUTE_LOCAL)
 
     def settle_columns(self) -> None:
         """Turn the keyed fast path's columns into rows of `pending`, behind the rows there: routes are

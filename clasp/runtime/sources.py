@@ -54,7 +54,8 @@ class Partition:
 
     def seal_mark(self, op_name: str, batch: list) -> list:
         """What a batch's seal adds for event time: [op, partition, watermark after the batch]."""
-        self.clock.record_batch(self.time.times(batch), _time.monotonic())
+        # The watermark after the batch needs its largest time only (the clock's `max_seen`).
+        self.clock.record_batch([self.time.top(batch)], _time.monotonic())
         return [op_name, self.name, self.clock.watermark]
 
     def went_idle(self) -> bool:

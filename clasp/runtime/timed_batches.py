@@ -9,6 +9,8 @@ a time, with the progress, the outputs and the failures each request would have 
 - `map_keyed`: a pass of a stateless operator whose one successor is keyed by a function (a Nexmark query's
   map before its window or join): its function over the values in C, the key function over the outputs in a
   tight loop, the rows for the successor built in C when every key group is here.
+- `map_local`: a pass of a stateless operator whose one successor is a stateless operator here (a query's map
+  before a join's side marker): its function over the values in C, the successor's rows queued in C.
 - `collect_pass`: a pass of a stateless operator whose outputs are collected and go nowhere else (a query's
   answer): its function over the values in C, the outputs and their records' ids extended in C.
 """
@@ -38,7 +40,7 @@ def apply_timed(ex, op: OpRuntime, rows: list) -> None:
             by_key[r[2]] = [i]
         else:
             at.append(i)
-    fold, groups, rested, group_of = op.fn, op.groups, op.rested, op.group_of
+    fold, groups, rested, group_of = op.fn, op.groups, op.rested, op.key_cache.__getitem__
     routes, collect = op.routes, op.add_collected if op.collect else None
     sent: list = []
     t0 = perf_counter()
@@ -73,9 +75,7 @@ def map_keyed(ex, op: OpRuntime, rows: list) -> int:
     successor's key group here (KEYED_HERE): its rows built in C behind its queue; otherwise each output to its
     group's owner as `send` would."""
     n = len(rows)
-    results, dt = map_outputs(op, list(map(itemgetter(1), rows)), ex.fail)
-    rids = list(map(itemgetter(3), rows))
-    counts = list(map(len, results))
+    results, dt, rids, counts = _map_pass(ex, op, rows)
     kind, succ, append, owners, _, target = op.routes[0]
     key_fn = target.key_fn
     values = list(chain.from_iterable(results))
@@ -137,6 +137,31 @@ def map_keyed(ex, op: OpRuntime, rows: list) -> int:
     return n
 
 
+def map_local(ex, op: OpRuntime, rows: list) -> int:
+    """A pass of stateless `op` whose one route is a stateless operator here (a join's side marker after a
+    Nexmark query's map): its function over the values in C, the successor's rows made and queued in C
+    unless a checkpoint barrier filters them."""
+    n = len(rows)
+    results, dt, rids, counts = _map_pass(ex, op, rows)
+    _, succ, append, _, _, _ = op.routes[0]
+    me = op.index
+    for e, used, k in epochs_of_runs(rids, repeat(1), counts):
+        ex._ran(e, me, used, succ, k)
+    timed_batch(op, dt, n, ex.stall)
+    values = list(chain.from_iterable(results))
+    if values:
+        made = zip(repeat(succ), values, repeat(None), chain.from_iterable(map(repeat, rids, counts)))
+        queue = ex.ops[succ].queue
+        if append == queue.append:
+            queue.extend(made)
+        else:  # the barrier's filter: rows above it are held
+            for row in made:
+                append(row)
+        ex.outbox.local_requests += len(values)
+        op.edge_counts[0] += len(values)
+    return n
+
+
 def collect_pass(ex, op: OpRuntime, rows: list) -> int:
     """A pass of stateless `op` with no route whose outputs are collected (not a sink's writer)."""
     n = len(rows)
@@ -149,6 +174,13 @@ def collect_pass(ex, op: OpRuntime, rows: list) -> int:
     op.collected.extend(chain.from_iterable(results))
     op.collected_rids.extend(chain.from_iterable(map(repeat, rids, map(len, results))))
     return n
+
+
+def _map_pass(ex, op: OpRuntime, rows: list) -> tuple[list, float, list, list]:
+    """`op`'s function over a pass's values in C: (each one's outputs, the seconds, the rows' ids, how many
+    outputs each made)."""
+    results, dt = map_outputs(op, list(map(itemgetter(1), rows)), ex.fail)
+    return results, dt, list(map(itemgetter(3), rows)), list(map(len, results))
 
 
 _NO_KEY = object()  # an output whose key function raised: it goes nowhere

@@ -3,11 +3,20 @@ workers in event time, each query's stages as windows, joins and timers, its ans
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 import clasp
 from clasp.apps import nexmark as nx
-from clasp.bench.nexmark_cluster import answer_operator, query_dag, reference, rows, write_events
+from clasp.bench.nexmark_cluster import (
+    answer_operator,
+    query_dag,
+    reference,
+    rows,
+    run_bytewax_processes,
+    write_events,
+)
 from tests.conftest import start_cluster
 
 EVENTS = 20_000
@@ -37,3 +46,13 @@ def test_every_nexmark_query_on_two_workers_equals_the_reference(cluster2, event
         assert rows(query, job.collected(answer_operator(query))) == want
         assert job.stats()["event_time"]["late"] == 0
         job.cancel()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("bytewax") is None, reason="Bytewax not installed (pip install .[peers])")
+@pytest.mark.parametrize("query", ["q5", "q8"])
+def test_bytewax_as_two_processes_reading_files_answers_exactly(events, query):
+    """The bench's Bytewax side as two processes (`-i/-a`), each reading its files: the answer is the reference's
+    and the CPU of both processes is counted."""
+    evs, _ = events
+    r = run_bytewax_processes(evs, query, 2, slack_ms=5000, files_per_process=4)
+    assert r["exact"] and r["workers"] == 2 and r["cpu_s"] > 0

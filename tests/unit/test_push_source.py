@@ -131,3 +131,20 @@ def test_a_report_for_a_chunk_no_longer_pending_moves_nothing():
     marks.settle(lambda c: False)
     assert marks.combined() == 10.0 - BOUND
     assert EventTime(lambda v: v["ts"]).top([{"ts": 3}, {}, {"ts": 7.5}, {"ts": 1}]) == 7.5
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.floats(allow_nan=True), st.integers(-10, 10), st.none(), st.just("x"),
+                          st.just("4.5")), max_size=12))
+def test_a_batch_top_is_the_largest_time_that_can_be_had_and_never_a_nan(times):
+    """A batch's largest time (a reader's watermark after it) skips the values whose timestamp fails and
+    the NaNs, wherever they are in the batch, the first place included."""
+    want = -math.inf
+    for t in times:
+        try:
+            f = float(t)
+        except (TypeError, ValueError):
+            continue
+        if f > want:
+            want = f
+    assert EventTime(lambda v: v[0]).top([[t] for t in times]) == want

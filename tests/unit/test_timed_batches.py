@@ -28,6 +28,22 @@ def _count(state, value, timers):
     return (state or 0) + 1, [[timers.key, value[1]]]
 
 
+def _mixed(state, value, timers):
+    """Sets, cancels, forgets, leaves the state as it was or fails, by the value."""
+    v = value[1]
+    if v == 13:
+        raise ValueError("thirteen")
+    if v % 4 == 0:
+        return state, []
+    if v % 4 == 1:
+        timers.at(timers.ts + 5, "x")
+        return (state or 0) + v, [[timers.key, v]]
+    if v % 4 == 2:
+        return None, [v, v]
+    timers.cancel(timers.ts + 2, "x")
+    return state, [v]
+
+
 def _time(v):
     if v[0] < 0:
         raise ValueError("no time")
@@ -39,6 +55,7 @@ OPS = {
     "sliding": lambda: WindowOperator(sliding(10, 4), _fold, list, allowed_lateness=2),
     "session": lambda: WindowOperator(session(5), _fold, list, allowed_lateness=2, merge=_merge),
     "timers": lambda: TimerOperator(_count, lambda s, t, p, timers: (s, [])),
+    "timers_mixed": lambda: TimerOperator(_mixed, lambda s, t, p, timers: (s, [[t, p]])),
 }
 JOINS = {"window_join": lambda: WindowJoin(tumbling(10), allowed_lateness=2),
          "interval_join": lambda: IntervalJoin(-5, 8)}

@@ -78,9 +78,16 @@ def q3() -> list[Stage]:
     ]
 
 
+def _early_timer(timers) -> float | None:
+    """When the auction's one timer for the bids that came before it fires (None: none set)."""
+    return next((t for t, _, payload in timers.timers if payload == "early"), None)
+
+
 def auction_fn(state: dict | None, value: list, timers) -> tuple[dict | None, list]:
     """One auction's bids until it closes: the auction's terms once it arrived, the best valid bid, and the bids
-    that arrived before it (kept until no auction that could take them can still arrive)."""
+    that arrived before it (kept until no auction that could take them can still arrive). The early bids share
+    one timer, at the earliest of them: setting and cancelling one per bid made a key's early bids cost the
+    square of their number."""
     kind, ts, body = value
     if state and state["terms"] is not None and kind == "bid":
         best = better_bid(state["terms"], state["best"], ts, body)
@@ -91,12 +98,18 @@ def auction_fn(state: dict | None, value: list, timers) -> tuple[dict | None, li
         state["terms"] = body  # [dateTime, expires, category, reserve]
         for bts, price in state["early"]:
             state["best"] = better_bid(state["terms"], state["best"], bts, price)
-            timers.cancel(after(bts), "early")
+        if (armed := _early_timer(timers)) is not None:
+            timers.cancel(armed, "early")
         state["early"] = []
         timers.at(after(body[1]), "close")  # every bid up to `expires` included is in
     else:
         state["early"] = state["early"] + [[ts, body]]
-        timers.at(after(ts), "early")  # an auction that opened before this bid has arrived by then
+        # An auction that opened before this bid has arrived once the watermark passes it.
+        armed = _early_timer(timers)
+        if armed is None or after(ts) < armed:
+            if armed is not None:
+                timers.cancel(armed, "early")
+            timers.at(after(ts), "early")
     return state, []
 
 
@@ -116,7 +129,10 @@ def auction_timer(state: dict | None, t: float, payload: str, timers) -> tuple[d
         return None, ([[category, state["terms"][1], state["best"]]] if state["best"] is not None else [])
     if state["terms"] is None:
         early = [e for e in state["early"] if e[0] >= timers.watermark]
-        return ({**state, "early": early} if early else None), []
+        if not early:
+            return None, []
+        timers.at(after(min(e[0] for e in early)), "early")  # the next of them to expire
+        return {**state, "early": early}, []
     return state, []
 
 

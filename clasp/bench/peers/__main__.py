@@ -196,20 +196,26 @@ def run_clasp_source(dag: clasp.Dag, workers: int, warm: list[str], checkpoint_i
 def run_bytewax_source(processes: int, env: dict) -> dict:
     """Bytewax reading with its own source (clasp/bench/peers/bytewax_sources.py, `env` says which); timed
     from the go its processes wait for before listing their partitions to the last worker's counts."""
+    return run_gated("clasp.bench.peers.bytewax_sources:flow", processes, env, _bytewax_answer)
+
+
+def run_gated(flow: str, processes: int, env: dict, answer):
+    """`processes` Bytewax processes running `flow`, each waiting for the go (PEERS_GATE) before it lists its
+    partitions: started, sent the go once every one is ready, and `answer(answers, procs, t0, cpu0)` returned,
+    `answers` the PULL socket their sinks answer on (PEERS_ANSWER), `t0` and `cpu0` the clock and CPU at the go."""
     ctx = zmq.Context.instance()
     gates = [ctx.socket(zmq.PAIR) for _ in range(processes)]
     answers = ctx.socket(zmq.PULL)
     try:
         ends = [f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in gates]
-        answer = f"tcp://127.0.0.1:{answers.bind_to_random_port('tcp://127.0.0.1')}"
-        procs = _start_bytewax("clasp.bench.peers.bytewax_sources:flow", processes,
-                               lambda i: {**env, "PEERS_GATE": ends[i], "PEERS_ANSWER": answer})
+        end = f"tcp://127.0.0.1:{answers.bind_to_random_port('tcp://127.0.0.1')}"
+        procs = _start_bytewax(flow, processes, lambda i: {**env, "PEERS_GATE": ends[i], "PEERS_ANSWER": end})
         _await_ready(gates, procs)
         cpu0 = _cpu([p.pid for p in procs])
         t0 = time.perf_counter()
         for s in gates:
             s.send(b"go")
-        return _bytewax_answer(answers, procs, t0, cpu0)
+        return answer(answers, procs, t0, cpu0)
     finally:
         for s in (*gates, answers):
             s.close(linger=0)

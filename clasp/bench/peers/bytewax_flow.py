@@ -26,6 +26,21 @@ ANSWER = os.environ.get("PEERS_ANSWER", "")
 CTX = zmq.Context.instance()
 
 
+_opened = []
+
+
+def gate() -> None:
+    """Once per process (PEERS_GATE, for a flow reading its own source): ready, then wait for the go."""
+    if _opened:
+        return
+    _opened.append(True)
+    sock = CTX.socket(zmq.PAIR)
+    sock.connect(os.environ["PEERS_GATE"])
+    sock.send(b"ready")
+    sock.recv()
+    sock.close()
+
+
 class _Part(StatelessSourcePartition):
     def __init__(self, index: int):
         self.sock = CTX.socket(zmq.PAIR)

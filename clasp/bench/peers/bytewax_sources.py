@@ -15,26 +15,12 @@ import os
 from pathlib import Path
 
 import bytewax.operators as op
-import zmq
 from bytewax.dataflow import Dataflow
 
 from clasp.apps.wc import split
-from clasp.bench.peers.bytewax_flow import CTX, Counts
+from clasp.bench.peers.bytewax_flow import Counts, gate
 
 BATCH = int(os.environ.get("PEERS_BATCH", "1000"))
-_opened = []
-
-
-def _gate() -> None:
-    """Once per process: ready, then wait for the go."""
-    if _opened:
-        return
-    _opened.append(True)
-    sock = CTX.socket(zmq.PAIR)
-    sock.connect(os.environ["PEERS_GATE"])
-    sock.send(b"ready")
-    sock.recv()
-    sock.close()
 
 
 def _message_words(msg) -> list[str]:
@@ -46,7 +32,7 @@ def _files_flow() -> Dataflow:
 
     class GatedDirSource(DirSource):
         def list_parts(self):
-            _gate()
+            gate()
             return super().list_parts()
 
     flow = Dataflow("wc-files")
@@ -61,7 +47,7 @@ def _kafka_flow() -> Dataflow:
 
     class GatedKafkaSource(KafkaSource):
         def list_parts(self):
-            _gate()
+            gate()
             return super().list_parts()
 
     flow = Dataflow("wc-kafka")
