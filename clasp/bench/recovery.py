@@ -72,6 +72,7 @@ def throughput(records: int, rounds: int, logs: str, workers: int = 2) -> dict:
     lines = wc.generate(records, seed=5)
     out: dict[str, list[float]] = {"checkpoints_1s": [], "checkpoints_off": [], "cpu_us_per_line_1s": [],
                                    "cpu_us_per_line_off": [], "checkpoints_taken": []}
+    stages: list[dict] = []  # per run with checkpoints: each stage's mean ms per checkpoint
     for r in range(rounds):
         order = (("off", 0), ("1s", 1.0)) if r % 2 == 0 else (("1s", 1.0), ("off", 0))
         for name, interval in order:
@@ -88,7 +89,9 @@ def throughput(records: int, rounds: int, logs: str, workers: int = 2) -> dict:
                     out[f"checkpoints_{name}"].append(len(lines) / wall)
                     out[f"cpu_us_per_line_{name}"].append(cpu / len(lines) * 1e6)
                     if interval:
-                        out["checkpoints_taken"].append(job.stats()["checkpoints"]["completed"])
+                        ck = job.stats()["checkpoints"]
+                        out["checkpoints_taken"].append(ck["completed"])
+                        stages.append(ck["stages_ms"])
             finally:
                 cl.stop()
 
@@ -96,6 +99,7 @@ def throughput(records: int, rounds: int, logs: str, workers: int = 2) -> dict:
         return sorted(v)[len(v) // 2]
 
     res = {k: [round(v, 1) for v in vs] for k, vs in out.items()}
+    res["stages_ms"] = stages
     on, off = med(out["checkpoints_1s"]), med(out["checkpoints_off"])
     con, coff = med(out["cpu_us_per_line_1s"]), med(out["cpu_us_per_line_off"])
     res.update({"median_on": round(on), "median_off": round(off), "ratio": round(on / off, 3),

@@ -121,10 +121,12 @@ class WorkerCheckpoints:
         finally:
             if gc_was:
                 gc.enable()
+            cow_s = eng.cut.cow_s
             released = eng.release_barrier()
             self.wake.set()
         pack_s = perf_counter() - t0
         store = self._store(msg.dir)
+        t_write = perf_counter()
         try:
             nbytes = await asyncio.to_thread(_write_all, store, job, ckpt, self.me, blobs)
         except Exception as e:  # a full disk, or anything else: the outputs taken above must not be lost
@@ -138,6 +140,7 @@ class WorkerCheckpoints:
                 op.collected[:0] = outs
                 op.collected_rids[:0] = [msg.boundary - 1] * len(outs)
             return
+        t_prepare = perf_counter()
         # The sinks' writes below the boundary, prepared: committed when the checkpoint completes.
         sinks = await self.sinks.prepare(eng, ckpt, msg.boundary)
         groups: dict[str, list[int]] = {}
@@ -145,8 +148,9 @@ class WorkerCheckpoints:
             groups.setdefault(op, []).append(g)
         self.send(protocol.reply(req, {
             "worker": self.me, "groups": groups, "bytes": nbytes, "collected": collected, "sinks": sinks,
-            "pause": pause, "pause_cpu": pause_cpu, "pack_s": pack_s, "total_s": perf_counter() - t0,
-            "released": released}))
+            "pause": pause, "pause_cpu": pause_cpu, "pack_s": pack_s, "write_s": t_prepare - t_write,
+            "prepare_s": perf_counter() - t_prepare, "cow_s": cow_s,
+            "total_s": perf_counter() - t0, "released": released}))
 
     async def on_restore(self, msg: protocol.Restore) -> bytes:
         """Roll the job back: a fresh engine on the recovery placement, the key groups this worker owns
