@@ -49,6 +49,7 @@ class CheckpointState:
         self.coord = Coordinator()
         self.log = InputLog(store, job, memory_records, memory_bytes, notify)
         self.want = False  # stop dispatching at the next chunk boundary
+        self.next_at = 0.0  # (monotonic) when the next checkpoint is due: an interval after the last began
         # checkpoint id -> operator -> the collected outputs that complete checkpoint released
         self.released_by: dict[int, dict[str, list]] = {}
         self.replayed = 0

@@ -46,6 +46,7 @@ from clasp.runtime.state_store import FileStore, decode_blob, encode_blob
 log = logging.getLogger("clasp.planner")
 ALIGN_TIMEOUT = 30.0  # s for every record below a barrier to complete before the checkpoint is given up
 SNAPSHOT_TIMEOUT = 60.0
+SCHEDULE_TICK = 0.05  # s between two looks at which job's checkpoint is due
 # What a worker's snapshot answer times (s, the slowest worker's): packing on the loop, the file's write
 # and the sinks' prepare off it, and, while its barrier was up, keeping the key groups' images.
 WORKER_STAGES = ("pack_s", "write_s", "prepare_s", "cow_s")
@@ -91,16 +92,22 @@ class Checkpoints:
 
     # ----------------------------------------------------------------- checkpoints
     async def run(self) -> None:
+        # A job's checkpoint starts `checkpoint_interval` after its last one started, or as soon as that one
+        # is over when it took longer: looked at every tick, so a checkpoint that outlasts the interval
+        # delays the next one by what it overran, not by a whole interval.
+        tick = min(self.checkpoint_interval, SCHEDULE_TICK)
         while True:
-            await asyncio.sleep(self.checkpoint_interval)
+            await asyncio.sleep(tick)
+            now = time.monotonic()
             for job in list(self.jobs.values()):
                 c = job.ckpt
-                if (not c.enabled or job.life.retired or job.life.phase is not Phase.RUNNING or c.dying
-                        or c.coord.pending is not None or job.lock.locked()):
+                if (not c.enabled or now < c.next_at or job.life.retired or job.life.phase is not Phase.RUNNING
+                        or c.dying or c.coord.pending is not None or job.lock.locked()):
                     continue
                 last = c.coord.restore_target()
                 if (last is not None and not job.queue and job.tracker.next_chunk == last.boundary):
                     continue  # nothing admitted since the last checkpoint
+                c.next_at = now + self.checkpoint_interval
                 self.link.background(self.checkpoint(job), f"checkpoint of job {job.id}")
 
     async def checkpoint(self, job) -> dict | None:
