@@ -89,9 +89,7 @@ class Barrier:
             if g not in shadow:
                 self.keep_image(op, g)
         if below and not shadow.keys().isdisjoint(below_groups):
-            for v, g in zip(below, below_groups, strict=True):
-                if g in shadow:
-                    self.on_image(op, g, v, v)
+            self.on_images(op, zip(below_groups, below, below, strict=True))
         self.cow_s += perf_counter() - t0
 
     def keep_image(self, op: OpRuntime, g: int) -> None:
@@ -99,21 +97,24 @@ class Barrier:
         its blob, no copy)."""
         self.shadows[op.index][g] = op.rested[g] or (op.rest(g) if op.groups[g] else {})
 
-    def on_image(self, op: OpRuntime, g: int, key, value) -> None:
-        """A request below the boundary at key group `g`, which has its image: applied to the image too (its
-        outputs come once, from the live state)."""
-        shadow = self.shadows[op.index]
-        image = shadow[g]
-        if type(image) is not dict:
-            image = shadow[g] = unpack_group(image[0])
-        try:
-            new, _ = op.fn(image.get(key), value)
-        except Exception:  # the live call reports the request's failure
-            return
-        if new is None:
-            image.pop(key, None)
-        else:
-            image[key] = new
+    def on_images(self, op: OpRuntime, requests) -> None:
+        """Requests `(group, key, value)` below the boundary: each one at a key group that has its image is
+        applied to the image too, in order (its outputs come once, from the live state)."""
+        shadow, fn = self.shadows[op.index], op.fn
+        for g, key, value in requests:
+            image = shadow.get(g)
+            if image is None:
+                continue
+            if type(image) is not dict:
+                image = shadow[g] = unpack_group(image[0])
+            try:
+                new, _ = fn(image.get(key), value)
+            except Exception:  # the live call reports the request's failure
+                continue
+            if new is None:
+                image.pop(key, None)
+            else:
+                image[key] = new
 
     def held_rows(self) -> int:
         return sum(len(r) for r in self.held.values())

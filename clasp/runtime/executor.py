@@ -360,7 +360,7 @@ class Executor:
                         start = i
                     cut.keep_image(op, g)
             elif g in shadow:
-                cut.on_image(op, g, key, value)
+                cut.on_images(op, ((g, key, value),))
         if start < len(rows):
             self._apply(op, rows[start:], len(rows) - start)
 
