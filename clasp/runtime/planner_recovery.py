@@ -21,6 +21,7 @@ from clasp.core.checkpoint import (
     CompleteCheckpoint,
     boundary_reached,
     dispatch_boundary,
+    next_due,
     recovery_placement,
 )
 from clasp.core.credit import charge
@@ -92,9 +93,9 @@ class Checkpoints:
 
     # ----------------------------------------------------------------- checkpoints
     async def run(self) -> None:
-        # A job's checkpoint starts `checkpoint_interval` after its last one started, or as soon as that one
-        # is over when it took longer: looked at every tick, so a checkpoint that outlasts the interval
-        # delays the next one by what it overran, not by a whole interval.
+        # A job's checkpoint is due `checkpoint_interval` after its last one started (`next_due`), looked
+        # at every tick: one that outlasts the interval delays the next by what it overran and a short
+        # gap, not by a whole interval.
         tick = min(self.checkpoint_interval, SCHEDULE_TICK)
         while True:
             await asyncio.sleep(tick)
@@ -107,8 +108,14 @@ class Checkpoints:
                 last = c.coord.restore_target()
                 if (last is not None and not job.queue and job.tracker.next_chunk == last.boundary):
                     continue  # nothing admitted since the last checkpoint
-                c.next_at = now + self.checkpoint_interval
-                self.link.background(self.checkpoint(job), f"checkpoint of job {job.id}")
+                c.next_at = next_due(now, None, self.checkpoint_interval)
+                self.link.background(self._scheduled(job, now), f"checkpoint of job {job.id}")
+
+    async def _scheduled(self, job, started: float) -> None:
+        try:
+            await self.checkpoint(job)
+        finally:
+            job.ckpt.next_at = next_due(started, time.monotonic(), self.checkpoint_interval)
 
     async def checkpoint(self, job) -> dict | None:
         c = job.ckpt
