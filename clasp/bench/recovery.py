@@ -1,7 +1,7 @@
 """Checkpoints and recovery (docs/RECOVERY.md), measured on this machine.
 
-`python -m clasp.bench.recovery [--what throughput,kill,size] [--workers 1,2,4] [--json FILE] [--plot PNG]`
-prints JSON:
+`python -m clasp.bench.recovery [--what throughput,kill,size,barrier,write] [--workers 1,2,4] [--json FILE]
+[--plot PNG]` prints JSON:
 
 - throughput: Word Count lines/s with checkpoints every 1 s and with checkpoints off, alternating runs
   on fresh clusters of each of `--workers` workers (side by side in one run);
@@ -9,6 +9,8 @@ prints JSON:
   one worker SIGKILLed (no restart): seconds from the kill until the completion rate is back at >= 90 %
   of its level before, and the detection and rollback times;
 - size: checkpoint duration, bytes and max worker pause at 4,000, 40,000 and 400,000 keys (2 workers);
+- barrier: one engine's CPU for Word Count's count with no barrier, with one up, and with requests below it
+  mixed into the blocks (no process, no I/O): median ms over `--rounds` (at least 5);
 - write: one worker's write of its part of a checkpoint (64 key groups of `--keys` keys in all, compressed
   and written as its snapshot file) in a fresh directory under $TMPDIR, `--rounds` times: median ms.
 """
@@ -72,6 +74,7 @@ def throughput(records: int, rounds: int, logs: str, workers: int = 2) -> dict:
     lines = wc.generate(records, seed=5)
     out: dict[str, list[float]] = {"checkpoints_1s": [], "checkpoints_off": [], "cpu_us_per_line_1s": [],
                                    "cpu_us_per_line_off": [], "checkpoints_taken": []}
+    stages: list[dict] = []  # per run with checkpoints: each stage's mean ms per checkpoint
     for r in range(rounds):
         order = (("off", 0), ("1s", 1.0)) if r % 2 == 0 else (("1s", 1.0), ("off", 0))
         for name, interval in order:
@@ -88,7 +91,9 @@ def throughput(records: int, rounds: int, logs: str, workers: int = 2) -> dict:
                     out[f"checkpoints_{name}"].append(len(lines) / wall)
                     out[f"cpu_us_per_line_{name}"].append(cpu / len(lines) * 1e6)
                     if interval:
-                        out["checkpoints_taken"].append(job.stats()["checkpoints"]["completed"])
+                        ck = job.stats()["checkpoints"]
+                        out["checkpoints_taken"].append(ck["completed"])
+                        stages.append(ck["stages_ms"])
             finally:
                 cl.stop()
 
@@ -96,6 +101,7 @@ def throughput(records: int, rounds: int, logs: str, workers: int = 2) -> dict:
         return sorted(v)[len(v) // 2]
 
     res = {k: [round(v, 1) for v in vs] for k, vs in out.items()}
+    res["stages_ms"] = stages
     on, off = med(out["checkpoints_1s"]), med(out["checkpoints_off"])
     con, coff = med(out["cpu_us_per_line_1s"]), med(out["cpu_us_per_line_off"])
     res.update({"median_on": round(on), "median_off": round(off), "ratio": round(on / off, 3),
@@ -219,6 +225,43 @@ def write(keys: int, rounds: int, logs: str) -> dict:
             "runs_ms": [round(r * 1e3, 2) for r in runs]}
 
 
+def barrier(rounds: int) -> dict:
+    """One engine's CPU for Word Count's count over 40,000 lines of blocks (its 20,000 lines before them in its
+    state): with no barrier, with a barrier up and every request above it, and with a third of each block's
+    lines below it (a peer's, still coming during the alignment): median ms of thread CPU over `rounds`."""
+    from clasp.core.routing import build_placement
+    from clasp.core.tracking import CHUNK_BITS
+    from clasp.runtime.engine import JobEngine
+
+    d = clasp.Dag("barrier")
+    d.operator("count", count, stateful=True, key=clasp.identity)
+    spec = d.to_spec()
+    words = [wc.split(line) for line in wc.generate(60_000, seed=5)]
+    boundary = 10 << CHUNK_BITS
+
+    def run(up: bool, mixed: bool) -> float:
+        eng = JobEngine(1, spec, "w0", build_placement(spec, ["w0"], {"count": {0: 1}}, 10))
+        t = 0.0
+        for start in range(0, 60_000, 500):
+            if start == 20_000:
+                if up:
+                    eng.begin_barrier(boundary)
+                t = time.thread_time()
+            lines = range(start, start + 500)
+            rids = [(1 << CHUNK_BITS) + j if start < 20_000 or (mixed and j % 3 == 0) else boundary + j
+                    for j in lines]
+            eng.ops[0].queue.append_block(0, [w for j in lines for w in words[j]], rids, [len(words[j]) for j in lines])
+            while eng.run_round():
+                pass
+        return time.thread_time() - t
+
+    out = {}
+    for name, up, mixed in (("none", False, False), ("above", True, False), ("mixed", True, True)):
+        runs = sorted(run(up, mixed) for _ in range(rounds))
+        out[f"{name}_ms"] = round(runs[len(runs) // 2] * 1e3, 1)
+    return out
+
+
 def draw(rows: list[dict], path: str) -> None:
     import matplotlib
 
@@ -260,6 +303,8 @@ def main(argv=None) -> int:
         print(json.dumps({"kill": res["kill"]}), file=sys.stderr, flush=True)
     if "write" in what:
         res["write"] = write(args.keys, max(args.rounds, 5), logs)
+    if "barrier" in what:
+        res["barrier"] = barrier(max(args.rounds, 5))
     if "size" in what:
         res["size"] = size([int(x) for x in args.sizes.split(",")], logs)
         if args.plot:

@@ -28,6 +28,7 @@ from clasp.core.sinks import aligned_operators
 from clasp.core.tracking import CHUNK_BITS, Tracker
 
 KEEP_COMPLETE = 2  # complete checkpoints kept on disk (and input kept back to the older one)
+GAP_SHARE = 0.25  # of the interval: the least time from one checkpoint's end to the next one's start
 
 
 @dataclass
@@ -162,6 +163,15 @@ class Coordinator:
         """The first chunk the input log must still hold: the oldest kept checkpoint's boundary, so that
         recovery can fall back to it when the newest one turns out unreadable."""
         return self.complete[0].boundary if self.complete else 0
+
+
+def next_due(started: float, ended: float | None, interval: float) -> float:
+    """When a job's next checkpoint is due, its last one having begun at `started` (and ended at `ended`,
+    None while it runs): `interval` after it began, so checkpoints are `interval` apart whatever each took;
+    but never sooner than `GAP_SHARE` of an interval after it ended, so a cluster too slow to complete one
+    within the interval still runs without a barrier up for a while between two."""
+    due = started + interval
+    return due if ended is None else max(due, ended + GAP_SHARE * interval)
 
 
 def boundary_reached(tracker: Tracker, boundary: int) -> bool:

@@ -23,7 +23,7 @@ from clasp.core.routing import ROUTE_LOCAL, ROUTE_TABLE, partition_runs
 from clasp.core.tracking import EPOCH_BITS, epochs_of_runs
 from clasp.runtime.barrier import Barrier
 from clasp.runtime.batches import apply_block, estimate, group_bytes, map_outputs, timed_batch
-from clasp.runtime.operators import TIMING_SAMPLE, OperatorError, OpRuntime, unpack_group
+from clasp.runtime.operators import TIMING_SAMPLE, OperatorError, OpRuntime
 from clasp.runtime.outbox import KEYED_HERE, ROUTE_ONE_REMOTE, Outbox
 from clasp.runtime.timed_batches import apply_timed, collect_pass, map_keyed, map_local
 from clasp.runtime.worker_migration import Handover
@@ -313,8 +313,12 @@ class Executor:
             op.warm_rows(q, n)
         shadowed = self.cut.shadows and op.index in self.cut.shadows
         for part in q.take(n):
-            if shadowed and not self._beside_images(op, part):
+            if shadowed and op.blocks and type(part) is not list:
+                self._apply_block(op, part, True)
+            elif shadowed and not self._beside_images(op, part):
+                t = perf_counter()
                 self._run_shadowed(op, part if type(part) is list else list(part.rows()))
+                self.cut.cow_s += perf_counter() - t
             elif type(part) is list:
                 apply_timed(self, op, part) if op.timed else self._apply(op, part, len(part))
             elif op.blocks:
@@ -332,16 +336,20 @@ class Executor:
         return bool(rids) and (max(rids) < self.cut.boundary if not shadow
                                else min(rids) >= self.cut.boundary and len(shadow) >= self.cut.owned[op.index])
 
-    def _apply_block(self, op: OpRuntime, block) -> None:
+    def _apply_block(self, op: OpRuntime, block, barrier: bool = False) -> None:
         """A block of requests to a stateful operator whose key is the value and whose outputs go nowhere
         (Word Count's count), on its live state in one tight loop (`batches.apply_block`), timed as a
-        whole; progress counted per run of ids."""
+        whole; progress counted per run of ids. Under a checkpoint's `barrier`, after the images it needs."""
         values = block.values_left()
         rids, counts = block.runs()
         for e, used, _ in epochs_of_runs(rids, counts, repeat(0)):
             self._ran(e, op.index, used, op.index, 0)
         gs = block.groups_left()
-        dt = apply_block(op, values, group_bytes(op, values) if gs is None else gs, self.fail)
+        if gs is None:
+            gs = group_bytes(op, values)
+        if barrier:
+            self.cut.beside_block(op, values, gs, rids, counts)
+        dt = apply_block(op, values, gs, self.fail)
         timed_batch(op, dt, len(values), self.stall)
 
     def _run_shadowed(self, op: OpRuntime, rows: list) -> None:
@@ -350,28 +358,19 @@ class Executor:
         group at rest: its blob, no copy); a request below the boundary that comes after it is applied to
         the image as well (its outputs come once, from the live state). The rows run as they came, in runs
         between two such points."""
-        boundary, shadow, group_of, fn = self.cut.boundary, self.cut.shadows[op.index], op.group_of, op.fn
+        cut, group_of = self.cut, op.group_of
+        boundary, shadow = cut.boundary, cut.shadows[op.index]
         start = 0
         for i, (_, value, key, rid) in enumerate(rows):
             g = group_of(key)
-            image = shadow.get(g)
             if rid >= boundary:
-                if image is None:
+                if g not in shadow:
                     if i > start:
                         self._apply(op, rows[start:i], i - start)
                         start = i
-                    shadow[g] = op.rested[g] or (op.rest(g) if op.groups[g] else {})
-            elif image is not None:
-                if type(image) is not dict:
-                    image = shadow[g] = unpack_group(image[0])
-                try:
-                    new, _ = fn(image.get(key), value)
-                except Exception:  # the live call reports the request's failure
-                    continue
-                if new is None:
-                    image.pop(key, None)
-                else:
-                    image[key] = new
+                    cut.keep_image(op, g)
+            elif g in shadow:
+                cut.on_images(op, ((g, key, value),))
         if start < len(rows):
             self._apply(op, rows[start:], len(rows) - start)
 

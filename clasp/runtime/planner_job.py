@@ -25,6 +25,22 @@ from clasp.runtime.planner_sources import SourceState
 from clasp.runtime.state_store import FileStore
 
 
+class StageTimes:
+    """The complete checkpoints' time per stage (s), summed: `means_ms` per checkpoint."""
+
+    def __init__(self):
+        self.n = 0
+        self.sums: dict[str, float] = {}
+
+    def add(self, stages: dict[str, float]) -> None:
+        self.n += 1
+        for k, v in stages.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v
+
+    def means_ms(self) -> dict[str, float]:
+        return {k: round(v / self.n * 1e3, 2) for k, v in self.sums.items()} if self.n else {}
+
+
 class CheckpointState:
     """What a job carries for checkpoints (on `PlannerJob.ckpt`)."""
 
@@ -33,6 +49,7 @@ class CheckpointState:
         self.coord = Coordinator()
         self.log = InputLog(store, job, memory_records, memory_bytes, notify)
         self.want = False  # stop dispatching at the next chunk boundary
+        self.next_at = 0.0  # (monotonic) when the next checkpoint is due: an interval after the last began
         # checkpoint id -> operator -> the collected outputs that complete checkpoint released
         self.released_by: dict[int, dict[str, list]] = {}
         self.replayed = 0
@@ -41,6 +58,8 @@ class CheckpointState:
         self.dying: set[str] = set()  # workers declared dead whose recovery has not run yet
         self.last_pause = 0.0
         self.last_pause_cpu = 0.0
+        self.stages = StageTimes()
+        self.persisted = b""  # the job's record as last written to the state directory
         # Set when what a checkpoint waits for may have changed (a dispatch step, a worker declared dead):
         # the checkpoint sleeps on it instead of polling the queue and the tracker every millisecond.
         self.moved = asyncio.Event()

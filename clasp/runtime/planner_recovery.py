@@ -21,6 +21,7 @@ from clasp.core.checkpoint import (
     CompleteCheckpoint,
     boundary_reached,
     dispatch_boundary,
+    next_due,
     recovery_placement,
 )
 from clasp.core.credit import charge
@@ -46,6 +47,10 @@ from clasp.runtime.state_store import FileStore, decode_blob, encode_blob
 log = logging.getLogger("clasp.planner")
 ALIGN_TIMEOUT = 30.0  # s for every record below a barrier to complete before the checkpoint is given up
 SNAPSHOT_TIMEOUT = 60.0
+SCHEDULE_TICK = 0.05  # s between two looks at which job's checkpoint is due
+# What a worker's snapshot answer times (s, the slowest worker's): packing on the loop, the file's write
+# and the sinks' prepare off it, and, while its barrier was up, keeping the key groups' images.
+WORKER_STAGES = ("pack_s", "write_s", "prepare_s", "cow_s")
 
 
 class Checkpoints:
@@ -88,17 +93,29 @@ class Checkpoints:
 
     # ----------------------------------------------------------------- checkpoints
     async def run(self) -> None:
+        # A job's checkpoint is due `checkpoint_interval` after its last one started (`next_due`), looked
+        # at every tick: one that outlasts the interval delays the next by what it overran and a short
+        # gap, not by a whole interval.
+        tick = min(self.checkpoint_interval, SCHEDULE_TICK)
         while True:
-            await asyncio.sleep(self.checkpoint_interval)
+            await asyncio.sleep(tick)
+            now = time.monotonic()
             for job in list(self.jobs.values()):
                 c = job.ckpt
-                if (not c.enabled or job.life.retired or job.life.phase is not Phase.RUNNING or c.dying
-                        or c.coord.pending is not None or job.lock.locked()):
+                if (not c.enabled or now < c.next_at or job.life.retired or job.life.phase is not Phase.RUNNING
+                        or c.dying or c.coord.pending is not None or job.lock.locked()):
                     continue
                 last = c.coord.restore_target()
                 if (last is not None and not job.queue and job.tracker.next_chunk == last.boundary):
                     continue  # nothing admitted since the last checkpoint
-                self.link.background(self.checkpoint(job), f"checkpoint of job {job.id}")
+                c.next_at = next_due(now, None, self.checkpoint_interval)
+                self.link.background(self._scheduled(job, now), f"checkpoint of job {job.id}")
+
+    async def _scheduled(self, job, started: float) -> None:
+        try:
+            await self.checkpoint(job)
+        finally:
+            job.ckpt.next_at = next_due(started, time.monotonic(), self.checkpoint_interval)
 
     async def checkpoint(self, job) -> dict | None:
         c = job.ckpt
@@ -108,8 +125,9 @@ class Checkpoints:
             if c.dying or not self.queries.workers_of(job):
                 return None
             c.want = True
+            t_want = time.monotonic()
             try:
-                deadline = time.monotonic() + ALIGN_TIMEOUT
+                deadline = t_want + ALIGN_TIMEOUT
                 while (boundary := dispatch_boundary(job.queue, job.tracker)) is None:
                     if not await _moved(c, deadline) or c.dying:
                         c.coord.counts["failed"] += 1
@@ -132,6 +150,7 @@ class Checkpoints:
                 raise
             p.watermark = self.time.released_levels(job)
             rid = boundary << CHUNK_BITS
+            t_boundary = p.t0
             try:
                 try:
                     begun = await asyncio.gather(*(self.link.rpc(w, protocol.CkptBegin(job.id, p.id, rid))
@@ -139,6 +158,7 @@ class Checkpoints:
                 finally:
                     self.sources.barrier_sent(job)
                     self.dispatcher.carry_out(job, job.machine.handle(BarrierSent()))
+                t_begun = time.monotonic()
                 if job.src is not None:
                     # The partitions' positions at the cut; one read nowhere now (released by a stop) keeps
                     # its last known position.
@@ -152,9 +172,11 @@ class Checkpoints:
                         raise CheckpointError("a worker died")
                     if not await _moved(c, deadline):
                         raise CheckpointError(f"records below the barrier still open after {ALIGN_TIMEOUT} s")
+                t_aligned = time.monotonic()
                 ask = protocol.CkptSnapshot(job.id, p.id, rid, str(self.store.root))
                 replies = await asyncio.gather(*(self.link.rpc(w, ask, SNAPSHOT_TIMEOUT)
                                                  for w in workers))
+                t_snapped = time.monotonic()
             except Exception as e:
                 failed = c.coord.fail(str(e))
                 log.warning("job %d: checkpoint %d failed: %s", job.id, p.id, e)
@@ -195,6 +217,10 @@ class Checkpoints:
                 job.src.positions.update(done.positions)
             self.persist(job)
             self.checkpoint_hist.add(done.duration_s)
+            c.stages.add({"boundary": t_boundary - t_want, "barrier": t_begun - t_boundary,
+                          "align": t_aligned - t_begun, "snapshot": t_snapped - t_aligned,
+                          "commit": time.monotonic() - t_snapped,
+                          **{k: max(r.get(k, 0.0) for r in replies) for k in WORKER_STAGES}})
             log.debug("job %d: checkpoint %d complete at chunk %d: %d bytes in %.1f ms (max pause %.1f ms)",
                       job.id, done.id, done.boundary, done.bytes, done.duration_s * 1e3,
                       max(r["pause"] for r in replies) * 1e3 if replies else 0.0)
@@ -317,10 +343,15 @@ class Checkpoints:
                "autoscale": job.autoscale, "policy": job.policy, "state": job.state, "key_weights": job.key_weights,
                "created": job.created, "sinks": self.sinks.book(job).pending if self.sinks.has_sinks(job) else {},
                "input_ended": job.input_ended}
+        data = encode_blob(rec)
+        if data == job.ckpt.persisted:
+            return  # as written last (most checkpoints change nothing of it): no fsync on the event loop
         try:
-            self.store.write_file(f"job-{job.id}/job.kg", encode_blob(rec))
+            self.store.write_file(f"job-{job.id}/job.kg", data)
         except OSError as e:
             log.error("job %d: its record could not be written: %s", job.id, e)
+            return
+        job.ckpt.persisted = data
 
     def stored_jobs(self) -> list[dict]:
         """Every job record a previous planner left in the state directory, with its checkpoints and input."""
@@ -455,6 +486,7 @@ class Checkpoints:
                 "input_log_records": c.log.records_kept, "input_log_spilled": c.log.spilled,
                 "input_log_write_failures": c.log.write_failures,
                 "failures": list(c.coord.failures), "last_recovery": c.last_recovery,
+                "stages_ms": c.stages.means_ms(),
                 "interval_s": self.checkpoint_interval, "serving": self.queries.workers_of(job)}
 
 

@@ -109,7 +109,7 @@ class WorkerCheckpoints:
             gc_was = gc.isenabled()
             gc.disable()
             for op, g, n, blob in eng.cut.snapshot_groups(eng.placement):
-                blobs.append((op, g, blob))
+                blobs.append((op, g, wrap_blob(blob)))
                 keys += n
                 if keys >= SNAPSHOT_SLICE_KEYS:
                     pause, pause_cpu = max(pause, perf_counter() - t), max(pause_cpu, thread_time() - tc)
@@ -121,12 +121,14 @@ class WorkerCheckpoints:
         finally:
             if gc_was:
                 gc.enable()
+            cow_s = eng.cut.cow_s
             released = eng.release_barrier()
             self.wake.set()
         pack_s = perf_counter() - t0
         store = self._store(msg.dir)
+        t_write = perf_counter()
         try:
-            nbytes = await asyncio.to_thread(_write_all, store, job, ckpt, self.me, blobs)
+            nbytes = await asyncio.to_thread(store.write_snapshot, job, ckpt, self.me, blobs)
         except Exception as e:  # a full disk, or anything else: the outputs taken above must not be lost
             log.error("job %d checkpoint %d: writing the state failed: %s: %s", job, ckpt, type(e).__name__, e)
             self.monitor.checkpoint_failures += 1
@@ -138,6 +140,7 @@ class WorkerCheckpoints:
                 op.collected[:0] = outs
                 op.collected_rids[:0] = [msg.boundary - 1] * len(outs)
             return
+        t_prepare = perf_counter()
         # The sinks' writes below the boundary, prepared: committed when the checkpoint completes.
         sinks = await self.sinks.prepare(eng, ckpt, msg.boundary)
         groups: dict[str, list[int]] = {}
@@ -145,8 +148,9 @@ class WorkerCheckpoints:
             groups.setdefault(op, []).append(g)
         self.send(protocol.reply(req, {
             "worker": self.me, "groups": groups, "bytes": nbytes, "collected": collected, "sinks": sinks,
-            "pause": pause, "pause_cpu": pause_cpu, "pack_s": pack_s, "total_s": perf_counter() - t0,
-            "released": released}))
+            "pause": pause, "pause_cpu": pause_cpu, "pack_s": pack_s, "write_s": t_prepare - t_write,
+            "prepare_s": perf_counter() - t_prepare, "cow_s": cow_s,
+            "total_s": perf_counter() - t0, "released": released}))
 
     async def on_restore(self, msg: protocol.Restore) -> bytes:
         """Roll the job back: a fresh engine on the recovery placement, the key groups this worker owns
@@ -181,8 +185,3 @@ class WorkerCheckpoints:
         log.info("job %d restored from checkpoint %d at epoch %d: %d keys", job, msg.ckpt, placement.epoch, loaded)
         return protocol.reply(msg.req, {"worker": self.me, "keys": loaded, "sink_failed": sink_failed})
 
-
-def _write_all(store: FileStore, job: int, ckpt: int, worker: str, blobs: list) -> int:
-    """Write the snapshot's group blobs (msgpack) as this worker's one file, compressed here in the writer
-    thread, off the loop."""
-    return store.write_snapshot(job, ckpt, worker, ((op, g, wrap_blob(blob)) for op, g, blob in blobs))

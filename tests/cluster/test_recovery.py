@@ -266,6 +266,9 @@ def test_a_corrupt_checkpoint_file_falls_back_to_the_one_before(tmp_path_factory
                 job.wait_idle(timeout=60)
                 wait_for(lambda i=i: job.stats()["checkpoints"]["completed"] >= i + 1, timeout=30, what="checkpoint")
             newest = job.stats()["checkpoints"]["last_id"]
+            stages = job.stats()["checkpoints"]["stages_ms"]  # each stage's mean time per checkpoint
+            assert set(stages) == {"boundary", "barrier", "align", "snapshot", "commit", "pack_s", "write_s",
+                                   "prepare_s", "cow_s"} and min(stages.values()) >= 0, stages
             ckdir = cluster.state_dir / f"job-{job.id}" / f"ckpt-{newest}"
             victim_file = ckdir / "w0.snapshot"  # a survivor's: read by whoever restores its groups
             victim_file.write_bytes(victim_file.read_bytes()[:10])  # truncated

@@ -207,3 +207,11 @@ def test_outputs_of_an_uncommitted_checkpoint_go_with_the_next_or_are_dropped_by
     c.begin(4, ["w0"], now=6.0)
     c.ack(4, "w0", {}, 1, {})
     assert c.finish(7.0)[1] == {}
+
+
+def test_a_checkpoint_is_due_an_interval_after_the_last_began_with_a_gap_after_a_long_one():
+    from clasp.core.checkpoint import GAP_SHARE, next_due
+
+    assert next_due(10.0, None, 1.0) == 11.0  # while it runs
+    assert next_due(10.0, 10.6, 1.0) == 11.0  # it took 0.6 s: the next one is still an interval after
+    assert next_due(10.0, 11.3, 1.0) == 11.3 + GAP_SHARE  # it outlasted the interval: a gap, not a whole one

@@ -214,3 +214,27 @@ def test_blocks_run_past_the_barrier_and_the_snapshot_is_the_count_below_it(line
     assert eng.ops[0].state_dict() == dict(live)
     eng.release_barrier()
     assert snapshot(eng) == dict(live)
+
+
+def test_a_block_that_straddles_the_boundary_runs_whole_and_keeps_the_cut():
+    """One block with requests below the boundary before and after the first one above it at the same key,
+    and a key only below it: each image is the state before the block's first request above the boundary
+    plus every request below it, whatever their place in the block; a group no request above reached gets no
+    image and the live state has every request."""
+    dag = clasp.Dag("cow-straddle")
+    dag.operator("count", _count, stateful=True, key=clasp.identity)
+    spec = dag.to_spec()
+    eng = JobEngine(1, spec, "w0", build_placement(spec, ["w0"], {"count": {0: 1}}, 10))
+    op = eng.ops[0]
+    lone = next(w for w in (f"w{i}" for i in range(1000)) if op.group_of(w) not in {op.group_of("a"), op.group_of("b")})
+    op.queue.append_block(0, ["a"], [1 << CHUNK_BITS], [1])
+    drain(eng)
+    boundary = 5 << CHUNK_BITS
+    eng.begin_barrier(boundary)
+    below, above = 2 << CHUNK_BITS, boundary + 1
+    op.queue.append_block(0, ["a", "a", "b", "a", lone, "a"], [below, above, above, below, below],
+                          [1, 1, 1, 2, 1])
+    drain(eng)
+    assert set(eng.cut.shadows[0]) == {op.group_of("a"), op.group_of("b")}
+    assert snapshot(eng) == {"a": 4, lone: 1}
+    assert op.state_dict() == {"a": 5, "b": 1, lone: 1}
