@@ -1,7 +1,8 @@
 """The user's handle on a cluster: `clasp.connect(addr)` → Client → `submit(dag)` → Job.
 
 Synchronous on purpose (scripts, notebooks, tests): one DEALER socket to the planner, requests tagged
-with ids, pushes pipelined with a bounded window of unacknowledged chunks.
+with ids, pushes pipelined with a bounded window of unacknowledged chunks. A ZeroMQ socket belongs to one
+thread, and so does a client: threads that work on one job each connect (`clasp.connect(addr).job(id)`).
 
 A planner that has gone away fails every call within seconds, not after its timeout: a socket monitor
 sees the connection close (the planner process exited) or ZeroMQ heartbeats time it out (the planner's

@@ -87,6 +87,11 @@ def _kill(client, wid: str) -> None:
             os.kill(w["pid"], signal.SIGKILL)
 
 
+def _pids(client) -> dict:
+    """Live workers' pids, asked before a second thread uses the client: a client is one thread's."""
+    return {w["id"]: w["pid"] for w in client.workers() if w["alive"]}
+
+
 @pytest.mark.parametrize("during", ["reading", "a rescale"])
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_file_source_word_count_exact_after_a_worker_sigkill(tmp_path_factory, seed, during):
@@ -104,12 +109,13 @@ def test_file_source_word_count_exact_after_a_worker_sigkill(tmp_path_factory, s
             wait_for(lambda: job.stats()["checkpoints"]["completed"] >= 1, timeout=30, what="a first checkpoint")
             time.sleep(rng.uniform(0.1, 0.5))
             assert job.stats()["completed"] < len(lines), "the input was done before the kill"
-            victim = rng.choice([w["id"] for w in client.workers() if w["alive"]])
+            pids = _pids(client)
+            victim = rng.choice(sorted(pids))
             if during == "a rescale":  # partitions move while the victim dies: the rollback decides
                 mover = threading.Thread(target=lambda: _try(lambda: job.scale(2)))
                 mover.start()
                 time.sleep(0.02)
-                _kill(client, victim)
+                os.kill(pids[victim], signal.SIGKILL)
                 mover.join()
             else:
                 _kill(client, victim)
@@ -176,11 +182,12 @@ def test_every_checkpoint_is_a_consistent_cut(tmp_path_factory, seed, kill):
             job = client.submit(word_count(FileSource(str(data / "part-*.txt"), range_bytes=150_000)),
                                 autoscale=False)
             time.sleep(rng.uniform(0.5, 1.0))
+            pids = _pids(client)
             mover = threading.Thread(target=lambda: _try(lambda: job.scale(2)))
             mover.start()
             if kill:
                 time.sleep(rng.uniform(0.0, 0.1))
-                _kill(client, rng.choice([w["id"] for w in client.workers() if w["alive"]]))
+                os.kill(pids[rng.choice(sorted(pids))], signal.SIGKILL)
             mover.join()
             summary = job.wait_idle(timeout=120)
             assert summary["read"] == len(lines) and summary["completed"] == len(lines) and summary["lost"] == 0
