@@ -2,7 +2,7 @@
 
 Synchronous on purpose (scripts, notebooks, tests): one DEALER socket to the planner, requests tagged
 with ids, pushes pipelined with a bounded window of unacknowledged chunks. A ZeroMQ socket belongs to one
-thread, and so does a client: threads that work on one job each connect (`clasp.connect(addr).job(id)`).
+thread, so a client shared by threads gives each its own socket (`Client`).
 
 A planner that has gone away fails every call within seconds, not after its timeout: a socket monitor
 sees the connection close (the planner process exited) or ZeroMQ heartbeats time it out (the planner's
@@ -19,6 +19,7 @@ refused, plaintext against a CURVE planner or the reverse, another cluster's ser
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -61,12 +62,156 @@ HEARTBEAT_TIMEOUT = 3.0  # and a connection that answers nothing for 3 s is clos
 _POLL_SLICE = 0.5
 
 
+class _Connection:
+    """One thread's DEALER socket to the planner: its connection events and the replies that came on it.
+    A ZeroMQ socket belongs to one thread, so a client keeps one of these per thread that calls it."""
+
+    def __init__(self, client: Client):
+        self.client = client
+        self.thread = threading.current_thread()
+        self.sock = client.security.client(client._ctx.socket(zmq.DEALER))
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.HEARTBEAT_IVL, int(HEARTBEAT_IVL * 1000))
+        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(HEARTBEAT_TIMEOUT * 1000))
+        # Before connect(), so the first handshake is seen.
+        self.monitor = self.sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+        self.handshake_failed: str | None = None  # why the last handshake failed, while none ever succeeded
+        self.poller = zmq.Poller()
+        self.poller.register(self.sock, zmq.POLLIN)
+        self.poller.register(self.monitor, zmq.POLLIN)
+        self.up = False  # a connection to the planner is up (ZMTP handshake done)
+        self.ever_up = False
+        self.down_since = time.monotonic()
+        self.pending: set[int] = set()  # sent, not answered
+        self.lost: set[int] = set()  # sent, and the connection closed before the answer came
+        self.replies: dict[int, dict] = {}
+        self.sock.connect(client.address)
+
+    def send_frame(self, req: int, frame: bytes, mtype: str) -> int:
+        try:
+            limits.check_message(len(frame), mtype)
+        except limits.LimitError as e:
+            raise ClaspError(str(e)) from None
+        self.sock.send(frame, copy=len(frame) < 65536)
+        self.pending.add(req)
+        return req
+
+    def wait(self, req: int, timeout: float, what: str) -> Any:
+        deadline = time.monotonic() + timeout
+        liveness = self.client.liveness
+        while req not in self.replies:
+            self.watch()
+            if req in self.replies:
+                break
+            if req in self.lost:
+                self.lost.discard(req)
+                raise self.gone(what, "the connection to it closed before it answered")
+            now = time.monotonic()
+            if not self.up and now - self.down_since >= liveness:
+                self.pending.discard(req)
+                if self.handshake_failed and not self.ever_up:
+                    raise self.auth_error(what)
+                if self.ever_up:
+                    raise self.gone(what, f"no connection to it for {now - self.down_since:.1f} s")
+                raise self.gone(what, f"nothing accepted a connection there within {liveness:g} s")
+            left = deadline - now
+            if left <= 0:
+                self.pending.discard(req)
+                raise ClaspTimeout(f"{what}: no answer from {self.client.address} within {timeout} s")
+            self.poller.poll(int(min(left, _POLL_SLICE) * 1000) + 1)
+        reply = self.replies.pop(req)
+        if not reply["ok"]:
+            err = reply.get("error") or "unknown error"
+            if err.startswith("timeout"):
+                raise ClaspTimeout(err)
+            raise ClaspError(err)
+        return reply.get("result")
+
+    def why_refused(self, event: int, value: int) -> str:
+        keys = self.client.keys
+        where = f"keys {keys.dir}" if keys else "no keys"
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return f"the planner refused this client's key ({where}): it is not among the planner's allowed keys"
+        if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            if keys is None:
+                return ("the planner requires CURVE keys and this client speaks plaintext: pass keys=DIR, set "
+                        "CLASP_KEYS=DIR, or use the \"keys\" of the cluster's --info file")
+            return f"the planner does not use CURVE (it runs --insecure) and this client has {where}"
+        return f"the CURVE handshake failed ({where}): ZMTP error {value:#x}"
+
+    def auth_error(self, what: str) -> AuthError:
+        return AuthError(f"{what}: cannot authenticate with the clasp planner at {self.client.address}: "
+                         f"{self.handshake_failed}")
+
+    def gone(self, what: str, why: str) -> PlannerUnavailable:
+        address = self.client.address
+        if self.ever_up:
+            return PlannerUnavailable(f"{what}: the clasp planner at {address} has gone away: {why}", why)
+        return PlannerUnavailable(f"{what}: no clasp planner at {address}: {why}", why)
+
+    def watch(self) -> None:
+        """Take the connection's events, then the replies that have come."""
+        while self.monitor.get(zmq.EVENTS) & zmq.POLLIN:
+            msg = recv_monitor_message(self.monitor)
+            event, value = msg["event"], msg["value"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.up = self.ever_up = True
+                self.handshake_failed = None
+            elif event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
+                self.handshake_failed = self.why_refused(event, value)
+                self.pending.clear()
+                raise self.auth_error("connect")
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                # Also a dropped connection; an auth problem once it keeps happening with no handshake done.
+                self.handshake_failed = ("every connection closed during the CURVE handshake: the planner may use "
+                                         "another cluster's keys" if self.client.keys else
+                                         "every connection closed during the handshake")
+            elif event == zmq.EVENT_DISCONNECTED and self.up:
+                self.up = False
+                self.down_since = time.monotonic()
+                # The planner routes a reply to the connection the request came on: once that is closed,
+                # nothing still outstanding can be answered (a new connection is a new peer to it).
+                self.take()
+                self.lost |= self.pending
+                self.pending.clear()
+        self.take()
+
+    def take(self) -> None:
+        while True:
+            try:
+                frame = self.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                mtype, body = protocol.decode(frame)
+            except ProtocolError as e:
+                raise ClaspError(f"the planner sent a bad message: {e}") from None
+            if mtype == "reply":
+                self.replies[body["req"]] = body
+                self.pending.discard(body["req"])
+            elif mtype == "error":
+                raise ClaspError(f"the planner rejected a message: {body['reason']}: {body['detail']}")
+
+    def close(self) -> None:
+        if self.sock.closed:
+            return
+        self.sock.disable_monitor()
+        self.monitor.close(0)
+        self.sock.close(0)
+
+
 class Client:
     """A connection to a planner. Use as a context manager, or call close().
 
     `timeout`: how long a call waits for its answer (longer calls have their own, larger, timeouts);
     `liveness`: how long a call waits while no connection to the planner is up (never connected, or
-    closed and not back) before it raises PlannerUnavailable."""
+    closed and not back) before it raises PlannerUnavailable.
+
+    Threads may share a client: each thread that calls it gets its own connection to the planner (a
+    ZeroMQ socket belongs to one thread), made at its first call and closed with the client, or by a
+    later call once its thread has ended. Replies to a thread's requests come on its own connection."""
 
     def __init__(self, address: str, timeout: float = 10.0, liveness: float = LIVENESS,
                  keys: Keys | str | None = None, insecure: bool = False):
@@ -76,26 +221,11 @@ class Client:
         self.keys = None if insecure else resolve(keys, address)
         self.security = Security(self.keys)
         self._ctx = zmq.Context()
-        self._sock = self.security.client(self._ctx.socket(zmq.DEALER))
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.HEARTBEAT_IVL, int(HEARTBEAT_IVL * 1000))
-        self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(HEARTBEAT_TIMEOUT * 1000))
-        # Before connect(), so the first handshake is seen.
-        self._monitor = self._sock.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-        self._handshake_failed: str | None = None  # why the last handshake failed, while none ever succeeded
-        self._poller = zmq.Poller()
-        self._poller.register(self._sock, zmq.POLLIN)
-        self._poller.register(self._monitor, zmq.POLLIN)
-        self._up = False  # a connection to the planner is up (ZMTP handshake done)
-        self._ever_up = False
-        self._down_since = time.monotonic()
-        self._pending: set[int] = set()  # sent, not answered
-        self._lost: set[int] = set()  # sent, and the connection closed before the answer came
-        self._sock.connect(address)
-        self._ids = itertools.count(1)
-        self._replies: dict[int, dict] = {}
+        self._local = threading.local()
+        self._conns: list[_Connection] = []
+        self._conns_lock = threading.Lock()
+        self._closed = False
+        self._ids = itertools.count(1)  # next() on a count is atomic: request ids stay unique across threads
         self.last_job: Job | None = None
         try:
             self._call("jobs", {}, timeout)
@@ -111,6 +241,22 @@ class Client:
             raise ClaspTimeout(f"no clasp planner answers at {address} within {timeout} s{hint}") from None
 
     # ----------------------------------------------------------------- plumbing
+    def _conn(self) -> _Connection:
+        """The calling thread's connection, made at its first call; the connections of threads that have
+        ended are closed then, so a client used from many short-lived threads holds no more sockets than
+        it has live callers."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None or self._closed:
+            with self._conns_lock:
+                if self._closed:
+                    raise ClaspError("the client is closed")
+                for old in [c for c in self._conns if not c.thread.is_alive()]:
+                    old.close()
+                    self._conns.remove(old)
+                conn = self._local.conn = _Connection(self)
+                self._conns.append(conn)
+        return conn
+
     def _send(self, mtype: str, body: dict) -> int:
         return self._send_frame(*self._frame(mtype, body))
 
@@ -119,106 +265,10 @@ class Client:
         return req, protocol.encode(mtype, {**body, "req": req})
 
     def _send_frame(self, req: int, frame: bytes, mtype: str = "a request") -> int:
-        try:
-            limits.check_message(len(frame), mtype)
-        except limits.LimitError as e:
-            raise ClaspError(str(e)) from None
-        self._sock.send(frame, copy=len(frame) < 65536)
-        self._pending.add(req)
-        return req
+        return self._conn().send_frame(req, frame, mtype)
 
     def _wait(self, req: int, timeout: float, what: str) -> Any:
-        deadline = time.monotonic() + timeout
-        while req not in self._replies:
-            self._watch()
-            if req in self._replies:
-                break
-            if req in self._lost:
-                self._lost.discard(req)
-                raise self._gone(what, "the connection to it closed before it answered")
-            now = time.monotonic()
-            if not self._up and now - self._down_since >= self.liveness:
-                self._pending.discard(req)
-                if self._handshake_failed and not self._ever_up:
-                    raise self._auth_error(what)
-                if self._ever_up:
-                    raise self._gone(what, f"no connection to it for {now - self._down_since:.1f} s")
-                raise self._gone(what, f"nothing accepted a connection there within {self.liveness:g} s")
-            left = deadline - now
-            if left <= 0:
-                self._pending.discard(req)
-                raise ClaspTimeout(f"{what}: no answer from {self.address} within {timeout} s")
-            self._poller.poll(int(min(left, _POLL_SLICE) * 1000) + 1)
-        reply = self._replies.pop(req)
-        if not reply["ok"]:
-            err = reply.get("error") or "unknown error"
-            if err.startswith("timeout"):
-                raise ClaspTimeout(err)
-            raise ClaspError(err)
-        return reply.get("result")
-
-    def _why_refused(self, event: int, value: int) -> str:
-        where = f"keys {self.keys.dir}" if self.keys else "no keys"
-        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-            return f"the planner refused this client's key ({where}): it is not among the planner's allowed keys"
-        if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
-            if self.keys is None:
-                return ("the planner requires CURVE keys and this client speaks plaintext: pass keys=DIR, set "
-                        "CLASP_KEYS=DIR, or use the \"keys\" of the cluster's --info file")
-            return f"the planner does not use CURVE (it runs --insecure) and this client has {where}"
-        return f"the CURVE handshake failed ({where}): ZMTP error {value:#x}"
-
-    def _auth_error(self, what: str) -> AuthError:
-        return AuthError(f"{what}: cannot authenticate with the clasp planner at {self.address}: "
-                         f"{self._handshake_failed}")
-
-    def _gone(self, what: str, why: str) -> PlannerUnavailable:
-        if self._ever_up:
-            return PlannerUnavailable(f"{what}: the clasp planner at {self.address} has gone away: {why}", why)
-        return PlannerUnavailable(f"{what}: no clasp planner at {self.address}: {why}", why)
-
-    def _watch(self) -> None:
-        """Take the connection's events, then the replies that have come."""
-        while self._monitor.get(zmq.EVENTS) & zmq.POLLIN:
-            msg = recv_monitor_message(self._monitor)
-            event, value = msg["event"], msg["value"]
-            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self._up = self._ever_up = True
-                self._handshake_failed = None
-            elif event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
-                self._handshake_failed = self._why_refused(event, value)
-                self._pending.clear()
-                raise self._auth_error("connect")
-            elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-                # Also a dropped connection; an auth problem once it keeps happening with no handshake done.
-                self._handshake_failed = ("every connection closed during the CURVE handshake: the planner may use "
-                                          "another cluster's keys" if self.keys else
-                                          "every connection closed during the handshake")
-            elif event == zmq.EVENT_DISCONNECTED and self._up:
-                self._up = False
-                self._down_since = time.monotonic()
-                # The planner routes a reply to the connection the request came on: once that is closed,
-                # nothing still outstanding can be answered (a new connection is a new peer to it).
-                self._take()
-                self._lost |= self._pending
-                self._pending.clear()
-        self._take()
-
-    def _take(self) -> None:
-        while True:
-            try:
-                frame = self._sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                mtype, body = protocol.decode(frame)
-            except ProtocolError as e:
-                raise ClaspError(f"the planner sent a bad message: {e}") from None
-            if mtype == "reply":
-                self._replies[body["req"]] = body
-                self._pending.discard(body["req"])
-            elif mtype == "error":
-                raise ClaspError(f"the planner rejected a message: {body['reason']}: {body['detail']}")
+        return self._conn().wait(req, timeout, what)
 
     def _call(self, mtype: str, body: dict, timeout: float | None = None) -> Any:
         return self._wait(self._send(mtype, body), timeout or self.timeout, mtype)
@@ -293,11 +343,14 @@ class Client:
         return self._call("pool", {})
 
     def close(self) -> None:
-        if self._sock.closed:
-            return
-        self._sock.disable_monitor()
-        self._monitor.close(0)
-        self._sock.close(0)
+        """Close every thread's connection; call it once the other threads are done with the client."""
+        with self._conns_lock:
+            if self._closed:
+                return
+            self._closed = True
+            for conn in self._conns:
+                conn.close()
+            self._conns.clear()
         self._ctx.term()
 
     def __enter__(self) -> Client:
@@ -315,7 +368,7 @@ class Job:
         self.id = job_id
         self.name = name
         self.info = info
-        self._credit = PushCredit()
+        self._credits = threading.local()  # a thread's pushes wait for their acks on its own connection
 
     def push(self, records: Iterable, chunk: int = CHUNK_RECORDS, window: int = 8) -> int:
         """Send records to the planner's incoming queue; returns when all are accepted.
@@ -326,7 +379,9 @@ class Job:
         smaller) go while they fit the credit of the planner's last acknowledgement, at most `window` at
         a time (`clasp.core.credit`). Any iterable, an endless generator too: it is read one chunk ahead
         of what the planner accepted."""
-        credit = self._credit  # the last call's credit and measured record size carry over
+        credit = getattr(self._credits, "credit", None)  # the thread's last call's credit and record size carry over
+        if credit is None:
+            credit = self._credits.credit = PushCredit()
         credit.window = window
         n = 0
         batch: list = []

@@ -93,11 +93,7 @@ def test_sigterm_mid_run_drains_the_worker_exact_results_and_exit_zero(tmp_path_
             job = client.submit(wc.build_dag(), autoscale=False)
             job.scale(3)
             lines = wc.generate(150_000, seed=5)
-            def push():
-                with clasp.connect(cluster.planner) as pusher:  # a client is one thread's
-                    pusher.job(job.id).push(lines)
-
-            pushed = threading.Thread(target=push)
+            pushed = threading.Thread(target=job.push, args=(lines,))
             pushed.start()
             wait_for(lambda: job.stats()["completed"] > 20_000, timeout=60, what="the job under way")
             victim = cluster.procs[3]

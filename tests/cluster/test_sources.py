@@ -88,7 +88,7 @@ def _kill(client, wid: str) -> None:
 
 
 def _pids(client) -> dict:
-    """Live workers' pids, asked before a second thread uses the client: a client is one thread's."""
+    """Live workers' pids, asked before the rescale starts, so that the kill comes with no round trip."""
     return {w["id"]: w["pid"] for w in client.workers() if w["alive"]}
 
 
