@@ -6,11 +6,16 @@ assignment keeps every partition whose owner may stay, so a rescale, drain or re
 With fewer partitions than workers some workers read nothing (their share of the source operator then
 only passes on what others read). The planner carries the assignment out: a partition that changes
 owner moves with its position (`clasp/runtime/sources.py`).
+
+A bounded source's partitions are also balanced as they end (`steal`): a worker that has read all of its own
+while another still has several to read takes half of the difference, as Flink's split enumerator hands
+unread file splits to the readers that ask. Workers read at different speeds (one of them owns the hot key
+groups, or has less CPU), and without it the fastest would idle while the slowest reads on alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import replace
 
 from clasp.core.dag import DagSpec
@@ -55,6 +60,33 @@ def assign_partitions(partitions: Sequence[str], shares: Mapping[str, float],
 def moved_partitions(old: Mapping[str, str], new: Mapping[str, str]) -> dict[str, tuple[str | None, str]]:
     """Partition -> (old owner or None, new owner), for those whose owner changes."""
     return {p: (old.get(p), w) for p, w in new.items() if old.get(p) != w}
+
+
+def steal(owners: Mapping[tuple[str, str], str], ended: Set[tuple[str, str]],
+          readers: Mapping[str, Sequence[str]]) -> dict[tuple[str, str], tuple[str, str]]:
+    """Moves (op, partition) -> (owner, new owner) that even out the partitions still being read, per source
+    operator, once one of its readers (`readers[op]`: the workers holding a share of it) has none left: from
+    the worker with the most to the one with the fewest while they differ by two or more, the
+    last-listed partitions first (the order of `owners`). Nothing while every reader still has one."""
+    moves: dict[tuple[str, str], tuple[str, str]] = {}
+    for op, workers in readers.items():
+        left: dict[str, list] = {w: [] for w in workers}
+        for key, w in owners.items():
+            if key[0] == op and key not in ended and w in left:
+                left[w].append(key)
+        if len(left) < 2 or min(map(len, left.values())) > 0:
+            continue
+        while True:
+            most = max(sorted(left), key=lambda w: len(left[w]))
+            fewest = min(sorted(left), key=lambda w: len(left[w]))
+            if len(left[most]) - len(left[fewest]) < 2:
+                break
+            key = left[most].pop()
+            left[fewest].append(key)
+            first = moves.pop(key, (most, fewest))[0]
+            if first != fewest:
+                moves[key] = (first, fewest)
+    return moves
 
 
 def readers_follow(spec: DagSpec, placement: Placement) -> Placement:

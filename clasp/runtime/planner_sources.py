@@ -22,7 +22,7 @@ from typing import Any
 from clasp.core import protocol
 from clasp.core.dag import DagSpec
 from clasp.core.lifecycle import Phase
-from clasp.core.partitions import assign_partitions, moved_partitions
+from clasp.core.partitions import assign_partitions, moved_partitions, steal
 from clasp.core.routing import Placement
 from clasp.core.timed import stages
 from clasp.runtime.planner_link import Link
@@ -43,6 +43,8 @@ class SourceState:
         self.finished = False  # `job.stop()` returned: a later rollback does not read again
         self.deferred: list[tuple[bytes, int]] = []  # lease requests that came during a rollback or barrier
         self.deferred_ends: list[tuple[bytes, protocol.ReadEnd]] = []  # read_end reports that came during a rollback
+        self.stealing = False  # a balancing of the partitions left to read is under way (`partitions.steal`)
+        self.stolen = 0  # partitions moved by it
 
     def reading(self) -> int:
         """Partitions that still hold `wait_idle` up: not read to their end (every one, on a stream)."""
@@ -161,12 +163,39 @@ class SourcesCoordinator:
         if job.src.owners.get(key) == ident.decode(errors="replace"):
             job.src.ended.add(key)
             self._check_waiters(job)
+            if not job.src.stealing and self._steals(job):
+                job.src.stealing = True
+                self.link.background(self._steal(job), f"balancing the source partitions of job {job.id}")
 
     def send_credit(self, job) -> None:
         for w, n in job.tracker.take_credit().items():
             self.link.post(w.encode(), protocol.pack(protocol.Credit(job.id, n)))
 
     # ----------------------------------------------------------------- placement changes
+    def _steals(self, job) -> dict:
+        """The moves that even out a bounded source's partitions left to read (`partitions.steal`); none
+        while the job rolls back, migrates, takes a checkpoint's barrier or has stopped reading."""
+        src = job.src
+        if (not src.bounded or src.stopped or job.life.restoring or job.life.migrating
+                or job.life.phase is not Phase.RUNNING):
+            return {}
+        serving = set(self._job_workers(job))
+        readers = {op: sorted(w for w, s in job.placement.operators[op].shares.items() if s > 0 and w in serving)
+                   for op in {op for op, _ in src.parts}}
+        return steal(src.owners, src.ended, readers)
+
+    async def _steal(self, job) -> None:
+        """A worker read all of its partitions: some of a busier worker's move to it, with their positions
+        (under the job's lock, so no checkpoint or migration sees a partition between two owners)."""
+        try:
+            async with job.lock:
+                moves = self._steals(job)
+                if moves:
+                    await self._move(job, moves, {**job.src.owners, **{k: b for k, (_, b) in moves.items()}})
+                    job.src.stolen += len(moves)
+        finally:
+            job.src.stealing = False
+
     async def move_partitions(self, job) -> None:
         """After a migration (under the job's lock): the partitions whose owner changes move, each with the
         position after the last batch its old owner admitted."""
@@ -178,8 +207,13 @@ class SourcesCoordinator:
             return
         new = owners_under(src, job.placement, serving, src.owners)
         moves = moved_partitions(src.owners, new)
-        if not moves:
-            return
+        if moves:
+            await self._move(job, moves, new)
+
+    async def _move(self, job, moves: dict, new: dict) -> None:
+        """Release `moves` ((op, partition) -> (old, new owner)) from their old owners, then open them at
+        the positions released on their new ones; `new` is every partition's owner after."""
+        src = job.src
         await self._release_partitions(job, {k: a for k, (a, _) in moves.items()})
         by_new: dict[str, list] = {}
         for (op, p), (_, b) in moves.items():
@@ -244,7 +278,8 @@ class SourcesCoordinator:
             owners[w] = owners.get(w, 0) + 1
         t = job.tracker
         return {"partitions": len(src.parts), "ended": len(src.ended), "bounded": src.bounded,
-                "stopped": src.stopped, "owners": owners, "read": t.read, "read_complete": t.read_done}
+                "stopped": src.stopped, "owners": owners, "read": t.read, "read_complete": t.read_done,
+                "stolen": src.stolen}
 
     # ----------------------------------------------------------------- stop
     async def on_stop(self, ident: bytes, msg: protocol.Stop) -> None:

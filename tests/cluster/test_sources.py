@@ -5,7 +5,8 @@ that emits [word, n] with collect=True: after a worker is SIGKILLed mid-run, and
 while the partitions are being read, every word's emitted counts are exactly 1..n, once each, and the state
 is collections.Counter of the input; the same from files into a FileSink across 1 -> 4 -> 2. A reader
 pauses while its worker's window is full (bounded memory); stop() ends a job on a stream after a last
-checkpoint; push() feeds the roots that are not sources.
+checkpoint; push() feeds the roots that are not sources; a worker that read its partitions takes some of a
+busier one's, also through a SIGKILL.
 
 CLASP_STRESS_SEEDS=N runs N seeds of the SIGKILL test (default 1).
 """
@@ -290,6 +291,47 @@ def test_rescale_1_4_2_moves_partitions_with_their_positions(tmp_path_factory):
             assert len(two["owners"]) == 2 and two["ended"] < total, two
             summary = job.wait_idle(timeout=120)
             assert summary["read"] == len(lines) == summary["completed"]
+            check_exact(job, lines)
+    finally:
+        cluster.stop()
+
+
+def write_uneven(directory, rng: random.Random, big: int, small: int) -> list[str]:
+    """Four big files listed first, then four small ones: the first worker's four, the second's four."""
+    vocabulary = [f"w{i}" for i in range(300)]
+    out = []
+    for f in range(8):
+        rows = [" ".join(rng.choice(vocabulary) for _ in range(rng.randint(0, 5)))
+                for _ in range(big if f < 4 else small)]
+        (directory / f"part-{f}.txt").write_text("".join(r + "\n" for r in rows))
+        out.extend(rows)
+    return out
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["steal", "SIGKILL after a steal"])
+@pytest.mark.parametrize("seed", range(SEEDS))
+def test_a_worker_that_read_its_partitions_takes_some_of_a_busier_ones(tmp_path_factory, seed, kill):
+    """Partitions of very different lengths on 2 workers: the one whose files were short takes some of the
+    other's (with their positions) when it has read its own, so both read to the end; with a SIGKILL after
+    that, the rollback reopens every partition at the checkpoint's position. Exact either way."""
+    rng = random.Random(seed)
+    data = tmp_path_factory.mktemp("input")
+    lines = write_uneven(data, rng, big=12000, small=300)
+    cluster = start_cluster(tmp_path_factory, 2, planner_args=["--no-autoscale", "--checkpoint-interval", "0.3"])
+    try:
+        with clasp.connect(cluster.planner) as client:
+            job = client.submit(word_count(FileSource(str(data / "part-*.txt"))), autoscale=False)
+            start = job.stats()["sources"]
+            assert start["partitions"] == 8 and sorted(start["owners"].values()) == [4, 4], start
+            wait_for(lambda: job.stats()["sources"]["stolen"] >= 1, timeout=30, what="a partition moved")
+            moved = job.stats()["sources"]
+            assert sorted(moved["owners"].values()) != [4, 4] and moved["ended"] < 8, moved
+            if kill:
+                pids = _pids(client)
+                os.kill(pids[rng.choice(sorted(pids))], signal.SIGKILL)
+                wait_for(lambda: job.stats()["checkpoints"]["recoveries"] >= 1, timeout=30, what="the recovery")
+            summary = job.wait_idle(timeout=120)
+            assert summary["read"] == len(lines) == summary["completed"] and summary["lost"] == 0
             check_exact(job, lines)
     finally:
         cluster.stop()

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clasp.core.partitions import assign_partitions, moved_partitions, partition_counts
+from clasp.core.partitions import assign_partitions, moved_partitions, partition_counts, steal
 
 
 def owned(owners):
@@ -59,3 +59,34 @@ def test_every_partition_one_owner_proportional_and_fewest_moves(n, before, afte
     must = sum(max(0, c - target.get(w, 0)) for w, c in owned(old).items())
     assert len(moved_partitions(old, new)) == must
     assert assign_partitions(parts, after, new) == new  # stable
+
+
+def test_a_reader_with_nothing_left_takes_half_of_the_difference_last_listed_first():
+    owners = {("s", str(i)): ("a" if i < 8 else "b") for i in range(16)}
+    ended = {("s", str(i)) for i in range(8, 16)}
+    assert steal(owners, ended, {"s": ["a", "b"]}) == {("s", str(i)): ("a", "b") for i in (7, 6, 5, 4)}
+    three = steal(owners, ended, {"s": ["a", "b", "c"]})
+    assert sorted(b for _, b in three.values()) == ["b", "b", "b", "c", "c"]
+    assert steal(owners, set(), {"s": ["a", "b"]}) == {}  # every reader still has partitions to read
+    assert steal(owners, ended, {"s": ["a"]}) == {}  # a worker without a share of the source reads nothing
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("xy"), st.integers(0, 3), st.booleans()), max_size=30),
+       st.lists(st.sampled_from("abcd"), min_size=1, max_size=4, unique=True))
+def test_steals_even_out_only_what_is_left_and_only_once_a_reader_ran_dry(parts, readers):
+    owners = {(op, f"p{i}"): "abcd"[w] for i, (op, w, _) in enumerate(parts)}
+    ended = {(op, f"p{i}") for i, (op, _, done) in enumerate(parts) if done}
+    ops = {"x": readers, "y": readers[:1] + ["d"]}
+    moves = steal(owners, ended, ops)
+    after = {**owners, **{k: b for k, (_, b) in moves.items()}}
+    for k, (a, b) in moves.items():
+        assert k not in ended and owners[k] == a != b and b in ops[k[0]]
+    for op, workers in ops.items():
+        left = {w: sum(1 for k, w2 in owners.items() if k[0] == op and k not in ended and w2 == w) for w in workers}
+        now = {w: sum(1 for k, w2 in after.items() if k[0] == op and k not in ended and w2 == w) for w in workers}
+        if len(workers) < 2 or min(left.values()) > 0:
+            assert all(after[k] == owners[k] for k in owners if k[0] == op)
+        else:
+            assert max(now.values()) - min(now.values()) <= 1
+            assert sum(now.values()) == sum(left.values())
