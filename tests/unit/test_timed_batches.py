@@ -86,12 +86,16 @@ def check(make_fold, batches, watermarks):
         before = msgpack.packb(sb)
         new, out_b, failed_b = b.run(sb, "k", values)
         assert msgpack.packb(sb) == before  # never in place: a checkpoint may be packing it
+        changed = msgpack.packb(new) != before
         sb = new
         assert sb == sa
         assert out_b == out_a
         assert sorted((i, type(e)) for i, e in failed_b) == sorted(failed_a)
         assert b.late == a.late
-        assert bool(b.take_touched()) == bool(a.take_touched())
+        # The shell's timer index needs every key whose state (so its timers) changed. A batch that ends where
+        # it began (a state set, then deleted) may say nothing where the calls one by one said something.
+        touched_b, touched_a = b.take_touched(), a.take_touched()
+        assert touched_b <= {"k"} and (touched_b or not changed) and (touched_a or not touched_b)
         # Fire what the watermark passed, as the shell does between passes.
         if sa is not None:
             sa, _ = a.fire_key(sa, "k", w, 0)
