@@ -190,7 +190,7 @@ class Planner:
             state_endpoint=lambda: self.state_server.endpoint)
         self.migrations = Migrations(self.link, self.queries, self.dispatcher, self.sources, self.elastic, self.workers,
                                      self.pushers, p_max=self.p_max, control=self.control,
-                                     migration_timeout=self.migration_timeout)
+                                     migration_timeout=self.migration_timeout, rebalance=config.rebalance)
         self.elastic.migrations = self.migrations  # each asks the other: the pool's workers, a migration
         self.dispatcher.send_credit = self.sources.send_credit
         self.dispatcher.bad = self._bad
