@@ -468,8 +468,9 @@ def rebalance(spec: DagSpec, placement: Placement, weights: Mapping[str, Sequenc
 @dataclass
 class Rebalancer:
     """One job's key-group rebalancing over control ticks: `rebalance` once an operator has been skewed for
-    `persist` ticks in a row, never while migrating, and not within `cooldown` ticks of a placement change
-    (any: a rebalance, the autoscaler's, a recovery; seen as a new epoch)."""
+    `persist` ticks in a row, never while the job is held (migrating, checkpointing: the tick is skipped,
+    not counted), and not within `cooldown` ticks of a placement change (any: a rebalance, the autoscaler's,
+    a recovery; seen as a new epoch)."""
 
     config: RebalanceConfig = field(default_factory=RebalanceConfig)
     epoch: int | None = None
@@ -484,8 +485,7 @@ class Rebalancer:
             if self.epoch is not None:
                 self._cooldown = c.cooldown
             self.epoch, self._over = placement.epoch, 0
-        if migrating:
-            self._over = 0
+        if migrating:  # nothing now; the skew seen so far still counts (a new epoch starts it over)
             return None
         if self._cooldown > 0:
             self._cooldown -= 1

@@ -56,10 +56,12 @@ class DispatchReady:
 
 @dataclass(frozen=True, slots=True)
 class Progress:
-    """A worker's progress report: epoch -> {operator: requests produced minus finished}."""
+    """A worker's progress report: epoch -> {operator: requests produced minus finished}, and its queued
+    work past the push roots in root requests (`behind`)."""
     sender: bytes
     deltas: Mapping
     now: float
+    behind: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,8 +245,8 @@ class JobMachine:
             if not offset:
                 out.append(ChunkBegins(head[0] >> CHUNK_BITS))
         inflight = job.inflight
-        if not inflight and job.loads.out:  # nothing outstanding anywhere: no worker is behind
-            job.loads.out.clear()
+        if not inflight and (job.loads.out or job.loads.behind):  # nothing outstanding anywhere: none is behind
+            job.loads.clear()
         d = scheduler.dispatch(job.queue, job.spec, job.routes,
                                scheduler.window_room(job.window, inflight, job.batch), job.loads)
         if d is None:
@@ -269,7 +271,7 @@ class JobMachine:
         if self.life.phase is Phase.RETIRED or self.stale(ev.sender):
             return ()
         job = self.job
-        job.loads.report(ev.sender, ev.deltas)
+        job.loads.report(ev.sender, ev.deltas, ev.behind)
         t = job.tracker
         if not t.progress(ev.deltas, ev.now):
             return ()

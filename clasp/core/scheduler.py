@@ -135,33 +135,44 @@ class Loads:
     reports: requests a migration hands to another worker are reported finished there, so a placement
     change starts the counts over (the shell builds a new `Loads`), as does a job with nothing in flight."""
 
-    __slots__ = ("sources", "out")
+    __slots__ = ("sources", "out", "behind")
 
     def __init__(self, sources: Sequence[int] = ()):
         self.sources = tuple(sources)  # the operator indices whose requests count (the push roots)
         self.out: dict[str, int] = {}
+        # Per worker, its last report's work queued past the roots, in root requests (`JobEngine.behind`):
+        # a root keeps up on a worker whose rounds it shares with a backlogged keyed stage, so its own
+        # outstanding requests alone do not show that the worker is behind.
+        self.behind: dict[str, int] = {}
 
     def sent(self, dest: str, n: int) -> None:
         self.out[dest] = self.out.get(dest, 0) + n
 
-    def report(self, sender: bytes, deltas: Mapping[int, Mapping[int, int]]) -> None:
+    def report(self, sender: bytes, deltas: Mapping[int, Mapping[int, int]], behind: int = 0) -> None:
         """A progress report of worker `sender`: its finished source requests leave its count (never
-        below zero: a request handed over in a migration finishes at a worker it was not sent to)."""
+        below zero: a request handed over in a migration finishes at a worker it was not sent to), and
+        `behind` replaces its backlog past the roots."""
         k = 0
         for d in deltas.values():
             for s in self.sources:
                 k += d.get(s, 0)
-        if k:
+        if k or behind or self.behind:
             w = sender.decode(errors="replace")
-            self.out[w] = max(0, self.out.get(w, 0) + k)
+            if k:
+                self.out[w] = max(0, self.out.get(w, 0) + k)
+            self.behind[w] = behind
+
+    def clear(self) -> None:
+        self.out.clear()
+        self.behind.clear()
 
     def pick(self, sigma: Mapping[str | None, float]) -> str:
-        """The destination of `sigma` with the least outstanding per unit of share; the first in
-        `sigma`'s order among equals (deterministic)."""
-        out = self.out
+        """The destination of `sigma` with the least outstanding (root requests and the backlog past them)
+        per unit of share; the first in `sigma`'s order among equals (deterministic)."""
+        out, behind = self.out, self.behind
         best, low = None, 0.0
         for w, share in sigma.items():
-            v = out.get(w, 0) / share
+            v = (out.get(w, 0) + behind.get(w, 0)) / share
             if best is None or v < low:
                 best, low = w, v
         return best

@@ -15,9 +15,10 @@ import clasp
 from clasp.core import protocol, scheduler
 from clasp.core.job_machine import DispatchReady, Progress, Push
 from clasp.core.protocol import SEGMENT_RECORDS, Segments
-from clasp.core.routing import OperatorPlacement, Placement, route_to, spread_placement
+from clasp.core.routing import OperatorPlacement, Placement, build_placement, route_to, spread_placement
 from clasp.core.scheduler import Dispatch, Loads
 from clasp.core.tracking import CHUNK_BITS, EPOCH_BITS
+from clasp.runtime.engine import JobEngine
 from tests.unit.test_job_machine import new_job
 
 WORKERS = ["w0", "w1", "w2"]
@@ -151,8 +152,8 @@ def test_the_job_machine_counts_dispatches_and_reports_and_forgets_loads_when_no
     per = {w: sum(protocol.array_count(v) for _, _, v in runs) for w, runs in sent[1].runs.items()}
     assert per == {"w0": 4000, "w1": 2000} and job.loads.out == {"w0": 4500, "w1": 4500}
     assert [r[1] & 0xFFFFF for r in sent[1].runs["w0"][:5]] == [0, 500, 1000, 1500, 2000]
-    job.machine.handle(Progress(b"w0", {0: {0: -500}}, 0.2))
-    assert job.loads.out == {"w0": 4000, "w1": 4500}
+    job.machine.handle(Progress(b"w0", {0: {0: -500}}, 0.2, 300))
+    assert job.loads.out == {"w0": 4000, "w1": 4500} and job.loads.behind == {"w0": 300}
     done = collections.Counter()
     for d in sent:
         for _, first, v in (r for runs in d.runs.values() for r in runs):
@@ -164,4 +165,40 @@ def test_the_job_machine_counts_dispatches_and_reports_and_forgets_loads_when_no
     assert job.tracker.outstanding == 0 and job.loads.out == {"w0": 4000, "w1": 0}  # w1 reported w0's too
     job.machine.handle(Push(b"c", 3, [1, 2], b"xx", 0.4))
     job.machine.handle(DispatchReady(0.5))  # nothing was in flight: the old counts went first
-    assert sum(job.loads.out.values()) == 2
+    assert sum(job.loads.out.values()) == 2 and job.loads.behind == {}
+
+
+def test_a_worker_whose_keyed_stage_is_behind_gets_less_though_its_root_keeps_up():
+    """The root's own outstanding requests are equal; w0's report says its queue past the root holds 3,000
+    root requests' worth of work: the next runs go to w1 until w1 is as far behind."""
+    spec, routes = one_source({"w0": 0.5, "w1": 0.5})
+    loads = Loads(spec.sources)
+    loads.sent("w0", 1000)
+    loads.sent("w1", 1000)
+    loads.report(b"w0", {0: {0: -1000}}, behind=3000)
+    loads.report(b"w1", {0: {0: -1000}}, behind=0)
+    d = scheduler.route_records(spec, routes, 0, Segments(protocol.pack_segments(list(range(5000)))), loads)
+    per = {w: sum(protocol.array_count(v) for _, _, v in runs) for w, runs in d.runs.items()}
+    assert per == {"w1": 4000, "w0": 1000}  # w1 to 3,000 alone, then they alternate from w0
+    loads.report(b"w0", {}, behind=0)  # caught up: its next report says so
+    assert loads.behind == {"w0": 0, "w1": 0} and loads.pick(routes[0].sigma) == "w0"
+    loads.clear()
+    assert loads.out == loads.behind == {}
+
+
+def test_the_engine_reports_its_work_past_the_roots_in_root_requests():
+    dag = clasp.Dag("wc")
+    split = dag.operator("split", lambda line: line.split())
+    count = dag.operator("count", lambda s, w: ((s or 0) + 1, None), stateful=True, key=lambda w: w)
+    split >> count
+    spec = dag.to_spec()
+    eng = JobEngine(1, spec, "w0", build_placement(spec, ["w0"], {"split": {0: 1}, "count": {0: 1}}, 10))
+    assert eng.behind() == 0  # no timings yet
+    split_op, count_op = eng.ops
+    split_op.processed, split_op.exec_time = 100, 100 * 4e-6  # 4 µs a line
+    count_op.processed, count_op.exec_time = 1000, 1000 * 0.5e-6  # 0.5 µs a word
+    assert eng.behind() == 0  # nothing queued
+    eng.receive_runs(eng.epoch, [[0, 0, ["a b c"] * 10]])
+    assert eng.behind() == 0  # the root's own queue is counted by the planner, not here
+    count_op.queue.extend((1, "w", "w", i) for i in range(800))
+    assert eng.behind() == 100  # 800 words × 0.5 µs = 100 lines × 4 µs
