@@ -126,8 +126,9 @@ def window_room(max_inflight: int, inflight: int, batch: int) -> int:
 
 
 class Loads:
-    """Per worker, the source operators' requests dispatched to it and not reported finished there yet: how
-    far behind the planner's input each worker is. Join-the-shortest-queue, as load balancers do: a
+    """Per worker, the source operators' requests dispatched to it and not reported finished there yet, and
+    the work its last report said was queued past them: how far behind each worker is. Join the shortest
+    queue, as load balancers do: a
     stateless source's next run goes to the worker with the least outstanding per unit of its share
     sigma, so a worker slowed by other work (a larger part of a keyed stage, a noisy neighbour) gets less
     and a fast one more, within the ~25 ms of a progress report; with equal loads the runs follow the
