@@ -225,6 +225,9 @@ def add_control_options(p: argparse.ArgumentParser, cluster: bool = False) -> No
     p.add_argument("--autoscale", action=argparse.BooleanOptionalAction, default=True,
                    help="let the control loop re-place jobs as their load changes, or keep them where they are "
                         "until job.scale() (default: --autoscale)")
+    p.add_argument("--rebalance", action=argparse.BooleanOptionalAction, default=True,
+                   help="move a keyed operator's key groups between its workers when their measured load "
+                        "leaves one well over its share, autoscaling on or off (default: --rebalance)")
     p.add_argument("--warmup", type=int, default=10_000,
                    help="requests a job completes before its first re-plan (default %(default)s)")
     p.add_argument("--state", default="local", choices=["local", "remote"],

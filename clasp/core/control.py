@@ -387,3 +387,114 @@ def observation(spec: DagSpec, samples: Mapping[str, dict], job: int, input_rate
     instances = sum(sum(p.instances.values()) for p in placement.operators.values())
     return Observation(input_rate, throughput, completed, queued, operators, edges, workers, len(active), instances,
                        pool)
+
+
+# ----------------------------------------------------------------- key groups rebalanced by measured load
+@dataclass
+class RebalanceConfig:
+    """When the key groups of a stateful operator move to even out its owners' measured loads (autoscaling
+    on or off; the shares σ stay as they are). `margin`: the busiest owner's part of the operator's requests
+    over its share σ_o(w) by this much, relative (0.2: 60 % where σ is 50 %), counts as skewed; it must hold
+    for `persist` ticks in a row, on weights seen for at least that many ticks, with at least `min_rate`
+    requests/s (an idle job's weights are noise). A new ownership is only taken when it removes at least
+    `gain` of the excess (a single hot group larger than a share cannot be split: moving it around gains
+    nothing). `cooldown`: ticks after any placement change before the next decision."""
+
+    margin: float = 0.2
+    persist: int = 3
+    min_rate: float = 100.0
+    gain: float = 0.5
+    cooldown: int = 5
+
+
+def keyed_excess(shares: Mapping[str, float], owners: Sequence[str], weights: Sequence[float]) -> tuple[str, float]:
+    """The busiest owner of a stateful operator's key groups and by how much its part of the measured
+    `weights` exceeds its share (relative: 0.5 is half as much again as σ_o(w)); ('', 0.0) without weight."""
+    total_share = sum(s for s in shares.values() if s > 0)
+    total = sum(weights)
+    if total <= 0 or total_share <= 0:
+        return "", 0.0
+    load: dict[str, float] = {}
+    for w, x in zip(owners, weights, strict=True):
+        load[w] = load.get(w, 0.0) + x
+    worst, excess = "", 0.0
+    for w in sorted(load):
+        share = shares.get(w, 0.0) / total_share
+        over = load[w] / total / share - 1 if share > 0 else float("inf")
+        if not worst or over > excess:
+            worst, excess = w, over
+    return worst, excess
+
+
+def skewed(spec: DagSpec, placement: Placement, weights: Mapping[str, Sequence[float]],
+           config: RebalanceConfig) -> list[tuple[str, str, float]]:
+    """(operator, busiest owner, its excess) of every stateful operator whose busiest owner is over its
+    share by more than the margin, on weights of at least `min_rate` requests/s."""
+    out = []
+    for o in spec.operators:
+        w = weights.get(o.name)
+        if not o.stateful or w is None or len(w) != NUM_KEY_GROUPS or sum(w) < config.min_rate:
+            continue
+        p = placement.operators[o.name]
+        worst, excess = keyed_excess(p.shares, p.key_groups, w)
+        if excess > config.margin:
+            out.append((o.name, worst, excess))
+    return out
+
+
+def rebalance(spec: DagSpec, placement: Placement, weights: Mapping[str, Sequence[float]],
+              config: RebalanceConfig = RebalanceConfig()) -> tuple[Placement, str] | None:
+    """The key groups of every skewed stateful operator (`skewed`) re-owned by their measured `weights` with
+    the fewest moves (`key_groups_for_shares`), at the next epoch, and why; None when none is skewed or no
+    new ownership removes `gain` of its excess."""
+    ops = dict(placement.operators)
+    reasons = []
+    for name, worst, excess in skewed(spec, placement, weights, config):
+        p, w = placement.operators[name], weights[name]
+        owners = key_groups_for_shares(p.shares, NUM_KEY_GROUPS, p.key_groups, w)
+        after = keyed_excess(p.shares, owners, w)[1]
+        if after > excess * (1 - config.gain):
+            continue
+        ops[name] = OperatorPlacement(dict(p.shares), dict(p.instances), owners)
+        moved = sum(1 for a, b in zip(p.key_groups, owners, strict=True) if a != b)
+        reasons.append(f"{name}: worker {worst} had {excess:.0%} over its share, {after:.0%} at most after "
+                       f"moving {moved} key groups")
+    if not reasons:
+        return None
+    return (Placement(ops, placement.epoch + 1, list(placement.workers)),
+            "key groups rebalanced by measured load (" + "; ".join(reasons) + ")")
+
+
+@dataclass
+class Rebalancer:
+    """One job's key-group rebalancing over control ticks: `rebalance` once an operator has been skewed for
+    `persist` ticks in a row, never while the job is held (migrating, checkpointing: the tick is skipped,
+    not counted), and not within `cooldown` ticks of a placement change (any: a rebalance, the autoscaler's,
+    a recovery; seen as a new epoch)."""
+
+    config: RebalanceConfig = field(default_factory=RebalanceConfig)
+    epoch: int | None = None
+    _over: int = 0
+    _cooldown: int = 0
+
+    def tick(self, spec: DagSpec, placement: Placement, weights: Mapping[str, Sequence[float]],
+             migrating: bool) -> tuple[Placement, str] | None:
+        """One control tick: the placement to migrate to and why, or None."""
+        c = self.config
+        if self.epoch != placement.epoch:
+            if self.epoch is not None:
+                self._cooldown = c.cooldown
+            self.epoch, self._over = placement.epoch, 0
+        if migrating:  # nothing now; the skew seen so far still counts (a new epoch starts it over)
+            return None
+        if self._cooldown > 0:
+            self._cooldown -= 1
+            return None
+        if not skewed(spec, placement, weights, c):
+            self._over = 0
+            return None
+        self._over += 1
+        if self._over < c.persist:
+            return None
+        self._over = 0
+        return rebalance(spec, placement, weights, c)

@@ -9,9 +9,11 @@ and that rest is here, in one transition table (`JobMachine.handle`):
   (`LogChunk` first, `LogWritten` later), deferred otherwise (`Tick` and `LogWritten` release it);
 - dispatch (`DispatchReady`): the scheduling engine (`clasp.core.scheduler.dispatch`) takes what the
   in-flight window has room for, as a `scheduler.Dispatch` the shell sends, only in a dispatching phase
-  (running, migrating, orphaned) and when the checkpointer does not hold it at a chunk boundary;
-- progress (`Progress`): a worker's report closes epochs (`clasp.core.tracking`); during a rollback, or
-  from a worker a rollback retired, it is stale and changes nothing; a retired job ignores it;
+  (running, migrating, orphaned) and when the checkpointer does not hold it at a chunk boundary; a
+  stateless source's runs go to the least loaded of its workers (`scheduler.Loads`);
+- progress (`Progress`): a worker's report closes epochs (`clasp.core.tracking`) and lowers its load;
+  during a rollback, or from a worker a rollback retired, it is stale and changes nothing; a retired job
+  ignores it;
 - every other event (`Migrate`, `Barrier`, `RollBack`, `WorkerDied`, `Retire`, ...) is the phase's.
 
 The machine keeps no data of its own: it owns the transitions over the job the planner holds (`JobData`)
@@ -54,10 +56,12 @@ class DispatchReady:
 
 @dataclass(frozen=True, slots=True)
 class Progress:
-    """A worker's progress report: epoch -> {operator: requests produced minus finished}."""
+    """A worker's progress report: epoch -> {operator: requests produced minus finished}, and its queued
+    work past the push roots in root requests (`behind`)."""
     sender: bytes
     deltas: Mapping
     now: float
+    behind: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +159,7 @@ class JobData(Protocol):
     drained: int
     backlog: bool
     routes: list
+    loads: scheduler.Loads
     window: int
     batch: int
     inflight: int
@@ -239,8 +244,11 @@ class JobMachine:
             size, offset = len(head[1]), head[2]
             if not offset:
                 out.append(ChunkBegins(head[0] >> CHUNK_BITS))
+        inflight = job.inflight
+        if not inflight and (job.loads.out or job.loads.behind):  # nothing outstanding anywhere: none is behind
+            job.loads.clear()
         d = scheduler.dispatch(job.queue, job.spec, job.routes,
-                               scheduler.window_room(job.window, job.inflight, job.batch))
+                               scheduler.window_room(job.window, inflight, job.batch), job.loads)
         if d is None:
             return out
         n = d.count
@@ -263,6 +271,7 @@ class JobMachine:
         if self.life.phase is Phase.RETIRED or self.stale(ev.sender):
             return ()
         job = self.job
+        job.loads.report(ev.sender, ev.deltas, ev.behind)
         t = job.tracker
         if not t.progress(ev.deltas, ev.now):
             return ()

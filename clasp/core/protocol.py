@@ -94,7 +94,7 @@ SCHEMAS: dict[str, dict[str, tuple | None]] = {}
 _OPTIONAL: dict[str, dict[str, tuple | None]] = {}
 # List-bodied messages: their lengths; the first element is always the job id. The data path's (below) stay
 # lists; the typed positional messages (`Positional`) add theirs, with their fields' types (`_POSITIONS`).
-_LIST_BODIES = {"data": 3, "runs": 3, "cols": 3, "done": 2, "seal": 4, "wm_mark": 5, "wm_push": 3}
+_LIST_BODIES = {"data": 3, "runs": 3, "cols": 3, "done": 3, "seal": 4, "wm_mark": 5, "wm_push": 3}
 _POSITIONS: dict[str, list[tuple[str, tuple | None]]] = {}
 
 
@@ -1139,10 +1139,11 @@ def check_migrate(body: list, n_ops: int, n_groups: int = 128) -> None:
 
 
 def check_progress(body: list) -> None:
-    """Validate a done message body [job, {progress epoch: {op: requests produced minus finished}}]."""
+    """Validate a done message body [job, {progress epoch: {op: requests produced minus finished}}, behind]
+    (`behind`: the worker's queued work past its push roots, in root requests; `JobEngine.behind`)."""
     progress = body[1]
-    if type(progress) is not dict:
-        raise ProtocolError("bad_body", "done: expected [job, {epoch: {op: delta}}]")
+    if type(progress) is not dict or len(body) > 2 and (type(body[2]) is not int or body[2] < 0):
+        raise ProtocolError("bad_body", "done: expected [job, {epoch: {op: delta}}, behind]")
     for e, d in progress.items():  # a few epochs of two or three operators: plain loops beat building sets
         if type(e) is not int or type(d) is not dict:
             raise ProtocolError("bad_body", "done: epochs must be integers, each with {op: delta}")

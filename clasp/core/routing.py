@@ -215,6 +215,7 @@ class Route:
     table: list[str | None] | None = None
     owners: list[str | None] | None = None
     period: list[str | None] | None = None  # the table's shortest repeating prefix (`table_period`)
+    sigma: dict[str | None, float] | None = None  # the table's shares per destination: the planner's balancing
 
 
 def table_period(table: list) -> list:
@@ -248,7 +249,8 @@ def route_to(spec: DagSpec, placement: Placement, succ: int, me: str | None, src
             if list(shares) == [me]:
                 return Route(ROUTE_LOCAL, succ)
     table = [local(w) for w in weighted_table(shares)]
-    return Route(ROUTE_TABLE, succ, table=table, period=table_period(table))
+    sigma = {local(w): shares[w] for w in sorted(shares) if shares[w] > 0}
+    return Route(ROUTE_TABLE, succ, table=table, period=table_period(table), sigma=sigma)
 
 
 def partition_runs(values: list, rids: list, counts: list, groups: bytes, owners: list) -> dict:

@@ -5,7 +5,8 @@ functions here, and then carries out (sends the frames, awaits the workers), the
 `WorkerState.handle_stimulus` returns instructions and h11's `Connection` never touches a socket:
 
 - `dispatch`: which queued records leave now (the in-flight window's arithmetic) and which worker's
-  source operator gets each (`Dispatch`: keyed rows and stateless runs per destination).
+  source operator gets each (`Dispatch`: keyed rows and stateless runs per destination); a stateless
+  source's runs go to the worker with the fewest requests outstanding for its share (`Loads`).
 - `plan_recovery`: a dead worker's share re-placed on the survivors, the fence below which records are
   suspected lost with it, and the decision recorded for the job.
 - `sweep_step`: whether the suspects still open are now counted as lost (two clean checks in a row).
@@ -24,7 +25,7 @@ from typing import Any, Protocol
 
 from clasp.core.control import pool_order
 from clasp.core.dag import DagSpec
-from clasp.core.protocol import Segments
+from clasp.core.protocol import SEGMENT_RECORDS, Segments
 from clasp.core.routing import (
     NUM_KEY_GROUPS,
     ROUTE_KEYED,
@@ -124,6 +125,70 @@ def window_room(max_inflight: int, inflight: int, batch: int) -> int:
     return room
 
 
+class Loads:
+    """Per worker, the source operators' requests dispatched to it and not reported finished there yet, and
+    the work its last report said was queued past them: how far behind each worker is. Join the shortest
+    queue, as load balancers do: a
+    stateless source's next run goes to the worker with the least outstanding per unit of its share
+    sigma, so a worker slowed by other work (a larger part of a keyed stage, a noisy neighbour) gets less
+    and a fast one more, within the ~25 ms of a progress report; with equal loads the runs follow the
+    shares. Kept per dispatch and per report, never per record. A worker's count is only as right as its
+    reports: requests a migration hands to another worker are reported finished there, so a placement
+    change starts the counts over (the shell builds a new `Loads`), as does a job with nothing in flight."""
+
+    __slots__ = ("sources", "out", "behind")
+
+    def __init__(self, sources: Sequence[int] = ()):
+        self.sources = tuple(sources)  # the operator indices whose requests count (the push roots)
+        self.out: dict[str, int] = {}
+        # Per worker, its last report's work queued past the roots, in root requests (`JobEngine.behind`):
+        # a root keeps up on a worker whose rounds it shares with a backlogged keyed stage, so its own
+        # outstanding requests alone do not show that the worker is behind.
+        self.behind: dict[str, int] = {}
+
+    def sent(self, dest: str, n: int) -> None:
+        self.out[dest] = self.out.get(dest, 0) + n
+
+    def report(self, sender: bytes, deltas: Mapping[int, Mapping[int, int]], behind: int = 0) -> None:
+        """A progress report of worker `sender`: its finished source requests leave its count (never
+        below zero: a request handed over in a migration finishes at a worker it was not sent to), and
+        `behind` replaces its backlog past the roots."""
+        k = 0
+        for d in deltas.values():
+            for s in self.sources:
+                k += d.get(s, 0)
+        if k or behind or self.behind:
+            w = sender.decode(errors="replace")
+            if k:
+                self.out[w] = max(0, self.out.get(w, 0) + k)
+            self.behind[w] = behind
+
+    def clear(self) -> None:
+        self.out.clear()
+        self.behind.clear()
+
+    def pick(self, sigma: Mapping[str | None, float]) -> str:
+        """The destination of `sigma` with the least outstanding (root requests and the backlog past them)
+        per unit of share; the first in `sigma`'s order among equals (deterministic)."""
+        out, behind = self.out, self.behind
+        best, low = None, 0.0
+        for w, share in sigma.items():
+            v = (out.get(w, 0) + behind.get(w, 0)) / share
+            if best is None or v < low:
+                best, low = w, v
+        return best
+
+
+def route_sigma(route: Route) -> Mapping[str | None, float]:
+    """A table route's shares: its own, else its table's slot counts (a route built by hand)."""
+    if route.sigma:
+        return route.sigma
+    counts: dict = {}
+    for w in route.period or route.table:
+        counts[w] = counts.get(w, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: str(kv[0])))
+
+
 def take(queue: deque, room: int) -> tuple[int, list]:
     """Take up to `room` records from the head chunk of the queue `[base rid, records, offset]` (Q_p);
     returns (first rid, records). A chunk leaves the queue when all its records did."""
@@ -141,11 +206,13 @@ def take(queue: deque, room: int) -> tuple[int, list]:
     return base + offset, part
 
 
-def route_records(spec: DagSpec, routes: Sequence[Route], first: int, part: list) -> Dispatch:
+def route_records(spec: DagSpec, routes: Sequence[Route], first: int, part: list,
+                  loads: Loads | None = None) -> Dispatch:
     """Send every record of `part` (rids from `first`) to each source operator: keyed sources by the owner
-    of the key's group, stateless ones in consecutive blocks per slot of the weighted table's period (runs,
-    so the planner builds and packs no row per record, and a batch split evenly over two workers is two
-    runs); `counts` per epoch and operator, by ranges for runs."""
+    of the key's group, stateless ones in runs of consecutive records (so the planner builds and packs no
+    row per record): with `loads`, runs of a segment's size each to the least loaded worker
+    (`Loads.pick`, counted in `loads` as sent), else one block per slot of the weighted table's period (a
+    batch split evenly over two workers is two runs); `counts` per epoch and operator, by ranges for runs."""
     n = len(part)
     d = Dispatch(first, n)
     out, runs, counts = d.data, d.runs, d.counts
@@ -153,13 +220,14 @@ def route_records(spec: DagSpec, routes: Sequence[Route], first: int, part: list
         if any(route.kind != ROUTE_TABLE for route in routes):
             part = part.decoded()  # the shell decodes a keyed source's pushes first: not reached there
         else:
-            _route_segments(routes, first, part, runs, counts)
+            _route_segments(routes, first, part, runs, counts, loads)
             return d
     for route in routes:
         s = route.succ
         if route.kind == ROUTE_KEYED:
             key_fn = spec.operators[s].key
             owners = route.owners
+            before = {dest: len(rows) for dest, rows in out.items()}
             bad = []
             for i, v in enumerate(part):
                 try:
@@ -175,8 +243,19 @@ def route_records(spec: DagSpec, routes: Sequence[Route], first: int, part: list
             for rid in bad:  # sent nowhere: not outstanding at the operator
                 counts[rid >> EPOCH_BITS][s] -= 1
             d.failed.extend(bad)
+            if loads is not None:  # their finishing is reported as any source's: counted as sent
+                for dest, rows in out.items():
+                    loads.sent(dest, len(rows) - before.get(dest, 0))
         elif route.kind == ROUTE_LOCAL:  # cannot happen from the planner: it holds no operator
             raise PlacementError("a source routed to the planner")
+        elif loads is not None:
+            sigma = route_sigma(route)
+            for start in range(0, n, SEGMENT_RECORDS):
+                dest = loads.pick(sigma)
+                block = part[start:start + SEGMENT_RECORDS]
+                loads.sent(dest, len(block))
+                runs.setdefault(dest, []).append([s, first + start, block])
+            add_range(counts, s, first, n)
         else:
             table = route.period or route.table
             tn = len(table)
@@ -188,29 +267,42 @@ def route_records(spec: DagSpec, routes: Sequence[Route], first: int, part: list
     return d
 
 
-def dispatch(queue: deque, spec: DagSpec, routes: Sequence[Route], room: int) -> Dispatch | None:
+def dispatch(queue: deque, spec: DagSpec, routes: Sequence[Route], room: int,
+             loads: Loads | None = None) -> Dispatch | None:
     """One step of the planner's scheduling engine: None when the window is full or the queue empty."""
     if room <= 0 or not queue:
         return None
     first, part = take(queue, room)
-    return route_records(spec, routes, first, part)
+    return route_records(spec, routes, first, part, loads)
 
 
-def _route_segments(routes: Sequence[Route], first: int, part: Segments, runs: dict, counts: dict) -> None:
-    """A pushed chunk's segments to stateless sources, as `route_records` cuts a list into blocks: each
-    segment is one run, its bytes as the client packed them, to the table slot of the block its first record
-    falls in; the first block's slot moves on with each dispatch (by `first // n`), so a dispatch of fewer
-    segments than the table has slots does not always start at the same one."""
+def _route_segments(routes: Sequence[Route], first: int, part: Segments, runs: dict, counts: dict,
+                    loads: Loads | None) -> None:
+    """A pushed chunk's segments to stateless sources, as `route_records` cuts a list into runs: each
+    segment is one run, its bytes as the client packed them, with `loads` to the least loaded worker, else
+    to the table slot of the block its first record falls in (the first block's slot moves on with each
+    dispatch, by `first // n`, so a dispatch of fewer segments than the table has slots does not always
+    start at the same one)."""
     n = len(part)
     for route in routes:
         s = route.succ
-        table = route.period or route.table
-        tn = len(table)
-        block = max(1, n // tn)
-        start, at = 0, first // max(1, n)
-        for seg, k in zip(part.parts, part.counts, strict=True):
-            runs.setdefault(table[(at + start // block) % tn], []).append([s, first + start, seg])
-            start += k
+        start = 0
+        if loads is not None:
+            sigma = route_sigma(route)
+            pick, sent = loads.pick, loads.sent
+            for seg, k in zip(part.parts, part.counts, strict=True):
+                dest = pick(sigma)
+                sent(dest, k)
+                runs.setdefault(dest, []).append([s, first + start, seg])
+                start += k
+        else:
+            table = route.period or route.table
+            tn = len(table)
+            block = max(1, n // tn)
+            at = first // max(1, n)
+            for seg, k in zip(part.parts, part.counts, strict=True):
+                runs.setdefault(table[(at + start // block) % tn], []).append([s, first + start, seg])
+                start += k
         add_range(counts, s, first, n)
 
 

@@ -75,6 +75,7 @@ class PlannerConfig:
     rpc_timeout: float = 10.0
     migration_timeout: float = 5.0
     autoscale: bool = True
+    rebalance: bool = True  # key groups follow their measured load (`clasp.core.control.Rebalancer`)
     policy: str = "clasp"
     warmup: int = 10_000  # requests a job completes before its first re-plan (`ControlConfig.warmup_requests`)
     state: str = "local"  # STATE_MODES
@@ -93,7 +94,8 @@ class PlannerConfig:
              "dead_after": "--dead-after", "max_inflight": "--max-inflight", "dispatch_batch": "--dispatch-batch",
              "max_queued": "--max-queued", "max_queued_bytes": "--max-queued-bytes",
              "max_queue_delay": "--max-queue-delay", "p_max": "--p-max", "migration_timeout": "--migration-timeout",
-             "autoscale": "--autoscale", "policy": "--policy", "warmup": "--warmup", "state": "--state",
+             "autoscale": "--autoscale", "rebalance": "--rebalance", "policy": "--policy", "warmup": "--warmup",
+             "state": "--state",
              "checkpoint_interval": "--checkpoint-interval", "state_dir": "--state-dir", "provider": "--provider",
              "min_workers": "--min-workers", "max_workers": "--max-workers", "pool_cooldown": "--pool-cooldown",
              "statefulset": "--statefulset"}

@@ -116,6 +116,26 @@ class JobEngine:
                 return True
         return False
 
+    def behind(self) -> int:
+        """The work queued here past the push roots' own queues, in requests of a push root: each operator's
+        queue by its mean execution time, over the roots' mean. The planner adds it to the root requests it
+        counts outstanding here (`scheduler.Loads`): a worker whose keyed stage is behind gets fewer pushed
+        records although its root keeps up. O(operators)."""
+        ops, roots = self.ops, self.spec.sources
+        unit = n = 0.0
+        for i in roots:
+            op = ops[i]
+            if op.processed:
+                unit += op.exec_time / op.processed
+                n += 1
+        if not unit:
+            return 0
+        work = 0.0
+        for i, op in enumerate(ops):
+            if op.queue and op.processed and i not in roots:
+                work += len(op.queue) * op.exec_time / op.processed
+        return int(work * n / unit)
+
     def queue_length(self) -> int:
         return (sum(len(op.queue) for op in self.ops) + sum(map(len, self.handover.held_rows()))
                 + self.cut.held_rows())

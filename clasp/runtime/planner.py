@@ -190,7 +190,7 @@ class Planner:
             state_endpoint=lambda: self.state_server.endpoint)
         self.migrations = Migrations(self.link, self.queries, self.dispatcher, self.sources, self.elastic, self.workers,
                                      self.pushers, p_max=self.p_max, control=self.control,
-                                     migration_timeout=self.migration_timeout)
+                                     migration_timeout=self.migration_timeout, rebalance=config.rebalance)
         self.elastic.migrations = self.migrations  # each asks the other: the pool's workers, a migration
         self.dispatcher.send_credit = self.sources.send_credit
         self.dispatcher.bad = self._bad
@@ -424,7 +424,7 @@ class Planner:
     def _on_done(self, ident: bytes, body: list) -> None:
         job = self.jobs.get(body[0]) or self.deploying.get(body[0])  # readers start as soon as deployed
         if job is not None:
-            self.dispatcher.carry_out(job, job.machine.handle(Progress(ident, body[1], time.monotonic())))
+            self.dispatcher.carry_out(job, job.machine.handle(Progress(ident, body[1], time.monotonic(), body[2])))
 
     def _on_error_msg(self, ident: bytes, msg: protocol.Error) -> None:
         log.warning("%r reports a bad message from us: %s %s", ident[:16], msg.reason, msg.detail)

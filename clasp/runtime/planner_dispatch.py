@@ -56,6 +56,7 @@ class Dispatcher:
 
     def set_routes(self, job: PlannerJob) -> None:
         job.routes = [route_to(job.spec, job.placement, s, None) for s in job.spec.sources]
+        job.loads = scheduler.Loads(job.spec.sources)  # the old counts are not the new placement's
         job.window, job.batch = scheduler.dispatch_limits(self.max_inflight, self.dispatch_batch,
                                                           scheduler.source_holders(job.spec, job.placement),
                                                           len(job.placement.active_workers()))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from clasp.core import scheduler
 from clasp.core.checkpoint import Coordinator
-from clasp.core.control import Controller
+from clasp.core.control import Controller, Rebalancer
 from clasp.core.credit import DEFAULT_MAX_QUEUED_BYTES, ByteQueue, QueueBound
 from clasp.core.dag import DagSpec
 from clasp.core.job_machine import JobMachine
@@ -148,6 +148,7 @@ class PlannerJob:
     backlog: bool = False  # Q_p held records throughout the tick so far
     clients: dict = field(default_factory=dict)  # client -> when it last pushed: they share the credit
     routes: list = field(default_factory=list)
+    loads: scheduler.Loads = field(default_factory=scheduler.Loads)  # per worker, its source requests outstanding
     window: int = scheduler.WINDOW_MIN  # records in flight and per dispatch (`scheduler.dispatch_limits`)
     batch: int = scheduler.BATCH_MIN
     created: float = field(default_factory=time.time)
@@ -159,6 +160,7 @@ class PlannerJob:
     decisions: deque = field(default_factory=lambda: deque(maxlen=200))
     estimate: dict = field(default_factory=dict)
     key_weights: dict = field(default_factory=dict)  # stateful operator -> requests/s per key group (smoothed)
+    rebalancer: Rebalancer = field(default_factory=Rebalancer)  # its key groups follow their measured load
     lost_workers: set = field(default_factory=set)  # every worker that died while serving the job
     retired: set = field(default_factory=set)  # of those, the ones not serving it again (no redeploy yet)
     recovering: set = field(default_factory=set)  # declared dead while serving it, the recovery not over

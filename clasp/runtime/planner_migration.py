@@ -1,7 +1,8 @@
 """The planner's migration runner: a job's placement changes (`job.scale`, `job.place`, the control loop's
 decisions, a worker's death without checkpoints) carried out with the decentralized migration protocol
 (`clasp.core.migration`: plan, broadcast `migrate_plan`, wait for every participant), the control loop's
-tick per job, and the sweep that counts the records lost with a dead worker. It owns the counters of
+tick per job (the autoscaler's decisions, and key groups rebalanced by their measured load,
+`clasp.core.control.Rebalancer`), and the sweep that counts the records lost with a dead worker. It owns the counters of
 migrations and records lost."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 
 from clasp.core import protocol, scheduler
 from clasp.core.control import ControlConfig, Controller, key_weights, observation, pool_order, to_runtime_placement
-from clasp.core.lifecycle import Migrate, Migrated
+from clasp.core.lifecycle import Migrate, Migrated, Phase
 from clasp.core.migration import PLANNER, plan_migration
 from clasp.core.partitions import readers_follow
 from clasp.core.policies import POLICIES
@@ -34,11 +35,12 @@ class Migrations:
 
     def __init__(self, link: Link, queries: JobQueries, dispatcher: Dispatcher, sources: SourcesCoordinator,
                  elastic: ElasticPool, workers: dict, pushers: dict, *, p_max: int, control: ControlConfig,
-                 migration_timeout: float):
+                 migration_timeout: float, rebalance: bool = True):
         self.link, self.queries, self.dispatcher = link, queries, dispatcher
         self.sources, self.elastic = sources, elastic
         self.workers, self.pushers = workers, pushers
         self.p_max, self.control_config, self.migration_timeout = p_max, control, migration_timeout
+        self.rebalance = rebalance  # key groups follow their measured load, autoscaling on or off
         self.rescales = 0
         self.records_lost = 0  # cumulative over every job, for clasp_records_lost_total
         self.migration_hist = {"planner": LatencyHistogram(), "worker": LatencyHistogram()}
@@ -211,6 +213,7 @@ class Migrations:
                         "observations": job.controller.estimator.observations,
                         "saturated": list(e.saturated), "reason": e.reason}
         if step.trigger is None:
+            self._rebalance_tick(job)
             return
         d = step.decision
         entry = {"t": round(time.time() - job.created, 3), "trigger": step.trigger, "reason": d.reason,
@@ -224,3 +227,22 @@ class Migrations:
             self.link.background(self.apply_decision_locked(job, d.placement, f"{step.trigger}: {d.reason}", pool),
                              f"re-placement of job {job.id}")
 
+    def _rebalance_tick(self, job: PlannerJob) -> None:
+        """The job's key groups re-owned by their measured load when an owner carries too much more than
+        its share (`Rebalancer`); not while anything else holds the job (a migration, a checkpoint, a scale)."""
+        if not self.rebalance:
+            return
+        held = job.life.phase is not Phase.RUNNING or job.lock.locked() or job.id in self.elastic.waiting
+        r = job.rebalancer.tick(job.spec, job.placement, job.key_weights, held)
+        if r is not None:
+            self.link.background(self._rebalance(job, *r), f"key-group rebalance of job {job.id}")
+
+    async def _rebalance(self, job: PlannerJob, new: Placement, reason: str) -> None:
+        async with job.lock:
+            if job.placement.epoch + 1 != new.epoch or job.life.phase is not Phase.RUNNING:
+                return  # the job moved on since the decision: the next ticks decide again
+            job.decisions.append({"t": round(time.time() - job.created, 3), "trigger": "keyed load skewed",
+                                  "reason": reason, "change": True, "workers": len(new.active_workers()),
+                                  "predicted_rate": None})
+            log.info("job %d: %s", job.id, reason)
+            await self.run(job, readers_follow(job.spec, new) if job.src is not None else new, reason)

@@ -414,7 +414,7 @@ class Worker:
 
     def _flush_progress(self, eng: JobEngine) -> None:
         if eng.executor.progress:
-            self.dealer.send(protocol.encode("done", [eng.job, eng.take_progress()]), copy=False)
+            self.dealer.send(protocol.encode("done", [eng.job, eng.take_progress(), eng.behind()]), copy=False)
             self._progress_sent = perf_counter()
 
     def _flush_progress_idle(self, now: float) -> float | None:

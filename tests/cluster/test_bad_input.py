@@ -36,8 +36,8 @@ def garbage(rng: random.Random) -> list[bytes]:
                msgpack.packb([protocol.VERSION, "runs", [1, 0, [[0, -3, ["x"]]]]]),
                msgpack.packb([protocol.VERSION, "cols", [1, 0, [[0, ["x", "y"], True, [1], [3]]]]]),
                msgpack.packb([protocol.VERSION, "cols", [1, 0, [[9, ["x"], None, [1], None]]]]),
-               msgpack.packb([protocol.VERSION, "done", [1, {"a": "b"}]]),
-               msgpack.packb([protocol.VERSION, "done", [1, {3: {0: "x"}}]]),
+               msgpack.packb([protocol.VERSION, "done", [1, {"a": "b"}, 0]]),
+               msgpack.packb([protocol.VERSION, "done", [1, {3: {0: "x"}}, 0]]),
                msgpack.packb([protocol.VERSION, "heartbeat", {"id": "w0", "sample": {}}]),
                msgpack.packb([protocol.VERSION, "submit", {"req": 5, "dag": {"functions": b"\x80garbage"}}])])
 

@@ -26,7 +26,8 @@ def test_a_planner_config_survives_its_flags():
     config = PlannerConfig(host="10.0.0.1", port=0, metrics_port=9100, metrics_host="0.0.0.0", advertise="a.b",
                            state_port=7000, heartbeat=0.5, dead_after=2.0, max_inflight=123, dispatch_batch=77,
                            max_queued=1000, max_queued_bytes=1 << 20, max_queue_delay=0.0, p_max=3,
-                           migration_timeout=9.0, autoscale=False, policy="faasflow", warmup=5, state="remote",
+                           migration_timeout=9.0, autoscale=False, rebalance=False, policy="faasflow", warmup=5,
+                           state="remote",
                            checkpoint_interval=0.25, state_dir="/tmp/s", provider="local", min_workers=2,
                            max_workers=6, pool_cooldown=3.0, statefulset="sts")
     changed = {f.name for f in dataclasses.fields(config) if getattr(config, f.name) != f.default}

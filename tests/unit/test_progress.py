@@ -433,7 +433,7 @@ def test_two_engines_counts_complete_each_epoch_exactly_and_the_state_is_exact(d
         elif m == "flush":
             outbox[w].append(eng.take_progress())
         elif m == "report":
-            _, body = protocol.decode(protocol.encode("done", [1, outbox[w].popleft()]))
+            _, body = protocol.decode(protocol.encode("done", [1, outbox[w].popleft(), 0]))
             t.progress(body[1], 2.0)
         check()
 

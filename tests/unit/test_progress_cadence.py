@@ -55,7 +55,7 @@ def test_an_idle_worker_reports_at_once_or_one_gap_after_its_last_report():
         assert due == sent + PROGRESS_IDLE_GAP_S
         assert _reports(router) == [] and eng.executor.progress == {0: {0: -5}}
         assert worker._flush_progress_idle(due) is None  # woken then, still idle: reports
-        assert _reports(router) == [("done", [1, {0: {0: -5}}])]
+        assert _reports(router) == [("done", [1, {0: {0: -5}}, 0])]  # nothing queued: not behind
 
         # Nothing gathered since: nothing to report, and no wake-up asked for.
         assert worker._flush_progress_idle(worker._progress_sent) is None

@@ -239,12 +239,12 @@ def test_control_messages_are_typed_and_checked_in_one_place():
         with pytest.raises(ProtocolError, match=where) as e:
             protocol.decode_message(protocol.encode(mtype, body))
         assert e.value.reason == "bad_field"
-    assert protocol.parse("done", [1, {3: {0: -2, 1: 5}}]) == [1, {3: {0: -2, 1: 5}}]
-    for body, why in (([1, {"a": "b"}], "epochs must be integers"), ([1, {3: [1]}], "epochs must be integers"),
-                      ([1, {3: {"op": 1}}], "operators and deltas"), ([1, {3: {0: 1.5}}], "operators and deltas"),
-                      ([1, [3]], "expected")):
+    assert protocol.parse("done", [1, {3: {0: -2, 1: 5}}, 7]) == [1, {3: {0: -2, 1: 5}}, 7]
+    for body, why in (([1, {"a": "b"}, 0], "epochs must be integers"), ([1, {3: [1]}, 0], "epochs must be integers"),
+                      ([1, {3: {"op": 1}}, 0], "operators and deltas"), ([1, {3: {0: 1.5}}, 0], "operators and deltas"),
+                      ([1, [3], 0], "expected"), ([1, {}, -1], "behind"), ([1, {}, 1.5], "behind")):
         with pytest.raises(ProtocolError, match=why) as e:
             protocol.decode_message(protocol.encode("done", body))
         assert e.value.reason == "bad_body"
-    with pytest.raises(ProtocolError, match="expected a list of 2") as e:
-        protocol.decode_message(protocol.encode("done", [1, {}, []]))  # the old body with its extensions
+    with pytest.raises(ProtocolError, match="expected a list of 3") as e:
+        protocol.decode_message(protocol.encode("done", [1, {}]))  # a body without the worker's backlog
