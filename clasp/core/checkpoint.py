@@ -174,10 +174,10 @@ def next_due(started: float, ended: float | None, interval: float) -> float:
     return due if ended is None else max(due, ended + GAP_SHARE * interval)
 
 
-# The checkpoint scheduler sleeps until the next checkpoint due, but looks again within SCHEDULE_TICK while
-# one cannot start (a checkpoint, a migration or a rollback under way) and within SCHEDULE_LOOK at most (a
-# job submitted meanwhile, or one with nothing admitted since its last checkpoint): polling every 50 ms cost
-# the idle planner ~2 ms of CPU a second, half of all it spent.
+# The checkpoint scheduler sleeps until the next checkpoint due (or a job is submitted), but looks again
+# within SCHEDULE_TICK while one cannot start (a checkpoint, a migration or a rollback under way) and within
+# SCHEDULE_LOOK at most (a job with nothing admitted since its last checkpoint may have input now): polling
+# every 50 ms cost the idle planner ~2 ms of CPU a second, half of all it spent.
 SCHEDULE_TICK = 0.05
 SCHEDULE_LOOK = 0.25
 

@@ -72,6 +72,7 @@ class Checkpoints:
         self.recoveries = 0
         self.records_replayed = 0
         self.checkpoint_hist = LatencyHistogram()
+        self.added = asyncio.Event()  # a job was added: the scheduler looks now (its first checkpoint is due)
 
     def for_job(self, job_id: int, state: str, stored: bool = False) -> CheckpointState | CheckpointsOff:
         """`stored`: a job taken up from the state directory (it had checkpoints, it keeps them)."""
@@ -98,7 +99,12 @@ class Checkpoints:
         # Between looks the loop sleeps until the next one due, or less (`look_delay`).
         delay = 0.0
         while True:
-            await asyncio.sleep(delay)
+            try:
+                async with asyncio.timeout(delay):
+                    await self.added.wait()
+            except TimeoutError:
+                pass
+            self.added.clear()
             now = time.monotonic()
             due, held = [], False
             for job in list(self.jobs.values()):
