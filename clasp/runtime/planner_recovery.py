@@ -72,7 +72,7 @@ class Checkpoints:
         self.recoveries = 0
         self.records_replayed = 0
         self.checkpoint_hist = LatencyHistogram()
-        self.added = asyncio.Event()  # a job was added: the scheduler looks now (its first checkpoint is due)
+        self.added = asyncio.Event()  # a job was deployed: the scheduler looks now (`deployed`)
 
     def for_job(self, job_id: int, state: str, stored: bool = False) -> CheckpointState | CheckpointsOff:
         """`stored`: a job taken up from the state directory (it had checkpoints, it keeps them)."""
@@ -348,6 +348,12 @@ class Checkpoints:
     async def resume_orphan(self, job) -> None:
         """Under the job's lock: a worker joined a job that had lost every worker; roll back onto it."""
         await self._rolling_back(job, job.life.orphaned, time.monotonic())
+
+    def deployed(self, job) -> None:
+        """A submitted job is deployed: its record is written, and its first checkpoint (of an empty job) is
+        due now, before its input comes (the scheduler may be asleep until another job's is due)."""
+        self.added.set()
+        self.persist(job)
 
     # ----------------------------------------------------------------- planner restart
     def persist(self, job) -> None:
