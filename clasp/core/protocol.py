@@ -28,6 +28,7 @@ Message types and who sends them (C client, P planner, W worker):
 | submit, push, wait_idle, state, collected, stats, cancel, jobs, workers | C → P | req plus the call's fields |
 | push | C → P | req, job, and records (a list) or segments ([bin], msgpack arrays of records: `pack_segments`) |
 | state_get, state_put, state_dump, collected_dump, counters, stop_job | P/any → W | req plus fields |
+| state_packed | P → W | req, job, op: as state_dump, the result one bin holding the msgpack map (`splice_maps`) |
 | ckpt_begin | P → W | req, job, ckpt, boundary (record id): hold requests at or above it out of stateful operators |
 | ckpt_snapshot | P → W | req, job, ckpt, boundary, dir: all below the boundary complete; write owned groups |
 | ckpt_abort | P → W | req, job, ckpt: the checkpoint failed; release what the barrier holds |
@@ -501,6 +502,14 @@ class StateDump(JobCall):
 
 
 @dataclass(frozen=True, slots=True)
+class StatePacked(StateDump):
+    """`state_dump`, answered with one bin holding the msgpack map: the planner splices its workers' maps
+    into its answer (`splice_maps`, `Packed`) without decoding a key, merging dicts or encoding them again."""
+
+    TYPE: ClassVar[str] = "state_packed"
+
+
+@dataclass(frozen=True, slots=True)
 class CollectedDump(StateDump):
     """What a collecting operator kept here."""
 
@@ -774,8 +783,8 @@ class Migrate(Marker):
 MESSAGES: dict[str, type[Message]] = {cls.TYPE: cls for cls in (
     Submit, Push, WaitIdle, StateRequest, Collected, Stats, Cancel, Stop, EndInput, Jobs, Workers, Scale, Place,
     Autoscale, Drain, Pool, Register, Leave, Heartbeat, Reply, Error,
-    Deploy, Restore, MigratePlan, Peers, StopJob, Counters, StateDump, CollectedDump, StateGet, StatePut, CkptBegin,
-    CkptSnapshot, CkptAbort, SinkCommit, SinkFlush, SrcAssign, SrcRelease, RstateGetMany, RstatePutMany,
+    Deploy, Restore, MigratePlan, Peers, StopJob, Counters, StateDump, StatePacked, CollectedDump, StateGet, StatePut,
+    CkptBegin, CkptSnapshot, CkptAbort, SinkCommit, SinkFlush, SrcAssign, SrcRelease, RstateGetMany, RstatePutMany,
     Welcome, Shutdown, Credit, Leased, Watermark, Lease, ReadEnd, WmIdle, WmFired, WmOut, Marker, Migrate)}
 for _mtype, _cls in MESSAGES.items():
     if issubclass(_cls, Positional):
@@ -946,14 +955,19 @@ def check_segments(segments: list) -> None:
     for seg in segments:
         if type(seg) is not bytes or array_count(seg) <= 0:
             raise ProtocolError("bad_field", "push.segments: each must be a msgpack array of records")
-        u = msgpack.Unpacker(max_buffer_size=len(seg))
-        u.feed(seg)
-        try:
-            u.skip()
-        except Exception as e:  # msgpack raises several unrelated types for garbage
-            raise ProtocolError("bad_field", f"push.segments: one is not msgpack: {type(e).__name__}") from None
-        if u.tell() != len(seg):
-            raise ProtocolError("bad_field", "push.segments: one holds more than an array")
+        _check_one_object(seg, "push.segments", "an array")
+
+
+def _check_one_object(data: bytes, what: str, kind: str) -> None:
+    """`data` is one whole msgpack object (skipped over, none built); ProtocolError otherwise."""
+    u = msgpack.Unpacker(max_buffer_size=len(data))
+    u.feed(data)
+    try:
+        u.skip()
+    except Exception as e:  # msgpack raises several unrelated types for garbage
+        raise ProtocolError("bad_field", f"{what}: one is not msgpack: {type(e).__name__}") from None
+    if u.tell() != len(data):
+        raise ProtocolError("bad_field", f"{what}: one holds more than {kind}")
 
 
 class Segments:
@@ -1160,7 +1174,47 @@ def check_seal(body: list) -> None:
 
 
 def reply(req: int, result: Any = None) -> bytes:
+    if type(result) is Packed:  # "result" is the map's last key: its value, packed as nil, is the frame's last byte
+        return encode("reply", {"req": req, "ok": True, "result": None})[:-1] + result
     return encode("reply", {"req": req, "ok": True, "result": result})
+
+
+class Packed(bytes):
+    """One msgpack object, encoded already: `reply` puts it in its frame as it is."""
+
+    __slots__ = ()
+
+
+def map_header(data: bytes) -> tuple[int, int]:
+    """(entries, header bytes) of the msgpack map `data` starts with; ProtocolError when it starts with none."""
+    b = data[0] if data else -1
+    if 0x80 <= b <= 0x8f:
+        return b & 0x0f, 1
+    if b == 0xde and len(data) >= 3:
+        return int.from_bytes(data[1:3], "big"), 3
+    if b == 0xdf and len(data) >= 5:
+        return int.from_bytes(data[1:5], "big"), 5
+    raise ProtocolError("bad_field", "expected a packed msgpack map")
+
+
+def splice_maps(parts: list) -> Packed:
+    """One msgpack map holding the entries of every part (each a packed map, checked to be exactly one
+    object), in order: decoded, it is the parts' dicts merged by `update` in that order."""
+    n, bodies = 0, []
+    for p in parts:
+        if type(p) is not bytes:
+            raise ProtocolError("bad_field", "expected a packed msgpack map")
+        count, head = map_header(p)
+        _check_one_object(p, "packed maps", "a map")
+        n += count
+        bodies.append(memoryview(p)[head:])
+    if n <= 0x0f:
+        head = bytes([0x80 | n])
+    elif n <= 0xffff:
+        head = b"\xde" + n.to_bytes(2, "big")
+    else:
+        head = b"\xdf" + n.to_bytes(4, "big")
+    return Packed(head + b"".join(bodies))
 
 
 def reply_error(req: int, error: str) -> bytes:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from itertools import repeat
 
+import msgpack
+
 from clasp.core.dag import DagSpec
 from clasp.core.protocol import column_rows, expand_columns, expand_run, expand_runs
 from clasp.core.routing import ROUTE_LOCAL, Placement
@@ -311,12 +313,24 @@ class JobEngine:
     # ----------------------------------------------------------------- state server
     def state_dump(self, name: str) -> dict:
         """The keyed state of operator `name` held here, checked to be msgpack-serializable."""
+        state = self._stateful(name).state_dict()
+        check_serializable(name, state)
+        return state
+
+    def state_packed(self, name: str) -> bytes:
+        """`state_dump`, as its msgpack map (packed once: the check is the packing)."""
+        state = self._stateful(name).state_dict()
+        try:
+            return msgpack.packb(state, use_bin_type=True)
+        except (TypeError, ValueError, OverflowError):
+            check_serializable(name, state)  # names the key it cannot carry
+            raise
+
+    def _stateful(self, name: str) -> OpRuntime:
         op = self.op(name)
         if not op.stateful:
             raise OperatorError(f"operator {name!r} is stateless: it has no state")
-        state = op.state_dict()
-        check_serializable(op.name, state)
-        return state
+        return op
 
     def op(self, name: str) -> OpRuntime:
         for op in self.ops:

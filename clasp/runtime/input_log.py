@@ -5,7 +5,7 @@ push is acknowledged and before any of its records is dispatched (the planner as
 restarted planner has it. Writes go to a thread of their own, off the planner's event loop, and are
 group-committed: the thread writes and fdatasyncs each chunk waiting, then fsyncs the directory once for
 all of them, and hands the result back to the loop (`notify`). A chunk that arrived as the whole of one
-push is written as the push frame the client sent (`state_store.frame_blob`): nothing is encoded again.
+push is written as the push frame the client sent (`state_store.frame_blob`): nothing is encoded or copied again.
 A torn file (the planner died while writing it) fails its checksum and is skipped on restart: its push
 was not acknowledged. Without a running event loop (a unit test), each write happens inline.
 
@@ -23,7 +23,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from clasp.runtime.state_store import FileStore, decode_blob, encode_blob, frame_blob, fsync_dir
+from clasp.runtime.state_store import FileStore, decode_blob, encode_blob, frame_head, fsync_dir
 
 log = logging.getLogger("clasp.input_log")
 
@@ -89,9 +89,9 @@ class InputLog:
             if not self._dir_made:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self._dir_made = True
-            data = frame_blob(what) if isinstance(what, bytes) else encode_blob(what, compress=False)
+            parts = (frame_head(what), what) if isinstance(what, bytes) else (encode_blob(what, compress=False),)
             with open(path, "wb") as f:
-                f.write(data)
+                f.writelines(parts)
                 f.flush()
                 os.fdatasync(f.fileno())
             if sync_dir:

@@ -526,7 +526,7 @@ class Planner:
         finally:
             self.deploying.pop(job_id, None)
         self.jobs[job_id] = job
-        self.checkpoints.persist(job)
+        self.checkpoints.deployed(job)
         log.info("job %d (%s) placed on %d workers: %s", job_id, spec.name, len(placement.active_workers()),
                  {n: p.shares for n, p in placement.operators.items()})
         self.link.reply(ident, msg.req, {"job": job_id, "workers": workers, "placement": placement.to_wire(),

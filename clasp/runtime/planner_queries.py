@@ -125,14 +125,11 @@ class JobQueries:
             self.link.reply(ident, msg.req, self.remote_state(job.id, op.name))
             return
 
-        async def dump() -> dict:
+        async def dump() -> protocol.Packed:
             owners = sorted(set(job.placement.operators[op.name].key_groups))
-            parts = await asyncio.gather(*(self.link.rpc(w, protocol.StateDump(job.id, op.name))
+            parts = await asyncio.gather(*(self.link.rpc(w, protocol.StatePacked(job.id, op.name))
                                            for w in owners))
-            merged: dict = {}
-            for p in parts:
-                merged.update(p)
-            return merged
+            return protocol.splice_maps(parts)  # the owners' maps as they came: no key decoded here
 
         self.link.reply(ident, msg.req, await self._when_serving(job, msg, dump))
 

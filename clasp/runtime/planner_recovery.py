@@ -21,6 +21,7 @@ from clasp.core.checkpoint import (
     CompleteCheckpoint,
     boundary_reached,
     dispatch_boundary,
+    look_delay,
     next_due,
     recovery_placement,
 )
@@ -47,7 +48,6 @@ from clasp.runtime.state_store import FileStore, decode_blob, encode_blob
 log = logging.getLogger("clasp.planner")
 ALIGN_TIMEOUT = 30.0  # s for every record below a barrier to complete before the checkpoint is given up
 SNAPSHOT_TIMEOUT = 60.0
-SCHEDULE_TICK = 0.05  # s between two looks at which job's checkpoint is due
 # What a worker's snapshot answer times (s, the slowest worker's): packing on the loop, the file's write
 # and the sinks' prepare off it, and, while its barrier was up, keeping the key groups' images.
 WORKER_STAGES = ("pack_s", "write_s", "prepare_s", "cow_s")
@@ -72,6 +72,7 @@ class Checkpoints:
         self.recoveries = 0
         self.records_replayed = 0
         self.checkpoint_hist = LatencyHistogram()
+        self.added = asyncio.Event()  # a job was deployed: the scheduler looks now (`deployed`)
 
     def for_job(self, job_id: int, state: str, stored: bool = False) -> CheckpointState | CheckpointsOff:
         """`stored`: a job taken up from the state directory (it had checkpoints, it keeps them)."""
@@ -93,23 +94,37 @@ class Checkpoints:
 
     # ----------------------------------------------------------------- checkpoints
     async def run(self) -> None:
-        # A job's checkpoint is due `checkpoint_interval` after its last one started (`next_due`), looked
-        # at every tick: one that outlasts the interval delays the next by what it overran and a short
-        # gap, not by a whole interval.
-        tick = min(self.checkpoint_interval, SCHEDULE_TICK)
+        # A job's checkpoint is due `checkpoint_interval` after its last one started (`next_due`): one that
+        # outlasts the interval delays the next by what it overran and a short gap, not by a whole interval.
+        # Between looks the loop sleeps until the next one due, or less (`look_delay`).
+        delay = 0.0
         while True:
-            await asyncio.sleep(tick)
+            try:
+                async with asyncio.timeout(delay):
+                    await self.added.wait()
+            except TimeoutError:
+                pass
+            self.added.clear()
             now = time.monotonic()
+            due, held = [], False
             for job in list(self.jobs.values()):
                 c = job.ckpt
-                if (not c.enabled or now < c.next_at or job.life.retired or job.life.phase is not Phase.RUNNING
-                        or c.dying or c.coord.pending is not None or job.lock.locked()):
+                if not c.enabled or job.life.retired:
+                    continue
+                if (job.life.phase is not Phase.RUNNING or c.dying or c.coord.pending is not None
+                        or job.lock.locked()):
+                    held = True  # cannot start now: looked at again soon
+                    continue
+                if now < c.next_at:
+                    due.append(c.next_at)
                     continue
                 last = c.coord.restore_target()
                 if (last is not None and not job.queue and job.tracker.next_chunk == last.boundary):
                     continue  # nothing admitted since the last checkpoint
                 c.next_at = next_due(now, None, self.checkpoint_interval)
+                due.append(c.next_at)
                 self.link.background(self._scheduled(job, now), f"checkpoint of job {job.id}")
+            delay = look_delay(now, due, held, self.checkpoint_interval)
 
     async def _scheduled(self, job, started: float) -> None:
         try:
@@ -333,6 +348,12 @@ class Checkpoints:
     async def resume_orphan(self, job) -> None:
         """Under the job's lock: a worker joined a job that had lost every worker; roll back onto it."""
         await self._rolling_back(job, job.life.orphaned, time.monotonic())
+
+    def deployed(self, job) -> None:
+        """A submitted job is deployed: its record is written, and its first checkpoint (of an empty job) is
+        due now, before its input comes (the scheduler may be asleep until another job's is due)."""
+        self.added.set()
+        self.persist(job)
 
     # ----------------------------------------------------------------- planner restart
     def persist(self, job) -> None:

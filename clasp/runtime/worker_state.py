@@ -25,7 +25,8 @@ class StateChannel:
                  pending_timer: Callable[[int], float | None] = lambda job: None):
         self.engine_of, self.monitor, self.pending_timer = engine_of, monitor, pending_timer
         self.handlers = {"state_get": self.on_state_get, "state_put": self.on_state_put,
-                         "state_dump": self.on_state_dump, "collected_dump": self.on_collected_dump,
+                         "state_dump": self.on_state_dump, "state_packed": self.on_state_packed,
+                         "collected_dump": self.on_collected_dump,
                          "counters": self.on_counters}
 
     async def serve(self, router: zmq.asyncio.Socket, *, on_bad: Callable, on_failure: Callable) -> None:
@@ -34,6 +35,9 @@ class StateChannel:
 
     def on_state_dump(self, msg: protocol.StateDump) -> bytes:
         return protocol.reply(msg.req, self.engine_of(msg).state_dump(msg.op))
+
+    def on_state_packed(self, msg: protocol.StatePacked) -> bytes:
+        return protocol.reply(msg.req, self.engine_of(msg).state_packed(msg.op))
 
     def on_collected_dump(self, msg: protocol.CollectedDump) -> bytes:
         return protocol.reply(msg.req, list(self.engine_of(msg).op(msg.op).collected))

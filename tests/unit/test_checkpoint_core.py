@@ -10,12 +10,15 @@ from hypothesis import strategies as st
 
 import clasp
 from clasp.core.checkpoint import (
+    SCHEDULE_LOOK,
+    SCHEDULE_TICK,
     CheckpointError,
     Coordinator,
     barrier_holds,
     boundary_reached,
     dispatch_boundary,
     groups_to_restore,
+    look_delay,
     recovery_placement,
     split_collected,
 )
@@ -215,3 +218,15 @@ def test_a_checkpoint_is_due_an_interval_after_the_last_began_with_a_gap_after_a
     assert next_due(10.0, None, 1.0) == 11.0  # while it runs
     assert next_due(10.0, 10.6, 1.0) == 11.0  # it took 0.6 s: the next one is still an interval after
     assert next_due(10.0, 11.3, 1.0) == 11.3 + GAP_SHARE  # it outlasted the interval: a gap, not a whole one
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(0, 1e6), st.lists(st.floats(0, 10), max_size=5), st.booleans(), st.floats(0.001, 60))
+def test_the_scheduler_wakes_by_the_next_checkpoint_due_and_looks_again_soon(now, ahead, held, interval):
+    due = [now + a for a in ahead]
+    d = look_delay(now, due, held, interval)
+    assert 0 <= d <= min(interval, SCHEDULE_TICK if held else SCHEDULE_LOOK)
+    assert all(now + d <= t + 1e-9 for t in due)  # never past a checkpoint due
+    if not due:
+        assert d == min(interval, SCHEDULE_TICK if held else SCHEDULE_LOOK)
+    assert look_delay(now, [now - 1.0], held, interval) == 0.0  # one already due: look now
