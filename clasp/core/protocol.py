@@ -1061,40 +1061,6 @@ def _group(op: int, values: tuple, keys: tuple, rids: tuple) -> list:
     return [op, list(values), ks, list(rids), None]
 
 
-# A column of strings travels as one string, its values joined by COLUMN_SEP: msgpack packs and reads each
-# string of a list on its own (~310 and ~370 instructions a word), a join and a split take ~145 and ~295.
-COLUMN_SEP = "\x00"
-
-
-def joined_columns(groups: list) -> list:
-    """The groups of a `cols` message as they are sent: a values column of two or more strings none of
-    which holds COLUMN_SEP as one string of them joined by it (`open_columns` splits it back), any other
-    column as it is. The groups are not changed."""
-    out = []
-    sep = COLUMN_SEP
-    for g in groups:
-        vs = g[1]
-        if len(vs) > 1 and type(vs[0]) is str:
-            try:
-                s = sep.join(vs)
-            except TypeError:  # not every value is a string
-                s = None
-            if s is not None and s.count(sep) == len(vs) - 1:
-                g = [g[0], s, *g[2:]]
-        out.append(g)
-    return out
-
-
-def open_columns(groups: Any) -> None:
-    """The values columns of a received `cols` message that came joined (`joined_columns`) split back into
-    lists, in place, before `check_columns` validates them (a split into the wrong number of values fails
-    there)."""
-    if type(groups) is list:
-        for g in groups:
-            if type(g) is list and len(g) > 1 and type(g[1]) is str:
-                g[1] = g[1].split(COLUMN_SEP)
-
-
 def check_columns(groups: Any, n_ops: int, n_groups: int = 128) -> None:
     """Validate the groups of a `cols` message before any row is enqueued."""
     if type(groups) is not list:

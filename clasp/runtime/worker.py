@@ -350,7 +350,6 @@ class Worker:
             if eng is None:
                 raise ProtocolError("unknown_job", f"{mtype} for job {body[0]}")
             if mtype == "cols":
-                protocol.open_columns(body[2])
                 protocol.check_columns(body[2], len(eng.ops))
             elif mtype == "data":
                 protocol.check_rows(body[2], len(eng.ops))
@@ -404,11 +403,11 @@ class Worker:
         return peer
 
     def _flush_data(self, eng: JobEngine) -> None:
-        encode, joined = protocol.encode, protocol.joined_columns
+        encode = protocol.encode
         dests = self.monitor.destinations_interval
         msgs = self.monitor.job_messages(eng.job)
         for wid, (groups, n) in eng.take_batches().items():
-            self._peer(wid).send(encode("cols", [eng.job, eng.epoch, joined(groups)]), copy=False)
+            self._peer(wid).send(encode("cols", [eng.job, eng.epoch, groups]), copy=False)
             dests.add(wid)
             msgs[0] += 1
             msgs[1] += n
