@@ -263,7 +263,7 @@ def partition_runs(values: list, rids: list, counts: list, groups: bytes, owners
     groups)} for the destinations that get any, their runs without empty ones, their groups as bytes. The
     destination of each value by one `bytes.translate`, every run's length per destination by one
     `bincount`, and each destination's values by a pass of `itertools.compress` over the batch (a stable
-    radix sort and one gather with more than COMPRESS_DESTINATIONS): a fixed number of passes in C, none
+    radix sort and one gather with more than COMPRESS_DESTINATIONS): a few passes in C, none
     per request in Python; the keyed fast path routes a scheduling pass's words with it."""
     dests = list(dict.fromkeys(owners))
     if type(groups) is not bytes:
