@@ -253,15 +253,20 @@ def route_to(spec: DagSpec, placement: Placement, succ: int, me: str | None, src
     return Route(ROUTE_TABLE, succ, table=table, period=table_period(table), sigma=sigma)
 
 
+# Destinations up to which `partition_runs` takes each one's values by a pass of `compress` over the batch
+# (~80 instructions a value a pass); beyond, by one stable sort of the batch and a gather (~550 a value).
+COMPRESS_DESTINATIONS = 4
+
+
 def partition_runs(values: list, rids: list, counts: list, groups: bytes, owners: list) -> dict:
     """Split a batch of requests by the owner of their key groups, keeping order: `values` with their record
     ids as runs (`rids[r]` for `counts[r]` consecutive values), the key group of each value as bytes (a
     group is below 256), and `owners` (key group -> destination) -> {destination: (values, rids, counts,
     groups)} for the destinations that get any, their runs without empty ones, their groups as bytes. The
-    destination of each value by one `bytes.translate`, a stable radix sort of those bytes, the values taken
-    in that order by one `map`, and every run's length per destination by one `bincount`: a fixed number of
-    passes in C whatever the number of destinations, none per request in Python; the keyed fast path routes
-    a scheduling pass's words with it."""
+    destination of each value by one `bytes.translate`, every run's length per destination by one
+    `bincount`, and each destination's values by a pass of `itertools.compress` over the batch (a stable
+    radix sort and one gather with more than COMPRESS_DESTINATIONS): a few passes in C, none
+    per request in Python; the keyed fast path routes a scheduling pass's words with it."""
     dests = list(dict.fromkeys(owners))
     if type(groups) is not bytes:
         groups = bytes(groups)
@@ -270,16 +275,25 @@ def partition_runs(values: list, rids: list, counts: list, groups: bytes, owners
     index = {d: i for i, d in enumerate(dests)}
     nd, nr = len(dests), len(counts)
     dest_of = np.frombuffer(groups.translate(bytes(map(index.__getitem__, owners)).ljust(256, b"\0")), np.uint8)
-    order = np.argsort(dest_of, kind="stable")
-    ordered = list(map(values.__getitem__, order.tolist()))
-    ordered_groups = np.frombuffer(groups, np.uint8)[order].tobytes()
-    bounds = [0, *np.cumsum(np.bincount(dest_of, minlength=nd)).tolist()]
     run_of = np.repeat(np.arange(nr, dtype=np.intp), counts)
     per_run = np.bincount(run_of * nd + dest_of, minlength=nr * nd).reshape(nr, nd).T.tolist()
+    by_value = np.frombuffer(groups, np.uint8)
     out = {}
+    if nd <= COMPRESS_DESTINATIONS:
+        for i, d in enumerate(dests):
+            mine = dest_of == i
+            vs = list(compress(values, mine.tobytes()))  # a bool array's bytes are 0 and 1
+            if vs:
+                c = per_run[i]  # run r's values that go to d
+                out[d] = (vs, list(compress(rids, c)), list(compress(c, c)), by_value[mine].tobytes())
+        return out
+    order = np.argsort(dest_of, kind="stable")
+    ordered = list(map(values.__getitem__, order.tolist()))
+    ordered_groups = by_value[order].tobytes()
+    bounds = [0, *np.cumsum(np.bincount(dest_of, minlength=nd)).tolist()]
     for i, d in enumerate(dests):
         a, b = bounds[i], bounds[i + 1]
         if a < b:
-            c = per_run[i]  # run r's values that go to d
+            c = per_run[i]
             out[d] = (ordered[a:b], list(compress(rids, c)), list(compress(c, c)), ordered_groups[a:b])
     return out

@@ -11,7 +11,8 @@ from clasp.core.routing import partition_runs
 
 runs = st.lists(st.tuples(st.integers(0, 1 << 20), st.lists(st.integers(0, 7), min_size=1, max_size=6)),
                 max_size=30)
-owners_of = st.lists(st.sampled_from(["a", "b", None, "c"]), min_size=8, max_size=8)
+# Up to seven destinations: a pass of `compress` each up to COMPRESS_DESTINATIONS, one sort beyond.
+owners_of = st.lists(st.sampled_from(["a", "b", None, "c", "d", "e", "f"]), min_size=8, max_size=8)
 
 
 def _naive(values, rids, dests):
