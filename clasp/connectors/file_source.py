@@ -21,7 +21,6 @@ import errno
 import glob
 import json
 import os
-import re
 from typing import Any
 
 try:  # a faster decoder of the same values; json's alone when it is absent
@@ -35,8 +34,10 @@ FORMATS = ("lines", "jsonl", "csv")
 # json.loads' own scanner (the C one), called without the two Python frames and whitespace matches around it.
 _SCAN = json.JSONDecoder().scan_once
 # A run of 19 digits may be an integer beyond 64 bits, which orjson reads as a float and json exactly: a block
-# with one goes to json (whether the digits are an integer, a string's or a fraction's).
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+# with one goes to json (whether the digits are an integer, a string's or a fraction's). Found as a run of 19
+# zeros once every digit is one: two passes in C, where a regular expression retries at every digit.
+_DIGITS_TO_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
+_LONG_RUN = b"0" * 19
 DEFAULT_RANGE_BYTES = 64 << 20  # a file larger than this is read as several partitions
 READ_BYTES = 256 << 10  # read ahead at once: a batch of 1,024 lines of up to 256 bytes in one read
 NOWAIT = getattr(os, "RWF_NOWAIT", None) if hasattr(os, "preadv") else None
@@ -80,7 +81,7 @@ def _load_lines(lines: list[bytes], block: bytes, used: int, values: list) -> bo
     line in C, if every line is a value it reads as json does. False (and `values` as it was) when orjson is
     absent, a line is anything else (blank, invalid, NaN, a number json reads and orjson does not) or the
     block has a run of digits orjson might read differently: the block then goes to json."""
-    if _fast_loads is None or _LONG_DIGITS.search(block, 0, used):
+    if _fast_loads is None or block[:used].translate(_DIGITS_TO_ZERO).find(_LONG_RUN) >= 0:
         return False
     try:
         out = list(map(_fast_loads, lines))
