@@ -204,3 +204,12 @@ def test_iterable_source_partitions_and_positions():
     again, _ = read_all(src, {"part-0": 2})
     assert again["part-0"] == [6, 9]
     assert json.dumps(pos)  # positions are plain data
+
+
+def test_jsonl_reads_the_same_without_orjson(tmp_path, monkeypatch):
+    """orjson is a dependency, but a FileSource without it decodes every block with json's scanner alone."""
+    lines = ['{"a": 1, "b": [1.5, "x"]}', "2", '"\\u00e9"', "123456789012345678901234567890"]
+    path = write_lines(tmp_path / "x.jsonl", lines)
+    monkeypatch.setattr(file_source, "_fast_loads", None)
+    (vals,) = read_all(FileSource(str(path), format="jsonl"), limit=100)[0].values()
+    assert vals == [json.loads(line) for line in lines]
