@@ -12,13 +12,14 @@ distinct people), key groups spread over the workers; Q5 and Q7 as two stages of
 `result_time`). Timed: submit to `wait_idle` (the end of the input fires every window and timer), the cluster
 already started. Bytewax: `clasp/bench/peers/nexmark_bytewax.py`'s dataflow in one process (`run_main`, one
 worker), the run timed; with `--bytewax-feed json` (the default) it is given the events' JSON lines and decodes
-each, as clasp's readers do, `memory` the decoded dicts. Bytewax also runs as 1 and 2 processes of one worker each
-(`--bytewax-processes`, default the `--workers` counts; `run_bytewax_processes`), as the Word Count bench runs
-it (`python -m bytewax.run -i/-a`), reading the events from JSON-lines files with its `DirSource` and decoding
-them, timed from the go its processes wait for to the last worker's rows: clasp's N workers are compared with N
-Bytewax processes. Its processes' readers are not aligned in event time, so their clock waits
-`--bytewax-slack-ms` (5 s) beyond the generator's bound, enough for an exact answer. Each round runs every
-system once per query, the order alternating between rounds; the figures are medians over the rounds.
+each (`json.loads`; clasp's readers decode them too, by orjson, `FileSource`), `memory` the decoded dicts. Bytewax
+also runs as 1 and 2 processes of one worker each (`--bytewax-processes`, default the `--workers` counts;
+`run_bytewax_processes`), as the Word Count bench runs it (`python -m bytewax.run -i/-a`), reading the events from
+JSON-lines files with its `DirSource` and decoding them, timed from the go its processes wait for to the last
+worker's rows: clasp's N workers are compared with N Bytewax processes. Its processes' readers are not aligned in
+event time, so their clock waits `--bytewax-slack-ms` (5 s) beyond the generator's bound, enough for an exact
+answer. Each round runs every system once per query, the order alternating between rounds; the figures are
+medians over the rounds.
 
 Start-up is not the same on both sides: clasp's time includes deploying the job to the workers, the network
 hops between processes and a watermark release per stage, Bytewax's building its dataflow in process. So each
@@ -345,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queries", default=",".join(nx.QUERIES))
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--bytewax-feed", choices=("json", "memory"), default="json",
-                   help="Bytewax given the events' JSON lines to decode (as clasp's readers do) or the dicts")
+                   help="Bytewax given the events' JSON lines to decode (as clasp's readers do theirs) or the dicts")
     p.add_argument("--bytewax-processes", default=None,
                    help="Bytewax also as this many processes reading the events from files (comma-separated; "
                         "default: the --workers counts; empty: none)")

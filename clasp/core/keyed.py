@@ -37,10 +37,12 @@ class TimerContext:
     """What a user's function sees of time for its key: the record's event time (None in `on_timer`), the
     watermark, the processing time, and its timers."""
 
-    __slots__ = ("key", "ts", "watermark", "now", "timers")
+    __slots__ = ("key", "ts", "watermark", "now", "timers", "op")
 
-    def __init__(self, key: Any, ts: float | None, watermark: float, now: float, timers: list):
+    def __init__(self, key: Any, ts: float | None, watermark: float, now: float, timers: list,
+                 op: TimerOperator | None = None):
         self.key, self.ts, self.watermark, self.now, self.timers = key, ts, watermark, now, timers
+        self.op = op
 
     def at(self, t: float, payload: Any = None) -> None:
         """Call `on_timer` once the watermark reaches `t`."""
@@ -48,6 +50,8 @@ class TimerContext:
 
     def at_processing(self, t: float, payload: Any = None) -> None:
         """Call `on_timer` once the processing time reaches `t`."""
+        if self.op is not None:
+            self.op.processing = True
         self.timers = _timers.add(self.timers, t, payload, PROCESSING)
 
     def cancel(self, t: float, payload: Any = None, kind: str = EVENT) -> None:
@@ -57,6 +61,9 @@ class TimerContext:
 class TimerOperator:
     def __init__(self, fn: Callable, on_timer: Callable):
         self.fn, self.on_timer = fn, on_timer
+        # Whether a callback here ever set a processing-time timer: until one does, a shell's clock need
+        # not look for due ones among the keys changed since it last looked (only among those it indexed).
+        self.processing = False
 
     @staticmethod
     def _pack(user: Any, timers: list) -> list | None:
@@ -65,7 +72,7 @@ class TimerOperator:
     def on_record(self, state: list | None, key: Any, ts: float, value: Any, watermark: float, now: float = 0,
                   input: int = 0) -> Step:
         before, timers = state if state else (None, [])
-        ctx = TimerContext(key, ts, watermark, now, timers)  # `at` and `cancel` make new lists
+        ctx = TimerContext(key, ts, watermark, now, timers, self)  # `at` and `cancel` make new lists
         user, out = self.fn(before, value, ctx)
         if state and user is before and ctx.timers is timers:
             return Step(state, list(out or ()), [])  # unchanged: the driver has nothing to re-index
@@ -77,7 +84,7 @@ class TimerOperator:
         when `fn` sets or cancels one. `out` holds `(i, output)` pairs, `i` the position in `items` of the record
         that made it."""
         before, timers = state if state else (None, [])
-        ctx = TimerContext(key, None, watermark, now, timers)
+        ctx = TimerContext(key, None, watermark, now, timers, self)
         fn, user, out = self.fn, before, []
         for i, (ts, value, _) in enumerate(items):
             ctx.ts = ts
@@ -94,7 +101,7 @@ class TimerOperator:
         due, timers = _timers.pop_due(timers, watermark, now)
         while due:
             t, _, payload = due.pop(0)
-            ctx = TimerContext(key, None, watermark, now, timers)
+            ctx = TimerContext(key, None, watermark, now, timers, self)
             try:
                 user, more = self.on_timer(user, t, payload, ctx)
             except Exception as e:  # the timers due are spent: a failing one is not called again and again

@@ -13,6 +13,7 @@ from operator import add
 import msgpack
 
 from clasp.core.dag import identity
+from clasp.core.keyed import TimerOperator
 from clasp.core.routing import NUM_KEY_GROUPS, key_group
 from clasp.core.timed import TimedFold
 from clasp.runtime.records import RecordQueue
@@ -259,6 +260,8 @@ class OpRuntime:
         self.set_state(key, new)
         if isinstance(self.fn, TimedFold):
             self.fn.touched.add(key)
+            if isinstance(self.fn.op, TimerOperator):
+                self.fn.op.processing = True  # the state written may hold processing-time timers
 
     def set_state(self, key, new) -> None:
         """Store `new` for `key` (None deletes)."""

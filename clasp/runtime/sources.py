@@ -15,7 +15,9 @@ admitted, so it always matches what the engine was handed:
 
 Backpressure: a worker's readers together keep at most `window` records in flight (read, not yet complete
 in the planner's tracker; the planner returns `credit` as chunks complete), so the queues that records
-read here fill anywhere in the cluster stay bounded, and a reader simply waits.
+read here fill anywhere in the cluster stay bounded, and a reader simply waits. The window is a batch's room
+at a time, given to the readers in turn (the order they asked): partitions of like event-time density then
+advance together, and the job's watermark, the least of theirs, with them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time as _time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -74,8 +77,9 @@ class SourceReaders:
         self.floor = 0  # chunks below it belong before the last barrier: not used any more
         self.asked = False
         self.leased = asyncio.Event()
-        self.room = asyncio.Event()
         self.inflight = 0
+        # Readers waiting for room, in the order they asked: each is granted a batch's room in turn.
+        self.waiting: deque[asyncio.Future] = deque()
         self.timers: dict[int, tuple] = {}  # keyed time operator -> (its OpRuntime, its timer index) (worker_time)
         self.next_watermark: protocol.Watermark | None = None  # a watermark that came while firing (worker_time)
         self.stages: dict[int, int] = {}  # keyed time operator -> its stage (worker_time)
@@ -136,8 +140,46 @@ class SourceReaders:
 
     def on_credit(self, records: int) -> None:
         self.inflight = max(0, self.inflight - records)
-        if self.inflight < self.window:
-            self.room.set()
+        self._grant()
+
+    # ----------------------------------------------------------------- room in the window
+    def _room(self) -> int:
+        """The room a batch may take now: a whole batch's, or the window's when it is smaller (0: none)."""
+        room = self.window - self.inflight
+        return min(BATCH, room) if room >= min(BATCH, self.window) else 0
+
+    def _grant(self) -> None:
+        """Give the room there is to the readers waiting, in the order they asked."""
+        while self.waiting:
+            fut = self.waiting[0]
+            if fut.done():  # its reader was cancelled
+                self.waiting.popleft()
+                continue
+            take = self._room()
+            if not take:
+                return
+            self.waiting.popleft()
+            self.inflight += take
+            fut.set_result(take)
+
+    async def _reserve(self) -> int:
+        """A batch's room in the window, taken for the caller (counted in `inflight`). Readers take turns: one
+        that asks while others wait queues behind them, so a reader whose reads never wait (its file in the page
+        cache) cannot take every batch's room as credit frees it while the others' partitions fall behind in
+        event time, holding the job's watermark back (every window and timer then waits, its state growing)."""
+        take = 0 if self.waiting else self._room()
+        if take:
+            self.inflight += take
+            return take
+        fut = asyncio.get_running_loop().create_future()
+        self.waiting.append(fut)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # granted as it was cancelled: the room goes back
+                self.inflight -= fut.result()
+                self._grant()
+            raise
 
     # ----------------------------------------------------------------- reading
     async def _chunk(self) -> int:
@@ -165,18 +207,14 @@ class SourceReaders:
 
     async def _read(self, p: Partition) -> None:
         while await self._read_one(p):
-            pass
+            await asyncio.sleep(0)  # a read that never waited: the other readers ask for room first (`_reserve`)
 
     async def _read_one(self, p: Partition) -> bool:
         """Read and admit one batch; False once the partition has ended. The batch's room in the window is
         taken before the read (readers of one worker read concurrently) and what was not used given back."""
         op = self.eng.ops[p.op]
         job = self.eng.job
-        while self.inflight >= self.window:
-            self.room.clear()
-            await self.room.wait()
-        take = min(BATCH, self.window - self.inflight)
-        self.inflight += take
+        take = await self._reserve()
         used = 0
         try:
             try:
@@ -209,5 +247,4 @@ class SourceReaders:
             return True
         finally:
             self.inflight -= take - used
-            if self.inflight < self.window:
-                self.room.set()
+            self._grant()

@@ -67,6 +67,20 @@ def timer_index(readers, op) -> GroupTimers:
     return index
 
 
+def processing_deadline(readers, op) -> float | None:
+    """The earliest processing-time deadline of keyed time operator `op` here, for the clock's tick. Only a
+    timers operator has them, and until one of its callbacks sets one here (`TimerOperator.processing`), only
+    the key groups indexed already or come since (a restore, a migration) can hold one: the keys its records
+    changed since are left for the next firing to index, not indexed every tick."""
+    fold = op.fn
+    if not isinstance(fold.op, TimerOperator):
+        return None
+    held = readers.timers.get(op.index)
+    if fold.op.processing or held is None or held[0] is not op or op.replaced or op.cold:
+        return timer_index(readers, op).earliest(PROCESSING)
+    return held[1].earliest(PROCESSING)
+
+
 class WorkerTime:
     """The worker's event time and timers. `jobs`, `sources`: the worker's tables of job engines and of their
     readers; `send` sends on the control channel; `wake`: the executor loop's event."""
@@ -127,7 +141,7 @@ class WorkerTime:
             for op in timed:
                 op.fn.now = max(op.fn.now, now)
                 if job not in self.firing:
-                    t = timer_index(readers, op).earliest(PROCESSING)
+                    t = processing_deadline(readers, op)
                     due = due or (t is not None and t <= now)
             if due and job not in self.firing:
                 self.firing.add(job)

@@ -100,7 +100,10 @@ def test_glob_jsonl_and_a_bad_line_named_with_file_and_offset(tmp_path):
 
 
 LINES = ['{"w": 1}', ' {"w": 2} ', '[1, 2]', "1,2", "1 2", "{", "", "  ", '"x"', "3.5\r", "nul", '{"a": "\u00e9"}',
-         "[1,[2", "3]]", "\t7", "8\t", "-", "true", '"a\tb"']
+         "[1,[2", "3]]", "\t7", "8\t", "-", "true", '"a\tb"',
+         # read by json, not orjson: an integer beyond 64 bits (orjson's a float), NaN, 1e400, a lone surrogate
+         "123456789012345678901234567890", '{"n": -9223372036854775809}', "NaN", "1e400", '"\\ud800"',
+         '{"n": 18446744073709551615, "x": 0.1}', '{"id": 7, "t": 1.5e3, "s": "x"}']
 
 
 @settings(max_examples=60, deadline=None)
@@ -128,6 +131,27 @@ def test_jsonl_lines_read_as_json_loads_reads_each_and_the_others_are_named(tmp_
         return vals, r.take_errors()
     vals, errors = asyncio.run(go())
     assert vals == want and len(errors) == bad
+
+
+def test_clean_utf8_blocks_go_to_orjson_and_the_others_to_json(tmp_path, monkeypatch):
+    """A block whose every line orjson reads as json does is decoded by it, a line a call; a block with a line
+    it reads otherwise (a run of 19 digits) or not at all (NaN) by json, with the same values as json.loads."""
+    pytest.importorskip("orjson")
+    calls = []
+
+    def counted(line):
+        calls.append(line)
+        return fast(line)
+    fast = file_source._fast_loads
+    monkeypatch.setattr(file_source, "_fast_loads", counted)
+    cases = {"clean": ['{"a": 1, "b": [1.5, "x"]}', "2", '"\u00e9"'],
+             "long": ['{"a": 1}', "12345678901234567890123"], "nan": ['{"a": 1}', "NaN"]}
+    for name, lines in cases.items():
+        calls.clear()
+        path = write_lines(tmp_path / f"{name}.jsonl", lines)
+        (vals,) = read_all(FileSource(str(path), format="jsonl"), limit=100)[0].values()
+        assert vals == [json.loads(line) for line in lines]
+        assert len(calls) == {"clean": 3, "long": 0, "nan": 2}[name], name
 
 
 def test_csv_rows_are_dicts_by_the_header_in_every_range(tmp_path):
@@ -180,3 +204,12 @@ def test_iterable_source_partitions_and_positions():
     again, _ = read_all(src, {"part-0": 2})
     assert again["part-0"] == [6, 9]
     assert json.dumps(pos)  # positions are plain data
+
+
+def test_jsonl_reads_the_same_without_orjson(tmp_path, monkeypatch):
+    """orjson is a dependency, but a FileSource without it decodes every block with json's scanner alone."""
+    lines = ['{"a": 1, "b": [1.5, "x"]}', "2", '"\\u00e9"', "123456789012345678901234567890"]
+    path = write_lines(tmp_path / "x.jsonl", lines)
+    monkeypatch.setattr(file_source, "_fast_loads", None)
+    (vals,) = read_all(FileSource(str(path), format="jsonl"), limit=100)[0].values()
+    assert vals == [json.loads(line) for line in lines]

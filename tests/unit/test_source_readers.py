@@ -35,3 +35,34 @@ def test_a_reader_waiting_for_a_lease_stops_when_cancelled_as_the_lease_arrives(
     cancelled, lease = asyncio.run(go())
     assert cancelled
     assert lease == list(range(16))  # nothing taken
+
+
+def test_readers_take_turns_at_the_window_so_their_partitions_advance_together():
+    """Reads that never wait (a file in the page cache) must not let one reader take every batch's room as
+    credit frees it while the others' partitions fall behind (the job's watermark, the least of theirs, with
+    them): the readers take turns, so however the credit comes, no partition is more than a batch ahead."""
+    from clasp.runtime.sources import BATCH
+
+    async def go(credits: list[int]):
+        dag = clasp.Dag("turns")
+        dag.source("n", IterableSource(range(BATCH * 64), partitions=4)) >> dag.operator("id", lambda v: [v])
+        spec = dag.to_spec()
+        eng = JobEngine(1, spec, "w0", build_placement(spec, ["w0"], {o.name: {0: 1} for o in spec.operators}, 10))
+        r = SourceReaders(eng, [].append, lambda coro, name: asyncio.ensure_future(coro), lambda: None,
+                          window=4 * BATCH)
+        r.on_lease(0, 1000)
+        r.assign([["n", f"part-{i}", None] for i in range(4)])
+        spread = []
+        for c in credits:
+            await asyncio.sleep(0.001)
+            assert r.inflight == 4 * BATCH  # the window full: every reader waits for credit
+            pos = [p.position or 0 for p in r.parts.values()]
+            spread.append(max(pos) - min(pos))
+            r.on_credit(c)
+        for p in r.parts.values():
+            p.task.cancel()
+        await asyncio.gather(*(p.task for p in r.parts.values()), return_exceptions=True)
+        return spread
+
+    for credits in ([BATCH] * 24, [2 * BATCH, BATCH, 3 * BATCH, 4 * BATCH] * 4):
+        assert max(asyncio.run(go(credits))) <= BATCH, credits

@@ -198,3 +198,45 @@ def test_wait_idle_returns_once_every_timer_due_when_it_was_called_fired(records
         assert waited_for(called_at, [index.earliest(PROCESSING)]) == all(t > called_at for t in left)
         if now >= called_at:
             assert waited_for(called_at, [index.earliest(PROCESSING), None])
+
+
+def test_the_clock_leaves_changed_keys_to_the_firing_until_a_processing_timer_is_set():
+    """The worker's processing-time tick finds due timers among the keys indexed so far; the keys records
+    changed since are indexed by the next firing, unless a callback here set a processing-time timer (or a
+    write from outside may have), when it indexes them first and finds theirs."""
+    from types import SimpleNamespace
+
+    import clasp
+    from clasp.runtime.operators import OpRuntime
+    from clasp.runtime.worker_time import processing_deadline
+
+    def fn(state, value, timers):
+        if value[1] == "processing":
+            timers.at_processing(value[2], "p")
+        else:
+            timers.at(value[2], "e")
+        return (state or 0) + 1, []
+
+    dag = clasp.Dag("tick")
+    dag.timers("t", fn, lambda s, t, p, timers: (s, []), key=lambda v: v[0])
+    spec = dag.to_spec()
+    op = OpRuntime(next(o for o in spec.operators if isinstance(o.fn, TimedFold)))
+    readers = SimpleNamespace(timers={})
+
+    def record(value):
+        key = value[0]
+        new, _ = op.fn(op.get(key), value)
+        op.set_state(key, new)
+
+    assert processing_deadline(readers, op) is None  # the first look indexes every group held here
+    record(["a", "event", 10.0])
+    assert processing_deadline(readers, op) is None and op.fn.touched == {"a"}  # left for the firing
+    record(["b", "processing", 5.0])
+    assert processing_deadline(readers, op) == 5.0 and not op.fn.touched
+    record(["c", "event", 1.0])
+    assert processing_deadline(readers, op) == 5.0 and not op.fn.touched  # processing timers set here: every tick
+    fresh = OpRuntime(next(o for o in dag.to_spec().operators if isinstance(o.fn, TimedFold)))
+    looked = SimpleNamespace(timers={})
+    assert processing_deadline(looked, fresh) is None
+    fresh.put_state("d", [1, [[3.0, PROCESSING, "p"]]])  # a write from outside: its timers may be any
+    assert processing_deadline(looked, fresh) == 3.0

@@ -16,7 +16,8 @@ behind an auction of theirs from later in the same batch would be late).
 How each query is written, at Bytewax's best (unordered folds where the fold does not care):
 - Q0-Q2: `map` / `filter_map` over the bids.
 - Q3: Bytewax's `join` either re-emits a key's whole product on each value ("running") or emits only at the end of
-  the input ("final"), so the incremental person-auction join is a `stateful_flat_map` per seller.
+  the input ("final"), so the incremental person-auction join is a `stateful_flat_map` per seller, fed by a
+  `filter_map` per side that tests the event's kind and the side's condition in one call.
 - Q4: an auction's bids are folded per auction (`fold_final`: Bytewax has no event-time timer per key, so auctions
   close at the end of the input), then averaged per category (`fold_final`).
 - Q5: bids counted per auction in 10 s windows sliding by 2 s (`fold_window`, `SlidingWindower`), then per window
@@ -93,10 +94,12 @@ def _seller_join(state: list | None, value: tuple) -> tuple[list, list]:
 
 
 def q3(events: Stream, bound_ms: int) -> Stream:
-    people = op.filter_map("people", _kind(events, "person"), lambda p: (
-        str(p["id"]), ("p", [p["name"], p["city"], p["state"]])) if p["state"] in Q3_STATES else None)
-    auctions = op.filter_map("sellers", _kind(events, "auction"), lambda a: (
-        str(a["seller"]), ("a", a["id"])) if a["category"] == Q3_CATEGORY else None)
+    # Each side's kind and condition in one step, a call per event, as clasp's maps do.
+    people = op.filter_map("people", events, lambda p: (
+        str(p["id"]), ("p", [p["name"], p["city"], p["state"]]))
+        if p["kind"] == "person" and p["state"] in Q3_STATES else None)
+    auctions = op.filter_map("sellers", events, lambda a: (
+        str(a["seller"]), ("a", a["id"])) if a["kind"] == "auction" and a["category"] == Q3_CATEGORY else None)
     joined = op.stateful_flat_map("join", op.merge("both", people, auctions), _seller_join)
     return op.map("rows", joined, lambda kv: kv[1])
 
