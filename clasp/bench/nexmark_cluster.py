@@ -12,7 +12,7 @@ distinct people), key groups spread over the workers; Q5 and Q7 as two stages of
 `result_time`). Timed: submit to `wait_idle` (the end of the input fires every window and timer), the cluster
 already started. Bytewax: `clasp/bench/peers/nexmark_bytewax.py`'s dataflow in one process (`run_main`, one
 worker), the run timed; with `--bytewax-feed json` (the default) it is given the events' JSON lines and decodes
-each (`json.loads`; clasp's readers decode them too, by orjson, `FileSource`), `memory` the decoded dicts. Bytewax
+each (by orjson, as clasp's readers do in `FileSource`; `json.loads` where orjson is absent), `memory` the decoded dicts. Bytewax
 also runs as 1 and 2 processes of one worker each (`--bytewax-processes`, default the `--workers` counts;
 `run_bytewax_processes`), as the Word Count bench runs it (`python -m bytewax.run -i/-a`), reading the events from
 JSON-lines files with its `DirSource` and decoding them, timed from the go its processes wait for to the last

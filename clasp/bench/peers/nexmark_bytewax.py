@@ -13,8 +13,10 @@ generator's `max_out_of_order`, plus, where a step reads two streams merged (Q8'
 time one input batch spans, since a merge may deliver one stream's part of a batch before the other's (a person
 behind an auction of theirs from later in the same batch would be late).
 
-How each query is written, at Bytewax's best (unordered folds where the fold does not care):
-- Q0-Q2: `map` / `filter_map` over the bids.
+How each query is written, at Bytewax's best (unordered folds where the fold does not care; each step that picks
+one kind of event does it in the same call that maps or keys it, one `filter_map`, as clasp's maps do; the JSON
+text is decoded with orjson where it is installed, as clasp's `FileSource` does, else `json.loads`):
+- Q0-Q2: one `filter_map` over the events.
 - Q3: Bytewax's `join` either re-emits a key's whole product on each value ("running") or emits only at the end of
   the input ("final"), so the incremental person-auction join is a `stateful_flat_map` per seller, fed by a
   `filter_map` per side that tests the event's kind and the side's condition in one call.
@@ -40,6 +42,11 @@ from bytewax.operators.windowing import EventClock, SlidingWindower, TumblingWin
 from clasp.apps.nexmark.queries import better_bid, merge_max
 from clasp.apps.nexmark.reference import Q2_MODULUS, Q3_CATEGORY, Q3_STATES, Q5_SLIDE_MS, WINDOW_MS, euros
 
+try:
+    from orjson import loads
+except ImportError:  # orjson is one of clasp's dependencies; a Bytewax-only environment may lack it
+    loads = json.loads
+
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MS = timedelta(milliseconds=1)
 
@@ -61,8 +68,9 @@ def clock(bound_ms: int) -> EventClock:
                       to_system_utc=_no_wake_up)
 
 
-def _kind(events: Stream, kind: str) -> Stream:
-    return op.filter(f"only_{kind}s", events, lambda e: e["kind"] == kind)
+def _keyed(events: Stream, kind: str, field: str) -> Stream:
+    """The events of one kind keyed by one field, in one call per event (a filter then a key_on is two)."""
+    return op.filter_map(f"{kind}s_by_{field}", events, lambda e: (str(e[field]), e) if e["kind"] == kind else None)
 
 
 def _bid_row(b: dict) -> list:
@@ -70,17 +78,17 @@ def _bid_row(b: dict) -> list:
 
 
 def q0(events: Stream, bound_ms: int) -> Stream:
-    return op.map("q0", _kind(events, "bid"), _bid_row)
+    return op.filter_map("q0", events, lambda e: _bid_row(e) if e["kind"] == "bid" else None)
 
 
 def q1(events: Stream, bound_ms: int) -> Stream:
-    return op.map("q1", _kind(events, "bid"),
-                  lambda b: [b["auction"], b["bidder"], euros(b["price"]), b["dateTime"], b["extra"]])
+    return op.filter_map("q1", events, lambda b: [b["auction"], b["bidder"], euros(b["price"]), b["dateTime"],
+                                                  b["extra"]] if b["kind"] == "bid" else None)
 
 
 def q2(events: Stream, bound_ms: int) -> Stream:
-    return op.filter_map("q2", _kind(events, "bid"),
-                         lambda b: [b["auction"], b["price"]] if b["auction"] % Q2_MODULUS == 0 else None)
+    return op.filter_map("q2", events, lambda b: [b["auction"], b["price"]]
+                         if b["kind"] == "bid" and b["auction"] % Q2_MODULUS == 0 else None)
 
 
 def _seller_join(state: list | None, value: tuple) -> tuple[list, list]:
@@ -119,9 +127,11 @@ def _auction_fold(state: dict, value: tuple) -> dict:
 
 
 def q4(events: Stream, bound_ms: int) -> Stream:
-    auctions = op.map("auctions", _kind(events, "auction"), lambda a: (
-        str(a["id"]), ("auction", a["dateTime"], [a["dateTime"], a["expires"], a["category"], a["reserve"]])))
-    bids = op.map("bids", _kind(events, "bid"), lambda b: (str(b["auction"]), ("bid", b["dateTime"], b["price"])))
+    auctions = op.filter_map("auctions", events, lambda a: (
+        str(a["id"]), ("auction", a["dateTime"], [a["dateTime"], a["expires"], a["category"], a["reserve"]]))
+        if a["kind"] == "auction" else None)
+    bids = op.filter_map("bids", events, lambda b: (str(b["auction"]), ("bid", b["dateTime"], b["price"]))
+                         if b["kind"] == "bid" else None)
     closed = op.fold_final("close", op.merge("both", auctions, bids),
                            lambda: {"terms": None, "best": None, "early": []}, _auction_fold)
     prices = op.filter_map("prices", closed, lambda kv: (str(kv[1]["terms"][2]), kv[1]["best"])
@@ -140,7 +150,7 @@ def _most(state: list | None, row: tuple) -> tuple[list, list]:
 
 
 def q5(events: Stream, bound_ms: int) -> Stream:
-    bids = op.key_on("by_auction", _kind(events, "bid"), lambda b: str(b["auction"]))
+    bids = _keyed(events, "bid", "auction")
     counts = fold_window("count", bids, clock(bound_ms),
                          SlidingWindower(WINDOW_MS * MS, Q5_SLIDE_MS * MS, EPOCH),
                          int, lambda n, _: n + 1, lambda a, b: a + b, ordered=False)
@@ -162,7 +172,7 @@ def _highest(state: list | None, acc: list) -> tuple[list, list]:
 
 
 def q7(events: Stream, bound_ms: int) -> Stream:
-    bids = op.key_on("by_auction", _kind(events, "bid"), lambda b: str(b["auction"]))
+    bids = _keyed(events, "bid", "auction")
     per_auction = fold_window("per_auction", bids, clock(bound_ms), TumblingWindower(WINDOW_MS * MS, EPOCH),
                               list, _max_bids, merge_max, ordered=False)
     by_window = op.map("by_window", per_auction.down, lambda kv: (str(kv[1][0]), kv[1][1]))
@@ -171,8 +181,8 @@ def q7(events: Stream, bound_ms: int) -> Stream:
 
 
 def q8(events: Stream, bound_ms: int) -> Stream:
-    people = op.key_on("people", _kind(events, "person"), lambda p: str(p["id"]))
-    sellers = op.key_on("sellers", _kind(events, "auction"), lambda a: str(a["seller"]))
+    people = _keyed(events, "person", "id")
+    sellers = _keyed(events, "auction", "seller")
     joined = join_window("join", clock(bound_ms), TumblingWindower(WINDOW_MS * MS, EPOCH), people, sellers,
                          insert_mode="first", emit_mode="final", ordered=False)
     return op.filter_map("rows", joined.down, lambda kv: [kv[1][1][0]["id"], kv[1][1][0]["name"],
@@ -189,7 +199,7 @@ def build(query: str, source, sink, bound_ms: int = 0, decode: bool = False) -> 
     flow = Dataflow(f"nexmark_{query}")
     events = op.input("events", flow, source)
     if decode:
-        events = op.map("decode", events, json.loads)
+        events = op.map("decode", events, loads)
     op.output("out", QUERIES[query](events, bound_ms), sink)
     return flow
 

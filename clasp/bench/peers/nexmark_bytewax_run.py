@@ -2,8 +2,8 @@
 by `python -m bytewax.run`, one worker a process, `-i/-a` between processes as the Word Count bench runs them).
 
 The events are JSON lines in files under NEXMARK_DIR (`events-*.jsonl`), read by Bytewax's `DirSource` (each file a
-partition, hashed to a worker; NEXMARK_BATCH lines a batch) and decoded by `json.loads`, as clasp's workers read
-and decode theirs; the query is `clasp.bench.peers.nexmark_bytewax`'s (NEXMARK_QUERY), its clock waiting
+partition, hashed to a worker; NEXMARK_BATCH lines a batch) and decoded by orjson, as clasp's workers read and
+decode theirs; the query is `clasp.bench.peers.nexmark_bytewax`'s (NEXMARK_QUERY), its clock waiting
 NEXMARK_BOUND_MS. Before it lists its partitions each process says it is ready on its ZeroMQ PAIR socket
 (PEERS_GATE) and waits for the word to go, where the benchmark's clock starts, as it starts at clasp's `submit`;
 each worker's sink sends the rows it got back (PEERS_ANSWER, msgpack `[worker, rows]`) when the input ends.
