@@ -112,6 +112,10 @@ class IterableSource(Source):
     def bounded(self) -> bool:
         return self._bounded
 
+    @property
+    def splits(self) -> bool:
+        return True
+
     def partitions(self) -> list[str]:
         return [f"part-{i}" for i in range(self.count)]
 

@@ -3,23 +3,22 @@ every answer checked exactly against the reference (`clasp.apps.nexmark.referenc
 
 `python -m clasp.bench.nexmark_cluster [--events N] [--workers 1,2] [--queries q0,q5,...] [--rounds R]
 [--bytewax-feed json|memory] [--bytewax-processes 1,2] [--bytewax-slack-ms MS] [--json FILE]`. clasp: a local
-planner and N worker processes with the defaults
-(checkpoints every 1 s, CURVE); the events in 4 JSON-lines files (`FileSource`) read by the workers,
-timed by their `dateTime` (ms) with the generator's bound on disorder; each query as the stages of
-`clasp/apps/nexmark/queries.py` in a DAG: maps as operators, keyed stages as `dag.window`, `dag.join` (Q3's
-unbounded interval join, Q8's window join) or `dag.timers` (Q4's auctions closing at their expiry, Q8's
-distinct people), key groups spread over the workers; Q5 and Q7 as two stages of windows (the second timed by
+planner and N worker processes with the defaults (checkpoints every 1 s, CURVE); the events in 4 JSON-lines files
+(`FileSource`) read by the workers, timed by their `dateTime` (ms) with the generator's bound on disorder; each
+query as the stages of `clasp/apps/nexmark/queries.py` in a DAG: maps as operators, keyed stages as `dag.window`,
+`dag.join` (Q3's unbounded interval join, Q8's window join) or `dag.timers` (Q4's auctions closing at their expiry,
+Q8's distinct people), key groups spread over the workers; Q5 and Q7 as two stages of windows (the second timed by
 `result_time`). Timed: submit to `wait_idle` (the end of the input fires every window and timer), the cluster
-already started. Bytewax: `clasp/bench/peers/nexmark_bytewax.py`'s dataflow in one process (`run_main`, one
-worker), the run timed; with `--bytewax-feed json` (the default) it is given the events' JSON lines and decodes
-each (by orjson, as clasp's readers do in `FileSource`; `json.loads` where orjson is absent), `memory` the decoded dicts. Bytewax
-also runs as 1 and 2 processes of one worker each (`--bytewax-processes`, default the `--workers` counts;
+already started. Bytewax: `clasp/bench/peers/nexmark_bytewax.py`'s dataflow in one process (`run_main`, one worker),
+the run timed; with `--bytewax-feed json` (the default) it is given the events' JSON lines and decodes each (by
+orjson, as clasp's readers do in `FileSource`; `json.loads` where orjson is absent), `memory` the decoded dicts.
+Bytewax also runs as 1 and 2 processes of one worker each (`--bytewax-processes`, default the `--workers` counts;
 `run_bytewax_processes`), as the Word Count bench runs it (`python -m bytewax.run -i/-a`), reading the events from
 JSON-lines files with its `DirSource` and decoding them, timed from the go its processes wait for to the last
 worker's rows: clasp's N workers are compared with N Bytewax processes. Its processes' readers are not aligned in
 event time, so their clock waits `--bytewax-slack-ms` (5 s) beyond the generator's bound, enough for an exact
-answer. Each round runs every system once per query, the order alternating between rounds; the figures are
-medians over the rounds.
+answer. Each round runs every system once per query, the order alternating between rounds; the figures are medians
+over the rounds.
 
 Start-up is not the same on both sides: clasp's time includes deploying the job to the workers, the network
 hops between processes and a watermark release per stage, Bytewax's building its dataflow in process. So each

@@ -131,6 +131,10 @@ class FileSource(Source):
                 names.append(_range_name(path, start, end, size))
         return names
 
+    @property
+    def splits(self) -> bool:
+        return True  # a byte range reopens anywhere with a seek
+
     def open(self, partition: str, position: Any | None) -> FileReader:
         path, start, end = _parse_name(partition)
         if start is None:

@@ -65,6 +65,14 @@ class Source(ABC):
         """True when every partition ends (files, lists); a job on bounded sources is idle once all are read."""
         return True
 
+    @property
+    def splits(self) -> bool:
+        """True when a partition is cheap to reopen elsewhere part-way (a file's byte range, a list): then a
+        reader that has read all of its own takes some of a busier one's (`clasp.core.partitions.steal`), as
+        Flink's split enumerator hands out file splits. False by default: a partition whose reader holds a
+        connection (a Kafka consumer, a Redis stream) stays where it is, as Flink leaves Kafka's."""
+        return False
+
 
 class SinkPartition(ABC):
     """A writer of one sink partition, between checkpoints."""

@@ -33,8 +33,9 @@ log = logging.getLogger("clasp.planner")
 class SourceState:
     """A job's declared sources as the planner holds them (`PlannerJob.src`)."""
 
-    def __init__(self, parts: list[tuple[str, str]], bounded: bool):
+    def __init__(self, parts: list[tuple[str, str]], bounded: bool, splits: frozenset = frozenset()):
         self.parts = parts  # (source operator, partition), in listing order
+        self.splits = splits  # the source operators whose partitions move cheaply (`Source.splits`)
         self.owners: dict[tuple[str, str], str] = {}
         self.positions: dict[tuple[str, str], Any] = {}  # the last known: a handoff's or a checkpoint's
         self.ended: set[tuple[str, str]] = set()  # bounded partitions read to their end
@@ -71,6 +72,7 @@ def list_partitions(spec: DagSpec) -> SourceState | None:
         return SourceState([], True) if stages(spec) else None
     parts = []
     bounded = True
+    splits = set()
     for i in spec.readers:
         o = spec.operators[i]
         names = [str(p) for p in o.connector.partitions()]
@@ -78,7 +80,9 @@ def list_partitions(spec: DagSpec) -> SourceState | None:
             raise ValueError(f"source {o.name!r} lists a partition twice")
         parts.extend((o.name, p) for p in names)
         bounded = bounded and bool(o.connector.bounded)
-    return SourceState(parts, bounded)
+        if getattr(o.connector, "splits", False):
+            splits.add(o.name)
+    return SourceState(parts, bounded, frozenset(splits))
 
 
 def owners_under(src: SourceState, placement: Placement, serving: list[str], previous: dict) -> dict:
@@ -173,15 +177,16 @@ class SourcesCoordinator:
 
     # ----------------------------------------------------------------- placement changes
     def _steals(self, job) -> dict:
-        """The moves that even out a bounded source's partitions left to read (`partitions.steal`); none
-        while the job rolls back, migrates, takes a checkpoint's barrier or has stopped reading."""
+        """The moves that even out a bounded source's partitions left to read (`partitions.steal`), for the
+        sources whose partitions move cheaply (`Source.splits`); none while the job rolls back, migrates,
+        takes a checkpoint's barrier or has stopped reading."""
         src = job.src
         if (not src.bounded or src.stopped or job.life.restoring or job.life.migrating
                 or job.life.phase is not Phase.RUNNING):
             return {}
         serving = set(self._job_workers(job))
         readers = {op: sorted(w for w, s in job.placement.operators[op].shares.items() if s > 0 and w in serving)
-                   for op in {op for op, _ in src.parts}}
+                   for op in src.splits}
         return steal(src.owners, src.ended, readers)
 
     async def _steal(self, job) -> None:

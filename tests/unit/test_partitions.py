@@ -90,3 +90,13 @@ def test_steals_even_out_only_what_is_left_and_only_once_a_reader_ran_dry(parts,
         else:
             assert max(now.values()) - min(now.values()) <= 1
             assert sum(now.values()) == sum(left.values())
+
+
+def test_only_sources_whose_partitions_reopen_cheaply_are_stolen_from():
+    from clasp.connectors.file_source import FileSource
+    from clasp.connectors.kafka import KafkaSource
+    from clasp.core.connector import Source
+    from clasp.testing import IterableSource
+
+    assert FileSource("x").splits and IterableSource([1]).splits
+    assert not Source.splits.fget(None) and not KafkaSource("localhost:9", "t", until_end=True).splits
