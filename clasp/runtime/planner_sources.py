@@ -29,6 +29,8 @@ from clasp.runtime.planner_link import Link
 
 log = logging.getLogger("clasp.planner")
 
+STEAL_RETRY_S = 0.02  # a steal asked for while the job was busy (barrier, migration, rollback): looked at again
+
 
 class SourceState:
     """A job's declared sources as the planner holds them (`PlannerJob.src`)."""
@@ -167,7 +169,7 @@ class SourcesCoordinator:
         if job.src.owners.get(key) == ident.decode(errors="replace"):
             job.src.ended.add(key)
             self._check_waiters(job)
-            if not job.src.stealing and self._steals(job):
+            if not job.src.stealing and self._steals(job, busy_too=True):
                 job.src.stealing = True
                 self.link.background(self._steal(job), f"balancing the source partitions of job {job.id}")
 
@@ -176,13 +178,14 @@ class SourcesCoordinator:
             self.link.post(w.encode(), protocol.pack(protocol.Credit(job.id, n)))
 
     # ----------------------------------------------------------------- placement changes
-    def _steals(self, job) -> dict:
+    def _steals(self, job, busy_too: bool = False) -> dict:
         """The moves that even out a bounded source's partitions left to read (`partitions.steal`), for the
-        sources whose partitions move cheaply (`Source.splits`); none while the job rolls back, migrates,
-        takes a checkpoint's barrier or has stopped reading."""
+        sources whose partitions move cheaply (`Source.splits`); none once it has stopped reading, nor, unless
+        `busy_too`, while the job rolls back, migrates or takes a checkpoint's barrier."""
         src = job.src
-        if (not src.bounded or src.stopped or job.life.restoring or job.life.migrating
-                or job.life.phase is not Phase.RUNNING):
+        if not src.bounded or src.stopped or job.life.retired:
+            return {}
+        if not busy_too and (job.life.restoring or job.life.migrating or job.life.phase is not Phase.RUNNING):
             return {}
         serving = set(self._job_workers(job))
         readers = {op: sorted(w for w, s in job.placement.operators[op].shares.items() if s > 0 and w in serving)
@@ -191,13 +194,19 @@ class SourcesCoordinator:
 
     async def _steal(self, job) -> None:
         """A worker read all of its partitions: some of a busier worker's move to it, with their positions
-        (under the job's lock, so no checkpoint or migration sees a partition between two owners)."""
+        (under the job's lock, so no checkpoint or migration sees a partition between two owners). The end
+        that asked for it may come during a checkpoint's barrier, a migration or a rollback (a checkpoint
+        every 0.3 s is in its barrier much of the time): it waits for the job to run again, since no other
+        end may come to ask."""
         try:
-            async with job.lock:
-                moves = self._steals(job)
-                if moves:
-                    await self._move(job, moves, {**job.src.owners, **{k: b for k, (_, b) in moves.items()}})
-                    job.src.stolen += len(moves)
+            while self._reading_job(job.id) is job and self._steals(job, busy_too=True):
+                async with job.lock:
+                    moves = self._steals(job)
+                    if moves:
+                        await self._move(job, moves, {**job.src.owners, **{k: b for k, (_, b) in moves.items()}})
+                        job.src.stolen += len(moves)
+                        return
+                await asyncio.sleep(STEAL_RETRY_S)
         finally:
             job.src.stealing = False
 
