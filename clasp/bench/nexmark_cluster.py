@@ -42,8 +42,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import msgpack
-
 import clasp
 from clasp.apps import nexmark as nx
 from clasp.apps.nexmark.generator import max_out_of_order
@@ -276,10 +274,10 @@ def run_bytewax_processes(events: list[dict], query: str, processes: int, slack_
     ahead of another), so it waits `slack_ms` beyond the generator's bound: enough that no event is late and the
     answer is exact, which the run checks."""
     from clasp.bench.peers import nexmark_bytewax as bw
-    from clasp.bench.peers.__main__ import run_gated
+    from clasp.bench.peers.__main__ import recv_answers, run_gated
 
     def answer(answers, procs, t0: float, cpu0: float) -> tuple[list, float, float]:
-        parts = [msgpack.unpackb(answers.recv(), raw=False) for _ in procs]
+        parts = recv_answers(answers, procs)
         dt = time.perf_counter() - t0
         cpu = sum(cpu_seconds(p.pid) for p in procs) + time.process_time() - cpu0  # before they exit
         for p in procs:

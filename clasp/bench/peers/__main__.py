@@ -172,9 +172,31 @@ def _await_ready(socks: list, procs: list[subprocess.Popen]) -> None:
         s.recv()
 
 
+def recv_answers(answers, procs: list[subprocess.Popen], timeout: float = 900.0) -> list:
+    """One msgpack answer per process from `answers`, or the reason there will not be one: a process that
+    failed, or every process gone with answers missing (the answer is known: no waiting out the timeout)."""
+    out: list = []
+    deadline = time.monotonic() + timeout
+    gone_at = None
+    while len(out) < len(procs):
+        if answers.poll(200):
+            out.append(msgpack.unpackb(answers.recv(), raw=False))
+            continue
+        failed = [p for p in procs if p.poll() not in (None, 0)]
+        if failed:
+            raise RuntimeError(f"a Bytewax process exited with code {failed[0].returncode} before it answered")
+        if all(p.poll() is not None for p in procs):
+            gone_at = gone_at or time.monotonic()
+            if time.monotonic() - gone_at > 2.0:  # their last answers had time to arrive
+                raise RuntimeError(f"the Bytewax processes exited with {len(procs) - len(out)} answer(s) missing")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no answer from {len(procs) - len(out)} Bytewax process(es) within {timeout:g} s")
+    return out
+
+
 def _bytewax_answer(answers, procs: list[subprocess.Popen], t0: float, cpu0: float) -> dict:
     """Every process's counts (the clock stops when the last arrives), merged; the processes' exit."""
-    answer_parts = [msgpack.unpackb(answers.recv(), raw=False) for _ in procs]
+    answer_parts = recv_answers(answers, procs)
     wall = time.perf_counter() - t0
     cpu = _cpu([p.pid for p in procs]) - cpu0  # before they exit: their start-up and shutdown left out
     for p in procs:
