@@ -82,7 +82,7 @@ def list_partitions(spec: DagSpec) -> SourceState | None:
             raise ValueError(f"source {o.name!r} lists a partition twice")
         parts.extend((o.name, p) for p in names)
         bounded = bounded and bool(o.connector.bounded)
-        if getattr(o.connector, "splits", False):
+        if o.connector.splits:
             splits.add(o.name)
     return SourceState(parts, bounded, frozenset(splits))
 
