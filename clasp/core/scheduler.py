@@ -88,12 +88,15 @@ class Dispatch:
 # flight sit in the queues along their path, and each worker needs its own queued, wherever in the DAG it
 # is (a ten-worker chain fed by one worker: +40 % over the holders' window, same section). A client's push is
 # a chunk of up to 5,000 records: the batch takes a whole one at a time (one message per worker holding a
-# source, not several), and the window holds two of them per worker, so that a worker has the next chunk
+# source, not several), and the window holds four of them per worker, so that a worker has the next chunk
 # while the planner waits for its progress report about the last (docs/RUNTIME.md, "The planner's cost
-# per pushed line": 264 dispatch messages per 200,000 Word Count lines at 2 workers became 120-130).
-WINDOW_PER_WORKER = 5000
+# per pushed line": 264 dispatch messages per 200,000 Word Count lines at 2 workers became 120-130). Each
+# worker of a spread has what one worker alone has: a record that crosses workers takes longer to complete,
+# and with one worker's window split two ways Word Count's two workers waited on it (docs/RUNTIME.md, "The
+# in-flight window": 127,000-167,000 lines/s with 10,000 in flight, 175,000-182,000 with 20,000).
+WINDOW_PER_WORKER = 10000
 BATCH_PER_WORKER = 2500
-WINDOW_MIN, BATCH_MIN = 10000, 5000  # the one-worker defaults, kept as the floor
+WINDOW_MIN, BATCH_MIN = WINDOW_PER_WORKER, 5000  # the one-worker defaults, kept as the floor
 
 
 def dispatch_limits(max_inflight: int | None, dispatch_batch: int | None, holders: int,

@@ -63,18 +63,18 @@ def test_source_holders_counts_the_workers_of_every_source():
 
 def test_dispatch_limits_scale_with_the_source_workers_unless_given():
     assert scheduler.dispatch_limits(None, None, 1) == (10_000, 5000)  # the one-worker floor
-    assert scheduler.dispatch_limits(None, None, 10) == (50_000, 25_000)  # 5,000 and 2,500 per worker
+    assert scheduler.dispatch_limits(None, None, 10) == (100_000, 25_000)  # 10,000 and 2,500 per worker
     assert scheduler.dispatch_limits(None, None, 0) == (10_000, 5000)
     assert scheduler.dispatch_limits(200, None, 10) == (200, 25_000)  # a given value is kept as it is
-    assert scheduler.dispatch_limits(None, 50, 10) == (50_000, 50)
+    assert scheduler.dispatch_limits(None, 50, 10) == (100_000, 50)
 
 
 def test_the_window_covers_every_worker_the_job_spans_and_the_batch_the_source_workers():
     # A chain over ten workers fed by one: each of the ten needs its own records in flight, while each
     # dispatch still goes to the one source worker.
-    assert scheduler.dispatch_limits(None, None, 1, 10) == (50_000, 5000)
-    assert scheduler.dispatch_limits(None, None, 3, 3) == (15_000, 7500)
-    assert scheduler.dispatch_limits(None, None, 10, 1) == (50_000, 25_000)  # never below the holders' own
+    assert scheduler.dispatch_limits(None, None, 1, 10) == (100_000, 5000)
+    assert scheduler.dispatch_limits(None, None, 3, 3) == (30_000, 7500)
+    assert scheduler.dispatch_limits(None, None, 10, 1) == (100_000, 25_000)  # never below the holders' own
     assert scheduler.dispatch_limits(7000, None, 1, 10) == (7000, 5000)
 
 
