@@ -335,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds of heartbeat silence that mark a worker dead (one whose connection dropped: 1 s; "
                         "default %(default)s)")
     p.add_argument("--max-inflight", type=_positive(int), default=None,
-                   help="records in flight per job (default: 5,000 per worker the job spans, at least 10,000)")
+                   help="records in flight per job (default: 10,000 per worker the job spans)")
     p.add_argument("--dispatch-batch", type=_positive(int), default=None,
                    help="the most records one dispatch step sends, one message per source worker (default: 2,500 "
                         "per worker holding a source, at least 5,000: a client's whole push)")

@@ -26,7 +26,7 @@ class PlannerCollector:
         fr = GaugeMetricFamily("clasp_planner_inflight_records", "Records dispatched and not complete, per job",
                                labels=["job"])
         fw = GaugeMetricFamily("clasp_planner_inflight_window", "The most records a job may have in flight "
-                               "(--max-inflight, or 5,000 per worker it spans)", labels=["job"])
+                               "(--max-inflight, or 10,000 per worker it spans)", labels=["job"])
         for j in list(p.jobs.values()):
             qr.add_metric([str(j.id)], j.queued)
             qb.add_metric([str(j.id)], j.queued_bytes)
