@@ -57,6 +57,20 @@ def assign_partitions(partitions: Sequence[str], shares: Mapping[str, float],
     return {p: owners[p] for p in partitions}
 
 
+def reassign(partitions: Sequence[str], shares: Mapping[str, float], previous: Mapping[str, str],
+             ended: Set[str]) -> dict[str, str]:
+    """Owner of each partition after a placement change: one read to its end (`ended`) stays with its owner
+    while that owner keeps a share (moving it would only open a reader with nothing to read); the rest by
+    `assign_partitions`, proportional to `shares` over the partitions still being read. So a rebalance
+    that leaves the shares as they are does not undo what `steal` evened out at the end of a source."""
+    owners = {p: previous[p] for p in partitions if p in ended and shares.get(previous.get(p), 0) > 0}
+    # An ended partition whose owner left goes anywhere (spread among themselves): it is not read, so it
+    # counts for no worker's share of the reading.
+    owners.update(assign_partitions([p for p in partitions if p in ended and p not in owners], shares))
+    owners.update(assign_partitions([p for p in partitions if p not in ended], shares, previous))
+    return {p: owners[p] for p in partitions}
+
+
 def moved_partitions(old: Mapping[str, str], new: Mapping[str, str]) -> dict[str, tuple[str | None, str]]:
     """Partition -> (old owner or None, new owner), for those whose owner changes."""
     return {p: (old.get(p), w) for p, w in new.items() if old.get(p) != w}

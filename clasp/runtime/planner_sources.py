@@ -16,13 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from typing import Any
 
 from clasp.core import protocol
 from clasp.core.dag import DagSpec
 from clasp.core.lifecycle import Phase
-from clasp.core.partitions import assign_partitions, moved_partitions, steal
+from clasp.core.partitions import moved_partitions, reassign, steal
 from clasp.core.routing import Placement
 from clasp.core.timed import stages
 from clasp.runtime.planner_link import Link
@@ -87,8 +87,10 @@ def list_partitions(spec: DagSpec) -> SourceState | None:
     return SourceState(parts, bounded, frozenset(splits))
 
 
-def owners_under(src: SourceState, placement: Placement, serving: list[str], previous: dict) -> dict:
-    """Every partition's owner under `placement`, among the serving workers, moving the fewest."""
+def owners_under(src: SourceState, placement: Placement, serving: list[str], previous: dict,
+                 ended: Set[tuple[str, str]] = frozenset()) -> dict:
+    """Every partition's owner under `placement`, among the serving workers, moving the fewest; the
+    partitions read to their end (`ended`) stay where they are (`partitions.reassign`)."""
     out: dict[tuple[str, str], str] = {}
     by_op: dict[str, list[str]] = {}
     for op, p in src.parts:
@@ -98,7 +100,8 @@ def owners_under(src: SourceState, placement: Placement, serving: list[str], pre
         if not shares:
             shares = {sorted(serving)[0]: 1.0}
         prev = {p: w for (o, p), w in previous.items() if o == op}
-        for p, w in assign_partitions(names, shares, prev).items():
+        done = {p for o, p in ended if o == op}
+        for p, w in reassign(names, shares, prev, done).items():
             out[(op, p)] = w
     return out
 
@@ -219,7 +222,7 @@ class SourcesCoordinator:
         serving = self._job_workers(job)
         if not serving:
             return
-        new = owners_under(src, job.placement, serving, src.owners)
+        new = owners_under(src, job.placement, serving, src.owners, src.ended)
         moves = moved_partitions(src.owners, new)
         if moves:
             await self._move(job, moves, new)

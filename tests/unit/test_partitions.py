@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clasp.core.partitions import assign_partitions, moved_partitions, partition_counts, steal
+from clasp.core.partitions import assign_partitions, moved_partitions, partition_counts, reassign, steal
 
 
 def owned(owners):
@@ -90,6 +90,35 @@ def test_steals_even_out_only_what_is_left_and_only_once_a_reader_ran_dry(parts,
         else:
             assert max(now.values()) - min(now.values()) <= 1
             assert sum(now.values()) == sum(left.values())
+
+
+def test_a_placement_change_with_the_same_shares_leaves_stolen_and_ended_partitions_where_they_are():
+    # 16 partitions, 8 each; b read its 8 and took 4 of a's. A key-group rebalance (same shares) used to
+    # send b's stolen partitions back to a, then a steal took them again.
+    owners = {str(i): ("a" if i < 4 else "b") for i in range(16)}
+    ended = {str(i) for i in range(8, 16)}
+    after = reassign(list(owners), {"a": 1.0, "b": 1.0}, owners, ended)
+    assert moved_partitions(owners, after) == {}
+    # A worker that leaves hands on what it still reads, and its ended partitions too.
+    gone = reassign(list(owners), {"a": 1.0}, owners, ended)
+    assert set(gone.values()) == {"a"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 30), shares, shares, st.sets(st.integers(0, 29)))
+def test_reassign_keeps_ended_partitions_and_spreads_the_rest_by_share(n, before, after, done):
+    parts = [f"p{i}" for i in range(n)]
+    ended = {f"p{i}" for i in done if i < n}
+    old = assign_partitions(parts, before)
+    new = reassign(parts, after, old, ended)
+    assert set(new) == set(parts) and all(after.get(w, 0) > 0 for w in new.values())
+    for p in ended:
+        if after.get(old[p], 0) > 0:
+            assert new[p] == old[p]
+    live = [p for p in parts if p not in ended]
+    target = partition_counts(after, len(live))
+    assert owned({p: new[p] for p in live}) == {w: c for w, c in target.items() if c}
+    assert reassign(parts, after, new, ended) == new  # stable
 
 
 def test_only_sources_whose_partitions_reopen_cheaply_are_stolen_from():
