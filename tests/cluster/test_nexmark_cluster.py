@@ -15,6 +15,7 @@ from clasp.bench.nexmark_cluster import (
     reference,
     rows,
     run_bytewax_processes,
+    run_clasp,
     write_events,
 )
 from tests.conftest import start_cluster
@@ -56,3 +57,12 @@ def test_bytewax_as_two_processes_reading_files_answers_exactly(events, query):
     evs, _ = events
     r = run_bytewax_processes(evs, query, 2, slack_ms=5000, files_per_process=4)
     assert r["exact"] and r["workers"] == 2 and r["cpu_s"] > 0
+
+
+def test_the_bench_runs_clasp_after_an_untimed_warm_up_and_answers_exactly(events):
+    """The bench's clasp side on its own cluster: the query once on a few events (untimed), then on all of them
+    from 8 files a worker; the answer is the reference's and the planner's and workers' CPU is counted."""
+    evs, _ = events
+    r = run_clasp(evs, "q8", 2, files_per_worker=2)
+    assert r["exact"] and r["read"] == len(evs) and r["late"] == 0 and r["cpu_s"] > 0
+    assert r["warm_up"]["events"] == 2000 and r["warm_up"]["seconds"] > 0
