@@ -115,6 +115,14 @@ class TimerOperator:
     def deadline(self, state: list | None) -> tuple[float | None, float | None]:
         return _timers.deadlines(state[1]) if state else (None, None)
 
+    @staticmethod
+    def same_deadline(old: list | None, new: list | None) -> bool:
+        """Whether `deadline(new)` is `deadline(old)` for certain, in O(1): the same timers list (`at` and `cancel`
+        make new ones), or no timers on either side."""
+        a = old[1] if old else None
+        b = new[1] if new else None
+        return a is b or (not a and not b)
+
 
 class KeyedDriver:
     """One keyed time operator over its keys: `record` and `advance` return the outputs; `late` counts the records

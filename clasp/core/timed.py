@@ -212,6 +212,10 @@ class TimedFold:
 
     def __init__(self, op: Any, key: Callable, timestamp: Callable):
         self.op, self.key, self.timestamp = op, key, timestamp
+        # `same_deadline(old, new)`, where the operator has one: True when a change of state leaves the key's
+        # deadline as it was, for certain and in O(1) (a timers operator's bids that keep its timers), so the
+        # key is not re-indexed for it.
+        self.same_deadline = getattr(op, "same_deadline", None)
         self.watermark = NEG_INF
         self.now = NEG_INF
         self.late = 0  # records sent to the late output here
@@ -223,9 +227,12 @@ class TimedFold:
         step = self.op.on_record(state, key, float(self.timestamp(value)), value, self.watermark, self.now)
         return self._took(state, key, step)
 
-    def _took(self, state: Any, key: Hashable, step: Any) -> tuple[Any, list]:
-        if step.state is not state:
+    def _touch(self, key: Hashable, old: Any, new: Any) -> None:
+        if new is not old and (self.same_deadline is None or not self.same_deadline(old, new)):
             self.touched.add(key)
+
+    def _took(self, state: Any, key: Hashable, step: Any) -> tuple[Any, list]:
+        self._touch(key, state, step.state)
         out = [(ON_TIME_OUT, o) for o in step.out]
         if step.late:
             self.late += len(step.late)
@@ -269,8 +276,7 @@ class TimedFold:
                 step = None
         if step is None:
             step = self._one_by_one(state, key, items, failed, pos)
-        if step.state is not state:
-            self.touched.add(key)
+        self._touch(key, state, step.state)
         if not step.out and not step.late:
             return step.state, [], failed
         outs: dict = {}
