@@ -224,8 +224,13 @@ class TimedFold:
 
     def __call__(self, state: Any, value: Any) -> tuple[Any, list]:
         key = self.key(value)
-        step = self.op.on_record(state, key, float(self.timestamp(value)), value, self.watermark, self.now)
+        ts, value, input = self.item(value)
+        step = self.op.on_record(state, key, ts, value, self.watermark, self.now, input)
         return self._took(state, key, step)
+
+    def item(self, value: Any) -> tuple[float, Any, int]:
+        """`(ts, value, input)` of one value (raises what its timestamp function raises)."""
+        return float(self.timestamp(value)), value, 0
 
     def _touch(self, key: Hashable, old: Any, new: Any) -> None:
         if new is not old and (self.same_deadline is None or not self.same_deadline(old, new)):
@@ -260,6 +265,14 @@ class TimedFold:
         key's new state, `(i, outputs tagged for the pass-throughs)` of each value `values[i]` with outputs, the
         `(i, exception)` of those that failed, which leave the state as it was). A window operator folds them in
         one pass (`on_records`); when that raises, the values go one by one, so that only the failing one fails."""
+        if len(values) == 1:  # most keys of a pass, in a pass of a few records a key: one call, no batch made
+            try:
+                ts, value, input = self.item(values[0])
+                step = self.op.on_record(state, key, ts, value, self.watermark, self.now, input)
+            except Exception as e:
+                return state, [], [(0, e)]
+            new, out = self._took(state, key, step)
+            return new, ([(0, out)] if out else []), []
         items, failed = self.items(values)
         if not items:
             return state, [], failed
@@ -359,11 +372,8 @@ class TimedJoin(TimedFold):
                 failed.append((i, e))
         return items, failed
 
-    def __call__(self, state: Any, tagged: Any) -> tuple[Any, list]:
-        side, value = tagged
-        key = self.key(tagged)
-        step = self.op.on_record(state, key, float(self.timestamp(tagged)), value, self.watermark, self.now, side)
-        return self._took(state, key, step)
+    def item(self, tagged: Any) -> tuple[float, Any, int]:
+        return float(self.timestamp(tagged)), tagged[1], tagged[0]
 
 
 class SideKey:
