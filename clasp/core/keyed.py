@@ -108,8 +108,11 @@ class TimerOperator:
                 raise TimerFailed(Step(self._pack(user, timers), out, [])) from e
             out.extend(more or ())
             # A timer set for a time already passed fires in this same call, in order.
-            now_due, timers = _timers.pop_due(ctx.timers, watermark, now)
-            due = sorted(due + now_due, key=lambda e: (e[0], e[1]))
+            timers = ctx.timers
+            if timers and timers[0][0] <= max(watermark, now):  # sorted by time: none due otherwise
+                now_due, timers = _timers.pop_due(timers, watermark, now)
+                if now_due:
+                    due = sorted(due + now_due, key=lambda e: (e[0], e[1]))
         return Step(self._pack(user, timers), out, [])
 
     def deadline(self, state: list | None) -> tuple[float | None, float | None]:

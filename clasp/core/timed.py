@@ -28,7 +28,7 @@ from operator import itemgetter
 from typing import Any
 
 from clasp.core.eventtime import NEG_INF, POS_INF, PartitionClock, combine
-from clasp.core.keyed import TimerFailed
+from clasp.core.keyed import TimerContext, TimerFailed, TimerOperator
 from clasp.core.windows import Step
 
 ON_TIME_OUT, LATE_OUT = 0, 1
@@ -216,6 +216,8 @@ class TimedFold:
         # deadline as it was, for certain and in O(1) (a timers operator's bids that keep its timers), so the
         # key is not re-indexed for it.
         self.same_deadline = getattr(op, "same_deadline", None)
+        # A timers operator's pass runs a record at a time (`run_rows`), not a key at a time (`run`).
+        self.by_row = isinstance(op, TimerOperator)
         self.watermark = NEG_INF
         self.now = NEG_INF
         self.late = 0  # records sent to the late output here
@@ -301,6 +303,40 @@ class TimedFold:
                 outs.setdefault(i, []).append((LATE_OUT, r))
         tagged = [(i if pos is None else pos[i], o) for i, o in sorted(outs.items())]
         return step.state, tagged, failed
+
+    def run_rows(self, dicts: list, keys: list, values: list) -> tuple[list, list]:
+        """A timers operator's pass a record at a time, in arrival order: `values[i]` of key `keys[i]`, whose state
+        is in the dict `dicts[i]`, updated in place. As `run` over each key's records gives, with no batch made
+        per key: its function is called once a record however they are batched, and a pass holds a few records a
+        key. Returns (`(i, outputs tagged for the pass-throughs)` of each value with outputs, in order; the
+        `(i, exception)` of those that failed, which leave their key's state as it was)."""
+        op = self.op
+        fn, f, touched = op.fn, self.timestamp, self.touched
+        ctx = TimerContext(None, None, self.watermark, self.now, None, op)
+        sent: list = []
+        failed: list = []
+        for i, (d, key, value) in enumerate(zip(dicts, keys, values, strict=True)):
+            state = d.get(key)
+            before, timers = state if state else (None, [])
+            ctx.key, ctx.timers = key, timers
+            try:
+                ctx.ts = float(f(value))
+                user, out = fn(before, value, ctx)
+                if out:
+                    sent.append((i, [(ON_TIME_OUT, o) for o in out]))
+            except Exception as e:
+                failed.append((i, e))
+                continue
+            after_ = ctx.timers
+            if state and user is before and after_ is timers:
+                continue  # unchanged
+            if user is None and not after_:
+                d.pop(key, None)
+            else:
+                d[key] = [user, after_]
+            if after_ is not timers and (after_ or timers):
+                touched.add(key)
+        return sent, failed
 
     def _one_by_one(self, state: Any, key: Hashable, items: list, failed: list, pos: list | None) -> Step:
         """`items` a call each: one that raises is added to `failed` and leaves the state as it was."""

@@ -33,6 +33,9 @@ def apply_timed(ex, op: OpRuntime, rows: list) -> None:
     me = op.index
     for e, used, _ in epochs_of_runs(list(map(itemgetter(3), rows)), repeat(1), repeat(0)):
         ex._ran(e, me, used, me, 0)
+    if op.fn.by_row:
+        _apply_rows(ex, op, rows)
+        return
     by_key: dict = {}
     for i, r in enumerate(rows):
         at = by_key.get(r[2])
@@ -41,7 +44,6 @@ def apply_timed(ex, op: OpRuntime, rows: list) -> None:
         else:
             at.append(i)
     fold, groups, rested, group_of = op.fn, op.groups, op.rested, op.key_cache.__getitem__
-    routes, collect = op.routes, op.add_collected if op.collect else None
     sent: list = []
     t0 = perf_counter()
     for key, at in by_key.items():
@@ -61,13 +63,37 @@ def apply_timed(ex, op: OpRuntime, rows: list) -> None:
     dt = perf_counter() - t0
     if sent:
         sent.sort(key=itemgetter(0))  # in the order of the requests that made them
-        for i, o in sent:
-            rid = rows[i][3]
-            if collect is not None:
-                collect(o, rid)
-            if routes:
-                ex.send(op, o, rid)
+        _send(ex, op, rows, sent)
     timed_batch(op, dt, n, ex.stall)
+
+
+def _apply_rows(ex, op: OpRuntime, rows: list) -> None:
+    """A timers operator's pass, a record at a time (`TimedFold.run_rows`), on the states in place."""
+    keys = list(map(itemgetter(2), rows))
+    gs = list(map(op.key_cache.__getitem__, keys))
+    rested = op.rested
+    for g in set(gs):
+        rested[g] = None  # before the user's function runs
+    dicts = list(map(op.groups.__getitem__, gs))
+    t0 = perf_counter()
+    sent, failed = op.fn.run_rows(dicts, keys, list(map(itemgetter(1), rows)))
+    dt = perf_counter() - t0
+    for i, e in failed:
+        ex.fail(op, e, rows[i][1])
+    if sent:
+        _send(ex, op, rows, sent)
+    timed_batch(op, dt, len(rows), ex.stall)
+
+
+def _send(ex, op: OpRuntime, rows: list, sent: list) -> None:
+    """Each `(i, outputs)` of `sent` (in request order) as the outputs of request `rows[i]`."""
+    routes, collect = op.routes, op.add_collected if op.collect else None
+    for i, o in sent:
+        rid = rows[i][3]
+        if collect is not None:
+            collect(o, rid)
+        if routes:
+            ex.send(op, o, rid)
 
 
 def map_keyed(ex, op: OpRuntime, rows: list) -> int:

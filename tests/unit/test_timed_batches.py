@@ -122,3 +122,52 @@ def test_a_join_key_run_as_a_batch_equals_its_records_run_one_call_at_a_time(nam
     values = [[[side, [ts, v]] for ts, v, side in b] for b in batches]
     check(lambda: TimedJoin(JOINS[name](), keys=(lambda v: "k", lambda v: "k"), timestamps=(_time, _time)),
           values, marks)
+
+
+keyed_records = st.lists(st.tuples(st.sampled_from("abc"), st.integers(-2, 60), st.integers(0, 20)), max_size=25)
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.sampled_from(["timers", "timers_mixed"]), st.lists(keyed_records, max_size=5), st.data())
+def test_a_timers_pass_run_a_record_at_a_time_equals_its_records_run_one_call_at_a_time(name, passes, data):
+    """`run_rows`, a pass over several keys with the states updated in their dict: the states, outputs, failures
+    and re-indexed keys of a call per record, and no state object given to it changed in place."""
+    marks = sorted(data.draw(st.lists(st.integers(-5, 70), min_size=len(passes), max_size=len(passes))))
+    a, b = (TimedFold(OPS[name](), key=lambda v: v[2], timestamp=_time) for _ in range(2))
+    assert b.by_row
+    sa: dict = {}
+    sb: dict = {}
+    for rows, w in zip(passes, marks, strict=True):
+        a.watermark = b.watermark = w
+        values = [[ts, v, k] for k, ts, v in rows]
+        out_a, failed_a = [], []
+        for i, v in enumerate(values):
+            try:
+                new, o = a(sa.get(v[2]), v)
+            except Exception as e:
+                failed_a.append((i, type(e)))
+                continue
+            if new is None:
+                sa.pop(v[2], None)
+            else:
+                sa[v[2]] = new
+            if o:
+                out_a.append((i, o))
+        given_states = dict(sb)
+        packed = {k: msgpack.packb(s) for k, s in given_states.items()}
+        deadlines = {k: b.op.deadline(s) for k, s in sb.items()}
+        out_b, failed_b = b.run_rows([sb] * len(values), [v[2] for v in values], values)
+        assert {k: msgpack.packb(s) for k, s in given_states.items()} == packed  # never in place
+        assert sb == sa
+        assert out_b == out_a
+        assert [(i, type(e)) for i, e in failed_b] == failed_a
+        moved = {k for k in {*deadlines, *sb} if deadlines.get(k, (None, None)) != b.op.deadline(sb.get(k))}
+        assert moved <= b.take_touched() <= {v[2] for v in values}
+        fired_a, fired_b = a.fire(sa, w), b.fire(sb, w)
+        assert fired_a == fired_b
+        for key, new, _ in fired_a:
+            for states in (sa, sb):
+                if new is None:
+                    states.pop(key, None)
+                else:
+                    states[key] = new
