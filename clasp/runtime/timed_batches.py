@@ -6,6 +6,8 @@ a time, with the progress, the outputs and the failures each request would have 
   key's run by `TimedFold.run` (a window folds a key's records in one pass, its state copied once), its outputs
   sent as the children of the request that made them. Keys are independent and the watermark stands still
   within a pass, so running key by key gives every key the states and outputs that request by request does.
+  A timers operator's pass runs request by request on the states in place (`TimedFold.run_rows`): its function
+  is called once a record either way, and a pass holds a few records a key, too few to pay for a batch each.
 - `map_keyed`: a pass of a stateless operator whose one successor is keyed by a function (a Nexmark query's
   map before its window or join): its function over the values in C, the key function over the outputs in a
   tight loop, the rows for the successor built in C when every key group is here.
