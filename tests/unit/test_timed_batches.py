@@ -171,3 +171,28 @@ def test_a_timers_pass_run_a_record_at_a_time_equals_its_records_run_one_call_at
                     states.pop(key, None)
                 else:
                     states[key] = new
+
+
+def test_a_change_that_keeps_a_keys_deadline_is_not_indexed_again():
+    """The shell re-indexes the keys in `touched`: a timers operator's record that sets or cancels no timer (its
+    state changed, its timers list the same) and any record of an unbounded interval join (no deadline ever)
+    leave it out; a record that sets a timer does not."""
+    def bid(state, value, timers):
+        if value[1] == "open":
+            timers.at(value[0] + 10, "close")
+        return (state or 0) + 1, []
+
+    fold = TimedFold(TimerOperator(bid, lambda s, t, p, timers: (None, [])), key=lambda v: "k", timestamp=_time)
+    state, _ = fold(None, [1, "open"])
+    assert fold.take_touched() == {"k"}
+    state, _ = fold(state, [2, "bid"])
+    assert state[0] == 2 and fold.take_touched() == set()
+    d = {"k": state}
+    fold.run_rows([d, d], ["k", "k"], [[3, "bid"], [4, "bid"]])
+    assert d["k"][0] == 4 and fold.take_touched() == set()
+    fold.run_rows([d], ["k"], [[5, "open"]])
+    assert fold.take_touched() == {"k"}
+    join = TimedJoin(IntervalJoin(-math.inf, math.inf), keys=(lambda v: "k", lambda v: "k"), timestamps=(_time, _time))
+    state, _ = join(None, [0, [1, "person"]])
+    state, out = join(state, [1, [2, "auction"]])
+    assert out and state is not None and join.take_touched() == set()
