@@ -23,7 +23,7 @@ from itertools import chain, compress, repeat
 from operator import itemgetter
 from time import perf_counter
 
-from clasp.core.tracking import epochs_of_runs
+from clasp.core.tracking import epoch_counts, epochs_of_runs
 from clasp.runtime.batches import group_bytes, map_outputs, timed_batch
 from clasp.runtime.operators import OperatorError, OpRuntime
 from clasp.runtime.outbox import KEYED_HERE
@@ -33,7 +33,7 @@ def apply_timed(ex, op: OpRuntime, rows: list) -> None:
     """Rows `(op, value, key, rid)` of keyed time operator `op` on its live state (no checkpoint barrier up)."""
     n = len(rows)
     me = op.index
-    for e, used, _ in epochs_of_runs(list(map(itemgetter(3), rows)), repeat(1), repeat(0)):
+    for e, used in epoch_counts(map(itemgetter(3), rows)).items():
         ex._ran(e, me, used, me, 0)
     if op.fn.by_row:
         _apply_rows(ex, op, rows)
