@@ -119,6 +119,9 @@ class TimerIndex:
         """The key with the earliest deadline that is due (event time first at equal times), or None. The key
         stays indexed until `set` gives it new deadlines."""
         for kind, clock in ((EVENT, watermark), (PROCESSING, now)):
+            heap = self._heaps[kind]
+            if not heap or heap[0][0] > clock:
+                continue  # the heap's top, replaced or not, is no later than the earliest deadline
             top = self.earliest(kind)
             if top is not None and top[0] <= clock:
                 return top[1]
