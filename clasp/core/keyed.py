@@ -112,7 +112,7 @@ class TimerOperator:
             if timers and timers[0][0] <= max(watermark, now):  # sorted by time: none due otherwise
                 now_due, timers = _timers.pop_due(timers, watermark, now)
                 if now_due:
-                    due = sorted(due + now_due, key=lambda e: (e[0], e[1]))
+                    due = sorted(due + now_due, key=_timers.ORDER)
         return Step(self._pack(user, timers), out, [])
 
     def deadline(self, state: list | None) -> tuple[float | None, float | None]:
