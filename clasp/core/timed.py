@@ -217,7 +217,7 @@ class TimedFold:
         # key is not re-indexed for it.
         self.same_deadline = getattr(op, "same_deadline", None)
         # A timers operator's pass runs a record at a time (`run_rows`), not a key at a time (`run`).
-        self.by_row = isinstance(op, TimerOperator)
+        self.by_row = type(op) is TimerOperator  # a subclass may run its records its own way
         self.watermark = NEG_INF
         self.now = NEG_INF
         self.late = 0  # records sent to the late output here
