@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 from clasp.core.eventtime import after
-from clasp.core.windows import Sliding, Step, Tumbling, Window, own_entry
+from clasp.core.windows import Sliding, Step, Tumbling, Window, insert_by_end, own_entry
 
 LEFT, RIGHT = 0, 1
 # A window in a key's state: [start, end, lefts, rights, fired].
@@ -53,6 +53,42 @@ class WindowJoin:
                 out.extend([key, value, o] if side == LEFT else [key, o, value] for o in others)
         return Step(windows or None, out, [] if accepted else [[key, ts, value]])
 
+    def on_records(self, state: list | None, key: Any, items: list, watermark: float, now: float = 0) -> Step:
+        """`on_record` over one key's records `items` (`(ts, value, input)`, in arrival order) at one watermark, as
+        the calls one after the other would give: the state copied once, each window's sides copied once and
+        then appended to, the windows found by their bounds. `out` and `late` hold `(i, record)` pairs, `i` the
+        position in `items` of the record that made it."""
+        windows = [list(w) for w in state] if state else []
+        entries = {(w[_START], w[_END]): w for w in windows}
+        mine: set = set()  # the windows whose sides are this call's own lists
+        assign, lateness = self.window.assign, self.allowed_lateness
+        out: list = []
+        late: list = []
+        for i, (ts, value, input) in enumerate(items):
+            side = _side(input)
+            accepted = False
+            for bounds in assign(ts):
+                end = bounds[1]
+                if end + lateness <= watermark:
+                    continue
+                accepted = True
+                entry = entries.get(bounds)
+                if entry is None:
+                    entry = entries[bounds] = [bounds[0], end, [], [], False]
+                    insert_by_end(windows, entry)
+                    mine.add(bounds)
+                elif bounds not in mine:
+                    entry[_L], entry[_R] = list(entry[_L]), list(entry[_R])
+                    mine.add(bounds)
+                entry[_L + side].append(value)
+                if end <= watermark:
+                    entry[_FIRED] = True
+                    others = entry[_L + 1 - side]
+                    out.extend((i, [key, value, o] if side == LEFT else [key, o, value]) for o in others)
+            if not accepted:
+                late.append((i, [key, ts, value]))
+        return Step(windows or None, out, late)
+
     def on_time(self, state: list | None, key: Any, watermark: float, now: float = 0) -> Step:
         out, kept = [], []
         for w in state or ():
@@ -79,6 +115,8 @@ class IntervalJoin:
         if allowed_lateness < 0:
             raise ValueError(f"allowed_lateness must not be negative, not {allowed_lateness!r}")
         self.lower, self.upper, self.allowed_lateness = lower, upper, allowed_lateness
+        # Unbounded on both sides, every value is kept for good: no key ever has a deadline.
+        self.forever = lower == -math.inf and upper == math.inf
 
     def _keeps(self, side: int, ts: float, watermark: float) -> bool:
         # Added, never subtracted from the watermark: the same float sums as `deadline`'s.
@@ -107,8 +145,12 @@ class IntervalJoin:
         rights = [e for e in state[1] if self._keeps(RIGHT, e[0], watermark)]
         return Step([lefts, rights] if lefts or rights else None, [], [])
 
+    def same_deadline(self, old: list | None, new: list | None) -> bool:
+        """Whether `deadline(new)` is `deadline(old)` for certain, in O(1)."""
+        return self.forever
+
     def deadline(self, state: list | None) -> tuple[float | None, None]:
-        if not state:
+        if not state or self.forever:
             return None, None
         # A value goes once the horizon passes its last partner's time, strictly: after(...).
         ends = [e[0] + self.upper for e in state[0]] + [e[0] - self.lower for e in state[1]]

@@ -108,12 +108,23 @@ class TimerOperator:
                 raise TimerFailed(Step(self._pack(user, timers), out, [])) from e
             out.extend(more or ())
             # A timer set for a time already passed fires in this same call, in order.
-            now_due, timers = _timers.pop_due(ctx.timers, watermark, now)
-            due = sorted(due + now_due, key=lambda e: (e[0], e[1]))
+            timers = ctx.timers
+            if timers and timers[0][0] <= max(watermark, now):  # sorted by time: none due otherwise
+                now_due, timers = _timers.pop_due(timers, watermark, now)
+                if now_due:
+                    due = sorted(due + now_due, key=_timers.ORDER)
         return Step(self._pack(user, timers), out, [])
 
     def deadline(self, state: list | None) -> tuple[float | None, float | None]:
         return _timers.deadlines(state[1]) if state else (None, None)
+
+    @staticmethod
+    def same_deadline(old: list | None, new: list | None) -> bool:
+        """Whether `deadline(new)` is `deadline(old)` for certain, in O(1): the same timers list (`at` and `cancel`
+        make new ones), or no timers on either side."""
+        a = old[1] if old else None
+        b = new[1] if new else None
+        return a is b or (not a and not b)
 
 
 class KeyedDriver:

@@ -28,7 +28,7 @@ from operator import itemgetter
 from typing import Any
 
 from clasp.core.eventtime import NEG_INF, POS_INF, PartitionClock, combine
-from clasp.core.keyed import TimerFailed
+from clasp.core.keyed import TimerContext, TimerFailed, TimerOperator
 from clasp.core.windows import Step
 
 ON_TIME_OUT, LATE_OUT = 0, 1
@@ -212,6 +212,12 @@ class TimedFold:
 
     def __init__(self, op: Any, key: Callable, timestamp: Callable):
         self.op, self.key, self.timestamp = op, key, timestamp
+        # `same_deadline(old, new)`, where the operator has one: True when a change of state leaves the key's
+        # deadline as it was, for certain and in O(1) (a timers operator's bids that keep its timers), so the
+        # key is not re-indexed for it.
+        self.same_deadline = getattr(op, "same_deadline", None)
+        # A timers operator's pass runs a record at a time (`run_rows`), not a key at a time (`run`).
+        self.by_row = type(op) is TimerOperator  # a subclass may run its records its own way
         self.watermark = NEG_INF
         self.now = NEG_INF
         self.late = 0  # records sent to the late output here
@@ -220,12 +226,20 @@ class TimedFold:
 
     def __call__(self, state: Any, value: Any) -> tuple[Any, list]:
         key = self.key(value)
-        step = self.op.on_record(state, key, float(self.timestamp(value)), value, self.watermark, self.now)
+        ts, value, input = self.item(value)
+        step = self.op.on_record(state, key, ts, value, self.watermark, self.now, input)
         return self._took(state, key, step)
 
-    def _took(self, state: Any, key: Hashable, step: Any) -> tuple[Any, list]:
-        if step.state is not state:
+    def item(self, value: Any) -> tuple[float, Any, int]:
+        """`(ts, value, input)` of one value (raises what its timestamp function raises)."""
+        return float(self.timestamp(value)), value, 0
+
+    def _touch(self, key: Hashable, old: Any, new: Any) -> None:
+        if new is not old and (self.same_deadline is None or not self.same_deadline(old, new)):
             self.touched.add(key)
+
+    def _took(self, state: Any, key: Hashable, step: Any) -> tuple[Any, list]:
+        self._touch(key, state, step.state)
         out = [(ON_TIME_OUT, o) for o in step.out]
         if step.late:
             self.late += len(step.late)
@@ -253,6 +267,14 @@ class TimedFold:
         key's new state, `(i, outputs tagged for the pass-throughs)` of each value `values[i]` with outputs, the
         `(i, exception)` of those that failed, which leave the state as it was). A window operator folds them in
         one pass (`on_records`); when that raises, the values go one by one, so that only the failing one fails."""
+        if len(values) == 1:  # most keys of a pass, in a pass of a few records a key: one call, no batch made
+            try:
+                ts, value, input = self.item(values[0])
+                step = self.op.on_record(state, key, ts, value, self.watermark, self.now, input)
+            except Exception as e:
+                return state, [], [(0, e)]
+            new, out = self._took(state, key, step)
+            return new, ([(0, out)] if out else []), []
         items, failed = self.items(values)
         if not items:
             return state, [], failed
@@ -269,8 +291,7 @@ class TimedFold:
                 step = None
         if step is None:
             step = self._one_by_one(state, key, items, failed, pos)
-        if step.state is not state:
-            self.touched.add(key)
+        self._touch(key, state, step.state)
         if not step.out and not step.late:
             return step.state, [], failed
         outs: dict = {}
@@ -282,6 +303,40 @@ class TimedFold:
                 outs.setdefault(i, []).append((LATE_OUT, r))
         tagged = [(i if pos is None else pos[i], o) for i, o in sorted(outs.items())]
         return step.state, tagged, failed
+
+    def run_rows(self, dicts: list, keys: list, values: list) -> tuple[list, list]:
+        """A timers operator's pass a record at a time, in arrival order: `values[i]` of key `keys[i]`, whose state
+        is in the dict `dicts[i]`, updated in place. As `run` over each key's records gives, with no batch made
+        per key: its function is called once a record however they are batched, and a pass holds a few records a
+        key. Returns (`(i, outputs tagged for the pass-throughs)` of each value with outputs, in order; the
+        `(i, exception)` of those that failed, which leave their key's state as it was)."""
+        op = self.op
+        fn, f, touched = op.fn, self.timestamp, self.touched
+        ctx = TimerContext(None, None, self.watermark, self.now, None, op)
+        sent: list = []
+        failed: list = []
+        for i, (d, key, value) in enumerate(zip(dicts, keys, values, strict=True)):
+            state = d.get(key)
+            before, timers = state if state else (None, [])
+            ctx.key, ctx.timers = key, timers
+            try:
+                ctx.ts = float(f(value))
+                user, out = fn(before, value, ctx)
+                if out:
+                    sent.append((i, [(ON_TIME_OUT, o) for o in out]))
+            except Exception as e:
+                failed.append((i, e))
+                continue
+            after_ = ctx.timers
+            if state and user is before and after_ is timers:
+                continue  # unchanged
+            if user is None and not after_:
+                d.pop(key, None)
+            else:
+                d[key] = [user, after_]
+            if after_ is not timers and (after_ or timers):
+                touched.add(key)
+        return sent, failed
 
     def _one_by_one(self, state: Any, key: Hashable, items: list, failed: list, pos: list | None) -> Step:
         """`items` a call each: one that raises is added to `failed` and leaves the state as it was."""
@@ -353,11 +408,8 @@ class TimedJoin(TimedFold):
                 failed.append((i, e))
         return items, failed
 
-    def __call__(self, state: Any, tagged: Any) -> tuple[Any, list]:
-        side, value = tagged
-        key = self.key(tagged)
-        step = self.op.on_record(state, key, float(self.timestamp(tagged)), value, self.watermark, self.now, side)
-        return self._took(state, key, step)
+    def item(self, tagged: Any) -> tuple[float, Any, int]:
+        return float(self.timestamp(tagged)), tagged[1], tagged[0]
 
 
 class SideKey:

@@ -14,10 +14,12 @@ import bisect
 import heapq
 import itertools
 from collections.abc import Callable, Hashable, Iterable
+from operator import itemgetter
 from typing import Any
 
 EVENT, PROCESSING = "event", "processing"
 KINDS = (EVENT, PROCESSING)
+ORDER = itemgetter(0, 1)  # a key's timers in time order, event time before processing time at equal times
 
 
 def _check_kind(kind: str) -> None:
@@ -31,7 +33,7 @@ def add(timers: list | None, t: float, payload: Any = None, kind: str = EVENT) -
     timers = list(timers or ())
     entry = [t, kind, payload]
     if entry not in timers:
-        bisect.insort(timers, entry, key=lambda e: (e[0], e[1]))
+        bisect.insort(timers, entry, key=ORDER)
     return timers
 
 
@@ -119,6 +121,9 @@ class TimerIndex:
         """The key with the earliest deadline that is due (event time first at equal times), or None. The key
         stays indexed until `set` gives it new deadlines."""
         for kind, clock in ((EVENT, watermark), (PROCESSING, now)):
+            heap = self._heaps[kind]
+            if not heap or heap[0][0] > clock:
+                continue  # the heap's top, replaced or not, is no later than the earliest deadline
             top = self.earliest(kind)
             if top is not None and top[0] <= clock:
                 return top[1]

@@ -22,6 +22,7 @@ read again, as new chunks) and voids the leases: a late report about them is ign
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections import Counter
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -87,6 +88,12 @@ def epochs_of_runs(rids: Iterable[int], counts: Iterable[int], made: Iterable[in
     if used:
         out.append((cur, used, kids))
     return out
+
+
+def epoch_counts(rids: Iterable[int]) -> Counter:
+    """How many of the record ids `rids` fall in each epoch, counted in C (what `epochs_of_runs` gives summed per
+    epoch: a run that made no children needs no more)."""
+    return Counter(map(EPOCH_BITS.__rrshift__, rids))
 
 
 def add_range(counts: dict[int, dict[int, int]], op: int, first: int, n: int) -> None:

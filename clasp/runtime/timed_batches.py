@@ -6,6 +6,8 @@ a time, with the progress, the outputs and the failures each request would have 
   key's run by `TimedFold.run` (a window folds a key's records in one pass, its state copied once), its outputs
   sent as the children of the request that made them. Keys are independent and the watermark stands still
   within a pass, so running key by key gives every key the states and outputs that request by request does.
+  A timers operator's pass runs request by request on the states in place (`TimedFold.run_rows`): its function
+  is called once a record either way, and a pass holds a few records a key, too few to pay for a batch each.
 - `map_keyed`: a pass of a stateless operator whose one successor is keyed by a function (a Nexmark query's
   map before its window or join): its function over the values in C, the key function over the outputs in a
   tight loop, the rows for the successor built in C when every key group is here.
@@ -21,7 +23,7 @@ from itertools import chain, compress, repeat
 from operator import itemgetter
 from time import perf_counter
 
-from clasp.core.tracking import epochs_of_runs
+from clasp.core.tracking import epoch_counts, epochs_of_runs
 from clasp.runtime.batches import group_bytes, map_outputs, timed_batch
 from clasp.runtime.operators import OperatorError, OpRuntime
 from clasp.runtime.outbox import KEYED_HERE
@@ -31,8 +33,11 @@ def apply_timed(ex, op: OpRuntime, rows: list) -> None:
     """Rows `(op, value, key, rid)` of keyed time operator `op` on its live state (no checkpoint barrier up)."""
     n = len(rows)
     me = op.index
-    for e, used, _ in epochs_of_runs(list(map(itemgetter(3), rows)), repeat(1), repeat(0)):
+    for e, used in epoch_counts(map(itemgetter(3), rows)).items():
         ex._ran(e, me, used, me, 0)
+    if op.fn.by_row:
+        _apply_rows(ex, op, rows)
+        return
     by_key: dict = {}
     for i, r in enumerate(rows):
         at = by_key.get(r[2])
@@ -41,7 +46,6 @@ def apply_timed(ex, op: OpRuntime, rows: list) -> None:
         else:
             at.append(i)
     fold, groups, rested, group_of = op.fn, op.groups, op.rested, op.key_cache.__getitem__
-    routes, collect = op.routes, op.add_collected if op.collect else None
     sent: list = []
     t0 = perf_counter()
     for key, at in by_key.items():
@@ -61,13 +65,37 @@ def apply_timed(ex, op: OpRuntime, rows: list) -> None:
     dt = perf_counter() - t0
     if sent:
         sent.sort(key=itemgetter(0))  # in the order of the requests that made them
-        for i, o in sent:
-            rid = rows[i][3]
-            if collect is not None:
-                collect(o, rid)
-            if routes:
-                ex.send(op, o, rid)
+        _send(ex, op, rows, sent)
     timed_batch(op, dt, n, ex.stall)
+
+
+def _apply_rows(ex, op: OpRuntime, rows: list) -> None:
+    """A timers operator's pass, a record at a time (`TimedFold.run_rows`), on the states in place."""
+    keys = list(map(itemgetter(2), rows))
+    gs = list(map(op.key_cache.__getitem__, keys))
+    rested = op.rested
+    for g in set(gs):
+        rested[g] = None  # before the user's function runs
+    dicts = list(map(op.groups.__getitem__, gs))
+    t0 = perf_counter()
+    sent, failed = op.fn.run_rows(dicts, keys, list(map(itemgetter(1), rows)))
+    dt = perf_counter() - t0
+    for i, e in failed:
+        ex.fail(op, e, rows[i][1])
+    if sent:
+        _send(ex, op, rows, sent)
+    timed_batch(op, dt, len(rows), ex.stall)
+
+
+def _send(ex, op: OpRuntime, rows: list, sent: list) -> None:
+    """Each `(i, outputs)` of `sent` (in request order) as the outputs of request `rows[i]`."""
+    routes, collect = op.routes, op.add_collected if op.collect else None
+    for i, o in sent:
+        rid = rows[i][3]
+        if collect is not None:
+            collect(o, rid)
+        if routes:
+            ex.send(op, o, rid)
 
 
 def map_keyed(ex, op: OpRuntime, rows: list) -> int:

@@ -95,3 +95,17 @@ def test_a_throttled_period_inside_a_batch_leaves_the_operators_mean():
     never = SimpleNamespace(exec_time=0.0, processed=0, dts=[], fold_histogram=lambda: None)
     timed_batch(never, 1e-3, 10, 0.0)  # a zero threshold keeps every timing out (tests replay budgets so)
     assert never.exec_time == 0.0 and never.processed == 10
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 1 << 14), max_size=60))
+def test_epoch_counts_sum_what_epochs_of_runs_gives_per_epoch(rids):
+    from collections import Counter
+    from itertools import repeat
+
+    from clasp.core.tracking import epoch_counts, epochs_of_runs
+
+    want: Counter = Counter()
+    for e, used, _ in epochs_of_runs(rids, repeat(1), repeat(0)):
+        want[e] += used
+    assert epoch_counts(rids) == want

@@ -94,18 +94,19 @@ def auction_fn(state: dict | None, value: list, timers) -> tuple[dict | None, li
         return (state if best == state["best"] else {**state, "best": best}), []
     # A copy: the state returned before is never changed in place (a checkpoint may still be packing it).
     state = dict(state) if state else {"terms": None, "best": None, "early": []}
+    early = state["early"]  # not empty exactly while their timer is set: only then is it looked for
     if kind == "auction":
         state["terms"] = body  # [dateTime, expires, category, reserve]
-        for bts, price in state["early"]:
+        for bts, price in early:
             state["best"] = better_bid(state["terms"], state["best"], bts, price)
-        if (armed := _early_timer(timers)) is not None:
+        if early and (armed := _early_timer(timers)) is not None:
             timers.cancel(armed, "early")
         state["early"] = []
         timers.at(after(body[1]), "close")  # every bid up to `expires` included is in
     else:
-        state["early"] = state["early"] + [[ts, body]]
+        state["early"] = early + [[ts, body]]
         # An auction that opened before this bid has arrived once the watermark passes it.
-        armed = _early_timer(timers)
+        armed = _early_timer(timers) if early else None
         if armed is None or after(ts) < armed:
             if armed is not None:
                 timers.cancel(armed, "early")
