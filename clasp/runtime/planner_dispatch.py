@@ -20,6 +20,7 @@ from clasp.core.job_machine import (
     LogChunk,
     LogWritten,
     MaybeIdle,
+    Moved,
     Push,
     Refuse,
     SendCredit,
@@ -113,6 +114,8 @@ class Dispatcher:
                                                                 "bound": self.bound.max_bytes}))
             elif kind is MaybeIdle:
                 self.changed(job)
+            elif kind is Moved:
+                job.ckpt.poke()
             elif kind is ChunkBegins:
                 self.chunk_begins(job, s.chunk)
             elif kind is SendCredit:
