@@ -273,7 +273,16 @@ class JobMachine:
             out.append(IDLE)
         if job.deferred_acks:
             self._release(out)
+        if self._may_go():  # the batch, not the window, stopped it (or the chunk ended): another step now
+            out.append(RESUME)
         return out
+
+    def _may_go(self) -> bool:
+        """Whether a dispatch step could send now: records queued, and the window has room for half a
+        batch (`scheduler.window_room`), or the head is a replayed chunk to read in."""
+        job = self.job
+        return bool(job.queue) and (job.queue[0][1] is None
+                                    or scheduler.window_room(job.window, job.inflight, job.batch) > 0)
 
     def _progress(self, ev: Progress) -> Sequence:
         if self.life.phase is Phase.RETIRED or self.stale(ev.sender):
@@ -283,9 +292,7 @@ class JobMachine:
         t = job.tracker
         if not t.progress(ev.deltas, ev.now):
             return ()
-        go = bool(job.queue) and (job.queue[0][1] is None
-                                  or scheduler.window_room(job.window, job.inflight, job.batch) > 0)
-        return _COMPLETED[go, bool(t.credit), not t.outstanding and not job.queued]
+        return _COMPLETED[self._may_go(), bool(t.credit), not t.outstanding and not job.queued]
 
     def _log_written(self, ev: LogWritten) -> Sequence:
         return self._release([]) + [RESUME]

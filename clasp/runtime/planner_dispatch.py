@@ -131,15 +131,14 @@ class Dispatcher:
 
     # ----------------------------------------------------------------- the scheduling engine
     async def run(self) -> None:
+        # A pass per wake-up: a job's machine asks for the next step itself (`ResumeDispatch`) when one could
+        # send (a step that sent used to be followed by one that found nothing, half of all steps).
         while True:
-            sent = 0
-            for job in list(self.jobs.values()):
-                sent += self.dispatch(job)
-            if sent:
-                await asyncio.sleep(0)
-                continue
-            self.wake.clear()
             await self.wake.wait()
+            self.wake.clear()
+            for job in list(self.jobs.values()):
+                self.dispatch(job)
+            await asyncio.sleep(0)  # the receive loop runs between passes
 
     def dispatch(self, job: PlannerJob) -> int:
         """Send queued records to the source operators' workers while the in-flight window has room."""

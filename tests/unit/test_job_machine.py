@@ -210,6 +210,23 @@ def test_progress_completes_each_epoch_once_and_asks_for_idle_when_nothing_is_le
     assert job.tracker.completed == 2 << EPOCH_BITS
 
 
+def test_a_dispatch_step_asks_for_the_next_only_when_it_could_send():
+    """The batch stopped the step and the window has room: `ResumeDispatch` (the dispatcher does not look
+    again on its own); the window stopped it, or the queue is empty: nothing more."""
+    job = new_job(window=3 << EPOCH_BITS, batch=1 << EPOCH_BITS)
+    push(job, 4 << EPOCH_BITS)
+    for _ in range(2):
+        out = feed(job, DispatchReady(0.0))
+        assert dispatched(out)[0].count == 1 << EPOCH_BITS and out[-1] == ResumeDispatch()
+    out = feed(job, DispatchReady(0.0))
+    assert dispatched(out)[0].count == 1 << EPOCH_BITS and ResumeDispatch() not in out  # the window is full
+    assert feed(job, DispatchReady(0.0)) == []
+    job = new_job()
+    push(job, 100)
+    out = feed(job, DispatchReady(0.0))
+    assert dispatched(out)[0].count == 100 and ResumeDispatch() not in out  # nothing left
+
+
 def test_a_report_wakes_the_dispatch_only_when_half_a_batch_may_leave():
     """A report that frees less of the window than half a batch, or leaves nothing queued, asks for no
     dispatch step (it would send nothing); the checkpointer is told that records moved (`Moved`)."""
