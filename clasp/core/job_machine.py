@@ -231,7 +231,8 @@ class JobMachine:
             if logs:  # the whole push in one chunk: its frame is what the log writes
                 out.append(LogChunk(base >> CHUNK_BITS, now, part, nbytes, ev.frame if part is records else None))
         job.counters["pushed"] += len(records)
-        out.append(RESUME)
+        if not logs and self._may_go():  # else the log's write, the window or the phase wakes the dispatch
+            out.append(RESUME)
         if logs or job.deferred_acks or not self.bound.within(job.queued, job.queued_bytes, job.limit):
             # backpressure, or the input log has not written it yet: the client waits for this ack
             job.deferred_acks.append((ev.client, ev.req, len(records), base >> CHUNK_BITS))
@@ -278,11 +279,12 @@ class JobMachine:
         return out
 
     def _may_go(self) -> bool:
-        """Whether a dispatch step could send now: records queued, and the window has room for half a
-        batch (`scheduler.window_room`), or the head is a replayed chunk to read in."""
+        """Whether a dispatch step could send now: records queued in a dispatching phase, past the input
+        log, and the window has room for half a batch (`scheduler.window_room`), or the head is a replayed
+        chunk to read in."""
         job = self.job
-        return bool(job.queue) and (job.queue[0][1] is None
-                                    or scheduler.window_room(job.window, job.inflight, job.batch) > 0)
+        return bool(job.queue) and self.may_dispatch() and (
+            job.queue[0][1] is None or scheduler.window_room(job.window, job.inflight, job.batch) > 0)
 
     def _progress(self, ev: Progress) -> Sequence:
         if self.life.phase is Phase.RETIRED or self.stale(ev.sender):
@@ -295,7 +297,10 @@ class JobMachine:
         return _COMPLETED[self._may_go(), bool(t.credit), not t.outstanding and not job.queued]
 
     def _log_written(self, ev: LogWritten) -> Sequence:
-        return self._release([]) + [RESUME]
+        out = self._release([])
+        if self._may_go():
+            out.append(RESUME)
+        return out
 
     def _tick(self, ev: Tick) -> Sequence:
         job = self.job

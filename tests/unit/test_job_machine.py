@@ -227,6 +227,19 @@ def test_a_dispatch_step_asks_for_the_next_only_when_it_could_send():
     assert dispatched(out)[0].count == 100 and ResumeDispatch() not in out  # nothing left
 
 
+def test_a_push_or_a_log_write_wakes_the_dispatch_only_when_its_records_may_leave(tmp_path):
+    """With checkpoints a push waits for its log write (the write wakes the dispatch, the push does not);
+    without, the push does; a full window wakes nothing (progress will)."""
+    job = new_job(tmp_path)
+    out = push(job, 100)
+    assert isinstance(out[0], LogChunk) and ResumeDispatch() not in out
+    assert [type(s) for s in feed(job, LogWritten())] == [Ack, ResumeDispatch]
+    job = new_job(window=1 << EPOCH_BITS, batch=1 << EPOCH_BITS)
+    assert ResumeDispatch() in push(job, 1 << EPOCH_BITS)
+    dispatched(feed(job, DispatchReady(0.0)))
+    assert ResumeDispatch() not in push(job, 10, req=2)
+
+
 def test_a_report_wakes_the_dispatch_only_when_half_a_batch_may_leave():
     """A report that frees less of the window than half a batch, or leaves nothing queued, asks for no
     dispatch step (it would send nothing); the checkpointer is told that records moved (`Moved`)."""
@@ -324,7 +337,7 @@ def test_a_restarted_planner_admits_but_holds_the_job_until_it_rolled_back(tmp_p
     job = new_job(tmp_path, phase=Phase.TAKEN_UP)
     out = push(job, 100)
     assert isinstance(out[0], LogChunk) and job.queued == 100
-    assert [type(s) for s in feed(job, LogWritten())] == [Ack, ResumeDispatch]
+    assert [type(s) for s in feed(job, LogWritten())] == [Ack]  # held: its rollback resumes it
     assert feed(job, DispatchReady(0.0)) == []
     assert job.machine.handle(WorkerDied("w1")) == [FailRequests("w1"), StartRollback("worker w1 died")]
     job.machine.handle(RollBack("planner restarted"))
