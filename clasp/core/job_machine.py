@@ -124,11 +124,19 @@ class MaybeIdle:
     """Nothing is outstanding: the job's `wait_idle` calls may be answered (after the shell's checks)."""
 
 
-RESUME, CREDIT, IDLE = ResumeDispatch(), SendCredit(), MaybeIdle()
-# What a report that completed records asks for, by (source credit to give back, nothing outstanding):
-# constants, so that a report allocates no instruction.
-_COMPLETED = {(False, False): (RESUME,), (True, False): (RESUME, CREDIT),
-              (False, True): (RESUME, IDLE), (True, True): (RESUME, CREDIT, IDLE)}
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """Records completed and nothing can leave for it now: what waits on the job's progress (a checkpoint's
+    alignment) looks again, and the dispatcher is not woken."""
+
+
+RESUME, CREDIT, IDLE, MOVED = ResumeDispatch(), SendCredit(), MaybeIdle(), Moved()
+# What a report that completed records asks for, by (a dispatch could send now, source credit to give
+# back, nothing outstanding): constants, so that a report allocates no instruction. A report that leaves
+# the window without room for half a batch, or the queue empty, wakes no dispatch step: two in three of
+# them used to, to send nothing.
+_COMPLETED = {(go, credit, idle): (RESUME if go else MOVED,) + (CREDIT,) * credit + (IDLE,) * idle
+              for go in (False, True) for credit in (False, True) for idle in (False, True)}
 
 
 class Checkpointer(Protocol):
@@ -223,7 +231,8 @@ class JobMachine:
             if logs:  # the whole push in one chunk: its frame is what the log writes
                 out.append(LogChunk(base >> CHUNK_BITS, now, part, nbytes, ev.frame if part is records else None))
         job.counters["pushed"] += len(records)
-        out.append(RESUME)
+        if not logs and self._may_go():  # else the log's write, the window or the phase wakes the dispatch
+            out.append(RESUME)
         if logs or job.deferred_acks or not self.bound.within(job.queued, job.queued_bytes, job.limit):
             # backpressure, or the input log has not written it yet: the client waits for this ack
             job.deferred_acks.append((ev.client, ev.req, len(records), base >> CHUNK_BITS))
@@ -265,7 +274,17 @@ class JobMachine:
             out.append(IDLE)
         if job.deferred_acks:
             self._release(out)
+        if self._may_go():  # the batch, not the window, stopped it (or the chunk ended): another step now
+            out.append(RESUME)
         return out
+
+    def _may_go(self) -> bool:
+        """Whether a dispatch step could send now: records queued in a dispatching phase, past the input
+        log, and the window has room for half a batch (`scheduler.window_room`), or the head is a replayed
+        chunk to read in."""
+        job = self.job
+        return bool(job.queue) and self.may_dispatch() and (
+            job.queue[0][1] is None or scheduler.window_room(job.window, job.inflight, job.batch) > 0)
 
     def _progress(self, ev: Progress) -> Sequence:
         if self.life.phase is Phase.RETIRED or self.stale(ev.sender):
@@ -275,10 +294,13 @@ class JobMachine:
         t = job.tracker
         if not t.progress(ev.deltas, ev.now):
             return ()
-        return _COMPLETED[bool(t.credit), not t.outstanding and not job.queued]
+        return _COMPLETED[self._may_go(), bool(t.credit), not t.outstanding and not job.queued]
 
     def _log_written(self, ev: LogWritten) -> Sequence:
-        return self._release([]) + [RESUME]
+        out = self._release([])
+        if self._may_go():
+            out.append(RESUME)
+        return out
 
     def _tick(self, ev: Tick) -> Sequence:
         job = self.job

@@ -292,6 +292,18 @@ class JobEngine:
         self.handover.hold_local()
         return self.outbox.take()
 
+    def roots_finished(self) -> int | None:
+        """The push roots' requests finished here since the last report (`take_progress`); None where this
+        worker runs no instance of a push root. O(epochs pending x roots)."""
+        roots = [i for i in self.spec.sources if self.ops[i].instances > 0]
+        if not roots:
+            return None
+        n = 0
+        for d in self.executor.progress.values():
+            for i in roots:
+                n -= d.get(i, 0)
+        return n
+
     def take_progress(self) -> dict[int, dict[int, int]]:
         """The progress counts gathered since the last call (the worker reports them in one message)."""
         return self.executor.take_progress()

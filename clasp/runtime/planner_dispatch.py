@@ -20,6 +20,7 @@ from clasp.core.job_machine import (
     LogChunk,
     LogWritten,
     MaybeIdle,
+    Moved,
     Push,
     Refuse,
     SendCredit,
@@ -113,6 +114,8 @@ class Dispatcher:
                                                                 "bound": self.bound.max_bytes}))
             elif kind is MaybeIdle:
                 self.changed(job)
+            elif kind is Moved:
+                job.ckpt.poke()
             elif kind is ChunkBegins:
                 self.chunk_begins(job, s.chunk)
             elif kind is SendCredit:
@@ -128,15 +131,14 @@ class Dispatcher:
 
     # ----------------------------------------------------------------- the scheduling engine
     async def run(self) -> None:
+        # A pass per wake-up: a job's machine asks for the next step itself (`ResumeDispatch`) when one could
+        # send (a step that sent used to be followed by one that found nothing, half of all steps).
         while True:
-            sent = 0
-            for job in list(self.jobs.values()):
-                sent += self.dispatch(job)
-            if sent:
-                await asyncio.sleep(0)
-                continue
-            self.wake.clear()
             await self.wake.wait()
+            self.wake.clear()
+            for job in list(self.jobs.values()):
+                self.dispatch(job)
+            await asyncio.sleep(0)  # the receive loop runs between passes
 
     def dispatch(self, job: PlannerJob) -> int:
         """Send queued records to the source operators' workers while the in-flight window has room."""

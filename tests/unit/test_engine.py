@@ -254,3 +254,31 @@ def test_an_operator_whose_every_timing_stalls_gets_a_cost_and_rounds_stay_short
         assert sum(ran) < 300 and ran[-1] <= 32, (name, ran)  # the old estimate ran all 2,000 in round one
         drain(eng)
         assert op.processed == 2000, name
+
+
+def test_a_busy_worker_reports_once_its_push_roots_finished_enough():
+    """`roots_finished` counts the push roots' finished requests gathered since the last report (their
+    successors' do not count); a busy worker reports at the interval only once they reach
+    PROGRESS_MIN_ROOTS, or when overdue, and always where it runs no push root."""
+    from clasp.apps import wc
+    from clasp.runtime.worker import PROGRESS_MIN_ROOTS, progress_due
+
+    spec = wc.build_dag().to_spec()
+    both = build_placement(spec, ["w0"], {"split": {0: 1}, "count": {0: 1}}, 10)
+    eng = JobEngine(1, spec, "w0", both)
+    assert eng.roots_finished() == 0
+    lines = wc.generate(PROGRESS_MIN_ROOTS - 1, 3)
+    eng.enqueue_rows([(0, line, None, i) for i, line in enumerate(lines)])
+    drain(eng)
+    assert eng.roots_finished() == len(lines) and eng.ops[1].processed > len(lines)  # `count` ran more
+    assert not progress_due(False, eng.roots_finished())
+    assert progress_due(True, eng.roots_finished())
+    eng.enqueue_rows([(0, "one more", None, len(lines))])
+    drain(eng)
+    assert progress_due(False, eng.roots_finished())
+    eng.take_progress()
+    assert eng.roots_finished() == 0  # counted from the last report
+
+    counts_only = build_placement(spec, ["w0", "w1"], {"split": {1: 1}, "count": {0: 1}}, 10)
+    assert JobEngine(1, spec, "w0", counts_only).roots_finished() is None
+    assert progress_due(False, None)

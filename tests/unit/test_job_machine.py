@@ -19,6 +19,7 @@ from clasp.core.job_machine import (
     LogChunk,
     LogWritten,
     MaybeIdle,
+    Moved,
     Progress,
     Push,
     Refuse,
@@ -175,7 +176,7 @@ def test_a_migration_keeps_dispatching_and_counting_progress():
     push(job, 500)
     (d,) = dispatched(feed(job, DispatchReady(1.0)))
     assert d.count == 500
-    assert feed(job, Progress(b"w1", finish(d), 2.0)) == [ResumeDispatch(), MaybeIdle()]
+    assert feed(job, Progress(b"w1", finish(d), 2.0)) == [Moved(), MaybeIdle()]
     assert job.tracker.completed == 500
     assert job.machine.handle(Migrated()) == [ResumeDispatch()]
 
@@ -201,12 +202,68 @@ def test_progress_completes_each_epoch_once_and_asks_for_idle_when_nothing_is_le
     push(job, 2 << EPOCH_BITS)  # two epochs
     (d,) = dispatched(feed(job, DispatchReady(0.0)))
     first = {0: d.counts[0]}
-    assert feed(job, Progress(b"w0", {0: {op: -k for op, k in first[0].items()}}, 1.0)) == [ResumeDispatch()]
+    assert feed(job, Progress(b"w0", {0: {op: -k for op, k in first[0].items()}}, 1.0)) == [Moved()]
     assert job.tracker.completed == 1 << EPOCH_BITS
     assert feed(job, Progress(b"w0", {0: {op: -k for op, k in first[0].items()}}, 1.0)) == []  # again: nothing
     assert feed(job, Progress(b"w1", {1: {op: -k for op, k in d.counts[1].items()}}, 1.0)) == [
-        ResumeDispatch(), MaybeIdle()]
+        Moved(), MaybeIdle()]
     assert job.tracker.completed == 2 << EPOCH_BITS
+
+
+def test_a_dispatch_step_asks_for_the_next_only_when_it_could_send():
+    """The batch stopped the step and the window has room: `ResumeDispatch` (the dispatcher does not look
+    again on its own); the window stopped it, or the queue is empty: nothing more."""
+    job = new_job(window=3 << EPOCH_BITS, batch=1 << EPOCH_BITS)
+    push(job, 4 << EPOCH_BITS)
+    for _ in range(2):
+        out = feed(job, DispatchReady(0.0))
+        assert dispatched(out)[0].count == 1 << EPOCH_BITS and out[-1] == ResumeDispatch()
+    out = feed(job, DispatchReady(0.0))
+    assert dispatched(out)[0].count == 1 << EPOCH_BITS and ResumeDispatch() not in out  # the window is full
+    assert feed(job, DispatchReady(0.0)) == []
+    job = new_job()
+    push(job, 100)
+    out = feed(job, DispatchReady(0.0))
+    assert dispatched(out)[0].count == 100 and ResumeDispatch() not in out  # nothing left
+
+
+def test_a_push_or_a_log_write_wakes_the_dispatch_only_when_its_records_may_leave(tmp_path):
+    """With checkpoints a push waits for its log write (the write wakes the dispatch, the push does not);
+    without, the push does; a full window wakes nothing (progress will)."""
+    job = new_job(tmp_path)
+    out = push(job, 100)
+    assert isinstance(out[0], LogChunk) and ResumeDispatch() not in out
+    assert [type(s) for s in feed(job, LogWritten())] == [Ack, ResumeDispatch]
+    job = new_job(window=1 << EPOCH_BITS, batch=1 << EPOCH_BITS)
+    assert ResumeDispatch() in push(job, 1 << EPOCH_BITS)
+    dispatched(feed(job, DispatchReady(0.0)))
+    assert ResumeDispatch() not in push(job, 10, req=2)
+
+
+def test_a_report_wakes_the_dispatch_only_when_half_a_batch_may_leave():
+    """A report that frees less of the window than half a batch, or leaves nothing queued, asks for no
+    dispatch step (it would send nothing); the checkpointer is told that records moved (`Moved`)."""
+    job = new_job(window=4 << EPOCH_BITS, batch=4 << EPOCH_BITS)
+    push(job, 6 << EPOCH_BITS)
+    (d,) = dispatched(feed(job, DispatchReady(0.0)))
+    assert d.count == 4 << EPOCH_BITS and job.queued == 2 << EPOCH_BITS
+    one = {e: {op: -k for op, k in d.counts[e].items()} for e in (0,)}
+    assert feed(job, Progress(b"w0", one, 1.0)) == [Moved()]  # a quarter of the window: too little
+    assert feed(job, DispatchReady(1.0)) == []  # as the step it no longer wakes would have found
+    two = {e: {op: -k for op, k in d.counts[e].items()} for e in (1,)}
+    assert feed(job, Progress(b"w0", two, 1.0)) == [ResumeDispatch()]  # half: it may leave
+    (d2,) = dispatched(feed(job, DispatchReady(1.0)))
+    assert d2.count == 2 << EPOCH_BITS and not job.queued
+    rest = {e: {op: -k for op, k in d.counts[e].items()} for e in (2, 3)}
+    assert feed(job, Progress(b"w1", rest, 1.0)) == [Moved()]  # nothing queued
+    assert feed(job, Progress(b"w1", finish(d2), 1.0)) == [Moved(), MaybeIdle()]
+    assert feed(job, Progress(b"w1", finish(d2), 1.0)) == []  # again: nothing completed, nothing at all
+
+    job = new_job(window=4 << EPOCH_BITS, batch=4 << EPOCH_BITS)
+    push(job, 4 << EPOCH_BITS)
+    (d,) = dispatched(feed(job, DispatchReady(0.0)))
+    job.queue.append([1 << CHUNK_BITS, None, 0])  # a replayed chunk on disk: reading it in is a step
+    assert feed(job, Progress(b"w0", one, 1.0)) == [ResumeDispatch()]
 
 
 def test_a_reader_s_completed_source_chunk_gives_its_credit_back():
@@ -214,7 +271,7 @@ def test_a_reader_s_completed_source_chunk_gives_its_credit_back():
     first = job.tracker.lease(1)
     job.tracker.sealed(first, 4, {first << (CHUNK_BITS - EPOCH_BITS): {0: 4}}, 0.0, reader="w1")
     out = feed(job, Progress(b"w1", {first << (CHUNK_BITS - EPOCH_BITS): {0: -4}}, 1.0))
-    assert out == [ResumeDispatch(), SendCredit(), MaybeIdle()]
+    assert out == [Moved(), SendCredit(), MaybeIdle()]
 
 
 def test_reports_during_a_rollback_or_from_a_worker_it_retired_are_stale(tmp_path):
@@ -227,7 +284,7 @@ def test_reports_during_a_rollback_or_from_a_worker_it_retired_are_stale(tmp_pat
     job.machine.handle(RolledBack())
     job.retired.add("w1")
     assert feed(job, Progress(b"w1", finish(d), 1.0)) == [] and job.tracker.completed == 0
-    assert feed(job, Progress(b"w0", finish(d), 1.0)) == [ResumeDispatch(), MaybeIdle()]
+    assert feed(job, Progress(b"w0", finish(d), 1.0)) == [Moved(), MaybeIdle()]
 
 
 def test_without_checkpoints_no_report_is_stale():
@@ -235,7 +292,7 @@ def test_without_checkpoints_no_report_is_stale():
     push(job, 10)
     (d,) = dispatched(feed(job, DispatchReady(0.0)))
     job.retired.add("w1")  # re-planned without it: what it finished still counts
-    assert feed(job, Progress(b"w1", finish(d), 1.0)) == [ResumeDispatch(), MaybeIdle()]
+    assert feed(job, Progress(b"w1", finish(d), 1.0)) == [Moved(), MaybeIdle()]
 
 
 @pytest.mark.parametrize("under_way, end", [(Barrier(), BarrierSent()), (Migrate(), Migrated())])
@@ -250,7 +307,7 @@ def test_a_death_during_a_checkpoint_or_a_migration_rolls_back_and_voids_the_rep
     job.machine.handle(under_way)
     assert job.machine.handle(WorkerDied("w1")) == [FailRequests("w1"), StartRollback("worker w1 died")]
     half = {0: d.counts[0]}
-    assert feed(job, Progress(b"w0", {0: {op: -k for op, k in half[0].items()}}, 1.0)) == [ResumeDispatch()]
+    assert feed(job, Progress(b"w0", {0: {op: -k for op, k in half[0].items()}}, 1.0)) == [Moved()]
     assert job.machine.handle(end) == [ResumeDispatch()]
     job.machine.handle(RollBack("worker w1 died"))
     job.retired.add("w1")
@@ -280,7 +337,7 @@ def test_a_restarted_planner_admits_but_holds_the_job_until_it_rolled_back(tmp_p
     job = new_job(tmp_path, phase=Phase.TAKEN_UP)
     out = push(job, 100)
     assert isinstance(out[0], LogChunk) and job.queued == 100
-    assert [type(s) for s in feed(job, LogWritten())] == [Ack, ResumeDispatch]
+    assert [type(s) for s in feed(job, LogWritten())] == [Ack]  # held: its rollback resumes it
     assert feed(job, DispatchReady(0.0)) == []
     assert job.machine.handle(WorkerDied("w1")) == [FailRequests("w1"), StartRollback("worker w1 died")]
     job.machine.handle(RollBack("planner restarted"))

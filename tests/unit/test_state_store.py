@@ -190,3 +190,15 @@ def test_input_log_writes_on_its_thread_and_hands_back_on_the_loop(tmp_path):
     f.write_bytes(f.read_bytes()[:-5])  # torn: the planner died while writing it
     with pytest.raises(CorruptCheckpoint):
         decode_blob(f.read_bytes(), str(f))
+
+
+def test_input_log_goes_on_after_a_short_write():
+    """A short `writev` (a signal, a full disk's last blocks) leaves the rest of the parts to write next."""
+    from clasp.runtime.input_log import _rest
+
+    parts = [b"head", b"0123456789"]
+    assert _rest(parts, 0) == parts
+    assert [bytes(p) for p in _rest(parts, 2)] == [b"ad", b"0123456789"]
+    assert [bytes(p) for p in _rest(parts, 4)] == [b"0123456789"]
+    assert [bytes(p) for p in _rest(parts, 7)] == [b"3456789"]
+    assert _rest(parts, 14) == []
