@@ -375,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--max-batch", type=_positive(int), default=2000,
                    help="rows of remote chained requests that flush a batch at once, whatever its age "
                         "(default %(default)s)")
-    w.add_argument("--source-window", type=_positive(int), default=4096,
+    w.add_argument("--source-window", type=_positive(int), default=16384,
                    help="records this worker's source readers keep in flight per job, at most: read and not yet "
                         "complete; a reader waits while they are (default %(default)s)")
     w.add_argument("--leave-timeout", type=_positive(float), default=300.0,

@@ -35,9 +35,12 @@ FORMATS = ("lines", "jsonl", "csv")
 _SCAN = json.JSONDecoder().scan_once
 # A run of 19 digits may be an integer beyond 64 bits, which orjson reads as a float and json exactly: a block
 # with one goes to json (whether the digits are an integer, a string's or a fraction's). Found as a run of 19
-# zeros once every digit is one: two passes in C, where a regular expression retries at every digit.
+# zeros once every digit is one: two passes in C, where a regular expression retries at every digit. Every
+# third byte is looked at first: a run of 19 digits holds 6 of them in a row, and a run of 15 or fewer (a
+# timestamp in ms has 13) never does, so the common block is passed at a third of the cost.
 _DIGITS_TO_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
 _LONG_RUN = b"0" * 19
+_STRIDE, _STRIDE_RUN = 3, b"0" * (19 // 3)
 DEFAULT_RANGE_BYTES = 64 << 20  # a file larger than this is read as several partitions
 READ_BYTES = 256 << 10  # read ahead at once: a batch of 1,024 lines of up to 256 bytes in one read
 NOWAIT = getattr(os, "RWF_NOWAIT", None) if hasattr(os, "preadv") else None
@@ -76,12 +79,19 @@ def _scan_block(text: str, values: list) -> bool:
     return True
 
 
+def _long_digits(block: bytes, used: int) -> bool:
+    """Whether the first `used` bytes of `block` hold a run of 19 digits or more."""
+    if block[:used:_STRIDE].translate(_DIGITS_TO_ZERO).find(_STRIDE_RUN) < 0:
+        return False
+    return block[:used].translate(_DIGITS_TO_ZERO).find(_LONG_RUN) >= 0
+
+
 def _load_lines(lines: list[bytes], block: bytes, used: int, values: list) -> bool:
     """The JSON lines `lines` (UTF-8, the first `used` bytes of `block`) into `values` by orjson, one call a
     line in C, if every line is a value it reads as json does. False (and `values` as it was) when orjson is
     absent, a line is anything else (blank, invalid, NaN, a number json reads and orjson does not) or the
     block has a run of digits orjson might read differently: the block then goes to json."""
-    if _fast_loads is None or block[:used].translate(_DIGITS_TO_ZERO).find(_LONG_RUN) >= 0:
+    if _fast_loads is None or _long_digits(block, used):
         return False
     try:
         out = list(map(_fast_loads, lines))
@@ -160,6 +170,7 @@ class FileReader(SourcePartition):
         self._buf = b""  # read ahead: the bytes from `_pos` on
         self._eof = False  # `_buf` reaches the end of the file
         self._nowait = NOWAIT is not None
+        self._block: bytearray | None = None  # what `preadv` reads into, kept: a new one each read was zeroed
         self._closed = False
 
     def position(self) -> int | None:
@@ -220,10 +231,12 @@ class FileReader(SourcePartition):
         at = self._pos + len(self._buf)
         data = None
         if self._nowait:
-            block = bytearray(READ_BYTES)
+            block = self._block
+            if block is None:
+                block = self._block = bytearray(READ_BYTES)
             try:
                 n = os.preadv(self._fd, [block], at, NOWAIT)
-                data = bytes(memoryview(block)[:n])
+                data = memoryview(block)[:n]  # copied once, onto what is left of `_buf`
             except BlockingIOError:
                 pass
             except OSError as e:
@@ -233,7 +246,7 @@ class FileReader(SourcePartition):
         if data is None:
             data = await asyncio.to_thread(os.pread, self._fd, READ_BYTES, at)
         if data:
-            self._buf += data
+            self._buf = self._buf + data
         else:
             self._eof = True
 

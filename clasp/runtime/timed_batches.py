@@ -196,11 +196,13 @@ def collect_pass(ex, op: OpRuntime, rows: list) -> int:
     results, dt = map_outputs(op, list(map(itemgetter(1), rows)), ex.fail)
     rids = list(map(itemgetter(3), rows))
     me = op.index
-    for e, used, _ in epochs_of_runs(rids, repeat(1), repeat(0)):
+    for e, used in epoch_counts(rids).items():
         ex._ran(e, me, used, me, 0)
     timed_batch(op, dt, n, ex.stall)
-    op.collected.extend(chain.from_iterable(results))
-    op.collected_rids.extend(chain.from_iterable(map(repeat, rids, map(len, results))))
+    counts = list(map(len, results))
+    if any(counts):  # the ids of the requests with outputs only: a filter's pass makes few
+        op.collected.extend(chain.from_iterable(results))
+        op.collected_rids.extend(chain.from_iterable(map(repeat, compress(rids, counts), compress(counts, counts))))
     return n
 
 

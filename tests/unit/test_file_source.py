@@ -154,6 +154,19 @@ def test_clean_utf8_blocks_go_to_orjson_and_the_others_to_json(tmp_path, monkeyp
         assert len(calls) == {"clean": 3, "long": 0, "nan": 2}[name], name
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 22), st.sampled_from(["a", ",", " ", '"x":', ".", "e", "-"])), max_size=12),
+       st.integers(0, 400))
+def test_a_run_of_19_digits_is_found_wherever_it_starts_and_no_shorter_one_counts(parts, used):
+    """Every third byte is looked at first: a run of 19 digits or more is found at any offset (it holds 6 of
+    them in a row), a block with shorter runs only is passed, and the bytes past `used` are not looked at."""
+    import re
+
+    block = "".join("7" * k + sep for k, sep in parts).encode()
+    used = min(used, len(block))
+    assert file_source._long_digits(block, used) == (re.search(rb"[0-9]{19}", block[:used]) is not None)
+
+
 def test_csv_rows_are_dicts_by_the_header_in_every_range(tmp_path):
     path = tmp_path / "t.csv"
     rows = [{"name": f"n{i}", "n": str(i)} for i in range(300)]
