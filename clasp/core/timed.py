@@ -57,8 +57,9 @@ class EventTime:
         """The largest event time of a batch, in one pass (NEG_INF: none, or every timestamp failed; a NaN
         never counts)."""
         f = self.timestamp
-        try:  # in C while every timestamp can be had; -inf first, so a NaN, never larger, is never the top
-            return max(chain((NEG_INF,), map(float, map(f, values))))
+        try:  # in C while every timestamp can be had and compared; -inf first, so a NaN, never larger, is never
+            # the top; the top alone made a float (a str or a time that is no number fails the comparison)
+            return float(max(chain((NEG_INF,), map(f, values))))
         except Exception:
             pass
         top = NEG_INF

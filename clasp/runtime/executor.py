@@ -82,7 +82,8 @@ class Executor:
             ran = 0
             for op in self.order:
                 if op.queue and not op.busy:
-                    passes = op.blocks or op.gathers or op.timed or op.maps_keyed or op.maps_local
+                    passes = (op.blocks or op.gathers or op.timed or op.maps_keyed or op.maps_local
+                              or (op.collect and not op.routes and not op.sink))  # `collect_pass`
                     cost = ((op.exec_time / op.processed * 1e6 if op.processed else 10.0)
                             + (BLOCK_OVERHEAD_US if passes else REQUEST_OVERHEAD_US))
                     # A gathered pass takes the whole round's worth: its fixed routing cost wants many
