@@ -50,9 +50,10 @@ def timed_batch(op: OpRuntime, dt: float, n: int, stall: float) -> None:
         op.fold_histogram()
 
 
-def map_outputs(op: OpRuntime, values: list, fail: Fail) -> tuple[list, float]:
+def map_outputs(op: OpRuntime, values: list, fail: Fail, none: bool = False) -> tuple[list, float]:
     """`op`'s function over `values` in C, each result as its outputs (clasp.core.outputs), and the seconds
-    the map took. A failure is reported to `fail`, gives no outputs, and the map goes on after it."""
+    the map took. A failure is reported to `fail`, gives no outputs, and the map goes on after it. With
+    `none`, a result that is None (no outputs) stays None, for a caller that skips the empty ones anyway."""
     results: list = []
     it = map(op.fn, values)
     t0 = perf_counter()
@@ -68,7 +69,8 @@ def map_outputs(op: OpRuntime, values: list, fail: Fail) -> tuple[list, float]:
     if kinds <= LISTS:
         return results, dt
     if kinds <= LISTS_OR_NONE:  # a map that filters: no call per value to find the Nones
-        results = [() if out is None else out for out in results]
+        if not none:
+            results = [() if out is None else out for out in results]
     else:
         results = [_outputs(op, out, v, fail) for out, v in zip(results, values, strict=True)]
     return results, dt

@@ -193,16 +193,17 @@ def map_local(ex, op: OpRuntime, rows: list) -> int:
 def collect_pass(ex, op: OpRuntime, rows: list) -> int:
     """A pass of stateless `op` with no route whose outputs are collected (not a sink's writer)."""
     n = len(rows)
-    results, dt = map_outputs(op, list(map(itemgetter(1), rows)), ex.fail)
+    results, dt = map_outputs(op, list(map(itemgetter(1), rows)), ex.fail, none=True)
     rids = list(map(itemgetter(3), rows))
     me = op.index
     for e, used in epoch_counts(rids).items():
         ex._ran(e, me, used, me, 0)
     timed_batch(op, dt, n, ex.stall)
-    counts = list(map(len, results))
-    if any(counts):  # the ids of the requests with outputs only: a filter's pass makes few
-        op.collected.extend(chain.from_iterable(results))
-        op.collected_rids.extend(chain.from_iterable(map(repeat, compress(rids, counts), compress(counts, counts))))
+    # The requests with outputs only (None and empty lists are false), picked in C: a filter's pass has few.
+    made = list(compress(results, results))
+    if made:
+        op.collected.extend(chain.from_iterable(made))
+        op.collected_rids.extend(chain.from_iterable(map(repeat, compress(rids, results), map(len, made))))
     return n
 
 

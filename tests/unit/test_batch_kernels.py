@@ -109,3 +109,52 @@ def test_epoch_counts_sum_what_epochs_of_runs_gives_per_epoch(rids):
     for e, used, _ in epochs_of_runs(rids, repeat(1), repeat(0)):
         want[e] += used
     assert epoch_counts(rids) == want
+
+
+def _answer(v: int):
+    """A collected map with every kind of result: none, an empty or a longer list, a tuple, a generator, a failure."""
+    if v % 7 == 3:
+        raise ValueError("three")
+    return (None, [], [v], (v, -v), (x for x in [v, v, v]))[v % 5]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 60), max_size=700), st.integers(0, 3 << 9))
+def test_a_collected_pass_keeps_each_output_with_its_record_and_counts_each_request(values, offset):
+    """`collect_pass` (a stateless operator whose outputs are collected and go nowhere else) on a batch a reader
+    admitted across progress epochs: the outputs and their records' ids as one call per value makes them, every
+    request counted done in its epoch, a failure reported."""
+    from collections import Counter
+
+    import clasp
+    from clasp.core.routing import build_placement
+    from clasp.core.tracking import EPOCH_BITS
+    from clasp.runtime.engine import JobEngine
+    from clasp.testing import IterableSource
+
+    dag = clasp.Dag("collect")
+    dag.source("n", IterableSource([0])) >> dag.operator("answer", _answer, collect=True)
+    spec = dag.to_spec()
+    eng = JobEngine(1, spec, "w0", build_placement(spec, ["w0"], {o.name: {0: 1} for o in spec.operators}, 10))
+    first = (5 << 20) + offset
+    made = eng.admit_source(0, values, first)
+    while eng.run_round():
+        pass
+    want, want_rids, failed = [], [], 0
+    for i, v in enumerate(values):
+        try:
+            outs = list(_answer(v) or ())
+        except ValueError:
+            failed += 1
+            continue
+        want.extend(outs)
+        want_rids.extend([first + i] * len(outs))
+    op = eng.ops[1]
+    assert op.collected == want and op.collected_rids == want_rids and op.errors == failed
+    done = Counter()
+    for e, ops in eng.take_progress().items():
+        done[e] += ops.get(1, 0)
+    for e, ops in made.items():
+        done[e] += ops.get(1, 0)
+    assert not +done and not -done  # every request made is counted done in its epoch
+    assert set(made) == {(first + i) >> EPOCH_BITS for i in range(len(values))}
