@@ -42,7 +42,7 @@ _DIGITS_TO_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
 _LONG_RUN = b"0" * 19
 _STRIDE, _STRIDE_RUN = 3, b"0" * (19 // 3)
 DEFAULT_RANGE_BYTES = 64 << 20  # a file larger than this is read as several partitions
-READ_BYTES = 512 << 10  # read ahead at once: a batch of 2,048 lines of up to 256 bytes in one read
+READ_BYTES = 256 << 10  # read ahead at once: a batch of 1,024 lines of up to 256 bytes in one read
 NOWAIT = getattr(os, "RWF_NOWAIT", None) if hasattr(os, "preadv") else None
 
 

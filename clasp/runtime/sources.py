@@ -36,11 +36,8 @@ from clasp.core.tracking import CHUNK_BITS
 from clasp.runtime.engine import JobEngine, OperatorError
 
 log = logging.getLogger("clasp.worker.sources")
-# Records a reader is asked for at once (a chunk holds one batch). Each batch costs its reader a turn of the
-# event loop, a chunk, a seal and a watermark message, and the planner their handling: at 1,024 the messages'
-# sends alone were ~5 % of a Nexmark Q2 worker's CPU (py-spy).
-BATCH = 2048
-# Records read here and not complete, at most (per job): 8 batches. Credit comes back as the planner learns
+BATCH = 1024  # records a reader is asked for at once (a chunk holds one batch)
+# Records read here and not complete, at most (per job): 16 batches. Credit comes back as the planner learns
 # that chunks completed, from the progress a busy worker reports every 25 ms: a window the worker runs through
 # sooner (4 batches took ~10 ms of Nexmark Q2) left it idle until its idle report came back as credit.
 WINDOW = 16384
