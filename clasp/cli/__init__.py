@@ -377,7 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default %(default)s)")
     w.add_argument("--source-window", type=_positive(int), default=16384,
                    help="records this worker's source readers keep in flight per job, at most: read and not yet "
-                        "complete; a reader waits while they are (default %(default)s)")
+                        "complete; a reader waits while they are. Fewer (down to 4096) while the worker completes "
+                        "fewer in 50 ms (default %(default)s)")
     w.add_argument("--leave-timeout", type=_positive(float), default=300.0,
                    help="after SIGTERM, the longest wait in seconds for the planner to drain this worker before "
                         "exiting 1 (default %(default)s)")

@@ -144,6 +144,16 @@ class ByteQueue:
         return len(self.charges)
 
 
+def source_window(completed: int, seconds: float, least: int, most: int, span: float) -> int:
+    """A worker's source window (records its readers keep in flight) for readers whose records completed at
+    `completed / seconds` a second: what completes in `span` seconds, at least `least` and at most `most` (`most`
+    alone when it is the smaller). Credit comes back as the worker's progress reports say chunks completed,
+    every few tens of ms while it is busy: a window it runs through sooner leaves it idle until then, and one
+    far beyond the rate holds records a checkpoint's barrier waits for to no gain."""
+    rate = completed / seconds if seconds > 0 else 0.0
+    return min(most, max(least, int(rate * span)))
+
+
 def chunk_records(target_bytes: int, bytes_per_record: float | None, most: int = CHUNK_RECORDS) -> int:
     """Records for the next push: about `target_bytes` at the last measured `bytes_per_record`
     (`FIRST_CHUNK` before any was measured), between 1 and `most`."""

@@ -14,7 +14,8 @@ admitted, so it always matches what the engine was handed:
 - a restore reopens every partition at the checkpoint's positions.
 
 Backpressure: a worker's readers together keep at most `window` records in flight (read, not yet complete
-in the planner's tracker; the planner returns `credit` as chunks complete), so the queues that records
+in the planner's tracker; the planner returns `credit` as chunks complete; the window is what the worker
+completes in WINDOW_S, within LEAST_WINDOW and `--source-window`), so the queues that records
 read here fill anywhere in the cluster stay bounded, and a reader simply waits. The window is a batch's room
 at a time, given to the readers in turn (the order they asked): partitions of like event-time density then
 advance together, and the job's watermark, the least of theirs, with them.
@@ -30,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from clasp.core import protocol
+from clasp.core.credit import source_window
 from clasp.core.eventtime import PartitionClock
 from clasp.core.timed import EventTime
 from clasp.core.tracking import CHUNK_BITS
@@ -37,10 +39,15 @@ from clasp.runtime.engine import JobEngine, OperatorError
 
 log = logging.getLogger("clasp.worker.sources")
 BATCH = 1024  # records a reader is asked for at once (a chunk holds one batch)
-# Records read here and not complete, at most (per job): 16 batches. Credit comes back as the planner learns
-# that chunks completed, from the progress a busy worker reports every 25 ms: a window the worker runs through
-# sooner (4 batches took ~10 ms of Nexmark Q2) left it idle until its idle report came back as credit.
+# Records read here and not complete (per job): what the worker completes in WINDOW_S (`credit.source_window`,
+# the rate measured over RATE_S of credit), at least LEAST_WINDOW and at most WINDOW (`--source-window`). Credit
+# comes back as the planner learns that chunks completed, from the progress a busy worker reports every 25 ms:
+# a fixed 4 batches took ~10 ms of Nexmark Q2, and the worker then waited, idle, for its idle report's credit;
+# a fixed 16 held Word Count's checkpoint barriers ~0.3 s for the records below them to complete.
 WINDOW = 16384
+LEAST_WINDOW = 4096  # 4 batches
+WINDOW_S = 0.05
+RATE_S = 0.25
 LEASE_CHUNKS = 16  # chunk ids asked for at once
 POLL_S = 0.05
 LEASE_RETRY_S = 2.0  # an unbounded partition with nothing new: ask again after this
@@ -74,7 +81,10 @@ class SourceReaders:
     def __init__(self, eng: JobEngine, send: Callable[[bytes], Any], spawn: Callable, wake: Callable[[], None],
                  window: int = WINDOW):
         self.eng, self.send, self.spawn, self.wake = eng, send, spawn, wake
-        self.window = window
+        self.most = window
+        self.window = min(LEAST_WINDOW, window)  # until the rate is known
+        self.credited = 0  # records credited since `rate_since`
+        self.rate_since: float | None = None  # the first credit: the rate is measured from there
         self.parts: dict[tuple[int, str], Partition] = {}
         self.lease: list[int] = []
         self.floor = 0  # chunks below it belong before the last barrier: not used any more
@@ -143,6 +153,14 @@ class SourceReaders:
 
     def on_credit(self, records: int) -> None:
         self.inflight = max(0, self.inflight - records)
+        now = _time.monotonic()
+        if self.rate_since is None:
+            self.rate_since = now
+        else:
+            self.credited += records
+            if now - self.rate_since >= RATE_S:
+                self.window = source_window(self.credited, now - self.rate_since, LEAST_WINDOW, self.most, WINDOW_S)
+                self.credited, self.rate_since = 0, now
         self._grant()
 
     # ----------------------------------------------------------------- room in the window

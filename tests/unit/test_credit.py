@@ -191,3 +191,13 @@ def test_the_drain_rate_averages_ticks_with_a_backlog_only():
 def test_clients_sharing_a_credit_never_overshoot_the_limit_together(limit, queued, k):
     b = QueueBound(max_bytes=1 << 30)
     assert k * b.credit(queued, limit, clients=k) <= max(0, limit - queued)
+
+
+def test_a_source_window_holds_what_the_worker_completes_in_its_span_within_its_bounds():
+    from clasp.core.credit import source_window
+
+    assert source_window(300_000, 1.0, 4096, 16384, 0.05) == 15000  # a fast worker: 50 ms of its records
+    assert source_window(30_000, 1.0, 4096, 16384, 0.05) == 4096  # a slow one: the least
+    assert source_window(10**7, 1.0, 4096, 16384, 0.05) == 16384  # never beyond the most
+    assert source_window(10**7, 1.0, 4096, 2048, 0.05) == 2048  # a most below the least is the window
+    assert source_window(0, 0.0, 4096, 16384, 0.05) == 4096
