@@ -65,7 +65,7 @@ def _kill(client, wid: str) -> None:
 
 
 # The source on one worker and the rest on the other three: the planner's in-flight window is that of
-# every worker the job spans (8,000), not of its one source worker (5,000), so more records are in flight
+# every worker the job spans (40,000), not of its one source worker (10,000), so more records are in flight
 # on the workers that are killed.
 ONE_SOURCE = {"source_order": {0: 1.0}, "inner_order": {1: 1.0}, "split": {2: 0.5, 3: 0.5},
               "count": {1: 0.3, 2: 0.35, 3: 0.35}}
@@ -86,7 +86,7 @@ def test_chaos_five_worker_kills_exact_results(tmp_path_factory, seed, layout):
                 job.scale(4)
             else:
                 job = client.submit(build_dag(), autoscale=False, placement=ONE_SOURCE)
-                assert job.stats()["in_flight"]["window"] == 20_000
+                assert job.stats()["in_flight"]["window"] == 40_000
             stop = threading.Event()
 
             def feed():
