@@ -156,10 +156,13 @@ class WorkerCheckpoints:
         """Roll the job back: a fresh engine on the recovery placement, the key groups this worker owns
         loaded from checkpoint `ckpt` (0: the job's start, empty), every request of the old era dropped."""
         job = msg.job
+        t0 = perf_counter()
         old = self.jobs.pop(job, None)
         await self.sources.detach(job)
+        t_detached = perf_counter()
         spec = old.spec if old is not None else DagSpec.unpack(msg.dag)
         sink_failed = await self.sinks.recover(job, (msg.sinks or {}).get(self.me, {}), spec)
+        t_sinks = perf_counter()
         placement = Placement.from_wire(msg.placement, spec)
         self.connect_peers(msg.peers)
         eng = self.new_engine(msg, spec, placement)
@@ -182,6 +185,9 @@ class WorkerCheckpoints:
         self.sinks.attach(eng, msg.run or "")
         self.sources.attach(eng, msg.sources)
         self.wake.set()
-        log.info("job %d restored from checkpoint %d at epoch %d: %d keys", job, msg.ckpt, placement.epoch, loaded)
+        # The steps' times: a restore answers only once its sinks' commits owed are made (a slow one showed here).
+        log.info("job %d restored from checkpoint %d at epoch %d: %d keys (readers closed in %.0f ms, sinks in "
+                 "%.0f ms, %.0f ms in all)", job, msg.ckpt, placement.epoch, loaded, (t_detached - t0) * 1e3,
+                 (t_sinks - t_detached) * 1e3, (perf_counter() - t0) * 1e3)
         return protocol.reply(msg.req, {"worker": self.me, "keys": loaded, "sink_failed": sink_failed})
 
