@@ -517,26 +517,3 @@ def test_a_quiet_partition_holds_windows_back_until_its_idle_timeout_and_its_old
     assert [w[1] for w in freed] == list(range(0, 90, 10)) and wm == 97
     assert freed[2] == ["k", 20, 30, 1 + 10]  # p1's record at 20, then p0's 20..29
     assert late == [["k", 25, 1]]
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(st.integers(-10**20, 10**20), st.floats(allow_nan=True), st.sampled_from(
-    ["12", "x", None, True, "nan", b"3"])), max_size=12))
-def test_a_batchs_top_time_is_the_largest_timestamp_that_is_a_number(times):
-    """`EventTime.top`: the largest of the timestamps as floats, the ones that are no number skipped, NaN never
-    the top, -inf for none; whatever mix the batch has."""
-    from decimal import Decimal
-
-    from clasp.core.timed import EventTime
-
-    want = -math.inf
-    for t in times:
-        try:
-            f = float(t)
-        except (TypeError, ValueError):
-            continue
-        if f > want:
-            want = f
-    got = EventTime(lambda v: v).top(times)
-    assert type(got) is float and got == want
-    assert EventTime(lambda v: v).top([Decimal("2.5"), 1]) == 2.5
