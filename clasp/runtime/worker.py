@@ -33,7 +33,7 @@ from clasp.core.estimator import stall_threshold
 from clasp.core.protocol import ProtocolError
 from clasp.core.rest import REST_IDLE_S, RestBudget, idle_work_at
 from clasp.core.routing import Placement, PlacementError
-from clasp.core.scheduler import BATCH_PER_WORKER
+from clasp.core.scheduler import PROGRESS_MAX_INTERVAL_S, progress_due
 from clasp.runtime.config import WorkerConfig
 from clasp.runtime.cpuquota import process_cpu_max
 from clasp.runtime.engine import JobEngine
@@ -67,25 +67,11 @@ CLIENT_ERRORS = (OperatorError, DagError, PlacementError, ProtocolError)
 # per 200,000 Word Count lines, most of the planner's cost per line after the records' own decoding.
 # Epochs complete at most this much later under load (their latency percentiles include it).
 PROGRESS_INTERVAL_S = 0.025
-# ... and only once its push roots finished this many requests since its last report (a worker that runs a
-# push root), else at most this long after the last: each report frees the planner's in-flight window (it
-# dispatches once half a batch per worker is free, `scheduler.window_room`), and one that frees a few hundred
-# records cost the planner as much as one that frees thousands. A worker slowed to 25,000 Word Count lines/s
-# by its neighbours on the host sent a report per ~600 lines, 0.1-0.2 µs of planner CPU per line. At full
-# speed the interval comes first and nothing changes.
-PROGRESS_MIN_ROOTS = BATCH_PER_WORKER // 2
-PROGRESS_MAX_INTERVAL_S = 0.1
+# ... and only once its push roots finished enough requests (`scheduler.progress_due`).
 # A worker that runs out of work reports at once (`wait_idle` and the planner's in-flight window wait for
 # it), unless it reported less than this long ago: then when this much has passed, if it is still idle by
 # then (a worker that goes dry for a moment between its peers' batches reported 2-3 times per dispatch).
 PROGRESS_IDLE_GAP_S = 0.002
-
-
-def progress_due(overdue: bool, roots_finished: int | None) -> bool:
-    """Whether a busy worker reports a job's progress PROGRESS_INTERVAL_S after it began to gather: once its
-    push roots finished PROGRESS_MIN_ROOTS requests here (`JobEngine.roots_finished`; None: it runs no push
-    root, and reports at the interval), or `overdue` (PROGRESS_MAX_INTERVAL_S passed)."""
-    return overdue or roots_finished is None or roots_finished >= PROGRESS_MIN_ROOTS
 
 
 class Worker:
@@ -435,7 +421,7 @@ class Worker:
 
     def _flush_progress_busy(self, overdue: bool) -> None:
         """Busy, an interval after progress began to gather: report the jobs whose push roots finished
-        PROGRESS_MIN_ROOTS requests here (every job once `overdue`, or that runs no push root here)."""
+        `scheduler.PROGRESS_MIN_ROOTS` requests here (every job once `overdue`, or that runs no push root here)."""
         held = False
         for eng in self.jobs.values():
             if not eng.executor.progress:

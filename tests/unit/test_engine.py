@@ -261,7 +261,7 @@ def test_a_busy_worker_reports_once_its_push_roots_finished_enough():
     successors' do not count); a busy worker reports at the interval only once they reach
     PROGRESS_MIN_ROOTS, or when overdue, and always where it runs no push root."""
     from clasp.apps import wc
-    from clasp.runtime.worker import PROGRESS_MIN_ROOTS, progress_due
+    from clasp.core.scheduler import PROGRESS_MIN_ROOTS, progress_due
 
     spec = wc.build_dag().to_spec()
     both = build_placement(spec, ["w0"], {"split": {0: 1}, "count": {0: 1}}, 10)
