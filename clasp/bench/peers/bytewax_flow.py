@@ -29,6 +29,19 @@ CTX = zmq.Context.instance()
 _opened = []
 
 
+def send_answer(address: str, payload) -> None:
+    """`payload` sent (msgpack, PUSH) to the benchmark's answer socket, delivered before this returns: a
+    private context is terminated, which waits for the message to leave; a message left queued on a shared
+    context can be dropped when the process exits (an answer once went missing that way)."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 30_000)
+    sock.connect(address)
+    sock.send(msgpack.packb(payload))
+    sock.close()
+    ctx.term()
+
+
 def gate() -> None:
     """Once per process (PEERS_GATE, for a flow reading its own source): ready, then wait for the go."""
     if _opened:
@@ -72,11 +85,7 @@ class _Out(StatelessSinkPartition):
             self.counts[word] = n
 
     def close(self):
-        sock = CTX.socket(zmq.PUSH)
-        sock.setsockopt(zmq.LINGER, 10_000)
-        sock.connect(ANSWER)
-        sock.send(msgpack.packb([self.index, self.counts]))
-        sock.close()
+        send_answer(ANSWER, [self.index, self.counts])
 
 
 class Counts(DynamicSink):

@@ -14,15 +14,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import msgpack
-import zmq
 from bytewax.connectors.files import DirSource
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 
 from clasp.bench.peers import nexmark_bytewax as bw
-from clasp.bench.peers.bytewax_flow import gate
-
-CTX = zmq.Context.instance()
+from clasp.bench.peers.bytewax_flow import gate, send_answer
 
 
 class _GatedDirSource(DirSource):
@@ -39,11 +35,7 @@ class _Rows(StatelessSinkPartition):
         self.rows.extend(items)
 
     def close(self):
-        sock = CTX.socket(zmq.PUSH)
-        sock.setsockopt(zmq.LINGER, 30_000)
-        sock.connect(os.environ["PEERS_ANSWER"])
-        sock.send(msgpack.packb([self.index, self.rows]))
-        sock.close()
+        send_answer(os.environ["PEERS_ANSWER"], [self.index, self.rows])
 
 
 class Rows(DynamicSink):
