@@ -9,7 +9,9 @@ from collections.abc import Callable
 from itertools import repeat
 from time import perf_counter
 
+from clasp.core import kernels
 from clasp.core.outputs import as_outputs
+from clasp.core.routing import NUM_KEY_GROUPS
 from clasp.runtime.operators import TIMING_SAMPLE, OpRuntime
 
 LISTS = {list, tuple}  # return values that are their outputs as they are
@@ -86,19 +88,32 @@ def _outputs(op: OpRuntime, out, value, fail: Fail) -> list | tuple:
 
 def group_bytes(op: OpRuntime, keys: list) -> bytes:
     """The key group of each key as bytes, from `op`'s key cache (a miss takes the hashing call): one `map`
-    in C. Raises what the key cache raises for a key that cannot be one (unhashable, not serializable)."""
+    in C; with the kernels (`clasp.core.kernels`), an ASCII string's group is hashed in C and only other keys
+    ask the cache (a string's CRC costs less than finding it in a cache of many thousands). Raises what the
+    key cache raises for a key that cannot be one (unhashable, not serializable)."""
+    if kernels.C is not None and type(keys) is list:
+        return kernels.C.key_groups(keys, op.key_cache.__getitem__, NUM_KEY_GROUPS)
     return bytes(map(op.key_cache.__getitem__, keys))
 
 
 def apply_block(op: OpRuntime, values: list, groups: bytes | list, fail: Fail) -> float:
     """A stateful operator keyed by the value on its live state, once per value (of key group `groups[i]`)
-    in a tight loop (its outputs go nowhere); returns the seconds the loop took."""
+    in a tight loop (its outputs go nowhere); returns the seconds the loop took. The loop is in C where the
+    kernels are built (`clasp.core.kernels`), and hands back the values it cannot finish alone (fn raised, or
+    returned something other than a pair), which Python finishes as its own loop would."""
     rested = op.rested
     for g in set(groups):
         rested[g] = None  # before fn runs: it may change `old` in place, even when it then raises
-    fn = op.fn
     t0 = perf_counter()
-    for key, state in zip(values, map(op.groups.__getitem__, groups), strict=True):
+    if kernels.C is not None and type(values) is list:
+        _apply_kernel(op, values, groups, fail)
+    else:
+        _apply_loop(op, op.fn, values, map(op.groups.__getitem__, groups), fail)
+    return perf_counter() - t0
+
+
+def _apply_loop(op: OpRuntime, fn, values, states, fail: Fail) -> None:
+    for key, state in zip(values, states, strict=True):
         old = state.get(key)
         try:
             new, _ = fn(old, key)
@@ -109,4 +124,18 @@ def apply_block(op: OpRuntime, values: list, groups: bytes | list, fail: Fail) -
             state[key] = new
         elif old is not None:
             del state[key]
-    return perf_counter() - t0
+
+
+def _apply_kernel(op: OpRuntime, values: list, groups: bytes | list, fail: Fail) -> None:
+    fn, run, dicts, i = op.fn, kernels.C.apply_block, op.groups, 0
+    while True:
+        i, kind, payload = run(fn, values, groups, dicts, i)
+        if i >= len(values):
+            return
+        if kind == kernels.RAISED:
+            fail(op, payload, values[i])
+        elif kind == kernels.RETURNED:  # unpacked by the loop, to fail as its unpacking does
+            _apply_loop(op, lambda _old, _key, out=payload: out, values[i:i + 1], [dicts[groups[i]]], fail)
+        else:  # a key group the kernel leaves to the loop
+            _apply_loop(op, fn, values[i:i + 1], [dicts[groups[i]]], fail)
+        i += 1

@@ -14,7 +14,7 @@ import asyncio
 import math
 import traceback
 from collections import deque
-from itertools import chain, compress, repeat
+from itertools import chain, compress
 from operator import itemgetter
 from time import perf_counter
 
@@ -253,7 +253,7 @@ class Executor:
         rids = list(map(itemgetter(3), rows))
         counts = list(map(len, results))
         me, succ = op.index, op.routes[0][1]
-        for e, used, made in epochs_of_runs(rids, repeat(1), counts):
+        for e, used, made in epochs_of_runs(rids, None, counts):
             self._ran(e, me, used, succ, made)
         timed_batch(op, dt, n, self.stall)
         out_values = list(chain.from_iterable(results))
@@ -343,7 +343,7 @@ class Executor:
         whole; progress counted per run of ids. Under a checkpoint's `barrier`, after the images it needs."""
         values = block.values_left()
         rids, counts = block.runs()
-        for e, used, _ in epochs_of_runs(rids, counts, repeat(0)):
+        for e, used, _ in epochs_of_runs(rids, counts, None):
             self._ran(e, op.index, used, op.index, 0)
         gs = block.groups_left()
         if gs is None:
