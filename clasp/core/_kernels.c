@@ -4,10 +4,11 @@
  *
  * - apply_block: a stateful operator keyed by the value, once per value, on the dict of the value's key group
  *   (clasp.runtime.batches.apply_block);
- * - partition: a batch of values split by the destination of their key groups, runs of record ids kept
- *   (clasp.core.routing.partition_runs);
+ * - gather: the outputs of a pass gathered by the destination of their key groups, runs of record ids kept
+ *   (clasp.runtime.batches.gather_outputs: what clasp.core.routing.partition_runs does to them, flattened);
  * - epochs_of_runs: progress counts per stretch of one epoch in runs of record ids (clasp.core.tracking);
- * - key_groups: the key group of each key of a batch (clasp.core.routing.key_group), an ASCII string's here.
+ * - key_groups: the key group of each key of a batch (clasp.core.routing.key_group), an ASCII string's here
+ *   (clasp.runtime.batches.group_bytes).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -187,120 +188,6 @@ done:
     return ret;
 }
 
-/* partition(values, rids, counts, groups, dest_of, nd) -> [[values, rids, counts, groups] per destination]
- *
- * `values` in runs (rids[r] for counts[r] consecutive values), the key group of each (bytes-like), `dest_of` a
- * bytes-like of 256 destination indexes below nd (the destination of each key group): each destination's
- * values in order, its runs without empty ones, its groups as bytes. */
-static PyObject *
-partition(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
-{
-    if (arity(nargs, 6, "partition(values, rids, counts, groups, dest_of, nd)") < 0)
-        return NULL;
-    PyObject *values = args[0], *rids = args[1], *counts = args[2];
-    if (!PyList_CheckExact(values) || !PyList_CheckExact(rids) || !PyList_CheckExact(counts)) {
-        PyErr_SetString(PyExc_TypeError, "partition: values, rids and counts must be lists");
-        return NULL;
-    }
-    Py_ssize_t nd = int_in(args[5], 1, 256, "partition: destinations");
-    if (nd < 0)
-        return NULL;
-    Py_buffer gv, dv;
-    if (PyObject_GetBuffer(args[3], &gv, PyBUF_SIMPLE) < 0)
-        return NULL;
-    if (PyObject_GetBuffer(args[4], &dv, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&gv);
-        return NULL;
-    }
-    PyObject *out = NULL;
-    Py_ssize_t n = PyList_GET_SIZE(values), nr = PyList_GET_SIZE(rids);
-    const unsigned char *gs = gv.buf, *dest_of = dv.buf;
-    Py_ssize_t total[256] = {0}, filled[256] = {0}, in_run[256];
-    unsigned char touched[256];
-    if (gv.len != n || dv.len != 256 || PyList_GET_SIZE(counts) != nr) {
-        PyErr_SetString(PyExc_ValueError, "partition: one group per value, one count per rid, 256 destinations");
-        goto fail;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (dest_of[gs[i]] >= nd) {
-            PyErr_SetString(PyExc_ValueError, "partition: a destination index out of range");
-            goto fail;
-        }
-        total[dest_of[gs[i]]]++;
-    }
-    out = PyList_New(nd);
-    if (out == NULL)
-        goto fail;
-    PyObject *vs[256], *rs[256], *cs[256];
-    char *bs[256];
-    for (Py_ssize_t d = 0; d < nd; d++) {
-        PyObject *part = PyList_New(4);
-        if (part == NULL)
-            goto fail;
-        PyList_SET_ITEM(out, d, part);
-        vs[d] = PyList_New(total[d]);
-        rs[d] = PyList_New(0);
-        cs[d] = PyList_New(0);
-        PyObject *b = PyBytes_FromStringAndSize(NULL, total[d]);
-        if (vs[d] == NULL || rs[d] == NULL || cs[d] == NULL || b == NULL) {
-            Py_XDECREF(vs[d]);
-            Py_XDECREF(rs[d]);
-            Py_XDECREF(cs[d]);
-            Py_XDECREF(b);
-            goto fail;
-        }
-        PyList_SET_ITEM(part, 0, vs[d]);
-        PyList_SET_ITEM(part, 1, rs[d]);
-        PyList_SET_ITEM(part, 2, cs[d]);
-        PyList_SET_ITEM(part, 3, b);
-        bs[d] = PyBytes_AS_STRING(b);
-        in_run[d] = 0;
-    }
-    Py_ssize_t pos = 0;
-    for (Py_ssize_t r = 0; r < nr; r++) {
-        Py_ssize_t c = PyLong_AsSsize_t(PyList_GET_ITEM(counts, r));
-        if (c == -1 && PyErr_Occurred())
-            goto fail;
-        if (c < 0 || c > n - pos) {
-            PyErr_SetString(PyExc_ValueError, "partition: run lengths must sum to the values");
-            goto fail;
-        }
-        int nt = 0;
-        for (Py_ssize_t end = pos + c; pos < end; pos++) {
-            unsigned char d = dest_of[gs[pos]];
-            if (in_run[d]++ == 0)
-                touched[nt++] = d;
-            PyObject *v = PyList_GET_ITEM(values, pos);
-            Py_INCREF(v);
-            PyList_SET_ITEM(vs[d], filled[d], v);
-            bs[d][filled[d]++] = (char)gs[pos];
-        }
-        for (int t = 0; t < nt; t++) {
-            unsigned char d = touched[t];
-            PyObject *k = PyLong_FromSsize_t(in_run[d]);
-            in_run[d] = 0;
-            if (k == NULL || PyList_Append(rs[d], PyList_GET_ITEM(rids, r)) < 0 || PyList_Append(cs[d], k) < 0) {
-                Py_XDECREF(k);
-                goto fail;
-            }
-            Py_DECREF(k);
-        }
-    }
-    if (pos != n) {
-        PyErr_SetString(PyExc_ValueError, "partition: run lengths must sum to the values");
-        goto fail;
-    }
-    PyBuffer_Release(&gv);
-    PyBuffer_Release(&dv);
-    return out;
-fail:
-    /* A values list not yet filled holds NULLs, which list deallocation skips. */
-    Py_XDECREF(out);
-    PyBuffer_Release(&gv);
-    PyBuffer_Release(&dv);
-    return NULL;
-}
-
 static int
 append_stretch(PyObject *out, long long epoch, long long used, long long kids)
 {
@@ -384,11 +271,33 @@ crc32_of(const unsigned char *p, Py_ssize_t n)
     return c ^ 0xFFFFFFFFu;
 }
 
-/* key_groups(keys, group_of, num_groups) -> bytes
- *
- * The key group of each key, one byte each: an ASCII str's as clasp.core.routing.key_group computes it
- * (crc32 of its UTF-8 bytes, which are its characters, modulo num_groups), any other key's by calling
- * `group_of(key)` (the operator's key cache), whose errors propagate. */
+/* The key group of `k`: an ASCII str's as clasp.core.routing.key_group computes it (crc32 of its UTF-8 bytes,
+ * which are its characters, modulo ng), any other key's by calling `group_of(k)` (the operator's key cache);
+ * -1 with an error set when that raises or answers something that is not a byte. */
+static int
+group_of_key(PyObject *k, PyObject *group_of, uint32_t ng)
+{
+    if (PyUnicode_CheckExact(k) && PyUnicode_IS_ASCII(k)) {
+        uint32_t crc = crc32_of(PyUnicode_1BYTE_DATA(k), PyUnicode_GET_LENGTH(k));
+        return (int)((ng & (ng - 1)) == 0 ? crc & (ng - 1) : crc % ng);  /* a mask, not a division, for 128 */
+    }
+    Py_INCREF(k);
+    PyObject *g = PyObject_CallOneArg(group_of, k);
+    Py_DECREF(k);
+    if (g == NULL)
+        return -1;
+    long v = PyLong_AsLong(g);
+    Py_DECREF(g);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < 0 || v > 255) {
+        PyErr_SetString(PyExc_ValueError, "bytes must be in range(0, 256)");
+        return -1;
+    }
+    return (int)v;
+}
+
+/* key_groups(keys, group_of, num_groups) -> bytes: the key group of each key (`group_of_key`). */
 static PyObject *
 key_groups(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
@@ -407,30 +316,15 @@ key_groups(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     if (out == NULL)
         return NULL;
     unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
-    for (Py_ssize_t i = 0; i < n && i < PyList_GET_SIZE(keys); i++) {
-        PyObject *k = PyList_GET_ITEM(keys, i);
-        if (PyUnicode_CheckExact(k) && PyUnicode_IS_ASCII(k)) {
-            o[i] = (unsigned char)(crc32_of(PyUnicode_1BYTE_DATA(k), PyUnicode_GET_LENGTH(k)) % (uint32_t)ng);
-            continue;
-        }
-        Py_INCREF(k);
-        PyObject *g = PyObject_CallOneArg(group_of, k);
-        Py_DECREF(k);
-        if (g == NULL)
-            goto fail;
-        long v = PyLong_AsLong(g);
-        Py_DECREF(g);
-        if (v == -1 && PyErr_Occurred())
-            goto fail;
-        if (v < 0 || v > 255) {
-            PyErr_SetString(PyExc_ValueError, "bytes must be in range(0, 256)");
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i >= PyList_GET_SIZE(keys)) {
+            PyErr_SetString(PyExc_RuntimeError, "key_groups: the keys changed size");
             goto fail;
         }
-        o[i] = (unsigned char)v;
-    }
-    if (PyList_GET_SIZE(keys) != n) {
-        PyErr_SetString(PyExc_RuntimeError, "key_groups: the keys changed size");
-        goto fail;
+        int g = group_of_key(PyList_GET_ITEM(keys, i), group_of, (uint32_t)ng);
+        if (g < 0)
+            goto fail;
+        o[i] = (unsigned char)g;
     }
     return out;
 fail:
@@ -438,11 +332,172 @@ fail:
     return NULL;
 }
 
+/* gather(results, rids, group_of, num_groups, dest_of, nd) -> (parts, groups)
+ *
+ * The outputs of a pass, `results[i]` (a list or tuple) those of the request with record id rids[i], in order,
+ * split by the destination of their key groups (`group_of_key`; `dest_of`, bytes-like of 256, the destination
+ * index below nd of each group): per destination index [values, rids, counts, groups], its values in order,
+ * their record ids as runs (rids[r] for counts[r] consecutive values, none empty), their groups as bytes; and
+ * the groups of all the outputs in order, as bytes. One pass to find the groups and one to place the values:
+ * no flattened list of the outputs, and the Python loop of none of it. */
+static PyObject *
+gather(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (arity(nargs, 6, "gather(results, rids, group_of, num_groups, dest_of, nd)") < 0)
+        return NULL;
+    PyObject *results = args[0], *rids = args[1], *group_of = args[2];
+    if (!PyList_CheckExact(results) || !PyList_CheckExact(rids)) {
+        PyErr_SetString(PyExc_TypeError, "gather: results and rids must be lists");
+        return NULL;
+    }
+    Py_ssize_t ng = int_in(args[3], 1, 256, "gather: key groups");
+    Py_ssize_t nd = ng < 0 ? -1 : int_in(args[5], 1, 256, "gather: destinations");
+    if (nd < 0)
+        return NULL;
+    Py_ssize_t nr = PyList_GET_SIZE(results);
+    if (PyList_GET_SIZE(rids) != nr) {
+        PyErr_SetString(PyExc_ValueError, "gather: one record id per result");
+        return NULL;
+    }
+    Py_buffer dv;
+    if (PyObject_GetBuffer(args[4], &dv, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *all = NULL, *parts = NULL;
+    if (dv.len != 256) {
+        PyErr_SetString(PyExc_ValueError, "gather: 256 destinations, one per key group");
+        goto fail;
+    }
+    const unsigned char *dest_of = dv.buf;
+    /* Pass 1: the sizes, then every output's group (group_of may run Python, which may change the results:
+     * their items are held while it runs, and the sizes are checked again below). */
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < nr; i++) {
+        PyObject *outs = PyList_GET_ITEM(results, i);
+        if (!PyList_Check(outs) && !PyTuple_Check(outs)) {
+            PyErr_SetString(PyExc_TypeError, "gather: each result must be a list or a tuple");
+            goto fail;
+        }
+        n += Py_SIZE(outs);
+    }
+    all = PyBytes_FromStringAndSize(NULL, n);
+    if (all == NULL)
+        goto fail;
+    unsigned char *gs = (unsigned char *)PyBytes_AS_STRING(all);
+    Py_ssize_t per_group[256] = {0}, total[256] = {0}, filled[256] = {0}, in_run[256], runs[256] = {0};
+    Py_ssize_t pos = 0;
+    for (Py_ssize_t i = 0; i < nr && i < PyList_GET_SIZE(results); i++) {
+        PyObject *outs = PyList_GET_ITEM(results, i);
+        Py_INCREF(outs);
+        Py_ssize_t k = Py_SIZE(outs);
+        for (Py_ssize_t j = 0; j < k; j++) {
+            if (pos >= n || Py_SIZE(outs) != k) {
+                Py_DECREF(outs);
+                goto changed;
+            }
+            int g = group_of_key(PySequence_Fast_ITEMS(outs)[j], group_of, (uint32_t)ng);
+            if (g < 0) {
+                Py_DECREF(outs);
+                goto fail;
+            }
+            if (dest_of[g] >= nd) {
+                Py_DECREF(outs);
+                PyErr_SetString(PyExc_ValueError, "gather: a destination out of range");
+                goto fail;
+            }
+            gs[pos++] = (unsigned char)g;
+            per_group[g]++;  /* not per destination: consecutive outputs rarely wait on one counter */
+        }
+        Py_DECREF(outs);
+    }
+    if (pos != n || PyList_GET_SIZE(results) != nr)
+        goto changed;
+    for (int g = 0; g < 256; g++)
+        total[dest_of[g]] += per_group[g];
+    parts = PyList_New(nd);
+    if (parts == NULL)
+        goto fail;
+    PyObject *vs[256], *rs[256], *cs[256];
+    char *bs[256];
+    for (Py_ssize_t d = 0; d < nd; d++) {
+        PyObject *part = PyList_New(4);
+        if (part == NULL)
+            goto fail;
+        PyList_SET_ITEM(parts, d, part);
+        vs[d] = PyList_New(total[d]);
+        rs[d] = PyList_New(nr);  /* at most a run a result: cut to size at the end */
+        cs[d] = PyList_New(nr);
+        PyObject *b = PyBytes_FromStringAndSize(NULL, total[d]);
+        if (vs[d] == NULL || rs[d] == NULL || cs[d] == NULL || b == NULL) {
+            Py_XDECREF(vs[d]);
+            Py_XDECREF(rs[d]);
+            Py_XDECREF(cs[d]);
+            Py_XDECREF(b);
+            goto fail;
+        }
+        PyList_SET_ITEM(part, 0, vs[d]);
+        PyList_SET_ITEM(part, 1, rs[d]);
+        PyList_SET_ITEM(part, 2, cs[d]);
+        PyList_SET_ITEM(part, 3, b);
+        bs[d] = PyBytes_AS_STRING(b);
+        in_run[d] = 0;
+    }
+    /* Pass 2: no Python runs here; what the key cache ran in pass 1 is checked not to have changed the sizes. */
+    unsigned char touched[256];
+    pos = 0;
+    for (Py_ssize_t i = 0; i < nr; i++) {
+        PyObject *outs = PyList_GET_ITEM(results, i);
+        if (!PyList_Check(outs) && !PyTuple_Check(outs))
+            goto changed;
+        PyObject **items = PySequence_Fast_ITEMS(outs);
+        Py_ssize_t k = Py_SIZE(outs);
+        int nt = 0;
+        for (Py_ssize_t j = 0; j < k; j++, pos++) {
+            if (pos >= n)
+                goto changed;
+            unsigned char g = gs[pos], d = dest_of[g];
+            if (filled[d] >= total[d])
+                goto changed;
+            if (in_run[d]++ == 0)
+                touched[nt++] = d;
+            Py_INCREF(items[j]);
+            PyList_SET_ITEM(vs[d], filled[d], items[j]);
+            bs[d][filled[d]++] = (char)g;
+        }
+        for (int t = 0; t < nt; t++) {
+            unsigned char d = touched[t];
+            PyObject *c = PyLong_FromSsize_t(in_run[d]);
+            if (c == NULL)
+                goto fail;
+            in_run[d] = 0;
+            PyObject *rid = PyList_GET_ITEM(rids, i);
+            Py_INCREF(rid);
+            PyList_SET_ITEM(rs[d], runs[d], rid);
+            PyList_SET_ITEM(cs[d], runs[d], c);
+            runs[d]++;
+        }
+    }
+    if (pos != n)
+        goto changed;
+    for (Py_ssize_t d = 0; d < nd; d++)
+        if (PyList_SetSlice(rs[d], runs[d], nr, NULL) < 0 || PyList_SetSlice(cs[d], runs[d], nr, NULL) < 0)
+            goto fail;
+    PyBuffer_Release(&dv);
+    return Py_BuildValue("(NN)", parts, all);
+changed:
+    PyErr_SetString(PyExc_RuntimeError, "gather: the results changed while the key cache ran");
+fail:
+    /* A values list not yet filled holds NULLs, which list deallocation skips. */
+    Py_XDECREF(parts);
+    Py_XDECREF(all);
+    PyBuffer_Release(&dv);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"apply_block", (PyCFunction)(void (*)(void))apply_block, METH_FASTCALL,
      "apply_block(fn, values, groups, dicts, start) -> (stop, exc, result, old)"},
-    {"partition", (PyCFunction)(void (*)(void))partition, METH_FASTCALL,
-     "partition(values, rids, counts, groups, dest_of, nd) -> [[values, rids, counts, groups] per destination]"},
+    {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL,
+     "gather(results, rids, group_of, num_groups, dest_of, nd) -> ([[values, rids, counts, groups]...], groups)"},
     {"epochs_of_runs", (PyCFunction)(void (*)(void))epochs_of_runs, METH_FASTCALL,
      "epochs_of_runs(rids, counts, made, bits) -> [(epoch, requests, children)]"},
     {"key_groups", (PyCFunction)(void (*)(void))key_groups, METH_FASTCALL,

@@ -15,7 +15,6 @@ from itertools import compress
 import msgpack
 import numpy as np
 
-from clasp.core import kernels
 from clasp.core.dag import DagSpec
 from clasp.core.keygroups import assign_key_groups
 from clasp.core.model import edge_flow
@@ -263,29 +262,19 @@ def partition_runs(values: list, rids: list, counts: list, groups: bytes, owners
     """Split a batch of requests by the owner of their key groups, keeping order: `values` with their record
     ids as runs (`rids[r]` for `counts[r]` consecutive values), the key group of each value as bytes (a
     group is below 256), and `owners` (key group -> destination) -> {destination: (values, rids, counts,
-    groups)} for the destinations that get any, their runs without empty ones, their groups as bytes. One
-    pass in C over the batch where the kernels are built (`clasp.core.kernels`), else `_partition_numpy`:
-    none per request in Python either way; the keyed fast path routes a scheduling pass's words with it."""
+    groups)} for the destinations that get any, their runs without empty ones, their groups as bytes. The
+    destination of each value by one `bytes.translate`, every run's length per destination by one
+    `bincount`, and each destination's values by a pass of `itertools.compress` over the batch (a stable
+    radix sort and one gather with more than COMPRESS_DESTINATIONS): a few passes in C, none
+    per request in Python; the keyed fast path routes a scheduling pass's words with it."""
     dests = list(dict.fromkeys(owners))
     if type(groups) is not bytes:
         groups = bytes(groups)
     if len(dests) == 1 or not values:
         return {dests[0]: (values, rids, counts, groups)} if values else {}
     index = {d: i for i, d in enumerate(dests)}
-    table = bytes(map(index.__getitem__, owners)).ljust(256, b"\0")
-    if kernels.C is not None and type(values) is list and type(rids) is list and type(counts) is list:
-        parts = kernels.C.partition(values, rids, counts, groups, table, len(dests))
-        return {d: tuple(p) for d, p in zip(dests, parts, strict=True) if p[0]}
-    return _partition_numpy(values, rids, counts, groups, dests, table)
-
-
-def _partition_numpy(values: list, rids: list, counts: list, groups: bytes, dests: list, table: bytes) -> dict:
-    """`partition_runs` in a few passes in C, `table` the destination index of each group: the destination of
-    each value by one `bytes.translate`, every run's length per destination by one `bincount`, and each
-    destination's values by a pass of `itertools.compress` over the batch (a stable radix sort and one gather
-    with more than COMPRESS_DESTINATIONS)."""
     nd, nr = len(dests), len(counts)
-    dest_of = np.frombuffer(groups.translate(table), np.uint8)
+    dest_of = np.frombuffer(groups.translate(bytes(map(index.__getitem__, owners)).ljust(256, b"\0")), np.uint8)
     run_of = np.repeat(np.arange(nr, dtype=np.intp), counts)
     per_run = np.bincount(run_of * nd + dest_of, minlength=nr * nd).reshape(nr, nd).T.tolist()
     by_value = np.frombuffer(groups, np.uint8)

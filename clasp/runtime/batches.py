@@ -6,12 +6,12 @@ pass, the key groups of a batch of keys, a count's tight loop over a block, and 
 from __future__ import annotations
 
 from collections.abc import Callable
-from itertools import repeat
+from itertools import chain, compress, repeat
 from time import perf_counter
 
 from clasp.core import kernels
 from clasp.core.outputs import as_outputs
-from clasp.core.routing import NUM_KEY_GROUPS
+from clasp.core.routing import NUM_KEY_GROUPS, partition_runs
 from clasp.runtime.operators import TIMING_SAMPLE, OpRuntime
 
 LISTS = {list, tuple}  # return values that are their outputs as they are
@@ -94,6 +94,27 @@ def group_bytes(op: OpRuntime, keys: list) -> bytes:
     if kernels.C is not None and type(keys) is list:
         return kernels.C.key_groups(keys, op.key_cache.__getitem__, NUM_KEY_GROUPS)
     return bytes(map(op.key_cache.__getitem__, keys))
+
+
+def gather_outputs(target: OpRuntime, results: list, rids: list, counts: list, owners: list,
+                   ) -> tuple[dict, bytes]:
+    """The outputs of a pass, `results[i]` those of the request with record id `rids[i]` (`counts[i]` of them),
+    for `target`, a keyed successor whose key is the value: split by the owner of their key groups (`owners`,
+    key group -> destination) as `partition_runs` splits them, {destination: (values, record ids as runs,
+    their counts, key groups as bytes)} for the destinations that get any, and the key groups of all of them
+    in order (bytes). With the kernels, in two passes in C over the outputs (`gather`); else flattened, then
+    their groups (`group_bytes`) and `partition_runs`. Raises what the key cache raises for a value that
+    cannot be a key."""
+    if kernels.C is not None and type(results) is list and type(rids) is list:
+        dests = list(dict.fromkeys(owners))
+        index = {d: i for i, d in enumerate(dests)}
+        table = bytes(map(index.__getitem__, owners)).ljust(256, b"\0")
+        parts, gs = kernels.C.gather(results, rids, target.key_cache.__getitem__, NUM_KEY_GROUPS, table,
+                                     len(dests))
+        return {d: tuple(p) for d, p in zip(dests, parts, strict=True) if p[0]}, gs
+    values = list(chain.from_iterable(results))
+    gs = group_bytes(target, values)
+    return partition_runs(values, list(compress(rids, counts)), list(compress(counts, counts)), gs, owners), gs
 
 
 def apply_block(op: OpRuntime, values: list, groups: bytes | list, fail: Fail) -> float:

@@ -1,10 +1,10 @@
 """The C kernels of the keyed fast path (clasp/core/_kernels.c) give what their Python versions give, on any
-input those take: `partition_runs`, `epochs_of_runs`, the key groups of a batch and `apply_block`, whose
-operator may fail, return something that is not a pair, or delete its state."""
+input those take: a pass's outputs gathered by destination, `epochs_of_runs`, the key groups of a batch and
+`apply_block`, whose operator may fail, return something that is not a pair, or delete its state."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from itertools import repeat
 from types import SimpleNamespace
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clasp.core import kernels, routing, tracking
+from clasp.core import kernels, tracking
 from clasp.core.routing import NUM_KEY_GROUPS, key_group
 from clasp.runtime import batches
 from clasp.runtime.operators import KeyCache
@@ -30,30 +30,40 @@ def python_only():
         kernels.C = saved
 
 
-runs = st.lists(st.tuples(st.integers(0, 1 << 40), st.lists(st.integers(0, 9), min_size=0, max_size=6)),
-                max_size=30)
-owners_of = st.lists(st.sampled_from(["a", "b", None, "c", "d", "e", "f", "g"]), min_size=10, max_size=10)
+keys = st.one_of(st.text(max_size=12), st.text(alphabet="abcdefghijklmnopqrstuvwxyz", max_size=12),
+                 st.integers(-1 << 70, 1 << 70), st.binary(max_size=6),
+                 st.tuples(st.text(max_size=3), st.integers(-1 << 63, (1 << 63) - 1)), st.booleans(), st.none())
+# Up to eight destinations, this worker (None) among them: the numpy path compresses up to four, sorts beyond.
+owners_of = st.lists(st.sampled_from(["a", "b", None, "c", "d", "e", "f", "g"]), min_size=NUM_KEY_GROUPS,
+                     max_size=NUM_KEY_GROUPS)
 
 
-@settings(max_examples=400, deadline=None)
-@given(runs, owners_of)
-def test_partition_in_c_is_partition_in_numpy(batch, owners):
-    values, rids, counts, groups = [], [], [], []
-    for i, (rid, gs) in enumerate(batch):
-        rids.append(rid)
-        counts.append(len(gs))  # empty runs too: both leave them out
-        values.extend((i, j) for j in range(len(gs)))
-        groups.extend(gs)
-    got = routing.partition_runs(values, rids, counts, bytes(groups), owners)
-    dests = list(dict.fromkeys(owners))
-    table = bytes(dests.index(w) for w in owners).ljust(256, b"\0")
-    want = routing._partition_numpy(values, rids, counts, bytes(groups), dests, table) if len(dests) > 1 else None
-    if want is None or not values:
-        assert got == ({dests[0]: (values, rids, counts, bytes(groups))} if values else {})
-        return
-    assert list(got) == list(want)  # the same destinations, in the same order
-    for d in want:
-        assert got[d] == want[d] and type(got[d][3]) is bytes
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1 << 40), st.lists(keys, max_size=5), st.booleans()), max_size=25),
+       owners_of)
+def test_gathering_a_pass_in_c_is_flattening_and_partitioning_it(batch, owners):
+    results = [tuple(outs) if as_tuple else outs for _, outs, as_tuple in batch]
+    rids = [rid for rid, _, _ in batch]
+    counts = list(map(len, results))
+
+    def run():
+        target = SimpleNamespace(key_cache=KeyCache())
+        return batches.gather_outputs(target, results, rids, counts, owners)
+
+    got = run()
+    with python_only():
+        want = run()
+    assert got == want
+    parts, gs = got
+    assert list(parts) == list(want[0])  # destinations in the same order
+    assert all(type(p[3]) is bytes for p in parts.values()) and type(gs) is bytes
+
+
+def test_gathering_reports_a_value_that_cannot_be_a_key():
+    target = SimpleNamespace(key_cache=KeyCache())
+    for impl in (nullcontext(), python_only()):
+        with impl, pytest.raises(TypeError):
+            batches.gather_outputs(target, [["a"], [["unhashable"]]], [1, 2], [1, 1], [None, "b"] * 64)
 
 
 @settings(max_examples=400, deadline=None)
@@ -68,11 +78,6 @@ def test_epochs_of_runs_in_c_is_the_loop(runs, form):
         want = tracking.epochs_of_runs(rids, counts, made)
     assert got == want
     assert tracking._epochs_of_runs(rids, counts or repeat(1), made or repeat(0)) == want
-
-
-keys = st.one_of(st.text(max_size=12), st.text(alphabet="abcdefghijklmnopqrstuvwxyz", max_size=12),
-                 st.integers(-1 << 70, 1 << 70), st.binary(max_size=6),
-                 st.tuples(st.text(max_size=3), st.integers(-1 << 63, (1 << 63) - 1)), st.booleans(), st.none())
 
 
 @settings(max_examples=300, deadline=None)
