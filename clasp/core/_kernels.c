@@ -493,6 +493,36 @@ fail:
     return NULL;
 }
 
+/* groups_in(groups) -> [int]: the distinct bytes of a bytes-like, ascending (a block's key groups: what
+ * set(groups) gives, without an int object per value). */
+static PyObject *
+groups_in(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    Py_buffer v;
+    if (PyObject_GetBuffer(arg, &v, PyBUF_SIMPLE) < 0)
+        return NULL;
+    unsigned char seen[256] = {0};
+    const unsigned char *p = v.buf;
+    for (Py_ssize_t i = 0; i < v.len; i++)
+        seen[p[i]] = 1;
+    PyBuffer_Release(&v);
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (int g = 0; g < 256; g++) {
+        if (!seen[g])
+            continue;
+        PyObject *x = PyLong_FromLong(g);
+        if (x == NULL || PyList_Append(out, x) < 0) {
+            Py_XDECREF(x);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(x);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"apply_block", (PyCFunction)(void (*)(void))apply_block, METH_FASTCALL,
      "apply_block(fn, values, groups, dicts, start) -> (stop, exc, result, old)"},
@@ -500,6 +530,7 @@ static PyMethodDef methods[] = {
      "gather(results, rids, group_of, num_groups, dest_of, nd) -> ([[values, rids, counts, groups]...], groups)"},
     {"epochs_of_runs", (PyCFunction)(void (*)(void))epochs_of_runs, METH_FASTCALL,
      "epochs_of_runs(rids, counts, made, bits) -> [(epoch, requests, children)]"},
+    {"groups_in", groups_in, METH_O, "groups_in(groups) -> the distinct bytes of a bytes-like, ascending"},
     {"key_groups", (PyCFunction)(void (*)(void))key_groups, METH_FASTCALL,
      "key_groups(keys, group_of, num_groups) -> bytes: the key group of each key"},
     {NULL, NULL, 0, NULL},

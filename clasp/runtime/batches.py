@@ -5,14 +5,15 @@ pass, the key groups of a batch of keys, a count's tight loop over a block, and 
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
-from itertools import chain, compress, repeat
+from itertools import chain, compress
 from time import perf_counter
 
 from clasp.core import kernels
 from clasp.core.outputs import as_outputs
 from clasp.core.routing import NUM_KEY_GROUPS, partition_runs
-from clasp.runtime.operators import TIMING_SAMPLE, OpRuntime
+from clasp.runtime.operators import EXEC_BUCKETS, TIMING_SAMPLE, OpRuntime
 
 LISTS = {list, tuple}  # return values that are their outputs as they are
 LISTS_OR_NONE = {list, tuple, type(None)}  # and None, no outputs: a filter's "not this one"
@@ -44,12 +45,13 @@ def timed_batch(op: OpRuntime, dt: float, n: int, stall: float) -> None:
         stalled = dt >= stall * n
     if not stalled:
         op.exec_time += dt
-        op.dts.extend(repeat(dt / n, max(1, n // TIMING_SAMPLE)))
+        # Straight into the histogram, as `fold_histogram` would count n // TIMING_SAMPLE samples of the mean.
+        samples = max(1, n // TIMING_SAMPLE) * TIMING_SAMPLE
+        op.hist[bisect_left(EXEC_BUCKETS, dt / n)] += samples
+        op.exec_total += dt / n * samples
     else:
         op.exec_time += estimate(op, 0.0, 0, n, stall)
     op.processed += n
-    if len(op.dts) > 20_000:
-        op.fold_histogram()
 
 
 def map_outputs(op: OpRuntime, values: list, fail: Fail, none: bool = False) -> tuple[list, float]:
@@ -123,7 +125,8 @@ def apply_block(op: OpRuntime, values: list, groups: bytes | list, fail: Fail) -
     kernels are built (`clasp.core.kernels`), and hands back the values it cannot finish alone (fn raised, or
     returned something other than a pair), which Python finishes as its own loop would."""
     rested = op.rested
-    for g in set(groups):
+    touched = kernels.C.groups_in(groups) if kernels.C is not None and type(groups) is bytes else set(groups)
+    for g in touched:
         rested[g] = None  # before fn runs: it may change `old` in place, even when it then raises
     t0 = perf_counter()
     if kernels.C is not None and type(values) is list:

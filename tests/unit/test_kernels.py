@@ -155,3 +155,9 @@ def test_apply_block_leaves_a_group_that_is_not_a_dict_to_python():
     op = SimpleNamespace(fn=lambda s, w: ((s or 0) + 1, None), groups=[{}, OrderedDict()], rested=[None, None])
     batches.apply_block(op, ["a", "b", "a", "b"], b"\0\1\0\1", lambda *a: None)
     assert op.groups == [{"a": 2}, OrderedDict(b=2)]
+
+
+@given(st.binary(max_size=300))
+def test_the_groups_in_a_block_are_its_distinct_bytes(groups):
+    assert kernels.C.groups_in(groups) == sorted(set(groups))
+    assert kernels.C.groups_in(bytearray(groups)) == sorted(set(groups))
