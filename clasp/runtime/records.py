@@ -170,8 +170,7 @@ class RecordQueue:
                 rows = list(items)
                 items.clear()
             else:
-                pop = items.popleft
-                rows = [pop() for _ in range(n)]
+                rows = list(map(deque.popleft, repeat(items, n)))  # the loop in C
             self._n -= len(rows)
             return [rows] if rows else []
         out: list = []
