@@ -119,14 +119,18 @@ def gather_outputs(target: OpRuntime, results: list, rids: list, counts: list, o
     return partition_runs(values, list(compress(rids, counts)), list(compress(counts, counts)), gs, owners), gs
 
 
+def distinct_groups(groups: bytes | list):
+    """The key groups in a block's (bytes: in C with the kernels, no int object per value)."""
+    return kernels.C.groups_in(groups) if kernels.C is not None and type(groups) is bytes else set(groups)
+
+
 def apply_block(op: OpRuntime, values: list, groups: bytes | list, fail: Fail) -> float:
     """A stateful operator keyed by the value on its live state, once per value (of key group `groups[i]`)
     in a tight loop (its outputs go nowhere); returns the seconds the loop took. The loop is in C where the
     kernels are built (`clasp.core.kernels`), and hands back the values it cannot finish alone (fn raised, or
     returned something other than a pair), which Python finishes as its own loop would."""
     rested = op.rested
-    touched = kernels.C.groups_in(groups) if kernels.C is not None and type(groups) is bytes else set(groups)
-    for g in touched:
+    for g in distinct_groups(groups):
         rested[g] = None  # before fn runs: it may change `old` in place, even when it then raises
     t0 = perf_counter()
     if kernels.C is not None and type(values) is list:
