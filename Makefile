@@ -19,7 +19,7 @@ XDIST ?=
 
 .DEFAULT_GOAL := help
 
-$(BIN)/clasp: pyproject.toml
+$(BIN)/clasp: pyproject.toml setup.py clasp/core/_kernels.c
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'

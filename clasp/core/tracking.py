@@ -24,8 +24,11 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from itertools import repeat
 
 import numpy as np
+
+from clasp.core import kernels
 
 CHUNK_BITS = 20  # record id = chunk << CHUNK_BITS | index; a chunk holds at most 2**20 records
 EPOCH_BITS = 9  # epoch = record id >> EPOCH_BITS: up to 512 consecutive records of one chunk
@@ -71,10 +74,23 @@ class LatencyHistogram:
                 "p50": self.percentile(50), "p95": self.percentile(95), "p99": self.percentile(99)}
 
 
-def epochs_of_runs(rids: Iterable[int], counts: Iterable[int], made: Iterable[int]) -> list[tuple[int, int, int]]:
+def epochs_of_runs(rids: Iterable[int], counts: Iterable[int] | None, made: Iterable[int] | None,
+                   ) -> list[tuple[int, int, int]]:
     """(epoch, requests, children) per stretch of one epoch in runs of record ids: `rids[r]` stands for
-    `counts[r]` requests that made `made[r]` children (the batch-at-a-time path counts progress so, per run
-    rather than per request)."""
+    `counts[r]` requests (None: one each) that made `made[r]` children (None: none) (the batch-at-a-time path
+    counts progress so, per run rather than per request). In C (`clasp.core.kernels`) for lists."""
+    if (kernels.C is not None and type(rids) is list and (counts is None or type(counts) is list)
+            and (made is None or type(made) is list)
+            and len(rids) <= min(len(counts) if counts is not None else len(rids),
+                                 len(made) if made is not None else len(rids))):
+        try:
+            return kernels.C.epochs_of_runs(rids, counts, made, EPOCH_BITS)
+        except (OverflowError, TypeError):  # beyond 64 bits, or not ints: Python's arithmetic
+            pass
+    return _epochs_of_runs(rids, repeat(1) if counts is None else counts, repeat(0) if made is None else made)
+
+
+def _epochs_of_runs(rids: Iterable[int], counts: Iterable[int], made: Iterable[int]) -> list[tuple[int, int, int]]:
     out: list[tuple[int, int, int]] = []
     cur, used, kids = -1, 0, 0
     for rid, c, m in zip(rids, counts, made, strict=False):  # `counts` or `made` may be an endless repeat()

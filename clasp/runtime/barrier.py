@@ -20,6 +20,7 @@ import msgpack
 from clasp.core.checkpoint import barrier_holds
 from clasp.core.dag import DagSpec
 from clasp.core.routing import Placement
+from clasp.runtime.batches import distinct_groups
 from clasp.runtime.operators import OpRuntime, unpack_group
 
 
@@ -80,7 +81,7 @@ class Barrier:
         if max(rids) < boundary:
             below, below_groups, above = values, groups, ()
         elif min(rids) >= boundary:
-            below, below_groups, above = (), (), set(groups)
+            below, below_groups, above = (), (), distinct_groups(groups)
         else:
             lo = list(chain.from_iterable(map(repeat, [r < boundary for r in rids], counts)))
             below, below_groups = list(compress(values, lo)), list(compress(groups, lo))

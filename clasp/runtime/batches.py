@@ -5,12 +5,15 @@ pass, the key groups of a batch of keys, a count's tight loop over a block, and 
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
-from itertools import repeat
+from itertools import chain, compress
 from time import perf_counter
 
+from clasp.core import kernels
 from clasp.core.outputs import as_outputs
-from clasp.runtime.operators import TIMING_SAMPLE, OpRuntime
+from clasp.core.routing import NUM_KEY_GROUPS, partition_runs
+from clasp.runtime.operators import EXEC_BUCKETS, TIMING_SAMPLE, OpRuntime
 
 LISTS = {list, tuple}  # return values that are their outputs as they are
 LISTS_OR_NONE = {list, tuple, type(None)}  # and None, no outputs: a filter's "not this one"
@@ -42,12 +45,13 @@ def timed_batch(op: OpRuntime, dt: float, n: int, stall: float) -> None:
         stalled = dt >= stall * n
     if not stalled:
         op.exec_time += dt
-        op.dts.extend(repeat(dt / n, max(1, n // TIMING_SAMPLE)))
+        # Straight into the histogram, as `fold_histogram` would count n // TIMING_SAMPLE samples of the mean.
+        samples = max(1, n // TIMING_SAMPLE) * TIMING_SAMPLE
+        op.hist[bisect_left(EXEC_BUCKETS, dt / n)] += samples
+        op.exec_total += dt / n * samples
     else:
         op.exec_time += estimate(op, 0.0, 0, n, stall)
     op.processed += n
-    if len(op.dts) > 20_000:
-        op.fold_histogram()
 
 
 def map_outputs(op: OpRuntime, values: list, fail: Fail, none: bool = False) -> tuple[list, float]:
@@ -86,19 +90,58 @@ def _outputs(op: OpRuntime, out, value, fail: Fail) -> list | tuple:
 
 def group_bytes(op: OpRuntime, keys: list) -> bytes:
     """The key group of each key as bytes, from `op`'s key cache (a miss takes the hashing call): one `map`
-    in C. Raises what the key cache raises for a key that cannot be one (unhashable, not serializable)."""
+    in C; with the kernels (`clasp.core.kernels`), an ASCII string's group is hashed in C and only other keys
+    ask the cache (a string's CRC costs less than finding it in a cache of many thousands). Raises what the
+    key cache raises for a key that cannot be one (unhashable, not serializable)."""
+    if kernels.C is not None and type(keys) is list:
+        return kernels.C.key_groups(keys, op.key_cache.__getitem__, NUM_KEY_GROUPS)
     return bytes(map(op.key_cache.__getitem__, keys))
+
+
+def gather_outputs(target: OpRuntime, results: list, rids: list, counts: list, owners: list,
+                   ) -> tuple[dict, bytes]:
+    """The outputs of a pass, `results[i]` those of the request with record id `rids[i]` (`counts[i]` of them),
+    for `target`, a keyed successor whose key is the value: split by the owner of their key groups (`owners`,
+    key group -> destination) as `partition_runs` splits them, {destination: (values, record ids as runs,
+    their counts, key groups as bytes)} for the destinations that get any, and the key groups of all of them
+    in order (bytes). With the kernels, in two passes in C over the outputs (`gather`); else flattened, then
+    their groups (`group_bytes`) and `partition_runs`. Raises what the key cache raises for a value that
+    cannot be a key."""
+    if kernels.C is not None and type(results) is list and type(rids) is list:
+        dests = list(dict.fromkeys(owners))
+        index = {d: i for i, d in enumerate(dests)}
+        table = bytes(map(index.__getitem__, owners)).ljust(256, b"\0")
+        parts, gs = kernels.C.gather(results, rids, target.key_cache.__getitem__, NUM_KEY_GROUPS, table,
+                                     len(dests))
+        return {d: tuple(p) for d, p in zip(dests, parts, strict=True) if p[0]}, gs
+    values = list(chain.from_iterable(results))
+    gs = group_bytes(target, values)
+    return partition_runs(values, list(compress(rids, counts)), list(compress(counts, counts)), gs, owners), gs
+
+
+def distinct_groups(groups: bytes | list):
+    """The key groups in a block's (bytes: in C with the kernels, no int object per value)."""
+    return kernels.C.groups_in(groups) if kernels.C is not None and type(groups) is bytes else set(groups)
 
 
 def apply_block(op: OpRuntime, values: list, groups: bytes | list, fail: Fail) -> float:
     """A stateful operator keyed by the value on its live state, once per value (of key group `groups[i]`)
-    in a tight loop (its outputs go nowhere); returns the seconds the loop took."""
+    in a tight loop (its outputs go nowhere); returns the seconds the loop took. The loop is in C where the
+    kernels are built (`clasp.core.kernels`), and hands back the values it cannot finish alone (fn raised, or
+    returned something other than a pair), which Python finishes as its own loop would."""
     rested = op.rested
-    for g in set(groups):
+    for g in distinct_groups(groups):
         rested[g] = None  # before fn runs: it may change `old` in place, even when it then raises
-    fn = op.fn
     t0 = perf_counter()
-    for key, state in zip(values, map(op.groups.__getitem__, groups), strict=True):
+    if kernels.C is not None and type(values) is list:
+        _apply_kernel(op, values, groups, fail)
+    else:
+        _apply_loop(op, op.fn, values, map(op.groups.__getitem__, groups), fail)
+    return perf_counter() - t0
+
+
+def _apply_loop(op: OpRuntime, fn, values, states, fail: Fail) -> None:
+    for key, state in zip(values, states, strict=True):
         old = state.get(key)
         try:
             new, _ = fn(old, key)
@@ -109,4 +152,18 @@ def apply_block(op: OpRuntime, values: list, groups: bytes | list, fail: Fail) -
             state[key] = new
         elif old is not None:
             del state[key]
-    return perf_counter() - t0
+
+
+def _apply_kernel(op: OpRuntime, values: list, groups: bytes | list, fail: Fail) -> None:
+    fn, run, dicts, i = op.fn, kernels.C.apply_block, op.groups, 0
+    while True:
+        i, kind, payload = run(fn, values, groups, dicts, i)
+        if i >= len(values):
+            return
+        if kind == kernels.RAISED:
+            fail(op, payload, values[i])
+        elif kind == kernels.RETURNED:  # unpacked by the loop, to fail as its unpacking does
+            _apply_loop(op, lambda _old, _key, out=payload: out, values[i:i + 1], [dicts[groups[i]]], fail)
+        else:  # a key group the kernel leaves to the loop
+            _apply_loop(op, fn, values[i:i + 1], [dicts[groups[i]]], fail)
+        i += 1

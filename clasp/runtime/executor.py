@@ -14,15 +14,14 @@ import asyncio
 import math
 import traceback
 from collections import deque
-from itertools import chain, compress, repeat
 from operator import itemgetter
 from time import perf_counter
 
 from clasp.core.outputs import ITEMS_EXACT, ONE_EXACT, as_outputs
-from clasp.core.routing import ROUTE_LOCAL, ROUTE_TABLE, partition_runs
+from clasp.core.routing import ROUTE_LOCAL, ROUTE_TABLE
 from clasp.core.tracking import EPOCH_BITS, epochs_of_runs
 from clasp.runtime.barrier import Barrier
-from clasp.runtime.batches import apply_block, estimate, group_bytes, map_outputs, timed_batch
+from clasp.runtime.batches import apply_block, estimate, gather_outputs, group_bytes, map_outputs, timed_batch
 from clasp.runtime.operators import TIMING_SAMPLE, OperatorError, OpRuntime
 from clasp.runtime.outbox import KEYED_HERE, ROUTE_ONE_REMOTE, Outbox
 from clasp.runtime.timed_batches import apply_timed, collect_pass, map_keyed, map_local
@@ -253,39 +252,32 @@ class Executor:
         rids = list(map(itemgetter(3), rows))
         counts = list(map(len, results))
         me, succ = op.index, op.routes[0][1]
-        for e, used, made in epochs_of_runs(rids, repeat(1), counts):
+        for e, used, made in epochs_of_runs(rids, None, counts):
             self._ran(e, me, used, succ, made)
         timed_batch(op, dt, n, self.stall)
-        out_values = list(chain.from_iterable(results))
-        if out_values:
-            self._route_block(op, op.routes[0], out_values, list(compress(rids, counts)),
-                              list(compress(counts, counts)))
+        if any(counts):
+            self._route_block(op, op.routes[0], results, rids, counts)
         return n
 
-    def _route_block(self, op: OpRuntime, route: tuple, values: list, rids: list, counts: list) -> None:
-        """The gathered outputs of a pass of `op` (values, their ids as runs) to its one keyed successor whose
-        key is the value, by `route` (KEYED_HERE or ROUTE_KEYED): the local part joins the successor's
-        queue as a block, each remote part its destination's columns, their key groups with them (bytes),
-        which also weigh the groups."""
-        kind, succ, _, owners, _, target = route
+    def _route_block(self, op: OpRuntime, route: tuple, results: list, rids: list, counts: list) -> None:
+        """The outputs of a pass of `op` (`results[i]` those of the request with id `rids[i]`, `counts[i]` of
+        them) to its one keyed successor whose key is the value, by `route` (KEYED_HERE or ROUTE_KEYED),
+        gathered by key group (`batches.gather_outputs`): the local part joins the successor's queue as a
+        block, each remote part its destination's columns, their key groups with them (bytes), which also
+        weigh the groups."""
+        _, succ, _, owners, _, target = route
         try:
-            gs = group_bytes(target, values)
+            parts, gs = gather_outputs(target, results, rids, counts, owners)
         except Exception:  # a value that cannot be a key: line by line on the general path, which reports it
-            pos = 0
-            for rid, c in zip(rids, counts, strict=True):
-                self.count(rid >> EPOCH_BITS, succ, -c)  # counted as made by the pass; `send` counts again
-                self.send(op, values[pos:pos + c], rid)
-                pos += c
+            for rid, outs in zip(rids, results, strict=True):
+                if outs:
+                    self.count(rid >> EPOCH_BITS, succ, -len(outs))  # counted as made by the pass; `send` again
+                    self.send(op, outs, rid)
             return
         target.weigh(gs)
-        if kind == KEYED_HERE:
-            target.queue.append_block(succ, values, rids, counts, gs)
-            self.outbox.local_requests += len(values)
-            op.edge_counts[0] += len(values)
-            return
         cols, remote = self.outbox.pending_cols, 0
         # The groups travel with the values: the successor's loop, here or at the destination, looks none up.
-        for d, (vs, rs, cs, ks) in partition_runs(values, rids, counts, gs, owners).items():
+        for d, (vs, rs, cs, ks) in parts.items():
             if d is None:
                 target.queue.append_block(succ, vs, rs, cs, ks)
                 continue
@@ -304,8 +296,8 @@ class Executor:
         if remote and self.outbox.pending_since is None:
             self.outbox.pending_since = perf_counter()
         self.outbox.remote_requests += remote
-        self.outbox.local_requests += len(values) - remote
-        op.edge_counts[0] += len(values)
+        self.outbox.local_requests += len(gs) - remote
+        op.edge_counts[0] += len(gs)
 
     def _run_stateful(self, op: OpRuntime, budget: int) -> int:
         q = op.queue
@@ -343,7 +335,7 @@ class Executor:
         whole; progress counted per run of ids. Under a checkpoint's `barrier`, after the images it needs."""
         values = block.values_left()
         rids, counts = block.runs()
-        for e, used, _ in epochs_of_runs(rids, counts, repeat(0)):
+        for e, used, _ in epochs_of_runs(rids, counts, None):
             self._ran(e, op.index, used, op.index, 0)
         gs = block.groups_left()
         if gs is None:

@@ -11,8 +11,9 @@ same FIFO as the rows, so order across the two forms is the order of arrival. Ev
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
-from itertools import chain, repeat
+from itertools import accumulate, chain, repeat
 
 
 class Block:
@@ -20,11 +21,12 @@ class Block:
     runs (`rids[r]` for `counts[r]` consecutive values: a line's words share its id), of which the first
     `off` of run `run` are already taken; `groups`, when the sender had them, the key group of each value."""
 
-    __slots__ = ("op", "values", "rids", "counts", "groups", "pos", "run", "off")
+    __slots__ = ("op", "values", "rids", "counts", "groups", "pos", "run", "off", "ends")
 
     def __init__(self, op: int, values: list, rids: list, counts: list, groups: list | None = None):
         self.op, self.values, self.rids, self.counts, self.groups = op, values, rids, counts, groups
         self.pos = self.run = self.off = 0
+        self.ends: list | None = None  # the runs' cumulative counts, once `head` needs them
 
     def __len__(self) -> int:
         return len(self.values) - self.pos
@@ -64,28 +66,24 @@ class Block:
         return row
 
     def head(self, k: int) -> Block:
-        """A new block of the first `k` (< len) remaining requests, which are taken out of this one (a walk
-        over runs, not values)."""
-        rids, counts = self.rids, self.counts
-        r = self.run
-        c = counts[r] - self.off  # what is left of run r
-        part_rids, part_counts = [], []
-        left = k
-        while left > c:
-            part_rids.append(rids[r])
-            part_counts.append(c)
-            left -= c
-            r += 1
-            c = counts[r]
-        part_rids.append(rids[r])
-        part_counts.append(left)
-        part = Block(self.op, self.values[self.pos:self.pos + k], part_rids, part_counts,
-                     None if self.groups is None else self.groups[self.pos:self.pos + k])
-        self.pos += k
-        if left == c:
-            self.run, self.off = r + 1, 0
+        """A new block of the first `k` (< len) remaining requests, which are taken out of this one: the run
+        holding the k-th found by bisection in the runs' cumulative ends (made once a block, in C), not by a
+        walk over the runs."""
+        ends = self.ends
+        if ends is None:
+            ends = self.ends = list(accumulate(self.counts))
+        r, stop = self.run, self.pos + k
+        j = bisect_left(ends, stop, r)  # the run of the last value taken: the first whose end reaches it
+        part_counts = self.counts[r:j + 1]
+        part_counts[0] -= self.off
+        part_counts[-1] -= ends[j] - stop
+        part = Block(self.op, self.values[self.pos:stop], self.rids[r:j + 1], part_counts,
+                     None if self.groups is None else self.groups[self.pos:stop])
+        self.pos = stop
+        if ends[j] == stop:
+            self.run, self.off = j + 1, 0
         else:
-            self.run, self.off = r, counts[r] - c + left
+            self.run, self.off = j, self.counts[j] - (ends[j] - stop)
         return part
 
 
@@ -172,8 +170,7 @@ class RecordQueue:
                 rows = list(items)
                 items.clear()
             else:
-                pop = items.popleft
-                rows = [pop() for _ in range(n)]
+                rows = list(map(deque.popleft, repeat(items, n)))  # the loop in C
             self._n -= len(rows)
             return [rows] if rows else []
         out: list = []

@@ -81,18 +81,20 @@ def test_a_throttled_period_inside_a_batch_leaves_the_operators_mean():
 
     from clasp.runtime.batches import timed_batch
 
-    op = SimpleNamespace(exec_time=0.0, processed=0, dts=[], fold_histogram=lambda: None)
+    op = SimpleNamespace(exec_time=0.0, processed=0, hist=[0] * 15, exec_total=0.0)
     stall = 0.0375
     timed_batch(op, 300e-6, 300, stall)  # 1 µs a request: counted
     assert op.exec_time == 300e-6 and op.processed == 300
+    # in the histogram as 300 // TIMING_SAMPLE samples of the mean, each standing for TIMING_SAMPLE requests
+    assert op.hist[0] == 296 and sum(op.hist) == 296 and abs(op.exec_total - 296e-6) < 1e-15
     timed_batch(op, 300e-6 + 0.075, 300, stall)  # the same work and a throttled stretch: the mean stands
     assert op.processed == 600 and abs(op.exec_time / op.processed - 1e-6) < 1e-12
     timed_batch(op, 900e-6, 300, stall)  # slower, but by less than a stall: counted
     assert abs(op.exec_time - 1.5e-3) < 1e-12 and op.processed == 900
-    unlimited = SimpleNamespace(exec_time=0.0, processed=0, dts=[], fold_histogram=lambda: None)
+    unlimited = SimpleNamespace(exec_time=0.0, processed=0, hist=[0] * 15, exec_total=0.0)
     timed_batch(unlimited, 0.2, 10, float("inf"))  # without a quota nothing is a stall
     assert unlimited.exec_time == 0.2
-    never = SimpleNamespace(exec_time=0.0, processed=0, dts=[], fold_histogram=lambda: None)
+    never = SimpleNamespace(exec_time=0.0, processed=0, hist=[0] * 15, exec_total=0.0)
     timed_batch(never, 1e-3, 10, 0.0)  # a zero threshold keeps every timing out (tests replay budgets so)
     assert never.exec_time == 0.0 and never.processed == 10
 

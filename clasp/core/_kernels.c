@@ -1,0 +1,549 @@
+/* The keyed fast path's per-request loops in C: the same results as their Python versions (which stay, and are
+ * used where this module is not built), with no bytecode per request. Each is a pure function of its arguments
+ * except `apply_block`, which calls the operator's function and changes the state dicts it is given.
+ *
+ * - apply_block: a stateful operator keyed by the value, once per value, on the dict of the value's key group
+ *   (clasp.runtime.batches.apply_block);
+ * - gather: the outputs of a pass gathered by the destination of their key groups, runs of record ids kept
+ *   (clasp.runtime.batches.gather_outputs: what clasp.core.routing.partition_runs does to them, flattened);
+ * - epochs_of_runs: progress counts per stretch of one epoch in runs of record ids (clasp.core.tracking);
+ * - key_groups: the key group of each key of a batch (clasp.core.routing.key_group), an ASCII string's here
+ *   (clasp.runtime.batches.group_bytes).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+enum { LEFT, RAISED, RETURNED };  /* as clasp.core.kernels */
+
+/* Argument checks: -1 with an error set when `nargs` is not `n`, or an int argument is not in lo..hi. */
+static int
+arity(Py_ssize_t nargs, Py_ssize_t n, const char *usage)
+{
+    if (nargs == n)
+        return 0;
+    PyErr_SetString(PyExc_TypeError, usage);
+    return -1;
+}
+
+static Py_ssize_t
+int_in(PyObject *obj, Py_ssize_t lo, Py_ssize_t hi, const char *what)
+{
+    Py_ssize_t v = PyLong_AsSsize_t(obj);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < lo || v > hi) {
+        PyErr_Format(PyExc_ValueError, "%s out of range %zd..%zd", what, lo, hi);
+        return -1;
+    }
+    return v;
+}
+
+/* The key groups of a batch: bytes-like (one byte each) or a list of ints. */
+typedef struct {
+    Py_buffer view;
+    int has_view;
+    PyObject *list;
+    Py_ssize_t n;
+} Groups;
+
+static int
+groups_open(PyObject *obj, Groups *g)
+{
+    g->has_view = 0;
+    g->list = NULL;
+    if (PyList_CheckExact(obj)) {
+        g->list = obj;
+        g->n = PyList_GET_SIZE(obj);
+        return 0;
+    }
+    if (PyObject_GetBuffer(obj, &g->view, PyBUF_SIMPLE) < 0)
+        return -1;
+    g->has_view = 1;
+    g->n = g->view.len;
+    return 0;
+}
+
+static void
+groups_close(Groups *g)
+{
+    if (g->has_view)
+        PyBuffer_Release(&g->view);
+}
+
+/* The group of value i; -2 when it is not an int in 0..limit-1 (the caller leaves that value to Python), -1 on
+ * an error (set). */
+static Py_ssize_t
+groups_get(Groups *g, Py_ssize_t i, Py_ssize_t limit)
+{
+    Py_ssize_t v;
+    if (g->list == NULL) {
+        v = ((const unsigned char *)g->view.buf)[i];
+    }
+    else {
+        if (i >= PyList_GET_SIZE(g->list))
+            return -2;
+        PyObject *item = PyList_GET_ITEM(g->list, i);
+        if (!PyLong_CheckExact(item))
+            return -2;
+        v = PyLong_AsSsize_t(item);
+        if (v == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return -2;
+        }
+    }
+    return (v >= 0 && v < limit) ? v : -2;
+}
+
+/* apply_block(fn, values, groups, dicts, start) -> (stop, kind, payload)
+ *
+ * From `start`, for each value v of group g: old = dicts[g].get(v); new, _ = fn(old, v); then dicts[g][v] = new,
+ * or, new being None, the key deleted where old was not None. Stops at the first value it cannot finish alone,
+ * `kind` saying why (clasp.core.kernels): RAISED, fn raised an Exception (payload); RETURNED, fn returned
+ * something other than a pair tuple (payload: the caller unpacks it as Python would); LEFT, the value's group
+ * is not a dict of `dicts` (the caller runs the value itself). (len(values), LEFT, None) when every value ran.
+ * Anything else fn raises (a BaseException) propagates, as it would from the loop. */
+static PyObject *
+apply_block(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (arity(nargs, 5, "apply_block(fn, values, groups, dicts, start)") < 0)
+        return NULL;
+    PyObject *fn = args[0], *values = args[1], *dicts = args[3];
+    if (!PyList_CheckExact(values) || !PyList_CheckExact(dicts)) {
+        PyErr_SetString(PyExc_TypeError, "apply_block: values and dicts must be lists");
+        return NULL;
+    }
+    Py_ssize_t i = PyLong_AsSsize_t(args[4]);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    Groups groups;
+    if (groups_open(args[2], &groups) < 0)
+        return NULL;
+    if (groups.n != PyList_GET_SIZE(values)) {
+        groups_close(&groups);
+        PyErr_SetString(PyExc_ValueError, "apply_block: one key group per value");
+        return NULL;
+    }
+    PyObject *ret = NULL;
+    for (; i < PyList_GET_SIZE(values) && i < groups.n; i++) {
+        Py_ssize_t g = groups_get(&groups, i, PyList_GET_SIZE(dicts));
+        if (g == -2)
+            goto leave_to_python;
+        PyObject *state = PyList_GET_ITEM(dicts, g);
+        if (!PyDict_CheckExact(state))
+            goto leave_to_python;
+        PyObject *key = PyList_GET_ITEM(values, i);
+        Py_INCREF(key);
+        Py_INCREF(state);
+        PyObject *old = PyDict_GetItemWithError(state, key);
+        if (old == NULL && PyErr_Occurred()) {
+            Py_DECREF(key);
+            Py_DECREF(state);
+            goto done;
+        }
+        Py_XINCREF(old);
+        PyObject *argv[2] = {old != NULL ? old : Py_None, key};
+        PyObject *res = PyObject_Vectorcall(fn, argv, 2, NULL);
+        if (res == NULL) {
+            Py_XDECREF(old);
+            Py_DECREF(key);
+            Py_DECREF(state);
+            if (!PyErr_ExceptionMatches(PyExc_Exception))
+                goto done;
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            if (tb != NULL) {
+                PyException_SetTraceback(value, tb);
+                Py_DECREF(tb);
+            }
+            Py_DECREF(type);
+            ret = Py_BuildValue("(niN)", i, RAISED, value);
+            goto done;
+        }
+        if (!PyTuple_CheckExact(res) || PyTuple_GET_SIZE(res) != 2) {
+            ret = Py_BuildValue("(niN)", i, RETURNED, res);
+            Py_XDECREF(old);
+            Py_DECREF(key);
+            Py_DECREF(state);
+            goto done;
+        }
+        PyObject *new = PyTuple_GET_ITEM(res, 0);
+        int rc = 0;
+        if (new != Py_None)
+            rc = PyDict_SetItem(state, key, new);
+        else if (old != NULL && old != Py_None)
+            rc = PyDict_DelItem(state, key);
+        Py_DECREF(res);
+        Py_XDECREF(old);
+        Py_DECREF(key);
+        Py_DECREF(state);
+        if (rc < 0)
+            goto done;
+    }
+leave_to_python:
+    ret = Py_BuildValue("(niO)", i, LEFT, Py_None);
+done:
+    groups_close(&groups);
+    return ret;
+}
+
+static int
+append_stretch(PyObject *out, long long epoch, long long used, long long kids)
+{
+    PyObject *t = Py_BuildValue("(LLL)", epoch, used, kids);
+    if (t == NULL)
+        return -1;
+    int rc = PyList_Append(out, t);
+    Py_DECREF(t);
+    return rc;
+}
+
+/* epochs_of_runs(rids, counts, made, bits) -> [(epoch, requests, children)] per stretch of one epoch
+ * (epoch = rid >> bits); `counts` and `made` are lists as long as `rids`, or None for 1 and 0 each. */
+static PyObject *
+epochs_of_runs(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (arity(nargs, 4, "epochs_of_runs(rids, counts, made, bits)") < 0)
+        return NULL;
+    PyObject *rids = args[0], *counts = args[1], *made = args[2];
+    if (!PyList_CheckExact(rids) || !(counts == Py_None || PyList_CheckExact(counts))
+        || !(made == Py_None || PyList_CheckExact(made))) {
+        PyErr_SetString(PyExc_TypeError, "epochs_of_runs: lists (or None for counts and made)");
+        return NULL;
+    }
+    Py_ssize_t bits = int_in(args[3], 0, 62, "epochs_of_runs: bits");
+    if (bits < 0)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(rids);
+    if ((counts != Py_None && PyList_GET_SIZE(counts) < n) || (made != Py_None && PyList_GET_SIZE(made) < n)) {
+        PyErr_SetString(PyExc_ValueError, "epochs_of_runs: counts and made as long as rids");
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    long long cur = -1, used = 0, kids = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long rid = PyLong_AsLongLong(PyList_GET_ITEM(rids, i));
+        long long c = counts == Py_None ? 1 : PyLong_AsLongLong(PyList_GET_ITEM(counts, i));
+        long long m = made == Py_None ? 0 : PyLong_AsLongLong(PyList_GET_ITEM(made, i));
+        if (PyErr_Occurred())
+            goto fail;
+        long long e = rid >> bits;
+        if (e != cur) {
+            if (used && append_stretch(out, cur, used, kids) < 0)
+                goto fail;
+            cur = e;
+            used = kids = 0;
+        }
+        used += c;
+        kids += m;
+    }
+    if (used && append_stretch(out, cur, used, kids) < 0)
+        goto fail;
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* CRC-32 (IEEE 802.3, reflected, as zlib.crc32), a table lookup per byte: a key is a few bytes. */
+static uint32_t crc_table[256];
+
+static void
+crc_init(void)
+{
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++)
+            c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[n] = c;
+    }
+}
+
+static uint32_t
+crc32_of(const unsigned char *p, Py_ssize_t n)
+{
+    uint32_t c = 0xFFFFFFFFu;
+    for (Py_ssize_t i = 0; i < n; i++)
+        c = crc_table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+/* The key group of `k`: an ASCII str's as clasp.core.routing.key_group computes it (crc32 of its UTF-8 bytes,
+ * which are its characters, modulo ng), any other key's by calling `group_of(k)` (the operator's key cache);
+ * -1 with an error set when that raises or answers something that is not a byte. */
+static int
+group_of_key(PyObject *k, PyObject *group_of, uint32_t ng)
+{
+    if (PyUnicode_CheckExact(k) && PyUnicode_IS_ASCII(k)) {
+        uint32_t crc = crc32_of(PyUnicode_1BYTE_DATA(k), PyUnicode_GET_LENGTH(k));
+        return (int)((ng & (ng - 1)) == 0 ? crc & (ng - 1) : crc % ng);  /* a mask, not a division, for 128 */
+    }
+    Py_INCREF(k);
+    PyObject *g = PyObject_CallOneArg(group_of, k);
+    Py_DECREF(k);
+    if (g == NULL)
+        return -1;
+    long v = PyLong_AsLong(g);
+    Py_DECREF(g);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < 0 || v > 255) {
+        PyErr_SetString(PyExc_ValueError, "bytes must be in range(0, 256)");
+        return -1;
+    }
+    return (int)v;
+}
+
+/* key_groups(keys, group_of, num_groups) -> bytes: the key group of each key (`group_of_key`). */
+static PyObject *
+key_groups(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (arity(nargs, 3, "key_groups(keys, group_of, num_groups)") < 0)
+        return NULL;
+    PyObject *keys = args[0], *group_of = args[1];
+    if (!PyList_CheckExact(keys)) {
+        PyErr_SetString(PyExc_TypeError, "key_groups: keys must be a list");
+        return NULL;
+    }
+    Py_ssize_t ng = int_in(args[2], 1, 256, "key_groups: key groups");
+    if (ng < 0)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n);
+    if (out == NULL)
+        return NULL;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i >= PyList_GET_SIZE(keys)) {
+            PyErr_SetString(PyExc_RuntimeError, "key_groups: the keys changed size");
+            goto fail;
+        }
+        int g = group_of_key(PyList_GET_ITEM(keys, i), group_of, (uint32_t)ng);
+        if (g < 0)
+            goto fail;
+        o[i] = (unsigned char)g;
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* gather(results, rids, group_of, num_groups, dest_of, nd) -> (parts, groups)
+ *
+ * The outputs of a pass, `results[i]` (a list or tuple) those of the request with record id rids[i], in order,
+ * split by the destination of their key groups (`group_of_key`; `dest_of`, bytes-like of 256, the destination
+ * index below nd of each group): per destination index [values, rids, counts, groups], its values in order,
+ * their record ids as runs (rids[r] for counts[r] consecutive values, none empty), their groups as bytes; and
+ * the groups of all the outputs in order, as bytes. One pass to find the groups and one to place the values:
+ * no flattened list of the outputs, and the Python loop of none of it. */
+static PyObject *
+gather(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (arity(nargs, 6, "gather(results, rids, group_of, num_groups, dest_of, nd)") < 0)
+        return NULL;
+    PyObject *results = args[0], *rids = args[1], *group_of = args[2];
+    if (!PyList_CheckExact(results) || !PyList_CheckExact(rids)) {
+        PyErr_SetString(PyExc_TypeError, "gather: results and rids must be lists");
+        return NULL;
+    }
+    Py_ssize_t ng = int_in(args[3], 1, 256, "gather: key groups");
+    Py_ssize_t nd = ng < 0 ? -1 : int_in(args[5], 1, 256, "gather: destinations");
+    if (nd < 0)
+        return NULL;
+    Py_ssize_t nr = PyList_GET_SIZE(results);
+    if (PyList_GET_SIZE(rids) != nr) {
+        PyErr_SetString(PyExc_ValueError, "gather: one record id per result");
+        return NULL;
+    }
+    Py_buffer dv;
+    if (PyObject_GetBuffer(args[4], &dv, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *all = NULL, *parts = NULL;
+    if (dv.len != 256) {
+        PyErr_SetString(PyExc_ValueError, "gather: 256 destinations, one per key group");
+        goto fail;
+    }
+    const unsigned char *dest_of = dv.buf;
+    /* Pass 1: the sizes, then every output's group (group_of may run Python, which may change the results:
+     * their items are held while it runs, and the sizes are checked again below). */
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < nr; i++) {
+        PyObject *outs = PyList_GET_ITEM(results, i);
+        if (!PyList_Check(outs) && !PyTuple_Check(outs)) {
+            PyErr_SetString(PyExc_TypeError, "gather: each result must be a list or a tuple");
+            goto fail;
+        }
+        n += Py_SIZE(outs);
+    }
+    all = PyBytes_FromStringAndSize(NULL, n);
+    if (all == NULL)
+        goto fail;
+    unsigned char *gs = (unsigned char *)PyBytes_AS_STRING(all);
+    Py_ssize_t per_group[256] = {0}, total[256] = {0}, filled[256] = {0}, in_run[256], runs[256] = {0};
+    Py_ssize_t pos = 0;
+    for (Py_ssize_t i = 0; i < nr && i < PyList_GET_SIZE(results); i++) {
+        PyObject *outs = PyList_GET_ITEM(results, i);
+        Py_INCREF(outs);
+        Py_ssize_t k = Py_SIZE(outs);
+        for (Py_ssize_t j = 0; j < k; j++) {
+            if (pos >= n || Py_SIZE(outs) != k) {
+                Py_DECREF(outs);
+                goto changed;
+            }
+            int g = group_of_key(PySequence_Fast_ITEMS(outs)[j], group_of, (uint32_t)ng);
+            if (g < 0) {
+                Py_DECREF(outs);
+                goto fail;
+            }
+            if (dest_of[g] >= nd) {
+                Py_DECREF(outs);
+                PyErr_SetString(PyExc_ValueError, "gather: a destination out of range");
+                goto fail;
+            }
+            gs[pos++] = (unsigned char)g;
+            per_group[g]++;  /* not per destination: consecutive outputs rarely wait on one counter */
+        }
+        Py_DECREF(outs);
+    }
+    if (pos != n || PyList_GET_SIZE(results) != nr)
+        goto changed;
+    for (int g = 0; g < 256; g++)
+        total[dest_of[g]] += per_group[g];
+    parts = PyList_New(nd);
+    if (parts == NULL)
+        goto fail;
+    PyObject *vs[256], *rs[256], *cs[256];
+    char *bs[256];
+    for (Py_ssize_t d = 0; d < nd; d++) {
+        PyObject *part = PyList_New(4);
+        if (part == NULL)
+            goto fail;
+        PyList_SET_ITEM(parts, d, part);
+        vs[d] = PyList_New(total[d]);
+        rs[d] = PyList_New(nr);  /* at most a run a result: cut to size at the end */
+        cs[d] = PyList_New(nr);
+        PyObject *b = PyBytes_FromStringAndSize(NULL, total[d]);
+        if (vs[d] == NULL || rs[d] == NULL || cs[d] == NULL || b == NULL) {
+            Py_XDECREF(vs[d]);
+            Py_XDECREF(rs[d]);
+            Py_XDECREF(cs[d]);
+            Py_XDECREF(b);
+            goto fail;
+        }
+        PyList_SET_ITEM(part, 0, vs[d]);
+        PyList_SET_ITEM(part, 1, rs[d]);
+        PyList_SET_ITEM(part, 2, cs[d]);
+        PyList_SET_ITEM(part, 3, b);
+        bs[d] = PyBytes_AS_STRING(b);
+        in_run[d] = 0;
+    }
+    /* Pass 2: no Python runs here; what the key cache ran in pass 1 is checked not to have changed the sizes. */
+    unsigned char touched[256];
+    pos = 0;
+    for (Py_ssize_t i = 0; i < nr; i++) {
+        PyObject *outs = PyList_GET_ITEM(results, i);
+        if (!PyList_Check(outs) && !PyTuple_Check(outs))
+            goto changed;
+        PyObject **items = PySequence_Fast_ITEMS(outs);
+        Py_ssize_t k = Py_SIZE(outs);
+        int nt = 0;
+        for (Py_ssize_t j = 0; j < k; j++, pos++) {
+            if (pos >= n)
+                goto changed;
+            unsigned char g = gs[pos], d = dest_of[g];
+            if (filled[d] >= total[d])
+                goto changed;
+            if (in_run[d]++ == 0)
+                touched[nt++] = d;
+            Py_INCREF(items[j]);
+            PyList_SET_ITEM(vs[d], filled[d], items[j]);
+            bs[d][filled[d]++] = (char)g;
+        }
+        for (int t = 0; t < nt; t++) {
+            unsigned char d = touched[t];
+            PyObject *c = PyLong_FromSsize_t(in_run[d]);
+            if (c == NULL)
+                goto fail;
+            in_run[d] = 0;
+            PyObject *rid = PyList_GET_ITEM(rids, i);
+            Py_INCREF(rid);
+            PyList_SET_ITEM(rs[d], runs[d], rid);
+            PyList_SET_ITEM(cs[d], runs[d], c);
+            runs[d]++;
+        }
+    }
+    if (pos != n)
+        goto changed;
+    for (Py_ssize_t d = 0; d < nd; d++)
+        if (PyList_SetSlice(rs[d], runs[d], nr, NULL) < 0 || PyList_SetSlice(cs[d], runs[d], nr, NULL) < 0)
+            goto fail;
+    PyBuffer_Release(&dv);
+    return Py_BuildValue("(NN)", parts, all);
+changed:
+    PyErr_SetString(PyExc_RuntimeError, "gather: the results changed while the key cache ran");
+fail:
+    /* A values list not yet filled holds NULLs, which list deallocation skips. */
+    Py_XDECREF(parts);
+    Py_XDECREF(all);
+    PyBuffer_Release(&dv);
+    return NULL;
+}
+
+/* groups_in(groups) -> [int]: the distinct bytes of a bytes-like, ascending (a block's key groups: what
+ * set(groups) gives, without an int object per value). */
+static PyObject *
+groups_in(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    Py_buffer v;
+    if (PyObject_GetBuffer(arg, &v, PyBUF_SIMPLE) < 0)
+        return NULL;
+    unsigned char seen[256] = {0};
+    const unsigned char *p = v.buf;
+    for (Py_ssize_t i = 0; i < v.len; i++)
+        seen[p[i]] = 1;
+    PyBuffer_Release(&v);
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (int g = 0; g < 256; g++) {
+        if (!seen[g])
+            continue;
+        PyObject *x = PyLong_FromLong(g);
+        if (x == NULL || PyList_Append(out, x) < 0) {
+            Py_XDECREF(x);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(x);
+    }
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"apply_block", (PyCFunction)(void (*)(void))apply_block, METH_FASTCALL,
+     "apply_block(fn, values, groups, dicts, start) -> (stop, exc, result, old)"},
+    {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL,
+     "gather(results, rids, group_of, num_groups, dest_of, nd) -> ([[values, rids, counts, groups]...], groups)"},
+    {"epochs_of_runs", (PyCFunction)(void (*)(void))epochs_of_runs, METH_FASTCALL,
+     "epochs_of_runs(rids, counts, made, bits) -> [(epoch, requests, children)]"},
+    {"groups_in", groups_in, METH_O, "groups_in(groups) -> the distinct bytes of a bytes-like, ascending"},
+    {"key_groups", (PyCFunction)(void (*)(void))key_groups, METH_FASTCALL,
+     "key_groups(keys, group_of, num_groups) -> bytes: the key group of each key"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "clasp.core._kernels",
+    "The keyed fast path's per-request loops in C (optional: the Python versions stay).", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__kernels(void)
+{
+    crc_init();
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,163 @@
+"""The C kernels of the keyed fast path (clasp/core/_kernels.c) give what their Python versions give, on any
+input those take: a pass's outputs gathered by destination, `epochs_of_runs`, the key groups of a batch and
+`apply_block`, whose operator may fail, return something that is not a pair, or delete its state."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+from itertools import repeat
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clasp.core import kernels, tracking
+from clasp.core.routing import NUM_KEY_GROUPS, key_group
+from clasp.runtime import batches
+from clasp.runtime.operators import KeyCache
+
+pytestmark = pytest.mark.skipif(kernels.C is None, reason="the C kernels are not built here")
+
+
+@contextmanager
+def python_only():
+    """The Python versions, for the block's length."""
+    saved, kernels.C = kernels.C, None
+    try:
+        yield
+    finally:
+        kernels.C = saved
+
+
+keys = st.one_of(st.text(max_size=12), st.text(alphabet="abcdefghijklmnopqrstuvwxyz", max_size=12),
+                 st.integers(-1 << 70, 1 << 70), st.binary(max_size=6),
+                 st.tuples(st.text(max_size=3), st.integers(-1 << 63, (1 << 63) - 1)), st.booleans(), st.none())
+# Up to eight destinations, this worker (None) among them: the numpy path compresses up to four, sorts beyond.
+owners_of = st.lists(st.sampled_from(["a", "b", None, "c", "d", "e", "f", "g"]), min_size=NUM_KEY_GROUPS,
+                     max_size=NUM_KEY_GROUPS)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1 << 40), st.lists(keys, max_size=5), st.booleans()), max_size=25),
+       owners_of)
+def test_gathering_a_pass_in_c_is_flattening_and_partitioning_it(batch, owners):
+    results = [tuple(outs) if as_tuple else outs for _, outs, as_tuple in batch]
+    rids = [rid for rid, _, _ in batch]
+    counts = list(map(len, results))
+
+    def run():
+        target = SimpleNamespace(key_cache=KeyCache())
+        return batches.gather_outputs(target, results, rids, counts, owners)
+
+    got = run()
+    with python_only():
+        want = run()
+    assert got == want
+    parts, gs = got
+    assert list(parts) == list(want[0])  # destinations in the same order
+    assert all(type(p[3]) is bytes for p in parts.values()) and type(gs) is bytes
+
+
+def test_gathering_reports_a_value_that_cannot_be_a_key():
+    target = SimpleNamespace(key_cache=KeyCache())
+    for impl in (nullcontext(), python_only()):
+        with impl, pytest.raises(TypeError):
+            batches.gather_outputs(target, [["a"], [["unhashable"]]], [1, 2], [1, 1], [None, "b"] * 64)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.integers(-5, 1 << 62), st.integers(-2, 5), st.integers(0, 7)), max_size=40),
+       st.sampled_from(["lists", "no counts", "no made"]))
+def test_epochs_of_runs_in_c_is_the_loop(runs, form):
+    rids = [r for r, _, _ in runs]
+    counts = None if form == "no counts" else [c for _, c, _ in runs]
+    made = None if form == "no made" else [m for _, _, m in runs]
+    got = tracking.epochs_of_runs(rids, counts, made)
+    with python_only():
+        want = tracking.epochs_of_runs(rids, counts, made)
+    assert got == want
+    assert tracking._epochs_of_runs(rids, counts or repeat(1), made or repeat(0)) == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(keys, max_size=60))
+def test_key_groups_in_c_are_the_key_groups(batch):
+    got = batches.group_bytes(SimpleNamespace(key_cache=KeyCache()), batch)
+    with python_only():
+        assert batches.group_bytes(SimpleNamespace(key_cache=KeyCache()), batch) == got
+    assert all(g == key_group(k) for k, g in zip(batch, got, strict=True) if type(k) is str)
+
+
+def test_key_groups_report_what_the_cache_raises():
+    op = SimpleNamespace(key_cache=KeyCache())
+    with pytest.raises(TypeError):
+        batches.group_bytes(op, ["fine", ["unhashable"]])
+
+
+def _count(state, word):
+    """Every kind of result `apply_block` meets: a count, a failure, no state (a delete), a pair that is a list,
+    a result that cannot be unpacked, a state changed in place."""
+    kind = len(word) % 7
+    if kind == 1 and word.startswith("x"):
+        raise ValueError(f"no {word}")
+    if kind == 2:
+        return None, None  # deletes the key
+    if kind == 3:
+        return [(state or 0) + 1, "out"]
+    if kind == 4 and word.startswith("y"):
+        return (1, 2, 3)  # too many to unpack: fails
+    if kind == 5:
+        lst = state if isinstance(state, list) else []
+        lst.append(word)  # in place
+        return lst, None
+    if kind == 6 and word.startswith("z"):
+        return None  # not a pair: fails
+    return (state or 0) + 1, None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(alphabet="xyzab", min_size=0, max_size=7), max_size=80),
+       st.dictionaries(st.text(alphabet="xyzab", max_size=7), st.one_of(st.none(), st.integers(0, 5)), max_size=6),
+       st.booleans())
+def test_apply_block_in_c_is_the_loop(words, before, as_list):
+    def run():
+        op = SimpleNamespace(fn=_count, groups=[{} for _ in range(NUM_KEY_GROUPS)], rested=[b""] * NUM_KEY_GROUPS)
+        for k, v in before.items():  # a None state too, as a migrated group may hold
+            op.groups[key_group(k)][k] = v
+        failed = []
+        gs = bytes(key_group(w) for w in words)
+        batches.apply_block(op, list(words), list(gs) if as_list else gs,
+                            lambda o, e, v: failed.append((type(e).__name__, str(e), v)))
+        return op.groups, failed, op.rested
+
+    got = run()
+    with python_only():
+        want = run()
+    assert got == want
+
+
+def test_apply_block_lets_a_base_exception_through():
+    def stop(state, word):
+        if word == "b":
+            raise KeyboardInterrupt
+        return (state or 0) + 1, None
+
+    op = SimpleNamespace(fn=stop, groups=[{}], rested=[None])
+    with pytest.raises(KeyboardInterrupt):
+        batches.apply_block(op, ["a", "b", "c"], b"\0\0\0", lambda *a: None)
+    assert op.groups == [{"a": 1}]
+
+
+def test_apply_block_leaves_a_group_that_is_not_a_dict_to_python():
+    from collections import OrderedDict
+
+    op = SimpleNamespace(fn=lambda s, w: ((s or 0) + 1, None), groups=[{}, OrderedDict()], rested=[None, None])
+    batches.apply_block(op, ["a", "b", "a", "b"], b"\0\1\0\1", lambda *a: None)
+    assert op.groups == [{"a": 2}, OrderedDict(b=2)]
+
+
+@given(st.binary(max_size=300))
+def test_the_groups_in_a_block_are_its_distinct_bytes(groups):
+    assert kernels.C.groups_in(groups) == sorted(set(groups))
+    assert kernels.C.groups_in(bytearray(groups)) == sorted(set(groups))
