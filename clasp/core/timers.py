@@ -78,10 +78,12 @@ class TimerIndex:
     """Which keys have a deadline, earliest first, per kind. Entries are replaced, not removed: `set` records a
     key's current deadlines and `next_due` skips the entries that no longer match them."""
 
-    __slots__ = ("_heaps", "_current", "_seq")
+    __slots__ = ("_event", "_processing", "_current", "_seq")
 
     def __init__(self) -> None:
-        self._heaps: dict[str, list] = {EVENT: [], PROCESSING: []}
+        # One heap per kind, of (deadline, sequence, key); a key's current deadlines in `_current`.
+        self._event: list = []
+        self._processing: list = []
         self._current: dict[Hashable, tuple[float | None, float | None]] = {}
         self._seq = itertools.count()
 
@@ -93,15 +95,18 @@ class TimerIndex:
         return index
 
     def set(self, key: Hashable, deadline: tuple[float | None, float | None]) -> None:
-        if self._current.get(key) == deadline:
+        current = self._current
+        if current.get(key) == deadline:
             return
-        if deadline == (None, None):
-            self._current.pop(key, None)
+        ev, pt = deadline
+        if ev is None and pt is None:
+            current.pop(key, None)
             return
-        self._current[key] = deadline
-        for kind, t in zip(KINDS, deadline, strict=True):
-            if t is not None:
-                heapq.heappush(self._heaps[kind], (t, next(self._seq), key))
+        current[key] = deadline
+        if ev is not None:
+            heapq.heappush(self._event, (ev, next(self._seq), key))
+        if pt is not None:
+            heapq.heappush(self._processing, (pt, next(self._seq), key))
 
     def current(self, key: Hashable) -> tuple[float | None, float | None]:
         return self._current.get(key, (None, None))
@@ -111,21 +116,30 @@ class TimerIndex:
 
     def earliest(self, kind: str) -> tuple[float, Hashable] | None:
         """(the earliest deadline of `kind`, its key), or None."""
-        heap = self._heaps[kind]
-        slot = KINDS.index(kind)
-        while heap and self._current.get(heap[0][2], (None, None))[slot] != heap[0][0]:
+        if kind == EVENT:
+            heap, slot = self._event, 0
+        else:
+            heap, slot = self._processing, 1
+        current = self._current
+        while heap:
+            t, _, key = heap[0]
+            now = current.get(key)
+            if now is not None and now[slot] == t:
+                return t, key
             heapq.heappop(heap)  # replaced since
-        return (heap[0][0], heap[0][2]) if heap else None
+        return None
 
     def next_due(self, watermark: float, now: float) -> Hashable | None:
         """The key with the earliest deadline that is due (event time first at equal times), or None. The key
         stays indexed until `set` gives it new deadlines."""
-        for kind, clock in ((EVENT, watermark), (PROCESSING, now)):
-            heap = self._heaps[kind]
-            if not heap or heap[0][0] > clock:
-                continue  # the heap's top, replaced or not, is no later than the earliest deadline
-            top = self.earliest(kind)
-            if top is not None and top[0] <= clock:
+        # A heap's top, replaced or not, is no later than its earliest deadline: a top not due means none is.
+        if self._event and self._event[0][0] <= watermark:
+            top = self.earliest(EVENT)
+            if top is not None and top[0] <= watermark:
+                return top[1]
+        if self._processing and self._processing[0][0] <= now:
+            top = self.earliest(PROCESSING)
+            if top is not None and top[0] <= now:
                 return top[1]
         return None
 

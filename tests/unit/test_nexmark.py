@@ -187,3 +187,45 @@ def test_the_in_process_benchmark_checks_every_answer(tmp_path):
     rows = json.loads(out.read_text())
     assert [r["query"] for r in rows] == list(nx.QUERIES)
     assert all(r["clasp_exact"] and r["clasp_events_per_s"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("order", ["rising", "falling", "shuffled"])
+def test_q4s_early_bids_share_one_timer_at_the_earliest_kept_in_the_state(order):
+    """Bids ahead of their auction: one "early" timer, at the earliest of them, whose time the state keeps
+    (`armed`), so no bid looks for it among the timers; the auction cancels it and takes the valid bids."""
+    from clasp.apps.nexmark.queries import auction_fn, auction_timer
+    from clasp.windows import KeyedDriver, TimerOperator, after
+
+    times = [1000 + 7 * i for i in range(12)]
+    if order == "falling":
+        times.reverse()
+    elif order == "shuffled":
+        random.Random(3).shuffle(times)
+    driver = KeyedDriver(TimerOperator(auction_fn, auction_timer))
+    for i, ts in enumerate(times):
+        driver.record(1, ts, ["bid", ts, 500 + 10 * i])
+        state, timers = driver.states[1]
+        early = [t for t, _, payload in timers if payload == "early"]
+        assert early == [after(min(times[:i + 1]))] == [state["armed"]]
+    # The auction opens at 1030 (bids before it do not count), expires at 1060, reserve 560.
+    driver.record(1, 1030, ["auction", 1030, [1030, 1060, 7, 560]])
+    state, timers = driver.states[1]
+    assert state["armed"] is None and state["early"] == []
+    assert [payload for _, _, payload in timers] == ["close"]
+    want = max(500 + 10 * i for i, ts in enumerate(times) if 1030 <= ts <= 1060 and 500 + 10 * i >= 560)
+    assert state["best"] == want
+    assert driver.advance(2000) == [[7, 1060, want]] and driver.states == {}
+
+
+def test_q4s_early_bids_whose_auction_never_comes_are_forgotten_one_timer_at_a_time():
+    from clasp.apps.nexmark.queries import auction_fn, auction_timer
+    from clasp.windows import KeyedDriver, TimerOperator, after
+
+    driver = KeyedDriver(TimerOperator(auction_fn, auction_timer))
+    for ts in (300, 100, 200):
+        driver.record(9, ts, ["bid", ts, ts])
+    assert driver.advance(150) == []
+    state, timers = driver.states[9]
+    assert state["early"] == [[300, 300], [200, 200]] and state["armed"] == after(200)
+    assert timers == [[after(200), "event", "early"]]
+    assert driver.advance(1000) == [] and driver.states == {}
