@@ -435,8 +435,8 @@ class Checkpoints:
         floor = c.coord.log_floor()
         now = time.monotonic()
         for chunk, (size, nbytes, where) in stored["chunks"].items():
-            if chunk >= floor:
-                c.log.load(chunk, size, now, charge(nbytes, size), where)
+            c.log.load(chunk, size, now, charge(nbytes, size), where)
+        c.log.drop_below(floor)  # what the planner that died had not removed yet goes now
         t = job.tracker
         t.next_chunk = max([*c.log.entries, boundary - 1]) + 1
         sizes = c.log.sizes_from(boundary)

@@ -176,12 +176,17 @@ def test_input_log_segments_read_back_after_a_restart_up_to_a_torn_tail(tmp_path
         again.load(c, size, 0.0, nbytes, where)
     assert {c: again.records(c) for c in recs} == recs and again.records(9) == ["old0", "old1", "old2"]
     seg = inp / "0.seg"
-    seg.write_bytes(seg.read_bytes()[:-5])  # torn: the planner died while appending chunk 3
+    kept = seg.read_bytes()
+    seg.write_bytes(kept[:-5])  # torn: the planner died while appending chunk 3
     assert sorted(stored_chunks(inp)) == [0, 1, 2, 9]
-    data = bytearray(seg.read_bytes())
+    data = bytearray(kept)
     data[found[1][2][1] + 20] ^= 0xFF  # a byte of chunk 1 flipped: its checksum fails, the rest is skipped
     seg.write_bytes(bytes(data))
     assert sorted(stored_chunks(inp)) == [0, 9]
+    again.drop_below(4)  # what a restarted planner's log no longer needs goes: its segment and the old file
+    assert [p.name for p in inp.iterdir()] == ["9.log"] and sorted(again.entries) == [9]
+    again.drop_below(10)
+    assert list(inp.iterdir()) == []
 
 
 def test_input_log_counts_the_chunks_it_could_not_write_and_keeps_them(tmp_path):
