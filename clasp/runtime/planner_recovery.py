@@ -36,6 +36,7 @@ from clasp.core.lifecycle import (
     RolledBack,
 )
 from clasp.core.tracking import CHUNK_BITS, LatencyHistogram
+from clasp.runtime.input_log import stored_chunks
 from clasp.runtime.planner_dispatch import Dispatcher
 from clasp.runtime.planner_job import CHECKPOINTS_OFF, CheckpointsOff, CheckpointState
 from clasp.runtime.planner_link import Link
@@ -400,19 +401,13 @@ class Checkpoints:
                 complete.append(meta)
             complete.sort(key=lambda m: m["ckpt"])
             rec["next_ckpt"] = top + 1
-            chunks = {}
-            for f in (d / "input").glob("*.log"):
-                try:
-                    data = f.read_bytes()
-                    chunks[int(f.stem)] = (len(decode_blob(data, str(f))), len(data))
-                except Exception as e:
-                    log.error("input chunk %s is unreadable and skipped: %s", f, e)
+            chunks = stored_chunks(d / "input")
             released: dict[int, dict] = {}
             last = complete[-1]["ckpt"] if complete else 0
             for f in (d / "collected").glob("*.kg"):
                 if int(f.stem) <= last:
                     released[int(f.stem)] = decode_blob(f.read_bytes(), str(f))
-            out.append({"rec": rec, "complete": complete[-KEEP_COMPLETE:], "chunks": dict(sorted(chunks.items())),
+            out.append({"rec": rec, "complete": complete[-KEEP_COMPLETE:], "chunks": chunks,
                         "released": released})
         return out
 
@@ -439,9 +434,9 @@ class Checkpoints:
         boundary, below = (newest["boundary"], newest["records_below"]) if newest else (0, 0)
         floor = c.coord.log_floor()
         now = time.monotonic()
-        for chunk, (size, nbytes) in stored["chunks"].items():
-            if chunk >= floor:
-                c.log.load(chunk, size, now, charge(nbytes, size))
+        for chunk, (size, nbytes, where) in stored["chunks"].items():
+            c.log.load(chunk, size, now, charge(nbytes, size), where)
+        c.log.drop_below(floor)  # what the planner that died had not removed yet goes now
         t = job.tracker
         t.next_chunk = max([*c.log.entries, boundary - 1]) + 1
         sizes = c.log.sizes_from(boundary)

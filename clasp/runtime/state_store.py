@@ -4,7 +4,7 @@ Layout under the state directory (a shared volume when processes run on several 
 
     job-<J>/ckpt-<K>/<worker>.snapshot   one worker's part of checkpoint K: the key groups it owned
     job-<J>/ckpt-<K>/COMPLETE.json       written by the planner once every worker acked: the checkpoint exists
-    job-<J>/input/<chunk>.log            input chunks of the planner's input log
+    job-<J>/input/<first>.seg            input chunks of the planner's input log, appended from chunk <first> on
     planner/...                          the planner's own tables
     planner.lock                         held by the planner using the directory (its pid)
 
@@ -15,8 +15,9 @@ its own crc32) followed by one blob per key group. A blob, like an input chunk's
 push frame that brought it (codec FRAME: the records are its body's `records`). A restore reads the index
 of each file `COMPLETE.json` counts (its `workers`) and then only the blobs of the groups it loads, whoever
 wrote them. Every checkpoint file is written to a temporary name, fsynced and renamed, so a crash leaves
-either the old file or the new one; input chunks are written in place and fdatasynced
-(`clasp.runtime.input_log`): a torn one fails its checksum. Checkpoints of the layout before (a file
+either the old file or the new one; input chunks are appended to a segment and fdatasynced
+(`clasp.runtime.input_log`): a torn one fails its checksum (or its length) and ends the segment; a file of
+one chunk, `<chunk>.log`, is the layout before. Checkpoints of the layout before (a file
 `<op>.<group>.kg` per key group, a blob) are still read.
 """
 
