@@ -20,6 +20,7 @@ from bytewax.inputs import DynamicSource, StatelessSourcePartition
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 
 from clasp.apps.wc import split
+from clasp.bench.peers import send_answer
 
 INPUTS = os.environ.get("PEERS_INPUT", "").split(";")
 ANSWER = os.environ.get("PEERS_ANSWER", "")
@@ -27,19 +28,6 @@ CTX = zmq.Context.instance()
 
 
 _opened = []
-
-
-def send_answer(address: str, payload) -> None:
-    """`payload` sent (msgpack, PUSH) to the benchmark's answer socket, delivered before this returns: a
-    private context is terminated, which waits for the message to leave; a message left queued on a shared
-    context can be dropped when the process exits (an answer once went missing that way)."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.PUSH)
-    sock.setsockopt(zmq.LINGER, 30_000)
-    sock.connect(address)
-    sock.send(msgpack.packb(payload))
-    sock.close()
-    ctx.term()
 
 
 def gate() -> None:

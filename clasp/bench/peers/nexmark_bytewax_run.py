@@ -18,7 +18,8 @@ from bytewax.connectors.files import DirSource
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 
 from clasp.bench.peers import nexmark_bytewax as bw
-from clasp.bench.peers.bytewax_flow import gate, send_answer
+from clasp.bench.peers import send_answer
+from clasp.bench.peers.bytewax_flow import gate
 
 
 class _GatedDirSource(DirSource):
