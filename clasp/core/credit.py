@@ -144,14 +144,62 @@ class ByteQueue:
         return len(self.charges)
 
 
-def source_window(completed: int, seconds: float, least: int, most: int, span: float) -> int:
+def source_window(completed: int, seconds: float, least: int, most: int, span: float, cycle: float = 0.0) -> int:
     """A worker's source window (records its readers keep in flight) for readers whose records completed at
-    `completed / seconds` a second: what completes in `span` seconds, at least `least` and at most `most` (`most`
-    alone when it is the smaller). Credit comes back as the worker's progress reports say chunks completed,
-    every few tens of ms while it is busy: a window it runs through sooner leaves it idle until then, and one
-    far beyond the rate holds records a checkpoint's barrier waits for to no gain."""
+    `completed / seconds` a second and came back as credit `cycle` seconds after they were read at the
+    quickest: what completes in `cycle + span` seconds, at least `least` and at most `most` (`most` alone
+    when it is the smaller). A window that covers only `span` while credit takes longer than that to come
+    back keeps the readers waiting on credit, and the rate it then measures is the window's, which sizes
+    the next window no larger: between two workers (a record's credit waits for both to report) it sank to
+    `least` with the workers half idle. Counting the cycle in, a window the credit limits grows by
+    `span / cycle` each measure until the worker, not the credit, sets the rate; one far beyond the rate
+    holds records a checkpoint's barrier waits for to no gain."""
     rate = completed / seconds if seconds > 0 else 0.0
-    return min(most, max(least, int(rate * span)))
+    return min(most, max(least, int(rate * (cycle + span))))
+
+
+class CreditCycle:
+    """How long a source's records take to come back as credit: records are admitted in order (`admitted`)
+    and credited in order (`credited`, which returns the age of the last record it credits). The quickest
+    of these since `take_quickest` is the cycle `source_window` counts in: the report interval and the
+    round trips, not the queueing the window itself adds. Records never credited (lost with a worker) are
+    dropped oldest first once more are held than are in flight (`credited`'s `inflight`)."""
+
+    __slots__ = ("admits", "held", "quickest")
+
+    def __init__(self) -> None:
+        self.admits: deque[list] = deque()  # [when admitted, records of it not credited yet], oldest first
+        self.held = 0  # records in `admits`
+        self.quickest: float | None = None
+
+    def admitted(self, now: float, records: int) -> None:
+        if records > 0:
+            self.admits.append([now, records])
+            self.held += records
+
+    def credited(self, now: float, records: int, inflight: int | None = None) -> float | None:
+        """`records` credited at `now`, the oldest first; `inflight`: the records still in flight after them."""
+        age = None
+        admits = self.admits
+        if inflight is not None:  # more held than in flight: the oldest were lost, not credited
+            records += max(0, self.held - records - inflight)
+        while records > 0 and admits:
+            head = admits[0]
+            age = now - head[0]
+            took = min(records, head[1])
+            head[1] -= took
+            records -= took
+            self.held -= took
+            if not head[1]:
+                admits.popleft()
+        if age is not None and (self.quickest is None or age < self.quickest):
+            self.quickest = age
+        return age
+
+    def take_quickest(self) -> float:
+        """The quickest cycle since the last take (0.0 if nothing was credited), and a new measure begun."""
+        q, self.quickest = self.quickest, None
+        return q or 0.0
 
 
 def chunk_records(target_bytes: int, bytes_per_record: float | None, most: int = CHUNK_RECORDS) -> int:

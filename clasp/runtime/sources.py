@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from clasp.core import protocol
-from clasp.core.credit import source_window
+from clasp.core.credit import CreditCycle, source_window
 from clasp.core.eventtime import PartitionClock
 from clasp.core.timed import EventTime
 from clasp.core.tracking import CHUNK_BITS
@@ -84,6 +84,7 @@ class SourceReaders:
         self.most = window
         self.window = min(LEAST_WINDOW, window)  # until the rate is known
         self.credited = 0  # records credited since `rate_since`
+        self.cycle = CreditCycle()  # how soon the records read here come back as credit
         self.rate_since: float | None = None  # the first credit: the rate is measured from there
         self.parts: dict[tuple[int, str], Partition] = {}
         self.lease: list[int] = []
@@ -154,12 +155,14 @@ class SourceReaders:
     def on_credit(self, records: int) -> None:
         self.inflight = max(0, self.inflight - records)
         now = _time.monotonic()
+        self.cycle.credited(now, records, self.inflight)
         if self.rate_since is None:
             self.rate_since = now
         else:
             self.credited += records
             if now - self.rate_since >= RATE_S:
-                self.window = source_window(self.credited, now - self.rate_since, LEAST_WINDOW, self.most, WINDOW_S)
+                self.window = source_window(self.credited, now - self.rate_since, LEAST_WINDOW, self.most, WINDOW_S,
+                                            self.cycle.take_quickest())
                 self.credited, self.rate_since = 0, now
         self._grant()
 
@@ -264,6 +267,7 @@ class SourceReaders:
                 self.send(protocol.encode("wm_mark", [job, chunk, *p.seal_mark(op.name, batch)]))
             p.position = p.reader.position()
             used = len(batch)
+            self.cycle.admitted(_time.monotonic(), used)
             self.wake()
             return True
         finally:

@@ -1,5 +1,6 @@
 """The credit arithmetic of the planner's byte-bounded queue (clasp.core.credit), with no sockets."""
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -201,3 +202,60 @@ def test_a_source_window_holds_what_the_worker_completes_in_its_span_within_its_
     assert source_window(10**7, 1.0, 4096, 16384, 0.05) == 16384  # never beyond the most
     assert source_window(10**7, 1.0, 4096, 2048, 0.05) == 2048  # a most below the least is the window
     assert source_window(0, 0.0, 4096, 16384, 0.05) == 4096
+    # credit that comes back 50 ms after the records were read: the window covers that cycle too
+    assert source_window(300_000, 1.0, 4096, 65536, 0.05, cycle=0.05) == 30000
+
+
+def test_a_window_the_credit_limits_grows_until_the_worker_sets_the_rate():
+    """A closed loop: the window's records come back as credit one cycle (60 ms, longer than the span) after
+    they are read, or later once the worker (capacity per second) is the limit. Without the cycle counted in,
+    the window sinks to the least; with it, it grows to what the worker completes in a cycle and a span."""
+    from clasp.core.credit import source_window
+
+    def settle(with_cycle: bool, capacity: float = 400_000, cycle: float = 0.06) -> int:
+        window = 8192
+        for _ in range(50):
+            seconds = max(cycle, window / capacity)  # a window's turn: the credit's cycle, or the work
+            window = source_window(window, seconds, 4096, 65536, 0.05, cycle if with_cycle else 0.0)
+        return window
+
+    assert settle(False) == 4096  # the fixed point of the rate the window itself allows
+    assert settle(True) == 44000  # what the worker completes in the cycle and the span: 400,000 a second, 110 ms
+    assert settle(True, capacity=100_000) == 11000  # a slower worker: what it completes in 110 ms
+
+
+def test_the_credit_cycle_is_the_age_of_the_records_credited_the_quickest_since_the_last_take():
+    from clasp.core.credit import CreditCycle
+
+    c = CreditCycle()
+    c.admitted(0.0, 1024)
+    c.admitted(0.010, 1024)
+    assert c.credited(0.030, 1000) == 0.030  # the oldest first
+    assert c.credited(0.040, 524) == 0.030  # the first's last 24 and the second's first 500: read at 10 ms
+    assert c.take_quickest() == 0.030
+    assert c.take_quickest() == 0.0  # nothing credited since
+    assert c.credited(0.060, 524) == pytest.approx(0.050)
+    assert c.held == 0
+    c.admitted(0.100, 0)  # nothing admitted: nothing held
+    assert c.credited(0.2, 5) is None
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 5000)), max_size=60))
+def test_a_credit_cycle_holds_no_more_than_is_in_flight(steps):
+    """Whatever is admitted and credited, and whatever is lost (never credited), the records it holds are
+    at most those in flight after each credit, and its ages are never negative."""
+    from clasp.core.credit import CreditCycle
+
+    c, inflight, now = CreditCycle(), 0, 0.0
+    for admit, n in steps:
+        now += 0.001
+        if admit:
+            c.admitted(now, n)
+            inflight += n
+        else:
+            n = min(n, inflight)
+            inflight -= n if n % 3 else n // 2  # some credited, the rest of a third of them lost
+            age = c.credited(now, n if n % 3 else n - n // 2, inflight)
+            assert c.held <= inflight
+            assert age is None or age >= 0
+    assert c.held == sum(r for _, r in c.admits)
