@@ -287,7 +287,7 @@ class Planner:
             "scale": mig.on_scale, "place": mig.on_place, "autoscale": mig.on_autoscale, "wm_push": tm.on_wm_push,
             "drain": pool.on_drain, "leave": pool.on_leave, "pool": pool.on_pool, "end_input": d.on_end_input,
             "lease": src.on_lease, "seal": self._on_seal, "read_end": src.on_read_end, "stop": src.on_stop,
-            "wm_mark": tm.on_wm_mark, "wm_idle": tm.on_wm_idle, "wm_fired": tm.on_wm_fired, "wm_out": tm.on_wm_out}
+            "wm_idle": tm.on_wm_idle, "wm_fired": tm.on_wm_fired, "wm_out": tm.on_wm_out}
         return ServerLoop(self.router, handlers, where="the planner", on_bad=self._bad, on_failure=self._failed,
                           decode=protocol.decode_message, spawn=self._spawn_handler, raw=frozenset({"push"}),
                           admit=self._admit, drain=True)

@@ -61,7 +61,7 @@ class Partition:
         self.task: asyncio.Task | None = None
         self.position = position
         self.ended = False
-        # Event time: the partition's watermark goes to the planner with each seal (docs/TIME.md).
+        # Event time: the partition's watermark goes to the planner in each seal (docs/TIME.md).
         self.time = time
         self.clock = PartitionClock(time.max_out_of_order, time.idle_timeout) if time is not None else None
 
@@ -259,9 +259,10 @@ class SourceReaders:
             chunk = await self._chunk()
             # From here to the seal nothing awaits: the batch, its chunk and the position go together.
             counts = self.eng.admit_source(p.op, batch, chunk << CHUNK_BITS)
-            self.send(protocol.encode("seal", [job, chunk, len(batch), counts]))
-            if p.clock is not None:  # the partition's watermark after this chunk: right behind its seal
-                self.send(protocol.encode("wm_mark", [job, chunk, *p.seal_mark(op.name, batch)]))
+            seal = [job, chunk, len(batch), counts]
+            if p.clock is not None:  # the partition's watermark after this chunk, in its seal: one message
+                seal.append(p.seal_mark(op.name, batch))
+            self.send(protocol.encode("seal", seal))
             p.position = p.reader.position()
             used = len(batch)
             self.wake()
