@@ -96,6 +96,20 @@ def epoch_counts(rids: Iterable[int]) -> Counter:
     return Counter(map(EPOCH_BITS.__rrshift__, rids))
 
 
+def epoch_spans(rids: range) -> list[tuple[int, int, int]]:
+    """(epoch, first index, end index) of each epoch's stretch of the consecutive record ids `rids` (a source's
+    batch): O(epochs), not O(records)."""
+    out = []
+    i, rid, end = 0, rids.start, rids.stop
+    while rid < end:
+        e = rid >> EPOCH_BITS
+        stop = min(end, (e + 1) << EPOCH_BITS)
+        out.append((e, i, i + stop - rid))
+        i += stop - rid
+        rid = stop
+    return out
+
+
 def add_range(counts: dict[int, dict[int, int]], op: int, first: int, n: int) -> None:
     """Count `n` requests of operator `op` for the records `first .. first + n - 1` into `counts`
     (epoch -> {operator: requests}), epoch by epoch: O(epochs), not O(records)."""
