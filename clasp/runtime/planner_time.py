@@ -1,15 +1,15 @@
 """The planner's side of event time (`TimeCoordinator`): the job's watermark, released to the workers.
 
-Readers send each partition's watermark after every chunk they seal (its mark, in the seal) and
-say when a partition went idle (`wm_idle`); the dispatcher's pushed chunks are marked here (`pushed`), and the
-workers running the push source report each chunk's largest time (`wm_push`, ahead of its progress). Every
-RELEASE_S the planner settles which chunks completed (`clasp.core.timed.ReleasedWatermark`) and, if the job's
-watermark (or a stage's) moved, sends every worker of the job the watermarks (`watermark`, with a round number;
-once a tick also unchanged): a watermark is released only when every record read before it was promised has been
-processed everywhere, so no operator sees a record of a smaller time after it. A worker fires its windows at
-it (their outputs leased and sealed like a source's batches) and answers `wm_fired`; `wait_idle` waits until
-every worker answered a round sent after the last change (the watermark moved, a migration, a rollback), so
-the windows the end of a bounded input fires are done when it returns.
+Readers send each partition's watermark after every chunk they seal (its mark, in the seal) and say when a
+partition went idle (`wm_idle`); the dispatcher's pushed chunks are marked here (`pushed`), and the workers
+running the push source report each chunk's largest time (`wm_push`, ahead of its progress). Every RELEASE_S the
+planner settles which chunks completed (`clasp.core.timed.ReleasedWatermark`) and, if the job's watermark (or a
+stage's) moved, sends every worker of a job with keyed time operators the watermarks (`watermark`, with a round
+number; once a tick also unchanged): a watermark is released only when every record read before it was promised
+has been processed everywhere, so no operator sees a record of a smaller time after it. A worker fires its
+windows at it (their outputs leased and sealed like a source's batches) and answers `wm_fired`; `wait_idle`
+waits until every worker answered a round sent after the last change (the watermark moved, a migration, a
+rollback), so the windows the end of a bounded input fires are done when it returns.
 """
 
 from __future__ import annotations
@@ -185,8 +185,8 @@ class TimeCoordinator:
         if moved or job.life.migrating or restoring:
             t.settled_round = t.round
         t.marks.released = w
-        if restoring or w == -math.inf:
-            return
+        if restoring or w == -math.inf or not t.stages:
+            return  # a job with no keyed time operator fires nothing: its workers need no watermark
         frame = protocol.pack(protocol.Watermark(job.id, w, levels, t.round))
         for worker in serving:
             self.link.post(worker.encode(), frame)
