@@ -40,6 +40,7 @@ Message types and who sends them (C client, P planner, W worker):
 | leased | P → W | job, first, count: chunk ids `first .. first + count - 1`, this worker's to use |
 | seal | W → P | [job, chunk, records, {epoch: {op: requests}}, mark?]: a batch read, handed to the successors |
 | (mark) | | a partition on event time: [source operator, partition, time], its watermark after that chunk |
+| seals | W → P | [job, [[chunk, records, counts, mark?], ...]]: the seals of one turn of the worker's event loop |
 | read_end | W → P | [job, source operator, partition, epoch]: a bounded partition read to its end in that era |
 | credit | P → W | job, records: records its readers read that are complete (the reader's window reopens) |
 | watermark | P → W | job, watermark, levels (one per stage), round: fire the windows and timers due |
@@ -56,7 +57,7 @@ Message types and who sends them (C client, P planner, W worker):
 
 Every control message is typed: a frozen dataclass (`MESSAGES`) that `decode_message` builds and checks,
 its body a map or, for a `Positional` one, a list; only the data path's per-batch bodies (data, runs, cols,
-done, seal) stay plain lists, checked by the `check_*` functions (docs/ARCHITECTURE.md, "Typed
+done, seal, seals) stay plain lists, checked by the `check_*` functions (docs/ARCHITECTURE.md, "Typed
 control messages").
 
 `deploy` has two optional fields: `state` is "local" or "remote" (then `state_server` is the planner's remote-state
@@ -95,7 +96,7 @@ SCHEMAS: dict[str, dict[str, tuple | None]] = {}
 _OPTIONAL: dict[str, dict[str, tuple | None]] = {}
 # List-bodied messages: their lengths; the first element is always the job id. The data path's (below) stay
 # lists; the typed positional messages (`Positional`) add theirs, with their fields' types (`_POSITIONS`).
-_LIST_BODIES = {"data": 3, "runs": 3, "cols": 3, "done": 3, "seal": 4, "wm_push": 3}
+_LIST_BODIES = {"data": 3, "runs": 3, "cols": 3, "done": 3, "seal": 4, "seals": 2, "wm_push": 3}
 # ... and a longer form some take: a seal with its partition's watermark mark.
 _LIST_LONGER = {"seal": 5}
 _POSITIONS: dict[str, list[tuple[str, tuple | None]]] = {}
@@ -862,6 +863,8 @@ def parse(mtype: str, body: Any) -> Any:
             check_progress(body)
         elif mtype == "seal":
             check_seal(body)
+        elif mtype == "seals":
+            check_seals(body)
         return body
     if issubclass(cls, Positional):
         msg = cls(*body)
@@ -1179,6 +1182,16 @@ def check_seal(body: list) -> None:
         if type(mark) is not list or len(mark) != 3 or type(mark[2]) not in (int, float):
             raise ProtocolError("bad_body", "seal: the mark must be [source operator, partition, time]")
     check_progress([body[0], body[3]])
+
+
+def check_seals(body: list) -> None:
+    """Validate seals [job, [[chunk, records, counts, mark?], ...]] (each as `check_seal` has it)."""
+    if type(body[1]) is not list or not body[1]:
+        raise ProtocolError("bad_body", "seals: expected [job, [seal, ...]]")
+    for seal in body[1]:
+        if type(seal) is not list or len(seal) not in (3, 4):
+            raise ProtocolError("bad_body", "seals: each seal is [chunk, records, counts, mark?]")
+        check_seal([body[0], *seal])
 
 
 def reply(req: int, result: Any = None) -> bytes:

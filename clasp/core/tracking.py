@@ -12,11 +12,12 @@ and its parent's above, and the epoch open, until that report comes. Nothing is 
 
 Records a worker reads from a source enter at that worker, not at the planner: the worker leases ranges of
 chunk ids from the planner (`lease`), gives each batch it reads the next chunk of its lease, and reports
-the batch *sealed* (`sealed`: its size and the requests it handed to the source's successors) ahead of
-anything else about it, on the same ordered channel as its progress reports. A report from another worker
-about a leased chunk whose seal has not arrived yet opens the epoch unsealed: it cannot complete before
-the seal. A rollback forgets every source chunk at or above the checkpoint's boundary (its records are
-read again, as new chunks) and voids the leases: a late report about them is ignored.
+the batch *sealed* (`sealed`: its size and the requests it handed to the source's successors), on the same
+ordered channel as its progress reports, at the end of the turn of its event loop that read it. A report,
+from another worker or from this one, about a leased chunk whose seal has not arrived yet opens the epoch
+unsealed: it cannot complete before the seal. A rollback forgets every source chunk at or above the
+checkpoint's boundary (its records are read again, as new chunks) and voids the leases: a late report about
+them is ignored.
 """
 
 from __future__ import annotations

@@ -261,3 +261,14 @@ def test_a_seal_carries_its_partitions_mark_or_none():
         assert e.value.reason == "bad_body"
     with pytest.raises(ProtocolError, match="expected a list of 4") as e:
         protocol.decode_message(protocol.encode("seal", [*marked, 0]))
+
+
+def test_seals_carry_a_turn_of_seals_each_checked_as_one():
+    counts = {0: {1: 10}}
+    body = [1, [[3, 10, counts], [4, 10, counts, ["src", "p0", 1.5]]]]
+    assert protocol.decode_message(protocol.encode("seals", body)) == ("seals", body)
+    for seals, why in (([], "expected"), ([[3, 10]], "each seal"), ([[3, 0, counts]], "expected"),
+                       ([[3, 10, counts, ["src", "p0"]]], "mark"), ([[3, 10, {0: {1: "x"}}]], "deltas")):
+        with pytest.raises(ProtocolError, match=why) as e:
+            protocol.decode_message(protocol.encode("seals", [1, seals]))
+        assert e.value.reason == "bad_body"
