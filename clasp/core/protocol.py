@@ -38,11 +38,12 @@ Message types and who sends them (C client, P planner, W worker):
 | sink_flush | P → W | req, job, seq: checkpoints off: write, prepare and commit every sink partition now |
 | lease | W → P | [job, chunks]: chunk ids for the batches its source readers will read (`clasp.core.tracking`) |
 | leased | P → W | job, first, count: chunk ids `first .. first + count - 1`, this worker's to use |
-| seal | W → P | [job, chunk, records, {epoch: {op: requests}}]: a batch read, handed to the source's successors |
+| seal | W → P | [job, chunk, records, {epoch: {op: requests}}, mark?]: a batch read, handed to the successors |
+| (mark) | | a partition on event time: [source operator, partition, time], its watermark after that chunk |
+| seals | W → P | [job, [[chunk, records, counts, mark?], ...]]: the seals of one turn of the worker's event loop |
 | read_end | W → P | [job, source operator, partition, epoch]: a bounded partition read to its end in that era |
 | credit | P → W | job, records: records its readers read that are complete (the reader's window reopens) |
 | watermark | P → W | job, watermark, levels (one per stage), round: fire the windows and timers due |
-| wm_mark | W → P | [job, chunk, source operator, partition, time]: a partition's watermark after that chunk |
 | wm_idle | W → P | [job, source operator, partition]: the partition went idle |
 | wm_out | W → P | [job, chunk, records]: a chunk of fired windows' outputs (its seal follows) |
 | wm_fired | W → P | [job, round, late]: the windows due at that round fired; records sent late so far |
@@ -56,7 +57,7 @@ Message types and who sends them (C client, P planner, W worker):
 
 Every control message is typed: a frozen dataclass (`MESSAGES`) that `decode_message` builds and checks,
 its body a map or, for a `Positional` one, a list; only the data path's per-batch bodies (data, runs, cols,
-done, seal, wm_mark) stay plain lists, checked by the `check_*` functions (docs/ARCHITECTURE.md, "Typed
+done, seal, seals) stay plain lists, checked by the `check_*` functions (docs/ARCHITECTURE.md, "Typed
 control messages").
 
 `deploy` has two optional fields: `state` is "local" or "remote" (then `state_server` is the planner's remote-state
@@ -95,7 +96,9 @@ SCHEMAS: dict[str, dict[str, tuple | None]] = {}
 _OPTIONAL: dict[str, dict[str, tuple | None]] = {}
 # List-bodied messages: their lengths; the first element is always the job id. The data path's (below) stay
 # lists; the typed positional messages (`Positional`) add theirs, with their fields' types (`_POSITIONS`).
-_LIST_BODIES = {"data": 3, "runs": 3, "cols": 3, "done": 3, "seal": 4, "wm_mark": 5, "wm_push": 3}
+_LIST_BODIES = {"data": 3, "runs": 3, "cols": 3, "done": 3, "seal": 4, "seals": 2, "wm_push": 3}
+# ... and a longer form some take: a seal with its partition's watermark mark.
+_LIST_LONGER = {"seal": 5}
 _POSITIONS: dict[str, list[tuple[str, tuple | None]]] = {}
 
 
@@ -820,7 +823,8 @@ def decode(frame: bytes) -> tuple[str, Any]:
         raise ProtocolError("unknown_type", f"type {mtype!r}")
     n = _LIST_BODIES.get(mtype)
     if n is not None:
-        if not isinstance(body, list) or len(body) != n or type(body[0]) is not int:
+        if (not isinstance(body, list) or (len(body) != n and len(body) != _LIST_LONGER.get(mtype))
+                or type(body[0]) is not int):
             raise ProtocolError("bad_body", f"{mtype}: expected a list of {n} starting with the job id")
         kinds = _POSITIONS.get(mtype)
         if kinds is not None:
@@ -859,6 +863,8 @@ def parse(mtype: str, body: Any) -> Any:
             check_progress(body)
         elif mtype == "seal":
             check_seal(body)
+        elif mtype == "seals":
+            check_seals(body)
         return body
     if issubclass(cls, Positional):
         msg = cls(*body)
@@ -1167,10 +1173,25 @@ def check_progress(body: list) -> None:
 
 
 def check_seal(body: list) -> None:
-    """Validate a seal [job, chunk, records, {epoch: {op: requests}}]."""
+    """Validate a seal [job, chunk, records, {epoch: {op: requests}}] or, from a partition on event time,
+    [..., [source operator, partition, watermark after the chunk]]."""
     if type(body[1]) is not int or type(body[2]) is not int or body[1] < 0 or body[2] <= 0:
         raise ProtocolError("bad_body", "seal: expected [job, chunk, records, counts]")
+    if len(body) > 4:
+        mark = body[4]
+        if type(mark) is not list or len(mark) != 3 or type(mark[2]) not in (int, float):
+            raise ProtocolError("bad_body", "seal: the mark must be [source operator, partition, time]")
     check_progress([body[0], body[3]])
+
+
+def check_seals(body: list) -> None:
+    """Validate seals [job, [[chunk, records, counts, mark?], ...]] (each as `check_seal` has it)."""
+    if type(body[1]) is not list or not body[1]:
+        raise ProtocolError("bad_body", "seals: expected [job, [seal, ...]]")
+    for seal in body[1]:
+        if type(seal) is not list or len(seal) not in (3, 4):
+            raise ProtocolError("bad_body", "seals: each seal is [chunk, records, counts, mark?]")
+        check_seal([body[0], *seal])
 
 
 def reply(req: int, result: Any = None) -> bytes:

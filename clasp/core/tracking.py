@@ -12,11 +12,12 @@ and its parent's above, and the epoch open, until that report comes. Nothing is 
 
 Records a worker reads from a source enter at that worker, not at the planner: the worker leases ranges of
 chunk ids from the planner (`lease`), gives each batch it reads the next chunk of its lease, and reports
-the batch *sealed* (`sealed`: its size and the requests it handed to the source's successors) ahead of
-anything else about it, on the same ordered channel as its progress reports. A report from another worker
-about a leased chunk whose seal has not arrived yet opens the epoch unsealed: it cannot complete before
-the seal. A rollback forgets every source chunk at or above the checkpoint's boundary (its records are
-read again, as new chunks) and voids the leases: a late report about them is ignored.
+the batch *sealed* (`sealed`: its size and the requests it handed to the source's successors), on the same
+ordered channel as its progress reports, at the end of the turn of its event loop that read it. A report,
+from another worker or from this one, about a leased chunk whose seal has not arrived yet opens the epoch
+unsealed: it cannot complete before the seal. A rollback forgets every source chunk at or above the
+checkpoint's boundary (its records are read again, as new chunks) and voids the leases: a late report about
+them is ignored.
 """
 
 from __future__ import annotations
@@ -110,6 +111,20 @@ def epoch_counts(rids: Iterable[int]) -> Counter:
     """How many of the record ids `rids` fall in each epoch, counted in C (what `epochs_of_runs` gives summed per
     epoch: a run that made no children needs no more)."""
     return Counter(map(EPOCH_BITS.__rrshift__, rids))
+
+
+def epoch_spans(rids: range) -> list[tuple[int, int, int]]:
+    """(epoch, first index, end index) of each epoch's stretch of the consecutive record ids `rids` (a source's
+    batch): O(epochs), not O(records)."""
+    out = []
+    i, rid, end = 0, rids.start, rids.stop
+    while rid < end:
+        e = rid >> EPOCH_BITS
+        stop = min(end, (e + 1) << EPOCH_BITS)
+        out.append((e, i, i + stop - rid))
+        i += stop - rid
+        rid = stop
+    return out
 
 
 def add_range(counts: dict[int, dict[int, int]], op: int, first: int, n: int) -> None:

@@ -16,8 +16,6 @@ counters. Its collaborators, built here with what each uses passed in:
 
 from __future__ import annotations
 
-from itertools import repeat
-
 import msgpack
 
 from clasp.core.dag import DagSpec
@@ -213,9 +211,10 @@ class JobEngine:
         n = len(values)
         try:
             if all(r[0] == ROUTE_LOCAL and r[2] == self.ops[r[1]].queue.append for r in op.routes):
-                # Every successor's share here, no barrier filter: each queue extended once, rows built in C.
+                # Every successor's share here, no barrier filter: the batch joins each queue as one run (its
+                # values, shared, and its first record id; `clasp.runtime.records`), no row per record.
                 for j, (_, succ, _, _, _, _) in enumerate(op.routes):
-                    self.ops[succ].queue.extend(zip(repeat(succ), values, repeat(None), range(first, first + n)))
+                    self.ops[succ].queue.append_run(succ, values, first)
                     op.edge_counts[j] += n
                     rid = first
                     while rid < first + n:

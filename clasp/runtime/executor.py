@@ -137,11 +137,11 @@ class Executor:
                 and (routes[0][0] == KEYED_HERE or not self.handover.held)):
             return self._run_gathered(op, q.take_rows(n))
         if op.maps_keyed and routes[0][5].index not in self.cut.held:
-            return map_keyed(self, op, q.take_rows(n))
+            return map_keyed(self, op, q.take_columns(n))
         if op.maps_local:
-            return map_local(self, op, q.take_rows(n))
+            return map_local(self, op, q.take_columns(n))
         if not routes and op.collect and not op.sink:
-            return collect_pass(self, op, q.take_rows(n))
+            return collect_pass(self, op, q.take_columns(n))
         fn = op.fn
         pc = perf_counter
         dts = op.dts

@@ -104,6 +104,16 @@ def _key_weights(spec: DagSpec, raw: dict) -> dict[str, list[float]]:
     return out
 
 
+
+def each_seal(on_seal: Callable[[bytes, list], None]) -> Callable[[bytes, list], None]:
+    """The handler of `seals` (the seals of one turn of a worker's readers, in the order admitted): `on_seal`
+    for each, as if it had come alone."""
+    def on_seals(ident: bytes, body: list) -> None:
+        for seal in body[1]:
+            on_seal(ident, [body[0], *seal])
+    return on_seals
+
+
 class Planner:
     """The planner. `await Planner(...).serve()` runs until cancelled."""
 
@@ -286,8 +296,8 @@ class Planner:
             "wait_idle": q.on_wait_idle, "state": q.on_state, "collected": q.on_collected, "stats": q.on_stats,
             "scale": mig.on_scale, "place": mig.on_place, "autoscale": mig.on_autoscale, "wm_push": tm.on_wm_push,
             "drain": pool.on_drain, "leave": pool.on_leave, "pool": pool.on_pool, "end_input": d.on_end_input,
-            "lease": src.on_lease, "seal": self._on_seal, "read_end": src.on_read_end, "stop": src.on_stop,
-            "wm_mark": tm.on_wm_mark, "wm_idle": tm.on_wm_idle, "wm_fired": tm.on_wm_fired, "wm_out": tm.on_wm_out}
+            "lease": src.on_lease, "seal": self._on_seal, "seals": each_seal(self._on_seal), "stop": src.on_stop,
+            "read_end": src.on_read_end, "wm_idle": tm.on_wm_idle, "wm_fired": tm.on_wm_fired, "wm_out": tm.on_wm_out}
         return ServerLoop(self.router, handlers, where="the planner", on_bad=self._bad, on_failure=self._failed,
                           decode=protocol.decode_message, spawn=self._spawn_handler, raw=frozenset({"push"}),
                           admit=self._admit, drain=True)

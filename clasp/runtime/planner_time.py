@@ -1,15 +1,15 @@
 """The planner's side of event time (`TimeCoordinator`): the job's watermark, released to the workers.
 
-Readers send each partition's watermark after every chunk they seal (`wm_mark`, right behind the seal) and
-say when a partition went idle (`wm_idle`); the dispatcher's pushed chunks are marked here (`pushed`), and the
-workers running the push source report each chunk's largest time (`wm_push`, ahead of its progress). Every
-RELEASE_S the planner settles which chunks completed (`clasp.core.timed.ReleasedWatermark`) and, if the job's
-watermark (or a stage's) moved, sends every worker of the job the watermarks (`watermark`, with a round number;
-once a tick also unchanged): a watermark is released only when every record read before it was promised has been
-processed everywhere, so no operator sees a record of a smaller time after it. A worker fires its windows at
-it (their outputs leased and sealed like a source's batches) and answers `wm_fired`; `wait_idle` waits until
-every worker answered a round sent after the last change (the watermark moved, a migration, a rollback), so
-the windows the end of a bounded input fires are done when it returns.
+Readers send each partition's watermark after every chunk they seal (its mark, in the seal) and say when a
+partition went idle (`wm_idle`); the dispatcher's pushed chunks are marked here (`pushed`), and the workers
+running the push source report each chunk's largest time (`wm_push`, ahead of its progress). Every RELEASE_S the
+planner settles which chunks completed (`clasp.core.timed.ReleasedWatermark`) and, if the job's watermark (or a
+stage's) moved, sends every worker of a job with keyed time operators the watermarks (`watermark`, with a round
+number; once a tick also unchanged): a watermark is released only when every record read before it was promised
+has been processed everywhere, so no operator sees a record of a smaller time after it. A worker fires its
+windows at it (their outputs leased and sealed like a source's batches) and answers `wm_fired`; `wait_idle`
+waits until every worker answered a round sent after the last change (the watermark moved, a migration, a
+rollback), so the windows the end of a bounded input fires are done when it returns.
 """
 
 from __future__ import annotations
@@ -94,12 +94,6 @@ class TimeCoordinator:
         if t is not None and t.push is not None and type(body[1]) is int and isinstance(body[2], int | float):
             t.push.observed(t.marks, body[1], float(body[2]))
 
-    def on_wm_mark(self, ident: bytes, body: list) -> None:
-        job = self._reading_job(body[0])
-        t = self._job_time(job) if job is not None else None
-        if t is not None and isinstance(body[4], int | float):
-            t.marks.sealed((str(body[2]), str(body[3])), int(body[1]), float(body[4]))
-
     def on_wm_idle(self, ident: bytes, msg: protocol.WmIdle) -> None:
         job = self._reading_job(msg.job)
         t = self._job_time(job) if job is not None else None
@@ -116,12 +110,21 @@ class TimeCoordinator:
             t.windows += msg.records
 
     def on_seal(self, ident: bytes, body: list) -> None:
-        """A worker sealed a chunk (after the sources' handler took it): if it held windows fired here, its
-        completion is the tracker's from now on."""
+        """A worker sealed a chunk (after the sources' handler took it): a reader's partition on event time
+        marks it with its watermark after the chunk (`check_seal` checked the mark); if it held windows fired
+        here, its completion is the tracker's from now on."""
         job = self._reading_job(body[0])
-        t = getattr(job, "time", None) if job is not None else None
-        if t is not None and type(body[1]) is int:
-            t.fired_chunks.sealed(body[1])
+        if job is None:
+            return
+        if len(body) > 4:
+            t = self._job_time(job)
+            if t is not None:
+                op, part, w = body[4]
+                t.marks.sealed((str(op), str(part)), body[1], float(w))
+        else:
+            t = getattr(job, "time", None)
+            if t is not None:
+                t.fired_chunks.sealed(body[1])
 
     def on_wm_fired(self, ident: bytes, msg: protocol.WmFired) -> None:
         job = self.jobs.get(msg.job)
@@ -182,8 +185,8 @@ class TimeCoordinator:
         if moved or job.life.migrating or restoring:
             t.settled_round = t.round
         t.marks.released = w
-        if restoring or w == -math.inf:
-            return
+        if restoring or w == -math.inf or not t.stages:
+            return  # a job with no keyed time operator fires nothing: its workers need no watermark
         frame = protocol.pack(protocol.Watermark(job.id, w, levels, t.round))
         for worker in serving:
             self.link.post(worker.encode(), frame)

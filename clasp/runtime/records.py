@@ -1,12 +1,15 @@
-"""An operator's input queue: requests `(op, value, key, rid)` in FIFO order, held as rows or as column blocks.
+"""An operator's input queue: requests `(op, value, key, rid)` in FIFO order, held as rows or as columns.
 
 The keyed fast paths hand a stateful operator whose key is the value a batch of its requests as columns (the
 values, and their record ids as runs: a line's words share its id) instead of one tuple per request: the producer
 extends the values in C and appends one id and count per line, the executor runs the values in a tight loop and
-counts progress per run, and no request is a Python object of its own while it waits. A block sits in the
-same FIFO as the rows, so order across the two forms is the order of arrival. Everything that works row by row
-(migration scans, checkpoint barriers, async and remote-state operators) sees rows: `popleft`, iteration and
-`take_rows` expand blocks as they reach them.
+counts progress per run, and no request is a Python object of its own while it waits. A source's batch reaches
+the stateless operators after the source here the same way, as a `Run`: the batch's values and its first record
+id (the ids are consecutive), so the operator's pass (`take_columns`) gets the values list and a `range` of ids,
+and counts progress per epoch, not per record. A block or run sits in the same FIFO as the rows, so order
+across the forms is the order of arrival. Everything that works row by row (migration scans, checkpoint
+barriers, async and remote-state operators) sees rows: `popleft`, iteration and `take_rows` expand blocks and
+runs as they reach them.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 from itertools import accumulate, chain, repeat
+from operator import itemgetter
+
+_VALUE, _RID = itemgetter(1), itemgetter(3)
 
 
 class Block:
@@ -87,16 +93,59 @@ class Block:
         return part
 
 
+class Run:
+    """Requests (op, v, None, start + i) for `values[i]`, i from `pos` on: a source's batch, whose record ids
+    are consecutive, for a stateless operator (no key)."""
+
+    __slots__ = ("op", "values", "start", "pos")
+
+    def __init__(self, op: int, values: list, start: int):
+        self.op, self.values, self.start = op, values, start
+        self.pos = 0
+
+    def __len__(self) -> int:
+        return len(self.values) - self.pos
+
+    def values_left(self) -> list:
+        return self.values[self.pos:] if self.pos else self.values
+
+    def rids(self) -> range:
+        """The remaining requests' record ids."""
+        return range(self.start + self.pos, self.start + len(self.values))
+
+    def rows(self):
+        """The remaining requests as rows, built in C."""
+        return zip(repeat(self.op), self.values_left(), repeat(None), self.rids())
+
+    def first(self) -> tuple:
+        return (self.op, self.values[self.pos], None, self.start + self.pos)
+
+    def pop(self) -> tuple:
+        row = self.first()
+        self.pos += 1
+        return row
+
+    def head(self, k: int) -> Run:
+        """A new run of the first `k` (< len) remaining requests, which are taken out of this one."""
+        part = Run(self.op, self.values[self.pos:self.pos + k], self.start + self.pos)
+        self.pos += k
+        return part
+
+
+_SEGMENTS = (Block, Run)  # what a queue holds besides rows
+
+
 class RecordQueue:
     """A FIFO of requests with deque's row interface (`append`, `extend`, `extendleft`, `popleft`, `clear`,
-    `len`, iteration, `[0]`) plus `append_block` and `take` for the column fast path."""
+    `len`, iteration, `[0]`) plus `append_block`, `append_run`, `take` and `take_columns` for the column fast
+    paths."""
 
     __slots__ = ("_items", "_n", "_blocks")
 
     def __init__(self):
         self._items: deque = deque()
         self._n = 0  # requests, not items: a block counts its values
-        self._blocks = 0  # blocks among the items: with none, `take` moves rows in C
+        self._blocks = 0  # blocks and runs among the items: with none, `take` moves rows in C
 
     def __len__(self) -> int:
         return self._n
@@ -129,6 +178,14 @@ class RecordQueue:
             self._n += len(values)
             self._blocks += 1
 
+    def append_run(self, op: int, values: list, start: int) -> None:
+        """Requests (op, v, None, start + i) for `values` in order (a list the queue only reads from now on:
+        several successors of one source may share it)."""
+        if values:
+            self._items.append(Run(op, values, start))
+            self._n += len(values)
+            self._blocks += 1
+
     def clear(self) -> None:
         self._items.clear()
         self._n = self._blocks = 0
@@ -136,7 +193,7 @@ class RecordQueue:
     def popleft(self):
         items = self._items
         x = items[0]
-        if type(x) is Block:
+        if type(x) in _SEGMENTS:
             row = x.pop()
             if x.pos == len(x.values):
                 items.popleft()
@@ -151,19 +208,19 @@ class RecordQueue:
         if i != 0:
             raise IndexError("a record queue gives its first request only")
         x = self._items[0]
-        if type(x) is Block:
+        if type(x) in _SEGMENTS:
             return x.first()
         return x
 
     def __iter__(self):
         for x in self._items:
-            if type(x) is Block:
+            if type(x) in _SEGMENTS:
                 yield from x.rows()
             else:
                 yield x
 
     def take(self, n: int) -> list:
-        """The first `n` requests, out of the queue, as segments in order: a list of rows, or a Block."""
+        """The first `n` requests, out of the queue, as segments in order: a list of rows, a Block or a Run."""
         items = self._items
         if not self._blocks:
             if n >= len(items):
@@ -178,7 +235,7 @@ class RecordQueue:
         left = n
         while left and items:
             x = items[0]
-            if type(x) is Block:
+            if type(x) in _SEGMENTS:
                 if rows is not None:
                     out.append(rows)
                     rows = None
@@ -207,3 +264,18 @@ class RecordQueue:
         if len(parts) == 1 and type(parts[0]) is list:
             return parts[0]
         return list(chain.from_iterable(s if type(s) is list else s.rows() for s in parts))
+
+    def take_columns(self, n: int) -> list[tuple[list, range | list]]:
+        """The first `n` requests, out of the queue, as columns: (values, record ids) per segment, in order; a
+        run's ids as a `range` (a stateless operator's pass needs no key)."""
+        out = []
+        for s in self.take(n):
+            t = type(s)
+            if t is Run:
+                out.append((s.values_left(), s.rids()))
+            elif t is list:
+                out.append((list(map(_VALUE, s)), list(map(_RID, s))))
+            else:
+                rows = list(s.rows())
+                out.append((list(map(_VALUE, rows)), list(map(_RID, rows))))
+        return out

@@ -2,10 +2,11 @@
 
 Each owned partition has a reader (`Source.open(partition, position)`) and a task that asks it for batches
 while the worker's window has room, gives each batch the next chunk id of a lease from the planner, hands it
-to the engine as the source operator's outputs (`JobEngine.admit_source`) and sends the planner the batch's
-seal (`clasp.core.tracking`: its size and the requests it made) at once, on the control channel, ahead of
-any reply sent after it. The position kept for a partition is the reader's position after the last batch
-admitted, so it always matches what the engine was handed:
+to the engine as the source operator's outputs (`JobEngine.admit_source`) and seals it (`clasp.core.tracking`:
+its size and the requests it made): the seals of a turn of the event loop go to the planner together at its
+end, on the control channel, and ahead of anything the readers say or reply after them (`_seal`). The
+position kept for a partition is the reader's position after the last batch admitted, so it always matches
+what the engine was handed:
 
 - at a checkpoint's barrier (`barrier`) the positions are those of the cut (every later batch gets a chunk
   at or above the boundary: leased chunks below it are dropped);
@@ -61,7 +62,7 @@ class Partition:
         self.task: asyncio.Task | None = None
         self.position = position
         self.ended = False
-        # Event time: the partition's watermark goes to the planner with each seal (docs/TIME.md).
+        # Event time: the partition's watermark goes to the planner in each seal (docs/TIME.md).
         self.time = time
         self.clock = PartitionClock(time.max_out_of_order, time.idle_timeout) if time is not None else None
 
@@ -97,6 +98,8 @@ class SourceReaders:
         self.timers: dict[int, tuple] = {}  # keyed time operator -> (its OpRuntime, its timer index) (worker_time)
         self.next_watermark: protocol.Watermark | None = None  # a watermark that came while firing (worker_time)
         self.stages: dict[int, int] = {}  # keyed time operator -> its stage (worker_time)
+        # Seals of the batches admitted in this turn of the event loop, not sent yet (`_seal`, `flush_seals`).
+        self.seals: list[list] = []
 
     # ----------------------------------------------------------------- the planner's instructions
     def assign(self, parts: list) -> None:
@@ -116,6 +119,7 @@ class SourceReaders:
         """Stop reading [[op name, partition]]; returns [[op name, partition, position]] as of the last batch
         admitted here."""
         out = []
+        self.flush_seals()  # the batches admitted before the positions the reply gives
         for name, part in parts:
             p = self.parts.pop((self.eng.op(name).index, part), None)
             if p is not None:
@@ -124,6 +128,7 @@ class SourceReaders:
         return out
 
     async def close(self) -> None:
+        self.flush_seals()
         for p in list(self.parts.values()):
             await self._stop(p)
         self.parts.clear()
@@ -143,7 +148,9 @@ class SourceReaders:
         return [[ops[p.op].name, p.name, p.position] for p in self.parts.values()]
 
     def barrier(self, boundary_rid: int) -> None:
-        """A checkpoint's barrier at record id `boundary_rid`: later batches get chunks at or above it."""
+        """A checkpoint's barrier at record id `boundary_rid`: later batches get chunks at or above it. The
+        seals of the batches admitted so far go first, ahead of the reply that gives their positions."""
+        self.flush_seals()
         self.floor = max(self.floor, boundary_rid >> CHUNK_BITS)
         self.lease = [c for c in self.lease if c >= self.floor]
 
@@ -205,6 +212,24 @@ class SourceReaders:
                 self._grant()
             raise
 
+    # ----------------------------------------------------------------- seals
+    def _seal(self, seal: list) -> None:
+        """Seal a batch just admitted ([chunk, records, counts, mark?]): sent at the end of this turn of the
+        event loop, with the seals of the other readers' batches admitted in it (one `seals` message, not
+        one a batch), and before anything else this worker says about its readers (a read end, an idle
+        partition, the positions of a barrier or a release). A progress report may overtake them: the
+        planner's tracker keeps an epoch open until its chunk's seal arrives (`clasp.core.tracking`)."""
+        if not self.seals:
+            asyncio.get_running_loop().call_soon(self.flush_seals)
+        self.seals.append(seal)
+
+    def flush_seals(self) -> None:
+        seals, self.seals = self.seals, []
+        if len(seals) == 1:
+            self.send(protocol.encode("seal", [self.eng.job, *seals[0]]))
+        elif seals:
+            self.send(protocol.encode("seals", [self.eng.job, seals]))
+
     # ----------------------------------------------------------------- reading
     async def _chunk(self) -> int:
         """The next chunk id of this worker's lease (asking the planner for more when it runs out)."""
@@ -253,18 +278,21 @@ class SourceReaders:
                 if p.reader.exhausted:
                     p.position = p.reader.position()
                     p.ended = True
+                    self.flush_seals()  # the partition's last seal (and mark) ahead of its end
                     self.send(protocol.pack(protocol.ReadEnd(job, op.name, p.name, self.eng.floor)))
                     return False
                 if p.went_idle():
+                    self.flush_seals()
                     self.send(protocol.pack(protocol.WmIdle(job, op.name, p.name)))
                 await asyncio.sleep(POLL_S)
                 return True
             chunk = await self._chunk()
             # From here to the seal nothing awaits: the batch, its chunk and the position go together.
             counts = self.eng.admit_source(p.op, batch, chunk << CHUNK_BITS)
-            self.send(protocol.encode("seal", [job, chunk, len(batch), counts]))
-            if p.clock is not None:  # the partition's watermark after this chunk: right behind its seal
-                self.send(protocol.encode("wm_mark", [job, chunk, *p.seal_mark(op.name, batch)]))
+            seal = [chunk, len(batch), counts]
+            if p.clock is not None:  # the partition's watermark after this chunk, in its seal
+                seal.append(p.seal_mark(op.name, batch))
+            self._seal(seal)
             p.position = p.reader.position()
             used = len(batch)
             self.cycle.admitted(_time.monotonic(), used)

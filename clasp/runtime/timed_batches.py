@@ -15,6 +15,10 @@ a time, with the progress, the outputs and the failures each request would have 
   before a join's side marker): its function over the values in C, the successor's rows queued in C.
 - `collect_pass`: a pass of a stateless operator whose outputs are collected and go nowhere else (a query's
   answer): its function over the values in C, the outputs and their records' ids extended in C.
+
+The last three take their requests as columns (`RecordQueue.take_columns`: values and record ids per segment),
+so a source's batch (a `Run`) is mapped as the list it was read into, its progress counted per epoch by
+arithmetic over its consecutive ids.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from itertools import chain, compress, repeat
 from operator import itemgetter
 from time import perf_counter
 
-from clasp.core.tracking import epoch_counts, epochs_of_runs
+from clasp.core.tracking import epoch_counts, epoch_spans, epochs_of_runs
 from clasp.runtime.batches import group_bytes, map_outputs, timed_batch
 from clasp.runtime.operators import OperatorError, OpRuntime
 from clasp.runtime.outbox import KEYED_HERE
@@ -98,12 +102,16 @@ def _send(ex, op: OpRuntime, rows: list, sent: list) -> None:
             ex.send(op, o, rid)
 
 
-def map_keyed(ex, op: OpRuntime, rows: list) -> int:
-    """A pass of stateless `op` whose one route goes to a stateful successor keyed by a function. Every
-    successor's key group here (KEYED_HERE): its rows built in C behind its queue; otherwise each output to its
-    group's owner as `send` would."""
-    n = len(rows)
-    results, dt, rids, counts = _map_pass(ex, op, rows)
+def map_keyed(ex, op: OpRuntime, parts: list) -> int:
+    """A pass of stateless `op` whose one route goes to a stateful successor keyed by a function, on `parts`
+    (`RecordQueue.take_columns`). Every successor's key group here (KEYED_HERE): its rows built in C behind its
+    queue; otherwise each output to its group's owner as `send` would."""
+    return sum(_map_keyed(ex, op, values, rids) for values, rids in parts)
+
+
+def _map_keyed(ex, op: OpRuntime, values_in: list, rids) -> int:
+    n = len(values_in)
+    results, dt, counts = _map_pass(ex, op, values_in)
     kind, succ, append, owners, _, target = op.routes[0]
     key_fn = target.key_fn
     values = list(chain.from_iterable(results))
@@ -131,9 +139,7 @@ def map_keyed(ex, op: OpRuntime, rows: list) -> int:
                 keys.append(key)
             pos += c
         gs = bytes(kept_groups)
-    me = op.index
-    for e, used, k in epochs_of_runs(rids, repeat(1), made):
-        ex._ran(e, me, used, succ, k)
+    _progress(ex, op.index, rids, succ, made)
     timed_batch(op, dt, n, ex.stall)
     if made is not counts:  # the outputs whose key failed go nowhere
         kept = [k is not _NO_KEY for k in keys]
@@ -165,53 +171,68 @@ def map_keyed(ex, op: OpRuntime, rows: list) -> int:
     return n
 
 
-def map_local(ex, op: OpRuntime, rows: list) -> int:
+def map_local(ex, op: OpRuntime, parts: list) -> int:
     """A pass of stateless `op` whose one route is a stateless operator here (a join's side marker after a
-    Nexmark query's map): its function over the values in C, the successor's rows made and queued in C
-    unless a checkpoint barrier filters them."""
-    n = len(rows)
-    results, dt, rids, counts = _map_pass(ex, op, rows)
+    Nexmark query's map), on `parts` (`RecordQueue.take_columns`): its function over the values in C, the
+    successor's rows made and queued in C unless a checkpoint barrier filters them."""
     _, succ, append, _, _, _ = op.routes[0]
-    me = op.index
-    for e, used, k in epochs_of_runs(rids, repeat(1), counts):
-        ex._ran(e, me, used, succ, k)
-    timed_batch(op, dt, n, ex.stall)
-    values = list(chain.from_iterable(results))
-    if values:
-        made = zip(repeat(succ), values, repeat(None), chain.from_iterable(map(repeat, rids, counts)))
-        queue = ex.ops[succ].queue
-        if append == queue.append:
-            queue.extend(made)
-        else:  # the barrier's filter: rows above it are held
-            for row in made:
-                append(row)
-        ex.outbox.local_requests += len(values)
-        op.edge_counts[0] += len(values)
+    queue = ex.ops[succ].queue
+    n = 0
+    for values_in, rids in parts:
+        results, dt, counts = _map_pass(ex, op, values_in)
+        _progress(ex, op.index, rids, succ, counts)
+        timed_batch(op, dt, len(values_in), ex.stall)
+        n += len(values_in)
+        values = list(chain.from_iterable(results))
+        if values:
+            made = zip(repeat(succ), values, repeat(None), chain.from_iterable(map(repeat, rids, counts)))
+            if append == queue.append:
+                queue.extend(made)
+            else:  # the barrier's filter: rows above it are held
+                for row in made:
+                    append(row)
+            ex.outbox.local_requests += len(values)
+            op.edge_counts[0] += len(values)
     return n
 
 
-def collect_pass(ex, op: OpRuntime, rows: list) -> int:
-    """A pass of stateless `op` with no route whose outputs are collected (not a sink's writer)."""
-    n = len(rows)
-    results, dt = map_outputs(op, list(map(itemgetter(1), rows)), ex.fail, none=True)
-    rids = list(map(itemgetter(3), rows))
-    me = op.index
-    for e, used in epoch_counts(rids).items():
-        ex._ran(e, me, used, me, 0)
-    timed_batch(op, dt, n, ex.stall)
-    # The requests with outputs only (None and empty lists are false), picked in C: a filter's pass has few.
-    made = list(compress(results, results))
-    if made:
-        op.collected.extend(chain.from_iterable(made))
-        op.collected_rids.extend(chain.from_iterable(map(repeat, compress(rids, results), map(len, made))))
+def collect_pass(ex, op: OpRuntime, parts: list) -> int:
+    """A pass of stateless `op` with no route whose outputs are collected (not a sink's writer), on `parts`
+    (`RecordQueue.take_columns`)."""
+    n = 0
+    for values, rids in parts:
+        results, dt = map_outputs(op, values, ex.fail, none=True)
+        _progress(ex, op.index, rids, op.index, None)
+        timed_batch(op, dt, len(values), ex.stall)
+        n += len(values)
+        # The requests with outputs only (None and empty lists are false), picked in C: a filter's pass has few.
+        made = list(compress(results, results))
+        if made:
+            op.collected.extend(chain.from_iterable(made))
+            op.collected_rids.extend(chain.from_iterable(map(repeat, compress(rids, results), map(len, made))))
     return n
 
 
-def _map_pass(ex, op: OpRuntime, rows: list) -> tuple[list, float, list, list]:
-    """`op`'s function over a pass's values in C: (each one's outputs, the seconds, the rows' ids, how many
-    outputs each made)."""
-    results, dt = map_outputs(op, list(map(itemgetter(1), rows)), ex.fail)
-    return results, dt, list(map(itemgetter(3), rows)), list(map(len, results))
+def _map_pass(ex, op: OpRuntime, values: list) -> tuple[list, float, list]:
+    """`op`'s function over a pass's values in C: (each one's outputs, the seconds, how many outputs each
+    made)."""
+    results, dt = map_outputs(op, values, ex.fail)
+    return results, dt, list(map(len, results))
+
+
+def _progress(ex, me: int, rids, succ: int, made: list | None) -> None:
+    """A pass's progress: its requests (ids `rids`) finished at `me`, having made `made[i]` children each at
+    `succ` (None: none), counted per epoch: by arithmetic over a source batch's `range` of ids, else per
+    run of one epoch."""
+    if type(rids) is range:
+        for e, a, b in epoch_spans(rids):
+            ex._ran(e, me, b - a, succ, sum(made[a:b]) if made is not None else 0)
+    elif made is None:
+        for e, used in epoch_counts(rids).items():
+            ex._ran(e, me, used, me, 0)
+    else:
+        for e, used, k in epochs_of_runs(rids, repeat(1), made):
+            ex._ran(e, me, used, succ, k)
 
 
 _NO_KEY = object()  # an output whose key function raised: it goes nowhere

@@ -160,3 +160,77 @@ def test_a_collected_pass_keeps_each_output_with_its_record_and_counts_each_requ
         done[e] += ops.get(1, 0)
     assert not +done and not -done  # every request made is counted done in its epoch
     assert set(made) == {(first + i) >> EPOCH_BITS for i in range(len(values))}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 1 << 14), st.integers(0, 3000))
+def test_epoch_spans_of_a_batch_are_what_epochs_of_runs_gives_its_ids(first, n):
+    from itertools import repeat
+
+    from clasp.core.tracking import epoch_spans, epochs_of_runs
+
+    spans = epoch_spans(range(first, first + n))
+    assert [(e, b - a) for e, a, b in spans] == [(e, u) for e, u, _ in epochs_of_runs(range(first, first + n),
+                                                                                      repeat(1), repeat(0))]
+    assert [a for _, a, _ in spans] == [0, *(b for _, _, b in spans)][:len(spans)]  # back to back, from 0
+
+
+def _two(v: int):
+    """A map that drops some values, fails on some and makes one or two outputs of the rest."""
+    if v % 7 == 3:
+        raise ValueError("three")
+    return None if v % 5 == 0 else [v] if v % 2 else [v, v + 100]
+
+
+def _tally(state, v):
+    return (state or 0) + 1, [[v, (state or 0) + 1]]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 60), max_size=1200), st.integers(0, 3 << 9), st.sampled_from(["local", "keyed"]))
+def test_a_map_after_a_source_runs_its_batch_as_one_call_a_value_would(values, offset, successor):
+    """A source's batch reaches the stateless map behind it as a run (its values, consecutive ids from `first`,
+    across progress epochs); the map's pass, to a stateless operator here (`map_local`) or to a keyed one
+    (`map_keyed`), hands on each output as the child of its record and counts every request in its epoch."""
+    from collections import Counter
+
+    import clasp
+    from clasp.core.routing import build_placement
+    from clasp.runtime.engine import JobEngine
+    from clasp.testing import IterableSource
+
+    dag = clasp.Dag("maps")
+    last = (dag.operator("last", lambda v: [v], collect=True) if successor == "local" else
+            dag.operator("last", _tally, stateful=True, key=lambda v: v % 3, collect=True))
+    dag.source("n", IterableSource([0])) >> dag.operator("map", _two) >> last
+    spec = dag.to_spec()
+    eng = JobEngine(1, spec, "w0", build_placement(spec, ["w0"], {o.name: {0: 1} for o in spec.operators}, 10))
+    first = (5 << 20) + offset
+    made = eng.admit_source(eng.op("n").index, values, first)
+    while eng.run_round():
+        pass
+    want, want_rids, seen = [], [], Counter()
+    for i, v in enumerate(values):
+        try:
+            outs = _two(v) or []
+        except ValueError:
+            continue
+        for o in outs:
+            if successor == "keyed":
+                seen[o % 3] += 1
+                o = [o, seen[o % 3]]
+            want.append(o)
+            want_rids.append(first + i)
+    op = eng.op("last")
+    if successor == "keyed":  # each key's outputs in its records' order; the keys' runs interleave by pass
+        got = sorted(zip(op.collected_rids, op.collected, strict=True), key=lambda x: (x[1][0] % 3, x[0]))
+        assert [o for _, o in got] == sorted(want, key=lambda o: o[0] % 3)
+        assert sorted(op.collected_rids) == sorted(want_rids)
+    else:
+        assert op.collected == want and op.collected_rids == want_rids
+    assert eng.op("map").errors == sum(v % 7 == 3 for v in values)
+    done = Counter()
+    for e, ops in [*eng.take_progress().items(), *made.items()]:
+        for o, k in ops.items():
+            done[e, o] += k
+    assert not +done and not -done  # every request made is counted done in its epoch, at every operator

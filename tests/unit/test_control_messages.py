@@ -68,7 +68,7 @@ def test_positional_messages_keep_their_compact_list_bodies():
     assert protocol.pack(P.Migrate(1, 2, "w", [], [], True)) == protocol.encode("migrate", [1, 2, "w", [], [], True])
     # the data path's per-batch bodies stay lists: no object built per batch
     for mtype, body in (("data", [1, 0, []]), ("runs", [1, 0, []]), ("cols", [1, 0, []]), ("done", [1, {}, 0]),
-                        ("seal", [1, 3, 10, {0: {0: 10}}]), ("wm_mark", [1, 3, "src", "p0", 1.5])):
+                        ("seal", [1, 3, 10, {0: {0: 10}}]), ("seal", [1, 3, 10, {0: {0: 10}}, ["src", "p0", 1.5]])):
         assert protocol.decode_message(protocol.encode(mtype, body)) == (mtype, body)
 
 

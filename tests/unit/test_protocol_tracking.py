@@ -248,3 +248,27 @@ def test_control_messages_are_typed_and_checked_in_one_place():
         assert e.value.reason == "bad_body"
     with pytest.raises(ProtocolError, match="expected a list of 3") as e:
         protocol.decode_message(protocol.encode("done", [1, {}]))  # a body without the worker's backlog
+
+
+def test_a_seal_carries_its_partitions_mark_or_none():
+    counts = {0: {1: 10}}
+    assert protocol.decode_message(protocol.encode("seal", [1, 3, 10, counts])) == ("seal", [1, 3, 10, counts])
+    marked = [1, 3, 10, counts, ["src", "p0", 1.5]]
+    assert protocol.decode_message(protocol.encode("seal", marked)) == ("seal", marked)
+    for mark in ("p0", ["src", "p0"], ["src", "p0", "1.5"], ["src", "p0", None]):
+        with pytest.raises(ProtocolError, match="mark") as e:
+            protocol.decode_message(protocol.encode("seal", [1, 3, 10, counts, mark]))
+        assert e.value.reason == "bad_body"
+    with pytest.raises(ProtocolError, match="expected a list of 4") as e:
+        protocol.decode_message(protocol.encode("seal", [*marked, 0]))
+
+
+def test_seals_carry_a_turn_of_seals_each_checked_as_one():
+    counts = {0: {1: 10}}
+    body = [1, [[3, 10, counts], [4, 10, counts, ["src", "p0", 1.5]]]]
+    assert protocol.decode_message(protocol.encode("seals", body)) == ("seals", body)
+    for seals, why in (([], "expected"), ([[3, 10]], "each seal"), ([[3, 0, counts]], "expected"),
+                       ([[3, 10, counts, ["src", "p0"]]], "mark"), ([[3, 10, {0: {1: "x"}}]], "deltas")):
+        with pytest.raises(ProtocolError, match=why) as e:
+            protocol.decode_message(protocol.encode("seals", [1, seals]))
+        assert e.value.reason == "bad_body"

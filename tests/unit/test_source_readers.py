@@ -66,3 +66,45 @@ def test_readers_take_turns_at_the_window_so_their_partitions_advance_together()
 
     for credits in ([BATCH] * 24, [2 * BATCH, BATCH, 3 * BATCH, 4 * BATCH] * 4):
         assert max(asyncio.run(go(credits))) <= BATCH, credits
+
+
+def test_the_seals_of_a_turn_go_together_and_before_the_partitions_end():
+    """The batches the readers admit in one turn of the event loop are sealed in one `seals` message (each
+    chunk once, every record counted, each with its partition's watermark mark), and a partition's end goes
+    after its last seal: the planner never takes a partition as ended with a batch of it unsealed."""
+    from clasp.core import protocol
+    from clasp.runtime.sources import BATCH
+
+    async def go():
+        dag = clasp.Dag("seals")
+        dag.source("n", IterableSource(range(BATCH * 12), partitions=4), timestamp=float) >> dag.operator(
+            "id", lambda v: [v])
+        spec = dag.to_spec()
+        eng = JobEngine(1, spec, "w0", build_placement(spec, ["w0"], {o.name: {0: 1} for o in spec.operators}, 10))
+        sent: list[bytes] = []
+        r = SourceReaders(eng, sent.append, lambda coro, name: asyncio.ensure_future(coro), lambda: None,
+                          window=16 * BATCH)
+        r.on_lease(0, 1000)
+        r.assign([["n", f"part-{i}", None] for i in range(4)])
+        while not all(p.ended for p in r.parts.values()):
+            await asyncio.sleep(0.001)
+            r.on_credit(r.inflight)  # every batch read completes: the window reopens
+        return [protocol.decode_message(f) for f in sent]
+
+    msgs = asyncio.run(go())
+    seals, ends, together = [], {}, 0
+    for mtype, body in msgs:
+        if mtype == "seal":
+            seals.append((body[1:], len(seals)))
+        elif mtype == "seals":
+            together = max(together, len(body[1]))
+            seals.extend([(s, len(seals) + i) for i, s in enumerate(body[1])])
+        elif mtype == "read_end":
+            ends[body.partition] = len(seals)  # how many seals went before it
+    assert together > 1
+    assert sorted(s[0] for s, _ in seals) == sorted(set(s[0] for s, _ in seals))  # each chunk once
+    assert sum(s[1] for s, _ in seals) == BATCH * 12
+    assert sorted(ends) == [f"part-{i}" for i in range(4)]
+    for s, at in seals:
+        op, part, _ = s[3]
+        assert op == "n" and at < ends[part]
