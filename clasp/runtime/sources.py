@@ -16,7 +16,7 @@ what the engine was handed:
 
 Backpressure: a worker's readers together keep at most `window` records in flight (read, not yet complete
 in the planner's tracker; the planner returns `credit` as chunks complete; the window is what the worker
-completes in WINDOW_S, within LEAST_WINDOW and `--source-window`), so the queues that records
+completes in the credit's cycle plus WINDOW_S, within LEAST_WINDOW and `--source-window`), so the queues that records
 read here fill anywhere in the cluster stay bounded, and a reader simply waits. The window is a batch's room
 at a time, given to the readers in turn (the order they asked): partitions of like event-time density then
 advance together, and the job's watermark, the least of theirs, with them.
@@ -40,8 +40,9 @@ from clasp.runtime.engine import JobEngine, OperatorError
 
 log = logging.getLogger("clasp.worker.sources")
 BATCH = 1024  # records a reader is asked for at once (a chunk holds one batch)
-# Records read here and not complete (per job): what the worker completes in WINDOW_S (`credit.source_window`,
-# the rate measured over RATE_S of credit), at least LEAST_WINDOW and at most WINDOW (`--source-window`). Credit
+# Records read here and not complete (per job): what the worker completes in the credit's cycle plus WINDOW_S
+# (`credit.source_window`, the rate measured over RATE_S of credit, the cycle by `credit.CreditCycle`), at least
+# LEAST_WINDOW and at most WINDOW (`--source-window`). Credit
 # comes back as the planner learns that chunks completed, from the progress a busy worker reports every 25 ms:
 # a fixed 4 batches took ~10 ms of Nexmark Q2, and the worker then waited, idle, for its idle report's credit;
 # a fixed 16 held Word Count's checkpoint barriers ~0.3 s for the records below them to complete.
