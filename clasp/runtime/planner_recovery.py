@@ -212,9 +212,9 @@ class Checkpoints:
                     "positions": [[op, part, pos] for (op, part), pos in done.positions.items()],
                     "watermark": done.watermark}
             try:
-                if collected:
-                    await asyncio.to_thread(self.store.write_file, f"job-{job.id}/collected/{done.id}.kg",
-                                            encode_blob(collected))
+                if collected:  # encoded in the thread: on the event loop it held up leases and dispatch
+                    await asyncio.to_thread(lambda: self.store.write_file(f"job-{job.id}/collected/{done.id}.kg",
+                                                                          encode_blob(collected)))
                 await asyncio.to_thread(self.store.commit, job.id, done.id, meta)
             except OSError as e:  # never complete: its files go, the one before stays the newest
                 c.coord.not_committed(collected, f"checkpoint {done.id} not committed: {e}")
