@@ -29,8 +29,10 @@ Message types and who sends them (C client, P planner, W worker):
 | push | C → P | req, job, and records (a list) or segments ([bin], msgpack arrays of records: `pack_segments`) |
 | state_get, state_put, state_dump, collected_dump, counters, stop_job | P/any → W | req plus fields |
 | state_packed | P → W | req, job, op: as state_dump, the result one bin holding the msgpack map (`splice_maps`) |
+| collected_dump | P → W | req, job, op: the result one bin holding the outputs' msgpack array (`splice_arrays`) |
 | ckpt_begin | P → W | req, job, ckpt, boundary (record id): hold requests at or above it out of stateful operators |
 | ckpt_snapshot | P → W | req, job, ckpt, boundary, dir: all below the boundary complete; write owned groups |
+| (its reply) | | worker, groups, bytes, collected {op: bin, the outputs below the boundary as a msgpack array}, ... |
 | ckpt_abort | P → W | req, job, ckpt: the checkpoint failed; release what the barrier holds |
 | restore | P → W | req, job, dag, placement, peers, ckpt, groups {op: [g]}, dir: roll back to ckpt (0: empty) |
 | restore (sinks) | P → W | optional: sinks {worker: {commit: owed commits, abort: dead workers' partitions}}, run |
