@@ -53,7 +53,8 @@ class PendingCheckpoint:
     acked: set[str] = field(default_factory=set)
     groups: dict[str, list[int]] = field(default_factory=dict)
     bytes: int = 0
-    collected: dict[str, list] = field(default_factory=dict)  # operator -> outputs of records below boundary
+    # operator -> the outputs of records below the boundary: the workers' packed msgpack arrays, as they came
+    collected: dict[str, list[bytes]] = field(default_factory=dict)
     positions: dict = field(default_factory=dict)  # the sources' positions at the cut (the barrier's replies)
     watermark: list | None = None  # the watermark per stage released when the barrier went up (event time)
 
@@ -73,7 +74,7 @@ class Coordinator:
         self.counts = {"completed": 0, "failed": 0, "recoveries": 0, "replayed": 0}
         # Outputs the workers handed over with a checkpoint whose manifest could not be written: they are
         # released by the next one that completes, or dropped by a rollback (their records run again).
-        self.unreleased: dict[str, list] = {}
+        self.unreleased: dict[str, list[bytes]] = {}
         self.last_duration = 0.0
         self.last_bytes = 0
         self.failures: list[str] = []
@@ -89,8 +90,10 @@ class Coordinator:
         return p
 
     def ack(self, ckpt: int, worker: str, groups: Mapping[str, Sequence[int]], nbytes: int,
-            collected: Mapping[str, list] | None = None) -> bool:
-        """One worker wrote its groups of `ckpt`; True when that completes the checkpoint (call `finish`)."""
+            collected: Mapping[str, bytes] | None = None) -> bool:
+        """One worker wrote its groups of `ckpt`; True when that completes the checkpoint (call `finish`).
+        `collected`: operator -> its outputs below the boundary as one packed msgpack array (kept as it came:
+        the planner neither decodes nor re-encodes a query's answer)."""
         p = self.pending
         if p is None or p.id != ckpt or worker not in p.workers:
             return False
@@ -100,13 +103,13 @@ class Coordinator:
         for op, gs in groups.items():
             p.groups.setdefault(op, []).extend(int(g) for g in gs)
         p.bytes += nbytes
-        for op, outs in (collected or {}).items():
-            p.collected.setdefault(op, []).extend(outs)
+        for op, part in (collected or {}).items():
+            p.collected.setdefault(op, []).append(part)
         return p.acked == p.workers
 
-    def finish(self, now: float) -> tuple[CompleteCheckpoint, dict[str, list]]:
-        """Every worker acked the pending checkpoint: returns it and the outputs it releases to clients. It
-        counts as complete once its manifest is written (`committed`)."""
+    def finish(self, now: float) -> tuple[CompleteCheckpoint, dict[str, list[bytes]]]:
+        """Every worker acked the pending checkpoint: returns it and the outputs it releases to clients (per
+        operator, the packed arrays in order). It counts as complete once its manifest is written (`committed`)."""
         p = self.pending
         if p is None or p.acked != p.workers:
             raise CheckpointError("no checkpoint has every ack")
@@ -117,11 +120,11 @@ class Coordinator:
                                   now - p.t0, dict(p.positions), p.watermark)
         self.pending = None
         collected, self.unreleased = self.unreleased, {}
-        for op, outs in p.collected.items():
-            collected[op] = collected.get(op, []) + outs
+        for op, parts in p.collected.items():
+            collected[op] = collected.get(op, []) + parts
         return done, collected
 
-    def not_committed(self, collected: dict[str, list], reason: str) -> None:
+    def not_committed(self, collected: dict[str, list[bytes]], reason: str) -> None:
         """The manifest of the checkpoint `finish` returned could not be written: it failed, and the outputs
         it would have released wait for the next one."""
         self.unreleased = collected

@@ -29,8 +29,10 @@ Message types and who sends them (C client, P planner, W worker):
 | push | C → P | req, job, and records (a list) or segments ([bin], msgpack arrays of records: `pack_segments`) |
 | state_get, state_put, state_dump, collected_dump, counters, stop_job | P/any → W | req plus fields |
 | state_packed | P → W | req, job, op: as state_dump, the result one bin holding the msgpack map (`splice_maps`) |
+| collected_dump | P → W | req, job, op: the result one bin holding the outputs' msgpack array (`splice_arrays`) |
 | ckpt_begin | P → W | req, job, ckpt, boundary (record id): hold requests at or above it out of stateful operators |
 | ckpt_snapshot | P → W | req, job, ckpt, boundary, dir: all below the boundary complete; write owned groups |
+| (its reply) | | worker, groups, bytes, collected {op: bin, the outputs below the boundary as a msgpack array}, ... |
 | ckpt_abort | P → W | req, job, ckpt: the checkpoint failed; release what the barrier holds |
 | restore | P → W | req, job, dag, placement, peers, ckpt, groups {op: [g]}, dir: roll back to ckpt (0: empty) |
 | restore (sinks) | P → W | optional: sinks {worker: {commit: owed commits, abort: dead workers' partitions}}, run |
@@ -67,6 +69,7 @@ endpoint, which serves `rstate_get_many` and `rstate_put_many`: `clasp/runtime/s
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from itertools import chain, groupby, repeat
 from operator import is_, itemgetter
@@ -938,18 +941,21 @@ def pack_segments(records: list, packb=msgpack.packb) -> list[bytes]:
     return [packb(records[i:i + SEGMENT_RECORDS]) for i in range(0, len(records), SEGMENT_RECORDS)]
 
 
+def array_header(seg: bytes) -> tuple[int, int]:
+    """(length, header bytes) of the msgpack array `seg` starts with; (-1, 0) when it starts with none."""
+    b = seg[0] if seg else -1
+    if 0x90 <= b <= 0x9f:
+        return b & 0x0f, 1
+    if b == 0xdc and len(seg) >= 3:
+        return int.from_bytes(seg[1:3], "big"), 3
+    if b == 0xdd and len(seg) >= 5:
+        return int.from_bytes(seg[1:5], "big"), 5
+    return -1, 0
+
+
 def array_count(seg: bytes) -> int:
     """The length of the msgpack array `seg` holds, read from its header; -1 when it does not start with one."""
-    if not seg:
-        return -1
-    b = seg[0]
-    if 0x90 <= b <= 0x9f:
-        return b & 0x0f
-    if b == 0xdc and len(seg) >= 3:
-        return int.from_bytes(seg[1:3], "big")
-    if b == 0xdd and len(seg) >= 5:
-        return int.from_bytes(seg[1:5], "big")
-    return -1
+    return array_header(seg)[0]
 
 
 def check_segments(segments: list) -> None:
@@ -1229,13 +1235,44 @@ def splice_maps(parts: list) -> Packed:
         _check_one_object(p, "packed maps", "a map")
         n += count
         bodies.append(memoryview(p)[head:])
+    return Packed(map_head(n) + b"".join(bodies))
+
+
+def map_head(n: int) -> bytes:
+    """The msgpack header of a map of `n` entries."""
+    return _head(n, 0x80, b"\xde", b"\xdf")
+
+
+def _head(n: int, fix: int, b16: bytes, b32: bytes) -> bytes:
     if n <= 0x0f:
-        head = bytes([0x80 | n])
-    elif n <= 0xffff:
-        head = b"\xde" + n.to_bytes(2, "big")
-    else:
-        head = b"\xdf" + n.to_bytes(4, "big")
-    return Packed(head + b"".join(bodies))
+        return bytes([fix | n])
+    return b16 + n.to_bytes(2, "big") if n <= 0xffff else b32 + n.to_bytes(4, "big")
+
+
+def check_packed_array(data: Any, what: str) -> None:
+    """`data` is bytes holding one whole msgpack array (its items skipped over, none built); ProtocolError
+    otherwise."""
+    if type(data) is not bytes or array_count(data) < 0:
+        raise ProtocolError("bad_field", f"{what}: expected a packed msgpack array")
+    _check_one_object(data, what, "an array")
+
+
+def splice_arrays(parts: Sequence[bytes]) -> Packed:
+    """One msgpack array holding the items of every part (each a packed array `check_packed_array` passed),
+    in order: decoded, it is the parts' lists concatenated. No item is read, each is copied once."""
+    return Packed(b"".join(array_pieces(parts)))
+
+
+def array_pieces(parts: Sequence[bytes]) -> list:
+    """`splice_arrays`'s array as the pieces to write one after the other (a header, then views of the parts)."""
+    n, bodies = 0, []
+    for p in parts:
+        count, head = array_header(p)
+        if count < 0:
+            raise ProtocolError("bad_field", "expected a packed msgpack array")
+        n += count
+        bodies.append(memoryview(p)[head:])
+    return [_head(n, 0x90, b"\xdc", b"\xdd"), *bodies]
 
 
 def reply_error(req: int, error: str) -> bytes:

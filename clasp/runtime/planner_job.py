@@ -50,8 +50,9 @@ class CheckpointState:
         self.log = InputLog(store, job, memory_records, memory_bytes, notify)
         self.want = False  # stop dispatching at the next chunk boundary
         self.next_at = 0.0  # (monotonic) when the next checkpoint is due: an interval after the last began
-        # checkpoint id -> operator -> the collected outputs that complete checkpoint released
-        self.released_by: dict[int, dict[str, list]] = {}
+        # checkpoint id -> operator -> the collected outputs that complete checkpoint released, as packed
+        # msgpack arrays (the workers' or its file's: `collected` answers splice them, never decoded here)
+        self.released_by: dict[int, dict[str, list[bytes]]] = {}
         self.replayed = 0
         self.replay_to = 0  # records complete (or lost) before the last rollback: the replay catches up to it
         self.last_recovery: dict | None = None
@@ -69,7 +70,8 @@ class CheckpointState:
     def poke(self) -> None:
         self.moved.set()
 
-    def released(self, op: str) -> list:
+    def released(self, op: str) -> list[bytes]:
+        """`op`'s released outputs, oldest first, as packed msgpack arrays."""
         return [x for k in sorted(self.released_by) for x in self.released_by[k].get(op, ())]
 
     def may_dispatch(self, job) -> bool:

@@ -44,7 +44,7 @@ from clasp.runtime.planner_queries import JobQueries
 from clasp.runtime.planner_sinks import SinkCoordinator
 from clasp.runtime.planner_sources import SourcesCoordinator, list_partitions, owners_under
 from clasp.runtime.planner_time import TimeCoordinator
-from clasp.runtime.state_store import FileStore, decode_blob, encode_blob
+from clasp.runtime.state_store import FileStore, decode_blob, decode_collected, encode_blob, encode_collected
 
 log = logging.getLogger("clasp.planner")
 ALIGN_TIMEOUT = 30.0  # s for every record below a barrier to complete before the checkpoint is given up
@@ -204,6 +204,8 @@ class Checkpoints:
             c.last_pause = max((r["pause"] for r in replies), default=0.0)
             c.last_pause_cpu = max((r.get("pause_cpu", 0.0) for r in replies), default=0.0)
             for r in replies:
+                for op, part in r["collected"].items():
+                    protocol.check_packed_array(part, f"ckpt_snapshot.collected[{op!r}]")
                 c.coord.ack(p.id, r["worker"], r["groups"], r["bytes"], r["collected"])
             done, collected = c.coord.finish(time.monotonic())
             below = job.tracker.admitted - sum(n for _, n in c.log.sizes_from(done.boundary).values())
@@ -212,9 +214,9 @@ class Checkpoints:
                     "positions": [[op, part, pos] for (op, part), pos in done.positions.items()],
                     "watermark": done.watermark}
             try:
-                if collected:
-                    await asyncio.to_thread(self.store.write_file, f"job-{job.id}/collected/{done.id}.kg",
-                                            encode_blob(collected))
+                if collected:  # spliced in the thread: a copy of every output, off the event loop
+                    await asyncio.to_thread(lambda: self.store.write_file(f"job-{job.id}/collected/{done.id}.kg",
+                                                                          encode_collected(collected)))
                 await asyncio.to_thread(self.store.commit, job.id, done.id, meta)
             except OSError as e:  # never complete: its files go, the one before stays the newest
                 c.coord.not_committed(collected, f"checkpoint {done.id} not committed: {e}")
@@ -406,7 +408,7 @@ class Checkpoints:
             last = complete[-1]["ckpt"] if complete else 0
             for f in (d / "collected").glob("*.kg"):
                 if int(f.stem) <= last:
-                    released[int(f.stem)] = decode_blob(f.read_bytes(), str(f))
+                    released[int(f.stem)] = decode_collected(f.read_bytes(), str(f))
             out.append({"rec": rec, "complete": complete[-KEEP_COMPLETE:], "chunks": chunks,
                         "released": released})
         return out

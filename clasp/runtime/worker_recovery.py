@@ -12,6 +12,8 @@ import logging
 from collections.abc import Callable
 from time import perf_counter, thread_time
 
+import msgpack
+
 from clasp.core import protocol
 from clasp.core.checkpoint import groups_to_restore
 from clasp.core.dag import DagSpec
@@ -146,8 +148,10 @@ class WorkerCheckpoints:
         groups: dict[str, list[int]] = {}
         for op, g, _ in blobs:
             groups.setdefault(op, []).append(g)
+        # Each operator's outputs as one packed array: the planner writes and answers them without decoding.
+        packed = {name: msgpack.packb(outs, use_bin_type=True) for name, outs in collected.items()}
         self.send(protocol.reply(req, {
-            "worker": self.me, "groups": groups, "bytes": nbytes, "collected": collected, "sinks": sinks,
+            "worker": self.me, "groups": groups, "bytes": nbytes, "collected": packed, "sinks": sinks,
             "pause": pause, "pause_cpu": pause_cpu, "pack_s": pack_s, "write_s": t_prepare - t_write,
             "prepare_s": perf_counter() - t_prepare, "cow_s": cow_s,
             "total_s": perf_counter() - t0, "released": released}))

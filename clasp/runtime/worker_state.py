@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import msgpack
 import zmq.asyncio
 
 from clasp.core import protocol
@@ -40,7 +41,8 @@ class StateChannel:
         return protocol.reply(msg.req, self.engine_of(msg).state_packed(msg.op))
 
     def on_collected_dump(self, msg: protocol.CollectedDump) -> bytes:
-        return protocol.reply(msg.req, list(self.engine_of(msg).op(msg.op).collected))
+        """The outputs as one packed array (bytes in the reply): the planner splices them into its answer."""
+        return protocol.reply(msg.req, msgpack.packb(self.engine_of(msg).op(msg.op).collected, use_bin_type=True))
 
     def on_counters(self, msg: protocol.Counters) -> bytes:
         eng = self.engine_of(msg)

@@ -41,13 +41,13 @@ def test_coordinator_completes_on_every_ack_and_keeps_two():
     assert p.id == 1
     with pytest.raises(CheckpointError):
         c.begin(4, ["w0"], now=10.0)
-    assert not c.ack(1, "w0", {"count": [0, 1]}, 100, {"out": ["a"]})
+    assert not c.ack(1, "w0", {"count": [0, 1]}, 100, {"out": b"a"})
     assert not c.ack(2, "w1", {"count": [2]}, 50)  # another checkpoint's ack: ignored
     assert not c.ack(1, "w9", {"count": [2]}, 50)  # not a worker of it
-    assert c.ack(1, "w1", {"count": [2]}, 50, {"out": ["b"]})
+    assert c.ack(1, "w1", {"count": [2]}, 50, {"out": b"b"})
     done, collected = c.finish(now=10.5)
     assert done.groups == {"count": [0, 1, 2]} and done.bytes == 150 and done.duration_s == 0.5
-    assert collected == {"out": ["a", "b"]}
+    assert collected == {"out": [b"a", b"b"]}  # the workers' packed outputs, in order, as they came
     assert c.counts["completed"] == 0 and c.restore_target() is None  # not before its manifest is written
     assert c.committed(done) == [] and c.counts["completed"] == 1 and c.restore_target() is done
     for k in (2, 3):
@@ -194,17 +194,17 @@ def test_a_barrier_holds_async_operators_and_those_whose_outputs_are_seen_whatev
 def test_outputs_of_an_uncommitted_checkpoint_go_with_the_next_or_are_dropped_by_a_rollback():
     c = Coordinator()
     c.begin(1, ["w0"], now=0.0)
-    c.ack(1, "w0", {}, 1, {"out": ["a", "b"]})
+    c.ack(1, "w0", {}, 1, {"out": b"ab"})
     done, collected = c.finish(1.0)
     c.not_committed(collected, "disk full")
     assert c.counts == {**c.counts, "completed": 0, "failed": 1} and c.restore_target() is None
     c.begin(2, ["w0"], now=2.0)
-    c.ack(2, "w0", {}, 1, {"out": ["c"], "other": ["x"]})
+    c.ack(2, "w0", {}, 1, {"out": b"c", "other": b"x"})
     done, collected = c.finish(3.0)
-    assert collected == {"out": ["a", "b", "c"], "other": ["x"]}  # the older outputs first, once
+    assert collected == {"out": [b"ab", b"c"], "other": [b"x"]}  # the older outputs first, once
     c.committed(done)
     c.begin(3, ["w0"], now=4.0)
-    c.ack(3, "w0", {}, 1, {"out": ["d"]})
+    c.ack(3, "w0", {}, 1, {"out": b"d"})
     c.not_committed(c.finish(5.0)[1], "disk full")
     c.rolled_back()  # "d"'s records run again from checkpoint 2
     c.begin(4, ["w0"], now=6.0)
