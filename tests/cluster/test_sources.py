@@ -170,7 +170,9 @@ def test_every_checkpoint_is_a_consistent_cut(tmp_path_factory, seed, kill):
     SIGKILLed while it runs), not only on the one a recovery happens to restore."""
     rng = random.Random(seed)
     data = tmp_path_factory.mktemp("input")
-    lines = write_input(data, rng, files=3, lines=30000)
+    # Enough input for several checkpoints: each lasts as long as the records read before its cut take to
+    # complete, up to a source window of them (16,384 a worker), and 90,000 lines once gave only 4.
+    lines = write_input(data, rng, files=3, lines=60000)
     state_dir = tmp_path_factory.mktemp("state")
     captured = tmp_path_factory.mktemp("captured")
     cluster = start_cluster(tmp_path_factory, 4, state_dir=state_dir,
