@@ -104,7 +104,6 @@ def _key_weights(spec: DagSpec, raw: dict) -> dict[str, list[float]]:
     return out
 
 
-
 def each_seal(on_seal: Callable[[bytes, list], None]) -> Callable[[bytes, list], None]:
     """The handler of `seals` (the seals of one turn of a worker's readers, in the order admitted): `on_seal`
     for each, as if it had come alone."""

@@ -146,7 +146,7 @@ class JobQueries:
             # The released outputs and the workers' as they came, spliced: not one output decoded here.
             return protocol.splice_arrays([*job.ckpt.released(msg.op), *parts])
 
-        async def locked_dump() -> list:
+        async def locked_dump() -> protocol.Packed:
             async with job.lock:  # not while a checkpoint carries outputs from the workers to the planner
                 return await dump()
 
