@@ -43,6 +43,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from operator import itemgetter
 from pathlib import Path
 
 import clasp
@@ -81,13 +82,9 @@ def _q2(e: dict):
 
 
 # Keyed stages read rows [key, event time, value], as the in-process stages of `clasp/apps/nexmark/queries.py`
-# do: the functions below hand those stages' functions the value.
-def _row_key(row: list):
-    return row[0]
-
-
-def _row_time(row: list):
-    return row[1]
+# do: the functions below hand those stages' functions the value. A field is read by `itemgetter`, a call in C
+# (a key or an event time is had once a record).
+_row_key, _row_time = itemgetter(0), itemgetter(1)
 
 
 def _sellers(e: dict):
@@ -163,7 +160,7 @@ def query_dag(query: str, pattern: str) -> clasp.Dag:
     operator; Q5 and Q7 as two stages of windows (the second timed by `result_time`). Its answer is collected
     at the operator `answer_operator(query)`."""
     dag = clasp.Dag(f"nexmark-{query}")
-    src = dag.source("events", FileSource(pattern, format="jsonl"), timestamp=lambda e: e["dateTime"],
+    src = dag.source("events", FileSource(pattern, format="jsonl"), timestamp=itemgetter("dateTime"),
                      max_out_of_order=max_out_of_order())
     if query in ("q0", "q1", "q2"):
         src >> dag.operator("answer", {"q0": _q0, "q1": _q1, "q2": _q2}[query], collect=True)
@@ -185,14 +182,14 @@ def query_dag(query: str, pattern: str) -> clasp.Dag:
     else:
         bids = dag.operator("bids", _bid)
         if query == "q7":
-            first = dag.window("per_auction", tumbling(WINDOW_MS), key=lambda b: b[0], fold=max_bids, init=list,
-                               timestamp=lambda b: b[3])
-            second = dag.window("highest", tumbling(WINDOW_MS), key=lambda w: w[1],
+            first = dag.window("per_auction", tumbling(WINDOW_MS), key=itemgetter(0), fold=max_bids, init=list,
+                               timestamp=itemgetter(3))
+            second = dag.window("highest", tumbling(WINDOW_MS), key=itemgetter(1),
                                 fold=lambda a, w: merge_max(a, w[3]), init=list, timestamp=result_time, collect=True)
         else:
-            first = dag.window("count", sliding(WINDOW_MS, Q5_SLIDE_MS), key=lambda b: b[0],
-                               fold=lambda a, b: a + 1, init=int, timestamp=lambda b: b[3])
-            second = dag.window("hottest", tumbling(Q5_SLIDE_MS), key=lambda w: w[1], fold=_most, init=list,
+            first = dag.window("count", sliding(WINDOW_MS, Q5_SLIDE_MS), key=itemgetter(0),
+                               fold=lambda a, b: a + 1, init=int, timestamp=itemgetter(3))
+            second = dag.window("hottest", tumbling(Q5_SLIDE_MS), key=itemgetter(1), fold=_most, init=list,
                                 timestamp=result_time, collect=True)
         src >> bids >> first >> second
     return dag
