@@ -179,7 +179,8 @@ class FileSource(Source):
         return FileReader(path, start, end, position, self.format, self.encoding, self.select)
 
     def __repr__(self) -> str:
-        return f"FileSource({self.patterns!r}, format={self.format!r})"
+        select = "" if self.select is None else f", select={self.select!r}"
+        return f"FileSource({self.patterns!r}, format={self.format!r}{select})"
 
 
 class FileReader(SourcePartition):
