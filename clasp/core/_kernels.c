@@ -8,7 +8,9 @@
  *   (clasp.runtime.batches.gather_outputs: what clasp.core.routing.partition_runs does to them, flattened);
  * - epochs_of_runs: progress counts per stretch of one epoch in runs of record ids (clasp.core.tracking);
  * - key_groups: the key group of each key of a batch (clasp.core.routing.key_group), an ASCII string's here
- *   (clasp.runtime.batches.group_bytes).
+ *   (clasp.runtime.batches.group_bytes);
+ * - digit_run: whether a block of bytes holds a run of digits of some length (the file reader's test for
+ *   numbers orjson may read otherwise than json; clasp.connectors.file_source._long_digits).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -523,6 +525,42 @@ groups_in(PyObject *Py_UNUSED(module), PyObject *arg)
     return out;
 }
 
+/* digit_run(block, used, run) -> bool: whether the first `used` bytes of a bytes-like hold `run` (> 0) ASCII
+ * digits in a row. Every `run`-th byte is looked at: a run that long holds one of them, and only around a
+ * digit found there is the run measured, so a block with few long numbers is passed at a fraction of a
+ * byte's cost. */
+static PyObject *
+digit_run(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (arity(nargs, 3, "digit_run(block, used, run)") < 0)
+        return NULL;
+    Py_buffer v;
+    if (PyObject_GetBuffer(args[0], &v, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_ssize_t used = int_in(args[1], 0, v.len, "used");
+    Py_ssize_t run = used < 0 ? -1 : int_in(args[2], 1, PY_SSIZE_T_MAX, "run");
+    if (run < 0) {
+        PyBuffer_Release(&v);
+        return NULL;
+    }
+    const unsigned char *p = v.buf;
+    int found = 0;
+    Py_ssize_t checked = 0;  /* bytes below it are known to end no run long enough */
+    for (Py_ssize_t i = run - 1; i < used && !found; i += run) {
+        if ((unsigned char)(p[i] - '0') > 9)
+            continue;
+        Py_ssize_t a = i, b = i + 1;
+        while (a > checked && (unsigned char)(p[a - 1] - '0') <= 9)
+            a--;
+        while (b < used && (unsigned char)(p[b] - '0') <= 9)
+            b++;
+        found = b - a >= run;
+        checked = b;
+    }
+    PyBuffer_Release(&v);
+    return PyBool_FromLong(found);
+}
+
 static PyMethodDef methods[] = {
     {"apply_block", (PyCFunction)(void (*)(void))apply_block, METH_FASTCALL,
      "apply_block(fn, values, groups, dicts, start) -> (stop, exc, result, old)"},
@@ -533,6 +571,8 @@ static PyMethodDef methods[] = {
     {"groups_in", groups_in, METH_O, "groups_in(groups) -> the distinct bytes of a bytes-like, ascending"},
     {"key_groups", (PyCFunction)(void (*)(void))key_groups, METH_FASTCALL,
      "key_groups(keys, group_of, num_groups) -> bytes: the key group of each key"},
+    {"digit_run", (PyCFunction)(void (*)(void))digit_run, METH_FASTCALL,
+     "digit_run(block, used, run) -> whether the first `used` bytes hold `run` digits in a row"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,6 +1,7 @@
 """The C kernels of the keyed fast path (clasp/core/_kernels.c) give what their Python versions give, on any
-input those take: a pass's outputs gathered by destination, `epochs_of_runs`, the key groups of a batch and
-`apply_block`, whose operator may fail, return something that is not a pair, or delete its state."""
+input those take: a pass's outputs gathered by destination, `epochs_of_runs`, the key groups of a batch, the file
+reader's test for long runs of digits and `apply_block`, whose operator may fail, return something that is not a
+pair, or delete its state."""
 
 from __future__ import annotations
 
@@ -161,3 +162,18 @@ def test_apply_block_leaves_a_group_that_is_not_a_dict_to_python():
 def test_the_groups_in_a_block_are_its_distinct_bytes(groups):
     assert kernels.C.groups_in(groups) == sorted(set(groups))
     assert kernels.C.groups_in(bytearray(groups)) == sorted(set(groups))
+
+
+@settings(max_examples=500)
+@given(st.lists(st.one_of(st.sampled_from([b"0", b"7", b"9", b"/", b":", b",", b"\n", b"a"]),
+                          st.integers(0, 10 ** 30).map(lambda n: str(n).encode())), max_size=60), st.data())
+def test_the_file_reader_finds_a_long_run_of_digits_as_python_does(parts, data):
+    from clasp.connectors import file_source
+
+    block = b"".join(parts)
+    used = data.draw(st.integers(0, len(block)))
+    with python_only():
+        want = file_source._long_digits(block, used)
+    assert file_source._long_digits(block, used) is want
+    assert kernels.C.digit_run(bytearray(block), used, 19) is want
+    assert kernels.C.digit_run(block, used, 1) is any(48 <= c <= 57 for c in block[:used])
