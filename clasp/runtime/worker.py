@@ -91,6 +91,7 @@ class Worker:
         self.heartbeat = config.heartbeat
         self.flush_delay = config.flush_delay
         self.max_batch = config.max_batch
+        self.strings = protocol.string_table()  # the strings received from peers (`protocol.open_columns`)
         self.stall = math.inf  # Executor.stall: set from this process's CPU quota
         self.ctx = batch_io_threads(zmq.asyncio.Context())
         self.monitor = Monitor(self.id)
@@ -352,6 +353,7 @@ class Worker:
             if eng is None:
                 raise ProtocolError("unknown_job", f"{mtype} for job {body[0]}")
             if mtype == "cols":
+                protocol.open_columns(body[2], self.strings)
                 protocol.check_columns(body[2], len(eng.ops))
             elif mtype == "data":
                 protocol.check_rows(body[2], len(eng.ops))
