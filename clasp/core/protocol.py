@@ -1108,6 +1108,12 @@ def packed_values(values: list) -> list | bytes:
     return values
 
 
+def encode_columns(job: int, epoch: int, groups: list) -> bytes:
+    """A `cols` frame of `groups` (`columns`, or the keyed fast path's), each group's values `packed_values`;
+    the receiver calls `open_columns`, then `check_columns`."""
+    return encode("cols", [job, epoch, [[g[0], packed_values(g[1]), *g[2:]] for g in groups]])
+
+
 def open_columns(groups: Any, table: list) -> None:
     """The groups of a `cols` message whose values came packed (`packed_values`) with those decoded in place,
     before `check_columns`: with the kernels, strings found in `table` (`string_table`) are its objects and

@@ -15,7 +15,7 @@ import sys
 from time import perf_counter
 
 from clasp.core.dag import DagSpec
-from clasp.core.protocol import column_rows, columns, packed_values
+from clasp.core.protocol import column_rows, columns
 from clasp.core.routing import ROUTE_KEYED, ROUTE_LOCAL, ROUTE_TABLE, Placement, route_to
 from clasp.runtime.barrier import Barrier
 from clasp.runtime.operators import OpRuntime
@@ -118,7 +118,7 @@ class Outbox:
         for d, by_succ in self.pending_cols.items():
             groups, n = out.get(d, ([], 0))
             for succ, (values, rids, counts, key_groups) in by_succ.items():
-                groups.append([succ, packed_values(values), True, rids, counts, key_groups])
+                groups.append([succ, values, True, rids, counts, key_groups])
                 n += len(values)
             out[d] = (groups, n)
         self.pending, self.pending_cols, self.pending_since = {}, {}, None

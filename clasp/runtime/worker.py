@@ -407,11 +407,11 @@ class Worker:
         return peer
 
     def _flush_data(self, eng: JobEngine) -> None:
-        encode = protocol.encode
+        encode = protocol.encode_columns
         dests = self.monitor.destinations_interval
         msgs = self.monitor.job_messages(eng.job)
         for wid, (groups, n) in eng.take_batches().items():
-            self._peer(wid).send(encode("cols", [eng.job, eng.epoch, groups]), copy=False)
+            self._peer(wid).send(encode(eng.job, eng.epoch, groups), copy=False)
             dests.add(wid)
             msgs[0] += 1
             msgs[1] += n

@@ -210,8 +210,8 @@ def test_strings_that_are_not_text_are_left_to_msgpack():
 @given(st.lists(st.lists(values_of, max_size=8), min_size=1, max_size=4))
 def test_packed_columns_open_as_the_lists_they_were(columns_values):
     def through_the_wire():
-        groups = [[0, protocol.packed_values(vs), True, [7], [len(vs)] if vs else []] for vs in columns_values]
-        body = protocol.decode(protocol.encode("cols", [1, 0, groups]))[1]
+        groups = [[0, list(vs), True, [7], [len(vs)] if vs else []] for vs in columns_values]
+        body = protocol.decode(protocol.encode_columns(1, 0, groups))[1]
         protocol.open_columns(body[2], protocol.string_table())
         return [g[1] for g in body[2]]
 
