@@ -933,8 +933,10 @@ def check_runs(runs: Any, n_ops: int) -> None:
 # structure (`check_segments`: no object is built), logs the push frame as it came and sends each segment on
 # as the values of one run, a bin the worker decodes (`open_runs`): the planner decodes and encodes no record.
 # A dispatch is cut at segment boundaries, so the segment bounds how evenly a dispatch spreads over the
-# source's workers: with whole pushes of 5,000 records or more, two workers get 2,500 ± 500 each.
-SEGMENT_RECORDS = 500
+# source's workers: with whole pushes of 5,000 records or more, two workers get 2,500 ± 512 each. A segment is
+# one progress epoch (`tracking.EPOCH_SIZE`; a chunk starts at an epoch): each worker runs whole epochs and
+# its reports name each once, not the two a segment of 500 straddled (a third fewer entries a report).
+SEGMENT_RECORDS = 512
 MAX_SEGMENTS = 4096  # per push
 
 

@@ -100,12 +100,13 @@ WINDOW_MIN, BATCH_MIN = WINDOW_PER_WORKER, 5000  # the one-worker defaults, kept
 
 # A busy worker reports its progress at its interval (`clasp.runtime.worker`, 25 ms) only once its push roots
 # finished this many requests since its last report (a worker that runs a push root), else at most this long
-# after the last: each report frees the planner's in-flight window (it dispatches once half a batch per
-# worker is free, `window_room`), and one that frees a few hundred
-# records cost the planner as much as one that frees thousands. A worker slowed to 25,000 Word Count lines/s
-# by its neighbours on the host sent a report per ~600 lines, 0.1-0.2 µs of planner CPU per line. At full
-# speed the interval comes first and nothing changes.
-PROGRESS_MIN_ROOTS = BATCH_PER_WORKER // 2
+# after the last: each report frees the planner's in-flight window (it dispatches once half a batch is free,
+# `window_room`: a worker's part of a batch), and one that frees a few hundred records cost the planner as
+# much as one that frees thousands (~100 µs where it runs, of which applying its counts is ~10). A worker
+# slowed to 25,000 Word Count lines/s by its neighbours on the host sent a report per ~600 lines, 0.1-0.2 µs
+# of planner CPU per line; with half a worker's part of a batch, two reports per dispatch step. Its window
+# holds four such parts, so the worker never waits on this. At full speed the interval comes first.
+PROGRESS_MIN_ROOTS = BATCH_PER_WORKER
 PROGRESS_MAX_INTERVAL_S = 0.1
 
 

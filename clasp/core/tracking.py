@@ -297,7 +297,7 @@ class Tracker:
         """Apply a worker's report, epoch -> {operator: requests produced minus finished there}; returns
         how many records completed."""
         epochs, lost_below = self.epochs, self.lost_below
-        touched = []
+        balanced = []  # most epochs of a report stay open: only those that balance go on to `_complete`
         for e, d in deltas.items():
             ep = epochs.get(e)
             if ep is None:
@@ -310,9 +310,11 @@ class Tracker:
                     if c in self.chunks:
                         self.unknown += 1
                     continue  # an epoch given up on, or rolled back and not dispatched again yet
-            _merge(ep[2], d)
-            touched.append(e)
-        return self._complete(touched, now)
+            counts = ep[2]
+            _merge(counts, d)
+            if not counts and not ep[0]:
+                balanced.append(e)
+        return self._complete(balanced, now) if balanced else 0
 
     def _complete(self, touched: list[int], now: float) -> int:
         epochs, chunks = self.epochs, self.chunks

@@ -375,7 +375,7 @@ class Job:
 
         Blocks while the job's queue at the planner is at its bound (records, bytes:
         `--max-queued-bytes`, or what the job drains in `--max-queue-delay` seconds) and goes on as it
-        drains: pushes of at most `chunk` records and about a megabyte (an eighth of the bound, if
+        drains: pushes of at most `chunk` records and about two megabytes (an eighth of the bound, if
         smaller) go while they fit the credit of the planner's last acknowledgement, at most `window` at
         a time (`clasp.core.credit`). Any iterable, an endless generator too: it is read one chunk ahead
         of what the planner accepted."""

@@ -71,7 +71,7 @@ def frame_blob(frame: bytes) -> bytes:
 
 
 def frame_head(frame: bytes) -> bytes:
-    """What `frame_blob` puts before the frame: written before it, the frame is not copied (a megabyte a push)."""
+    """What `frame_blob` puts before the frame: written before it, the frame is not copied (megabytes a push)."""
     return MAGIC + bytes([FRAME]) + struct.pack(">I", zlib.crc32(frame))
 
 

@@ -15,7 +15,7 @@ import time
 import pytest
 
 import clasp
-from clasp.core.credit import CHUNK_RECORDS
+from clasp.core.credit import CHUNK_BYTES, CHUNK_RECORDS
 from tests.conftest import start_cluster
 
 BOUND = 256 << 10
@@ -229,12 +229,12 @@ def test_the_queue_holds_what_drains_in_max_queue_delay(timed):
         job.cancel()
     rates = [r for _, r in limits if r]
     assert rates, "the drain rate was never measured"
-    floor = 8 * (1 << 20)  # 8 pushes of 1 MB
+    floor = 8 * CHUNK_BYTES  # 8 whole pushes
     for lim, rate in limits:  # the limit each stats() reported is the one its drain rate gives
         assert lim == (min(BIG, max(floor, int(rate * DELAY))) if rate else floor), (lim, rate)
     top_limit = max(lim for lim, _ in limits)
     assert top_limit < BIG // 4  # the time bound, not the byte bound, held the queue
-    assert seen["max_bytes"] <= top_limit + (2 << 20) + CHUNK_RECORDS, (seen, top_limit)
+    assert seen["max_bytes"] <= top_limit + 2 * CHUNK_BYTES + CHUNK_RECORDS, (seen, top_limit)
     assert n * RECORD > 2 * top_limit  # far more than the limit went through
     assert stats["latency"]["p99"] < 4 * DELAY + 2.0, stats["latency"]
     assert {int(k): v for k, v in state.items()} == dict(yielded)

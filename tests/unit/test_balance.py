@@ -143,43 +143,45 @@ def test_the_job_machine_counts_dispatches_and_reports_and_forgets_loads_when_no
     job = new_job(window=100_000, batch=100_000)
     job.loads = Loads(job.spec.sources)
     sent: list[Dispatch] = []
-    for req, n in ((1, 1000), (2, 6000)):
+    seg = protocol.SEGMENT_RECORDS
+    for req, n in ((1, 2 * seg), (2, 12 * seg)):
         job.machine.handle(Push(b"c", req, Segments(protocol.pack_segments(list(range(n)))), b"x" * 10, 0.0))
         sent += [s for s in job.machine.handle(DispatchReady(0.1)) if type(s) is Dispatch]
         if req == 1:
-            assert job.loads.out == {"w0": 500, "w1": 500}
-            job.loads.out["w1"] = 2500  # w1 is behind: w0 gets segments until it is as far behind
+            assert job.loads.out == {"w0": seg, "w1": seg}
+            job.loads.out["w1"] = 5 * seg  # w1 is behind: w0 gets segments until it is as far behind
     per = {w: sum(protocol.array_count(v) for _, _, v in runs) for w, runs in sent[1].runs.items()}
-    assert per == {"w0": 4000, "w1": 2000} and job.loads.out == {"w0": 4500, "w1": 4500}
-    assert [r[1] & 0xFFFFF for r in sent[1].runs["w0"][:5]] == [0, 500, 1000, 1500, 2000]
-    job.machine.handle(Progress(b"w0", {0: {0: -500}}, 0.2, 300))
-    assert job.loads.out == {"w0": 4000, "w1": 4500} and job.loads.behind == {"w0": 300}
+    assert per == {"w0": 8 * seg, "w1": 4 * seg} and job.loads.out == {"w0": 9 * seg, "w1": 9 * seg}
+    assert [r[1] & 0xFFFFF for r in sent[1].runs["w0"][:5]] == [0, seg, 2 * seg, 3 * seg, 4 * seg]
+    job.machine.handle(Progress(b"w0", {0: {0: -seg}}, 0.2, 300))
+    assert job.loads.out == {"w0": 8 * seg, "w1": 9 * seg} and job.loads.behind == {"w0": 300}
     done = collections.Counter()
     for d in sent:
         for _, first, v in (r for runs in d.runs.values() for r in runs):
             for i in range(protocol.array_count(v)):
                 done[(first + i) >> EPOCH_BITS] -= 1
-    done[0] += 500  # reported above
+    done[0] += seg  # reported above
     for e, k in done.items():
         job.machine.handle(Progress(b"w1", {e: {0: k}}, 0.3))
-    assert job.tracker.outstanding == 0 and job.loads.out == {"w0": 4000, "w1": 0}  # w1 reported w0's too
+    assert job.tracker.outstanding == 0 and job.loads.out == {"w0": 8 * seg, "w1": 0}  # w1 reported w0's too
     job.machine.handle(Push(b"c", 3, [1, 2], b"xx", 0.4))
     job.machine.handle(DispatchReady(0.5))  # nothing was in flight: the old counts went first
     assert sum(job.loads.out.values()) == 2 and job.loads.behind == {}
 
 
 def test_a_worker_whose_keyed_stage_is_behind_gets_less_though_its_root_keeps_up():
-    """The root's own outstanding requests are equal; w0's report says its queue past the root holds 3,000
-    root requests' worth of work: the next runs go to w1 until w1 is as far behind."""
+    """The root's own outstanding requests are equal; w0's report says its queue past the root holds six
+    segments of root requests' worth of work: the next runs go to w1 until w1 is as far behind."""
     spec, routes = one_source({"w0": 0.5, "w1": 0.5})
+    seg = protocol.SEGMENT_RECORDS
     loads = Loads(spec.sources)
     loads.sent("w0", 1000)
     loads.sent("w1", 1000)
-    loads.report(b"w0", {0: {0: -1000}}, behind=3000)
+    loads.report(b"w0", {0: {0: -1000}}, behind=6 * seg)
     loads.report(b"w1", {0: {0: -1000}}, behind=0)
-    d = scheduler.route_records(spec, routes, 0, Segments(protocol.pack_segments(list(range(5000)))), loads)
+    d = scheduler.route_records(spec, routes, 0, Segments(protocol.pack_segments(list(range(10 * seg)))), loads)
     per = {w: sum(protocol.array_count(v) for _, _, v in runs) for w, runs in d.runs.items()}
-    assert per == {"w1": 4000, "w0": 1000}  # w1 to 3,000 alone, then they alternate from w0
+    assert per == {"w1": 8 * seg, "w0": 2 * seg}  # w1 to six segments alone, then they alternate from w0
     loads.report(b"w0", {}, behind=0)  # caught up: its next report says so
     assert loads.behind == {"w0": 0, "w1": 0} and loads.pick(routes[0].sigma) == "w0"
     loads.clear()

@@ -150,8 +150,8 @@ def test_a_tick_forgets_idle_clients():
 def test_a_tick_that_measures_a_faster_drain_releases_the_acks_the_larger_limit_allows():
     bound = QueueBound(max_bytes=64 << 20, max_delay=1.0)
     job = new_job(bound=bound)
-    job.limit = bound.limit(None)  # the floor, 8 MB, before any rate is measured
-    out = feed(job, Push(b"a", 7, list(range(10)), b"x" * (9 << 20), 0.0))
+    job.limit = bound.limit(None)  # the floor, 8 pushes, before any rate is measured
+    out = feed(job, Push(b"a", 7, list(range(10)), b"x" * (bound.floor() + (1 << 20)), 0.0))
     assert not any(isinstance(s, Ack) for s in out)
     job.backlog, job.drained = True, 60 << 20  # a tick with a backlog throughout drained 60 MB
     (ack,) = feed(job, Tick(1.0, 0.5))

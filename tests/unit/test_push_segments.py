@@ -5,6 +5,7 @@ read back as segments, opened by the worker (a segment it cannot decode reported
 from __future__ import annotations
 
 import collections
+import itertools
 from collections import deque
 
 import msgpack
@@ -26,7 +27,8 @@ def test_pack_segments_cuts_a_push_into_arrays_of_consecutive_records():
     segs = protocol.pack_segments(records)
     assert [r for s in segs for r in msgpack.unpackb(s)] == records
     s = Segments(segs)
-    assert len(s) == 5200 and s.counts == [protocol.SEGMENT_RECORDS] * 10 + [200] and s.decoded() == records
+    assert len(s) == 5200 and s.counts == [protocol.SEGMENT_RECORDS] * 10 + [5200 - 10 * protocol.SEGMENT_RECORDS]
+    assert s.decoded() == records
     assert Segments(protocol.pack_segments(["a", "b", "c"])).counts == [3]
     assert [protocol.array_count(msgpack.packb(list(range(n)))) for n in (1, 15, 16, 70000)] == [1, 15, 16, 70000]
     assert protocol.array_count(b"") == protocol.array_count(b"\xa1a") == -1
@@ -88,6 +90,8 @@ def test_segmented_dispatch_sends_every_record_once_in_order_as_the_list_path_co
                 assert op == 0 and type(seg) is bytes
                 vals = msgpack.unpackb(seg)
                 assert vals == [value[first + i] for i in range(len(vals))]
+                # a segment is one progress epoch: a worker's report counts each epoch it ran whole, not in parts
+                assert first >> EPOCH_BITS == (first + len(vals) - 1) >> EPOCH_BITS
                 rids += range(first, first + len(vals))
         rids.sort()
         assert rids == list(range(d.first, d.first + d.count))
@@ -99,14 +103,16 @@ def test_segmented_dispatch_sends_every_record_once_in_order_as_the_list_path_co
 
 def test_two_workers_get_half_of_each_dispatch():
     spec = two_source_spec()
-    q = deque([[3 << CHUNK_BITS, Segments(protocol.pack_segments(list(range(20000)))), 0]])
+    n = 36 * protocol.SEGMENT_RECORDS  # about 20,000, and no dispatch left with an odd few segments at the end
+    q = deque([[3 << CHUNK_BITS, Segments(protocol.pack_segments(list(range(n)))), 0]])
     got = collections.Counter()
-    for room in (5000, 2500, 3700, 5000, 4300):  # whole segments: 5,000, 2,500, 3,500, 5,000, 4,000
-        d = scheduler.dispatch(q, spec, [Route(ROUTE_TABLE, 0, table=["w0", "w1"])], room)
+    rooms = itertools.cycle((5000, 2500, 3700, 4300))  # whole segments: 4,608, 2,048, 3,584, 4,096, ...
+    while q:
+        d = scheduler.dispatch(q, spec, [Route(ROUTE_TABLE, 0, table=["w0", "w1"])], next(rooms))
         per = {w: sum(len(msgpack.unpackb(s)) for _, _, s in runs) for w, runs in d.runs.items()}
-        assert len(per) == 2 and abs(per["w0"] - per["w1"]) <= protocol.SEGMENT_RECORDS, (room, per)
+        assert len(per) == 2 and abs(per["w0"] - per["w1"]) <= protocol.SEGMENT_RECORDS, per
         got.update(per)
-    assert not q and got["w0"] + got["w1"] == 20000 and abs(got["w0"] - got["w1"]) <= 2 * protocol.SEGMENT_RECORDS
+    assert not q and got["w0"] + got["w1"] == n and abs(got["w0"] - got["w1"]) <= 2 * protocol.SEGMENT_RECORDS
 
 
 def test_a_keyed_source_routes_segments_decoded():
