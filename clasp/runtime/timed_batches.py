@@ -115,7 +115,10 @@ def _map_keyed(ex, op: OpRuntime, values_in: list, rids) -> int:
     kind, succ, append, owners, _, target = op.routes[0]
     key_fn = target.key_fn
     values = list(chain.from_iterable(results))
-    out_rids = list(chain.from_iterable(map(repeat, rids, counts)))
+    # A map of one output at most a value (a filter, a query's keying map): its outputs' ids picked in C, not a
+    # repeat made a value.
+    one_each = max(counts, default=0) <= 1
+    out_rids = list(compress(rids, counts) if one_each else chain.from_iterable(map(repeat, rids, counts)))
     try:
         keys = list(map(key_fn, values))
         gs = group_bytes(target, keys)

@@ -110,13 +110,15 @@ def auction_fn(state: list | None, row: list, timers) -> tuple[list | None, tupl
         timers.at(after(body[1]), "close")  # every bid up to `expires` included is in
         return [body, best, NO_BIDS, None], NO_OUTPUT
     ts = row[1]
-    # An auction that opened before this bid has arrived once the watermark passes it.
-    due = after(ts)
-    if armed is None or due < armed:
-        if armed is not None:
-            timers.cancel(armed, "early")
-        timers.at(due, "early")
-        armed = due
+    # An auction that opened before this bid has arrived once the watermark passes it. Bids come mostly in time
+    # order: one later than the armed time leaves the timer be, without computing its own.
+    if armed is None or ts < armed:
+        due = after(ts)
+        if due != armed:
+            if armed is not None:
+                timers.cancel(armed, "early")
+            timers.at(due, "early")
+            armed = due
     return [None, None, [*early, [ts, body]], armed], NO_OUTPUT
 
 
