@@ -228,7 +228,7 @@ def test_q4s_early_bids_whose_auction_never_comes_are_forgotten_one_timer_at_a_t
         driver.record(9, ts, [9, ts, ts])
     assert driver.advance(150) == []
     state, timers = driver.states[9]
-    assert state[EARLY] == [[300, 300], [200, 200]] and state[ARMED] == after(200)
+    assert state[EARLY] == [[[300, 300], [200, 200]]] and state[ARMED] == after(200)
     assert timers == [[after(200), "event", "early"]]
     assert driver.advance(1000) == [] and driver.states == {}
 
