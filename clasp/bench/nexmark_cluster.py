@@ -43,6 +43,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from operator import itemgetter
 from pathlib import Path
 
@@ -62,6 +63,7 @@ from clasp.apps.nexmark.queries import (
 )
 from clasp.apps.nexmark.reference import Q2_MODULUS, Q3_CATEGORY, Q3_STATES, Q5_SLIDE_MS, WINDOW_MS, euros
 from clasp.bench import cpu_seconds
+from clasp.connectors import Source
 from clasp.connectors.file_source import FileSource
 from clasp.local.cluster import LocalCluster
 from clasp.windows import IntervalJoin, result_time, sliding, tumbling
@@ -138,13 +140,18 @@ def write_events(events: list[dict], directory: Path, files: int = 4) -> str:
     return str(directory / "events-*.jsonl")
 
 
-def query_dag(query: str, pattern: str) -> clasp.Dag:
+def _date_time(e: dict):
+    return e["dateTime"]
+
+
+def query_dag(query: str, pattern: str | Source, timestamp: Callable = _date_time) -> clasp.Dag:
     """A query as a DAG: the stages of `clasp/apps/nexmark/queries.py`, each keyed one a window, join or timers
     operator; Q5 and Q7 as two stages of windows (the second timed by `result_time`). Its answer is collected
-    at the operator `answer_operator(query)`."""
+    at the operator `answer_operator(query)`. The events come from the JSON-lines files of glob `pattern` (or
+    from a source), timed by `timestamp`."""
     dag = clasp.Dag(f"nexmark-{query}")
-    src = dag.source("events", FileSource(pattern, format="jsonl"), timestamp=lambda e: e["dateTime"],
-                     max_out_of_order=max_out_of_order())
+    source = FileSource(pattern, format="jsonl") if isinstance(pattern, str) else pattern
+    src = dag.source("events", source, timestamp=timestamp, max_out_of_order=max_out_of_order())
     if query in ("q0", "q1", "q2"):
         src >> dag.operator("answer", {"q0": _q0, "q1": _q1, "q2": _q2}[query], collect=True)
     elif query == "q3":
