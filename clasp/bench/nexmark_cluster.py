@@ -140,11 +140,7 @@ def write_events(events: list[dict], directory: Path, files: int = 4) -> str:
     return str(directory / "events-*.jsonl")
 
 
-def _date_time(e: dict):
-    return e["dateTime"]
-
-
-def query_dag(query: str, pattern: str | Source, timestamp: Callable = _date_time) -> clasp.Dag:
+def query_dag(query: str, pattern: str | Source, timestamp: Callable = itemgetter("dateTime")) -> clasp.Dag:
     """A query as a DAG: the stages of `clasp/apps/nexmark/queries.py`, each keyed one a window, join or timers
     operator; Q5 and Q7 as two stages of windows (the second timed by `result_time`). Its answer is collected
     at the operator `answer_operator(query)`. The events come from the JSON-lines files of glob `pattern` (or
