@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict] = []
     fixed: list[dict] = []
     for rnd in range(a.rounds):
-        for q in a.queries.split(","):
+        for q in a.queries.lower().split(","):  # Q4 as q4, as the reference names it
             runs = [("clasp", int(w)) for w in a.workers.split(",")] + ([("bytewax", 1)] if has_bytewax else [])
             runs += [("bytewax-processes", int(n)) for n in procs.split(",") if n and has_bytewax]
             if rnd % 2:
