@@ -243,6 +243,10 @@ def add_control_options(p: argparse.ArgumentParser, cluster: bool = False) -> No
         where = ("default: $XDG_STATE_HOME/clasp, else ~/.local/state/clasp; one planner at a time uses a "
                  "directory, and one restarted on it resumes its jobs")
     p.add_argument("--state-dir", help=f"checkpoints and the input log (a volume every host shares); {where}")
+    p.add_argument("--collected-memory", type=byte_size, default="64M",
+                   help="per job: bytes of collected outputs released by checkpoints kept in memory, the newest; "
+                        "older ones are read back from their checkpoint files when asked for, N or NK/NM/NG "
+                        "(default %(default)s)")
     add_queue_options(p)
 
 

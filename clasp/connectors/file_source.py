@@ -9,7 +9,8 @@ one split per batch, not a call per line). A block already in the page cache is 
 (`preadv` with `RWF_NOWAIT`: a read that would wait for the disk fails at once instead); any other read, and the
 open, go to a thread (`asyncio.to_thread`). Lines are cut at the byte `\n`: the encoding must be an ASCII
 superset (UTF-8, Latin-1, ...). JSON lines in UTF-8 are decoded by orjson, a line a call in C, where it reads
-every line of a block as json would; any other block by json's C scanner over the block decoded once.
+every line of a block as json would; any other block by json's C scanner over the block decoded once. With
+`select`, only the JSON lines that hold one of its byte strings are decoded (tested in C over the raw lines).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import errno
 import glob
 import json
 import os
+from itertools import compress, repeat
+from operator import or_
 from typing import Any
 
 try:  # a faster decoder of the same values; json's alone when it is absent
@@ -28,6 +31,7 @@ try:  # a faster decoder of the same values; json's alone when it is absent
 except ImportError:  # pragma: no cover - a dependency, installed with clasp
     _fast_loads = None
 
+from clasp.core import kernels
 from clasp.core.connector import Source, SourcePartition
 
 FORMATS = ("lines", "jsonl", "csv")
@@ -37,7 +41,8 @@ _SCAN = json.JSONDecoder().scan_once
 # with one goes to json (whether the digits are an integer, a string's or a fraction's). Found as a run of 19
 # zeros once every digit is one: two passes in C, where a regular expression retries at every digit. Every
 # third byte is looked at first: a run of 19 digits holds 6 of them in a row, and a run of 15 or fewer (a
-# timestamp in ms has 13) never does, so the common block is passed at a third of the cost.
+# timestamp in ms has 13) never does, so the common block is passed at a third of the cost. With the C kernels
+# (`clasp.core.kernels`) every 19th byte is looked at instead, and the run measured only around a digit there.
 _DIGITS_TO_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
 _LONG_RUN = b"0" * 19
 _STRIDE, _STRIDE_RUN = 3, b"0" * (19 // 3)
@@ -81,6 +86,8 @@ def _scan_block(text: str, values: list) -> bool:
 
 def _long_digits(block: bytes, used: int) -> bool:
     """Whether the first `used` bytes of `block` hold a run of 19 digits or more."""
+    if kernels.C is not None:
+        return kernels.C.digit_run(block, used, len(_LONG_RUN))
     if block[:used:_STRIDE].translate(_DIGITS_TO_ZERO).find(_STRIDE_RUN) < 0:
         return False
     return block[:used].translate(_DIGITS_TO_ZERO).find(_LONG_RUN) >= 0
@@ -101,20 +108,40 @@ def _load_lines(lines: list[bytes], block: bytes, used: int, values: list) -> bo
     return True
 
 
+def _picked(lines: list[bytes], select: list[bytes]) -> list[bytes]:
+    """The lines that hold one of `select`'s byte strings, tested in C (no call in Python a line)."""
+    hits = map(bytes.__contains__, lines, repeat(select[0]))
+    for s in select[1:]:
+        hits = map(or_, hits, map(bytes.__contains__, lines, repeat(s)))
+    return list(compress(lines, hits))
+
+
 class FileSource(Source):
     """Lines of the files matching `path_or_glob` (a path, a glob, or a list of them): `format="lines"` gives
     each line as a str (without its newline), `"jsonl"` each line parsed as JSON (blank lines skipped),
     `"csv"` each row after the file's header as a dict of str. Files larger than `range_bytes` are read as
     byte ranges of about that size, each a partition. The files are listed once, when the job is submitted:
     files that appear later are not read. A line that is not valid JSON (or CSV) is reported as an error of
-    the source operator, naming the file and the byte offset, and skipped."""
+    the source operator, naming the file and the byte offset, and skipped.
+
+    `select` (`"jsonl"` only): a byte string, or a list of them, that a line's raw bytes (in the file's
+    encoding) must hold to be decoded; any other line is skipped undecoded, so it is neither given nor, if it is
+    not JSON, reported. A selection that a query's own test of each value narrows further (a kind of event, say)
+    leaves its answer as it was, at the cost of a search of the raw line instead of a decode."""
 
     def __init__(self, path_or_glob: str | os.PathLike | list, format: str = "lines",
-                 range_bytes: int = DEFAULT_RANGE_BYTES, encoding: str = "utf-8"):
+                 range_bytes: int = DEFAULT_RANGE_BYTES, encoding: str = "utf-8",
+                 select: bytes | list[bytes] | None = None):
         if format not in FORMATS:
             raise ValueError(f"FileSource format {format!r}; accepted: {', '.join(FORMATS)}")
         if range_bytes <= 0:
             raise ValueError(f"range_bytes must be positive, not {range_bytes}")
+        if select is not None:
+            select = [select] if isinstance(select, bytes) else list(select)
+            if format != "jsonl" or not select or not all(isinstance(x, bytes) and x for x in select):
+                raise ValueError(f"select is non-empty byte strings, for format 'jsonl'; not {select!r} for "
+                                 f"{format!r}")
+        self.select = select
         self.patterns = [os.fspath(p) for p in path_or_glob] if isinstance(path_or_glob, list) else [
             os.fspath(path_or_glob)]
         self.format = format
@@ -149,18 +176,20 @@ class FileSource(Source):
         path, start, end = _parse_name(partition)
         if start is None:
             start, end = 0, None  # the whole file, however long it has grown
-        return FileReader(path, start, end, position, self.format, self.encoding)
+        return FileReader(path, start, end, position, self.format, self.encoding, self.select)
 
     def __repr__(self) -> str:
-        return f"FileSource({self.patterns!r}, format={self.format!r})"
+        select = "" if self.select is None else f", select={self.select!r}"
+        return f"FileSource({self.patterns!r}, format={self.format!r}{select})"
 
 
 class FileReader(SourcePartition):
     """One file's byte range `[start, end)` (end None: to the end of the file), from `position`."""
 
-    def __init__(self, path: str, start: int, end: int | None, position: int | None, format: str, encoding: str):
+    def __init__(self, path: str, start: int, end: int | None, position: int | None, format: str, encoding: str,
+                 select: list[bytes] | None = None):
         self.path, self.start, self.end = path, start, end
-        self.format, self.encoding = format, encoding
+        self.format, self.encoding, self.select = format, encoding, select
         self._utf8 = format == "jsonl" and codecs.lookup(encoding).name == "utf-8"  # what orjson reads
         self._pos = int(position) if position is not None else None
         self._done = False
@@ -282,10 +311,14 @@ class FileReader(SourcePartition):
             if "\r" in text:
                 out = [v.rstrip("\r") for v in out]
             values.extend(out)
-        elif self._utf8 and _load_lines(lines, buf, used, values):
-            pass
-        elif self.format != "jsonl" or not _scan_block(buf[:used].decode(self.encoding, errors="replace"), values):
-            self._parse(lines, pos, values)
+        else:
+            picked = lines if self.select is None else _picked(lines, self.select)
+            if self._utf8 and _load_lines(picked, buf, used, values):
+                pass
+            elif self.format != "jsonl" or not _scan_block(
+                    (buf[:used] if picked is lines else b"\n".join(picked)).decode(self.encoding, errors="replace"),
+                    values):
+                self._parse(lines, pos, values)
         self._pos = pos + used
         self._buf = self._buf[used:]
         if (end is not None and self._pos >= end) or (self._eof and not self._buf):
@@ -294,9 +327,11 @@ class FileReader(SourcePartition):
 
     def _parse(self, lines: list[bytes], at: int, values: list) -> None:
         """JSON lines or CSV rows; a line that does not parse is an error naming the file and its offset."""
-        enc, jsonl = self.encoding, self.format == "jsonl"
+        enc, jsonl, select = self.encoding, self.format == "jsonl", self.select
         for line in lines:
             start, at = at, at + len(line) + 1
+            if select is not None and not any(x in line for x in select):
+                continue
             text = line.decode(enc, errors="replace").rstrip("\r")
             if jsonl:
                 try:  # the common line, a value and nothing around it: one call into json's C scanner

@@ -1,6 +1,7 @@
 /* The keyed fast path's per-request loops in C: the same results as their Python versions (which stay, and are
  * used where this module is not built), with no bytecode per request. Each is a pure function of its arguments
- * except `apply_block`, which calls the operator's function and changes the state dicts it is given.
+ * except `apply_block`, which calls the operator's function and changes the state dicts it is given, and
+ * `unpack_strs`, which fills the table of strings it is given.
  *
  * - apply_block: a stateful operator keyed by the value, once per value, on the dict of the value's key group
  *   (clasp.runtime.batches.apply_block);
@@ -8,11 +9,16 @@
  *   (clasp.runtime.batches.gather_outputs: what clasp.core.routing.partition_runs does to them, flattened);
  * - epochs_of_runs: progress counts per stretch of one epoch in runs of record ids (clasp.core.tracking);
  * - key_groups: the key group of each key of a batch (clasp.core.routing.key_group), an ASCII string's here
- *   (clasp.runtime.batches.group_bytes).
+ *   (clasp.runtime.batches.group_bytes);
+ * - digit_run: whether a block of bytes holds a run of digits of some length (the file reader's test for
+ *   numbers orjson may read otherwise than json; clasp.connectors.file_source._long_digits).
+ * - pack_strs, unpack_strs: a batch of strings as one msgpack array and back, the strings a worker receives
+ *   made once per table slot, not once per occurrence (clasp.core.protocol.packed_values, open_columns).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 enum { LEFT, RAISED, RETURNED };  /* as clasp.core.kernels */
 
@@ -523,6 +529,247 @@ groups_in(PyObject *Py_UNUSED(module), PyObject *arg)
     return out;
 }
 
+/* digit_run(block, used, run) -> bool: whether the first `used` bytes of a bytes-like hold `run` (> 0) ASCII
+ * digits in a row. Every `run`-th byte is looked at: a run that long holds one of them, and only around a
+ * digit found there is the run measured, so a block with few long numbers is passed at a fraction of a
+ * byte's cost. */
+static PyObject *
+digit_run(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (arity(nargs, 3, "digit_run(block, used, run)") < 0)
+        return NULL;
+    Py_buffer v;
+    if (PyObject_GetBuffer(args[0], &v, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_ssize_t used = int_in(args[1], 0, v.len, "used");
+    Py_ssize_t run = used < 0 ? -1 : int_in(args[2], 1, PY_SSIZE_T_MAX, "run");
+    if (run < 0) {
+        PyBuffer_Release(&v);
+        return NULL;
+    }
+    const unsigned char *p = v.buf;
+    int found = 0;
+    Py_ssize_t checked = 0;  /* bytes below it are known to end no run long enough */
+    for (Py_ssize_t i = run - 1; i < used && !found; i += run) {
+        if ((unsigned char)(p[i] - '0') > 9)
+            continue;
+        Py_ssize_t a = i, b = i + 1;
+        while (a > checked && (unsigned char)(p[a - 1] - '0') <= 9)
+            a--;
+        while (b < used && (unsigned char)(p[b] - '0') <= 9)
+            b++;
+        found = b - a >= run;
+        checked = b;
+    }
+    PyBuffer_Release(&v);
+    return PyBool_FromLong(found);
+}
+
+/* pack_strs(values) -> bytes | None: the msgpack array of `values` when every one is an exact str, byte for byte
+ * what msgpack.packb(values) gives (fixstr, str 8, 16 or 32 by length; the array's header by count); None when
+ * one is anything else, or a str with no UTF-8 form (a lone surrogate), for the caller's general encoding. */
+static PyObject *
+pack_strs(PyObject *Py_UNUSED(module), PyObject *values)
+{
+    if (!PyList_CheckExact(values)) {
+        PyErr_SetString(PyExc_TypeError, "pack_strs: values must be a list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(values);
+    if ((unsigned long long)n > 0xFFFFFFFFull)
+        Py_RETURN_NONE;
+    Py_ssize_t size = n < 16 ? 1 : n < 0x10000 ? 3 : 5;
+    for (Py_ssize_t i = 0; i < n; i++) {  /* the size first: one allocation, no resize */
+        PyObject *v = PyList_GET_ITEM(values, i);
+        Py_ssize_t len;
+        if (!PyUnicode_CheckExact(v))
+            Py_RETURN_NONE;
+        if (PyUnicode_IS_ASCII(v))
+            len = PyUnicode_GET_LENGTH(v);
+        else if (PyUnicode_AsUTF8AndSize(v, &len) == NULL) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        if ((unsigned long long)len > 0xFFFFFFFFull)
+            Py_RETURN_NONE;
+        size += len + (len < 32 ? 1 : len < 0x100 ? 2 : len < 0x10000 ? 3 : 5);
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size);
+    if (out == NULL)
+        return NULL;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out), *end = o + size;
+    if (n < 16)
+        *o++ = 0x90 | (unsigned char)n;
+    else if (n < 0x10000) {
+        *o++ = 0xdc; *o++ = (unsigned char)(n >> 8); *o++ = (unsigned char)n;
+    }
+    else {
+        *o++ = 0xdd; *o++ = (unsigned char)(n >> 24); *o++ = (unsigned char)(n >> 16);
+        *o++ = (unsigned char)(n >> 8); *o++ = (unsigned char)n;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyList_GET_ITEM(values, i);
+        Py_ssize_t len;
+        const char *p;
+        if (PyUnicode_IS_ASCII(v)) {
+            p = (const char *)PyUnicode_1BYTE_DATA(v);
+            len = PyUnicode_GET_LENGTH(v);
+        }
+        else
+            p = PyUnicode_AsUTF8AndSize(v, &len);  /* cached by the first pass */
+        if (p == NULL) {  /* the first pass made the UTF-8 form: cannot happen */
+            Py_DECREF(out);
+            return NULL;
+        }
+        if (len < 32)
+            *o++ = 0xa0 | (unsigned char)len;
+        else if (len < 0x100) {
+            *o++ = 0xd9; *o++ = (unsigned char)len;
+        }
+        else if (len < 0x10000) {
+            *o++ = 0xda; *o++ = (unsigned char)(len >> 8); *o++ = (unsigned char)len;
+        }
+        else {
+            *o++ = 0xdb; *o++ = (unsigned char)(len >> 24); *o++ = (unsigned char)(len >> 16);
+            *o++ = (unsigned char)(len >> 8); *o++ = (unsigned char)len;
+        }
+        memcpy(o, p, len);
+        o += len;
+    }
+    if (o != end) {  /* nothing runs between the passes, which sized the same strings */
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_RuntimeError, "pack_strs: the values changed");
+        return NULL;
+    }
+    return out;
+}
+
+/* Strings no longer than this are kept in the table of `unpack_strs`: a word, not a document. */
+#define TABLE_MAX_LEN 64
+
+/* unpack_strs(data, table) -> list | None: msgpack.unpackb(data) when `data` (bytes-like) is one msgpack array
+ * of strings and nothing after it; None for anything else (another type, invalid UTF-8, a short or long
+ * buffer), which the caller decodes the general way (and which fails there as it fails there).
+ *
+ * `table` is a list of a power-of-two length, a direct-mapped cache from an ASCII string's bytes to a str made
+ * before (slot: a hash of the bytes): a string found there is that str again, no allocation, its hash already
+ * computed once a dict has looked it up; one not found is made and takes the slot. Equal strings are equal
+ * whichever object stands for them, so the result is the same list of values as msgpack's. */
+static PyObject *
+unpack_strs(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (arity(nargs, 2, "unpack_strs(data, table)") < 0)
+        return NULL;
+    PyObject *table = args[1];
+    Py_ssize_t slots = PyList_CheckExact(table) ? PyList_GET_SIZE(table) : 0;
+    if (slots < 1 || (slots & (slots - 1)) != 0) {
+        PyErr_SetString(PyExc_TypeError, "unpack_strs: table must be a list of a power-of-two length");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *p = view.buf, *end = p + view.len;
+    PyObject *out = NULL;
+    Py_ssize_t n;
+    if (p == end)
+        goto other;
+    if ((*p & 0xf0) == 0x90) {
+        n = *p++ & 0x0f;
+    }
+    else if (*p == 0xdc && end - p >= 3) {
+        n = (Py_ssize_t)p[1] << 8 | p[2];
+        p += 3;
+    }
+    else if (*p == 0xdd && end - p >= 5) {
+        n = (Py_ssize_t)((uint32_t)p[1] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 8 | p[4]);
+        p += 5;
+    }
+    else
+        goto other;
+    if (n > end - p)  /* each string takes a byte at least */
+        goto other;
+    out = PyList_New(n);
+    if (out == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t len;
+        if (p >= end)
+            goto other;
+        unsigned char c = *p;
+        if ((c & 0xe0) == 0xa0) {
+            len = c & 0x1f;
+            p += 1;
+        }
+        else if (c == 0xd9 && end - p >= 2) {
+            len = p[1];
+            p += 2;
+        }
+        else if (c == 0xda && end - p >= 3) {
+            len = (Py_ssize_t)p[1] << 8 | p[2];
+            p += 3;
+        }
+        else if (c == 0xdb && end - p >= 5) {
+            len = (Py_ssize_t)((uint32_t)p[1] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 8 | p[4]);
+            p += 5;
+        }
+        else
+            goto other;
+        if (len > end - p)
+            goto other;
+        PyObject *s = NULL;
+        if (len <= TABLE_MAX_LEN) {
+            uint64_t h = 0xcbf29ce484222325ull;  /* FNV-1a, and whether every byte is ASCII */
+            unsigned char high = 0;
+            for (Py_ssize_t k = 0; k < len; k++) {
+                h = (h ^ p[k]) * 0x100000001b3ull;
+                high |= p[k];
+            }
+            if (high < 0x80) {
+                Py_ssize_t slot = (Py_ssize_t)((h ^ (h >> 29)) & (uint64_t)(slots - 1));
+                PyObject *old = PyList_GET_ITEM(table, slot);
+                if (PyUnicode_CheckExact(old) && PyUnicode_IS_ASCII(old) && PyUnicode_GET_LENGTH(old) == len
+                    && memcmp(PyUnicode_1BYTE_DATA(old), p, len) == 0) {
+                    Py_INCREF(old);
+                    s = old;
+                }
+                else {
+                    s = PyUnicode_New(len, 127);
+                    if (s == NULL)
+                        goto fail;
+                    memcpy(PyUnicode_1BYTE_DATA(s), p, len);
+                    Py_INCREF(s);
+                    PyList_SET_ITEM(table, slot, s);
+                    Py_DECREF(old);
+                }
+            }
+        }
+        if (s == NULL) {
+            s = PyUnicode_DecodeUTF8((const char *)p, len, NULL);
+            if (s == NULL) {
+                if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+                    goto fail;
+                PyErr_Clear();
+                goto other;
+            }
+        }
+        PyList_SET_ITEM(out, i, s);
+        p += len;
+    }
+    if (p != end)
+        goto other;
+    PyBuffer_Release(&view);
+    return out;
+other:
+    Py_XDECREF(out);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(out);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"apply_block", (PyCFunction)(void (*)(void))apply_block, METH_FASTCALL,
      "apply_block(fn, values, groups, dicts, start) -> (stop, exc, result, old)"},
@@ -533,6 +780,11 @@ static PyMethodDef methods[] = {
     {"groups_in", groups_in, METH_O, "groups_in(groups) -> the distinct bytes of a bytes-like, ascending"},
     {"key_groups", (PyCFunction)(void (*)(void))key_groups, METH_FASTCALL,
      "key_groups(keys, group_of, num_groups) -> bytes: the key group of each key"},
+    {"digit_run", (PyCFunction)(void (*)(void))digit_run, METH_FASTCALL,
+     "digit_run(block, used, run) -> whether the first `used` bytes hold `run` digits in a row"},
+    {"pack_strs", pack_strs, METH_O, "pack_strs(values) -> the msgpack array of a list of str, or None"},
+    {"unpack_strs", (PyCFunction)(void (*)(void))unpack_strs, METH_FASTCALL,
+     "unpack_strs(data, table) -> the list a msgpack array of strings holds, or None"},
     {NULL, NULL, 0, NULL},
 };
 

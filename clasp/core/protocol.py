@@ -15,7 +15,7 @@ Message types and who sends them (C client, P planner, W worker):
 | deploy | P → W | req, job, dag (DagSpec.pack()), placement (Placement.to_wire()), peers {id: data endpoint} |
 | data | P/W → W | [job, epoch, rows]: requests, each row [op, value, key, rid] |
 | runs | P → W | [job, epoch, runs]: records for stateless sources, each run [op, first rid, values (or a segment)] |
-| cols | W → W | [job, epoch, groups]: requests in columns, per operator [op, values, keys, rids, counts(, groups)] |
+| cols | W → W | [job, epoch, groups]: per operator [op, values (a list, or packed), keys, rids, counts(, groups)] |
 | done | W → P | [job, {progress epoch: {op: requests produced − finished}}] — epoch progress (`clasp.core.tracking`) |
 | migrate_plan | P → W | req, job, plan, placement; the reply comes when the worker is done |
 | marker | P/W → W | [job, epoch, sender]: the sender's last message under the previous epoch |
@@ -76,6 +76,8 @@ from operator import is_, itemgetter
 from typing import Any, ClassVar
 
 import msgpack
+
+from clasp.core import kernels
 
 VERSION = 1
 
@@ -1085,6 +1087,52 @@ def _group(op: int, values: tuple, keys: tuple, rids: tuple) -> list:
             cs.append(len(list(g)))
         return [op, list(values), ks, rs, cs]
     return [op, list(values), ks, list(rids), None]
+
+
+# Slots of a worker's table of received strings (`open_columns`): a word each, most of a text's distinct words.
+STRING_SLOTS = 1 << 16
+
+
+def string_table() -> list:
+    """An empty table of received strings for `open_columns`: a direct-mapped cache, one str a slot."""
+    return [None] * STRING_SLOTS
+
+
+def packed_values(values: list) -> list | bytes:
+    """A group's values for the wire: with the kernels, a list of strings as one msgpack array (bin), which the
+    receiver decodes in C, making each distinct string once (`open_columns`); anything else as it is."""
+    if kernels.C is not None:
+        packed = kernels.C.pack_strs(values)
+        if packed is not None:
+            return packed
+    return values
+
+
+def encode_columns(job: int, epoch: int, groups: list) -> bytes:
+    """A `cols` frame of `groups` (`columns`, or the keyed fast path's), each group's values `packed_values`;
+    the receiver calls `open_columns`, then `check_columns`."""
+    return encode("cols", [job, epoch, [[g[0], packed_values(g[1]), *g[2:]] for g in groups]])
+
+
+def open_columns(groups: Any, table: list) -> None:
+    """The groups of a `cols` message whose values came packed (`packed_values`) with those decoded in place,
+    before `check_columns`: with the kernels, strings found in `table` (`string_table`) are its objects and
+    the others join it; else, or when the array holds more than strings, as msgpack decodes it. Raises
+    ProtocolError for a packed array that does not decode to a list."""
+    if type(groups) is not list:
+        return
+    for g in groups:
+        if type(g) is not list or len(g) < 2 or type(g[1]) is not bytes:
+            continue
+        values = None if kernels.C is None else kernels.C.unpack_strs(g[1], table)
+        if values is None:
+            try:
+                values = msgpack.unpackb(g[1], raw=False, strict_map_key=False)
+            except Exception as e:
+                raise ProtocolError("undecodable", f"packed values: {type(e).__name__}: {e}"[:300]) from None
+            if type(values) is not list:
+                raise ProtocolError("bad_batch", "packed values must be an array")
+        g[1] = values
 
 
 def check_columns(groups: Any, n_ops: int, n_groups: int = 128) -> None:

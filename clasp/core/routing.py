@@ -29,7 +29,11 @@ class PlacementError(ValueError):
 
 
 def key_group(key, num_groups: int = NUM_KEY_GROUPS) -> int:
-    """The key group of a key, the same in every process (Python's hash() of str is salted per process)."""
+    """The key group of a key, the same in every process (Python's hash() of str is salted per process).
+
+    Keys that Python holds equal share a group (`False`, `0` and `0.0`; `(1, "a")` and `(True, "a")`): a key
+    group's state is a dict, where they are one key, and a worker's key cache answers for all of them with
+    whichever it saw first, so their groups must not depend on which that was."""
     t = key.__class__
     if t is str:
         return zlib.crc32(key.encode()) % num_groups
@@ -37,7 +41,22 @@ def key_group(key, num_groups: int = NUM_KEY_GROUPS) -> int:
         return key % num_groups
     if t is bytes:
         return zlib.crc32(key) % num_groups
-    return zlib.crc32(msgpack.packb(key, use_bin_type=True)) % num_groups
+    if t is bool or (t is float and key.is_integer()):
+        return int(key) % num_groups
+    return zlib.crc32(msgpack.packb(_canonical_key(key), use_bin_type=True)) % num_groups
+
+
+def _canonical_key(key):
+    """One representative of the keys equal to `key` among the types msgpack tells apart: a bool or an
+    integral float as the int it equals (a float as an int only where msgpack can carry that int), a
+    tuple's items likewise."""
+    if isinstance(key, bool | int):
+        return int(key)
+    if isinstance(key, float):
+        return int(key) if key.is_integer() and -2**63 <= key < 2**64 else key
+    if isinstance(key, tuple):
+        return tuple(map(_canonical_key, key))
+    return key
 
 
 def weighted_table(shares: Mapping[str, float], size: int = 120) -> list[str]:

@@ -82,6 +82,9 @@ class PlannerConfig:
     checkpoint_interval: float = 1.0  # 0: no checkpoints
     state_dir: str | None = None  # checkpoints and the input log; None: none kept
     input_log_records: int = 1_000_000  # input records the planner keeps in memory before spilling to disk
+    # bytes of a job's collected outputs, released by checkpoints, the planner keeps in memory; older ones are
+    # read back from their checkpoint files when asked for
+    collected_memory: int = 64 << 20
     # The elastic pool (docs/DEPLOY.md): what starts and stops workers, and its bounds.
     provider: str = "static"
     min_workers: int = 1
@@ -96,7 +99,8 @@ class PlannerConfig:
              "max_queue_delay": "--max-queue-delay", "p_max": "--p-max", "migration_timeout": "--migration-timeout",
              "autoscale": "--autoscale", "rebalance": "--rebalance", "policy": "--policy", "warmup": "--warmup",
              "state": "--state",
-             "checkpoint_interval": "--checkpoint-interval", "state_dir": "--state-dir", "provider": "--provider",
+             "checkpoint_interval": "--checkpoint-interval", "state_dir": "--state-dir",
+             "collected_memory": "--collected-memory", "provider": "--provider",
              "min_workers": "--min-workers", "max_workers": "--max-workers", "pool_cooldown": "--pool-cooldown",
              "statefulset": "--statefulset"}
 

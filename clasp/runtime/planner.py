@@ -195,7 +195,7 @@ class Planner:
             self.link, self.store, self.jobs, self.workers, self.queries, self.dispatcher, self.sinks, self.sources,
             self.time,
             interval=self.checkpoint_interval, input_log_records=self.input_log_records,
-            log_bytes=self.bound.max_bytes // 4, dead_after=self.dead_after,
+            log_bytes=self.bound.max_bytes // 4, collected_memory=config.collected_memory, dead_after=self.dead_after,
             state_endpoint=lambda: self.state_server.endpoint)
         self.migrations = Migrations(self.link, self.queries, self.dispatcher, self.sources, self.elastic, self.workers,
                                      self.pushers, p_max=self.p_max, control=self.control,

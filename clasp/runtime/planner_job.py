@@ -22,7 +22,7 @@ from clasp.core.routing import Placement
 from clasp.core.tracking import CHUNK_BITS, Tracker
 from clasp.runtime.input_log import InputLog
 from clasp.runtime.planner_sources import SourceState
-from clasp.runtime.state_store import FileStore
+from clasp.runtime.state_store import FileStore, decode_collected
 
 
 class StageTimes:
@@ -45,14 +45,19 @@ class CheckpointState:
     """What a job carries for checkpoints (on `PlannerJob.ckpt`)."""
 
     def __init__(self, store: FileStore, job: int, memory_records: int, memory_bytes: int = 128 << 20,
-                 notify=None):
+                 notify=None, released_memory: int = 64 << 20):
         self.coord = Coordinator()
         self.log = InputLog(store, job, memory_records, memory_bytes, notify)
         self.want = False  # stop dispatching at the next chunk boundary
         self.next_at = 0.0  # (monotonic) when the next checkpoint is due: an interval after the last began
         # checkpoint id -> operator -> the collected outputs that complete checkpoint released, as packed
-        # msgpack arrays (the workers' or its file's: `collected` answers splice them, never decoded here)
-        self.released_by: dict[int, dict[str, list[bytes]]] = {}
+        # msgpack arrays (the workers' or its file's: `collected` answers splice them, never decoded here);
+        # None where they are in the file only: past `released_memory` bytes, the oldest are read from their
+        # files when asked for, so a job that collects for its whole life does not grow the planner's memory
+        # with it (its disk grows, as a file sink's would)
+        self.store, self.job, self.released_memory = store, job, released_memory
+        self.released_by: dict[int, dict[str, list[bytes]] | None] = {}
+        self.released_sizes: dict[int, int] = {}  # bytes of the ones in memory
         self.replayed = 0
         self.replay_to = 0  # records complete (or lost) before the last rollback: the replay catches up to it
         self.last_recovery: dict | None = None
@@ -70,9 +75,47 @@ class CheckpointState:
     def poke(self) -> None:
         self.moved.set()
 
-    def released(self, op: str) -> list[bytes]:
-        """`op`'s released outputs, oldest first, as packed msgpack arrays."""
-        return [x for k in sorted(self.released_by) for x in self.released_by[k].get(op, ())]
+    def release(self, ckpt: int, collected: dict[str, list[bytes]] | None) -> None:
+        """Keep the outputs checkpoint `ckpt` released (its file written; None: left in it), leaving the oldest
+        in their files past `released_memory` bytes."""
+        self.released_by[ckpt] = collected
+        if collected is None:
+            return
+        self.released_sizes[ckpt] = sum(len(p) for parts in collected.values() for p in parts)
+        total = sum(self.released_sizes.values())
+        for k in sorted(self.released_sizes)[:-1]:  # the newest stays: one checkpoint's outputs at most
+            if total <= self.released_memory:
+                break
+            total -= self.released_sizes.pop(k)
+            self.released_by[k] = None
+
+    def forget_released(self, ckpt: int) -> None:
+        """Drop the outputs of a checkpoint rolled back over, and their file."""
+        del self.released_by[ckpt]
+        self.released_sizes.pop(ckpt, None)
+        self.store.remove_file(self.released_file(ckpt))
+
+    def released_file(self, ckpt: int) -> str:
+        return f"job-{self.job}/collected/{ckpt}.kg"
+
+    async def released(self, op: str) -> list[bytes]:
+        """`op`'s released outputs, oldest first, as packed msgpack arrays; those only in their files read in a
+        thread. A checkpoint rolled back over meanwhile is left out."""
+        entries = sorted(self.released_by.items())
+        on_disk = [k for k, parts in entries if parts is None]
+        if on_disk:
+            loaded = await asyncio.to_thread(self._read_released, on_disk)
+            entries = [(k, parts if parts is not None else loaded[k]) for k, parts in entries
+                       if k in self.released_by]
+        return [x for _, parts in entries for x in parts.get(op, ())]
+
+    def _read_released(self, ckpts: list[int]) -> dict[int, dict[str, list[bytes]]]:
+        out = {}
+        for k in ckpts:
+            rel = self.released_file(k)
+            data = self.store.read_file(rel)
+            out[k] = {} if data is None and k not in self.released_by else decode_collected(data or b"", rel)
+        return out
 
     def may_dispatch(self, job) -> bool:
         if self.want and job.queue and job.queue[0][2] == 0:
@@ -101,7 +144,7 @@ class CheckpointsOff:
     enabled = False
     replay_to = 0
 
-    def released(self, op: str) -> list:
+    async def released(self, op: str) -> list:
         return []
 
     def may_dispatch(self, job) -> bool:

@@ -144,7 +144,7 @@ class JobQueries:
             for p in parts:
                 protocol.check_packed_array(p, "collected_dump")
             # The released outputs and the workers' as they came, spliced: not one output decoded here.
-            return protocol.splice_arrays([*job.ckpt.released(msg.op), *parts])
+            return protocol.splice_arrays([*await job.ckpt.released(msg.op), *parts])
 
         async def locked_dump() -> protocol.Packed:
             async with job.lock:  # not while a checkpoint carries outputs from the workers to the planner

@@ -62,13 +62,14 @@ class Checkpoints:
     def __init__(self, link: Link, store: FileStore | None, jobs: dict, workers: dict, queries: JobQueries,
                  dispatcher: Dispatcher, sinks: SinkCoordinator, sources: SourcesCoordinator,
                  time: TimeCoordinator, *,
-                 interval: float, input_log_records: int, log_bytes: int, dead_after: float,
+                 interval: float, input_log_records: int, log_bytes: int, collected_memory: int, dead_after: float,
                  state_endpoint: Callable[[], str]):
         self.link, self.store, self.jobs, self.workers = link, store, jobs, workers
         self.queries, self.dispatcher, self.sinks, self.sources = queries, dispatcher, sinks, sources
         dispatcher.input_ended = self.persist  # `end_input` is in the job's record before it is answered
         self.time = time
         self.checkpoint_interval, self.input_log_records, self.log_bytes = interval, input_log_records, log_bytes
+        self.collected_memory = collected_memory
         self.dead_after, self.state_endpoint = dead_after, state_endpoint
         self.recoveries = 0
         self.records_replayed = 0
@@ -81,7 +82,7 @@ class Checkpoints:
             return CHECKPOINTS_OFF
         # The log keeps a quarter of the queue's bound in memory: replays past that read from disk.
         return CheckpointState(self.store, job_id, self.input_log_records, self.log_bytes,
-                               lambda: self.dispatcher.log_written(job_id))
+                               lambda: self.dispatcher.log_written(job_id), self.collected_memory)
 
     def fail_requests_of(self, wid: str) -> None:
         """A worker was declared dead: its outstanding requests fail now, and so do the migrations and
@@ -215,7 +216,7 @@ class Checkpoints:
                     "watermark": done.watermark}
             try:
                 if collected:  # spliced in the thread: a copy of every output, off the event loop
-                    await asyncio.to_thread(lambda: self.store.write_file(f"job-{job.id}/collected/{done.id}.kg",
+                    await asyncio.to_thread(lambda: self.store.write_file(c.released_file(done.id),
                                                                           encode_collected(collected)))
                 await asyncio.to_thread(self.store.commit, job.id, done.id, meta)
             except OSError as e:  # never complete: its files go, the one before stays the newest
@@ -225,7 +226,7 @@ class Checkpoints:
                 return None
             dropped = c.coord.committed(done)
             if collected:
-                c.released_by[done.id] = collected
+                c.release(done.id, collected)
             for d in dropped:
                 await asyncio.to_thread(self.store.delete, job.id, d)
             c.log.drop_below(c.coord.log_floor())
@@ -314,8 +315,7 @@ class Checkpoints:
             upto = target.id if target else 0
             c.coord.rolled_back()
             for k in [k for k in c.released_by if k > upto]:  # released by a checkpoint rolled back over
-                del c.released_by[k]
-                self.store.remove_file(f"job-{job.id}/collected/{k}.kg")
+                c.forget_released(k)
             boundary = target.boundary if target else 0
             dispatched_before = job.counters["dispatched"]
             c.replay_to = max(c.replay_to, job.tracker.completed + job.tracker.lost)
@@ -404,11 +404,14 @@ class Checkpoints:
             complete.sort(key=lambda m: m["ckpt"])
             rec["next_ckpt"] = top + 1
             chunks = stored_chunks(d / "input")
-            released: dict[int, dict] = {}
+            released: dict[int, dict | None] = {}
             last = complete[-1]["ckpt"] if complete else 0
-            for f in (d / "collected").glob("*.kg"):
-                if int(f.stem) <= last:
-                    released[int(f.stem)] = decode_collected(f.read_bytes(), str(f))
+            room = self.collected_memory  # the newest read back into memory, the older left in their files
+            for k in sorted((int(f.stem) for f in (d / "collected").glob("*.kg")), reverse=True):
+                if k <= last:
+                    f = d / "collected" / f"{k}.kg"
+                    released[k] = decode_collected(f.read_bytes(), str(f)) if room > 0 else None
+                    room -= f.stat().st_size
             out.append({"rec": rec, "complete": complete[-KEEP_COMPLETE:], "chunks": chunks,
                         "released": released})
         return out
@@ -429,7 +432,8 @@ class Checkpoints:
             job.src.owners = owners_under(job.src, job.placement, job.workers, {})
         c.coord.next_id = stored["rec"].get("next_ckpt", 1)
         job.input_ended = bool(stored["rec"].get("input_ended"))  # later pushes refused, the watermark ends
-        c.released_by = stored["released"]
+        for k, collected in sorted(stored["released"].items()):
+            c.release(k, collected)
         if stored["rec"].get("sinks"):
             self.sinks.book(job).pending = {int(k): v for k, v in stored["rec"]["sinks"].items()}
         newest = stored["complete"][-1] if stored["complete"] else None
@@ -503,6 +507,8 @@ class Checkpoints:
                 "pending": c.coord.pending.id if c.coord.pending else None,
                 "input_log_records": c.log.records_kept, "input_log_spilled": c.log.spilled,
                 "input_log_write_failures": c.log.write_failures,
+                "collected_in_memory_bytes": sum(c.released_sizes.values()),
+                "collected_checkpoints_on_disk_only": sum(v is None for v in c.released_by.values()),
                 "failures": list(c.coord.failures), "last_recovery": c.last_recovery,
                 "stages_ms": c.stages.means_ms(),
                 "interval_s": self.checkpoint_interval, "serving": self.queries.workers_of(job)}

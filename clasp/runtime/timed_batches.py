@@ -23,8 +23,9 @@ arithmetic over its consecutive ids.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from itertools import chain, compress, repeat
-from operator import itemgetter
+from operator import itemgetter, length_hint
 from time import perf_counter
 
 from clasp.core.tracking import epoch_counts, epoch_spans, epochs_of_runs
@@ -114,11 +115,8 @@ def _map_keyed(ex, op: OpRuntime, values_in: list, rids) -> int:
     results, dt, counts = _map_pass(ex, op, values_in)
     kind, succ, append, owners, _, target = op.routes[0]
     key_fn = target.key_fn
-    values = list(chain.from_iterable(results))
-    # A map of one output at most a value (a filter, a query's keying map): its outputs' ids picked in C, not a
-    # repeat made a value.
-    one_each = max(counts, default=0) <= 1
-    out_rids = list(compress(rids, counts) if one_each else chain.from_iterable(map(repeat, rids, counts)))
+    values, out_rids = _outputs(results, rids, counts)
+    out_rids = list(out_rids)
     try:
         keys = list(map(key_fn, values))
         gs = group_bytes(target, keys)
@@ -186,9 +184,9 @@ def map_local(ex, op: OpRuntime, parts: list) -> int:
         _progress(ex, op.index, rids, succ, counts)
         timed_batch(op, dt, len(values_in), ex.stall)
         n += len(values_in)
-        values = list(chain.from_iterable(results))
+        values, out_rids = _outputs(results, rids, counts)
         if values:
-            made = zip(repeat(succ), values, repeat(None), chain.from_iterable(map(repeat, rids, counts)))
+            made = zip(repeat(succ), values, repeat(None), out_rids)
             if append == queue.append:
                 queue.extend(made)
             else:  # the barrier's filter: rows above it are held
@@ -217,10 +215,20 @@ def collect_pass(ex, op: OpRuntime, parts: list) -> int:
 
 
 def _map_pass(ex, op: OpRuntime, values: list) -> tuple[list, float, list]:
-    """`op`'s function over a pass's values in C: (each one's outputs, the seconds, how many outputs each
-    made)."""
-    results, dt = map_outputs(op, values, ex.fail)
-    return results, dt, list(map(len, results))
+    """`op`'s function over a pass's values in C: (each one's outputs, None for none, the seconds, how many
+    outputs each made)."""
+    results, dt = map_outputs(op, values, ex.fail, none=True)
+    return results, dt, list(map(length_hint, results))  # None's is 0
+
+
+def _outputs(results: list, rids, counts: list) -> tuple[list, Iterator]:
+    """A pass's outputs in order and the record id of each, the requests that made none skipped in C: a
+    filter's pass (a Nexmark query's selection) keeps few, and a row's id made per request is then waste."""
+    if 0 in counts:
+        results, rids, counts = compress(results, counts), compress(rids, counts), list(compress(counts, counts))
+    if max(counts, default=1) == 1:  # one output a request (a keying map): the requests' ids, no repeat made each
+        return list(chain.from_iterable(results)), iter(rids)
+    return list(chain.from_iterable(results)), chain.from_iterable(map(repeat, rids, counts))
 
 
 def _progress(ex, me: int, rids, succ: int, made: list | None) -> None:

@@ -91,6 +91,7 @@ class Worker:
         self.heartbeat = config.heartbeat
         self.flush_delay = config.flush_delay
         self.max_batch = config.max_batch
+        self.strings = protocol.string_table()  # the strings received from peers (`protocol.open_columns`)
         self.stall = math.inf  # Executor.stall: set from this process's CPU quota
         self.ctx = batch_io_threads(zmq.asyncio.Context())
         self.monitor = Monitor(self.id)
@@ -352,6 +353,7 @@ class Worker:
             if eng is None:
                 raise ProtocolError("unknown_job", f"{mtype} for job {body[0]}")
             if mtype == "cols":
+                protocol.open_columns(body[2], self.strings)
                 protocol.check_columns(body[2], len(eng.ops))
             elif mtype == "data":
                 protocol.check_rows(body[2], len(eng.ops))
@@ -405,11 +407,11 @@ class Worker:
         return peer
 
     def _flush_data(self, eng: JobEngine) -> None:
-        encode = protocol.encode
+        encode = protocol.encode_columns
         dests = self.monitor.destinations_interval
         msgs = self.monitor.job_messages(eng.job)
         for wid, (groups, n) in eng.take_batches().items():
-            self._peer(wid).send(encode("cols", [eng.job, eng.epoch, groups]), copy=False)
+            self._peer(wid).send(encode(eng.job, eng.epoch, groups), copy=False)
             dests.add(wid)
             msgs[0] += 1
             msgs[1] += n

@@ -214,20 +214,30 @@ def restart_planner(procs: list, argv: list[str], log: Path, addr: str, job_id: 
     return client, job
 
 
-def test_planner_sigkilled_and_restarted_resumes_the_job_exactly(tmp_path):
+def _planner_and_workers(tmp_path: Path, workers: int, *planner_args: str) -> tuple[list, list[str], str]:
+    """A planner (`procs[0]`, started with `argv`, to restart) on a state directory in `tmp_path`, and `workers`
+    workers: (procs, argv, address)."""
     port = _free_port()
     addr = f"tcp://127.0.0.1:{port}"
-    state = tmp_path / "state"
-    planner = ["planner", "--port", str(port), "--state-dir", str(state), "--no-autoscale",
-               "--checkpoint-interval", "0.5"]
-    procs = [_start(planner, tmp_path / "planner.log")]
-    procs += [_start(["worker", "--planner", addr, "--id", f"w{i}"], tmp_path / f"w{i}.log") for i in range(3)]
+    argv = ["planner", "--port", str(port), "--state-dir", str(tmp_path / "state"), "--no-autoscale", *planner_args]
+    procs = [_start(argv, tmp_path / "planner.log")]
+    procs += [_start(["worker", "--planner", addr, "--id", f"w{i}"], tmp_path / f"w{i}.log") for i in range(workers)]
+    return procs, argv, addr
+
+
+def _connect_to_workers(addr: str, workers: int):
+    client = wait_for(lambda: _connect(addr), timeout=60, interval=0.5, what="the planner")
+    wait_for(lambda: len([w for w in client.workers() if w["alive"]]) == workers, timeout=60,
+             what=f"{workers} workers")
+    return client
+
+
+def test_planner_sigkilled_and_restarted_resumes_the_job_exactly(tmp_path):
+    procs, planner, addr = _planner_and_workers(tmp_path, 3, "--checkpoint-interval", "0.5")
     rng = random.Random(7)
     records = generate(30_000, rng)
     try:
-        client = wait_for(lambda: _connect(addr), timeout=60, interval=0.5, what="the planner")
-        with client:
-            wait_for(lambda: len([w for w in client.workers() if w["alive"]]) == 3, timeout=60, what="3 workers")
+        with _connect_to_workers(addr, 3) as client:
             job = client.submit(build_dag(), autoscale=False)
             job.scale(3)
             job_id = job.id
@@ -246,6 +256,48 @@ def test_planner_sigkilled_and_restarted_resumes_the_job_exactly(tmp_path):
             assert job.state("source_order") == src and job.state("inner_order") == inner
             collected = job.collected("inner_order")
             assert sorted(collected) == list(range(len(records))), "every collected output exactly once"
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(timeout=10)
+
+
+def test_collected_outputs_past_the_memory_bound_are_answered_from_their_files(tmp_path):
+    """With `--collected-memory 1` the planner keeps only the newest checkpoint's released outputs in memory:
+    `collected()` reads the older ones from their files, exactly once each, through a worker's SIGKILL (its
+    rollback drops the files it rolls back over) and the planner's own SIGKILL and restart."""
+    procs, planner, addr = _planner_and_workers(tmp_path, 2, "--checkpoint-interval", "0.3", "--collected-memory", "1")
+    records = generate(16_000, random.Random(5))
+    parts = [records[i:i + 4000] for i in range(0, len(records), 4000)]
+    try:
+        with _connect_to_workers(addr, 2) as client:
+            job = client.submit(build_dag(), autoscale=False)
+            job.scale(2)
+            job_id = job.id
+            for i, part in enumerate(parts[:3]):
+                job.push(part)
+                job.wait_idle(timeout=60)
+                wait_for(lambda i=i: job.stats()["checkpoints"]["completed"] >= i + 1, timeout=30,
+                         what="a checkpoint after the part")
+            ck = job.stats()["checkpoints"]
+            assert ck["collected_checkpoints_on_disk_only"] >= 1 and ck["collected_in_memory_bytes"] > 0, ck
+            done = sum(len(p) for p in parts[:3])
+            assert sorted(job.collected("inner_order")) == list(range(done))
+            os.kill(_pid(client, "w1"), signal.SIGKILL)
+            wait_for(lambda: job.stats()["checkpoints"]["recoveries"] >= 1, timeout=60, what="the rollback")
+            job.push(parts[3])
+            summary = job.wait_idle(timeout=90)
+            assert summary["completed"] == len(records) and summary["lost"] == 0, summary
+            assert sorted(job.collected("inner_order")) == list(range(len(records)))
+            wait_for(lambda: job.stats()["checkpoints"]["last_id"] > ck["last_id"], timeout=30,
+                     what="a checkpoint after the recovery")
+        client, job = restart_planner(procs, planner, tmp_path / "planner.log", addr, job_id)
+        with client:
+            job.wait_idle(timeout=90)
+            assert job.stats()["checkpoints"]["collected_checkpoints_on_disk_only"] >= 1
+            assert sorted(job.collected("inner_order")) == list(range(len(records)))
+            src, inner, counts = reference(records)
+            assert job.state("count") == counts and job.state("inner_order") == inner
     finally:
         for p in procs:
             p.kill()

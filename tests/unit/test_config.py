@@ -28,7 +28,8 @@ def test_a_planner_config_survives_its_flags():
                            max_queued=1000, max_queued_bytes=1 << 20, max_queue_delay=0.0, p_max=3,
                            migration_timeout=9.0, autoscale=False, rebalance=False, policy="faasflow", warmup=5,
                            state="remote",
-                           checkpoint_interval=0.25, state_dir="/tmp/s", provider="local", min_workers=2,
+                           checkpoint_interval=0.25, state_dir="/tmp/s", collected_memory=1 << 20, provider="local",
+                           min_workers=2,
                            max_workers=6, pool_cooldown=3.0, statefulset="sts")
     changed = {f.name for f in dataclasses.fields(config) if getattr(config, f.name) != f.default}
     settable = set(PlannerConfig.FLAGS) - {"port"}  # the port is 0, its default, and still given

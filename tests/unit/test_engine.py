@@ -139,7 +139,8 @@ def test_remote_batches_travel_in_columns_and_count_exactly():
         for eng in engines.values():
             drain(eng)
             for dest, (groups, _n) in eng.take_batches().items():
-                mtype, body = protocol.decode(protocol.encode("cols", [1, eng.epoch, groups]))
+                mtype, body = protocol.decode(protocol.encode_columns(1, eng.epoch, groups))
+                protocol.open_columns(body[2], protocol.string_table())
                 protocol.check_columns(body[2], len(spec.operators))
                 engines[dest].receive_columns(body[1], body[2])
                 frames += 1

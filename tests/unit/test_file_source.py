@@ -226,3 +226,41 @@ def test_jsonl_reads_the_same_without_orjson(tmp_path, monkeypatch):
     monkeypatch.setattr(file_source, "_fast_loads", None)
     (vals,) = read_all(FileSource(str(path), format="jsonl"), limit=100)[0].values()
     assert vals == [json.loads(line) for line in lines]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(LINES), max_size=30), st.sampled_from([[b"1"], [b'"'], [b"[", b"a"], [b"NaN", b"9"]]),
+       st.sampled_from(["utf-8", "latin-1"]), st.integers(1, 8))
+def test_select_decodes_the_lines_holding_one_of_its_byte_strings_only(tmp_path_factory, lines, select, encoding,
+                                                                       limit):
+    """Lines holding none of `select`'s byte strings are skipped undecoded, invalid or not; the others are read
+    as without it, the invalid ones among them named at their byte offsets."""
+    path = tmp_path_factory.mktemp("s") / "x.jsonl"
+    path.write_bytes("".join(line + "\n" for line in lines).encode(encoding, errors="replace"))
+    want, bad, at = [], [], 0
+    for raw in path.read_bytes().split(b"\n")[:-1]:
+        start, at = at, at + len(raw) + 1
+        text = raw.decode(encoding).rstrip("\r")
+        if not any(x in raw for x in select) or not text.strip():
+            continue
+        try:
+            want.append(json.loads(text))
+        except ValueError:
+            bad.append(f"at byte {start}:")
+    src = FileSource(str(path), format="jsonl", encoding=encoding, select=select)
+
+    async def go():
+        r = src.open(str(path), None)
+        vals = []
+        while not r.exhausted:
+            vals.extend(await r.next_batch(limit))
+        return vals, r.take_errors()
+    vals, errors = asyncio.run(go())
+    assert vals == want
+    assert [e.split(" at byte ")[1].split(":")[0] for e in errors] == [b.split()[2][:-1] for b in bad]
+
+
+def test_select_is_byte_strings_for_json_lines():
+    for kwargs in ({"select": "x"}, {"select": []}, {"select": [b""]}, {"select": b"x", "format": "lines"}):
+        with pytest.raises(ValueError, match="select"):
+            FileSource("x", **{"format": "jsonl", **kwargs})

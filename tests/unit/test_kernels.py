@@ -1,6 +1,7 @@
 """The C kernels of the keyed fast path (clasp/core/_kernels.c) give what their Python versions give, on any
-input those take: a pass's outputs gathered by destination, `epochs_of_runs`, the key groups of a batch and
-`apply_block`, whose operator may fail, return something that is not a pair, or delete its state."""
+input those take: a pass's outputs gathered by destination, `epochs_of_runs`, the key groups of a batch, the file
+reader's test for long runs of digits and `apply_block`, whose operator may fail, return something that is not a
+pair, or delete its state; strings packed and unpacked as msgpack packs and unpacks them."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from contextlib import contextmanager, nullcontext
 from itertools import repeat
 from types import SimpleNamespace
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clasp.core import kernels, tracking
+from clasp.core import kernels, protocol, tracking
 from clasp.core.routing import NUM_KEY_GROUPS, key_group
 from clasp.runtime import batches
 from clasp.runtime.operators import KeyCache
@@ -161,3 +163,80 @@ def test_apply_block_leaves_a_group_that_is_not_a_dict_to_python():
 def test_the_groups_in_a_block_are_its_distinct_bytes(groups):
     assert kernels.C.groups_in(groups) == sorted(set(groups))
     assert kernels.C.groups_in(bytearray(groups)) == sorted(set(groups))
+
+
+@settings(max_examples=500)
+@given(st.lists(st.one_of(st.sampled_from([b"0", b"7", b"9", b"/", b":", b",", b"\n", b"a"]),
+                          st.integers(0, 10 ** 30).map(lambda n: str(n).encode())), max_size=60), st.data())
+def test_the_file_reader_finds_a_long_run_of_digits_as_python_does(parts, data):
+    from clasp.connectors import file_source
+
+    block = b"".join(parts)
+    used = data.draw(st.integers(0, len(block)))
+    with python_only():
+        want = file_source._long_digits(block, used)
+    assert file_source._long_digits(block, used) is want
+    assert kernels.C.digit_run(bytearray(block), used, 19) is want
+    assert kernels.C.digit_run(block, used, 1) is any(48 <= c <= 57 for c in block[:used])
+values_of = st.one_of(st.text(max_size=40), st.text(alphabet="abc\u00e9\u4e2d", max_size=8),
+                      st.integers(-1 << 63, 1 << 63), st.binary(max_size=4), st.none(), st.floats(allow_nan=False),
+                      st.lists(st.text(max_size=2), max_size=2))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=40), st.sampled_from(["a", "bb", "é", "x" * 31, "y" * 32, "z" * 255,
+                                                                 "w" * 256, "v" * 65536])), max_size=40),
+       st.lists(values_of, max_size=6), st.sampled_from([1, 4, 1 << 16]))
+def test_strings_pack_as_msgpack_packs_them_and_unpack_as_it_unpacks_them(words, others, slots):
+    table = [None] * slots
+    packed = kernels.C.pack_strs(words)
+    assert packed == msgpack.packb(words)
+    assert kernels.C.unpack_strs(packed, table) == words
+    assert kernels.C.unpack_strs(packed, table) == words  # again, from the table where they fit
+    mixed = words + others
+    packed = msgpack.packb(mixed)
+    assert kernels.C.pack_strs(mixed) == (packed if all(type(v) is str for v in mixed) else None)
+    got = kernels.C.unpack_strs(packed, table)
+    assert got == (mixed if all(type(v) is str for v in mixed) else None)
+    assert all(type(v) is str and v is not None for v in got or ())
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.binary(max_size=40), st.lists(st.text(alphabet="ab\x7f\x80", max_size=3), max_size=20).map(
+    msgpack.packb).flatmap(lambda b: st.sampled_from([b, b[:-1], b + b"\xa0", b[:1] + b"\xc1" + b[2:]]))))
+def test_unpacking_any_bytes_is_msgpack_or_left_to_it(data):
+    got = kernels.C.unpack_strs(data, [None] * 8)
+    if got is not None:
+        assert got == msgpack.unpackb(data, raw=False)
+
+
+def test_strings_that_are_not_text_are_left_to_msgpack():
+    assert kernels.C.pack_strs(["a", "\ud800"]) is None  # no UTF-8 form
+    assert kernels.C.pack_strs(["a", type("S", (str,), {})("b")]) is None  # a subclass: msgpack's own rules
+    assert kernels.C.unpack_strs(b"\x91\xa2\xff\xfe", [None]) is None  # invalid UTF-8: msgpack raises it
+    assert kernels.C.unpack_strs(b"\x91\xa1a\x00", [None]) is None  # something after the array
+    with pytest.raises(TypeError):
+        kernels.C.unpack_strs(b"\x90", [None] * 3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(values_of, max_size=8), min_size=1, max_size=4))
+def test_packed_columns_open_as_the_lists_they_were(columns_values):
+    def through_the_wire():
+        groups = [[0, list(vs), True, [7], [len(vs)] if vs else []] for vs in columns_values]
+        body = protocol.decode(protocol.encode_columns(1, 0, groups))[1]
+        protocol.open_columns(body[2], protocol.string_table())
+        return [g[1] for g in body[2]]
+
+    got = through_the_wire()
+    with python_only():
+        want = through_the_wire()
+    assert got == want == [[list(v) if type(v) is tuple else v for v in vs] for vs in columns_values]
+
+
+def test_packed_values_that_do_not_decode_are_a_protocol_error():
+    for impl in (nullcontext(), python_only()):
+        with impl:
+            for bad, why in ((b"\x91\xa2\xff\xfe", "undecodable"), (b"\x92\xa1a", "undecodable"), (b"\xa1a", "array")):
+                with pytest.raises(protocol.ProtocolError, match=why):
+                    protocol.open_columns([[0, bad, True, [1], [1]]], protocol.string_table())

@@ -29,7 +29,8 @@ def identity_dag() -> clasp.Dag:
 def deliver(src: JobEngine, engines: dict) -> int:
     n = 0
     for dest, (groups, k) in src.take_batches().items():
-        body = protocol.decode(protocol.encode("cols", [src.job, src.epoch, groups]))[1]
+        body = protocol.decode(protocol.encode_columns(src.job, src.epoch, groups))[1]
+        protocol.open_columns(body[2], protocol.string_table())
         protocol.check_columns(body[2], len(src.ops))
         engines[dest].receive_columns(body[1], body[2])
         n += k
@@ -224,8 +225,9 @@ def test_the_routed_words_weigh_their_key_groups_exactly(workers, seed):
             while e.run_round():
                 pass
             for dest, (groups, _) in e.take_batches().items():
-                assert all(type(g[5]) in (bytes, bytearray) and len(g[5]) == len(g[1]) for g in groups if len(g) > 5)
-                body = protocol.decode(protocol.encode("cols", [e.job, e.epoch, groups]))[1]
+                body = protocol.decode(protocol.encode_columns(e.job, e.epoch, groups))[1]
+                protocol.open_columns(body[2], protocol.string_table())
+                assert all(type(g[5]) is bytes and len(g[5]) == len(g[1]) for g in body[2] if len(g) > 5)
                 protocol.check_columns(body[2], len(e.ops))
                 engines[dest].receive_columns(body[1], body[2])
     words = Counter(w for line in lines for w in line.split())

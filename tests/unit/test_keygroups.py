@@ -5,7 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clasp.core.keygroups import assign_key_groups, diff_key_groups, group_counts
-from clasp.core.routing import NUM_KEY_GROUPS
+from clasp.core.routing import NUM_KEY_GROUPS, key_group
+from clasp.runtime.operators import KeyCache
 
 
 def counts(owners):
@@ -119,3 +120,37 @@ def test_weighted_ownership_covers_every_group_and_every_worker_within_one_group
         carried = sum(v for g, v in enumerate(w) if owners[g] == worker)
         # LPT: no worker is further above its target than the heaviest group (plus what a kept group may add).
         assert carried <= s / share_total * total + 1.5 * max(w) + 1e-6
+
+
+_numbers = st.one_of(st.booleans(), st.integers(-2**63, 2**64 - 1),
+                     st.integers(-2**53, 2**53).map(float), st.floats(allow_nan=False))
+_keys = st.recursive(st.one_of(_numbers, st.text(max_size=4)), lambda inner: st.tuples(inner, inner), max_leaves=6)
+
+
+def _equal_variant(key, inside=False):
+    """A key Python holds equal to `key` but of other types where there is one (bool, int, float); inside a
+    tuple, only ints msgpack can carry."""
+    if isinstance(key, tuple):
+        return tuple(_equal_variant(k, True) for k in key)
+    if isinstance(key, bool):
+        return int(key)
+    if isinstance(key, int) and abs(key) <= 2**53:
+        return float(key) if key not in (0, 1) else bool(key)
+    if isinstance(key, float) and key.is_integer() and (-2**63 <= key < 2**64 or not inside):
+        return int(key)
+    return key
+
+
+@settings(max_examples=300, deadline=None)
+@given(_keys)
+def test_keys_python_holds_equal_share_a_key_group(key):
+    other = _equal_variant(key)
+    assert other == key
+    assert key_group(other) == key_group(key)
+
+
+def test_a_key_cache_answers_equal_keys_with_their_one_group():
+    """A worker that saw `False` first and one that saw `0` first put `0` in the same group."""
+    first_false, first_zero = KeyCache(), KeyCache()
+    assert first_false[False] == first_zero[0] == first_false[0] == first_zero[False] == key_group(0.0)
+    assert first_false[(1.0, "a")] == first_zero[(True, "a")] == key_group((1, "a"))

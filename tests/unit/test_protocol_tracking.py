@@ -72,7 +72,8 @@ _row = st.tuples(st.integers(0, 2), st.one_of(st.none(), st.integers(-5, 5), st.
 def test_columns_carry_every_row_in_order_per_operator(rows):
     """A cols message, through msgpack, gives back each operator's rows in their order, exactly."""
     groups = protocol.columns(rows)
-    mtype, body = protocol.decode(protocol.encode("cols", [1, 0, groups]))
+    mtype, body = protocol.decode(protocol.encode_columns(1, 0, groups))
+    protocol.open_columns(body[2], protocol.string_table())
     protocol.check_columns(body[2], 3)
     got = protocol.expand_columns(body[2])
     assert protocol.column_count(body[2]) == len(rows)
