@@ -99,6 +99,16 @@ class WorkerSigkill:
     def recovered(self, job) -> None:
         wait_for(lambda: job.stats()["checkpoints"]["recoveries"] >= 1, timeout=30, what="the recovery")
 
+    def kill_midway(self, job, first_output: Callable[[], Any], records: int, timeout: float = 120) -> None:
+        """`started`, a kill while the job's `records` are not all done, `recovered`, and the job idle having
+        read every record and lost none."""
+        self.started(job, first_output)
+        assert job.stats()["completed"] < records, "the input was done before the kill"
+        self.kill()
+        self.recovered(job)
+        summary = job.wait_idle(timeout=timeout)
+        assert summary["read"] == records and summary["lost"] == 0
+
 
 def make_lines(n: int, seed: int, vocab: int = 20000) -> list[str]:
     rng = random.Random(seed)

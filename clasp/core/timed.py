@@ -316,12 +316,16 @@ class TimedFold:
         ctx = TimerContext(None, None, self.watermark, self.now, None, op)
         sent: list = []
         failed: list = []
+        try:  # the times in C while every one can be had; else each record's own, its failure its own
+            times = list(map(float, map(f, values)))
+        except Exception:
+            times = None
         for i, (d, key, value) in enumerate(zip(dicts, keys, values, strict=True)):
             state = d.get(key)
             before, timers = state if state else (None, [])
             ctx.key, ctx.timers = key, timers
             try:
-                ctx.ts = float(f(value))
+                ctx.ts = times[i] if times is not None else float(f(value))
                 user, out = fn(before, value, ctx)
                 if out:
                     sent.append((i, [(ON_TIME_OUT, o) for o in out]))

@@ -226,6 +226,8 @@ def _outputs(results: list, rids, counts: list) -> tuple[list, Iterator]:
     filter's pass (a Nexmark query's selection) keeps few, and a row's id made per request is then waste."""
     if 0 in counts:
         results, rids, counts = compress(results, counts), compress(rids, counts), list(compress(counts, counts))
+    if max(counts, default=1) == 1:  # one output a request (a keying map): the requests' ids, no repeat made each
+        return list(chain.from_iterable(results)), iter(rids)
     return list(chain.from_iterable(results)), chain.from_iterable(map(repeat, rids, counts))
 
 

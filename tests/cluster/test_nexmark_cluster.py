@@ -4,6 +4,7 @@ workers in event time, each query's stages as windows, joins and timers, its ans
 from __future__ import annotations
 
 import importlib.util
+import time
 
 import pytest
 
@@ -19,7 +20,8 @@ from clasp.bench.nexmark_cluster import (
     run_clasp,
     write_events,
 )
-from tests.conftest import start_cluster
+from clasp.testing import IterableSource
+from tests.conftest import WorkerSigkill, start_cluster, wait_for
 
 EVENTS = 20_000
 
@@ -74,3 +76,46 @@ def test_the_bench_runs_clasp_after_an_untimed_warm_up_and_answers_exactly(event
     r = run_clasp(evs, "q8", 2, files_per_worker=2)
     assert r["exact"] and r["read"] == read("q8", evs) < len(evs) and r["late"] == 0 and r["cpu_s"] > 0
     assert r["warm_up"]["events"] == read("q8", evs[:2000]) and r["warm_up"]["seconds"] > 0
+
+
+def slow_date_time(e: dict):
+    time.sleep(0.00005)  # the input lasts through a kill or a rescale
+    return e["dateTime"]
+
+
+@pytest.fixture
+def q4_events():
+    return nx.generate(60_000, 3)
+
+
+def test_q4_exact_after_a_worker_sigkill(tmp_path_factory, q4_events):
+    """Q4's auctions, their early bids, the timers that close them and the categories' sums are key-group state:
+    a worker killed mid-input and the job rolled back to a checkpoint, the answer is still the reference's."""
+    evs = q4_events
+    with WorkerSigkill(tmp_path_factory) as run:
+        job = run.client.submit(query_dag("q4", IterableSource(evs, partitions=6), slow_date_time), autoscale=False)
+        run.kill_midway(job, lambda: job.collected("average"), len(evs), timeout=180)
+        assert rows("q4", job.collected("average")) == reference("q4", evs)
+        assert job.stats()["event_time"]["late"] == 0
+
+
+def test_q4_exact_across_a_rescale_1_to_2(tmp_path_factory, q4_events):
+    """Q4 on one worker, spread over two mid-input: the key groups that move carry their auctions' states and
+    timers, and the answer is the reference's."""
+    evs = q4_events
+    cluster = start_cluster(tmp_path_factory, 2, planner_args=["--no-autoscale", "--heartbeat", "0.2"])
+    try:
+        with clasp.connect(cluster.planner) as client:
+            dag = query_dag("q4", IterableSource(evs, partitions=4), slow_date_time)
+            one = {o.name: {0: 1.0} for o in dag.operators}
+            job = client.submit(dag, placement=one)
+            wait_for(lambda: job.collected("average"), timeout=60, what="a first closed auction")
+            assert job.stats()["completed"] < len(evs), "the input was done before the rescale"
+            moved = job.place({o.name: {0: 0.5, 1: 0.5} for o in dag.operators})  # half the key groups move
+            assert not moved["failed"] and moved["key_groups_moved"] > 0 and moved["to_workers"] == 2
+            summary = job.wait_idle(timeout=180)
+            assert summary["read"] == len(evs)
+            assert rows("q4", job.collected("average")) == reference("q4", evs)
+            assert job.stats()["event_time"]["late"] == 0
+    finally:
+        cluster.stop()

@@ -79,44 +79,59 @@ def q3() -> list[Stage]:
 
 
 NO_OUTPUT = ()  # what a call that emits nothing returns: one object, not a new list a record
+NO_BIDS = ()  # the early bids of an auction that has none waiting
+TERMS, BEST, EARLY, ARMED = range(4)  # an auction's state, a list
+# The early bids are kept in chunks of this many: a bid copies the chunk it joins and the list of chunks, not every
+# bid before it (a hot auction gets hundreds ahead of it, and their copies and frees were the square of that).
+EARLY_CHUNK = 32
 
 
-def auction_fn(state: dict | None, value: list, timers) -> tuple[dict | None, tuple | list]:
-    """One auction's bids until it closes: the auction's terms once it arrived, the best valid bid, and the bids
-    that arrived before it (kept until no auction that could take them can still arrive). The early bids share
-    one timer, at the earliest of them, its time kept in the state (`armed`): setting and cancelling one per bid
-    made a key's early bids cost the square of their number, and looking for it among the timers a scan a bid
-    (Nexmark read from many files at once brings about half the bids ahead of their auction)."""
-    kind, ts, body = value
-    if kind == "bid" and state is not None:
-        terms = state["terms"]
+def auction_fn(state: list | None, row: list, timers) -> tuple[list | None, tuple]:
+    """One auction's bids until it closes, from rows `[auction id, event time, body]` (a bid's body its price, an
+    auction's its terms `[dateTime, expires, category, reserve]`). The state, a list (`TERMS`, `BEST`, `EARLY`,
+    `ARMED`): the auction's terms once it arrived, the best valid bid, and the `[time, price]` of the bids that
+    arrived before it, in chunks of `EARLY_CHUNK` (kept until no auction that could take them can still
+    arrive). The early bids share one timer, at the earliest of them, its time kept in the state (`ARMED`):
+    setting and cancelling one per bid made a key's early bids cost the square of their number, and looking for
+    it among the timers a scan a bid (Nexmark read from many files at once brings about half the bids ahead of
+    their auction). A state is never changed in place (a checkpoint may still be packing it): a change is a new
+    list."""
+    body = row[2]
+    if state is not None and type(body) is not list:
+        terms = state[TERMS]
         if terms is not None:  # the bid against the auction's terms, `better_bid` inline: most records come here
-            if terms[0] <= ts <= terms[1] and body >= terms[3]:
-                best = state["best"]
+            if terms[0] <= row[1] <= terms[1] and body >= terms[3]:
+                best = state[BEST]
                 if best is None or body > best:
-                    return {**state, "best": body}, NO_OUTPUT
+                    return [terms, body, NO_BIDS, None], NO_OUTPUT
             return state, NO_OUTPUT
-    # A copy: the state returned before is never changed in place (a checkpoint may still be packing it).
-    state = dict(state) if state else {"terms": None, "best": None, "early": [], "armed": None}
-    early, armed = state["early"], state["armed"]  # `armed` is set exactly while early bids wait
-    if kind == "auction":
-        state["terms"] = body  # [dateTime, expires, category, reserve]
-        for bts, price in early:
-            state["best"] = better_bid(body, state["best"], bts, price)
+    terms, best, early, armed = state if state is not None else (None, None, NO_BIDS, None)
+    if type(body) is list:  # the auction: its early bids are its to judge, the close timer at its expiry
+        if early:  # `better_bid` over them, in one comprehension: a hot auction has hundreds
+            opened, expires, _, reserve = body
+            top = max([p for chunk in early for t, p in chunk if opened <= t <= expires and p >= reserve],
+                      default=None)
+            if top is not None and (best is None or top > best):
+                best = top
         if armed is not None:
             timers.cancel(armed, "early")
-        state["early"], state["armed"] = [], None
         timers.at(after(body[1]), "close")  # every bid up to `expires` included is in
-    else:
-        state["early"] = early + [[ts, body]]
-        # An auction that opened before this bid has arrived once the watermark passes it.
+        return [body, best, NO_BIDS, None], NO_OUTPUT
+    ts = row[1]
+    # An auction that opened before this bid has arrived once the watermark passes it. Bids come mostly in time
+    # order: one later than the armed time leaves the timer be, without computing its own.
+    if armed is None or ts < armed:
         due = after(ts)
-        if armed is None or due < armed:
+        if due != armed:
             if armed is not None:
                 timers.cancel(armed, "early")
             timers.at(due, "early")
-            state["armed"] = due
-    return state, NO_OUTPUT
+            armed = due
+    if early and len(early[-1]) < EARLY_CHUNK:
+        early = [*early[:-1], [*early[-1], [ts, body]]]
+    else:
+        early = [*early, [[ts, body]]]
+    return [None, None, early, armed], NO_OUTPUT
 
 
 def better_bid(terms: list, best: int | None, ts: int, price: int) -> int | None:
@@ -127,37 +142,52 @@ def better_bid(terms: list, best: int | None, ts: int, price: int) -> int | None
     return best
 
 
-def auction_timer(state: dict | None, t: float, payload: str, timers) -> tuple[dict | None, list]:
+def auction_timer(state: list | None, t: float, payload: str, timers) -> tuple[list | None, list]:
     if state is None:  # an earlier timer due in the same advance already forgot the auction
         return None, []
+    terms = state[TERMS]
     if payload == "close":
-        category = state["terms"][2]
-        return None, ([[category, state["terms"][1], state["best"]]] if state["best"] is not None else [])
-    if state["terms"] is None:
-        early = [e for e in state["early"] if e[0] >= timers.watermark]
+        return None, ([[terms[2], terms[1], state[BEST]]] if state[BEST] is not None else [])
+    if terms is None:
+        early = [e for chunk in state[EARLY] for e in chunk if e[0] >= timers.watermark]
         if not early:
             return None, []
         due = after(min(e[0] for e in early))  # the next of them to expire
         timers.at(due, "early")
-        return {**state, "early": early, "armed": due}, []
+        return [None, None, [early[i:i + EARLY_CHUNK] for i in range(0, len(early), EARLY_CHUNK)], due], []
     return state, []
 
 
-def category_fn(state: list | None, price: int, timers) -> tuple[list, list]:
+def category_fn(state: list | None, row: list, timers) -> tuple[list, list]:
+    """A category's closed auctions and the sum of their prices, from rows `[category, expiry, price]`."""
     n, total = state or (0, 0)
-    n, total = n + 1, total + price
-    return [n, total], [[timers.key, n, total, total / n]]
+    n, total = n + 1, total + row[2]
+    return [n, total], [[row[0], n, total, total / n]]
+
+
+def no_timer(state: Any, t: float, payload: Any, timers) -> tuple[Any, list]:
+    return state, []
 
 
 def q4() -> list[Stage]:
     return [
-        Stage("auctions", ["auction"], map=lambda a: [[a["id"], a["dateTime"], ["auction", a["dateTime"], [
-            a["dateTime"], a["expires"], a["category"], a["reserve"]]]]]),
-        Stage("bids", ["bid"], map=lambda b: [[b["auction"], b["dateTime"], ["bid", b["dateTime"], b["price"]]]]),
-        Stage("close", ["auctions", "bids"], op=TimerOperator(auction_fn, auction_timer)),
-        Stage("by_category", ["close"], map=lambda o: [[o[0], o[1], o[2]]]),
-        Stage("average", ["by_category"], op=TimerOperator(category_fn, lambda s, t, p, timers: (s, []))),
+        # The row is the value: the timer functions read what the cluster's rows give them (`nexmark_cluster`).
+        Stage("auctions_and_bids", ["auction", "bid"], map=lambda e: [[r[0], r[1], r] for r in auction_rows(e)]),
+        Stage("close", ["auctions_and_bids"], op=TimerOperator(auction_fn, auction_timer)),
+        Stage("by_category", ["close"], map=lambda o: [[o[0], o[1], o]]),
+        Stage("average", ["by_category"], op=TimerOperator(category_fn, no_timer)),
     ]
+
+
+def auction_rows(e: dict) -> list | None:
+    """An auction's or a bid's row `[auction id, event time, body]` for `auction_fn`, in a list (a map's outputs;
+    None for a person)."""
+    kind = e["kind"]
+    if kind == "bid":
+        return [[e["auction"], e["dateTime"], e["price"]]]
+    if kind == "auction":
+        return [[e["id"], e["dateTime"], [e["dateTime"], e["expires"], e["category"], e["reserve"]]]]
+    return None
 
 
 def max_bids(acc: list, bid: list) -> list:
