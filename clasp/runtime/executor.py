@@ -59,6 +59,7 @@ class Executor:
         # A timed request longer than this (s) was stalled, not executing: under a CPU quota a throttled
         # period lands inside whichever request was running. The worker sets it from its quota.
         self.stall = math.inf
+        self.round_wall = ROUND_WALL_S  # s a round runs at most by the clock (`run_round`)
         self.failed = 0
         self.error_samples: deque = deque(maxlen=max_errors_kept)
         self.async_tasks: set[asyncio.Task] = set()
@@ -73,7 +74,7 @@ class Executor:
         (work-conserving: an operator whose share is idle leaves it to the others)."""
         done = 0
         spent = 0.0
-        ends = perf_counter() + ROUND_WALL_S
+        ends = perf_counter() + self.round_wall
         # The worker's slots, not only those with work now: an operator handed work during this pass by
         # its predecessor runs in it too, with the same share.
         slots = sum(op.instances for op in self.order if op.instances > 0) or 1
