@@ -108,9 +108,12 @@ def gather_outputs(target: OpRuntime, results: list, rids: list, counts: list, o
     their groups (`group_bytes`) and `partition_runs`. Raises what the key cache raises for a value that
     cannot be a key."""
     if kernels.C is not None and type(results) is list and type(rids) is list:
-        dests = list(dict.fromkeys(owners))
-        index = {d: i for i, d in enumerate(dests)}
-        table = bytes(map(index.__getitem__, owners)).ljust(256, b"\0")
+        made = target.owner_table
+        if made is None or made[0] is not owners:  # a route's owners never change: a new route, a new list
+            dests = list(dict.fromkeys(owners))
+            index = {d: i for i, d in enumerate(dests)}
+            made = target.owner_table = (owners, dests, bytes(map(index.__getitem__, owners)).ljust(256, b"\0"))
+        _, dests, table = made
         parts, gs = kernels.C.gather(results, rids, target.key_cache.__getitem__, NUM_KEY_GROUPS, table,
                                      len(dests))
         return {d: tuple(p) for d, p in zip(dests, parts, strict=True) if p[0]}, gs

@@ -14,6 +14,7 @@ import asyncio
 import math
 import traceback
 from collections import deque
+from itertools import chain
 from operator import itemgetter
 from time import perf_counter
 
@@ -136,7 +137,7 @@ class Executor:
         # groups.
         if (op.gathers and routes[0][5].index not in self.cut.held
                 and (routes[0][0] == KEYED_HERE or not self.handover.held)):
-            return self._run_gathered(op, q.take_rows(n))
+            return self._run_gathered(op, q.take_columns(n))
         if op.maps_keyed and routes[0][5].index not in self.cut.held:
             return map_keyed(self, op, q.take_columns(n))
         if op.maps_local:
@@ -243,14 +244,16 @@ class Executor:
             op.fold_histogram()
         return n
 
-    def _run_gathered(self, op: OpRuntime, rows: list) -> int:
-        """A pass of a stateless operator whose one successor is keyed by the value, on `rows`: its function
-        mapped over the values (`batches.map_outputs`), timed as a whole; the outputs gathered as one block
-        (values, their ids as runs) and routed by key group (`_route_block`); progress counted per run of one
-        epoch."""
-        n = len(rows)
-        results, dt = map_outputs(op, list(map(itemgetter(1), rows)), self.fail)
-        rids = list(map(itemgetter(3), rows))
+    def _run_gathered(self, op: OpRuntime, parts: list) -> int:
+        """A pass of a stateless operator whose one successor is keyed by the value, on `parts`
+        (`RecordQueue.take_columns`, as one: a source's runs give their values and ids with no row made): its
+        function mapped over the values (`batches.map_outputs`), timed as a whole; the outputs gathered as one
+        block (values, their ids as runs) and routed by key group (`_route_block`); progress counted per run of
+        one epoch."""
+        values = list(chain.from_iterable(map(itemgetter(0), parts)))
+        rids = list(chain.from_iterable(map(itemgetter(1), parts)))
+        n = len(values)
+        results, dt = map_outputs(op, values, self.fail)
         counts = list(map(len, results))
         me, succ = op.index, op.routes[0][1]
         for e, used, made in epochs_of_runs(rids, None, counts):

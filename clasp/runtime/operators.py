@@ -71,7 +71,8 @@ class OpRuntime:
                  "instances", "routes", "successors", "processed", "exec_time", "errors", "edge_counts",
                  "dts", "hist", "collected", "key_cache", "busy", "exec_total", "group_hits",
                  "collected_rids", "cold", "rested", "batch", "key_is_value", "sink", "sink_wake", "sink_room",
-                 "replaced", "unpackable", "blocks", "gathers", "routed", "timed", "maps_keyed", "maps_local")
+                 "replaced", "unpackable", "blocks", "gathers", "routed", "timed", "maps_keyed", "maps_local",
+                 "owner_table")
 
     def __init__(self, spec_op):
         self.index = spec_op.index
@@ -132,6 +133,9 @@ class OpRuntime:
         self.busy = False
         self.blocks = False  # runs its column blocks in the tight loop: set with its routes
         self.gathers = False  # runs a pass at a time, its outputs gathered into blocks: set with its routes
+        # The owners of its key groups in a route to it, with their destinations and the byte table of them
+        # that the kernels' `gather` takes (`batches.gather_outputs`): made once per route, not per pass.
+        self.owner_table: tuple | None = None
         # A keyed time operator runs a pass a key at a time (clasp.runtime.timed_batches.apply_timed); a map
         # whose one successor is keyed by a function (`map_keyed`), or is a stateless operator here
         # (`map_local`), a pass at a time: set with its routes.

@@ -42,27 +42,26 @@ owners_of = st.lists(st.sampled_from(["a", "b", None, "c", "d", "e", "f", "g"]),
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 1 << 40), st.lists(keys, max_size=5), st.booleans()), max_size=25),
-       owners_of)
-def test_gathering_a_pass_in_c_is_flattening_and_partitioning_it(batch, owners):
+       owners_of, owners_of)
+def test_gathering_a_pass_in_c_is_flattening_and_partitioning_it(batch, owners, then):
     results = [tuple(outs) if as_tuple else outs for _, outs, as_tuple in batch]
     rids = [rid for rid, _, _ in batch]
     counts = list(map(len, results))
-
-    def run():
-        target = SimpleNamespace(key_cache=KeyCache())
-        return batches.gather_outputs(target, results, rids, counts, owners)
-
-    got = run()
-    with python_only():
-        want = run()
-    assert got == want
-    parts, gs = got
-    assert list(parts) == list(want[0])  # destinations in the same order
-    assert all(type(p[3]) is bytes for p in parts.values()) and type(gs) is bytes
+    # One target through two routes in turn (a rescale between passes): each pass by its own owners.
+    target = SimpleNamespace(key_cache=KeyCache(), owner_table=None)
+    for route in (owners, then, list(then)):
+        got = batches.gather_outputs(target, results, rids, counts, route)
+        with python_only():
+            want = batches.gather_outputs(SimpleNamespace(key_cache=KeyCache(), owner_table=None), results, rids,
+                                          counts, route)
+        assert got == want
+        parts, gs = got
+        assert list(parts) == list(want[0])  # destinations in the same order
+        assert all(type(p[3]) is bytes for p in parts.values()) and type(gs) is bytes
 
 
 def test_gathering_reports_a_value_that_cannot_be_a_key():
-    target = SimpleNamespace(key_cache=KeyCache())
+    target = SimpleNamespace(key_cache=KeyCache(), owner_table=None)
     for impl in (nullcontext(), python_only()):
         with impl, pytest.raises(TypeError):
             batches.gather_outputs(target, [["a"], [["unhashable"]]], [1, 2], [1, 1], [None, "b"] * 64)
