@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 
@@ -142,22 +143,12 @@ class WindowOperator:
 
     def on_record(self, state: list | None, key: Any, ts: float, value: Any, watermark: float, now: float = 0,
                   input: int = 0) -> Step:
-        windows = list(state) if state else []
         if isinstance(self.window, Session):
+            windows = list(state) if state else []
             out, accepted = self._session_record(windows, key, ts, value, watermark)
-        else:
-            out, accepted = [], False
-            for start, end in self.window.assign(ts):
-                if end + self.allowed_lateness <= watermark:
-                    continue  # purged already, or would be at once
-                accepted = True
-                entry = own_entry(windows, start, end, lambda: [start, end, self.init(), False])  # noqa: B023
-                entry[_ACC] = self.fold(entry[_ACC], value)
-                if end <= watermark:  # fired already: the late record updates it
-                    entry[_FIRED] = True
-                    out.append([key, start, end, entry[_ACC]])
-        late = [] if accepted else [[key, ts, value]]
-        return Step(windows or None, out, late)
+            return Step(windows or None, out, [] if accepted else [[key, ts, value]])
+        new, out, late = self._aligned(state, key, ((ts, value, input),), watermark)
+        return Step(new, [o for _, o in out], [r for _, r in late])
 
     def on_records(self, state: list | None, key: Any, items: list, watermark: float, now: float = 0
                    ) -> Step | None:
@@ -166,29 +157,41 @@ class WindowOperator:
         looked up by their bounds, not searched. The step's `out` and `late` are `(i, record)` pairs, `i` the
         position in `items` of the record that made it. Session windows have no batch form (None): the caller
         runs them record by record."""
-        window = self.window
-        if isinstance(window, Session):
+        if isinstance(self.window, Session):
             return None
-        windows = [list(w) for w in state] if state else []
-        entries = {(w[_START], w[_END]): w for w in windows}
-        size, offset, lateness, fold, init = window.size, window.offset, self.allowed_lateness, self.fold, self.init
-        slide = size if isinstance(window, Tumbling) else window.slide
+        return Step(*self._aligned(state, key, items, watermark))
+
+    def _aligned(self, state: list | None, key: Any, items, watermark: float) -> tuple[list | None, list, list]:
+        """Tumbling or sliding windows (all of one size, so sorted by start): (the key's new state, `(i, output)`,
+        `(i, late record)`) of `items` folded in. Only the entries a record touches are copied, once; a state no
+        record touches is returned as it is (the key's deadline stays)."""
+        window = self.window
+        size, offset, lateness, fold = window.size, window.offset, self.allowed_lateness, self.fold
+        slide = size if type(window) is Tumbling else window.slide
+        kept = {w[_START]: w for w in state} if state else {}
+        mine: dict = {}  # start -> this call's own copy of the entry
+        added = False
         out: list = []
         late: list = []
         for i, (ts, value, _) in enumerate(items):
-            start = ts - (ts - offset) % slide  # the last window holding ts; the earlier ones every slide back
-            first = start
+            last = ts - (ts - offset) % slide  # the last window holding ts; the earlier ones every slide back
+            first = last
             while first - slide > ts - size:
                 first -= slide
             accepted = False
-            while first <= start:
+            while first <= last:
                 end = first + size
                 if end + lateness > watermark:
                     accepted = True
-                    entry = entries.get((first, end))
+                    entry = mine.get(first)
                     if entry is None:
-                        entry = entries[(first, end)] = [first, end, init(), False]
-                        insert_by_end(windows, entry)
+                        old = kept.get(first)
+                        if old is None:
+                            entry = [first, end, self.init(), False]
+                            added = True
+                        else:
+                            entry = list(old)
+                        mine[first] = entry
                     entry[_ACC] = fold(entry[_ACC], value)
                     if end <= watermark:  # fired already: the late record updates it
                         entry[_FIRED] = True
@@ -196,7 +199,13 @@ class WindowOperator:
                 first += slide
             if not accepted:
                 late.append((i, [key, ts, value]))
-        return Step(windows or None, out, late)
+        if not mine:
+            return state or None, out, late
+        kept.update(mine)
+        windows = list(kept.values())
+        if added:
+            windows.sort(key=itemgetter(_START))
+        return windows, out, late
 
     def _session_record(self, windows: list, key: Any, ts: float, value: Any, watermark: float) -> tuple[list, bool]:
         start, end = ts, ts + self.window.gap
