@@ -16,6 +16,7 @@ of its sliding windows but not all is not late).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import itemgetter
@@ -103,6 +104,7 @@ def session(gap: float) -> Session:
 
 # A window in a key's state: [start, end, accumulator, fired]; the list sorted by (end, start).
 _START, _END, _ACC, _FIRED = 0, 1, 2, 3
+_start_of = itemgetter(_START)
 
 
 def insert_by_end(windows: list, entry: list) -> None:
@@ -147,8 +149,11 @@ class WindowOperator:
             windows = list(state) if state else []
             out, accepted = self._session_record(windows, key, ts, value, watermark)
             return Step(windows or None, out, [] if accepted else [[key, ts, value]])
-        new, out, late = self._aligned(state, key, ((ts, value, input),), watermark)
-        return Step(new, [o for _, o in out], [r for _, r in late])
+        windows = list(state) if state else []
+        out: list = []
+        if not self._fold_aligned(windows, set(), key, ts, value, watermark, out):
+            return Step(state or None, out, [[key, ts, value]])
+        return Step(windows, out, [])
 
     def on_records(self, state: list | None, key: Any, items: list, watermark: float, now: float = 0
                    ) -> Step | None:
@@ -159,53 +164,52 @@ class WindowOperator:
         runs them record by record."""
         if isinstance(self.window, Session):
             return None
-        return Step(*self._aligned(state, key, items, watermark))
-
-    def _aligned(self, state: list | None, key: Any, items, watermark: float) -> tuple[list | None, list, list]:
-        """Tumbling or sliding windows (all of one size, so sorted by start): (the key's new state, `(i, output)`,
-        `(i, late record)`) of `items` folded in. Only the entries a record touches are copied, once; a state no
-        record touches is returned as it is (the key's deadline stays)."""
-        window = self.window
-        size, offset, lateness, fold = window.size, window.offset, self.allowed_lateness, self.fold
-        slide = size if type(window) is Tumbling else window.slide
-        kept = {w[_START]: w for w in state} if state else {}
-        mine: dict = {}  # start -> this call's own copy of the entry
-        added = False
+        windows = list(state) if state else []
+        own: set = set()  # ids of the entries copied or made here: each copied once
         out: list = []
         late: list = []
+        made: list = []
         for i, (ts, value, _) in enumerate(items):
-            last = ts - (ts - offset) % slide  # the last window holding ts; the earlier ones every slide back
-            first = last
-            while first - slide > ts - size:
-                first -= slide
-            accepted = False
-            while first <= last:
-                end = first + size
-                if end + lateness > watermark:
-                    accepted = True
-                    entry = mine.get(first)
-                    if entry is None:
-                        old = kept.get(first)
-                        if old is None:
-                            entry = [first, end, self.init(), False]
-                            added = True
-                        else:
-                            entry = list(old)
-                        mine[first] = entry
-                    entry[_ACC] = fold(entry[_ACC], value)
-                    if end <= watermark:  # fired already: the late record updates it
-                        entry[_FIRED] = True
-                        out.append((i, [key, first, end, entry[_ACC]]))
-                first += slide
-            if not accepted:
+            if not self._fold_aligned(windows, own, key, ts, value, watermark, made):
                 late.append((i, [key, ts, value]))
-        if not mine:
-            return state or None, out, late
-        kept.update(mine)
-        windows = list(kept.values())
-        if added:
-            windows.sort(key=itemgetter(_START))
-        return windows, out, late
+            if made:
+                out.extend((i, o) for o in made)
+                made.clear()
+        return Step(windows if own else state or None, out, late)
+
+    def _fold_aligned(self, windows: list, own: set, key: Any, ts: float, value: Any, watermark: float,
+                      out: list) -> bool:
+        """Fold a record into its tumbling or sliding windows in `windows` (a key's, all of one size, so sorted by
+        start), each entry found by bisection and copied unless its id is in `own` (then added), the outputs of
+        windows fired already appended to `out`. False: no window of the record is kept (it is late)."""
+        window = self.window
+        size, slide, lateness = window.size, window.size if type(window) is Tumbling else window.slide, \
+            self.allowed_lateness
+        last = ts - (ts - window.offset) % slide  # the last window holding ts; the earlier ones every slide back
+        first = last
+        while first - slide > ts - size:
+            first -= slide
+        while first + size + lateness <= watermark:  # purged already, or would be at once
+            first += slide
+            if first > last:
+                return False
+        j = bisect_left(windows, first, key=_start_of)
+        while first <= last:
+            entry = windows[j] if j < len(windows) else None
+            if entry is None or entry[_START] != first:
+                entry = [first, first + size, self.init(), False]
+                windows.insert(j, entry)
+                own.add(id(entry))
+            elif id(entry) not in own:
+                entry = windows[j] = list(entry)
+                own.add(id(entry))
+            entry[_ACC] = self.fold(entry[_ACC], value)
+            if entry[_END] <= watermark:  # fired already: the late record updates it
+                entry[_FIRED] = True
+                out.append([key, first, entry[_END], entry[_ACC]])
+            first += slide
+            j += 1
+        return True
 
     def _session_record(self, windows: list, key: Any, ts: float, value: Any, watermark: float) -> tuple[list, bool]:
         start, end = ts, ts + self.window.gap
