@@ -16,8 +16,10 @@ of its sliding windows but not all is not late).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 
@@ -102,6 +104,7 @@ def session(gap: float) -> Session:
 
 # A window in a key's state: [start, end, accumulator, fired]; the list sorted by (end, start).
 _START, _END, _ACC, _FIRED = 0, 1, 2, 3
+_start_of = itemgetter(_START)
 
 
 def insert_by_end(windows: list, entry: list) -> None:
@@ -142,22 +145,15 @@ class WindowOperator:
 
     def on_record(self, state: list | None, key: Any, ts: float, value: Any, watermark: float, now: float = 0,
                   input: int = 0) -> Step:
-        windows = list(state) if state else []
         if isinstance(self.window, Session):
+            windows = list(state) if state else []
             out, accepted = self._session_record(windows, key, ts, value, watermark)
-        else:
-            out, accepted = [], False
-            for start, end in self.window.assign(ts):
-                if end + self.allowed_lateness <= watermark:
-                    continue  # purged already, or would be at once
-                accepted = True
-                entry = own_entry(windows, start, end, lambda: [start, end, self.init(), False])  # noqa: B023
-                entry[_ACC] = self.fold(entry[_ACC], value)
-                if end <= watermark:  # fired already: the late record updates it
-                    entry[_FIRED] = True
-                    out.append([key, start, end, entry[_ACC]])
-        late = [] if accepted else [[key, ts, value]]
-        return Step(windows or None, out, late)
+            return Step(windows or None, out, [] if accepted else [[key, ts, value]])
+        windows = list(state) if state else []
+        out: list = []
+        if not self._fold_aligned(windows, set(), key, ts, value, watermark, out):
+            return Step(state or None, out, [[key, ts, value]])
+        return Step(windows, out, [])
 
     def on_records(self, state: list | None, key: Any, items: list, watermark: float, now: float = 0
                    ) -> Step | None:
@@ -166,37 +162,54 @@ class WindowOperator:
         looked up by their bounds, not searched. The step's `out` and `late` are `(i, record)` pairs, `i` the
         position in `items` of the record that made it. Session windows have no batch form (None): the caller
         runs them record by record."""
-        window = self.window
-        if isinstance(window, Session):
+        if isinstance(self.window, Session):
             return None
-        windows = [list(w) for w in state] if state else []
-        entries = {(w[_START], w[_END]): w for w in windows}
-        size, offset, lateness, fold, init = window.size, window.offset, self.allowed_lateness, self.fold, self.init
-        slide = size if isinstance(window, Tumbling) else window.slide
+        windows = list(state) if state else []
+        own: set = set()  # ids of the entries copied or made here: each copied once
         out: list = []
         late: list = []
+        made: list = []
         for i, (ts, value, _) in enumerate(items):
-            start = ts - (ts - offset) % slide  # the last window holding ts; the earlier ones every slide back
-            first = start
-            while first - slide > ts - size:
-                first -= slide
-            accepted = False
-            while first <= start:
-                end = first + size
-                if end + lateness > watermark:
-                    accepted = True
-                    entry = entries.get((first, end))
-                    if entry is None:
-                        entry = entries[(first, end)] = [first, end, init(), False]
-                        insert_by_end(windows, entry)
-                    entry[_ACC] = fold(entry[_ACC], value)
-                    if end <= watermark:  # fired already: the late record updates it
-                        entry[_FIRED] = True
-                        out.append((i, [key, first, end, entry[_ACC]]))
-                first += slide
-            if not accepted:
+            if not self._fold_aligned(windows, own, key, ts, value, watermark, made):
                 late.append((i, [key, ts, value]))
-        return Step(windows or None, out, late)
+            if made:
+                out.extend((i, o) for o in made)
+                made.clear()
+        return Step(windows if own else state or None, out, late)
+
+    def _fold_aligned(self, windows: list, own: set, key: Any, ts: float, value: Any, watermark: float,
+                      out: list) -> bool:
+        """Fold a record into its tumbling or sliding windows in `windows` (a key's, all of one size, so sorted by
+        start), each entry found by bisection and copied unless its id is in `own` (then added), the outputs of
+        windows fired already appended to `out`. False: no window of the record is kept (it is late)."""
+        window = self.window
+        size, slide, lateness = window.size, window.size if type(window) is Tumbling else window.slide, \
+            self.allowed_lateness
+        last = ts - (ts - window.offset) % slide  # the last window holding ts; the earlier ones every slide back
+        first = last
+        while first - slide > ts - size:
+            first -= slide
+        while first + size + lateness <= watermark:  # purged already, or would be at once
+            first += slide
+            if first > last:
+                return False
+        j = bisect_left(windows, first, key=_start_of)
+        while first <= last:
+            entry = windows[j] if j < len(windows) else None
+            if entry is None or entry[_START] != first:
+                entry = [first, first + size, self.init(), False]
+                windows.insert(j, entry)
+                own.add(id(entry))
+            elif id(entry) not in own:
+                entry = windows[j] = list(entry)
+                own.add(id(entry))
+            entry[_ACC] = self.fold(entry[_ACC], value)
+            if entry[_END] <= watermark:  # fired already: the late record updates it
+                entry[_FIRED] = True
+                out.append([key, first, entry[_END], entry[_ACC]])
+            first += slide
+            j += 1
+        return True
 
     def _session_record(self, windows: list, key: Any, ts: float, value: Any, watermark: float) -> tuple[list, bool]:
         start, end = ts, ts + self.window.gap
