@@ -22,6 +22,7 @@ import errno
 import glob
 import json
 import os
+import re
 from itertools import compress, repeat
 from operator import or_
 from typing import Any
@@ -91,6 +92,41 @@ def _long_digits(block: bytes, used: int) -> bool:
     if block[:used:_STRIDE].translate(_DIGITS_TO_ZERO).find(_STRIDE_RUN) < 0:
         return False
     return block[:used].translate(_DIGITS_TO_ZERO).find(_LONG_RUN) >= 0
+
+
+# A comma after an object's closing brace: where a line holding two values, or an object cut across lines, would
+# give a JSON array another element (`_load_block`).
+_CLOSE_COMMA = re.compile(rb"\}[ \t\r]*,")
+
+
+def _whole_lines(buf: bytes, n: int) -> tuple[int, int]:
+    """(bytes, lines) of up to `n` whole lines at the start of `buf`, (0, 0) when not found by counting: all its
+    whole lines, or, when it holds more, those that end before the `n`-th line's place at their mean length."""
+    last = buf.rfind(b"\n") + 1
+    k = buf.count(b"\n", 0, last)
+    if k <= n:
+        return last, k
+    cut = buf.rfind(b"\n", 0, last * n // k) + 1
+    k = buf.count(b"\n", 0, cut)
+    return (cut, k) if 0 < k <= n else (0, 0)
+
+
+def _load_block(buf: bytes, used: int, lines: int, values: list) -> bool:
+    """The `lines` whole JSON lines in the first `used` bytes of `buf` into `values` as one JSON array (its
+    newlines made commas: one orjson call, no line cut into an object of its own), if each line is an object
+    and nothing else. The array is the lines' objects exactly when it has one object a line and the block
+    holds no comma after a closing brace: every separator of the array is then a newline, so each element is
+    one line. False (and `values` as it was) otherwise: the block then goes line by line (`_load_lines`)."""
+    if _fast_loads is None or _CLOSE_COMMA.search(buf, 0, used) or _long_digits(buf, used):
+        return False
+    try:
+        out = _fast_loads(b"[" + buf[:used - 1].replace(b"\n", b",") + b"]")
+    except Exception:  # orjson's JSONDecodeError: a blank or invalid line
+        return False
+    if len(out) != lines or set(map(type, out)) != {dict}:
+        return False
+    values.extend(out)
+    return True
 
 
 def _load_lines(lines: list[bytes], block: bytes, used: int, values: list) -> bool:
@@ -295,6 +331,11 @@ class FileReader(SourcePartition):
         if not buf:
             self._done = final
             return 0
+        if self.select is None and self._utf8:
+            used, k = _whole_lines(buf, n)
+            if used and _load_block(buf, used, k, values):
+                self._advance(pos, used, end)
+                return k
         lines = buf.split(b"\n", n)
         rest = lines.pop()
         if len(lines) < n and rest and final:  # the file's last line, without a newline
@@ -319,11 +360,15 @@ class FileReader(SourcePartition):
                     (buf[:used] if picked is lines else b"\n".join(picked)).decode(self.encoding, errors="replace"),
                     values):
                 self._parse(lines, pos, values)
+        self._advance(pos, used, end)
+        return len(lines)
+
+    def _advance(self, pos: int, used: int, end: int | None) -> None:
+        """Past the `used` bytes taken at `pos`."""
         self._pos = pos + used
         self._buf = self._buf[used:]
         if (end is not None and self._pos >= end) or (self._eof and not self._buf):
             self._done = True
-        return len(lines)
 
     def _parse(self, lines: list[bytes], at: int, values: list) -> None:
         """JSON lines or CSV rows; a line that does not parse is an error naming the file and its offset."""

@@ -106,11 +106,18 @@ LINES = ['{"w": 1}', ' {"w": 2} ', '[1, 2]', "1,2", "1 2", "{", "", "  ", '"x"',
          '{"n": 18446744073709551615, "x": 0.1}', '{"id": 7, "t": 1.5e3, "s": "x"}']
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.sampled_from(LINES), max_size=30))
+# Objects, and lines that would make objects of a JSON array's elements together, or two elements of one line
+# (a block of objects is decoded as one array).
+OBJECT_LINES = ['{"a": 1}', ' {"b": {"c": [1]}}\r', '{"d": [', '{"e": 2}]}', '{"f": 1}, {"g": 2}', '{"h": 1} ,{"i": 2}',
+                '{"j": "},"}', '{"k": 1}]', '[{"l": 1}', "", '{"m": 12345678901234567890}', '{"n": NaN}']
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.one_of(st.lists(st.sampled_from(LINES), max_size=30), st.lists(st.sampled_from(OBJECT_LINES), max_size=30)))
 def test_jsonl_lines_read_as_json_loads_reads_each_and_the_others_are_named(tmp_path_factory, lines):
     """Each line is what json.loads makes of it alone (blanks around a value included); a blank one is skipped;
-    any other is an error, even where lines together would make JSON (`[1,[2` then `3]]`)."""
+    any other is an error, even where lines together would make JSON (`[1,[2` then `3]]`, `{"d": [` then
+    `{"e": 2}]}`)."""
     path = write_lines(tmp_path_factory.mktemp("j") / "x.jsonl", lines)
     want, bad = [], 0
     for line in lines:
@@ -134,7 +141,7 @@ def test_jsonl_lines_read_as_json_loads_reads_each_and_the_others_are_named(tmp_
 
 
 def test_clean_utf8_blocks_go_to_orjson_and_the_others_to_json(tmp_path, monkeypatch):
-    """A block whose every line orjson reads as json does is decoded by it, a line a call; a block with a line
+    """A block whose every line orjson reads as json does is decoded by it; a block with a line
     it reads otherwise (a run of 19 digits) or not at all (NaN) by json, with the same values as json.loads."""
     pytest.importorskip("orjson")
     calls = []
@@ -144,14 +151,15 @@ def test_clean_utf8_blocks_go_to_orjson_and_the_others_to_json(tmp_path, monkeyp
         return fast(line)
     fast = file_source._fast_loads
     monkeypatch.setattr(file_source, "_fast_loads", counted)
-    cases = {"clean": ['{"a": 1, "b": [1.5, "x"]}', "2", '"\u00e9"'],
+    cases = {"clean": ['{"a": 1, "b": [1.5, "x"]}', "2", '"\u00e9"'], "objects": ['{"a": 1}', '{"b": {"c": "\u00e9"}}'],
              "long": ['{"a": 1}', "12345678901234567890123"], "nan": ['{"a": 1}', "NaN"]}
     for name, lines in cases.items():
         calls.clear()
         path = write_lines(tmp_path / f"{name}.jsonl", lines)
         (vals,) = read_all(FileSource(str(path), format="jsonl"), limit=100)[0].values()
         assert vals == [json.loads(line) for line in lines]
-        assert len(calls) == {"clean": 3, "long": 0, "nan": 2}[name], name
+        # a block of objects in one call, as a JSON array; any other block tried so, then a line a call
+        assert len(calls) == {"clean": 4, "objects": 1, "long": 0, "nan": 3}[name], name
 
 
 @settings(max_examples=300, deadline=None)
