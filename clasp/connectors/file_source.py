@@ -8,8 +8,9 @@ A reader keeps its file open and reads ahead in blocks of `READ_BYTES`, cut into
 one split per batch, not a call per line). A block already in the page cache is read on the event loop
 (`preadv` with `RWF_NOWAIT`: a read that would wait for the disk fails at once instead); any other read, and the
 open, go to a thread (`asyncio.to_thread`). Lines are cut at the byte `\n`: the encoding must be an ASCII
-superset (UTF-8, Latin-1, ...). JSON lines in UTF-8 are decoded by orjson, a line a call in C, where it reads
-every line of a block as json would; any other block by json's C scanner over the block decoded once. With
+superset (UTF-8, Latin-1, ...). JSON lines in UTF-8 are decoded by orjson where it reads every line of a block
+as json would: a block of objects in one call, as a JSON array (`_load_block`), any other a line a call in C; any
+other block by json's C scanner over the block decoded once. With
 `select`, only the JSON lines that hold one of its byte strings are decoded (tested in C over the raw lines).
 """
 
@@ -100,15 +101,21 @@ _CLOSE_COMMA = re.compile(rb"\}[ \t\r]*,")
 
 
 def _whole_lines(buf: bytes, n: int) -> tuple[int, int]:
-    """(bytes, lines) of up to `n` whole lines at the start of `buf`, (0, 0) when not found by counting: all its
-    whole lines, or, when it holds more, those that end before the `n`-th line's place at their mean length."""
+    """(bytes, lines) of the first `n` whole lines of `buf` (all of them when it holds fewer), counted in C: the
+    line ending nearest the `n`-th line's place at the lines' mean length, then a line at a time from there."""
     last = buf.rfind(b"\n") + 1
     k = buf.count(b"\n", 0, last)
     if k <= n:
         return last, k
     cut = buf.rfind(b"\n", 0, last * n // k) + 1
     k = buf.count(b"\n", 0, cut)
-    return (cut, k) if 0 < k <= n else (0, 0)
+    while k < n:
+        cut = buf.find(b"\n", cut) + 1
+        k += 1
+    while k > n:
+        cut = buf.rfind(b"\n", 0, cut - 1) + 1
+        k -= 1
+    return cut, k
 
 
 def _load_block(buf: bytes, used: int, lines: int, values: list) -> bool:

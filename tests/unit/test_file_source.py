@@ -272,3 +272,14 @@ def test_select_is_byte_strings_for_json_lines():
     for kwargs in ({"select": "x"}, {"select": []}, {"select": [b""]}, {"select": b"x", "format": "lines"}):
         with pytest.raises(ValueError, match="select"):
             FileSource("x", **{"format": "jsonl", **kwargs})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 40), max_size=60), st.integers(1, 70), st.integers(0, 30))
+def test_whole_lines_are_the_first_n_lines_of_a_block_however_long(lengths, n, tail):
+    """`_whole_lines` finds the first `n` whole lines (or all there are) whatever the lines' lengths around
+    their mean, and never the unfinished line at the end of the block."""
+    lines = [b"x" * k + b"\n" for k in lengths]
+    block = b"".join(lines) + b"y" * tail
+    taken = lines[:n]
+    assert file_source._whole_lines(block, n) == (sum(map(len, taken)), len(taken))
