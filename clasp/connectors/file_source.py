@@ -98,6 +98,7 @@ def _long_digits(block: bytes, used: int) -> bool:
 # A comma after an object's closing brace: where a line holding two values, or an object cut across lines, would
 # give a JSON array another element (`_load_block`).
 _CLOSE_COMMA = re.compile(rb"\}[ \t\r]*,")
+_OPEN_BRACE = ord("{")
 
 
 def _whole_lines(buf: bytes, n: int) -> tuple[int, int]:
@@ -124,7 +125,8 @@ def _load_block(buf: bytes, used: int, lines: int, values: list) -> bool:
     and nothing else. The array is the lines' objects exactly when it has one object a line and the block
     holds no comma after a closing brace: every separator of the array is then a newline, so each element is
     one line. False (and `values` as it was) otherwise: the block then goes line by line (`_load_lines`)."""
-    if _fast_loads is None or _CLOSE_COMMA.search(buf, 0, used) or _long_digits(buf, used):
+    if (_fast_loads is None or buf[0] != _OPEN_BRACE or _CLOSE_COMMA.search(buf, 0, used)
+            or _long_digits(buf, used)):  # a block that does not begin with an object is not decoded twice
         return False
     try:
         out = _fast_loads(b"[" + buf[:used - 1].replace(b"\n", b",") + b"]")
