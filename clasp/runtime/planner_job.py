@@ -22,7 +22,7 @@ from clasp.core.routing import Placement
 from clasp.core.tracking import CHUNK_BITS, Tracker
 from clasp.runtime.input_log import InputLog
 from clasp.runtime.planner_sources import SourceState
-from clasp.runtime.state_store import FileStore, decode_collected
+from clasp.runtime.state_store import CorruptCheckpoint, FileStore, decode_collected
 
 
 class StageTimes:
@@ -57,7 +57,6 @@ class CheckpointState:
         # with it (its disk grows, as a file sink's would)
         self.store, self.job, self.released_memory = store, job, released_memory
         self.released_by: dict[int, dict[str, list[bytes]] | None] = {}
-        self.released_sizes: dict[int, int] = {}  # bytes of the ones in memory
         self.replayed = 0
         self.replay_to = 0  # records complete (or lost) before the last rollback: the replay catches up to it
         self.last_recovery: dict | None = None
@@ -79,20 +78,20 @@ class CheckpointState:
         """Keep the outputs checkpoint `ckpt` released (its file written; None: left in it), leaving the oldest
         in their files past `released_memory` bytes."""
         self.released_by[ckpt] = collected
-        if collected is None:
-            return
-        self.released_sizes[ckpt] = sum(len(p) for parts in collected.values() for p in parts)
-        total = sum(self.released_sizes.values())
-        for k in sorted(self.released_sizes)[:-1]:  # the newest stays: one checkpoint's outputs at most
+        total = self.released_in_memory()
+        for k in sorted(k for k, v in self.released_by.items() if v is not None)[:-1]:  # the newest stays
             if total <= self.released_memory:
                 break
-            total -= self.released_sizes.pop(k)
+            total -= _size(self.released_by[k])
             self.released_by[k] = None
+
+    def released_in_memory(self) -> int:
+        """Bytes of the released outputs held in memory."""
+        return sum(_size(v) for v in self.released_by.values() if v is not None)
 
     def forget_released(self, ckpt: int) -> None:
         """Drop the outputs of a checkpoint rolled back over, and their file."""
         del self.released_by[ckpt]
-        self.released_sizes.pop(ckpt, None)
         self.store.remove_file(self.released_file(ckpt))
 
     def released_file(self, ckpt: int) -> str:
@@ -100,22 +99,18 @@ class CheckpointState:
 
     async def released(self, op: str) -> list[bytes]:
         """`op`'s released outputs, oldest first, as packed msgpack arrays; those only in their files read in a
-        thread. A checkpoint rolled back over meanwhile is left out."""
+        thread. A checkpoint rolled back over meanwhile (its file removed) is left out."""
         entries = sorted(self.released_by.items())
         on_disk = [k for k, parts in entries if parts is None]
         if on_disk:
-            loaded = await asyncio.to_thread(self._read_released, on_disk)
-            entries = [(k, parts if parts is not None else loaded[k]) for k, parts in entries
-                       if k in self.released_by]
+            loaded = await asyncio.to_thread(lambda: {k: self.store.read_file(self.released_file(k)) for k in on_disk})
+            entries = [(k, parts) for k, parts in entries if k in self.released_by]
+            for i, (k, parts) in enumerate(entries):
+                if parts is None:
+                    if loaded[k] is None:
+                        raise CorruptCheckpoint(self.released_file(k), "the released outputs' file is missing")
+                    entries[i] = (k, decode_collected(loaded[k], self.released_file(k)))
         return [x for _, parts in entries for x in parts.get(op, ())]
-
-    def _read_released(self, ckpts: list[int]) -> dict[int, dict[str, list[bytes]]]:
-        out = {}
-        for k in ckpts:
-            rel = self.released_file(k)
-            data = self.store.read_file(rel)
-            out[k] = {} if data is None and k not in self.released_by else decode_collected(data or b"", rel)
-        return out
 
     def may_dispatch(self, job) -> bool:
         if self.want and job.queue and job.queue[0][2] == 0:
@@ -167,6 +162,10 @@ class CheckpointsOff:
 
 
 CHECKPOINTS_OFF = CheckpointsOff()  # holds nothing of a job: one serves every job
+
+
+def _size(collected: dict[str, list[bytes]]) -> int:
+    return sum(len(p) for parts in collected.values() for p in parts)
 
 
 

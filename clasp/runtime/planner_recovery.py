@@ -507,7 +507,7 @@ class Checkpoints:
                 "pending": c.coord.pending.id if c.coord.pending else None,
                 "input_log_records": c.log.records_kept, "input_log_spilled": c.log.spilled,
                 "input_log_write_failures": c.log.write_failures,
-                "collected_in_memory_bytes": sum(c.released_sizes.values()),
+                "collected_in_memory_bytes": c.released_in_memory(),
                 "collected_checkpoints_on_disk_only": sum(v is None for v in c.released_by.values()),
                 "failures": list(c.coord.failures), "last_recovery": c.last_recovery,
                 "stages_ms": c.stages.means_ms(),
