@@ -67,9 +67,12 @@ def test_a_killed_worker_releases_its_window_and_the_job_finishes(tmp_path_facto
             job = client.submit(wc.build_dag(), autoscale=False)
             job.scale(3)
             victim = next(w for w in client.workers() if w["id"] == "w2")
+            # Frozen before the push, so records are surely queued on it when it dies: a push this fast
+            # can finish before any wall-clock delay runs out, and then nothing would be lost.
+            os.kill(victim["pid"], signal.SIGSTOP)
             pushed = threading.Thread(target=job.push, args=(lines,))
             pushed.start()
-            time.sleep(1.0)
+            wait_for(lambda: job.stats()["outstanding"] > 0, timeout=20, what="records held up on w2")
             os.kill(victim["pid"], signal.SIGKILL)
             pushed.join()
             t = time.monotonic()
