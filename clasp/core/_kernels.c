@@ -13,7 +13,9 @@
  * - digit_run: whether a block of bytes holds a run of digits of some length (the file reader's test for
  *   numbers orjson may read otherwise than json; clasp.connectors.file_source._long_digits).
  * - pack_strs, unpack_strs: a batch of strings as one msgpack array and back, the strings a worker receives
- *   made once per table slot, not once per occurrence (clasp.core.protocol.packed_values, open_columns).
+ *   made once per table slot, not once per occurrence (clasp.core.protocol.packed_values, open_columns);
+ * - pack_uints, unpack_uints: a batch's record ids or run lengths as one msgpack array and back (the same);
+ * - runs_fault: the check of a received batch's record ids and run lengths (clasp.core.protocol.check_columns).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -565,6 +567,48 @@ digit_run(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     return PyBool_FromLong(found);
 }
 
+/* A msgpack array's header: put_array_head writes the smallest for `n` items (< 2**32) and returns the byte after
+ * it; array_head reads one at *p (moving *p past it) and returns its count, -1 when *p holds no array header. */
+static unsigned char *
+put_array_head(unsigned char *o, Py_ssize_t n)
+{
+    if (n < 16)
+        *o++ = 0x90 | (unsigned char)n;
+    else if (n < 0x10000) {
+        *o++ = 0xdc; *o++ = (unsigned char)(n >> 8); *o++ = (unsigned char)n;
+    }
+    else {
+        *o++ = 0xdd; *o++ = (unsigned char)(n >> 24); *o++ = (unsigned char)(n >> 16);
+        *o++ = (unsigned char)(n >> 8); *o++ = (unsigned char)n;
+    }
+    return o;
+}
+
+static Py_ssize_t
+array_head(const unsigned char **pp, const unsigned char *end)
+{
+    const unsigned char *p = *pp;
+    Py_ssize_t n;
+    if (p == end)
+        return -1;
+    if ((*p & 0xf0) == 0x90) {
+        n = *p & 0x0f;
+        p += 1;
+    }
+    else if (*p == 0xdc && end - p >= 3) {
+        n = (Py_ssize_t)p[1] << 8 | p[2];
+        p += 3;
+    }
+    else if (*p == 0xdd && end - p >= 5) {
+        n = (Py_ssize_t)((uint32_t)p[1] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 8 | p[4]);
+        p += 5;
+    }
+    else
+        return -1;
+    *pp = p;
+    return n;
+}
+
 /* pack_strs(values) -> bytes | None: the msgpack array of `values` when every one is an exact str, byte for byte
  * what msgpack.packb(values) gives (fixstr, str 8, 16 or 32 by length; the array's header by count); None when
  * one is anything else, or a str with no UTF-8 form (a lone surrogate), for the caller's general encoding. */
@@ -598,15 +642,7 @@ pack_strs(PyObject *Py_UNUSED(module), PyObject *values)
     if (out == NULL)
         return NULL;
     unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out), *end = o + size;
-    if (n < 16)
-        *o++ = 0x90 | (unsigned char)n;
-    else if (n < 0x10000) {
-        *o++ = 0xdc; *o++ = (unsigned char)(n >> 8); *o++ = (unsigned char)n;
-    }
-    else {
-        *o++ = 0xdd; *o++ = (unsigned char)(n >> 24); *o++ = (unsigned char)(n >> 16);
-        *o++ = (unsigned char)(n >> 8); *o++ = (unsigned char)n;
-    }
+    o = put_array_head(o, n);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *v = PyList_GET_ITEM(values, i);
         Py_ssize_t len;
@@ -644,8 +680,113 @@ pack_strs(PyObject *Py_UNUSED(module), PyObject *values)
     return out;
 }
 
+/* An item of a msgpack array at *p (before `end`), made into a new reference and *p moved past it; NULL with no
+ * error set when *p holds an item of another kind (the caller leaves the whole array to msgpack), NULL with an
+ * error set on a failure. */
+typedef PyObject *(*ItemFn)(const unsigned char **p, const unsigned char *end, PyObject *table);
+
+/* The list a msgpack array in `data` (bytes-like) holds, each item made by `item`, when it is one such array and
+ * nothing after it; None for anything else. */
+static PyObject *
+unpack_array(PyObject *data, ItemFn item, PyObject *table)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *p = view.buf, *end = p + view.len;
+    PyObject *out = NULL;
+    Py_ssize_t n = array_head(&p, end);
+    if (n < 0 || n > end - p)  /* each item takes a byte at least */
+        goto other;
+    out = PyList_New(n);
+    if (out == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (p >= end)
+            goto other;
+        PyObject *v = item(&p, end, table);
+        if (v == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            goto other;
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+    if (p != end)
+        goto other;
+    PyBuffer_Release(&view);
+    return out;
+other:
+    Py_XDECREF(out);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(out);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
 /* Strings no longer than this are kept in the table of `unpack_strs`: a word, not a document. */
 #define TABLE_MAX_LEN 64
+
+/* A msgpack str, through `table` (see unpack_strs); NULL, no error, for invalid UTF-8 or another kind. */
+static PyObject *
+str_item(const unsigned char **pp, const unsigned char *end, PyObject *table)
+{
+    const unsigned char *p = *pp;
+    Py_ssize_t len;
+    unsigned char c = *p;
+    if ((c & 0xe0) == 0xa0) {
+        len = c & 0x1f;
+        p += 1;
+    }
+    else if (c == 0xd9 && end - p >= 2) {
+        len = p[1];
+        p += 2;
+    }
+    else if (c == 0xda && end - p >= 3) {
+        len = (Py_ssize_t)p[1] << 8 | p[2];
+        p += 3;
+    }
+    else if (c == 0xdb && end - p >= 5) {
+        len = (Py_ssize_t)((uint32_t)p[1] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 8 | p[4]);
+        p += 5;
+    }
+    else
+        return NULL;
+    if (len > end - p)
+        return NULL;
+    *pp = p + len;
+    if (len <= TABLE_MAX_LEN) {
+        uint64_t h = 0xcbf29ce484222325ull;  /* FNV-1a, and whether every byte is ASCII */
+        unsigned char high = 0;
+        for (Py_ssize_t k = 0; k < len; k++) {
+            h = (h ^ p[k]) * 0x100000001b3ull;
+            high |= p[k];
+        }
+        if (high < 0x80) {
+            Py_ssize_t slot = (Py_ssize_t)((h ^ (h >> 29)) & (uint64_t)(PyList_GET_SIZE(table) - 1));
+            PyObject *old = PyList_GET_ITEM(table, slot);
+            if (PyUnicode_CheckExact(old) && PyUnicode_IS_ASCII(old) && PyUnicode_GET_LENGTH(old) == len
+                && memcmp(PyUnicode_1BYTE_DATA(old), p, len) == 0) {
+                Py_INCREF(old);
+                return old;
+            }
+            PyObject *s = PyUnicode_New(len, 127);
+            if (s == NULL)
+                return NULL;
+            memcpy(PyUnicode_1BYTE_DATA(s), p, len);
+            Py_INCREF(s);
+            PyList_SET_ITEM(table, slot, s);
+            Py_DECREF(old);
+            return s;
+        }
+    }
+    PyObject *s = PyUnicode_DecodeUTF8((const char *)p, len, NULL);
+    if (s == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+        PyErr_Clear();
+    return s;
+}
 
 /* unpack_strs(data, table) -> list | None: msgpack.unpackb(data) when `data` (bytes-like) is one msgpack array
  * of strings and nothing after it; None for anything else (another type, invalid UTF-8, a short or long
@@ -666,108 +807,136 @@ unpack_strs(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_TypeError, "unpack_strs: table must be a list of a power-of-two length");
         return NULL;
     }
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+    return unpack_array(args[0], str_item, table);
+}
+
+/* pack_uints(values) -> bytes | None: the msgpack array of `values` when every one is an exact int in 0..2**64-1,
+ * byte for byte what msgpack.packb(values) gives (positive fixint, uint 8, 16, 32 or 64 by size; the array's header
+ * by count); None for anything else, for the caller's general encoding. */
+static PyObject *
+pack_uints(PyObject *Py_UNUSED(module), PyObject *values)
+{
+    if (!PyList_CheckExact(values)) {
+        PyErr_SetString(PyExc_TypeError, "pack_uints: values must be a list");
         return NULL;
-    const unsigned char *p = view.buf, *end = p + view.len;
-    PyObject *out = NULL;
-    Py_ssize_t n;
-    if (p == end)
-        goto other;
-    if ((*p & 0xf0) == 0x90) {
-        n = *p++ & 0x0f;
     }
-    else if (*p == 0xdc && end - p >= 3) {
-        n = (Py_ssize_t)p[1] << 8 | p[2];
-        p += 3;
-    }
-    else if (*p == 0xdd && end - p >= 5) {
-        n = (Py_ssize_t)((uint32_t)p[1] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 8 | p[4]);
-        p += 5;
-    }
-    else
-        goto other;
-    if (n > end - p)  /* each string takes a byte at least */
-        goto other;
-    out = PyList_New(n);
+    Py_ssize_t n = PyList_GET_SIZE(values);
+    if ((unsigned long long)n > 0xFFFFFFFFull)
+        Py_RETURN_NONE;
+    /* at most 9 bytes a value: sized once, cut to what was written */
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 5 + 9 * n);
     if (out == NULL)
-        goto fail;
+        return NULL;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out), *start = o;
+    o = put_array_head(o, n);
     for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t len;
-        if (p >= end)
+        PyObject *v = PyList_GET_ITEM(values, i);
+        if (!PyLong_CheckExact(v))
             goto other;
-        unsigned char c = *p;
-        if ((c & 0xe0) == 0xa0) {
-            len = c & 0x1f;
-            p += 1;
-        }
-        else if (c == 0xd9 && end - p >= 2) {
-            len = p[1];
-            p += 2;
-        }
-        else if (c == 0xda && end - p >= 3) {
-            len = (Py_ssize_t)p[1] << 8 | p[2];
-            p += 3;
-        }
-        else if (c == 0xdb && end - p >= 5) {
-            len = (Py_ssize_t)((uint32_t)p[1] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 8 | p[4]);
-            p += 5;
-        }
-        else
+        unsigned long long x = PyLong_AsUnsignedLongLong(v);
+        if (x == (unsigned long long)-1 && PyErr_Occurred()) {  /* negative, or beyond 64 bits */
+            PyErr_Clear();
             goto other;
-        if (len > end - p)
-            goto other;
-        PyObject *s = NULL;
-        if (len <= TABLE_MAX_LEN) {
-            uint64_t h = 0xcbf29ce484222325ull;  /* FNV-1a, and whether every byte is ASCII */
-            unsigned char high = 0;
-            for (Py_ssize_t k = 0; k < len; k++) {
-                h = (h ^ p[k]) * 0x100000001b3ull;
-                high |= p[k];
-            }
-            if (high < 0x80) {
-                Py_ssize_t slot = (Py_ssize_t)((h ^ (h >> 29)) & (uint64_t)(slots - 1));
-                PyObject *old = PyList_GET_ITEM(table, slot);
-                if (PyUnicode_CheckExact(old) && PyUnicode_IS_ASCII(old) && PyUnicode_GET_LENGTH(old) == len
-                    && memcmp(PyUnicode_1BYTE_DATA(old), p, len) == 0) {
-                    Py_INCREF(old);
-                    s = old;
-                }
-                else {
-                    s = PyUnicode_New(len, 127);
-                    if (s == NULL)
-                        goto fail;
-                    memcpy(PyUnicode_1BYTE_DATA(s), p, len);
-                    Py_INCREF(s);
-                    PyList_SET_ITEM(table, slot, s);
-                    Py_DECREF(old);
-                }
-            }
         }
-        if (s == NULL) {
-            s = PyUnicode_DecodeUTF8((const char *)p, len, NULL);
-            if (s == NULL) {
-                if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
-                    goto fail;
-                PyErr_Clear();
-                goto other;
-            }
+        if (x < 0x80)
+            *o++ = (unsigned char)x;
+        else if (x < 0x100) {
+            *o++ = 0xcc; *o++ = (unsigned char)x;
         }
-        PyList_SET_ITEM(out, i, s);
-        p += len;
+        else if (x < 0x10000) {
+            *o++ = 0xcd; *o++ = (unsigned char)(x >> 8); *o++ = (unsigned char)x;
+        }
+        else if (x < 0x100000000ull) {
+            *o++ = 0xce;
+            for (int k = 24; k >= 0; k -= 8)
+                *o++ = (unsigned char)(x >> k);
+        }
+        else {
+            *o++ = 0xcf;
+            for (int k = 56; k >= 0; k -= 8)
+                *o++ = (unsigned char)(x >> k);
+        }
     }
-    if (p != end)
-        goto other;
-    PyBuffer_Release(&view);
+    if (_PyBytes_Resize(&out, o - start) < 0)
+        return NULL;
     return out;
 other:
-    Py_XDECREF(out);
-    PyBuffer_Release(&view);
+    Py_DECREF(out);
     Py_RETURN_NONE;
-fail:
-    Py_XDECREF(out);
-    PyBuffer_Release(&view);
-    return NULL;
+}
+
+/* A msgpack non-negative int (positive fixint, uint 8, 16, 32 or 64); NULL, no error, for another kind. */
+static PyObject *
+uint_item(const unsigned char **pp, const unsigned char *end, PyObject *Py_UNUSED(table))
+{
+    const unsigned char *p = *pp;
+    unsigned char c = *p;
+    int size = c < 0x80 ? 0 : c == 0xcc ? 1 : c == 0xcd ? 2 : c == 0xce ? 4 : c == 0xcf ? 8 : -1;
+    if (size < 0 || end - p < 1 + size)
+        return NULL;
+    unsigned long long x = size ? 0 : c;
+    for (int k = 1; k <= size; k++)
+        x = x << 8 | p[k];
+    *pp = p + 1 + size;
+    return PyLong_FromUnsignedLongLong(x);
+}
+
+/* unpack_uints(data) -> list | None: msgpack.unpackb(data) when `data` (bytes-like) is one msgpack array of
+ * non-negative ints and nothing after it; None for anything else, which the caller decodes the general way. */
+static PyObject *
+unpack_uints(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    return unpack_array(arg, uint_item, NULL);
+}
+
+/* runs_fault(rids, counts, n) -> int: 0 when the lists `rids` and `counts` (or None) describe n values as record ids
+ * of runs: every rid an exact int, none negative; counts None and one rid per value, or as many counts as rids,
+ * each an exact int of at least 1, summing to n. Else the first of the checks that fails, in this order: 1 a rid
+ * is not an int, 2 a rid is negative, 3 counts None and not one rid per value, 4 the counts are not such run
+ * lengths (clasp.core.protocol.runs_fault, the Python version). */
+static PyObject *
+runs_fault(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (arity(nargs, 3, "runs_fault(rids, counts, n)") < 0)
+        return NULL;
+    PyObject *rids = args[0], *counts = args[1];
+    if (!PyList_CheckExact(rids) || !(counts == Py_None || PyList_CheckExact(counts))) {
+        PyErr_SetString(PyExc_TypeError, "runs_fault: rids a list, counts a list or None");
+        return NULL;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(args[2]);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t m = PyList_GET_SIZE(rids);
+    int negative = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *r = PyList_GET_ITEM(rids, i);
+        if (!PyLong_CheckExact(r))
+            return PyLong_FromLong(1);
+        int overflow;
+        long long x = PyLong_AsLongLongAndOverflow(r, &overflow);
+        negative |= overflow < 0 || (overflow == 0 && x < 0);
+    }
+    if (negative)
+        return PyLong_FromLong(2);
+    if (counts == Py_None)
+        return PyLong_FromLong(m == n ? 0 : 3);
+    if (PyList_GET_SIZE(counts) != m)
+        return PyLong_FromLong(4);
+    long long sum = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *c = PyList_GET_ITEM(counts, i);
+        if (!PyLong_CheckExact(c))
+            return PyLong_FromLong(4);
+        int overflow;
+        long long x = PyLong_AsLongLongAndOverflow(c, &overflow);
+        if (overflow || x < 1 || x > n)
+            return PyLong_FromLong(4);
+        sum += x;
+        if (sum > n)
+            return PyLong_FromLong(4);
+    }
+    return PyLong_FromLong(sum == n ? 0 : 4);
 }
 
 static PyMethodDef methods[] = {
@@ -785,6 +954,10 @@ static PyMethodDef methods[] = {
     {"pack_strs", pack_strs, METH_O, "pack_strs(values) -> the msgpack array of a list of str, or None"},
     {"unpack_strs", (PyCFunction)(void (*)(void))unpack_strs, METH_FASTCALL,
      "unpack_strs(data, table) -> the list a msgpack array of strings holds, or None"},
+    {"pack_uints", pack_uints, METH_O, "pack_uints(values) -> the msgpack array of a list of non-negative ints, or None"},
+    {"unpack_uints", unpack_uints, METH_O, "unpack_uints(data) -> the list a msgpack array of such ints holds, or None"},
+    {"runs_fault", (PyCFunction)(void (*)(void))runs_fault, METH_FASTCALL,
+     "runs_fault(rids, counts, n) -> 0, or which check of a batch's record ids and run lengths fails"},
     {NULL, NULL, 0, NULL},
 };
 

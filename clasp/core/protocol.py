@@ -1110,31 +1110,47 @@ def packed_values(values: list) -> list | bytes:
     return values
 
 
+def packed_ints(ints: list | None) -> list | bytes | None:
+    """A group's record ids or run lengths for the wire: with the kernels, a list of non-negative ints as one
+    msgpack array (bin) packed in C, which the receiver decodes in C (`open_columns`), where msgpack would make and
+    read each int through its general loop; anything else as it is."""
+    if kernels.C is not None and type(ints) is list:
+        packed = kernels.C.pack_uints(ints)
+        if packed is not None:
+            return packed
+    return ints
+
+
 def encode_columns(job: int, epoch: int, groups: list) -> bytes:
-    """A `cols` frame of `groups` (`columns`, or the keyed fast path's), each group's values `packed_values`;
-    the receiver calls `open_columns`, then `check_columns`."""
-    return encode("cols", [job, epoch, [[g[0], packed_values(g[1]), *g[2:]] for g in groups]])
+    """A `cols` frame of `groups` (`columns`, or the keyed fast path's), each group's values `packed_values`, its
+    record ids and run lengths `packed_ints`; the receiver calls `open_columns`, then `check_columns`."""
+    return encode("cols", [job, epoch, [[g[0], packed_values(g[1]), g[2], packed_ints(g[3]), packed_ints(g[4]),
+                                         *g[5:]] for g in groups]])
 
 
 def open_columns(groups: Any, table: list) -> None:
-    """The groups of a `cols` message whose values came packed (`packed_values`) with those decoded in place,
-    before `check_columns`: with the kernels, strings found in `table` (`string_table`) are its objects and
-    the others join it; else, or when the array holds more than strings, as msgpack decodes it. Raises
-    ProtocolError for a packed array that does not decode to a list."""
+    """The groups of a `cols` message whose values, record ids or run lengths came packed (`packed_values`,
+    `packed_ints`) with those decoded in place, before `check_columns`: with the kernels, strings found in
+    `table` (`string_table`) are its objects and the others join it; else, or when an array holds anything
+    else, as msgpack decodes it. Raises ProtocolError for a packed array that does not decode to a list."""
     if type(groups) is not list:
         return
+    C = kernels.C
     for g in groups:
-        if type(g) is not list or len(g) < 2 or type(g[1]) is not bytes:
+        if type(g) is not list:
             continue
-        values = None if kernels.C is None else kernels.C.unpack_strs(g[1], table)
-        if values is None:
-            try:
-                values = msgpack.unpackb(g[1], raw=False, strict_map_key=False)
-            except Exception as e:
-                raise ProtocolError("undecodable", f"packed values: {type(e).__name__}: {e}"[:300]) from None
-            if type(values) is not list:
-                raise ProtocolError("bad_batch", "packed values must be an array")
-        g[1] = values
+        for i in (1, 3, 4):
+            if len(g) <= i or type(g[i]) is not bytes:
+                continue
+            items = None if C is None else C.unpack_strs(g[i], table) if i == 1 else C.unpack_uints(g[i])
+            if items is None:
+                try:
+                    items = msgpack.unpackb(g[i], raw=False, strict_map_key=False)
+                except Exception as e:
+                    raise ProtocolError("undecodable", f"packed values: {type(e).__name__}: {e}"[:300]) from None
+                if type(items) is not list:
+                    raise ProtocolError("bad_batch", "packed values must be an array")
+            g[i] = items
 
 
 def check_columns(groups: Any, n_ops: int, n_groups: int = 128) -> None:
@@ -1155,16 +1171,31 @@ def check_columns(groups: Any, n_ops: int, n_groups: int = 128) -> None:
             raise ProtocolError("bad_batch", "values and rids must be lists")
         if not (keys is None or keys is True or (type(keys) is list and len(keys) == len(values))):
             raise ProtocolError("bad_batch", "keys must be None, true or one per value")
-        if not set(map(type, rids)) <= {int}:
-            raise ProtocolError("bad_batch", "rids must be integers")
-        if rids and min(rids) < 0:
-            raise ProtocolError("bad_batch", "negative rid")
-        if counts is None:
-            if len(rids) != len(values):
-                raise ProtocolError("bad_batch", "one rid per value")
-        elif (type(counts) is not list or len(counts) != len(rids) or not set(map(type, counts)) <= {int}
-              or (counts and min(counts) < 1) or sum(counts) != len(values)):
-            raise ProtocolError("bad_batch", "counts must be positive run lengths, one per rid, summing to the values")
+        fault = (kernels.C.runs_fault(rids, counts, len(values))
+                 if kernels.C is not None and (counts is None or type(counts) is list)
+                 else runs_fault(rids, counts, len(values)))
+        if fault:
+            raise ProtocolError("bad_batch", RUNS_FAULTS[fault])
+
+
+# What `runs_fault` finds wrong with a group's record ids and run lengths, by its answer.
+RUNS_FAULTS = {1: "rids must be integers", 2: "negative rid", 3: "one rid per value",
+               4: "counts must be positive run lengths, one per rid, summing to the values"}
+
+
+def runs_fault(rids: list, counts: Any, n: int) -> int:
+    """0 when `rids` and `counts` describe `n` values as runs of record ids (`columns`), else the first of
+    `RUNS_FAULTS` that fails, checked in its order (the kernels' `runs_fault`, in C, gives the same)."""
+    if not set(map(type, rids)) <= {int}:
+        return 1
+    if rids and min(rids) < 0:
+        return 2
+    if counts is None:
+        return 0 if len(rids) == n else 3
+    if (type(counts) is not list or len(counts) != len(rids) or not set(map(type, counts)) <= {int}
+            or (counts and min(counts) < 1) or sum(counts) != n):
+        return 4
+    return 0
 
 
 def _in_range(ints: list | bytes, n: int) -> bool:

@@ -1,7 +1,8 @@
 """The C kernels of the keyed fast path (clasp/core/_kernels.c) give what their Python versions give, on any
 input those take: a pass's outputs gathered by destination, `epochs_of_runs`, the key groups of a batch, the file
 reader's test for long runs of digits and `apply_block`, whose operator may fail, return something that is not a
-pair, or delete its state; strings packed and unpacked as msgpack packs and unpacks them."""
+pair, or delete its state; strings and non-negative ints packed and unpacked as msgpack packs and unpacks them; the
+check of a batch's record ids and run lengths."""
 
 from __future__ import annotations
 
@@ -221,16 +222,20 @@ def test_strings_that_are_not_text_are_left_to_msgpack():
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.lists(values_of, max_size=8), min_size=1, max_size=4))
 def test_packed_columns_open_as_the_lists_they_were(columns_values):
-    def through_the_wire():
-        groups = [[0, list(vs), True, [7], [len(vs)] if vs else []] for vs in columns_values]
-        body = protocol.decode(protocol.encode_columns(1, 0, groups))[1]
-        protocol.open_columns(body[2], protocol.string_table())
-        return [g[1] for g in body[2]]
+    groups = [[0, list(vs), True, [7 + i], [len(vs)] if vs else []] for i, vs in enumerate(columns_values)]
 
-    got = through_the_wire()
-    with python_only():
-        want = through_the_wire()
-    assert got == want == [[list(v) if type(v) is tuple else v for v in vs] for vs in columns_values]
+    def through_the_wire(sender, receiver):
+        with sender:
+            frame = protocol.encode_columns(1, 0, groups)
+        with receiver:
+            body = protocol.decode(frame)[1]
+            protocol.open_columns(body[2], protocol.string_table())
+        return [g[1:5] for g in body[2]]
+
+    got = through_the_wire(nullcontext(), nullcontext())
+    assert got == through_the_wire(python_only(), python_only()) == through_the_wire(nullcontext(), python_only())
+    assert got == [[[list(v) if type(v) is tuple else v for v in vs], True, [7 + i], [len(vs)] if vs else []]
+                   for i, vs in enumerate(columns_values)]
 
 
 def test_packed_values_that_do_not_decode_are_a_protocol_error():
@@ -239,3 +244,49 @@ def test_packed_values_that_do_not_decode_are_a_protocol_error():
             for bad, why in ((b"\x91\xa2\xff\xfe", "undecodable"), (b"\x92\xa1a", "undecodable"), (b"\xa1a", "array")):
                 with pytest.raises(protocol.ProtocolError, match=why):
                     protocol.open_columns([[0, bad, True, [1], [1]]], protocol.string_table())
+            for at in (3, 4):  # packed record ids, run lengths
+                group = [0, ["a"], True, [1], [1]]
+                group[at] = b"\x92\x01"
+                with pytest.raises(protocol.ProtocolError, match="undecodable"):
+                    protocol.open_columns([group], protocol.string_table())
+
+
+ints_of = st.one_of(st.integers(0, 300), st.integers(0, (1 << 64) - 1), st.integers(-(1 << 70), 1 << 70),
+                    st.sampled_from([0, 127, 128, 255, 256, 65535, 65536, (1 << 32) - 1, 1 << 32, (1 << 64) - 1,
+                                     1 << 64, -1, -33, True, 1.0, "1", None]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(ints_of, max_size=40), st.sampled_from([0, 15, 16, 65536]))
+def test_ints_pack_as_msgpack_packs_them_and_unpack_as_it_unpacks_them(values, more):
+    values = values + list(range(more))  # the array's three headers
+    uints = all(type(v) is int and 0 <= v < 1 << 64 for v in values)
+    packed = kernels.C.pack_uints(values)
+    assert packed == (msgpack.packb(values) if uints else None)
+    if uints:
+        got = kernels.C.unpack_uints(packed)
+        assert got == values and all(type(v) is int for v in got)
+    try:
+        data = msgpack.packb(values)
+    except OverflowError:  # beyond what msgpack carries
+        return
+    got = kernels.C.unpack_uints(data)
+    assert got == (values if uints else None)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.binary(max_size=30), st.lists(st.integers(0, 1 << 40), max_size=20).map(msgpack.packb).flatmap(
+    lambda b: st.sampled_from([b, b[:-1], b + b"\x01", b[:1] + b"\xd0" + b[2:], b[:1] + b"\xa1" + b[2:]]))))
+def test_unpacking_any_bytes_as_ints_is_msgpack_or_left_to_it(data):
+    got = kernels.C.unpack_uints(data)
+    if got is not None:
+        assert got == msgpack.unpackb(data, raw=False)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(ints_of, max_size=8),
+       st.one_of(st.none(), st.lists(st.one_of(st.integers(-2, 6), ints_of), max_size=8)), st.integers(0, 30))
+def test_the_check_of_runs_in_c_is_the_python_one(rids, counts, n):
+    if counts is not None and len(counts) == len(rids) and all(type(c) is int and c > 0 for c in counts) and n % 2:
+        n = sum(counts)  # half of these add up: the check's last test decides
+    assert kernels.C.runs_fault(rids, counts, n) == protocol.runs_fault(rids, counts, n)

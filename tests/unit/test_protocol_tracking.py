@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clasp.core import protocol
+from clasp.core import kernels, protocol
 from clasp.core.keygroups import group_counts
 from clasp.core.parallelism import largest_remainder
 from clasp.core.protocol import ProtocolError
@@ -91,7 +91,10 @@ def test_columns_share_keys_and_runs():
                                                               [2, [2], ["j"], [1], None]]
 
 
-def test_check_columns():
+@pytest.mark.parametrize("impl", ["kernels", "python"])
+def test_check_columns(impl, monkeypatch):
+    if impl == "python":
+        monkeypatch.setattr(kernels, "C", None)
     protocol.check_columns([[0, ["a"], True, [1], [1]], [1, ["a", "b"], ["k", "j"], [1, 2], None]], 2)
     protocol.check_columns([[0, ["a", "b"], True, [1], [2], [5, 127]], [0, ["a"], None, [1], None, None]], 2)
     protocol.check_columns([[0, ["a", "b"], True, [1], [2], bytes([5, 127])]], 2)  # groups as the sender packs them
