@@ -20,7 +20,7 @@ import msgpack
 from clasp.core.checkpoint import barrier_holds
 from clasp.core.dag import DagSpec
 from clasp.core.routing import Placement
-from clasp.runtime.batches import distinct_groups
+from clasp.runtime.batches import apply_to, distinct_groups
 from clasp.runtime.operators import OpRuntime, unpack_group
 
 
@@ -90,8 +90,28 @@ class Barrier:
             if g not in shadow:
                 self.keep_image(op, g)
         if below and not shadow.keys().isdisjoint(below_groups):
-            self.on_images(op, zip(below_groups, below, below, strict=True))
+            self.on_block_images(op, below, below_groups)
         self.cow_s += perf_counter() - t0
+
+    def on_block_images(self, op: OpRuntime, values: list, groups: bytes | list) -> None:
+        """`values` (keys: the values; key group `groups[i]`) below the boundary: those at a key group that has its
+        image are applied to the image too, in order, as `on_images` applies them, in one pass of the block's tight
+        loop (`batches.apply_to`) over the images."""
+        shadow = self.shadows[op.index]
+        present = distinct_groups(groups)
+        imaged = [g for g in present if g in shadow]
+        dicts: list = [None] * 256  # by key group, the images of this block's; a table of bytes below
+        for g in imaged:
+            image = shadow[g]
+            if type(image) is not dict:
+                image = shadow[g] = unpack_group(image[0])
+            dicts[g] = image
+        if len(imaged) < len(present):
+            at = bytes(d is not None for d in dicts)
+            keep = (groups.translate(at) if isinstance(groups, (bytes, bytearray))
+                    else bytes(map(at.__getitem__, groups)))
+            values, groups = list(compress(values, keep)), bytes(compress(groups, keep))
+        apply_to(op, dicts, values, groups, lambda *_: None)  # the live call reports a request's failure
 
     def keep_image(self, op: OpRuntime, g: int) -> None:
         """Key group `g`'s image, before the first request above the boundary changes it (a group at rest:

@@ -136,11 +136,17 @@ def apply_block(op: OpRuntime, values: list, groups: bytes | list, fail: Fail) -
     for g in distinct_groups(groups):
         rested[g] = None  # before fn runs: it may change `old` in place, even when it then raises
     t0 = perf_counter()
-    if kernels.C is not None and type(values) is list:
-        _apply_kernel(op, values, groups, fail)
-    else:
-        _apply_loop(op, op.fn, values, map(op.groups.__getitem__, groups), fail)
+    apply_to(op, op.groups, values, groups, fail)
     return perf_counter() - t0
+
+
+def apply_to(op: OpRuntime, dicts: list, values: list, groups: bytes | list, fail: Fail) -> None:
+    """`op`'s function once per value on `dicts[groups[i]]` (a dict for every group of `groups`), as `apply_block`
+    runs it on the live state: in C where the kernels are built. A checkpoint's barrier runs it on its images."""
+    if kernels.C is not None and type(values) is list:
+        _apply_kernel(op, dicts, values, groups, fail)
+    else:
+        _apply_loop(op, op.fn, values, map(dicts.__getitem__, groups), fail)
 
 
 def _apply_loop(op: OpRuntime, fn, values, states, fail: Fail) -> None:
@@ -157,8 +163,8 @@ def _apply_loop(op: OpRuntime, fn, values, states, fail: Fail) -> None:
             del state[key]
 
 
-def _apply_kernel(op: OpRuntime, values: list, groups: bytes | list, fail: Fail) -> None:
-    fn, run, dicts, i = op.fn, kernels.C.apply_block, op.groups, 0
+def _apply_kernel(op: OpRuntime, dicts: list, values: list, groups: bytes | list, fail: Fail) -> None:
+    fn, run, i = op.fn, kernels.C.apply_block, 0
     while True:
         i, kind, payload = run(fn, values, groups, dicts, i)
         if i >= len(values):
