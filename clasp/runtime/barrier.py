@@ -107,7 +107,9 @@ class Barrier:
                 image = shadow[g] = unpack_group(image[0])
             dicts[g] = image
         if len(imaged) < len(present):
-            at = bytes(d is not None for d in dicts)
+            at = bytearray(256)
+            for g in imaged:
+                at[g] = 1
             keep = (groups.translate(at) if isinstance(groups, (bytes, bytearray))
                     else bytes(map(at.__getitem__, groups)))
             values, groups = list(compress(values, keep)), bytes(compress(groups, keep))
