@@ -71,9 +71,9 @@ def start_metrics_server(registry, host: str, port: int, advertise: str, app=Non
 # pyzmq copies a frame below its copy threshold (64 KB) even with copy=False; a 30 KB copy costs ~30 µs
 # here against ~6 µs to hand the buffer over, so data sockets hand over anything above ZERO_COPY_BYTES.
 ZERO_COPY_BYTES = 8192
-# ... but a worker's data frames to its peers (10-30 KB) are copied up to pyzmq's threshold: counted over the
-# sender's Python threads, a handed-over frame costs 20-35 µs more than a copied one at 12-48 KB (its Frame object,
-# and pyzmq's garbage thread taking the GIL to free it once sent; CURVE, isolated sends), and its I/O thread no less
+# ... but a worker's data frames to its peers (12-30 KB under load) are copied up to pyzmq's threshold: counted over
+# the sender's Python threads, a handed-over frame costs more (its Frame object, and pyzmq's garbage thread taking
+# the GIL to free it once sent): 45-80 µs a frame of 12-48 KB against 25-40 with the copy, CURVE, an isolated send
 # (docs/results-log.md, "2026-12-07 night, Word Count on two workers").
 PEER_COPY_BYTES = 65536
 # The hot path allocates a container per request (row tuples, decoded batches): at CPython's default
