@@ -71,11 +71,6 @@ def start_metrics_server(registry, host: str, port: int, advertise: str, app=Non
 # pyzmq copies a frame below its copy threshold (64 KB) even with copy=False; a 30 KB copy costs ~30 µs
 # here against ~6 µs to hand the buffer over, so data sockets hand over anything above ZERO_COPY_BYTES.
 ZERO_COPY_BYTES = 8192
-# ... but a worker's data frames to its peers (12-30 KB under load) are copied up to pyzmq's threshold: counted over
-# the sender's Python threads, a handed-over frame costs more (its Frame object, and pyzmq's garbage thread taking
-# the GIL to free it once sent): 45-80 µs a frame of 12-48 KB against 25-40 with the copy, CURVE, an isolated send
-# (docs/results-log.md, "2026-12-07 night, Word Count on two workers").
-PEER_COPY_BYTES = 65536
 # The hot path allocates a container per request (row tuples, decoded batches): at CPython's default
 # young-generation threshold (700) the collector runs every few hundred requests and, through its
 # older generations, re-scans the queues; cycles are rare here, so collect 100 times less often.
@@ -93,9 +88,9 @@ def batch_io_threads(ctx: zmq.Context) -> zmq.Context:
     return ctx
 
 
-def zero_copy(sock: zmq.Socket, above: int = ZERO_COPY_BYTES) -> zmq.Socket:
-    """`sock` with sends above `above` bytes handed to libzmq without a copy (send(copy=False))."""
-    sock.copy_threshold = above
+def zero_copy(sock: zmq.Socket) -> zmq.Socket:
+    """`sock` with sends above ZERO_COPY_BYTES handed to libzmq without a copy (send(copy=False))."""
+    sock.copy_threshold = ZERO_COPY_BYTES
     return sock
 
 

@@ -39,7 +39,6 @@ from clasp.runtime.cpuquota import process_cpu_max
 from clasp.runtime.engine import JobEngine
 from clasp.runtime.monitor import Monitor, WorkerCollector
 from clasp.runtime.net import (
-    PEER_COPY_BYTES,
     DirectSend,
     ServerLoop,
     advertised,
@@ -400,7 +399,7 @@ class Worker:
     def _peer(self, wid: str) -> DirectSend:
         peer = self.peers.get(wid)
         if peer is None:
-            sock = zero_copy(self.security.peer(self.ctx.socket(zmq.PUSH)), PEER_COPY_BYTES)
+            sock = zero_copy(self.security.peer(self.ctx.socket(zmq.PUSH)))
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.LINGER, 2000)
             sock.connect(self.peer_addrs[wid])
