@@ -14,7 +14,7 @@ Message types and who sends them (C client, P planner, W worker):
 | heartbeat | W → P | id, sample (the worker's Table 2 metrics of the last interval) |
 | deploy | P → W | req, job, dag (DagSpec.pack()), placement (Placement.to_wire()), peers {id: data endpoint} |
 | data | P/W → W | [job, epoch, rows]: requests, each row [op, value, key, rid] |
-| runs | P → W | [job, epoch, runs]: records for stateless sources, each run [op, first rid, values (or a segment)] |
+| runs | P → W | [job, epoch, runs]: records for stateless sources, each run [op, first rid, values (or a pushed segment)] |
 | cols | W → W | [job, epoch, groups]: per operator [op, values (a list, or packed), keys, rids, counts(, groups)] |
 | done | W → P | [job, {progress epoch: {op: requests produced − finished}}] — epoch progress (`clasp.core.tracking`) |
 | migrate_plan | P → W | req, job, plan, placement; the reply comes when the worker is done |
@@ -26,7 +26,7 @@ Message types and who sends them (C client, P planner, W worker):
 | peers | P → W | req, job, peers {id: data endpoint}: workers that joined the job's pool (connect now) |
 | shutdown | P → W | ok, detail: drained (exit 0), or why it could not be (exit 1) |
 | submit, push, wait_idle, state, collected, stats, cancel, jobs, workers | C → P | req plus the call's fields |
-| push | C → P | req, job, and records (a list) or segments ([bin], msgpack arrays of records: `pack_segments`) |
+| push | C → P | req, job, and records (a list) or segments ([bin or ext], msgpack arrays of records, lz4-compressed as ext SEG_LZ4 where that pays: `pack_segments`) |
 | state_get, state_put, state_dump, collected_dump, counters, stop_job | P/any → W | req plus fields |
 | state_packed | P → W | req, job, op: as state_dump, the result one bin holding the msgpack map (`splice_maps`) |
 | collected_dump | P → W | req, job, op: the result one bin holding the outputs' msgpack array (`splice_arrays`) |

@@ -7,7 +7,6 @@ from __future__ import annotations
 import collections
 from collections import deque
 
-import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -34,7 +33,7 @@ def one_source(shares: dict[str, float]):
 
 def sent_by(d: Dispatch) -> dict[str, list[tuple[int, list]]]:
     """destination -> its runs as (first rid, values), segments decoded."""
-    return {w: [(first, msgpack.unpackb(v) if type(v) is bytes else v) for _, first, v in runs]
+    return {w: [(first, v if type(v) is list else protocol.segment_records(v)) for _, first, v in runs]
             for w, runs in d.runs.items()}
 
 
