@@ -14,7 +14,7 @@ Message types and who sends them (C client, P planner, W worker):
 | heartbeat | W → P | id, sample (the worker's Table 2 metrics of the last interval) |
 | deploy | P → W | req, job, dag (DagSpec.pack()), placement (Placement.to_wire()), peers {id: data endpoint} |
 | data | P/W → W | [job, epoch, rows]: requests, each row [op, value, key, rid] |
-| runs | P → W | [job, epoch, runs]: records for stateless sources, each run [op, first rid, values (or a pushed segment)] |
+| runs | P → W | [job, epoch, runs]: records for stateless sources, each run [op, first rid, values (or a segment)] |
 | cols | W → W | [job, epoch, groups]: per operator [op, values (a list, or packed), keys, rids, counts(, groups)] |
 | done | W → P | [job, {progress epoch: {op: requests produced − finished}}] — epoch progress (`clasp.core.tracking`) |
 | migrate_plan | P → W | req, job, plan, placement; the reply comes when the worker is done |
@@ -26,7 +26,7 @@ Message types and who sends them (C client, P planner, W worker):
 | peers | P → W | req, job, peers {id: data endpoint}: workers that joined the job's pool (connect now) |
 | shutdown | P → W | ok, detail: drained (exit 0), or why it could not be (exit 1) |
 | submit, push, wait_idle, state, collected, stats, cancel, jobs, workers | C → P | req plus the call's fields |
-| push | C → P | req, job, and records (a list) or segments ([bin or ext], msgpack arrays of records, lz4-compressed as ext SEG_LZ4 where that pays: `pack_segments`) |
+| push | C → P | req, job, and records (a list) or segments ([bin / ext SEG_LZ4], arrays of records: `pack_segments`) |
 | state_get, state_put, state_dump, collected_dump, counters, stop_job | P/any → W | req plus fields |
 | state_packed | P → W | req, job, op: as state_dump, the result one bin holding the msgpack map (`splice_maps`) |
 | collected_dump | P → W | req, job, op: the result one bin holding the outputs' msgpack array (`splice_arrays`) |
@@ -996,18 +996,25 @@ def segment_count(seg) -> int:
 
 
 def check_segments(segments: list, max_bytes: int = LIMITS.max_message) -> None:
-    """Each segment is one whole msgpack array (its objects skipped over, none built), or SEG_LZ4 with
-    records and a packed size of at most `max_bytes` (a message's: its block is not opened here);
-    ProtocolError otherwise. Strings are not decoded here: a worker that cannot decode one counts the
-    segment's records as failed (`open_runs`)."""
+    """Each segment is one whole msgpack array (its objects skipped over, none built), or SEG_LZ4 (its head
+    read, its block not opened), with records, and all of them packed are at most `max_bytes` (a message's:
+    a compressed push unpacks at a worker to no more than a plain one could hold); ProtocolError otherwise.
+    Strings are not decoded here: a worker that cannot decode one counts the segment's records as failed
+    (`open_runs`)."""
     if len(segments) > MAX_SEGMENTS:
         raise ProtocolError("bad_field", f"push.segments: {len(segments)}, at most {MAX_SEGMENTS}")
+    packed = 0
     for seg in segments:
         if type(seg) is bytes and array_count(seg) > 0:
             _check_one_object(seg, "push.segments", "an array")
-        elif segment_count(seg) <= 0 or SEG_LZ4_HEAD.unpack_from(seg.data)[1] > max_bytes:
+            packed += len(seg)
+        elif segment_count(seg) > 0:
+            packed += SEG_LZ4_HEAD.unpack_from(seg.data)[1]
+        else:
             raise ProtocolError("bad_field", "push.segments: each must be a msgpack array of records, or one "
-                                f"compressed (extension {SEG_LZ4}) of at most {max_bytes} bytes")
+                                f"compressed (extension {SEG_LZ4})")
+    if packed > max_bytes:
+        raise ProtocolError("bad_field", f"push.segments: {packed} bytes unpacked, at most {max_bytes}")
 
 
 def _check_one_object(data: bytes, what: str, kind: str) -> None:

@@ -61,11 +61,13 @@ def lz4_segment(count: int, size: int, block: bytes) -> msgpack.ExtType:
     msgpack.ExtType(protocol.SEG_LZ4, b"\0\0\0\1"),  # no room for its head
     lz4_segment(0, 10, b"x"),  # no records
     lz4_segment(3, LIMITS.max_message + 1, b"x"),  # more than a message unpacked
+    [lz4_segment(3, LIMITS.max_message // 2 + 1, b"x")] * 2,  # so are the two together
     msgpack.ExtType(protocol.SEG_LZ4 + 1, protocol.SEG_LZ4_HEAD.pack(3, 10) + b"x"),  # another extension
 ])
 def test_malformed_compressed_segments_are_refused_by_the_push_message(segment):
+    segments = segment if type(segment) is list else [segment]
     with pytest.raises(ProtocolError) as e:
-        protocol.decode_message(protocol.encode("push", {"req": 4, "job": 1, "segments": [segment]}))
+        protocol.decode_message(protocol.encode("push", {"req": 4, "job": 1, "segments": segments}))
     assert e.value.reason == "bad_field" and e.value.req == 4
 
 
