@@ -969,6 +969,15 @@ def pack_segments(records: list, packb=msgpack.packb, compress: bool = True) -> 
     return out
 
 
+def packed_size(frame_bytes: int, segments: list) -> int:
+    """A push frame's bytes with each compressed segment counted at its packed size: what its records weigh
+    in the queue's bounds and the client's chunks (`credit.charge`), as they did uncompressed. Counted
+    compressed, a bound in bytes or the time bound's floor of 8 pushes held up to ~100 times more of records
+    that compress well, and as long a wait in the queue."""
+    return frame_bytes + sum(SEG_LZ4_HEAD.unpack_from(s.data)[1] - len(s.data) for s in segments
+                             if type(s) is not bytes)
+
+
 def array_header(seg: bytes) -> tuple[int, int]:
     """(length, header bytes) of the msgpack array `seg` starts with; (-1, 0) when it starts with none."""
     b = seg[0] if seg else -1

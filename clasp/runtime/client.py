@@ -403,8 +403,8 @@ class Job:
         return n
 
     def _push_chunk(self, credit: PushCredit, batch: list) -> int:
-        req, frame = self._chunk_frame(batch)
-        nbytes = charge(len(frame), len(batch))
+        req, frame, packed = self._chunk_frame(batch)
+        nbytes = charge(packed, len(batch))  # as the planner charges it
         while True:  # the target can shrink with an ack (the planner's bound), so it is checked after each
             if nbytes > 2 * credit.target and len(batch) > 1:  # larger records than the last chunk's: halve it
                 half = len(batch) // 2
@@ -421,10 +421,13 @@ class Job:
         result = c._wait(req, max(c.timeout, 60.0), "push") or {}
         credit.acked(req, result.get("credit"), result.get("bound"))
 
-    def _chunk_frame(self, batch: list) -> tuple[int, bytes]:
+    def _chunk_frame(self, batch: list) -> tuple[int, bytes, int]:
+        """(request id, frame, its bytes with compressed segments at their packed size: `protocol.packed_size`)."""
         try:
             # in segments, which the planner passes on to the workers as they are (`protocol.pack_segments`)
-            return self.client._frame("push", {"job": self.id, "segments": protocol.pack_segments(batch)})
+            segments = protocol.pack_segments(batch)
+            req, frame = self.client._frame("push", {"job": self.id, "segments": segments})
+            return req, frame, protocol.packed_size(len(frame), segments)
         except (TypeError, ValueError, OverflowError) as e:
             bad = next((r for r in batch if not _packable(r)), None)
             raise ClaspError(f"record {bad!r:.100} of type {type(bad).__name__} is not msgpack-serializable: "

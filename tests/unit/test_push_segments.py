@@ -53,6 +53,16 @@ def test_segments_that_compress_go_as_lz4_blocks_and_others_as_they_are():
     assert Segments(push.segments).decoded() == records
 
 
+def test_a_push_weighs_its_compressed_segments_at_their_packed_size():
+    records = [f"{i}:" + "x" * 2000 for i in range(600)]  # ~100 times smaller compressed
+    plain, packed = protocol.pack_segments(records, compress=False), protocol.pack_segments(records)
+    frame = protocol.encode("push", {"req": 1, "job": 1, "segments": packed})
+    assert len(frame) < sum(map(len, plain)) // 50
+    weight = protocol.packed_size(len(frame), packed)
+    assert weight == len(frame) + sum(map(len, plain)) - sum(len(s.data) for s in packed) > sum(map(len, plain))
+    assert protocol.packed_size(100, [b"abc"]) == 100
+
+
 def lz4_segment(count: int, size: int, block: bytes) -> msgpack.ExtType:
     return msgpack.ExtType(protocol.SEG_LZ4, protocol.SEG_LZ4_HEAD.pack(count, size) + block)
 
