@@ -377,8 +377,8 @@ class Job:
         `--max-queued-bytes`, or what the job drains in `--max-queue-delay` seconds) and goes on as it
         drains: pushes of at most `chunk` records and about two megabytes packed (an eighth of the bound, if
         smaller; sent lz4-compressed where that pays, `protocol.pack_segments`) go while they fit the credit
-        of the planner's last acknowledgement, at most `window` at a time (`clasp.core.credit`). Any iterable, an endless generator too: it is read one chunk ahead
-        of what the planner accepted."""
+        of the planner's last acknowledgement, at most `window` at a time (`clasp.core.credit`). Any
+        iterable, an endless generator too: it is read one chunk ahead of what the planner accepted."""
         credit = getattr(self._credits, "credit", None)  # the thread's last call's credit and record size carry over
         if credit is None:
             credit = self._credits.credit = PushCredit()
