@@ -535,6 +535,23 @@ groups_in(PyObject *Py_UNUSED(module), PyObject *arg)
     return out;
 }
 
+/* A block kernel's arguments, `n` of them as `usage` says: the first a bytes-like, into `v`, the second an int, into
+ * `*out`, in 0..the buffer's length when `within` (a count of its bytes), else 0..PY_SSIZE_T_MAX: -1 with an error
+ * set, and no buffer held, when one is wrong. */
+static int
+block_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t n, const char *usage, int within, Py_buffer *v,
+           Py_ssize_t *out)
+{
+    if (arity(nargs, n, usage) < 0 || PyObject_GetBuffer(args[0], v, PyBUF_SIMPLE) < 0)
+        return -1;
+    *out = int_in(args[1], 0, within ? v->len : PY_SSIZE_T_MAX, within ? "used" : "n");
+    if (*out < 0) {
+        PyBuffer_Release(v);
+        return -1;
+    }
+    return 0;
+}
+
 /* digit_run(block, used, run) -> bool: whether the first `used` bytes of a bytes-like hold `run` (> 0) ASCII
  * digits in a row. Every `run`-th byte is looked at: a run that long holds one of them, and only around a
  * digit found there is the run measured, so a block with few long numbers is passed at a fraction of a
@@ -542,13 +559,11 @@ groups_in(PyObject *Py_UNUSED(module), PyObject *arg)
 static PyObject *
 digit_run(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (arity(nargs, 3, "digit_run(block, used, run)") < 0)
-        return NULL;
     Py_buffer v;
-    if (PyObject_GetBuffer(args[0], &v, PyBUF_SIMPLE) < 0)
+    Py_ssize_t used;
+    if (block_args(args, nargs, 3, "digit_run(block, used, run)", 1, &v, &used) < 0)
         return NULL;
-    Py_ssize_t used = int_in(args[1], 0, v.len, "used");
-    Py_ssize_t run = used < 0 ? -1 : int_in(args[2], 1, PY_SSIZE_T_MAX, "run");
+    Py_ssize_t run = int_in(args[2], 1, PY_SSIZE_T_MAX, "run");
     if (run < 0) {
         PyBuffer_Release(&v);
         return NULL;
@@ -576,16 +591,10 @@ digit_run(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 whole_lines(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (arity(nargs, 2, "whole_lines(block, n)") < 0)
-        return NULL;
     Py_buffer v;
-    if (PyObject_GetBuffer(args[0], &v, PyBUF_SIMPLE) < 0)
+    Py_ssize_t n;
+    if (block_args(args, nargs, 2, "whole_lines(block, n)", 0, &v, &n) < 0)
         return NULL;
-    Py_ssize_t n = int_in(args[1], 0, PY_SSIZE_T_MAX, "n");
-    if (n < 0) {
-        PyBuffer_Release(&v);
-        return NULL;
-    }
     const char *p = v.buf, *end = p + v.len, *at = p;
     Py_ssize_t k = 0;
     while (k < n && at < end) {
@@ -604,16 +613,10 @@ whole_lines(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
 static PyObject *
 close_comma(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (arity(nargs, 2, "close_comma(block, used)") < 0)
-        return NULL;
     Py_buffer v;
-    if (PyObject_GetBuffer(args[0], &v, PyBUF_SIMPLE) < 0)
+    Py_ssize_t used;
+    if (block_args(args, nargs, 2, "close_comma(block, used)", 1, &v, &used) < 0)
         return NULL;
-    Py_ssize_t used = int_in(args[1], 0, v.len, "used");
-    if (used < 0) {
-        PyBuffer_Release(&v);
-        return NULL;
-    }
     const char *at = v.buf, *end = at + used;
     int found = 0;
     while (!found && at < end) {
@@ -645,17 +648,12 @@ by_start(const void *a, const void *b)
 static PyObject *
 pick_lines(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (arity(nargs, 3, "pick_lines(block, used, marks)") < 0)
+    Py_buffer v;
+    Py_ssize_t used;
+    if (block_args(args, nargs, 3, "pick_lines(block, used, marks)", 1, &v, &used) < 0)
         return NULL;
     if (!PyList_Check(args[2])) {
         PyErr_SetString(PyExc_TypeError, "pick_lines: marks must be a list of bytes");
-        return NULL;
-    }
-    Py_buffer v;
-    if (PyObject_GetBuffer(args[0], &v, PyBUF_SIMPLE) < 0)
-        return NULL;
-    Py_ssize_t used = int_in(args[1], 0, v.len, "used");
-    if (used < 0) {
         PyBuffer_Release(&v);
         return NULL;
     }
