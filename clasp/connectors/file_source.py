@@ -98,6 +98,7 @@ def _long_digits(block: bytes, used: int) -> bool:
 # A comma after an object's closing brace: where a line holding two values, or an object cut across lines, would
 # give a JSON array another element (`_load_block`).
 _CLOSE_COMMA = re.compile(rb"\}[ \t\r]*,")
+_OPEN_BRACE = ord("{")
 
 
 def _close_comma(buf: bytes, used: int) -> bool:
@@ -105,7 +106,6 @@ def _close_comma(buf: bytes, used: int) -> bool:
     if kernels.C is not None:
         return kernels.C.close_comma(buf, used)
     return _CLOSE_COMMA.search(buf, 0, used) is not None
-_OPEN_BRACE = ord("{")
 
 
 def _whole_lines(buf: bytes, n: int) -> tuple[int, int]:
