@@ -11,7 +11,8 @@ open, go to a thread (`asyncio.to_thread`). Lines are cut at the byte `\n`: the 
 superset (UTF-8, Latin-1, ...). JSON lines in UTF-8 are decoded by orjson where it reads every line of a block
 as json would: a block of objects in one call, as a JSON array (`_load_block`), any other a line a call in C; any
 other block by json's C scanner over the block decoded once. With
-`select`, only the JSON lines that hold one of its byte strings are decoded (tested in C over the raw lines).
+`select`, only the JSON lines that hold one of its byte strings are decoded (with the kernels, each searched for
+over the whole block and the lines holding one cut out together and decoded as a block of their own).
 """
 
 from __future__ import annotations
