@@ -239,3 +239,22 @@ def test_packed_values_that_do_not_decode_are_a_protocol_error():
             for bad, why in ((b"\x91\xa2\xff\xfe", "undecodable"), (b"\x92\xa1a", "undecodable"), (b"\xa1a", "array")):
                 with pytest.raises(protocol.ProtocolError, match=why):
                     protocol.open_columns([[0, bad, True, [1], [1]]], protocol.string_table())
+
+
+@settings(max_examples=500)
+@given(st.lists(st.sampled_from([b"{", b"}", b",", b" ", b"\t", b"\r", b"\n", b"ab", b"b", b"kind"]), max_size=60),
+       st.data())
+def test_the_file_readers_cuts_of_a_block_in_c_are_pythons(parts, data):
+    from clasp.connectors import file_source
+
+    block = b"".join(parts)
+    used = data.draw(st.integers(0, len(block)))
+    n = data.draw(st.integers(0, 20))
+    marks = data.draw(st.lists(st.sampled_from([b"a", b"ab", b"b\n", b"}", b"kind", b"{}", b"\r,"]), min_size=1,
+                               max_size=3))
+    with python_only():
+        whole, comma = file_source._whole_lines(block, n), file_source._close_comma(block, used)
+    assert kernels.C.whole_lines(bytearray(block), n) == whole
+    assert kernels.C.close_comma(bytearray(block), used) is comma
+    picked = file_source._picked(block[:used].split(b"\n")[:-1], marks)
+    assert kernels.C.pick_lines(block, used, marks) == (b"".join(x + b"\n" for x in picked), len(picked))
