@@ -11,7 +11,8 @@ open, go to a thread (`asyncio.to_thread`). Lines are cut at the byte `\n`: the 
 superset (UTF-8, Latin-1, ...). JSON lines in UTF-8 are decoded by orjson where it reads every line of a block
 as json would: a block of objects in one call, as a JSON array (`_load_block`), any other a line a call in C; any
 other block by json's C scanner over the block decoded once. With
-`select`, only the JSON lines that hold one of its byte strings are decoded (tested in C over the raw lines).
+`select`, only the JSON lines that hold one of its byte strings are decoded (with the kernels, each searched for
+over the whole block and the lines holding one cut out together and decoded as a block of their own).
 """
 
 from __future__ import annotations
@@ -101,9 +102,19 @@ _CLOSE_COMMA = re.compile(rb"\}[ \t\r]*,")
 _OPEN_BRACE = ord("{")
 
 
+def _close_comma(buf: bytes, used: int) -> bool:
+    """Whether the first `used` bytes of `buf` hold `_CLOSE_COMMA` (in the kernels, a memchr a closing brace)."""
+    if kernels.C is not None:
+        return kernels.C.close_comma(buf, used)
+    return _CLOSE_COMMA.search(buf, 0, used) is not None
+
+
 def _whole_lines(buf: bytes, n: int) -> tuple[int, int]:
     """(bytes, lines) of the first `n` whole lines of `buf` (all of them when it holds fewer), counted in C: the
-    line ending nearest the `n`-th line's place at the lines' mean length, then a line at a time from there."""
+    line ending nearest the `n`-th line's place at the lines' mean length, then a line at a time from there (a
+    memchr a line in the kernels)."""
+    if kernels.C is not None:
+        return kernels.C.whole_lines(buf, n)
     last = buf.rfind(b"\n") + 1
     k = buf.count(b"\n", 0, last)
     if k <= n:
@@ -125,7 +136,7 @@ def _load_block(buf: bytes, used: int, lines: int, values: list) -> bool:
     and nothing else. The array is the lines' objects exactly when it has one object a line and the block
     holds no comma after a closing brace: every separator of the array is then a newline, so each element is
     one line. False (and `values` as it was) otherwise: the block then goes line by line (`_load_lines`)."""
-    if (_fast_loads is None or buf[0] != _OPEN_BRACE or _CLOSE_COMMA.search(buf, 0, used)
+    if (_fast_loads is None or buf[0] != _OPEN_BRACE or _close_comma(buf, used)
             or _long_digits(buf, used)):  # a block that does not begin with an object is not decoded twice
         return False
     try:
@@ -340,9 +351,9 @@ class FileReader(SourcePartition):
         if not buf:
             self._done = final
             return 0
-        if self.select is None and self._utf8:
+        if self._utf8 and (self.select is None or kernels.C is not None):
             used, k = _whole_lines(buf, n)
-            if used and _load_block(buf, used, k, values):
+            if used and self._load_whole(buf, used, k, values):
                 self._advance(pos, used, end)
                 return k
         lines = buf.split(b"\n", n)
@@ -371,6 +382,14 @@ class FileReader(SourcePartition):
                 self._parse(lines, pos, values)
         self._advance(pos, used, end)
         return len(lines)
+
+    def _load_whole(self, buf: bytes, used: int, lines: int, values: list) -> bool:
+        """`_load_block` of the `lines` whole lines in the first `used` bytes of `buf`, or of those `select`
+        picks (cut out in C, no bytes object made a line), as a block of their own."""
+        if self.select is None:
+            return _load_block(buf, used, lines, values)
+        picked, m = kernels.C.pick_lines(buf, used, self.select)
+        return not m or _load_block(picked, len(picked), m, values)
 
     def _advance(self, pos: int, used: int, end: int | None) -> None:
         """Past the `used` bytes taken at `pos`."""

@@ -11,13 +11,19 @@
  * - key_groups: the key group of each key of a batch (clasp.core.routing.key_group), an ASCII string's here
  *   (clasp.runtime.batches.group_bytes);
  * - digit_run: whether a block of bytes holds a run of digits of some length (the file reader's test for
- *   numbers orjson may read otherwise than json; clasp.connectors.file_source._long_digits).
+ *   numbers orjson may read otherwise than json; clasp.connectors.file_source._long_digits);
+ * - whole_lines, close_comma, pick_lines: the file reader's cuts of a block of JSON lines (the first lines of a
+ *   block, whether it may be read as one JSON array, the lines holding one of some byte strings;
+ *   clasp.connectors.file_source._whole_lines, _close_comma, _picked);
  * - pack_strs, unpack_strs: a batch of strings as one msgpack array and back, the strings a worker receives
  *   made once per table slot, not once per occurrence (clasp.core.protocol.packed_values, open_columns);
  * - pack_uints, unpack_uints: a batch's record ids or run lengths as one msgpack array and back (the same);
  * - runs_fault: the check of a received batch's record ids and run lengths (clasp.core.protocol.check_columns).
  */
 #define PY_SSIZE_T_CLEAN
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE  /* memmem, memrchr */
+#endif
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
@@ -531,6 +537,23 @@ groups_in(PyObject *Py_UNUSED(module), PyObject *arg)
     return out;
 }
 
+/* A block kernel's arguments, `n` of them as `usage` says: the first a bytes-like, into `v`, the second an int, into
+ * `*out`, in 0..the buffer's length when `within` (a count of its bytes), else 0..PY_SSIZE_T_MAX: -1 with an error
+ * set, and no buffer held, when one is wrong. */
+static int
+block_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t n, const char *usage, int within, Py_buffer *v,
+           Py_ssize_t *out)
+{
+    if (arity(nargs, n, usage) < 0 || PyObject_GetBuffer(args[0], v, PyBUF_SIMPLE) < 0)
+        return -1;
+    *out = int_in(args[1], 0, within ? v->len : PY_SSIZE_T_MAX, within ? "used" : "n");
+    if (*out < 0) {
+        PyBuffer_Release(v);
+        return -1;
+    }
+    return 0;
+}
+
 /* digit_run(block, used, run) -> bool: whether the first `used` bytes of a bytes-like hold `run` (> 0) ASCII
  * digits in a row. Every `run`-th byte is looked at: a run that long holds one of them, and only around a
  * digit found there is the run measured, so a block with few long numbers is passed at a fraction of a
@@ -538,13 +561,11 @@ groups_in(PyObject *Py_UNUSED(module), PyObject *arg)
 static PyObject *
 digit_run(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (arity(nargs, 3, "digit_run(block, used, run)") < 0)
-        return NULL;
     Py_buffer v;
-    if (PyObject_GetBuffer(args[0], &v, PyBUF_SIMPLE) < 0)
+    Py_ssize_t used;
+    if (block_args(args, nargs, 3, "digit_run(block, used, run)", 1, &v, &used) < 0)
         return NULL;
-    Py_ssize_t used = int_in(args[1], 0, v.len, "used");
-    Py_ssize_t run = used < 0 ? -1 : int_in(args[2], 1, PY_SSIZE_T_MAX, "run");
+    Py_ssize_t run = int_in(args[2], 1, PY_SSIZE_T_MAX, "run");
     if (run < 0) {
         PyBuffer_Release(&v);
         return NULL;
@@ -607,6 +628,138 @@ array_head(const unsigned char **pp, const unsigned char *end)
         return -1;
     *pp = p;
     return n;
+}
+
+/* whole_lines(block, n) -> (bytes, lines): the bytes and the count of the first `n` whole lines of a bytes-like
+ * (all of them when it holds fewer; never the unfinished line after its last newline), a memchr a line. */
+static PyObject *
+whole_lines(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer v;
+    Py_ssize_t n;
+    if (block_args(args, nargs, 2, "whole_lines(block, n)", 0, &v, &n) < 0)
+        return NULL;
+    const char *p = v.buf, *end = p + v.len, *at = p;
+    Py_ssize_t k = 0;
+    while (k < n && at < end) {
+        const char *nl = memchr(at, '\n', end - at);
+        if (nl == NULL)
+            break;
+        at = nl + 1;
+        k++;
+    }
+    PyBuffer_Release(&v);
+    return Py_BuildValue("(nn)", (Py_ssize_t)(at - p), k);
+}
+
+/* close_comma(block, used) -> bool: whether the first `used` bytes of a bytes-like hold a closing brace followed
+ * by a comma, with only spaces, tabs and carriage returns between (the regular expression `\}[ \t\r]*,`). */
+static PyObject *
+close_comma(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer v;
+    Py_ssize_t used;
+    if (block_args(args, nargs, 2, "close_comma(block, used)", 1, &v, &used) < 0)
+        return NULL;
+    const char *at = v.buf, *end = at + used;
+    int found = 0;
+    while (!found && at < end) {
+        const char *b = memchr(at, '}', end - at);
+        if (b == NULL)
+            break;
+        at = b + 1;
+        while (at < end && (*at == ' ' || *at == '\t' || *at == '\r'))
+            at++;
+        found = at < end && *at == ',';
+    }
+    PyBuffer_Release(&v);
+    return PyBool_FromLong(found);
+}
+
+typedef struct { Py_ssize_t start, stop; } span;
+
+static int
+by_start(const void *a, const void *b)
+{
+    Py_ssize_t x = ((const span *)a)->start, y = ((const span *)b)->start;
+    return (x > y) - (x < y);
+}
+
+/* pick_lines(block, used, marks) -> (bytes, lines): the lines (each with its newline) of the first `used` bytes
+ * of a bytes-like that hold one of the byte strings of the list `marks`, in order, and how many. Only whole
+ * lines count: bytes after the last newline are no line. Each mark is searched for over the whole block
+ * (memmem), not line by line, so a block with few such lines costs about a scan a mark. */
+static PyObject *
+pick_lines(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer v;
+    Py_ssize_t used;
+    if (block_args(args, nargs, 3, "pick_lines(block, used, marks)", 1, &v, &used) < 0)
+        return NULL;
+    if (!PyList_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "pick_lines: marks must be a list of bytes");
+        PyBuffer_Release(&v);
+        return NULL;
+    }
+    const char *p = v.buf;
+    const char *last = used ? memrchr(p, '\n', used) : NULL;
+    Py_ssize_t whole = last == NULL ? 0 : last - p + 1;
+    span *spans = NULL;
+    Py_ssize_t count = 0, cap = 0;
+    PyObject *marks = args[2], *out = NULL;
+    for (Py_ssize_t m = 0; m < PyList_GET_SIZE(marks); m++) {
+        PyObject *mark = PyList_GET_ITEM(marks, m);
+        if (!PyBytes_Check(mark)) {
+            PyErr_SetString(PyExc_TypeError, "pick_lines: marks must be a list of bytes");
+            goto done;
+        }
+        const char *s = PyBytes_AS_STRING(mark);
+        Py_ssize_t len = PyBytes_GET_SIZE(mark);
+        if (memchr(s, '\n', len) != NULL)
+            continue;  /* in no line */
+        Py_ssize_t at = 0;
+        while (at < whole) {
+            const char *hit = memmem(p + at, whole - at, s, len);
+            if (hit == NULL)
+                break;
+            const char *nl = memrchr(p + at, '\n', hit - (p + at));
+            Py_ssize_t start = nl == NULL ? at : nl - p + 1;
+            Py_ssize_t stop = (const char *)memchr(hit, '\n', p + whole - hit) - p + 1;
+            if (count == cap) {
+                cap = cap ? 2 * cap : 64;
+                span *grown = PyMem_Realloc(spans, cap * sizeof(span));
+                if (grown == NULL) {
+                    PyErr_NoMemory();
+                    goto done;
+                }
+                spans = grown;
+            }
+            spans[count++] = (span){start, stop};
+            at = stop;
+        }
+    }
+    if (PyList_GET_SIZE(marks) > 1 && count > 1)
+        qsort(spans, count, sizeof(span), by_start);
+    Py_ssize_t size = 0, lines = 0;
+    for (Py_ssize_t i = 0; i < count; i++)
+        if (i == 0 || spans[i].start != spans[i - 1].start) {
+            size += spans[i].stop - spans[i].start;
+            lines++;
+        }
+    PyObject *picked = PyBytes_FromStringAndSize(NULL, size);
+    if (picked == NULL)
+        goto done;
+    char *w = PyBytes_AS_STRING(picked);
+    for (Py_ssize_t i = 0; i < count; i++)
+        if (i == 0 || spans[i].start != spans[i - 1].start) {
+            memcpy(w, p + spans[i].start, spans[i].stop - spans[i].start);
+            w += spans[i].stop - spans[i].start;
+        }
+    out = Py_BuildValue("(Nn)", picked, lines);
+done:
+    PyMem_Free(spans);
+    PyBuffer_Release(&v);
+    return out;
 }
 
 /* pack_strs(values) -> bytes | None: the msgpack array of `values` when every one is an exact str, byte for byte
@@ -951,6 +1104,12 @@ static PyMethodDef methods[] = {
      "key_groups(keys, group_of, num_groups) -> bytes: the key group of each key"},
     {"digit_run", (PyCFunction)(void (*)(void))digit_run, METH_FASTCALL,
      "digit_run(block, used, run) -> whether the first `used` bytes hold `run` digits in a row"},
+    {"whole_lines", (PyCFunction)(void (*)(void))whole_lines, METH_FASTCALL,
+     "whole_lines(block, n) -> (bytes, lines) of the first n whole lines"},
+    {"close_comma", (PyCFunction)(void (*)(void))close_comma, METH_FASTCALL,
+     "close_comma(block, used) -> whether the first `used` bytes hold a closing brace, blanks, then a comma"},
+    {"pick_lines", (PyCFunction)(void (*)(void))pick_lines, METH_FASTCALL,
+     "pick_lines(block, used, marks) -> (bytes, lines) of the whole lines holding one of marks"},
     {"pack_strs", pack_strs, METH_O, "pack_strs(values) -> the msgpack array of a list of str, or None"},
     {"unpack_strs", (PyCFunction)(void (*)(void))unpack_strs, METH_FASTCALL,
      "unpack_strs(data, table) -> the list a msgpack array of strings holds, or None"},

@@ -40,12 +40,14 @@ CLIENT_IDLE = 2.0  # s without a push after which a client no longer shares a jo
 # ----------------------------------------------------------------- events
 @dataclass(frozen=True, slots=True)
 class Push:
-    """A client's push of `records`, received in `frame` (its bytes are the charge: no record is measured)."""
+    """A client's push of `records`, received in `frame`; `nbytes` (the frame's bytes, its compressed segments
+    at their packed size: `protocol.packed_size`) is the charge: no record is measured."""
     client: bytes
     req: int
     records: list
     frame: bytes
     now: float
+    nbytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +218,7 @@ class JobMachine:
                            "has no other root for push() to feed"),)
         records, now = ev.records, ev.now
         job.clients[ev.client] = now
-        total = charge(len(ev.frame), len(records))
+        total = charge(ev.nbytes, len(records))
         logs = job.ckpt.enabled
         out: list = []
         step = 1 << CHUNK_BITS

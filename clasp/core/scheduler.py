@@ -105,8 +105,10 @@ WINDOW_MIN, BATCH_MIN = WINDOW_PER_WORKER, 5000  # the one-worker defaults, kept
 # much as one that frees thousands (~100 µs where it runs, of which applying its counts is ~10). A worker
 # slowed to 25,000 Word Count lines/s by its neighbours on the host sent a report per ~600 lines, 0.1-0.2 µs
 # of planner CPU per line; with half a worker's part of a batch, two reports per dispatch step. Its window
-# holds four such parts, so the worker never waits on this. At full speed the interval comes first.
-PROGRESS_MIN_ROOTS = BATCH_PER_WORKER
+# holds four such parts: reporting after two, it still has two queued while the planner sends the next (at
+# one part, Word Count's busy reports at 2 workers were ~80 per 300,000 lines at 100,000 lines/s, at two
+# ~45, and the planner's event loop 0.28 -> 0.21 µs a line: docs/RUNTIME.md, "seventh round").
+PROGRESS_MIN_ROOTS = 2 * BATCH_PER_WORKER
 PROGRESS_MAX_INTERVAL_S = 0.1
 
 

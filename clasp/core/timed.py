@@ -23,13 +23,15 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
-from itertools import chain, repeat
+from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
 from clasp.core.eventtime import NEG_INF, POS_INF, PartitionClock, combine
 from clasp.core.keyed import TimerContext, TimerFailed, TimerOperator
 from clasp.core.windows import Step
+
+_NUMBERS = (int, float)  # timestamps `EventTime.top` compares in C
 
 ON_TIME_OUT, LATE_OUT = 0, 1
 
@@ -57,9 +59,12 @@ class EventTime:
         """The largest event time of a batch, in one pass (NEG_INF: none, or every timestamp failed; a NaN
         never counts)."""
         f = self.timestamp
-        try:  # in C while every timestamp can be had and compared; -inf first, so a NaN, never larger, is never
-            # the top; the top alone made a float (a str or a time that is no number fails the comparison)
-            return float(max(chain((NEG_INF,), map(f, values))))
+        try:  # in C while every timestamp can be had and compared, ints with ints (no float made each); the
+            # top alone made a float. Taken when it is a number that is no NaN (a NaN first would stay the top);
+            # anything else (strs, a mix that does not compare) goes a value at a time.
+            top = max(map(f, values), default=NEG_INF)
+            if type(top) in _NUMBERS and top == top:
+                return float(top)
         except Exception:
             pass
         top = NEG_INF

@@ -375,10 +375,10 @@ class Job:
 
         Blocks while the job's queue at the planner is at its bound (records, bytes:
         `--max-queued-bytes`, or what the job drains in `--max-queue-delay` seconds) and goes on as it
-        drains: pushes of at most `chunk` records and about two megabytes (an eighth of the bound, if
-        smaller) go while they fit the credit of the planner's last acknowledgement, at most `window` at
-        a time (`clasp.core.credit`). Any iterable, an endless generator too: it is read one chunk ahead
-        of what the planner accepted."""
+        drains: pushes of at most `chunk` records and about two megabytes packed (an eighth of the bound, if
+        smaller; sent lz4-compressed where that pays, `protocol.pack_segments`) go while they fit the credit
+        of the planner's last acknowledgement, at most `window` at a time (`clasp.core.credit`). Any
+        iterable, an endless generator too: it is read one chunk ahead of what the planner accepted."""
         credit = getattr(self._credits, "credit", None)  # the thread's last call's credit and record size carry over
         if credit is None:
             credit = self._credits.credit = PushCredit()
@@ -403,8 +403,8 @@ class Job:
         return n
 
     def _push_chunk(self, credit: PushCredit, batch: list) -> int:
-        req, frame = self._chunk_frame(batch)
-        nbytes = charge(len(frame), len(batch))
+        req, frame, packed = self._chunk_frame(batch)
+        nbytes = charge(packed, len(batch))  # as the planner charges it
         while True:  # the target can shrink with an ack (the planner's bound), so it is checked after each
             if nbytes > 2 * credit.target and len(batch) > 1:  # larger records than the last chunk's: halve it
                 half = len(batch) // 2
@@ -421,10 +421,13 @@ class Job:
         result = c._wait(req, max(c.timeout, 60.0), "push") or {}
         credit.acked(req, result.get("credit"), result.get("bound"))
 
-    def _chunk_frame(self, batch: list) -> tuple[int, bytes]:
+    def _chunk_frame(self, batch: list) -> tuple[int, bytes, int]:
+        """(request id, frame, its bytes with compressed segments at their packed size: `protocol.packed_size`)."""
         try:
             # in segments, which the planner passes on to the workers as they are (`protocol.pack_segments`)
-            return self.client._frame("push", {"job": self.id, "segments": protocol.pack_segments(batch)})
+            segments = protocol.pack_segments(batch)
+            req, frame = self.client._frame("push", {"job": self.id, "segments": segments})
+            return req, frame, protocol.packed_size(len(frame), segments)
         except (TypeError, ValueError, OverflowError) as e:
             bad = next((r for r in batch if not _packable(r)), None)
             raise ClaspError(f"record {bad!r:.100} of type {type(bad).__name__} is not msgpack-serializable: "

@@ -67,7 +67,8 @@ class Dispatcher:
         if job.deferred_acks:  # a client that pushes on without waiting for its acks: bounded, refused
             check_client_pending(sum(1 for a in job.deferred_acks if a[0] == ident), self.limits)
         records = msg.records if msg.segments is None else self._segments(job, msg.segments)
-        self.carry_out(job, job.machine.handle(Push(ident, msg.req, records, frame, time.monotonic())))
+        nbytes = len(frame) if msg.segments is None else protocol.packed_size(len(frame), msg.segments)
+        self.carry_out(job, job.machine.handle(Push(ident, msg.req, records, frame, time.monotonic(), nbytes)))
 
     def _segments(self, job: PlannerJob, segments: list) -> list | protocol.Segments:
         """A push's checked segments, kept as they came where its records only pass through the planner; a

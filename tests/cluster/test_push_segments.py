@@ -82,6 +82,8 @@ def test_malformed_segments_refuse_the_push_and_are_counted(cluster2):
         {"segments": [msgpack.packb([])]},  # no records
         {"segments": [good], "records": ["a"]},
         {"segments": [good] * (protocol.MAX_SEGMENTS + 1)},
+        {"segments": [msgpack.ExtType(protocol.SEG_LZ4, b"\0\0")]},  # compressed, no room for its head
+        {"segments": [msgpack.ExtType(protocol.SEG_LZ4, protocol.SEG_LZ4_HEAD.pack(0, 9) + b"x")]},  # no records
     ]
     with clasp.connect(cluster2.planner) as client:
         job = client.submit(wordcount_dag("segments-malformed"))
@@ -115,6 +117,29 @@ def test_a_segment_no_worker_can_decode_fails_its_records_there(cluster2):
         assert mtype == "reply" and body["ok"] and body["result"]["accepted"] == len(lines) + 1, body
         done = job.wait_idle(60)  # the failed record is done too: nothing waits on it
         assert done["pushed"] == len(lines) + 1
+        assert job.state("count") == dict(collections.Counter(w for line in lines for w in line.split()))
+        errors = wait_for(lambda: job.stats(fresh=True)["errors"], timeout=15, what="the segment's error")
+        assert any("not decodable" in e["error"] for e in errors), errors
+        after = [bad_counts(url).get("undecodable", 0.0) for url in cluster2.metrics["workers"]]
+        assert sum(after) - sum(before) == 1
+        assert cluster2.alive() and not cluster2.events
+
+
+def test_a_compressed_segment_that_does_not_hold_its_count_fails_its_records_at_the_worker(cluster2):
+    lines = make_lines(3000, seed=6)
+    segments = protocol.pack_segments(lines)
+    assert all(type(s) is msgpack.ExtType for s in segments)  # Word Count's lines compress
+    garbage = msgpack.ExtType(protocol.SEG_LZ4, protocol.SEG_LZ4_HEAD.pack(4, 100) + b"\xff" * 20)
+    with clasp.connect(cluster2.planner) as client:
+        job = client.submit(wordcount_dag("segments-lz4"))
+        before = [bad_counts(url).get("undecodable", 0.0) for url in cluster2.metrics["workers"]]
+        raw = RawClient(cluster2)
+        try:
+            mtype, body = raw.push({"job": job.id, "segments": [*segments[:2], garbage, *segments[2:]]})
+        finally:
+            raw.close()
+        assert mtype == "reply" and body["ok"] and body["result"]["accepted"] == len(lines) + 4, body
+        assert job.wait_idle(60)["pushed"] == len(lines) + 4  # the four failed records are done too
         assert job.state("count") == dict(collections.Counter(w for line in lines for w in line.split()))
         errors = wait_for(lambda: job.stats(fresh=True)["errors"], timeout=15, what="the segment's error")
         assert any("not decodable" in e["error"] for e in errors), errors

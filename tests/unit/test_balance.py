@@ -7,7 +7,6 @@ from __future__ import annotations
 import collections
 from collections import deque
 
-import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -34,7 +33,7 @@ def one_source(shares: dict[str, float]):
 
 def sent_by(d: Dispatch) -> dict[str, list[tuple[int, list]]]:
     """destination -> its runs as (first rid, values), segments decoded."""
-    return {w: [(first, msgpack.unpackb(v) if type(v) is bytes else v) for _, first, v in runs]
+    return {w: [(first, v if type(v) is list else protocol.segment_records(v)) for _, first, v in runs]
             for w, runs in d.runs.items()}
 
 
@@ -145,7 +144,7 @@ def test_the_job_machine_counts_dispatches_and_reports_and_forgets_loads_when_no
     sent: list[Dispatch] = []
     seg = protocol.SEGMENT_RECORDS
     for req, n in ((1, 2 * seg), (2, 12 * seg)):
-        job.machine.handle(Push(b"c", req, Segments(protocol.pack_segments(list(range(n)))), b"x" * 10, 0.0))
+        job.machine.handle(Push(b"c", req, Segments(protocol.pack_segments(list(range(n)))), b"x" * 10, 0.0, 10))
         sent += [s for s in job.machine.handle(DispatchReady(0.1)) if type(s) is Dispatch]
         if req == 1:
             assert job.loads.out == {"w0": seg, "w1": seg}
@@ -164,7 +163,7 @@ def test_the_job_machine_counts_dispatches_and_reports_and_forgets_loads_when_no
     for e, k in done.items():
         job.machine.handle(Progress(b"w1", {e: {0: k}}, 0.3))
     assert job.tracker.outstanding == 0 and job.loads.out == {"w0": 8 * seg, "w1": 0}  # w1 reported w0's too
-    job.machine.handle(Push(b"c", 3, [1, 2], b"xx", 0.4))
+    job.machine.handle(Push(b"c", 3, [1, 2], b"xx", 0.4, 2))
     job.machine.handle(DispatchReady(0.5))  # nothing was in flight: the old counts went first
     assert sum(job.loads.out.values()) == 2 and job.loads.behind == {}
 

@@ -82,7 +82,7 @@ def feed(job: PlannerJob, event) -> list:
 
 
 def push(job: PlannerJob, n: int, req: int = 1, client: bytes = b"c", now: float = 0.0) -> list:
-    return feed(job, Push(client, req, list(range(n)), b"x" * (8 * n), now))
+    return feed(job, Push(client, req, list(range(n)), b"x" * (8 * n), now, 8 * n))
 
 
 def dispatched(out: list) -> list[Dispatch]:
@@ -151,7 +151,8 @@ def test_a_tick_that_measures_a_faster_drain_releases_the_acks_the_larger_limit_
     bound = QueueBound(max_bytes=64 << 20, max_delay=1.0)
     job = new_job(bound=bound)
     job.limit = bound.limit(None)  # the floor, 8 pushes, before any rate is measured
-    out = feed(job, Push(b"a", 7, list(range(10)), b"x" * (bound.floor() + (1 << 20)), 0.0))
+    out = feed(job, Push(b"a", 7, list(range(10)), b"x" * (bound.floor() + (1 << 20)), 0.0,
+                        bound.floor() + (1 << 20)))
     assert not any(isinstance(s, Ack) for s in out)
     job.backlog, job.drained = True, 60 << 20  # a tick with a backlog throughout drained 60 MB
     (ack,) = feed(job, Tick(1.0, 0.5))

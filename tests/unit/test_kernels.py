@@ -290,3 +290,22 @@ def test_the_check_of_runs_in_c_is_the_python_one(rids, counts, n):
     if counts is not None and len(counts) == len(rids) and all(type(c) is int and c > 0 for c in counts) and n % 2:
         n = sum(counts)  # half of these add up: the check's last test decides
     assert kernels.C.runs_fault(rids, counts, n) == protocol.runs_fault(rids, counts, n)
+
+
+@settings(max_examples=500)
+@given(st.lists(st.sampled_from([b"{", b"}", b",", b" ", b"\t", b"\r", b"\n", b"ab", b"b", b"kind"]), max_size=60),
+       st.data())
+def test_the_file_readers_cuts_of_a_block_in_c_are_pythons(parts, data):
+    from clasp.connectors import file_source
+
+    block = b"".join(parts)
+    used = data.draw(st.integers(0, len(block)))
+    n = data.draw(st.integers(0, 20))
+    marks = data.draw(st.lists(st.sampled_from([b"a", b"ab", b"b\n", b"}", b"kind", b"{}", b"\r,"]), min_size=1,
+                               max_size=3))
+    with python_only():
+        whole, comma = file_source._whole_lines(block, n), file_source._close_comma(block, used)
+    assert kernels.C.whole_lines(bytearray(block), n) == whole
+    assert kernels.C.close_comma(bytearray(block), used) is comma
+    picked = file_source._picked(block[:used].split(b"\n")[:-1], marks)
+    assert kernels.C.pick_lines(block, used, marks) == (b"".join(x + b"\n" for x in picked), len(picked))

@@ -1,19 +1,23 @@
 """A push in segments (`protocol.pack_segments`) through the planner's pure parts: checked without decoding,
 queued and dispatched in whole segments whose bytes are the runs' values, logged as the frame it came in and
-read back as segments, opened by the worker (a segment it cannot decode reported, not raised)."""
+read back as segments, opened by the worker (a segment it cannot decode reported, not raised). Segments that
+compress go as lz4 blocks (`SEG_LZ4`), which only the worker opens."""
 
 from __future__ import annotations
 
 import collections
 import itertools
+import random
 from collections import deque
 
+import lz4.block
 import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clasp.core import protocol, scheduler
+from clasp.core.limits import LIMITS
 from clasp.core.protocol import ProtocolError, Segments
 from clasp.core.routing import NUM_KEY_GROUPS, ROUTE_KEYED, ROUTE_TABLE, Route
 from clasp.core.tracking import CHUNK_BITS, EPOCH_BITS
@@ -24,7 +28,7 @@ from tests.unit.test_scheduler import two_source_spec
 
 def test_pack_segments_cuts_a_push_into_arrays_of_consecutive_records():
     records = [f"line {i}" for i in range(5200)]
-    segs = protocol.pack_segments(records)
+    segs = protocol.pack_segments(records, compress=False)
     assert [r for s in segs for r in msgpack.unpackb(s)] == records
     s = Segments(segs)
     assert len(s) == 5200 and s.counts == [protocol.SEGMENT_RECORDS] * 10 + [5200 - 10 * protocol.SEGMENT_RECORDS]
@@ -32,6 +36,63 @@ def test_pack_segments_cuts_a_push_into_arrays_of_consecutive_records():
     assert Segments(protocol.pack_segments(["a", "b", "c"])).counts == [3]
     assert [protocol.array_count(msgpack.packb(list(range(n)))) for n in (1, 15, 16, 70000)] == [1, 15, 16, 70000]
     assert protocol.array_count(b"") == protocol.array_count(b"\xa1a") == -1
+
+
+def test_segments_that_compress_go_as_lz4_blocks_and_others_as_they_are():
+    records = [f"line {i % 7}" for i in range(1100)]
+    segs = protocol.pack_segments(records)
+    assert [type(s) for s in segs] == [msgpack.ExtType] * 3 and segs[0].code == protocol.SEG_LZ4
+    raw = protocol.pack_segments(records, compress=False)
+    assert sum(len(s.data) for s in segs) < 0.5 * sum(map(len, raw))
+    assert Segments(segs).counts == [512, 512, 76] and Segments(segs).decoded() == records
+    assert [protocol.segment_records(s) for s in segs] == [msgpack.unpackb(s) for s in raw]
+    noise = [bytes(random.Random(i).randbytes(64)) for i in range(600)]  # no tenth saved: packed as it is
+    assert [type(s) for s in protocol.pack_segments(noise)] == [bytes, bytes]
+    protocol.check_segments(segs + protocol.pack_segments(noise))
+    _, push = protocol.decode_message(protocol.encode("push", {"req": 1, "job": 1, "segments": segs}))
+    assert Segments(push.segments).decoded() == records
+
+
+def test_a_push_weighs_its_compressed_segments_at_their_packed_size():
+    records = [f"{i}:" + "x" * 2000 for i in range(600)]  # ~100 times smaller compressed
+    plain, packed = protocol.pack_segments(records, compress=False), protocol.pack_segments(records)
+    frame = protocol.encode("push", {"req": 1, "job": 1, "segments": packed})
+    assert len(frame) < sum(map(len, plain)) // 50
+    weight = protocol.packed_size(len(frame), packed)
+    assert weight == len(frame) + sum(map(len, plain)) - sum(len(s.data) for s in packed) > sum(map(len, plain))
+    assert protocol.packed_size(100, [b"abc"]) == 100
+
+
+def lz4_segment(count: int, size: int, block: bytes) -> msgpack.ExtType:
+    return msgpack.ExtType(protocol.SEG_LZ4, protocol.SEG_LZ4_HEAD.pack(count, size) + block)
+
+
+@pytest.mark.parametrize("segment", [
+    msgpack.ExtType(protocol.SEG_LZ4, b"\0\0\0\1"),  # no room for its head
+    lz4_segment(0, 10, b"x"),  # no records
+    lz4_segment(3, LIMITS.max_message + 1, b"x"),  # more than a message unpacked
+    [lz4_segment(3, LIMITS.max_message // 2 + 1, b"x")] * 2,  # so are the two together
+    msgpack.ExtType(protocol.SEG_LZ4 + 1, protocol.SEG_LZ4_HEAD.pack(3, 10) + b"x"),  # another extension
+])
+def test_malformed_compressed_segments_are_refused_by_the_push_message(segment):
+    segments = segment if type(segment) is list else [segment]
+    with pytest.raises(ProtocolError) as e:
+        protocol.decode_message(protocol.encode("push", {"req": 4, "job": 1, "segments": segments}))
+    assert e.value.reason == "bad_field" and e.value.req == 4
+
+
+def test_a_compressed_segment_that_does_not_hold_what_its_head_counts_fails_at_the_worker():
+    packed = msgpack.packb(["a", "b", "c"])
+    good = lz4_segment(3, len(packed), lz4.block.compress(packed, store_size=False))
+    short = lz4_segment(4, len(packed), lz4.block.compress(packed, store_size=False))  # counts one too many
+    small = lz4_segment(3, len(packed) - 1, lz4.block.compress(packed, store_size=False))  # size too small
+    garbage = lz4_segment(2, 50, b"\xff" * 9)
+    runs = [[0, 0, good], [0, 3, short], [0, 7, small], [0, 10, garbage]]
+    protocol.check_runs(runs, 1)
+    failed = protocol.open_runs(runs)
+    assert runs == [[0, 0, ["a", "b", "c"]]]
+    assert sorted(f[:3] for f in failed) == [[0, 3, 4], [0, 7, 3], [0, 10, 2]]
+    assert all("not decodable" in f[3] for f in failed)
 
 
 @pytest.mark.parametrize("segments", [
@@ -87,8 +148,8 @@ def test_segmented_dispatch_sends_every_record_once_in_order_as_the_list_path_co
         for dest, runs in d.runs.items():
             assert dest in table
             for op, first, seg in runs:
-                assert op == 0 and type(seg) is bytes
-                vals = msgpack.unpackb(seg)
+                assert op == 0 and type(seg) in (bytes, msgpack.ExtType)
+                vals = protocol.segment_records(seg)
                 assert vals == [value[first + i] for i in range(len(vals))]
                 # a segment is one progress epoch: a worker's report counts each epoch it ran whole, not in parts
                 assert first >> EPOCH_BITS == (first + len(vals) - 1) >> EPOCH_BITS
@@ -109,7 +170,7 @@ def test_two_workers_get_half_of_each_dispatch():
     rooms = itertools.cycle((5000, 2500, 3700, 4300))  # whole segments: 4,608, 2,048, 3,584, 4,096, ...
     while q:
         d = scheduler.dispatch(q, spec, [Route(ROUTE_TABLE, 0, table=["w0", "w1"])], next(rooms))
-        per = {w: sum(len(msgpack.unpackb(s)) for _, _, s in runs) for w, runs in d.runs.items()}
+        per = {w: sum(len(protocol.segment_records(s)) for _, _, s in runs) for w, runs in d.runs.items()}
         assert len(per) == 2 and abs(per["w0"] - per["w1"]) <= protocol.SEGMENT_RECORDS, per
         got.update(per)
     assert not q and got["w0"] + got["w1"] == n and abs(got["w0"] - got["w1"]) <= 2 * protocol.SEGMENT_RECORDS
