@@ -332,18 +332,25 @@ class SourceReaders:
             if not parts:
                 del self.aligned[op_index]  # a partition assigned from here on starts a new task
                 return
-            if not await self._turn(op_index, max_drift):
-                await asyncio.sleep(POLL_S)
-            else:
+            if await self._turn(op_index, max_drift, len(parts)):
                 await asyncio.sleep(0)
+            else:
+                await asyncio.sleep(POLL_S)
 
-    async def _turn(self, op_index: int, max_drift: float | None) -> bool:
-        """One aligned turn: a batch's room filled with slices of the partitions, lowest event time first, and
-        admitted as one chunk; whether it read anything."""
+    async def _turn(self, op_index: int, max_drift: float | None, parts: int) -> bool:
+        """One aligned turn: the room of a batch a partition, as far as the window has it now, filled with slices
+        of the partitions, lowest event time first, and admitted as one chunk (the merge puts the slices in
+        event-time order, and a chunk, not a batch, costs a pass and a seal); whether it read anything."""
         op = self.eng.ops[op_index]
         take = await self._reserve()
         used = 0
         try:
+            while take < BATCH * parts and not self.waiting:
+                more = min(self._room(), BATCH * parts - take)
+                if not more:
+                    break
+                self.inflight += more
+                take += more
             async with self.turn_lock:
                 slices, ends = await self._slices(op_index, take, max_drift)
                 if slices:

@@ -162,7 +162,7 @@ def test_aligned_reading_hands_over_every_record_once_in_event_time_order(sizes,
     got = [v for b in admitted for v in b]
     assert sorted(got) == sorted(v for s in shares for v in s)
     assert all(b == sorted(b) for b in admitted)
-    assert all(len(b) <= min(BATCH, window) for b in admitted)
+    assert all(len(b) <= min(n * BATCH, window) for b in admitted)  # a batch's room a partition, in the window
     # Aligned: a record is behind the largest time admitted before it by at most a pass's span over the
     # partitions with records left (a slice of each: n * slice times), whatever their lengths.
     top = float("-inf")
