@@ -25,8 +25,8 @@ Aligned reading (a source on event time with `align`, the default): one task rea
 partitions of the source, a batch's room at a time, in slices taken lowest event time first, a partition more
 than `max_drift` ahead of the lowest paused (`clasp.core.alignment`), and admits the slices as one chunk in
 event-time order, sealed with each partition's mark; the partitions' positions move with that chunk, so a
-barrier or a release, which waits for the turn in progress (`turn_lock`), sees positions of admitted records
-only, as above.
+barrier or a release (which waits for the reads in progress, `turn_lock`) sees positions of admitted records
+only, as above, and a partition released before its slice was admitted leaves the slice to its next owner.
 """
 
 from __future__ import annotations
@@ -351,20 +351,28 @@ class SourceReaders:
                     break
                 self.inflight += more
                 take += more
-            async with self.turn_lock:
+            async with self.turn_lock:  # a release waits for the reads, not for the chunk id
                 slices, ends = await self._slices(op_index, take, max_drift)
-                if slices:
-                    batch = self._merged(slices)
-                    self._admit(op, batch, await self._chunk(), dict.fromkeys(p for p, _ in slices))
-                    used = len(batch)
-                if ends:
-                    self.flush_seals()  # a partition's last seal (and mark) ahead of its end or its idleness
-                    for p, ended in ends:
-                        if ended:
-                            p.position = p.reader.position()
-                            self.send(protocol.pack(protocol.ReadEnd(self.eng.job, op.name, p.name, self.eng.floor)))
-                        else:
-                            self.send(protocol.pack(protocol.WmIdle(self.eng.job, op.name, p.name)))
+            # The planner may hold leases back until a move's release is answered: the chunk id is waited for
+            # without the lock, and the slices of a partition released meanwhile are left to its next owner,
+            # who reads them again from the position of its last admitted chunk (its reader here is closed).
+            chunk = await self._chunk() if slices else None
+            slices = [(p, b) for p, b in slices if self.parts.get((p.op, p.name)) is p]
+            if slices:
+                batch = self._merged(slices)
+                self._admit(op, batch, chunk, dict.fromkeys(p for p, _ in slices))
+                used = len(batch)
+            elif chunk is not None:
+                self.lease.insert(0, chunk)  # unused; still at or above the floor (`_chunk` drops it otherwise)
+            ends = [(p, ended) for p, ended in ends if self.parts.get((p.op, p.name)) is p]
+            if ends:
+                self.flush_seals()  # a partition's last seal (and mark) ahead of its end or its idleness
+                for p, ended in ends:
+                    if ended:
+                        p.position = p.reader.position()
+                        self.send(protocol.pack(protocol.ReadEnd(self.eng.job, op.name, p.name, self.eng.floor)))
+                    else:
+                        self.send(protocol.pack(protocol.WmIdle(self.eng.job, op.name, p.name)))
             return bool(slices)
         finally:
             self.inflight -= take - used

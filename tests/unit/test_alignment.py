@@ -4,6 +4,7 @@ first, which pause, and how big a slice each reads."""
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -32,7 +33,7 @@ def test_the_lowest_reads_first_and_only_those_further_ahead_than_the_drift_paus
 @given(marks)
 def test_ties_keep_the_partitions_order(m):
     order = turn_order(m)
-    for a, b in zip(order, order[1:]):
+    for a, b in pairwise(order):
         if m[a] == m[b]:
             assert list(m).index(a) < list(m).index(b)
 
