@@ -112,7 +112,7 @@ class SourceReaders:
         # Seals of the batches admitted in this turn of the event loop, not sent yet (`_seal`, `flush_seals`).
         self.seals: list[list] = []
         self.aligned: dict[int, asyncio.Task] = {}  # source operator -> the task reading its partitions aligned
-        self.turn_lock = asyncio.Lock()  # held by an aligned turn from its first read to its seal
+        self.turn_lock = asyncio.Lock()  # held by an aligned turn while it reads: no reader closed under a read
 
     # ----------------------------------------------------------------- the planner's instructions
     def assign(self, parts: list) -> None:
@@ -141,7 +141,7 @@ class SourceReaders:
             key = (self.eng.op(name).index, part)
             p = self.parts.get(key)
             if p is not None and p.aligned:
-                async with self.turn_lock:  # no slice of it read and not admitted
+                async with self.turn_lock:  # not while a turn reads it; a slice read and not admitted is dropped
                     self.flush_seals()
                     p = self.parts.pop(key, None)
             else:
