@@ -92,17 +92,20 @@ class Dag:
         return op
 
     def source(self, name: str, source: Source, *, timestamp: Callable | None = None, max_out_of_order: float = 0,
-               idle_timeout: float | None = None) -> Operator:
+               idle_timeout: float | None = None, align: bool = True, max_drift: float | None = None) -> Operator:
         """Add a partitioned input read by the workers (a `clasp.connectors.Source`): its values enter only its
         own successors, which `>>` connects like any operator's. `timestamp(value)` (seconds) gives its records
         event time: each partition's watermark trails the largest time it read by `max_out_of_order`, and a
-        partition that reads nothing for `idle_timeout` seconds stops holding the others back (docs/TIME.md)."""
+        partition that reads nothing for `idle_timeout` seconds stops holding the others back. With `align` (the
+        default) a worker reads its partitions of the source lowest event time first, several in one batch merged
+        in event-time order, and one more than `max_drift` seconds ahead of the lowest that has records pauses
+        (None: none pauses; docs/TIME.md)."""
         if not isinstance(source, Source):
             raise DagError(f"source {name!r}: {source!r} is not a clasp.connectors.Source")
         fn: Callable = identity
         if timestamp is not None:
             try:
-                fn = EventTime(timestamp, max_out_of_order, idle_timeout)
+                fn = EventTime(timestamp, max_out_of_order, idle_timeout, align, max_drift)
             except (TypeError, ValueError) as e:
                 raise DagError(f"source {name!r}: {e}") from None
         op = self.operator(name, fn)

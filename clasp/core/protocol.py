@@ -106,7 +106,7 @@ _OPTIONAL: dict[str, dict[str, tuple | None]] = {}
 # lists; the typed positional messages (`Positional`) add theirs, with their fields' types (`_POSITIONS`).
 _LIST_BODIES = {"data": 3, "runs": 3, "cols": 3, "done": 3, "seal": 4, "seals": 2, "wm_push": 3}
 # ... and a longer form some take: a seal with its partition's watermark mark.
-_LIST_LONGER = {"seal": 5}
+_LIST_LONGER = {"seal": 5}  # the least length of a longer body (a seal's marks)
 _POSITIONS: dict[str, list[tuple[str, tuple | None]]] = {}
 
 
@@ -831,7 +831,7 @@ def decode(frame: bytes) -> tuple[str, Any]:
         raise ProtocolError("unknown_type", f"type {mtype!r}")
     n = _LIST_BODIES.get(mtype)
     if n is not None:
-        if (not isinstance(body, list) or (len(body) != n and len(body) != _LIST_LONGER.get(mtype))
+        if (not isinstance(body, list) or (len(body) != n and len(body) < _LIST_LONGER.get(mtype, n + 1))
                 or type(body[0]) is not int):
             raise ProtocolError("bad_body", f"{mtype}: expected a list of {n} starting with the job id")
         kinds = _POSITIONS.get(mtype)
@@ -1325,24 +1325,24 @@ def check_progress(body: list) -> None:
 
 
 def check_seal(body: list) -> None:
-    """Validate a seal [job, chunk, records, {epoch: {op: requests}}] or, from a partition on event time,
-    [..., [source operator, partition, watermark after the chunk]]."""
+    """Validate a seal [job, chunk, records, {epoch: {op: requests}}] or, from partitions on event time,
+    [..., [source operator, partition, watermark after the chunk], ...]: a mark for each partition whose records
+    the chunk holds (several when a worker's reading is aligned in event time, `clasp.core.alignment`)."""
     if type(body[1]) is not int or type(body[2]) is not int or body[1] < 0 or body[2] <= 0:
         raise ProtocolError("bad_body", "seal: expected [job, chunk, records, counts]")
-    if len(body) > 4:
-        mark = body[4]
+    for mark in body[4:]:
         if type(mark) is not list or len(mark) != 3 or type(mark[2]) not in (int, float):
-            raise ProtocolError("bad_body", "seal: the mark must be [source operator, partition, time]")
+            raise ProtocolError("bad_body", "seal: a mark must be [source operator, partition, time]")
     check_progress([body[0], body[3]])
 
 
 def check_seals(body: list) -> None:
-    """Validate seals [job, [[chunk, records, counts, mark?], ...]] (each as `check_seal` has it)."""
+    """Validate seals [job, [[chunk, records, counts, mark...], ...]] (each as `check_seal` has it)."""
     if type(body[1]) is not list or not body[1]:
         raise ProtocolError("bad_body", "seals: expected [job, [seal, ...]]")
     for seal in body[1]:
-        if type(seal) is not list or len(seal) not in (3, 4):
-            raise ProtocolError("bad_body", "seals: each seal is [chunk, records, counts, mark?]")
+        if type(seal) is not list or len(seal) < 3:
+            raise ProtocolError("bad_body", "seals: each seal is [chunk, records, counts, mark...]")
         check_seal([body[0], *seal])
 
 

@@ -38,19 +38,23 @@ ON_TIME_OUT, LATE_OUT = 0, 1
 
 class EventTime:
     """A declared source's event time: `timestamp(value)` in seconds, the bound on disorder and the idle
-    timeout (seconds of processing time without a record; None: never idle)."""
+    timeout (seconds of processing time without a record; None: never idle); whether a worker reads its
+    partitions aligned in event time, and how far one may run ahead of the lowest (`clasp.core.alignment`)."""
 
-    __slots__ = ("timestamp", "max_out_of_order", "idle_timeout")
+    __slots__ = ("timestamp", "max_out_of_order", "idle_timeout", "align", "max_drift")
 
     def __init__(self, timestamp: Callable[[Any], float], max_out_of_order: float = 0,
-                 idle_timeout: float | None = None):
+                 idle_timeout: float | None = None, align: bool = True, max_drift: float | None = None):
         if not callable(timestamp):
             raise TypeError(f"timestamp must be a function of a value, not {timestamp!r}")
         if max_out_of_order < 0:
             raise ValueError(f"max_out_of_order must not be negative, not {max_out_of_order!r}")
         if idle_timeout is not None and idle_timeout <= 0:
             raise ValueError(f"idle_timeout must be positive (or None), not {idle_timeout!r}")
+        if max_drift is not None and not max_drift >= 0:
+            raise ValueError(f"max_drift must not be negative (or None: no pause), not {max_drift!r}")
         self.timestamp, self.max_out_of_order, self.idle_timeout = timestamp, max_out_of_order, idle_timeout
+        self.align, self.max_drift = bool(align), max_drift
 
     def __call__(self, value: Any) -> list:
         return [value]  # the source operator is a pass-through: one output, whatever the value

@@ -110,17 +110,17 @@ class TimeCoordinator:
             t.windows += msg.records
 
     def on_seal(self, ident: bytes, body: list) -> None:
-        """A worker sealed a chunk (after the sources' handler took it): a reader's partition on event time
-        marks it with its watermark after the chunk (`check_seal` checked the mark); if it held windows fired
-        here, its completion is the tracker's from now on."""
+        """A worker sealed a chunk (after the sources' handler took it): each reader's partition on event time
+        whose records it holds marks it with its watermark after the chunk (`check_seal` checked the marks); if
+        it held windows fired here, its completion is the tracker's from now on."""
         job = self._reading_job(body[0])
         if job is None:
             return
         if len(body) > 4:
             t = self._job_time(job)
             if t is not None:
-                op, part, w = body[4]
-                t.marks.sealed((str(op), str(part)), body[1], float(w))
+                for op, part, w in body[4:]:
+                    t.marks.sealed((str(op), str(part)), body[1], float(w))
         else:
             t = getattr(job, "time", None)
             if t is not None:

@@ -20,6 +20,13 @@ completes in the credit's cycle plus WINDOW_S, within LEAST_WINDOW and `--source
 read here fill anywhere in the cluster stay bounded, and a reader simply waits. The window is a batch's room
 at a time, given to the readers in turn (the order they asked): partitions of like event-time density then
 advance together, and the job's watermark, the least of theirs, with them.
+
+Aligned reading (a source on event time with `align`, the default): one task reads all of this worker's
+partitions of the source, a batch's room at a time, in slices taken lowest event time first, a partition more
+than `max_drift` ahead of the lowest paused (`clasp.core.alignment`), and admits the slices as one chunk in
+event-time order, sealed with each partition's mark; the partitions' positions move with that chunk, so a
+barrier or a release (which waits for the reads in progress, `turn_lock`) sees positions of admitted records
+only, as above, and a partition released before its slice was admitted leaves the slice to its next owner.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from clasp.core import protocol
+from clasp.core.alignment import slice_size, turn_order
 from clasp.core.credit import CreditCycle, source_window
 from clasp.core.eventtime import PartitionClock
 from clasp.core.timed import EventTime
@@ -53,10 +61,11 @@ RATE_S = 0.1
 LEASE_CHUNKS = 16  # chunk ids asked for at once
 POLL_S = 0.05
 LEASE_RETRY_S = 2.0  # an unbounded partition with nothing new: ask again after this
+FAILED_S = 1.0  # a partition whose read failed is asked again after this
 
 
 class Partition:
-    __slots__ = ("op", "name", "reader", "task", "position", "ended", "time", "clock")
+    __slots__ = ("op", "name", "reader", "task", "position", "ended", "time", "clock", "aligned", "retry_at")
 
     def __init__(self, op: int, name: str, reader, position: Any, time: EventTime | None = None):
         self.op, self.name, self.reader = op, name, reader
@@ -66,12 +75,13 @@ class Partition:
         # Event time: the partition's watermark goes to the planner in each seal (docs/TIME.md).
         self.time = time
         self.clock = PartitionClock(time.max_out_of_order, time.idle_timeout) if time is not None else None
+        self.aligned = time is not None and time.align  # read by its source's aligned task (`_read_aligned`)
+        self.retry_at = 0.0  # (aligned) its last read failed: not read again before this
 
-    def seal_mark(self, op_name: str, batch: list) -> list:
-        """What a batch's seal adds for event time: [op, partition, watermark after the batch]."""
-        # The watermark after the batch needs its largest time only (the clock's `max_seen`).
-        self.clock.record_batch([self.time.top(batch)], _time.monotonic())
-        return [op_name, self.name, self.clock.watermark]
+    def saw(self, batch: list) -> None:
+        """A batch read: the clock's watermark after it needs its largest time only (`max_seen`)."""
+        if self.clock is not None:
+            self.clock.record_batch([self.time.top(batch)], _time.monotonic())
 
     def went_idle(self) -> bool:
         return self.clock is not None and self.clock.tick(_time.monotonic())
@@ -101,6 +111,8 @@ class SourceReaders:
         self.stages: dict[int, int] = {}  # keyed time operator -> its stage (worker_time)
         # Seals of the batches admitted in this turn of the event loop, not sent yet (`_seal`, `flush_seals`).
         self.seals: list[list] = []
+        self.aligned: dict[int, asyncio.Task] = {}  # source operator -> the task reading its partitions aligned
+        self.turn_lock = asyncio.Lock()  # held by an aligned turn while it reads: no reader closed under a read
 
     # ----------------------------------------------------------------- the planner's instructions
     def assign(self, parts: list) -> None:
@@ -114,7 +126,11 @@ class SourceReaders:
             reader = spec.connector.open(part, pos)
             et = spec.fn if isinstance(spec.fn, EventTime) else None
             p = self.parts[key] = Partition(op.index, part, reader, pos, et)
-            p.task = self.spawn(self._read(p), f"reading {name}/{part} of job {self.eng.job}")
+            if not p.aligned:
+                p.task = self.spawn(self._read(p), f"reading {name}/{part} of job {self.eng.job}")
+            elif op.index not in self.aligned:
+                self.aligned[op.index] = self.spawn(self._read_aligned(op.index, et.max_drift),
+                                                    f"reading {name} of job {self.eng.job}")
 
     async def release(self, parts: list) -> list:
         """Stop reading [[op name, partition]]; returns [[op name, partition, position]] as of the last batch
@@ -122,7 +138,14 @@ class SourceReaders:
         out = []
         self.flush_seals()  # the batches admitted before the positions the reply gives
         for name, part in parts:
-            p = self.parts.pop((self.eng.op(name).index, part), None)
+            key = (self.eng.op(name).index, part)
+            p = self.parts.get(key)
+            if p is not None and p.aligned:
+                async with self.turn_lock:  # not while a turn reads it; a slice read and not admitted is dropped
+                    self.flush_seals()
+                    p = self.parts.pop(key, None)
+            else:
+                p = self.parts.pop(key, None)
             if p is not None:
                 await self._stop(p)
                 out.append([name, part, p.position])
@@ -130,6 +153,11 @@ class SourceReaders:
 
     async def close(self) -> None:
         self.flush_seals()
+        tasks = list(self.aligned.values())
+        self.aligned.clear()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         for p in list(self.parts.values()):
             await self._stop(p)
         self.parts.clear()
@@ -287,18 +315,133 @@ class SourceReaders:
                     self.send(protocol.pack(protocol.WmIdle(job, op.name, p.name)))
                 await asyncio.sleep(POLL_S)
                 return True
-            chunk = await self._chunk()
-            # From here to the seal nothing awaits: the batch, its chunk and the position go together.
-            counts = self.eng.admit_source(p.op, batch, chunk << CHUNK_BITS)
-            seal = [chunk, len(batch), counts]
-            if p.clock is not None:  # the partition's watermark after this chunk, in its seal
-                seal.append(p.seal_mark(op.name, batch))
-            self._seal(seal)
-            p.position = p.reader.position()
+            p.saw(batch)
+            self._admit(op, batch, await self._chunk(), (p,))
             used = len(batch)
-            self.cycle.admitted(_time.monotonic(), used)
-            self.wake()
             return True
         finally:
             self.inflight -= take - used
             self._grant()
+
+    # ----------------------------------------------------------------- aligned reading
+    async def _read_aligned(self, op_index: int, max_drift: float | None) -> None:
+        """Read this worker's partitions of one source on event time, aligned (the module docstring), while
+        any is left to read."""
+        while True:
+            parts = [p for p in self.parts.values() if p.op == op_index and p.aligned and not p.ended]
+            if not parts:
+                del self.aligned[op_index]  # a partition assigned from here on starts a new task
+                return
+            if await self._turn(op_index, max_drift, len(parts)):
+                await asyncio.sleep(0)
+            else:
+                await asyncio.sleep(POLL_S)
+
+    async def _turn(self, op_index: int, max_drift: float | None, parts: int) -> bool:
+        """One aligned turn: the room of a batch a partition, as far as the window has it now, filled with slices
+        of the partitions, lowest event time first, and admitted as one chunk (the merge puts the slices in
+        event-time order, and a chunk, not a batch, costs a pass and a seal); whether it read anything."""
+        op = self.eng.ops[op_index]
+        take = await self._reserve()
+        used = 0
+        try:
+            while take < BATCH * parts and not self.waiting:
+                more = min(self._room(), BATCH * parts - take)
+                if not more:
+                    break
+                self.inflight += more
+                take += more
+            async with self.turn_lock:  # a release waits for the reads, not for the chunk id
+                slices, ends = await self._slices(op_index, take, max_drift)
+            # The planner may hold leases back until a move's release is answered: the chunk id is waited for
+            # without the lock, and the slices of a partition released meanwhile are left to its next owner,
+            # who reads them again from the position of its last admitted chunk (its reader here is closed).
+            chunk = await self._chunk() if slices else None
+            slices = [(p, b) for p, b in slices if self.parts.get((p.op, p.name)) is p]
+            if slices:
+                batch = self._merged(slices)
+                self._admit(op, batch, chunk, dict.fromkeys(p for p, _ in slices))
+                used = len(batch)
+            elif chunk is not None:
+                self.lease.insert(0, chunk)  # unused; still at or above the floor (`_chunk` drops it otherwise)
+            ends = [(p, ended) for p, ended in ends if self.parts.get((p.op, p.name)) is p]
+            if ends:
+                self.flush_seals()  # a partition's last seal (and mark) ahead of its end or its idleness
+                for p, ended in ends:
+                    if ended:
+                        p.position = p.reader.position()
+                        self.send(protocol.pack(protocol.ReadEnd(self.eng.job, op.name, p.name, self.eng.floor)))
+                    else:
+                        self.send(protocol.pack(protocol.WmIdle(self.eng.job, op.name, p.name)))
+            return bool(slices)
+        finally:
+            self.inflight -= take - used
+            self._grant()
+
+    async def _slices(self, op_index: int, room: int, max_drift: float | None) -> tuple[list, list]:
+        """Slices [(partition, records)] read for a turn of `room` records, in passes over the partitions that
+        have records, lowest event time first (paused ones left out); and [(partition, ended)] of those that
+        ended or went idle."""
+        op = self.eng.ops[op_index]
+        slices, ends, dry = [], [], set()
+        while room > 0:
+            now = _time.monotonic()
+            live = {p: p.clock.max_seen for p in self.parts.values()
+                    if p.op == op_index and p.aligned and not p.ended and p not in dry and p.retry_at <= now}
+            if not live:
+                break
+            order = turn_order(live, max_drift)
+            size = slice_size(room, len(order))
+            for p in order:
+                n = min(size, room)
+                try:
+                    batch = await p.reader.next_batch(n)
+                except Exception as e:  # the source's failure is the source operator's error; it is asked again
+                    self.eng.executor.fail(op, OperatorError(f"source {op.name!r}, partition {p.name!r}: {e!r}"), None)
+                    p.retry_at = _time.monotonic() + FAILED_S
+                    continue
+                for err in p.reader.take_errors():
+                    self.eng.executor.fail(op, OperatorError(f"source {op.name!r}: {err}"), None)
+                if batch:
+                    p.saw(batch)
+                    slices.append((p, batch))
+                    room -= len(batch)
+                    if len(batch) < n:
+                        dry.add(p)  # nothing more now: the pass's others fill the room
+                else:
+                    dry.add(p)
+                    if p.reader.exhausted:
+                        p.ended = True
+                        ends.append((p, True))
+                    elif p.went_idle():
+                        ends.append((p, False))
+                if room <= 0:
+                    break
+        return slices, ends
+
+    @staticmethod
+    def _merged(slices: list) -> list:
+        """A turn's slices as one batch in event-time order (each partition's records keep their order among
+        equal times: the sort is stable)."""
+        if len(slices) == 1:
+            return slices[0][1]
+        batch = [v for _, b in slices for v in b]
+        try:
+            batch.sort(key=slices[0][0].time.timestamp)
+        except Exception:  # a time that cannot be had or compared: the slices in the order read
+            pass
+        return batch
+
+    def _admit(self, op, batch: list, chunk: int, parts) -> None:
+        """Admit a batch read from `parts` as chunk `chunk` and seal it, with each partition's watermark after
+        it (on event time); their positions move with it. Called with no await since the chunk was taken: the
+        batch, its chunk and the positions go together."""
+        counts = self.eng.admit_source(op.index, batch, chunk << CHUNK_BITS)
+        seal = [chunk, len(batch), counts]
+        for p in parts:
+            if p.clock is not None:
+                seal.append([op.name, p.name, p.clock.watermark])
+            p.position = p.reader.position()
+        self._seal(seal)
+        self.cycle.admitted(_time.monotonic(), len(batch))
+        self.wake()

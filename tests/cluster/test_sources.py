@@ -46,9 +46,15 @@ def count(state, word):
     return n, [[word, n]]
 
 
-def word_count(source) -> clasp.Dag:
+def line_time(line: str) -> float:
+    return float(len(line))  # any time: a line's length puts a chunk's lines out of their files' order
+
+
+def word_count(source, timestamp=None) -> clasp.Dag:
+    """Word Count from a source; with `timestamp`, a source on event time, whose partitions a worker reads
+    aligned (one chunk of several partitions' slices, sorted by time)."""
     dag = clasp.Dag("wc-source")
-    src = dag.source("lines", source)
+    src = dag.source("lines", source, timestamp=timestamp)
     s = dag.operator("split", slow_split)
     c = dag.operator("count", count, stateful=True, key=clasp.identity, collect=True)
     src >> s >> c
@@ -161,9 +167,10 @@ def _capture_checkpoints(state_dir: Path, into: Path, stop: threading.Event) -> 
         time.sleep(0.005)
 
 
+@pytest.mark.parametrize("timestamp", [None, line_time], ids=["turns", "aligned"])
 @pytest.mark.parametrize("kill", [False, True], ids=["rescale", "SIGKILL during a rescale"])
 @pytest.mark.parametrize("seed", range(SEEDS))
-def test_every_checkpoint_is_a_consistent_cut(tmp_path_factory, seed, kill):
+def test_every_checkpoint_is_a_consistent_cut(tmp_path_factory, seed, kill, timestamp):
     """A checkpoint's state is the count of exactly the lines below its positions: no record of the cut's
     far side in the snapshot (a replay would add it twice), none of its near side missing (a replay would
     skip it). Checked on every checkpoint of a run with frequent checkpoints and a rescale (and a worker
@@ -182,7 +189,7 @@ def test_every_checkpoint_is_a_consistent_cut(tmp_path_factory, seed, kill):
     watcher.start()
     try:
         with clasp.connect(cluster.planner) as client:
-            job = client.submit(word_count(FileSource(str(data / "part-*.txt"), range_bytes=150_000)),
+            job = client.submit(word_count(FileSource(str(data / "part-*.txt"), range_bytes=150_000), timestamp),
                                 autoscale=False)
             time.sleep(rng.uniform(0.5, 1.0))
             pids = _pids(client)
@@ -310,9 +317,10 @@ def write_uneven(directory, rng: random.Random, big: int, small: int) -> list[st
     return out
 
 
+@pytest.mark.parametrize("timestamp", [None, line_time], ids=["turns", "aligned"])
 @pytest.mark.parametrize("kill", [False, True], ids=["steal", "SIGKILL after a steal"])
 @pytest.mark.parametrize("seed", range(SEEDS))
-def test_a_worker_that_read_its_partitions_takes_some_of_a_busier_ones(tmp_path_factory, seed, kill):
+def test_a_worker_that_read_its_partitions_takes_some_of_a_busier_ones(tmp_path_factory, seed, kill, timestamp):
     """Partitions of very different lengths on 2 workers: the one whose files were short takes some of the
     other's (with their positions) when it has read its own, so both read to the end; with a SIGKILL after
     that, the rollback reopens every partition at the checkpoint's position. Exact either way."""
@@ -322,7 +330,7 @@ def test_a_worker_that_read_its_partitions_takes_some_of_a_busier_ones(tmp_path_
     cluster = start_cluster(tmp_path_factory, 2, planner_args=["--no-autoscale", "--checkpoint-interval", "0.3"])
     try:
         with clasp.connect(cluster.planner) as client:
-            job = client.submit(word_count(FileSource(str(data / "part-*.txt"))), autoscale=False)
+            job = client.submit(word_count(FileSource(str(data / "part-*.txt")), timestamp), autoscale=False)
             assert job.stats()["sources"]["partitions"] == 8
             wait_for(lambda: job.stats()["sources"]["stolen"] >= 1, timeout=30, what="a partition moved")
             assert job.stats()["sources"]["ended"] < 8  # moved while the big files were still being read

@@ -254,7 +254,7 @@ def test_control_messages_are_typed_and_checked_in_one_place():
         protocol.decode_message(protocol.encode("done", [1, {}]))  # a body without the worker's backlog
 
 
-def test_a_seal_carries_its_partitions_mark_or_none():
+def test_a_seal_carries_its_partitions_marks_or_none():
     counts = {0: {1: 10}}
     assert protocol.decode_message(protocol.encode("seal", [1, 3, 10, counts])) == ("seal", [1, 3, 10, counts])
     marked = [1, 3, 10, counts, ["src", "p0", 1.5]]
@@ -263,8 +263,13 @@ def test_a_seal_carries_its_partitions_mark_or_none():
         with pytest.raises(ProtocolError, match="mark") as e:
             protocol.decode_message(protocol.encode("seal", [1, 3, 10, counts, mark]))
         assert e.value.reason == "bad_body"
-    with pytest.raises(ProtocolError, match="expected a list of 4") as e:
+    # A chunk of several partitions' slices (aligned reading) carries a mark for each; anything else is refused.
+    two = [*marked, ["src", "p1", 2.5]]
+    assert protocol.decode_message(protocol.encode("seal", two)) == ("seal", two)
+    with pytest.raises(ProtocolError, match="mark"):
         protocol.decode_message(protocol.encode("seal", [*marked, 0]))
+    with pytest.raises(ProtocolError, match="expected a list of 4"):
+        protocol.decode_message(protocol.encode("seal", [1, 3, 10]))
 
 
 def test_seals_carry_a_turn_of_seals_each_checked_as_one():
