@@ -370,7 +370,12 @@ def main(argv: list[str] | None = None) -> int:
                         "in event time)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json")
+    p.add_argument("--plot", help="draw clasp / N Bytewax processes per query into this image (needs matplotlib)")
+    p.add_argument("--replot", metavar="JSON", help="only draw --plot from a run saved by --json")
     a = p.parse_args(argv)
+    if a.replot:
+        plot(json.loads(Path(a.replot).read_text())["table"], a.plot)
+        return 0
     events = nx.generate(a.events, a.seed)
     small = events[:a.fixed_events]
     has_bytewax = importlib.util.find_spec("bytewax") is not None
@@ -404,7 +409,39 @@ def main(argv: list[str] | None = None) -> int:
                       f"event / clasp's = {r['cpu_over_bytewax' + suffix]:.2f}", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps({"runs": results, "fixed": fixed, "table": table}, indent=1))
+    if a.plot:
+        plot(table, a.plot)
     return 0 if all(r["exact"] for r in results + fixed) else 1
+
+
+def plot(table: list[dict], path: str, goal: float = 1.3) -> None:
+    """Grouped bars: per query, clasp's events/s over N Bytewax processes' at each worker count N, against the
+    goal and parity."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in table if r["system"] == "clasp" and "over_bytewax_processes" in r]
+    queries = list(dict.fromkeys(r["query"] for r in rows))
+    counts = sorted({r["workers"] for r in rows})
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(queries) + 2), 3.6))
+    width = 0.8 / max(len(counts), 1)
+    for i, n in enumerate(counts):
+        ratio = {r["query"]: r["over_bytewax_processes"] for r in rows if r["workers"] == n}
+        xs = [q + (i - (len(counts) - 1) / 2) * width for q in range(len(queries))]
+        ax.bar(xs, [ratio.get(q, 0.0) for q in queries], width,
+               label=f"{n} worker{'s' if n != 1 else ''} / {n} process{'es' if n != 1 else ''}")
+    ax.axhline(goal, color="black", linestyle="--", linewidth=1, label=f"goal {goal}")
+    ax.axhline(1.0, color="grey", linestyle=":", linewidth=1, label="parity")
+    ax.set_xticks(range(len(queries)), [q.upper() for q in queries])
+    ax.set_ylabel("clasp / Bytewax, events/s")
+    ax.set_title("Nexmark: clasp (checkpoints every 1 s, CURVE) against Bytewax 0.21", fontsize=10)
+    ax.margins(y=0.2)
+    ax.legend(fontsize=8, ncol=4, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -260,3 +260,16 @@ def test_q4s_stages_equal_the_reference_under_any_arrival_order_within_the_bound
     events, bound = arrivals
     out, late = run_stages(nx.STAGES["q4"](), events, bound, snapshot_at=snapshot_at, batch=batch)
     assert (nx.answer("q4", out), late) == (ref.q4(events), 0)
+
+
+def test_the_cluster_benchmark_draws_a_saved_run(tmp_path):
+    """`--replot` draws the saved table's clasp rows, one bar per query and worker count, as a PNG."""
+    from clasp.bench import nexmark_cluster
+
+    table = [{"query": q, "system": "clasp", "workers": n, "over_bytewax_processes": r}
+             for q, n, r in (("q0", 1, 1.5), ("q0", 2, 1.6), ("q2", 1, 0.9), ("q2", 2, 1.1))]
+    table.append({"query": "q0", "system": "bytewax-processes", "workers": 1, "events_per_s": 1.0})
+    saved, png = tmp_path / "run.json", tmp_path / "run.png"
+    saved.write_text(json.dumps({"runs": [], "fixed": [], "table": table}))
+    assert nexmark_cluster.main(["--replot", str(saved), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5_000
