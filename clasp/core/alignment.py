@@ -6,7 +6,8 @@ whose event times jump back and forth by a batch's span: a partition's batch run
 keyed operator sees, say, a bid before the auction it belongs to (Nexmark Q4: 44 % of the bids at 8 files in
 1,024-line turns, 4.6 % in event-time order), which it must hold. Aligned reading, the shell's
 `SourceReaders`, fills each batch's room with slices of its partitions, the one with the lowest event time
-read first, and hands the slices to the engine as one chunk merged in event-time order. A partition more than
+read first, and hands the slices to the engine as one chunk merged in event-time order (`merged`: no
+partition's records reordered, as a Kafka partition's order is kept). A partition more than
 `max_drift` ahead of the lowest one pauses, as in Flink's watermark alignment (`withWatermarkAlignment`), but
 only partitions that have records now count: one that reads nothing (idle, ended, or waiting for its producer)
 holds no other back. Everything here is a function of its arguments.
@@ -14,7 +15,8 @@ holds no other back. Everything here is a function of its arguments.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from itertools import accumulate
 
 
 def turn_order(marks: Mapping[Hashable, float], max_drift: float | None = None) -> list:
@@ -30,3 +32,23 @@ def turn_order(marks: Mapping[Hashable, float], max_drift: float | None = None) 
 def slice_size(room: int, readers: int) -> int:
     """Records asked of each partition in a pass over `readers` of them, so the pass fills `room` (at least 1)."""
     return max(1, -(-room // max(1, readers)))
+
+
+def merged(slices: Sequence[Sequence], timestamp: Callable) -> list:
+    """The slices' records as one list in event-time order, each slice's records in the order it holds them.
+
+    A record's place is its slice's largest time so far (the running maximum, which never falls within a
+    slice), so a stable sort interleaves the slices by time without reordering any: a record that came late
+    within its partition stays behind the ones read before it. A time that cannot be had or compared, or a
+    NaN, leaves the slices in the order given."""
+    if len(slices) < 2:
+        return list(slices[0]) if slices else []
+    records = [v for s in slices for v in s]
+    try:
+        places = [t for s in slices for t in accumulate(map(timestamp, s), max)]
+        if any(t != t for t in places):  # a NaN compares false both ways: the running maximum is not one
+            return records
+        order = sorted(range(len(records)), key=places.__getitem__)
+    except Exception:
+        return records
+    return [records[i] for i in order]

@@ -21,12 +21,12 @@ read here fill anywhere in the cluster stay bounded, and a reader simply waits. 
 at a time, given to the readers in turn (the order they asked): partitions of like event-time density then
 advance together, and the job's watermark, the least of theirs, with them.
 
-Aligned reading (a source on event time with `align`, the default): one task reads all of this worker's
-partitions of the source, a batch's room at a time, in slices taken lowest event time first, a partition more
-than `max_drift` ahead of the lowest paused (`clasp.core.alignment`), and admits the slices as one chunk in
-event-time order, sealed with each partition's mark; the partitions' positions move with that chunk, so a
-barrier or a release (which waits for the reads in progress, `turn_lock`) sees positions of admitted records
-only, as above, and a partition released before its slice was admitted leaves the slice to its next owner.
+Aligned reading (a source on event time with `align`, the default): one task reads all of this worker's partitions
+of the source, a batch's room at a time, in slices taken lowest event time first, a partition more than `max_drift`
+ahead of the lowest paused (`clasp.core.alignment`), and admits the slices as one chunk merged in event-time order
+(no partition's records reordered), sealed with each partition's mark; the partitions' positions move with that
+chunk, so a barrier or a release (which waits for the reads in progress, `turn_lock`) sees positions of admitted
+records only, as above, and a partition released before its slice was admitted leaves the slice to its next owner.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from clasp.core import protocol
-from clasp.core.alignment import slice_size, turn_order
+from clasp.core.alignment import merged, slice_size, turn_order
 from clasp.core.credit import CreditCycle, source_window
 from clasp.core.eventtime import PartitionClock
 from clasp.core.timed import EventTime
@@ -359,7 +359,7 @@ class SourceReaders:
             chunk = await self._chunk() if slices else None
             slices = [(p, b) for p, b in slices if self.parts.get((p.op, p.name)) is p]
             if slices:
-                batch = self._merged(slices)
+                batch = merged([b for _, b in slices], slices[0][0].time.timestamp)
                 self._admit(op, batch, chunk, dict.fromkeys(p for p, _ in slices))
                 used = len(batch)
             elif chunk is not None:
@@ -418,19 +418,6 @@ class SourceReaders:
                 if room <= 0:
                     break
         return slices, ends
-
-    @staticmethod
-    def _merged(slices: list) -> list:
-        """A turn's slices as one batch in event-time order (each partition's records keep their order among
-        equal times: the sort is stable)."""
-        if len(slices) == 1:
-            return slices[0][1]
-        batch = [v for _, b in slices for v in b]
-        try:
-            batch.sort(key=slices[0][0].time.timestamp)
-        except Exception:  # a time that cannot be had or compared: the slices in the order read
-            pass
-        return batch
 
     def _admit(self, op, batch: list, chunk: int, parts) -> None:
         """Admit a batch read from `parts` as chunk `chunk` and seal it, with each partition's watermark after
