@@ -50,9 +50,17 @@ def line_time(line: str) -> float:
     return float(len(line))  # any time: a line's length puts a chunk's lines out of their files' order
 
 
+def modes_and_faults(fault_ids: tuple[str, str]) -> list:
+    """[kill, timestamp] cases: each reading mode (turns, aligned) and each fault once in a plain run, every
+    pairing of them at CLASP_STRESS_SEEDS > 1 (a cluster run costs ~15-30 s; the suite's time is bounded)."""
+    pairs = [(False, None), (True, line_time)] if SEEDS == 1 else [(k, t) for k in (False, True)
+                                                                  for t in (None, line_time)]
+    return [pytest.param(k, t, id=f"{fault_ids[k]}-{'aligned' if t else 'turns'}") for k, t in pairs]
+
+
 def word_count(source, timestamp=None) -> clasp.Dag:
     """Word Count from a source; with `timestamp`, a source on event time, whose partitions a worker reads
-    aligned (one chunk of several partitions' slices, sorted by time)."""
+    aligned (one chunk of several partitions' slices, merged by time)."""
     dag = clasp.Dag("wc-source")
     src = dag.source("lines", source, timestamp=timestamp)
     s = dag.operator("split", slow_split)
@@ -167,8 +175,7 @@ def _capture_checkpoints(state_dir: Path, into: Path, stop: threading.Event) -> 
         time.sleep(0.005)
 
 
-@pytest.mark.parametrize("timestamp", [None, line_time], ids=["turns", "aligned"])
-@pytest.mark.parametrize("kill", [False, True], ids=["rescale", "SIGKILL during a rescale"])
+@pytest.mark.parametrize(("kill", "timestamp"), modes_and_faults(("rescale", "SIGKILL during a rescale")))
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_every_checkpoint_is_a_consistent_cut(tmp_path_factory, seed, kill, timestamp):
     """A checkpoint's state is the count of exactly the lines below its positions: no record of the cut's
@@ -317,8 +324,7 @@ def write_uneven(directory, rng: random.Random, big: int, small: int) -> list[st
     return out
 
 
-@pytest.mark.parametrize("timestamp", [None, line_time], ids=["turns", "aligned"])
-@pytest.mark.parametrize("kill", [False, True], ids=["steal", "SIGKILL after a steal"])
+@pytest.mark.parametrize(("kill", "timestamp"), modes_and_faults(("steal", "SIGKILL after a steal")))
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_a_worker_that_read_its_partitions_takes_some_of_a_busier_ones(tmp_path_factory, seed, kill, timestamp):
     """Partitions of very different lengths on 2 workers: the one whose files were short takes some of the
