@@ -831,7 +831,7 @@ def decode(frame: bytes) -> tuple[str, Any]:
         raise ProtocolError("unknown_type", f"type {mtype!r}")
     n = _LIST_BODIES.get(mtype)
     if n is not None:
-        if (not isinstance(body, list) or (len(body) != n and len(body) < _LIST_LONGER.get(mtype, n + 1))
+        if (not isinstance(body, list) or (len(body) != n and len(body) < _LIST_LONGER.get(mtype, math.inf))
                 or type(body[0]) is not int):
             raise ProtocolError("bad_body", f"{mtype}: expected a list of {n} starting with the job id")
         kinds = _POSITIONS.get(mtype)
