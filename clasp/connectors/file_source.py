@@ -71,7 +71,7 @@ def _scan_block(text: str, values: list) -> bool:
     """The JSON lines of `text` (whole lines, the last one's newline optional) into `values`, if each is a value
     and nothing else: the C scanner called once a line over the block decoded once, no line cut or decoded
     alone. False (and `values` as it was) at the first line that is anything else (blank, padded, CRLF,
-    invalid): the block then goes line by line, which says what is wrong where."""
+    invalid, part of a value) or when a value spans lines: the block then goes line by line, which says what is wrong where."""
     out: list = []
     append, scan, pos, n = out.append, _SCAN, 0, len(text)
     try:
@@ -82,6 +82,10 @@ def _scan_block(text: str, values: list) -> bool:
             append(value)
             pos = end + 1
     except (StopIteration, ValueError):
+        return False
+    # The scanner takes a newline inside a value as whitespace: lines that are only a value together (`{"d": [`
+    # then `{"e": 2}]}`) would read as one. Each line is one value exactly when there is one value a newline.
+    if len(out) != text.count("\n", 0, n - 1) + 1:
         return False
     values.extend(out)
     return True

@@ -7,7 +7,7 @@ import json
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import clasp
@@ -114,6 +114,8 @@ OBJECT_LINES = ['{"a": 1}', ' {"b": {"c": [1]}}\r', '{"d": [', '{"e": 2}]}', '{"
 
 @settings(max_examples=120, deadline=None)
 @given(st.one_of(st.lists(st.sampled_from(LINES), max_size=30), st.lists(st.sampled_from(OBJECT_LINES), max_size=30)))
+@example(['{"d": [', '{"e": 2}]}'])  # json's scanner once read these two lines as one object
+@example(["[1,[2", "3]]", '{"a": 1}'])
 def test_jsonl_lines_read_as_json_loads_reads_each_and_the_others_are_named(tmp_path_factory, lines):
     """Each line is what json.loads makes of it alone (blanks around a value included); a blank one is skipped;
     any other is an error, even where lines together would make JSON (`[1,[2` then `3]]`, `{"d": [` then
