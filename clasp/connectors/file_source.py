@@ -71,7 +71,8 @@ def _scan_block(text: str, values: list) -> bool:
     """The JSON lines of `text` (whole lines, the last one's newline optional) into `values`, if each is a value
     and nothing else: the C scanner called once a line over the block decoded once, no line cut or decoded
     alone. False (and `values` as it was) at the first line that is anything else (blank, padded, CRLF,
-    invalid, part of a value) or when a value spans lines: the block then goes line by line, which says what is wrong where."""
+    invalid, part of a value) or when a value spans lines: the block then goes line by line, which says what is
+    wrong where."""
     out: list = []
     append, scan, pos, n = out.append, _SCAN, 0, len(text)
     try:
