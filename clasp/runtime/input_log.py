@@ -135,7 +135,8 @@ class InputLog:
     def dir(self) -> Path:
         return self.store.root / f"job-{self.job}" / "input"
 
-    def append(self, chunk: int, t: float, records: list, nbytes: int = 0, frame: bytes | None = None) -> None:
+    def append(self, chunk: int, t: float, records: list, nbytes: int = 0, frame: bytes | memoryview | None = None
+               ) -> None:
         """Admit a chunk (`frame`: the push frame when the chunk is all of its records); it is written
         now (no event loop) or by the writer thread (`written` tells when)."""
         self.entries[chunk] = [t, len(records), records, False, nbytes]
@@ -178,7 +179,8 @@ class InputLog:
                 self._fd = os.open(self.dir / self._seg, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             at = self._seg_size
             for chunk, (size, what) in batch:
-                blob = [frame_head(what), what] if isinstance(what, bytes) else [encode_blob(what, compress=False)]
+                framed = isinstance(what, bytes | memoryview)  # the push frame, or a view of libzmq's copy of it
+                blob = [frame_head(what), what] if framed else [encode_blob(what, compress=False)]
                 length = sum(map(len, blob))
                 # A plain descriptor call per chunk, not a buffered file: each call gives up the GIL and takes it
                 # back, and each take-back while the event loop runs costs the loop a forced switch.

@@ -135,6 +135,18 @@ DRAIN_FRAMES = 64
 NOBLOCK, EVENTS, POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
 
 
+def _received(raw: zmq.Socket) -> list:
+    """One message's frames, queued already (NOBLOCK): a frame above ZERO_COPY_BYTES as a view of libzmq's
+    memory, not a copy. A push is a megabyte that the planner only checks, logs and sends on in pieces: its
+    copy out of libzmq, into pages just allocated, cost 0.1-0.45 ms a push (a few µs as a view)."""
+    frames = []
+    while True:
+        f = raw.recv(NOBLOCK, copy=False)
+        frames.append(f.buffer if len(f) > ZERO_COPY_BYTES else f.bytes)
+        if not f.more:
+            return frames
+
+
 def drained(raw: zmq.Socket, limit: int = DRAIN_FRAMES) -> list:
     """Up to `limit` frames already queued on `raw` (a shadow socket), not waiting: zmq.Frame objects (their
     memory, not a copy). Call it from the one loop that receives on the socket, between its awaited receives
@@ -231,7 +243,7 @@ class ServerLoop:
                 # exception a receive that finds none raises (one per wake-up, about as many as messages).
                 while raw.get(EVENTS) & POLLIN:
                     try:
-                        frames = raw.recv_multipart(NOBLOCK)
+                        frames = _received(raw)
                     except zmq.Again:
                         break
                     await self.handle(frames)

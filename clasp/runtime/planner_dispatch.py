@@ -62,7 +62,7 @@ class Dispatcher:
                                                           scheduler.source_holders(job.spec, job.placement),
                                                           len(job.placement.active_workers()))
 
-    def on_push(self, ident: bytes, msg: protocol.Push, frame: bytes = b"") -> None:
+    def on_push(self, ident: bytes, msg: protocol.Push, frame: bytes | memoryview = b"") -> None:
         job = self.job_of(msg)
         if job.deferred_acks:  # a client that pushes on without waiting for its acks: bounded, refused
             check_client_pending(sum(1 for a in job.deferred_acks if a[0] == ident), self.limits)

@@ -64,7 +64,7 @@ class CheckpointState:
         self.last_pause = 0.0
         self.last_pause_cpu = 0.0
         self.stages = StageTimes()
-        self.persisted = b""  # the job's record as last written to the state directory
+        self.persisted = b""  # the job's record as last written to the state directory, but its key weights
         # Set when what a checkpoint waits for may have changed (a dispatch step, a worker declared dead):
         # the checkpoint sleeps on it instead of polling the queue and the tracker every millisecond.
         self.moved = asyncio.Event()

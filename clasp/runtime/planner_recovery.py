@@ -360,22 +360,25 @@ class Checkpoints:
 
     # ----------------------------------------------------------------- planner restart
     def persist(self, job) -> None:
-        """The job's record in the state directory, for a planner restarted on it."""
+        """The job's record in the state directory, for a planner restarted on it. The key groups' measured
+        weights go with a record written for another change, and change no record by themselves: they move at
+        every tick, and each checkpoint wrote and fsynced the record on the event loop for them."""
         if self.store is None or not job.ckpt.enabled:
             return
         rec = {"id": job.id, "dag": job.spec_wire, "placement": job.placement.to_wire(), "workers": job.workers,
-               "autoscale": job.autoscale, "policy": job.policy, "state": job.state, "key_weights": job.key_weights,
+               "autoscale": job.autoscale, "policy": job.policy, "state": job.state,
                "created": job.created, "sinks": self.sinks.book(job).pending if self.sinks.has_sinks(job) else {},
                "input_ended": job.input_ended}
-        data = encode_blob(rec)
-        if data == job.ckpt.persisted:
+        seen = encode_blob(rec)
+        if seen == job.ckpt.persisted:
             return  # as written last (most checkpoints change nothing of it): no fsync on the event loop
+        rec["key_weights"] = job.key_weights
         try:
-            self.store.write_file(f"job-{job.id}/job.kg", data)
+            self.store.write_file(f"job-{job.id}/job.kg", encode_blob(rec))
         except OSError as e:
             log.error("job %d: its record could not be written: %s", job.id, e)
             return
-        job.ckpt.persisted = data
+        job.ckpt.persisted = seen
 
     def stored_jobs(self) -> list[dict]:
         """Every job record a previous planner left in the state directory, with its checkpoints and input."""

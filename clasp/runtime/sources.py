@@ -391,7 +391,10 @@ class SourceReaders:
             if not live:
                 break
             order = turn_order(live, max_drift)
-            size = slice_size(room, len(order))
+            # The room is shared by every partition with records, paused or not: a share of the unpaused alone let
+            # the lowest take all of it in one slice and run a whole turn past the paused ones, which then lagged
+            # more than a pass behind (the passes after this one give them their part once they are lowest).
+            size = slice_size(room, len(live))
             for p in order:
                 n = min(size, room)
                 try:

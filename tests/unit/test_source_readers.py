@@ -146,7 +146,8 @@ def test_the_seals_of_a_turn_go_together_and_before_the_partitions_end(align):
             assert op == "n" and at < ends[part]
 
 
-@example(sizes=[2561, 1536], window=4096, max_drift=0)  # lagged 2,049 times at a partition's end
+@example(sizes=[2561, 1536], window=4096, max_drift=0)  # the lowest took a turn's room: 2,049 times behind
+@example(sizes=[2223, 2818, 1920, 2710, 1457], window=4096, max_drift=0)  # so, 9,983 times behind
 @settings(max_examples=25, deadline=None)
 @given(sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=5), window=st.sampled_from([1024, 4096, 16384]),
        max_drift=st.sampled_from([None, 0, 50, 500]))
@@ -165,12 +166,11 @@ def test_aligned_reading_hands_over_every_record_once_in_event_time_order(sizes,
     assert all(b == sorted(b) for b in admitted)
     assert all(len(b) <= min(n * BATCH, window) for b in admitted)  # a batch's room a partition, in the window
     # Aligned: a record is behind the largest time admitted before it by at most a pass's span over the
-    # partitions with records left (a slice of each: n * slice times), whatever their lengths. Near a partition's
-    # end the lag runs a few records past one pass (2,049-2,053 times against 2,048 at 2 partitions, cause not
-    # found): two passes are asserted; reading in turns lags by whole partitions.
+    # partitions with records left (a slice of each: n * slice times), whatever their lengths and max_drift (a
+    # paused partition keeps its share of the room); reading in turns lags by whole partitions.
     top = float("-inf")
     for b in admitted:
-        assert b[0] >= top - 2 * n * BATCH
+        assert b[0] >= top - n * BATCH
         top = max(top, b[-1])
     seals, ends, _ = _seals(msgs)
     last = {}
