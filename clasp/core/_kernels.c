@@ -1203,6 +1203,11 @@ merge_by_time(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
     }
     if (i != n)
         goto none;
+    /* Made before the check below: from there on nothing allocates, so no collection runs a finalizer that could
+     * change a slice. */
+    out = PyList_New(n);
+    if (out == NULL)
+        goto done;
     for (Py_ssize_t j = 0; j < k; j++) {
         if (PyList_GET_SIZE(PyList_GET_ITEM(held, j)) != end[j] - first[j])
             goto none;  /* a slice changed while the times were read */
@@ -1217,9 +1222,6 @@ merge_by_time(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
             heap[(c - 1) / 2] = x;
         }
     }
-    out = PyList_New(n);
-    if (out == NULL)
-        goto done;
     for (Py_ssize_t o = 0; o < n; o++) {
         Py_ssize_t j = heap[0];
         PyObject *v = PyList_GET_ITEM(PyList_GET_ITEM(held, j), next[j] - first[j]);
