@@ -296,7 +296,7 @@ class Planner:
             "scale": mig.on_scale, "place": mig.on_place, "autoscale": mig.on_autoscale, "wm_push": tm.on_wm_push,
             "drain": pool.on_drain, "leave": pool.on_leave, "pool": pool.on_pool, "end_input": d.on_end_input,
             "lease": src.on_lease, "seal": self._on_seal, "seals": each_seal(self._on_seal), "stop": src.on_stop,
-            "read_end": src.on_read_end, "wm_idle": tm.on_wm_idle, "wm_fired": tm.on_wm_fired, "wm_out": tm.on_wm_out}
+            "read_end": self._on_read_end, "wm_idle": tm.on_wm_idle, "wm_fired": tm.on_wm_fired, "wm_out": tm.on_wm_out}
         return ServerLoop(self.router, handlers, where="the planner", on_bad=self._bad, on_failure=self._failed,
                           decode=protocol.decode_message, spawn=self._spawn_handler, raw=frozenset({"push"}),
                           admit=self._admit, drain=True)
@@ -434,6 +434,12 @@ class Planner:
         job = self.jobs.get(body[0]) or self.deploying.get(body[0])  # readers start as soon as deployed
         if job is not None:
             self.dispatcher.carry_out(job, job.machine.handle(Progress(ident, body[1], time.monotonic(), body[2])))
+            if getattr(job, "time", None) is not None:
+                self.time.nudge()  # chunks may have completed
+
+    def _on_read_end(self, ident: bytes, msg: protocol.ReadEnd) -> None:
+        self.sources.on_read_end(ident, msg)
+        self.time.nudge()  # an ended partition holds the watermark back no more once its chunks are complete
 
     def _on_error_msg(self, ident: bytes, msg: protocol.Error) -> None:
         log.warning("%r reports a bad message from us: %s %s", ident[:16], msg.reason, msg.detail)
