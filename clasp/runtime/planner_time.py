@@ -88,6 +88,11 @@ class TimeCoordinator:
         a tick at each link was ~45 ms of a 2,000-event Nexmark Q4 run."""
         self.nudged.set()
 
+    def may_move(self, ident: bytes, body: object) -> None:
+        """The tail of the handler of a message after which a watermark may move (a chunk's progress, a partition's
+        end): `nudge`."""
+        self.nudge()
+
     def pushed(self, job, chunk: int) -> None:
         """The dispatcher begins a pushed chunk: marked in the push partition, its watermark raised as the
         workers running the push source report the chunk's largest time (`wm_push`), safe once it and every
