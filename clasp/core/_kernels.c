@@ -18,7 +18,8 @@
  * - pack_strs, unpack_strs: a batch of strings as one msgpack array and back, the strings a worker receives
  *   made once per table slot, not once per occurrence (clasp.core.protocol.packed_values, open_columns);
  * - pack_uints, unpack_uints: a batch's record ids or run lengths as one msgpack array and back (the same);
- * - runs_fault: the check of a received batch's record ids and run lengths (clasp.core.protocol.check_columns).
+ * - runs_fault: the check of a received batch's record ids and run lengths (clasp.core.protocol.check_columns);
+ * - merge_by_time: the slices of an aligned read merged in event-time order (clasp.core.alignment.merged).
  */
 #define PY_SSIZE_T_CLEAN
 #ifndef _GNU_SOURCE
@@ -1092,6 +1093,158 @@ runs_fault(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLong(sum == n ? 0 : 4);
 }
 
+/* A time as a double that compares as the time does: an exact float that is no NaN, or an exact int of at most
+ * 53 bits (a double holds it exactly); 0 when it is anything else. */
+static int
+exact_time(PyObject *t, double *out)
+{
+    if (PyFloat_CheckExact(t)) {
+        *out = PyFloat_AS_DOUBLE(t);
+        return *out == *out;
+    }
+    if (PyLong_CheckExact(t)) {
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(t, &overflow);
+        if (overflow || v > (1LL << 53) || v < -(1LL << 53))
+            return 0;
+        *out = (double)v;
+        return 1;
+    }
+    return 0;
+}
+
+/* Whether slice a's next record goes before slice b's: the lower place, a tie to the earlier slice. */
+static inline int
+place_before(const double *head, Py_ssize_t a, Py_ssize_t b)
+{
+    return head[a] < head[b] || (head[a] == head[b] && a < b);
+}
+
+static void
+sift_down(Py_ssize_t *heap, Py_ssize_t size, const double *head)
+{
+    Py_ssize_t i = 0;
+    for (;;) {
+        Py_ssize_t least = i, l = 2 * i + 1, r = l + 1;
+        if (l < size && place_before(head, heap[l], heap[least]))
+            least = l;
+        if (r < size && place_before(head, heap[r], heap[least]))
+            least = r;
+        if (least == i)
+            return;
+        Py_ssize_t x = heap[i];
+        heap[i] = heap[least];
+        heap[least] = x;
+        i = least;
+    }
+}
+
+/* merge_by_time(slices, timestamp) -> list | None
+ *
+ * clasp.core.alignment.merged over a list of lists: their records in the order of their places (each its slice's
+ * running maximum of `timestamp(record)`), a tie to the earlier slice, no slice reordered; a merge of the slices
+ * by a heap of their next records. None, and the Python version decides, when `slices` or one of them is not a
+ * list, a time is not one `exact_time` takes, or `timestamp` raised an Exception (anything else it raises
+ * propagates, as it would from the Python version). */
+static PyObject *
+merge_by_time(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (arity(nargs, 2, "merge_by_time(slices, timestamp)") < 0)
+        return NULL;
+    PyObject *slices = args[0], *timestamp = args[1];
+    if (!PyList_CheckExact(slices))
+        Py_RETURN_NONE;
+    Py_ssize_t k = PyList_GET_SIZE(slices), n = 0;
+    for (Py_ssize_t j = 0; j < k; j++) {
+        PyObject *s = PyList_GET_ITEM(slices, j);
+        if (!PyList_CheckExact(s))
+            Py_RETURN_NONE;
+        n += PyList_GET_SIZE(s);
+    }
+    /* The slices held (a copy of the list of them): the timestamp function, the user's code, may change a list. */
+    PyObject *held = PyList_GetSlice(slices, 0, k);
+    if (held == NULL)
+        return NULL;
+    PyObject *result = NULL, *out = NULL;
+    double *places = PyMem_Malloc((n + k + 1) * sizeof(double));  /* each record's place, then each slice's next */
+    Py_ssize_t *first = PyMem_Malloc((4 * k + 1) * sizeof(Py_ssize_t));  /* each slice's start, next, end; heap */
+    if (places == NULL || first == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    double *head = places + n;
+    Py_ssize_t *next = first + k, *end = first + 2 * k, *heap = first + 3 * k, size = 0, i = 0;
+    for (Py_ssize_t j = 0; j < k; j++) {
+        PyObject *s = PyList_GET_ITEM(held, j);
+        first[j] = i;
+        double top = 0;
+        for (Py_ssize_t p = 0; p < PyList_GET_SIZE(s); p++, i++) {
+            if (i >= n)
+                goto none;  /* a slice grew while its times were read */
+            PyObject *t = PyObject_CallOneArg(timestamp, PyList_GET_ITEM(s, p));
+            if (t == NULL) {
+                if (PyErr_ExceptionMatches(PyExc_Exception)) {
+                    PyErr_Clear();
+                    goto none;
+                }
+                goto done;
+            }
+            double d;
+            int ok = exact_time(t, &d);
+            Py_DECREF(t);
+            if (!ok)
+                goto none;
+            if (p == 0 || d > top)
+                top = d;
+            places[i] = top;
+        }
+        next[j] = first[j];
+        end[j] = i;
+    }
+    if (i != n)
+        goto none;
+    /* Made before the check below: from there on nothing allocates, so no collection runs a finalizer that could
+     * change a slice. */
+    out = PyList_New(n);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t j = 0; j < k; j++) {
+        if (PyList_GET_SIZE(PyList_GET_ITEM(held, j)) != end[j] - first[j])
+            goto none;  /* a slice changed while the times were read */
+        if (first[j] == end[j])
+            continue;
+        head[j] = places[first[j]];
+        Py_ssize_t c = size++;
+        heap[c] = j;
+        for (; c > 0 && place_before(head, heap[c], heap[(c - 1) / 2]); c = (c - 1) / 2) {  /* sift up */
+            Py_ssize_t x = heap[c];
+            heap[c] = heap[(c - 1) / 2];
+            heap[(c - 1) / 2] = x;
+        }
+    }
+    for (Py_ssize_t o = 0; o < n; o++) {
+        Py_ssize_t j = heap[0];
+        PyObject *v = PyList_GET_ITEM(PyList_GET_ITEM(held, j), next[j] - first[j]);
+        PyList_SET_ITEM(out, o, Py_NewRef(v));
+        if (++next[j] < end[j])
+            head[j] = places[next[j]];
+        else
+            heap[0] = heap[--size];
+        sift_down(heap, size, head);
+    }
+    result = out;
+    out = NULL;
+    goto done;
+none:
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(out);
+    Py_DECREF(held);
+    PyMem_Free(places);
+    PyMem_Free(first);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"apply_block", (PyCFunction)(void (*)(void))apply_block, METH_FASTCALL,
      "apply_block(fn, values, groups, dicts, start) -> (stop, exc, result, old)"},
@@ -1117,6 +1270,8 @@ static PyMethodDef methods[] = {
     {"unpack_uints", unpack_uints, METH_O, "unpack_uints(data) -> the list a msgpack array of such ints holds, or None"},
     {"runs_fault", (PyCFunction)(void (*)(void))runs_fault, METH_FASTCALL,
      "runs_fault(rids, counts, n) -> 0, or which check of a batch's record ids and run lengths fails"},
+    {"merge_by_time", (PyCFunction)(void (*)(void))merge_by_time, METH_FASTCALL,
+     "merge_by_time(slices, timestamp) -> the records of a list of lists merged by their running maximum times, or None"},
     {NULL, NULL, 0, NULL},
 };
 

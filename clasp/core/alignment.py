@@ -16,7 +16,10 @@ holds no other back. Everything here is a function of its arguments.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from itertools import accumulate
+from itertools import accumulate, chain, islice
+from operator import le
+
+from clasp.core import kernels
 
 
 def turn_order(marks: Mapping[Hashable, float], max_drift: float | None = None) -> list:
@@ -40,15 +43,35 @@ def merged(slices: Sequence[Sequence], timestamp: Callable) -> list:
     A record's place is its slice's largest time so far (the running maximum, which never falls within a
     slice), so a stable sort interleaves the slices by time without reordering any: a record that came late
     within its partition stays behind the ones read before it. A time that cannot be had or compared, or a
-    NaN, leaves the slices in the order given."""
+    NaN, leaves the slices in the order given. With the kernels (`clasp.core.kernels`) a list of lists whose
+    times are ints or floats is merged in C."""
     if len(slices) < 2:
         return list(slices[0]) if slices else []
-    records = [v for s in slices for v in s]
+    if kernels.C is not None:
+        out = kernels.C.merge_by_time(slices, timestamp)
+        if out is not None:
+            return out
+    records = list(chain.from_iterable(slices))
+    places: list = []
     try:
-        places = [t for s in slices for t in accumulate(map(timestamp, s), max)]
-        if any(t != t for t in places):  # a NaN compares false both ways: the running maximum is not one
-            return records
+        for s in slices:
+            run = running_max(list(map(timestamp, s)))
+            # A NaN compares false both ways: the running maximum keeps one only from the slice's first time on.
+            if run and run[0] != run[0]:
+                return records
+            places += run
         order = sorted(range(len(records)), key=places.__getitem__)
     except Exception:
         return records
-    return [records[i] for i in order]
+    return list(map(records.__getitem__, order))
+
+
+def running_max(times: list) -> list:
+    """The largest of `times` so far at each of them: `times` itself when none falls (checked in one pass in C,
+    the common slice: a partition in time order), else a call of `max` a time."""
+    try:
+        if all(map(le, times, islice(times, 1, None))):
+            return times
+    except Exception:  # two times that do not compare side by side may still each compare with the maximum
+        pass
+    return list(accumulate(times, max))

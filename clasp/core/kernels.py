@@ -3,8 +3,9 @@
 `pip install` compiles them when it can (setup.py; optional: a failed build leaves them out) and each caller
 keeps a Python version with the same results, which runs when `C` is None: `tracking.epochs_of_runs`,
 `clasp.runtime.batches.apply_block`, `gather_outputs` and `group_bytes`, the file reader's
-`clasp.connectors.file_source._long_digits`, `protocol.runs_fault`; `protocol.packed_values` and `packed_ints`
-send a list as it is and `protocol.open_columns` decodes a packed one with msgpack. CLASP_NO_KERNELS=1 in the
+`clasp.connectors.file_source._long_digits`, `protocol.runs_fault`, `alignment.merged` (aligned reading's
+merge); `protocol.packed_values` and `packed_ints` send a list as it is and `protocol.open_columns` decodes a
+packed one with msgpack. CLASP_NO_KERNELS=1 in the
 environment runs the Python versions although the kernels are built (to compare the two)."""
 
 from __future__ import annotations

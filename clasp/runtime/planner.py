@@ -113,6 +113,14 @@ def each_seal(on_seal: Callable[[bytes, list], None]) -> Callable[[bytes, list],
     return on_seals
 
 
+def in_turn(*handlers: Callable[[bytes, object], None]) -> Callable[[bytes, object], None]:
+    """One message's handler that runs each of `handlers` on it, in order."""
+    def on_message(ident: bytes, body: object) -> None:
+        for handler in handlers:
+            handler(ident, body)
+    return on_message
+
+
 class Planner:
     """The planner. `await Planner(...).serve()` runs until cancelled."""
 
@@ -288,15 +296,16 @@ class Planner:
 
     def _server(self) -> ServerLoop:
         q, src, pool, mig, tm, d = self.queries, self.sources, self.elastic, self.migrations, self.time, self.dispatcher
+        seal = in_turn(src.on_seal, tm.on_seal)  # a chunk of fired windows counts as on its way until it is sealed
         handlers = {
-            "register": self._on_register, "heartbeat": self._on_heartbeat, "done": self._on_done,
-            "reply": self.link.on_reply, "error": self._on_error_msg, "submit": self._on_submit,
+            "register": self._on_register, "heartbeat": self._on_heartbeat, "reply": self.link.on_reply,
+            "done": in_turn(self._on_done, tm.may_move), "error": self._on_error_msg, "submit": self._on_submit,
             "push": d.on_push, "cancel": self._on_cancel, "jobs": q.on_jobs, "workers": q.on_workers,
             "wait_idle": q.on_wait_idle, "state": q.on_state, "collected": q.on_collected, "stats": q.on_stats,
             "scale": mig.on_scale, "place": mig.on_place, "autoscale": mig.on_autoscale, "wm_push": tm.on_wm_push,
             "drain": pool.on_drain, "leave": pool.on_leave, "pool": pool.on_pool, "end_input": d.on_end_input,
-            "lease": src.on_lease, "seal": self._on_seal, "seals": each_seal(self._on_seal), "stop": src.on_stop,
-            "read_end": src.on_read_end, "wm_idle": tm.on_wm_idle, "wm_fired": tm.on_wm_fired, "wm_out": tm.on_wm_out}
+            "lease": src.on_lease, "seal": seal, "seals": each_seal(seal), "stop": src.on_stop, "wm_out": tm.on_wm_out,
+            "read_end": in_turn(src.on_read_end, tm.may_move), "wm_idle": tm.on_wm_idle, "wm_fired": tm.on_wm_fired}
         return ServerLoop(self.router, handlers, where="the planner", on_bad=self._bad, on_failure=self._failed,
                           decode=protocol.decode_message, spawn=self._spawn_handler, raw=frozenset({"push"}),
                           admit=self._admit, drain=True)
@@ -425,10 +434,6 @@ class Planner:
             if job is not None:
                 for err in js.get("new_errors", []):
                     job.errors.append({"worker": w.id, **err})
-
-    def _on_seal(self, ident: bytes, body: list) -> None:
-        self.sources.on_seal(ident, body)
-        self.time.on_seal(ident, body)  # a chunk of fired windows counts as on its way until its seal is in
 
     def _on_done(self, ident: bytes, body: list) -> None:
         job = self.jobs.get(body[0]) or self.deploying.get(body[0])  # readers start as soon as deployed

@@ -27,7 +27,7 @@ from clasp.core.lifecycle import Phase
 from clasp.core.timed import EventTime, FiredChunks, PushTime, ReleasedWatermark, follow_stages, stages
 from clasp.runtime.planner_link import Link
 
-RELEASE_S = 0.025  # how often a moved watermark is looked for between ticks
+RELEASE_S = 0.025  # how often a moved watermark is looked for between ticks, when no message says to look sooner
 
 
 class JobTime:
@@ -65,6 +65,7 @@ class TimeCoordinator:
         self.link, self.jobs = link, jobs
         self._reading_job, self._job_workers, self._check_waiters = reading_job, workers_of, changed
         self.timed = asyncio.Event()  # set when a job on event time appears (`run` waits for one)
+        self.nudged = asyncio.Event()  # set by a message a watermark may move on (`nudge`)
 
     def _job_time(self, job) -> JobTime | None:
         t = getattr(job, "time", None)
@@ -79,6 +80,18 @@ class TimeCoordinator:
             t = job.time = JobTime(ReleasedWatermark(parts + ([push.part] if push else [])), stages(spec), push)
             self.timed.set()
         return t
+
+    def nudge(self) -> None:
+        """A message a watermark may move on came (a chunk's progress or seal, a partition's end or idleness, a
+        worker's firing): the release loop looks at once, not up to RELEASE_S later. A query's end waits on a
+        chain of them (the last chunks complete, the watermark goes to the end, each stage fires in turn), and
+        a tick at each link was ~45 ms of a 2,000-event Nexmark Q4 run."""
+        self.nudged.set()
+
+    def may_move(self, ident: bytes, body: object) -> None:
+        """The tail of the handler of a message after which a watermark may move (a chunk's progress, a partition's
+        end): `nudge`."""
+        self.nudge()
 
     def pushed(self, job, chunk: int) -> None:
         """The dispatcher begins a pushed chunk: marked in the push partition, its watermark raised as the
@@ -99,6 +112,7 @@ class TimeCoordinator:
         t = self._job_time(job) if job is not None else None
         if t is not None:
             t.marks.set_idle((msg.op, msg.partition), True)
+            self.nudge()
 
     def on_wm_out(self, ident: bytes, msg: protocol.WmOut) -> None:
         """A sealed chunk held windows a worker fired, not records it read: the source counts leave it out."""
@@ -125,6 +139,7 @@ class TimeCoordinator:
             t = getattr(job, "time", None)
             if t is not None:
                 t.fired_chunks.sealed(body[1])
+                self.nudge()
 
     def on_wm_fired(self, ident: bytes, msg: protocol.WmFired) -> None:
         job = self.jobs.get(msg.job)
@@ -134,6 +149,7 @@ class TimeCoordinator:
             t.fired[w] = max(t.fired.get(w, -1), msg.round)
             t.late[w] = msg.late
             self._check_waiters(job)
+            self.nudge()  # the next stage may follow
 
     def _watermark_now(self, job, t: JobTime) -> float:
         chunks = job.tracker.chunks
@@ -146,12 +162,19 @@ class TimeCoordinator:
     async def run(self) -> None:
         """Between ticks: a job's watermark goes out as soon as it moves (its sources' chunks completed, or every
         worker fired a stage and the windows it fired are complete), not a tick later, so a stage costs the
-        time its windows take, not a tick each."""
+        time its windows take, not a tick each: looked for when a message it may move on comes (`nudge`), and
+        every RELEASE_S."""
         while True:
             if not any(getattr(job, "time", None) is not None for job in self.jobs.values()):
                 self.timed.clear()  # no job runs on event time: nothing to look for, no wake-up every RELEASE_S
                 await self.timed.wait()
-            await asyncio.sleep(RELEASE_S)
+            if not self.nudged.is_set():
+                try:
+                    async with asyncio.timeout(RELEASE_S):
+                        await self.nudged.wait()
+                except TimeoutError:
+                    pass
+            self.nudged.clear()
             for job in list(self.jobs.values()):
                 if getattr(job, "time", None) is not None:
                     self.tick(job, moved_only=True)

@@ -309,3 +309,33 @@ def test_the_file_readers_cuts_of_a_block_in_c_are_pythons(parts, data):
     assert kernels.C.close_comma(bytearray(block), used) is comma
     picked = file_source._picked(block[:used].split(b"\n")[:-1], marks)
     assert kernels.C.pick_lines(block, used, marks) == (b"".join(x + b"\n" for x in picked), len(picked))
+
+
+event_times = st.one_of(st.integers(-5, 5), st.floats(-5, 5, allow_nan=False), st.sampled_from([-(1 << 53), 1 << 53]))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.lists(event_times, max_size=12), max_size=7),
+       st.sampled_from([None, float("nan"), (1 << 53) + 1, "x", True, ValueError]), st.data())
+def test_the_merge_of_an_aligned_reads_slices_in_c_is_pythons(slices, odd, data):
+    """The same merge, ties to the earlier slice; a time the kernel does not take (a NaN, an int beyond 53 bits, a
+    str, a bool, a timestamp function that raises) leaves it to Python."""
+    from clasp.core.alignment import merged
+
+    if odd is not None and any(slices):
+        i = data.draw(st.integers(0, len(slices) - 1).filter(lambda i: slices[i]))
+        slices[i][data.draw(st.integers(0, len(slices[i]) - 1))] = odd
+    tagged = [[(t, i, j) for j, t in enumerate(s)] for i, s in enumerate(slices)]
+
+    def timestamp(r):
+        if r[0] is ValueError:
+            raise ValueError("no time")
+        return r[0]
+
+    with python_only():
+        want = merged(tagged, timestamp)
+    got = kernels.C.merge_by_time(tagged, timestamp)
+    assert (got is None) is (odd is not None and any(slices))
+    assert merged(tagged, timestamp) == want
+    if got is not None:
+        assert got == want
