@@ -1047,7 +1047,8 @@ unpack_uints(PyObject *Py_UNUSED(module), PyObject *arg)
  * of runs: every rid an exact int, none negative; counts None and one rid per value, or as many counts as rids,
  * each an exact int of at least 1, summing to n. Else the first of the checks that fails, in this order: 1 a rid
  * is not an int, 2 a rid is negative, 3 counts None and not one rid per value, 4 the counts are not such run
- * lengths (clasp.core.protocol.runs_fault, the Python version). */
+ * lengths (clasp.core.protocol.runs_fault, the Python version). n is a count of values, a C ssize_t: an OverflowError
+ * beyond. */
 static PyObject *
 runs_fault(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1077,7 +1078,7 @@ runs_fault(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         return PyLong_FromLong(m == n ? 0 : 3);
     if (PyList_GET_SIZE(counts) != m)
         return PyLong_FromLong(4);
-    long long sum = 0;
+    unsigned long long sum = 0;  /* at most n before each count of at most n is added: below 2^64 */
     for (Py_ssize_t i = 0; i < m; i++) {
         PyObject *c = PyList_GET_ITEM(counts, i);
         if (!PyLong_CheckExact(c))
@@ -1086,11 +1087,11 @@ runs_fault(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         long long x = PyLong_AsLongLongAndOverflow(c, &overflow);
         if (overflow || x < 1 || x > n)
             return PyLong_FromLong(4);
-        sum += x;
-        if (sum > n)
+        sum += (unsigned long long)x;
+        if (sum > (unsigned long long)n)
             return PyLong_FromLong(4);
     }
-    return PyLong_FromLong(sum == n ? 0 : 4);
+    return PyLong_FromLong(sum == (unsigned long long)n ? 0 : 4);
 }
 
 /* A time as a double that compares as the time does: an exact float that is no NaN, or an exact int of at most

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import msgpack
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from clasp.core import kernels, protocol, tracking
@@ -286,9 +286,15 @@ def test_unpacking_any_bytes_as_ints_is_msgpack_or_left_to_it(data):
 @settings(max_examples=600, deadline=None)
 @given(st.lists(ints_of, max_size=8),
        st.one_of(st.none(), st.lists(st.one_of(st.integers(-2, 6), ints_of), max_size=8)), st.integers(0, 30))
+@example([1, 2], [1 << 62, 1 << 62], 1)  # adds up past a ssize_t
+@example([0, 0], [(1 << 63) - 2, (1 << 63) - 2], (1 << 63) - 2)  # a sum past a signed 64-bit int
 def test_the_check_of_runs_in_c_is_the_python_one(rids, counts, n):
     if counts is not None and len(counts) == len(rids) and all(type(c) is int and c > 0 for c in counts) and n % 2:
         n = sum(counts)  # half of these add up: the check's last test decides
+    if n >= 1 << 63:  # n is a count of values (a C ssize_t in the kernel): runs this long are never received
+        with pytest.raises(OverflowError):
+            kernels.C.runs_fault(rids, counts, n)
+        return
     assert kernels.C.runs_fault(rids, counts, n) == protocol.runs_fault(rids, counts, n)
 
 
