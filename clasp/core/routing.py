@@ -211,12 +211,14 @@ def build_placement(spec: DagSpec, workers: Sequence[str], shares_by_index: Mapp
     return Placement(ops, epoch, list(workers))
 
 
-def spread_placement(spec: DagSpec, workers: Sequence[str], p_max: int, epoch: int = 0) -> Placement:
-    """The placement used at submission: every operator on every worker, key groups spread evenly."""
+def spread_placement(spec: DagSpec, workers: Sequence[str], p_max: int, epoch: int = 0,
+                     weights: Mapping[str, Sequence[float]] | None = None) -> Placement:
+    """The placement used at submission: every operator on every worker, key groups spread evenly (by their
+    request `weights` where given: each owner's part of the requests, not of the groups)."""
     if not workers:
         raise PlacementError("no live workers to place the job on")
     even = {i: 1.0 for i in range(len(workers))}
-    return build_placement(spec, workers, {o.name: even for o in spec.operators}, p_max, epoch)
+    return build_placement(spec, workers, {o.name: even for o in spec.operators}, p_max, epoch, weights=weights)
 
 
 # Route kinds from one operator to one successor, as seen from one process (`me`; None for the planner).

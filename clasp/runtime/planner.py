@@ -86,7 +86,7 @@ from clasp.runtime.tasks import ProcessTasks
 log = logging.getLogger("clasp.planner")
 CANCEL_TIMEOUT = 3.0  # s a cancel waits for each worker to stop the job (the client waits 10 s by default)
 
-PlacementFn = Callable[[DagSpec, list[str], int], Placement]
+PlacementFn = Callable[..., Placement]  # (spec, workers, p_max, weights=...): `spread_placement`'s form
 
 
 def _key_weights(spec: DagSpec, raw: dict) -> dict[str, list[float]]:
@@ -514,7 +514,7 @@ class Planner:
             # Eq. (12)'s starting point: everything on one worker until statistics say otherwise.
             placement = build_placement(spec, workers, {o.name: {0: 1.0} for o in spec.operators}, self.p_max)
         else:
-            placement = self.placement_fn(spec, workers, self.p_max)
+            placement = self.placement_fn(spec, workers, self.p_max, weights=weights)
         placement.check(spec)
         try:
             src = list_partitions(spec)

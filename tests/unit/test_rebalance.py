@@ -43,6 +43,16 @@ def test_word_counts_zipf_skew_on_contiguous_ranges_moves_to_even_loads():
     assert all(p.key_groups[g] == "w0" for g in moved) and 0 < len(moved) < 64  # off the busy one only
 
 
+def test_a_spread_placement_with_request_weights_gives_each_owner_its_part_of_the_requests():
+    spec = word_count_spec()
+    weights = {"count": zipf({20: 3550.0, 13: 1310.0, 90: 200.0}, 40.0)}
+    even = spread_placement(spec, ["w0", "w1"], 4).operators["count"]
+    weighed = spread_placement(spec, ["w0", "w1"], 4, weights=weights).operators["count"]
+    assert keyed_excess(even.shares, even.key_groups, weights["count"])[1] > 0.4
+    assert keyed_excess(weighed.shares, weighed.key_groups, weights["count"])[1] < 0.05
+    assert weighed.shares == even.shares
+
+
 def test_even_load_a_light_job_and_an_unsplittable_hot_group_are_left_alone():
     spec = word_count_spec()
     placement = spread_placement(spec, ["w0", "w1"], 4)
