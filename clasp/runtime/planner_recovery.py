@@ -45,6 +45,7 @@ from clasp.runtime.planner_sinks import SinkCoordinator
 from clasp.runtime.planner_sources import SourcesCoordinator, list_partitions, owners_under
 from clasp.runtime.planner_time import TimeCoordinator
 from clasp.runtime.state_store import FileStore, decode_blob, decode_collected, encode_blob, encode_collected
+from clasp.runtime.tasks import wait_event
 
 log = logging.getLogger("clasp.planner")
 ALIGN_TIMEOUT = 30.0  # s for every record below a barrier to complete before the checkpoint is given up
@@ -101,11 +102,7 @@ class Checkpoints:
         # Between looks the loop sleeps until the next one due, or less (`look_delay`).
         delay = 0.0
         while True:
-            try:
-                async with asyncio.timeout(delay):
-                    await self.added.wait()
-            except TimeoutError:
-                pass
+            await wait_event(self.added, delay)
             self.added.clear()
             now = time.monotonic()
             due, held = [], False

@@ -26,6 +26,7 @@ from clasp.core.eventtime import NEG_INF
 from clasp.core.lifecycle import Phase
 from clasp.core.timed import EventTime, FiredChunks, PushTime, ReleasedWatermark, follow_stages, stages
 from clasp.runtime.planner_link import Link
+from clasp.runtime.tasks import wait_event
 
 RELEASE_S = 0.025  # how often a moved watermark is looked for between ticks, when no message says to look sooner
 
@@ -168,12 +169,7 @@ class TimeCoordinator:
             if not any(getattr(job, "time", None) is not None for job in self.jobs.values()):
                 self.timed.clear()  # no job runs on event time: nothing to look for, no wake-up every RELEASE_S
                 await self.timed.wait()
-            if not self.nudged.is_set():
-                try:
-                    async with asyncio.timeout(RELEASE_S):
-                        await self.nudged.wait()
-                except TimeoutError:
-                    pass
+            await wait_event(self.nudged, RELEASE_S)
             self.nudged.clear()
             for job in list(self.jobs.values()):
                 if getattr(job, "time", None) is not None:

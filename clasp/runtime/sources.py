@@ -45,6 +45,7 @@ from clasp.core.eventtime import PartitionClock
 from clasp.core.timed import EventTime
 from clasp.core.tracking import CHUNK_BITS
 from clasp.runtime.engine import JobEngine, OperatorError
+from clasp.runtime.tasks import wait_event
 
 log = logging.getLogger("clasp.worker.sources")
 BATCH = 1024  # records a reader is asked for at once (a chunk holds one batch)
@@ -275,12 +276,7 @@ class SourceReaders:
                 self.asked = True
                 self.send(protocol.pack(protocol.Lease(self.eng.job, LEASE_CHUNKS)))
             self.leased.clear()
-            try:
-                # Not wait_for: on Python 3.11 it swallows a cancellation that comes as the lease arrives, and
-                # a reader cancelled by a restore or a move would read on for an engine that is gone.
-                async with asyncio.timeout(LEASE_RETRY_S):
-                    await self.leased.wait()
-            except TimeoutError:
+            if not await wait_event(self.leased, LEASE_RETRY_S):
                 self.asked = False  # unanswered (the planner restarted, or the ask crossed a rollback): again
 
     async def _read(self, p: Partition) -> None:

@@ -68,6 +68,17 @@ class ProcessTasks:
         self.tasks.clear()
 
 
+async def wait_event(event: asyncio.Event, seconds: float) -> bool:
+    """Whether `event` is set within `seconds`. Not `asyncio.wait_for`: on Python 3.11 it swallows a
+    cancellation that comes as the event is set, and a task cancelled then would run on."""
+    try:
+        async with asyncio.timeout(seconds):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
 def internal_error(log: logging.Logger, what: str, e: BaseException, where: str) -> str:
     """Log `e` with its traceback under a new error id; returns the text for the client, naming the
     id and the log to look in (`where`, e.g. "the planner log")."""
